@@ -1,0 +1,289 @@
+"""Skill localization by grafting — Panigrahi, Saunshi, Zhao & Arora, ICML 2023 (arXiv 2302.06600).
+
+Notation of the paper:
+
+    θ_pre, θ_ft                      base and fine-tuned parameters, δ = θ_ft − θ_pre (movement)
+    Eq. 1  graft      θ̄(γ) = θ_pre + γ ⊙ δ                 γ ∈ {0,1}^d is the region
+    Eq. 2  relaxation γ(S) = γ_base ⊙ (1 − σ(S)) + (1 − γ_base) ⊙ σ(S)
+    Eq. 3  mask step  S ← S − η ∇_S L(θ̄(γ(S)))           a few steps on the task loss
+    Eq. 4  binarise   γ = 1[γ(S) ≥ 0.5]
+
+γ_base is the top-k of |δ|, and S starts where σ(S) ≈ 0 so the relaxed graft starts at γ_base.
+
+Two implementation choices, both exact re-statements rather than changes:
+
+* Eq. 2 equals γ = σ(ℓ) with the *region logit* ℓ = −S on γ_base and ℓ = +S elsewhere, and a
+  gradient step on S is the same step on ℓ. We keep ℓ: it needs no γ_base mask in memory and its
+  top-k *is* the region, so binarisation can keep the budget exactly (ties in a saturated
+  sigmoid cannot break it).
+* ∇_ℓ L = ∇_θ L ⊙ δ ⊙ σ'(ℓ) (chain rule through Eq. 1), so a mask step is one ordinary
+  forward/backward of the working model plus a few element-wise passes: no autograd graph
+  over the mask and no second copy of the model.
+
+The paper's step is plain SGD with a learning rate tuned per model (1e7 for RoBERTa). Gradient
+scale changes with the model, the loss and the movement, so the default here divides the step
+by the root-mean-square of ∇_ℓ over the graftable parameters: one step size, in logit units,
+serves every model.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import asdict, dataclass
+from typing import Callable, Iterable, Iterator
+
+import torch
+
+Region = dict[str, torch.Tensor]  # parameter name -> sorted flat indices inside the region
+
+
+class Cancelled(RuntimeError):
+    """Raised between steps when the caller's cancel event is set."""
+
+
+# -- Eq. 1 -------------------------------------------------------------------------------------
+def graft(pre: torch.Tensor, ft: torch.Tensor, gamma: torch.Tensor) -> torch.Tensor:
+    """θ_pre + γ⊙δ for a binary γ: the fine-tuned value inside the region, the base one outside.
+
+    Written as a selection so it is exact in floating point (``pre + (ft − pre)`` may round).
+    """
+    return torch.where(gamma.bool(), ft, pre)
+
+
+def region_to_mask(region: Region, shapes: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
+    masks = {}
+    for name, shape in shapes.items():
+        m = torch.zeros(math.prod(shape), dtype=torch.bool)
+        if name in region:
+            m[region[name]] = True
+        masks[name] = m.view(shape)
+    return masks
+
+
+def mask_to_region(masks: dict[str, torch.Tensor]) -> Region:
+    return {n: m.reshape(-1).nonzero().squeeze(1) for n, m in masks.items() if bool(m.any())}
+
+
+def region_size(region: Region) -> int:
+    return sum(int(i.numel()) for i in region.values())
+
+
+# -- exact top-k across tensors -----------------------------------------------------------------
+def top_k(scores: dict[str, torch.Tensor], k: int) -> Region:
+    """The k largest scores over all tensors, exactly k of them.
+
+    Ties at the threshold go to the earliest positions (tensor order, then flat index), so the
+    result is deterministic and never larger than k.
+    """
+    names = list(scores)
+    sizes = [scores[n].numel() for n in names]
+    total = sum(sizes)
+    k = max(0, min(int(k), total))
+    if k == 0:
+        return {}
+    flat = torch.cat([scores[n].detach().reshape(-1).float().cpu() for n in names])
+    threshold = torch.kthvalue(flat, total - k + 1).values  # the k-th largest
+    chosen = flat > threshold
+    need = k - int(chosen.sum())
+    if need > 0:
+        ties = (flat == threshold).nonzero().squeeze(1)[:need]
+        chosen[ties] = True
+    region: Region = {}
+    start = 0
+    for name, size in zip(names, sizes):
+        idx = chosen[start : start + size].nonzero().squeeze(1)
+        if idx.numel():
+            region[name] = idx
+        start += size
+    return region
+
+
+def movement(pre: dict[str, torch.Tensor], ft: dict[str, torch.Tensor], names: Iterable[str]) -> dict[str, torch.Tensor]:
+    """|δ| per graftable tensor (computed one tensor at a time by callers that care about memory)."""
+    return {n: (ft[n] - pre[n]).abs() for n in names}
+
+
+def base_region(pre: dict[str, torch.Tensor], ft: dict[str, torch.Tensor], names: list[str], k: int) -> Region:
+    """γ_base: the k parameters that moved most during fine-tuning."""
+    return top_k(movement(pre, ft, names), k)
+
+
+# -- Eq. 2 -------------------------------------------------------------------------------------
+def initial_logits(
+    base: Region, shapes: dict[str, tuple[int, ...]], bias: float, device: torch.device | str = "cpu"
+) -> dict[str, torch.Tensor]:
+    """ℓ = +bias on γ_base and −bias elsewhere, i.e. S = −bias everywhere (σ(S) ≈ 0)."""
+    logits = {}
+    for name, shape in shapes.items():
+        ell = torch.full((math.prod(shape),), -bias, dtype=torch.float32, device=device)
+        if name in base:
+            ell[base[name].to(device)] = bias
+        logits[name] = ell.view(shape)
+    return logits
+
+
+def relaxed(logit: torch.Tensor) -> torch.Tensor:
+    """γ(S) of Eq. 2 in logit form."""
+    return torch.sigmoid(logit)
+
+
+# -- Eq. 4 -------------------------------------------------------------------------------------
+def binarise(logits: dict[str, torch.Tensor], k: int, rule: str = "topk") -> Region:
+    """Exact top-k of the region logits (default), or the paper's rounding capped at k."""
+    if rule == "topk":
+        return top_k(logits, k)
+    if rule == "round":
+        rounded = {n: (l > 0).reshape(-1).nonzero().squeeze(1).cpu() for n, l in logits.items()}
+        if region_size(rounded) <= k:
+            return {n: i for n, i in rounded.items() if i.numel()}
+        return top_k(logits, k)  # the budget is a promise: rounding that overshoots is cut to k
+    raise ValueError(f"unknown binarisation rule '{rule}' (use 'topk' or 'round')")
+
+
+# -- Eq. 3 -------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LearnConfig:
+    """Hyper-parameters of mask learning. Defaults work across models (see module docstring)."""
+
+    steps: int = 60
+    lr: float = 0.5  # logit units per step for "normalized" and "adam"; raw η for "sgd"
+    optimizer: str = "normalized"  # "normalized" | "adam" | "sgd" (the paper's)
+    sigmoid_bias: float = 3.0  # S starts at −bias: σ(S) ≈ 0.047
+    binarise: str = "topk"  # "topk" | "round"
+    batch_size: int = 16
+    seed: int = 0
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class StepReport:
+    """What the progress callback sees after each mask step."""
+
+    step: int
+    steps: int
+    loss: float
+    accuracy: float
+    region_size: int  # parameters with γ(S) ≥ 0.5
+    swapped: int  # of those, how many lie outside γ_base
+
+
+ProgressFn = Callable[[StepReport], None]
+
+
+def _cycle(make_batches: Callable[[int], Iterable[dict]]) -> Iterator[dict]:
+    epoch = 0
+    while True:
+        empty = True
+        for batch in make_batches(epoch):
+            empty = False
+            yield batch
+        if empty:
+            raise ValueError("mask learning needs at least one training batch")
+        epoch += 1
+
+
+def learn_region(
+    model: torch.nn.Module,
+    params: dict[str, torch.nn.Parameter],
+    pre: dict[str, torch.Tensor],
+    ft: dict[str, torch.Tensor],
+    k: int,
+    make_batches: Callable[[int], Iterable[dict]],
+    config: LearnConfig = LearnConfig(),
+    progress: ProgressFn | None = None,
+    cancel: threading.Event | None = None,
+) -> tuple[Region, dict[str, torch.Tensor]]:
+    """Learn a region of exactly ``k`` graftable parameters (Eq. 2–4).
+
+    ``params`` are the working model's graftable parameters; they are overwritten during
+    learning and left at θ_pre afterwards. ``make_batches(epoch)`` yields model inputs with
+    ``labels``. Returns the region and the final logits ℓ.
+    """
+    names = list(params)
+    shapes = {n: tuple(params[n].shape) for n in names}
+    device = params[names[0]].device
+    base = base_region(pre, ft, names, k)
+    logits = initial_logits(base, shapes, config.sigmoid_bias, device)
+    adam = {n: (torch.zeros_like(l), torch.zeros_like(l)) for n, l in logits.items()} if config.optimizer == "adam" else None
+    if config.optimizer not in {"normalized", "adam", "sgd"}:
+        raise ValueError(f"unknown optimizer '{config.optimizer}' (use normalized, adam or sgd)")
+
+    trainable = {id(p) for p in params.values()}
+    saved_flags = {n: p.requires_grad for n, p in model.named_parameters()}
+    for p in model.parameters():
+        p.requires_grad_(id(p) in trainable)
+    model.eval()  # no dropout: the mask, not noise, should explain the loss
+    batches = _cycle(make_batches)
+    try:
+        for step in range(1, config.steps + 1):
+            if cancel is not None and cancel.is_set():
+                raise Cancelled("mask learning cancelled")
+            batch = {key: value.to(device) for key, value in next(batches).items()}
+            out, sq = logit_gradient(model, params, pre, ft, logits, batch)
+            with torch.no_grad():
+                scale = _step_scale(config, sq, sum(l.numel() for l in logits.values()))
+                for n in names:
+                    g = params[n].grad
+                    if adam is not None:
+                        m, v = adam[n]
+                        m.mul_(0.9).add_(g, alpha=0.1)
+                        v.mul_(0.999).addcmul_(g, g, value=0.001)
+                        m_hat = m / (1 - 0.9**step)
+                        v_hat = v / (1 - 0.999**step)
+                        logits[n].sub_(config.lr * m_hat / (v_hat.sqrt() + 1e-12))
+                    else:
+                        logits[n].sub_(g, alpha=scale)
+                    params[n].grad = None
+                size = sum(int((l > 0).sum()) for l in logits.values())
+                swapped = size - sum(int((logits[n].view(-1)[i.to(device)] > 0).sum()) for n, i in base.items())
+                accuracy = float((out.logits.argmax(-1) == batch["labels"]).float().mean())
+            if progress is not None:
+                progress(StepReport(step, config.steps, float(out.loss.detach()), accuracy, size, swapped))
+    finally:
+        with torch.no_grad():
+            for n in names:
+                params[n].data.copy_(pre[n])
+                params[n].grad = None
+        for n, p in model.named_parameters():
+            p.requires_grad_(saved_flags[n])
+    region = binarise(logits, k, config.binarise)
+    return region, logits
+
+
+def logit_gradient(
+    model: torch.nn.Module,
+    params: dict[str, torch.nn.Parameter],
+    pre: dict[str, torch.Tensor],
+    ft: dict[str, torch.Tensor],
+    logits: dict[str, torch.Tensor],
+    batch: dict[str, torch.Tensor],
+):
+    """One forward/backward of the relaxed graft; leaves ∇_ℓ L in each ``params[n].grad``.
+
+    Returns the model output and Σ(∇_ℓ L)² (for the normalised step).
+    """
+    with torch.no_grad():  # θ ← θ_pre + σ(ℓ) ⊙ δ
+        for n, p in params.items():
+            torch.lerp(pre[n], ft[n], relaxed(logits[n]), out=p.data)
+            p.grad = None
+    out = model(**batch)
+    out.loss.backward()
+    sq = torch.zeros((), dtype=torch.float64, device=out.loss.device)
+    with torch.no_grad():
+        for n, p in params.items():  # chain rule through Eq. 1 and 2: ∇_θ L ⊙ δ ⊙ σ'(ℓ)
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            s = relaxed(logits[n])
+            p.grad.mul_(ft[n] - pre[n]).mul_(s).mul_(1 - s)
+            sq += p.grad.double().pow(2).sum()
+    return out, sq
+
+
+def _step_scale(config: LearnConfig, sq: torch.Tensor, count: int) -> float:
+    if config.optimizer == "sgd":
+        return config.lr
+    rms = math.sqrt(float(sq) / max(count, 1))
+    return config.lr / rms if rms > 0 else 0.0

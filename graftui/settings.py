@@ -1,0 +1,40 @@
+"""Where graftui keeps its files, and what a hosted deployment allows."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def home() -> Path:
+    """Root for checkpoints, regions and runs: ``$GRAFTUI_HOME`` or ``~/.graftui``."""
+    path = Path(os.environ.get("GRAFTUI_HOME") or Path.home() / ".graftui").expanduser()
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def subdir(name: str) -> Path:
+    path = home() / name
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def hosted() -> bool:
+    """A public deployment (``GRAFTUI_HOSTED=1``) must not read arbitrary server paths."""
+    return os.environ.get("GRAFTUI_HOSTED", "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+# Caps for hosted mode: uploads are hostile until checked, and a Space has little memory.
+MAX_UPLOAD_MB = float(os.environ.get("GRAFTUI_MAX_UPLOAD_MB", "200"))
+MAX_DATASET_ROWS = int(os.environ.get("GRAFTUI_MAX_DATASET_ROWS", "50000"))
+MAX_MODEL_PARAMS = int(os.environ.get("GRAFTUI_MAX_MODEL_PARAMS", str(400_000_000)))
+
+
+def device() -> str:
+    """GPU when there is one; ``GRAFTUI_DEVICE`` overrides (e.g. ``cpu`` for reproducible runs)."""
+    forced = os.environ.get("GRAFTUI_DEVICE")
+    if forced:
+        return forced
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"

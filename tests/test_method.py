@@ -1,0 +1,159 @@
+"""The method module on tiny models: exact grafts, exact budgets, the mask gradient, learning."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+from torch.func import functional_call
+
+from graftui import method
+from graftui.method import Cancelled, LearnConfig
+
+from conftest import random_batches
+
+
+def test_graft_is_pre_plus_gamma_delta_bit_exactly():
+    gen = torch.Generator().manual_seed(0)
+    pre = torch.randn(1000, generator=gen)
+    ft = pre + torch.randn(1000, generator=gen) * 1e-3
+    gamma = torch.rand(1000, generator=gen) < 0.3
+    grafted = method.graft(pre, ft, gamma)
+    # θ_pre + γ⊙δ in float64 is exact for float32 inputs; rounding it back must give the graft
+    reference = (pre.double() + gamma.double() * (ft.double() - pre.double())).float()
+    assert torch.equal(grafted, reference)
+    assert torch.equal(grafted[gamma], ft[gamma]) and torch.equal(grafted[~gamma], pre[~gamma])
+
+
+def test_top_k_is_exact_and_deterministic_with_ties():
+    scores = {"a": torch.tensor([1.0, 5.0, 5.0, 0.0]), "b": torch.tensor([[5.0, 2.0], [5.0, 3.0]])}
+    region = method.top_k(scores, 3)
+    assert method.region_size(region) == 3
+    # four scores tie at 5.0: the earliest three positions win (a[1], a[2], b[0])
+    assert region["a"].tolist() == [1, 2] and region["b"].tolist() == [0]
+    assert method.top_k(scores, 3)["b"].tolist() == [0]
+    for k in range(0, 9):
+        assert method.region_size(method.top_k(scores, k)) == k
+    assert method.region_size(method.top_k(scores, 100)) == 8
+
+
+def test_base_region_is_top_movement(tiny_pair):
+    pair, _, _ = tiny_pair
+    k = 137
+    region = method.base_region(pair.pre, pair.ft, pair.graftable, k)
+    assert method.region_size(region) == k
+    moves = torch.cat([(pair.ft[n] - pair.pre[n]).abs().reshape(-1) for n in pair.graftable])
+    threshold = moves.sort(descending=True).values[k - 1]
+    for name, idx in region.items():
+        assert bool(((pair.ft[name] - pair.pre[name]).abs().reshape(-1)[idx] >= threshold).all())
+
+
+def test_relaxation_is_eq2_in_logit_form():
+    gen = torch.Generator().manual_seed(0)
+    s = torch.randn(100, generator=gen) * 3
+    base = torch.rand(100, generator=gen) < 0.5
+    eq2 = base.float() * (1 - torch.sigmoid(s)) + (1 - base.float()) * torch.sigmoid(s)
+    logit = torch.where(base, -s, s)
+    assert torch.allclose(method.relaxed(logit), eq2, atol=1e-7)
+
+
+def test_initial_logits_start_at_gamma_base():
+    base = {"w": torch.tensor([0, 3])}
+    logits = method.initial_logits(base, {"w": (2, 2), "v": (3,)}, bias=3.0)
+    assert logits["w"].reshape(-1).tolist() == [3.0, -3.0, -3.0, 3.0]
+    assert logits["v"].tolist() == [-3.0, -3.0, -3.0]
+    region = method.binarise(logits, 2)
+    assert list(region) == ["w"] and region["w"].tolist() == [0, 3]
+
+
+def test_binarise_round_never_exceeds_budget():
+    logits = {"w": torch.tensor([2.0, 1.0, -1.0, 0.5])}
+    assert method.binarise(logits, 5, "round")["w"].tolist() == [0, 1, 3]
+    assert method.binarise(logits, 2, "round")["w"].tolist() == [0, 1]
+    with pytest.raises(ValueError):
+        method.binarise(logits, 2, "nearest")
+
+
+def test_logit_gradient_matches_autograd_through_the_relaxation(tiny_pair):
+    pair, _, _ = tiny_pair
+    params = {n: pair.param(n) for n in pair.graftable}
+    gen = torch.Generator().manual_seed(3)
+    logits = {n: torch.randn(p.shape, generator=gen) for n, p in params.items()}
+    batch = next(iter(random_batches()(0)))
+    out, sq = method.logit_gradient(pair.model, params, pair.pre, pair.ft, logits, batch)
+    ours = {n: params[n].grad.clone() for n in params}
+
+    leaves = {n: l.clone().requires_grad_(True) for n, l in logits.items()}
+    theta = {n: pair.pre[n] + torch.sigmoid(leaves[n]) * (pair.ft[n] - pair.pre[n]) for n in params}
+    loss = functional_call(pair.model, theta, args=(), kwargs=batch).loss
+    grads = torch.autograd.grad(loss, [leaves[n] for n in params])
+    assert torch.allclose(loss, out.loss, atol=1e-6)
+    for n, g in zip(params, grads):
+        assert torch.allclose(ours[n], g, rtol=1e-4, atol=1e-9), n
+    assert float(sq) == pytest.approx(sum(float(g.double().pow(2).sum()) for g in grads), rel=1e-4)
+
+
+@pytest.mark.parametrize("optimizer", ["normalized", "adam", "sgd"])
+def test_learn_region_keeps_budget_and_restores_the_model(tiny_pair, optimizer):
+    pair, _, _ = tiny_pair
+    params = {n: pair.param(n) for n in pair.graftable}
+    before = {n: p.detach().clone() for n, p in pair.model.named_parameters()}
+    flags = {n: p.requires_grad for n, p in pair.model.named_parameters()}
+    reports = []
+    config = LearnConfig(steps=5, optimizer=optimizer, lr=1.0 if optimizer != "sgd" else 1e3)
+    region, logits = method.learn_region(
+        pair.model, params, pair.pre, pair.ft, 50, random_batches(), config, progress=reports.append
+    )
+    assert method.region_size(region) == 50
+    assert [r.step for r in reports] == [1, 2, 3, 4, 5]
+    assert all(r.loss > 0 for r in reports)
+    for n, p in pair.model.named_parameters():
+        assert torch.equal(p.detach(), before[n]), n
+        assert p.requires_grad == flags[n]
+    if optimizer == "normalized":
+        base = method.base_region(pair.pre, pair.ft, pair.graftable, 50)
+        moved = sum(int((logits[n].reshape(-1)[i] != 3.0).sum()) for n, i in base.items())
+        assert moved > 0  # the mask did learn something
+
+
+def test_learned_region_lowers_the_task_loss(tiny_pair):
+    """On data the fine-tuned model fits, learning should beat γ_base at the same k."""
+    pair, _, _ = tiny_pair
+    params = {n: pair.param(n) for n in pair.graftable}
+    data = random_batches(n_batches=2, batch_size=16)
+    region, _ = method.learn_region(pair.model, params, pair.pre, pair.ft, 200, data, LearnConfig(steps=30, lr=0.5))
+    base = method.base_region(pair.pre, pair.ft, pair.graftable, 200)
+
+    def loss(r):
+        with torch.no_grad(), pair.grafted(r) as model:
+            return sum(float(model(**b).loss) for b in data(0))
+
+    assert loss(region) < loss(base)
+
+
+def test_cancel_stops_and_restores(tiny_pair):
+    pair, _, _ = tiny_pair
+    params = {n: pair.param(n) for n in pair.graftable}
+    before = {n: p.detach().clone() for n, p in params.items()}
+    cancel = threading.Event()
+    steps = []
+
+    def progress(report):
+        steps.append(report.step)
+        if report.step == 2:
+            cancel.set()
+
+    with pytest.raises(Cancelled):
+        method.learn_region(pair.model, params, pair.pre, pair.ft, 10, random_batches(), LearnConfig(steps=10), progress, cancel)
+    assert steps == [1, 2]
+    assert all(torch.equal(params[n].detach(), before[n]) for n in params)
+
+
+def test_region_mask_round_trip():
+    region = {"a": torch.tensor([0, 5]), "b": torch.tensor([1])}
+    shapes = {"a": (2, 3), "b": (4,), "c": (2,)}
+    masks = method.region_to_mask(region, shapes)
+    assert masks["a"].shape == (2, 3) and int(masks["c"].sum()) == 0
+    back = method.mask_to_region(masks)
+    assert set(back) == {"a", "b"} and back["a"].tolist() == [0, 5] and back["b"].tolist() == [1]
