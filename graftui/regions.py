@@ -235,7 +235,7 @@ def pair_from_patch(base_ref: str, record: RegionRecord, **load_kwargs):
     base, info = load_classifier(base_ref, label_names=labels or None, **load_kwargs)
     head_names = set(info.get("missing_keys", ())) | {
         k[0] if isinstance(k, tuple) else k for k in info.get("mismatched_keys", ())
-    }
+    } | set(record.head or ())
     finetuned, _ = load_classifier(base_ref, label_names=labels or None, **load_kwargs)
     params = dict(finetuned.named_parameters())
     spec = GraftableSpec(include_embeddings=True, names=tuple(record.shapes))

@@ -1,0 +1,159 @@
+"""Region files and skill patches: round trips, bit-exact rebuilds, hostile files refused."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from graftui import method, regions
+from graftui.regions import RegionError
+
+from conftest import MINILM_DIR, make_tiny_pair
+
+
+def _record(pair, k=120, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    idx = method.top_k({n: torch.rand(pair.pre[n].shape, generator=gen) for n in pair.graftable}, k)
+    return regions.make_record(pair, idx, {"method": "random", "task": "toy"})
+
+
+def test_region_file_round_trip(tmp_path, tiny_pair):
+    pair, _, _ = tiny_pair
+    record = _record(pair)
+    path = regions.save(record, tmp_path / "r.safetensors")
+    back = regions.load(path)
+    assert not back.is_patch and back.size == 120 == record.size
+    assert back.shapes == record.shapes
+    assert set(back.indices) == set(record.indices)
+    assert all(torch.equal(back.indices[n], record.indices[n]) for n in record.indices)
+    assert back.meta["method"] == "random" and back.meta["k"] == 120 and back.meta["format"] == "1"
+    assert back.meta["fraction_of_graftable"] == pytest.approx(120 / pair.counts()["graftable"])
+    regions.check_fits(back, pair)
+
+
+def test_empty_region_round_trip(tmp_path, tiny_pair):
+    pair, _, _ = tiny_pair
+    back = regions.load(regions.save(regions.make_record(pair, {}, {}), tmp_path / "e.safetensors"))
+    assert back.size == 0 and back.indices == {}
+
+
+def _save_tiny(tmp_path, model, name):
+    from transformers import AutoTokenizer
+
+    folder = tmp_path / name
+    model.save_pretrained(folder, safe_serialization=True)
+    AutoTokenizer.from_pretrained(MINILM_DIR).save_pretrained(folder)
+    return folder
+
+
+def test_skill_patch_rebuilds_the_graft_from_the_base_alone(tmp_path, tiny_pair):
+    pair, base, ft = tiny_pair
+    record = regions.with_patch(pair, _record(pair, k=300))
+    path = regions.save(record, tmp_path / "p.safetensors")
+    patch = regions.load(path)
+    assert patch.is_patch and set(patch.head) == set(pair.head)
+
+    base_dir = _save_tiny(tmp_path, base, "base")
+    rebuilt = regions.pair_from_patch(str(base_dir), patch)
+    ids = torch.randint(1, 60, (3, 9))
+    with torch.no_grad(), pair.grafted(record.indices) as model:
+        expected = {n: p.detach().clone() for n, p in model.named_parameters()}
+        expected_logits = model(input_ids=ids).logits
+    with torch.no_grad(), rebuilt.grafted(patch.indices) as model:
+        for n, p in model.named_parameters():
+            assert torch.equal(p.detach(), expected[n]), n
+        assert torch.equal(model(input_ids=ids).logits, expected_logits)
+
+
+def test_export_writes_a_loadable_checkpoint_of_the_graft(tmp_path, tiny_pair):
+    from transformers import AutoModelForSequenceClassification
+
+    pair, _, _ = tiny_pair
+    from transformers import AutoTokenizer
+
+    pair.tokenizer = AutoTokenizer.from_pretrained(MINILM_DIR)
+    record = _record(pair)
+    out = regions.export_graft(pair, record, tmp_path / "graft")
+    assert (out / "model.safetensors").exists() and (out / "graftui_region.json").exists()
+    loaded = AutoModelForSequenceClassification.from_pretrained(out)
+    with pair.grafted(record.indices) as model:
+        for (n, p), (_, q) in zip(model.named_parameters(), loaded.named_parameters()):
+            assert torch.equal(p.detach(), q.detach()), n
+    with pytest.raises(RegionError, match="not empty"):
+        regions.export_graft(pair, record, out)
+
+
+def test_writes_are_atomic(tmp_path, tiny_pair):
+    pair, _, _ = tiny_pair
+    target = tmp_path / "keep.safetensors"
+    regions.save(_record(pair), target)
+    before = target.read_bytes()
+
+    def broken(tmp):
+        open(tmp, "wb").write(b"half")
+        raise OSError("disk full")
+
+    with pytest.raises(OSError):
+        regions.atomic_write(target, broken)
+    assert target.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["keep.safetensors"]
+
+
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("garbage", "not a readable safetensors"),
+        ("no_tag", "not a graftui region"),
+        ("version", "format 99"),
+        ("bounds", "outside its"),
+        ("unsorted", "not sorted"),
+        ("dtype", "1-D int64"),
+        ("unknown_tensor", "not among its graftable"),
+        ("bad_meta", "unreadable metadata"),
+        ("patch_missing_values", "without matching values"),
+    ],
+)
+def test_corrupt_files_are_refused_with_a_clear_message(tmp_path, case, message):
+    path = tmp_path / "bad.safetensors"
+    shapes = json.dumps({"w": [2, 3]})
+    meta = {"graftui_format": "1", "kind": "region", "shapes": shapes, "meta": "{}"}
+    tensors = {"idx/w": torch.tensor([0, 4])}
+    if case == "garbage":
+        path.write_bytes(b"\x00\x01not safetensors at all" * 10)
+    else:
+        if case == "no_tag":
+            meta.pop("graftui_format")
+        elif case == "version":
+            meta["graftui_format"] = "99"
+        elif case == "bounds":
+            tensors = {"idx/w": torch.tensor([0, 6])}
+        elif case == "unsorted":
+            tensors = {"idx/w": torch.tensor([4, 0])}
+        elif case == "dtype":
+            tensors = {"idx/w": torch.tensor([0.0, 4.0])}
+        elif case == "unknown_tensor":
+            tensors = {"idx/v": torch.tensor([0])}
+        elif case == "bad_meta":
+            meta["shapes"] = "{not json"
+        elif case == "patch_missing_values":
+            meta["kind"] = "patch"
+        save_file(tensors, str(path), metadata=meta)
+    with pytest.raises(RegionError, match=message):
+        regions.load(path)
+
+
+def test_a_region_for_another_model_does_not_fit(tmp_path):
+    pair, _, _ = make_tiny_pair()
+    record = _record(pair)
+    record.shapes = {**record.shapes}
+    name = next(iter(record.indices))
+    record.shapes[name] = (999,)
+    with pytest.raises(RegionError, match=f"made for {name}"):
+        regions.check_fits(record, pair)
+    record.indices["bert.nonexistent.weight"] = torch.tensor([0])
+    record.shapes["bert.nonexistent.weight"] = (1,)
+    with pytest.raises(RegionError, match="no graftable tensor named|made for"):
+        regions.check_fits(record, pair)
