@@ -1,0 +1,164 @@
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from transformers import BertConfig, BertForSequenceClassification
+
+from graftui.metrics import (
+    Metrics,
+    accuracy,
+    agreement,
+    confidence_histogram,
+    ece,
+    f1_score,
+    metrics,
+    predict_proba,
+    reliability,
+)
+
+# Five binary examples. Confidence = max prob; bins are (lo, hi], 10 wide.
+#   #  probs        label  pred  conf  correct  bin
+#   0  [0.10 0.90]  1      1     0.90  yes      (0.8, 0.9]
+#   1  [0.20 0.80]  0      1     0.80  no       (0.7, 0.8]   <- on the edge 0.8
+#   2  [0.75 0.25]  0      0     0.75  yes      (0.7, 0.8]
+#   3  [0.40 0.60]  1      1     0.60  yes      (0.5, 0.6]   <- on the edge 0.6
+#   4  [0.45 0.55]  0      1     0.55  no       (0.5, 0.6]
+# (0.8, 0.9]: n=1, acc=1.0, conf=0.9               -> 1/5 * |1.0 - 0.9|   = 0.02
+# (0.7, 0.8]: n=2, acc=0.5, conf=(0.8+0.75)/2=0.775 -> 2/5 * |0.5 - 0.775| = 0.11
+# (0.5, 0.6]: n=2, acc=0.5, conf=(0.6+0.55)/2=0.575 -> 2/5 * |0.5 - 0.575| = 0.03
+# ECE = 0.02 + 0.11 + 0.03 = 0.16
+# (Had 0.8 gone to (0.8, 0.9] the result would be 0.22; had 0.6 gone up, 0.32.)
+PROBS = [[0.10, 0.90], [0.20, 0.80], [0.75, 0.25], [0.40, 0.60], [0.45, 0.55]]
+LABELS = [1, 0, 0, 1, 0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_ece_hand_computed_with_bin_edges(dtype):
+    probs = torch.tensor(PROBS, dtype=dtype)
+    assert ece(probs, torch.tensor(LABELS)) == pytest.approx(0.16, abs=1e-6)
+
+
+def test_ece_accepts_numpy():
+    assert ece(np.array(PROBS), np.array(LABELS)) == pytest.approx(0.16, abs=1e-12)
+
+
+def test_ece_perfect_calibration_is_zero():
+    # every example has confidence 1.0 and is correct: acc = conf = 1 in the top bin
+    probs = torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]])
+    assert ece(probs, torch.tensor([0, 1, 2])) == 0.0
+    # 3-class, conf 0.5 for four examples with two correct: bin (0.4, 0.5] acc 0.5 conf 0.5
+    probs = torch.tensor([[0.5, 0.25, 0.25]] * 4, dtype=torch.float64)
+    assert ece(probs, torch.tensor([0, 0, 1, 2])) == pytest.approx(0.0, abs=1e-12)
+
+
+def test_ece_fully_wrong_confident():
+    # conf 0.9, never right: ECE = |0 - 0.9| = 0.9
+    probs = torch.tensor([[0.9, 0.1], [0.1, 0.9]], dtype=torch.float64)
+    assert ece(probs, torch.tensor([1, 0])) == pytest.approx(0.9, abs=1e-12)
+
+
+def test_reliability_bins():
+    rows = reliability(torch.tensor(PROBS, dtype=torch.float64), LABELS)
+    assert len(rows) == 10
+    assert [r["count"] for r in rows] == [0, 0, 0, 0, 0, 2, 0, 2, 1, 0]
+    assert rows[5]["lo"] == 0.5 and rows[5]["hi"] == 0.6
+    assert rows[0]["accuracy"] is None and rows[0]["confidence"] is None and rows[0]["gap"] is None
+    assert rows[5]["accuracy"] == 0.5 and rows[5]["confidence"] == pytest.approx(0.575)
+    assert rows[5]["gap"] == pytest.approx(0.075)  # confidence - accuracy: over-confident
+    assert rows[7]["gap"] == pytest.approx(0.275)
+    assert rows[8]["accuracy"] == 1.0 and rows[8]["gap"] == pytest.approx(-0.1)  # under-confident
+    weighted = sum(r["count"] / 5 * abs(r["gap"]) for r in rows if r["count"])
+    assert weighted == pytest.approx(ece(PROBS, LABELS))
+    json.dumps(rows)
+
+
+def test_confidence_histogram():
+    hist = confidence_histogram(torch.tensor(PROBS), n_bins=5)  # bins of width 0.2
+    # confidences 0.9 | 0.8, 0.75, 0.6 | 0.55  -> (0.8,1.0]:1, (0.6,0.8]:2, (0.4,0.6]:2
+    assert [h["count"] for h in hist] == [0, 0, 2, 2, 1]
+    assert [h["fraction"] for h in hist] == [0.0, 0.0, 0.4, 0.4, 0.2]
+    assert hist[-1]["hi"] == 1.0 and hist[0]["lo"] == 0.0
+
+
+def test_accuracy_and_agreement():
+    assert accuracy(PROBS, LABELS) == pytest.approx(3 / 5)
+    other = [[0.9, 0.1], [0.3, 0.7], [0.6, 0.4], [0.2, 0.8], [0.8, 0.2]]  # preds 0 1 0 1 0
+    # PROBS preds: 1 1 0 1 1 -> agree on #1, #2, #3
+    assert agreement(PROBS, other) == pytest.approx(3 / 5)
+    assert agreement(other, other) == 1.0
+    with pytest.raises(ValueError):
+        agreement(PROBS, other[:3])
+
+
+def _onehot(preds, k):
+    return torch.nn.functional.one_hot(torch.tensor(preds), k).double() * 0.8 + 0.2 / k
+
+
+def test_f1_binary_is_positive_class():
+    # preds 1 1 0 0 1, labels 1 0 0 1 1: TP=2 (#0,#4), FP=1 (#1), FN=1 (#3)
+    # F1(pos) = 2*2 / (2*2 + 1 + 1) = 2/3; macro would be (2/3 + 1/2) / 2
+    probs = _onehot([1, 1, 0, 0, 1], 2)
+    assert f1_score(probs, [1, 0, 0, 1, 1], num_classes=2) == pytest.approx(2 / 3)
+
+
+def test_f1_macro_multiclass():
+    # labels 0 0 1 1 2 2, preds 0 1 1 1 2 0
+    # class 0: TP1 FP1 FN1 -> 2/4; class 1: TP2 FP1 FN0 -> 4/5; class 2: TP1 FP0 FN1 -> 2/3
+    probs = _onehot([0, 1, 1, 1, 2, 0], 3)
+    expected = (0.5 + 0.8 + 2 / 3) / 3
+    assert f1_score(probs, [0, 0, 1, 1, 2, 2], num_classes=3) == pytest.approx(expected)
+    # a class neither present nor predicted (3) does not count
+    probs4 = _onehot([0, 1, 1, 1, 2, 0], 4)
+    assert f1_score(probs4, [0, 0, 1, 1, 2, 2], num_classes=4) == pytest.approx(expected)
+    # a class predicted but absent from the labels counts with F1 = 0
+    # labels 0 0 1, preds 0 2 1: class 0 -> 2/3, class 1 -> 1, class 2 -> 0
+    assert f1_score(_onehot([0, 2, 1], 3), [0, 0, 1], num_classes=3) == pytest.approx(5 / 9)
+
+
+def test_metrics_summary():
+    m = metrics(PROBS, LABELS)
+    assert isinstance(m, Metrics)
+    assert m.n == 5
+    assert m.accuracy == pytest.approx(0.6)
+    assert m.ece == pytest.approx(0.16)
+    assert m.f1 == pytest.approx(f1_score(PROBS, LABELS, 2))
+    p_true = [0.9, 0.2, 0.75, 0.6, 0.45]
+    assert m.nll == pytest.approx(-sum(math.log(p) for p in p_true) / 5)
+    assert m.mean_confidence == pytest.approx((0.9 + 0.8 + 0.75 + 0.6 + 0.55) / 5)
+    d = m.as_dict()
+    assert set(d) == {"n", "accuracy", "f1", "ece", "nll", "mean_confidence"}
+    json.dumps(d)
+
+
+def test_empty_inputs():
+    empty = torch.zeros(0, 2)
+    assert ece(empty, torch.zeros(0, dtype=torch.long)) == 0.0
+    assert metrics(empty, torch.zeros(0, dtype=torch.long)).n == 0
+
+
+def test_predict_proba_tiny_bert():
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=2, num_attention_heads=2,
+                     intermediate_size=32, num_labels=3)
+    model = BertForSequenceClassification(cfg)
+    model.train()
+    batches = []
+    for _ in range(3):
+        ids = torch.randint(1, 50, (4, 7))
+        batches.append({"input_ids": ids, "attention_mask": torch.ones_like(ids),
+                        "labels": torch.randint(0, 3, (4,))})
+    probs, labels = predict_proba(model, batches)
+    assert model.training  # previous mode restored
+    assert probs.shape == (12, 3) and probs.dtype == torch.float32 and probs.device.type == "cpu"
+    assert torch.allclose(probs.sum(dim=1), torch.ones(12), atol=1e-6)
+    assert torch.equal(labels, torch.cat([b["labels"] for b in batches]))
+    model.eval()
+    with torch.no_grad():
+        logits = torch.cat([model(input_ids=b["input_ids"], attention_mask=b["attention_mask"]).logits
+                            for b in batches])
+    assert torch.allclose(probs, torch.softmax(logits, dim=-1), atol=1e-6)
+    # unlabeled batches get -1
+    _, unl = predict_proba(model, [{"input_ids": batches[0]["input_ids"]}])
+    assert unl.tolist() == [-1] * 4
