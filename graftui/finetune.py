@@ -119,7 +119,7 @@ def finetune(
             correct += int((out.logits.argmax(-1) == batch["labels"]).sum())
             seen += int(batch["labels"].numel())
             if progress is not None:
-                progress(FinetuneProgress(step, total, epoch + 1, float(out.loss), correct / max(seen, 1)))
+                progress(FinetuneProgress(step, total, epoch + 1, float(out.loss.detach()), correct / max(seen, 1)))
     model.eval().to("cpu")
     record = {
         "graftui_version": __version__,

@@ -1,0 +1,216 @@
+"""One runner for all long work (fine-tuning, localization, sweeps, evaluations).
+
+Jobs run one at a time on a background thread, in submission order, so the models they share
+are never touched by two jobs at once. Each job lives in ``$GRAFTUI_HOME/jobs/<id>/`` as
+``job.json`` (status, parameters, progress history, result) plus whatever files it writes, so
+a reloaded page, or a restarted server, sees every job again.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+import time
+import traceback
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from .method import Cancelled
+from .regions import atomic_write
+
+log = logging.getLogger(__name__)
+
+QUEUED, RUNNING, DONE, FAILED, CANCELLED, INTERRUPTED = "queued", "running", "done", "failed", "cancelled", "interrupted"
+FINISHED = {DONE, FAILED, CANCELLED, INTERRUPTED}
+
+
+@dataclass
+class Job:
+    id: str
+    kind: str  # "finetune" | "localize" | "sweep" | "compare" | "compose" | ...
+    title: str
+    params: dict
+    status: str = QUEUED
+    created: float = field(default_factory=time.time)
+    started: float | None = None
+    finished: float | None = None
+    progress: list[dict] = field(default_factory=list)  # one entry per reported step
+    fraction: float = 0.0
+    message: str = ""
+    result: dict | None = None
+    error: str | None = None
+
+    @property
+    def duration(self) -> float | None:
+        if self.started is None:
+            return None
+        return (self.finished or time.time()) - self.started
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+class JobContext:
+    """What a running job sees: its folder, a progress reporter and its cancel flag."""
+
+    def __init__(self, runner: "JobRunner", job: Job):
+        self._runner, self.job = runner, job
+        self.cancel = threading.Event()
+        self.dir = runner.job_dir(job.id)
+
+    def report(self, event: dict) -> None:
+        """Record a progress event; ``fraction`` (0..1) and ``stage`` are shown, the rest plotted."""
+        if self.cancel.is_set():
+            raise Cancelled(f"{self.job.kind} cancelled")
+        event = {k: v for k, v in event.items() if v is not None}
+        with self._runner._lock:
+            if "step" in event and "steps" in event:
+                event.setdefault("fraction", event["step"] / max(event["steps"], 1))
+            if "fraction" in event:
+                self.job.fraction = float(event["fraction"])
+            if "stage" in event:
+                self.job.message = str(event["stage"])
+            if "step" in event:
+                self.job.progress.append({**event, "time": round(time.time() - (self.job.started or time.time()), 3)})
+        self._runner._save(self.job, throttle=True)
+
+
+JobFn = Callable[[JobContext], dict]
+
+
+def friendly_error(err: BaseException) -> str:
+    """One line a user can act on; tracebacks go to the job's log file, never to the page."""
+    from .data import DataError
+    from .localize import BudgetError
+    from .models import ModelError
+    from .regions import RegionError
+
+    if isinstance(err, (DataError, ModelError, RegionError, BudgetError, ValueError, FileNotFoundError)):
+        return str(err) or type(err).__name__
+    if isinstance(err, MemoryError):
+        return "ran out of memory: try a smaller model, fewer examples or a smaller batch"
+    return f"internal error ({type(err).__name__}: {str(err)[:200]}); details are in the job's log"
+
+
+class JobRunner:
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.RLock()
+        self._jobs: dict[str, Job] = {}
+        self._fns: dict[str, JobFn] = {}
+        self._contexts: dict[str, JobContext] = {}
+        self._queue: "queue.Queue[str]" = queue.Queue()
+        self._last_save: dict[str, float] = {}
+        self._load_existing()
+        self._worker = threading.Thread(target=self._work, name="graftui-jobs", daemon=True)
+        self._worker.start()
+
+    # -- public --------------------------------------------------------------------------------
+    def submit(self, kind: str, title: str, fn: JobFn, params: dict | None = None) -> Job:
+        job = Job(id=time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6], kind=kind, title=title, params=params or {})
+        with self._lock:
+            self._jobs[job.id] = job
+            self._fns[job.id] = fn
+        self._save(job)
+        self._queue.put(job.id)
+        return job
+
+    def cancel(self, job_id: str) -> bool:
+        """Cancel a queued job now, or a running one at its next step."""
+        with self._lock:
+            job = self._jobs.get(job_id)
+            if job is None or job.status in FINISHED:
+                return False
+            if job.status == QUEUED:
+                job.status, job.finished, job.message = CANCELLED, time.time(), "cancelled before it started"
+                self._save(job)
+                return True
+            ctx = self._contexts.get(job_id)
+        if ctx is not None:
+            ctx.cancel.set()
+        return True
+
+    def get(self, job_id: str) -> Job | None:
+        with self._lock:
+            return self._jobs.get(job_id)
+
+    def jobs(self, kind: str | None = None) -> list[Job]:
+        with self._lock:
+            items = [j for j in self._jobs.values() if kind is None or j.kind == kind]
+        return sorted(items, key=lambda j: j.created, reverse=True)
+
+    def wait(self, job_id: str, timeout: float | None = None) -> Job:
+        deadline = None if timeout is None else time.time() + timeout
+        while True:
+            job = self.get(job_id)
+            if job is None or job.status in FINISHED:
+                return job
+            if deadline is not None and time.time() > deadline:
+                return job
+            time.sleep(0.05)
+
+    def job_dir(self, job_id: str) -> Path:
+        path = self.root / job_id
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    # -- internals -----------------------------------------------------------------------------
+    def _work(self) -> None:
+        while True:
+            job_id = self._queue.get()
+            with self._lock:
+                job = self._jobs[job_id]
+                fn = self._fns.pop(job_id, None)
+                if job.status != QUEUED or fn is None:
+                    continue
+                ctx = JobContext(self, job)
+                self._contexts[job_id] = ctx
+                job.status, job.started = RUNNING, time.time()
+            self._save(job)
+            try:
+                result = fn(ctx)
+                with self._lock:
+                    job.result, job.status, job.fraction = result or {}, DONE, 1.0
+                    job.message = "done"
+            except Cancelled:
+                with self._lock:
+                    job.status, job.message = CANCELLED, "cancelled"
+            except BaseException as err:  # noqa: BLE001 - a job must never take the runner down
+                (self.job_dir(job_id) / "error.log").write_text(traceback.format_exc())
+                log.warning("job %s failed: %s", job_id, err)
+                with self._lock:
+                    job.status, job.error = FAILED, friendly_error(err)
+                    job.message = job.error
+            finally:
+                with self._lock:
+                    job.finished = time.time()
+                    self._contexts.pop(job_id, None)
+                self._save(job)
+
+    def _save(self, job: Job, throttle: bool = False) -> None:
+        now = time.time()
+        if throttle and now - self._last_save.get(job.id, 0.0) < 0.5:
+            return
+        self._last_save[job.id] = now
+        with self._lock:
+            text = json.dumps(job.as_dict(), default=str)
+        path = self.job_dir(job.id) / "job.json"
+        atomic_write(path, lambda tmp: Path(tmp).write_text(text))
+
+    def _load_existing(self) -> None:
+        for path in sorted(self.root.glob("*/job.json")):
+            try:
+                data = json.loads(path.read_text())
+                job = Job(**{k: v for k, v in data.items() if k in Job.__dataclass_fields__})
+            except (OSError, ValueError, TypeError):
+                continue
+            if job.status not in FINISHED:  # the server stopped while it ran or waited
+                job.status, job.message = INTERRUPTED, "interrupted by a restart"
+                job.finished = job.finished or time.time()
+                self._save(job)
+            self._jobs[job.id] = job
