@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Set up (first time) and run the whole test suite: unit, end-to-end and browser tests.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh --dev
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 HF_DATASETS_OFFLINE=1
+exec .venv/bin/python -m pytest -q "$@"
