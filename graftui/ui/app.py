@@ -1,0 +1,752 @@
+"""The Gradio Blocks app: layout and wiring only.
+
+Tabs: Models, Fine-tune, Localize, Compare, Anatomy, Compose, Regions, with one jobs panel
+below them. Long work goes through the shared JobRunner (``store.runner()``); a gr.Timer polls
+it, so a reloaded page sees running and finished jobs. Every handler is wrapped by
+:func:`guarded`, which turns any exception into a one-line message (a toast and the
+``status-message`` box), never a traceback.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import gradio as gr
+import pandas as pd
+
+from .. import settings
+from . import actions, figures, store
+
+log = logging.getLogger(__name__)
+
+TAB_NAMES = ("Models", "Fine-tune", "Localize", "Compare", "Anatomy", "Compose", "Regions")
+POLL_SECONDS = 1.0
+
+INTRO = {
+    "Models": (
+        "A **pair** is a pre-trained base θ_pre and a fine-tuned model θ_ft of the same architecture. "
+        "Grafting keeps θ_pre everywhere except in a tiny region γ, where it takes θ_ft's values: "
+        "θ_pre + γ⊙(θ_ft − θ_pre). Pick the pair and the task here; the other tabs use these choices."
+    ),
+    "Fine-tune": (
+        "No fine-tuned model yet? Make one from the base on the task chosen in **Models**. "
+        "The paper's SGD recipe leaves movement that a tiny region captures; AdamW needs an ℓ1 penalty on movement to do the same."
+    ),
+    "Localize": (
+        "Find the few parameters that carry the skill: a region of k parameters (the budget) whose graft "
+        "keeps the fine-tuned model's accuracy. The learned method takes a few mask steps on k examples per class."
+    ),
+    "Compare": (
+        "How good is a graft? Accuracy, F1, calibration (ECE) and agreement with the fine-tuned model, in distribution "
+        "and on out-of-distribution tasks, next to random and top-movement regions of the same size."
+    ),
+    "Anatomy": (
+        "Where in the network does a region sit? Counts per transformer layer and module type, "
+        "and the density (share of each cell's parameters that the region uses)."
+    ),
+    "Compose": (
+        "Regions of different tasks on one base barely overlap, so their union carries several skills at once. "
+        "See the overlap, build the union graft and score it on every task involved."
+    ),
+    "Regions": (
+        "Every finished localization is saved as a **skill patch** (region indices + fine-tuned values + head). "
+        "Download one, upload one to inspect and use it, or export base + patch as a normal checkpoint."
+    ),
+}
+
+
+# -- error handling ----------------------------------------------------------------------------
+def friendly_message(err: BaseException) -> str:
+    """One line a person can act on; the traceback goes to the server log only."""
+    from ..data import DataError
+    from ..localize import BudgetError
+    from ..models import ModelError
+    from ..regions import RegionError
+
+    if isinstance(err, gr.Error):
+        return str(err.message)
+    if isinstance(err, (DataError, ModelError, RegionError, BudgetError, ValueError, FileNotFoundError, KeyError)):
+        text = str(err).strip().strip("'\"") or type(err).__name__
+        return text.splitlines()[0]
+    if isinstance(err, MemoryError):
+        return "ran out of memory: try a smaller model, fewer examples or a smaller batch"
+    return f"internal error ({type(err).__name__}: {str(err)[:200]})"
+
+
+def guarded(status, toast: bool = True):
+    """Decorator: run a handler; on any exception show a warning and put the message in ``status``.
+
+    The handler's outputs must include ``status``; on failure only ``status`` is updated
+    (Gradio's dict return), every other output keeps its value. Polling handlers pass
+    ``toast=False`` so a persistent problem does not raise a toast every second.
+    """
+
+    def wrap(fn):
+        @functools.wraps(fn)
+        def run(*args, **kwargs):
+            try:
+                return fn(*args, **kwargs)
+            except Exception as err:  # noqa: BLE001 - the page must never show a traceback
+                log.warning("handler %s failed", fn.__name__, exc_info=True)
+                message = friendly_message(err)
+                if toast:
+                    gr.Warning(message)
+                return {status: f"⚠️ {message}"}
+
+        return run
+
+    return wrap
+
+
+# -- small pure helpers (tested without a browser) -------------------------------------------------
+REGION_LIST_COLUMNS = ["id", "task", "method", "k (params)", "share of graftable", "fine-tuned model", "created (UTC)"]
+
+
+def region_list_rows() -> pd.DataFrame:
+    rows = []
+    for e in store.list_regions():
+        m = e.meta
+        frac = m.get("fraction_of_graftable")
+        rows.append({
+            "id": e.id,
+            "task": store.short_ref(m.get("task", "")),
+            "method": m.get("method", ""),
+            "k (params)": f"{m['k']:,}" if isinstance(m.get("k"), int) else "",
+            "share of graftable": f"{frac:.3%}" if isinstance(frac, (int, float)) else "",
+            "fine-tuned model": store.short_ref(m.get("finetuned", "")),
+            "created (UTC)": m.get("created", ""),
+        })
+    return pd.DataFrame(rows, columns=REGION_LIST_COLUMNS)
+
+
+def method_info(name: str) -> str:
+    from ..localize import get_method
+
+    info = get_method(name)
+    data = "uses training examples" if info.needs_data else "data-free"
+    return f"**{info.label}** ({data}): {info.description}"
+
+
+def method_choices() -> list[tuple[str, str]]:
+    from ..localize import METHODS
+
+    return [(m.label, name) for name, m in METHODS.items()]
+
+
+def task_choices() -> list[tuple[str, str]]:
+    from ..data import OFFLINE_TASKS
+
+    return [(f"{name}: {desc}", name) for name, desc in OFFLINE_TASKS.items()] + store.upload_choices()
+
+
+def ood_choices() -> list[tuple[str, str]]:
+    from ..data import OFFLINE_TASKS
+
+    return [(name, name) for name in OFFLINE_TASKS]
+
+
+def render_localize(job) -> list:
+    if job is None:
+        return [figures.empty_figure("Press Run to learn a region; its loss, accuracy and size appear here step by step.")]
+    return [figures.localize_progress(job.progress, k=job.params.get("k"), title=job.title)]
+
+
+def render_finetune(job) -> list:
+    if job is None:
+        return [figures.empty_figure("Press Fine-tune to train; the loss and accuracy appear here step by step.")]
+    return [figures.finetune_progress(job.progress, title=job.title)]
+
+
+def render_compare(job) -> list:
+    empty = pd.DataFrame(columns=actions.COMPARE_COLUMNS)
+    if job is None or not job.result:
+        msg = "Run a comparison to fill this." if job is None else "Results appear when the job is done."
+        return [empty, figures.empty_figure(msg), figures.empty_figure(msg), ""]
+    res = job.result
+    note = f"In-distribution task: **{res['task']}**; OOD tasks: **{', '.join(res['ood']) or 'none'}**. "
+    note += ("Accuracy and agreement are shares of the test examples; ECE is the expected calibration error over "
+             "10 equal-width confidence bins (lower is better); Δ is the accuracy difference to the fine-tuned model on the same task.")
+    if res.get("skipped_ood"):
+        note += f"\n\nSkipped OOD tasks with other labels: {', '.join(res['skipped_ood'])}."
+    return [actions.compare_table(res), figures.reliability_diagram(res["reliability"], res["task"]),
+            figures.confidence_histogram(res["histogram"], res["task"]), note]
+
+
+def render_sweep(job) -> list:
+    if job is None or not job.result:
+        msg = "Run a sweep to fill this." if job is None else "The curve appears when the sweep is done."
+        return [figures.empty_figure(msg), pd.DataFrame(columns=actions.SWEEP_COLUMNS)]
+    rows = job.result["rows"]
+    return [figures.sweep_figure(rows, store.short_ref(job.result.get("task", ""))), actions.sweep_table(rows)]
+
+
+def render_compose(job) -> list:
+    if job is None or not job.result:
+        return ["" if job is None else "Results appear when the job is done.", pd.DataFrame(columns=actions.COMPOSE_COLUMNS)]
+    return [actions.compose_report_text(job.result.get("report")), actions.compose_table(job.result)]
+
+
+def render_export(job) -> list:
+    if job is None or not job.result:
+        return [None]
+    return [job.result.get("zip")]
+
+
+def anatomy_outputs(region_id: str, mode: str) -> list:
+    from ..anatomy import anatomy
+
+    record = store.load_region(region_id)
+    anat = anatomy(record.indices, record.shapes)
+    m = record.meta
+    summary = (f"Region **{region_id}**: k = **{record.size:,}** of {record.graftable:,} graftable parameters "
+               f"({record.size / max(record.graftable, 1):.4%}); method {m.get('method', '?')}, task {m.get('task', '?')}, "
+               f"fine-tuned model {store.short_ref(m.get('finetuned', '?'))}.")
+    return [figures.anatomy_heatmap(anat, mode), figures.module_bars(anat), actions.weight_bias_table(anat), summary]
+
+
+# -- the app -------------------------------------------------------------------------------------
+def build_app() -> gr.Blocks:
+    from ..data import OFFLINE_TASKS
+    from ..models import DEFAULT_BASE, DEFAULT_FINETUNED
+
+    d = store.defaults()
+    hosted = settings.hosted()
+    ood_default = [t for t in ("amazon", "tweets") if t in OFFLINE_TASKS]
+    mode_note = " · hosted mode: server paths are refused, uploads are capped" if hosted else ""
+    fast_note = " · small-data mode (GRAFTUI_FAST)" if store.fast() else ""
+
+    with gr.Blocks(title="graftui · skill localization by grafting") as demo:
+        gr.Markdown(
+            "# graftui · skill localization by grafting\n"
+            "Find the tiny region of a fine-tuned language model that carries its skill "
+            "(Panigrahi, Saunshi, Zhao & Arora, *Task-Specific Skill Localization in Fine-tuned Language Models*, ICML 2023)."
+            f"{mode_note}{fast_note}"
+        )
+        status = gr.Markdown("", elem_id="status-message")
+        safe = guarded(status)
+        quiet = guarded(status, toast=False)
+
+        with gr.Tabs(elem_id="tabs"):
+            # ---------------------------------------------------------------- Models
+            with gr.Tab("Models", elem_id="tab-models"):
+                gr.Markdown(INTRO["Models"])
+                with gr.Row():
+                    base_dd = gr.Dropdown(store.checkpoint_choices(include_base=True), value=DEFAULT_BASE, allow_custom_value=True,
+                                          label="Base model θ_pre", info="offline default, a checkpoint made here, a Hub id"
+                                          + ("" if hosted else " or a local folder"), elem_id="models-base")
+                    ft_dd = gr.Dropdown(store.checkpoint_choices(), value=DEFAULT_FINETUNED, allow_custom_value=True,
+                                        label="Fine-tuned model θ_ft", info="must share the base's architecture", elem_id="models-finetuned")
+                with gr.Row():
+                    check_btn = gr.Button("Check pair", variant="primary", elem_id="models-check", scale=0)
+                    pair_md = gr.Markdown("Press **Check pair** to load both models and count their parameters.", elem_id="models-pair-info")
+                counts_df = gr.Dataframe(actions.counts_table({}), label="Parameter counts of the pair", interactive=False,
+                                         elem_id="models-counts")
+                gr.Markdown("### Task")
+                with gr.Row():
+                    task_dd = gr.Dropdown(task_choices(), value="movies", allow_custom_value=True, label="Task (in-distribution)",
+                                          info="offline task, an uploaded file or a Hugging Face dataset id", elem_id="models-task")
+                    ood_dd = gr.Dropdown(ood_choices(), value=ood_default, multiselect=True, allow_custom_value=True,
+                                         label="Out-of-distribution tasks (same labels)", elem_id="models-ood")
+                with gr.Accordion("Upload a dataset (CSV, TSV, JSONL, JSON, Parquet)", open=False):
+                    gr.Markdown(f"Uploads up to {settings.MAX_UPLOAD_MB:g} MB. Pick which column holds the text, the optional "
+                                "second text (for pair tasks) and the label; a single file is split into train / validation / test with a fixed seed.")
+                    data_file = gr.File(label="Dataset file", file_types=list(store.DATA_SUFFIXES), elem_id="models-data-upload")
+                    with gr.Row():
+                        text_col = gr.Dropdown(["(guess)"], value="(guess)", label="Text column", elem_id="models-text-col")
+                        pair_col = gr.Dropdown(["(none)"], value="(none)", label="Second text column (pair tasks)", elem_id="models-pair-col")
+                        label_col = gr.Dropdown(["(guess)"], value="(guess)", label="Label column", elem_id="models-label-col")
+                    data_preview = gr.Dataframe(label="First rows of the file", interactive=False, elem_id="models-data-preview")
+                    with gr.Row():
+                        mapping_btn = gr.Button("Check column mapping", elem_id="models-data-check", scale=0)
+                        mapping_md = gr.Markdown("", elem_id="models-data-info")
+
+            # ---------------------------------------------------------------- Fine-tune
+            with gr.Tab("Fine-tune", elem_id="tab-finetune") as finetune_tab:
+                gr.Markdown(INTRO["Fine-tune"])
+                with gr.Row():
+                    ftn_base = gr.Dropdown(store.checkpoint_choices(include_base=True), value=DEFAULT_BASE, allow_custom_value=True,
+                                           label="Base model to fine-tune", elem_id="finetune-base")
+                    ftn_task_md = gr.Markdown("Task: the one chosen on the **Models** tab.")
+                with gr.Row():
+                    ftn_opt = gr.Radio([("SGD (paper recipe)", "sgd"), ("AdamW + ℓ1 movement penalty", "adamw")], value="sgd",
+                                       label="Optimizer", elem_id="finetune-optimizer")
+                    ftn_lr = gr.Number(0.05, label="Learning rate", info="SGD ≈ 0.05; AdamW ≈ 3e-5", elem_id="finetune-lr")
+                    ftn_l1 = gr.Number(0.0, label="ℓ1 coefficient on |θ − θ_pre| (AdamW only)", visible=False, elem_id="finetune-l1")
+                with gr.Row():
+                    ftn_epochs = gr.Slider(1, 10, value=d["ft_epochs"], step=1, label="Epochs", elem_id="finetune-epochs")
+                    ftn_n = gr.Number(d["ft_train_examples"], precision=0, label="Training examples (stratified subsample; 0 = all)",
+                                      elem_id="finetune-examples")
+                with gr.Row():
+                    ftn_run = gr.Button("Fine-tune", variant="primary", elem_id="finetune-run", scale=0)
+                    ftn_cancel = gr.Button("Cancel", variant="stop", elem_id="finetune-cancel", scale=0)
+                    ftn_job = gr.Dropdown([("latest fine-tuning job", "")], value="", label="Show job", elem_id="finetune-job")
+                ftn_status = gr.Markdown("", elem_id="finetune-status")
+                ftn_plot = gr.Plot(render_finetune(None)[0], label="Training curves", elem_id="finetune-plot")
+
+            # ---------------------------------------------------------------- Localize
+            with gr.Tab("Localize", elem_id="tab-localize") as localize_tab:
+                gr.Markdown(INTRO["Localize"])
+                with gr.Row():
+                    loc_method = gr.Dropdown(method_choices(), value="learned", label="Method", elem_id="localize-method")
+                    loc_method_md = gr.Markdown(method_info("learned"), elem_id="localize-method-info")
+                with gr.Row():
+                    loc_budget = gr.Slider(-5, -1, value=d["log_sparsity"], step=0.25, label="Budget: log10 of sparsity",
+                                           info="−5 = 0.001 % of graftable parameters, −1 = 10 %", elem_id="localize-budget")
+                    loc_budget_md = gr.Markdown(actions.budget_text(d["log_sparsity"], store.known_counts(DEFAULT_BASE, DEFAULT_FINETUNED)),
+                                                elem_id="localize-budget-info")
+                with gr.Row():
+                    loc_steps = gr.Number(d["steps"], precision=0, label="Mask steps", elem_id="localize-steps")
+                    loc_epc = gr.Number(d["examples_per_class"], precision=0, label="Training examples per class",
+                                        elem_id="localize-examples")
+                    loc_lr = gr.Number(d["mask_lr"], label="Mask learning rate (logit units per step)", elem_id="localize-lr")
+                with gr.Row():
+                    loc_run = gr.Button("Run", variant="primary", elem_id="localize-run", scale=0)
+                    loc_cancel = gr.Button("Cancel", variant="stop", elem_id="localize-cancel", scale=0)
+                    loc_job = gr.Dropdown([("latest localize job", "")], value="", label="Show job", elem_id="localize-job")
+                loc_status = gr.Markdown("", elem_id="localize-status")
+                loc_plot = gr.Plot(render_localize(None)[0], label="Mask learning, live", elem_id="localize-plot")
+                gr.Markdown("### Saved regions\nEvery finished job is saved as a skill patch under "
+                            f"`{store.regions_dir()}` and listed here, also after a restart.")
+                region_table = gr.Dataframe(region_list_rows(), interactive=False, elem_id="region-list")
+
+            # ---------------------------------------------------------------- Compare
+            with gr.Tab("Compare", elem_id="tab-compare") as compare_tab:
+                gr.Markdown(INTRO["Compare"])
+                with gr.Row():
+                    cmp_regions = gr.Dropdown(store.region_choices(), multiselect=True, label="Regions to evaluate (same fine-tuned model)",
+                                              elem_id="compare-regions")
+                    cmp_n = gr.Number(d["test_examples"], precision=0, label="Test examples per task", elem_id="compare-n")
+                    cmp_base = gr.Checkbox(True, label="Add top-movement and random regions of the same k", elem_id="compare-baselines")
+                gr.Markdown("The in-distribution task is the one each region was learned on; OOD tasks come from the **Models** tab.")
+                with gr.Row():
+                    cmp_run = gr.Button("Evaluate", variant="primary", elem_id="compare-run", scale=0)
+                    cmp_job = gr.Dropdown([("latest comparison", "")], value="", label="Show job", elem_id="compare-job")
+                cmp_status = gr.Markdown("", elem_id="compare-status")
+                cmp_table = gr.Dataframe(pd.DataFrame(columns=actions.COMPARE_COLUMNS), interactive=False, wrap=True,
+                                         label="Fine-tuned vs grafts vs baselines", elem_id="compare-table")
+                cmp_note = gr.Markdown("", elem_id="compare-note")
+                with gr.Row():
+                    cmp_rel = gr.Plot(figures.empty_figure("Run a comparison to see the reliability diagram."), elem_id="compare-reliability")
+                    cmp_hist = gr.Plot(figures.empty_figure("Run a comparison to see the confidence histogram."), elem_id="compare-histogram")
+                gr.Markdown("### Sparsity sweep\nLearned vs top-movement vs random regions over several budgets, for the pair "
+                            "and task of the **Models** tab, with the mask settings of the **Localize** tab.")
+                with gr.Row():
+                    swp_budgets = gr.Textbox(d["sweep_budgets"], label="Budgets (fractions of graftable parameters)", elem_id="sweep-budgets")
+                    swp_run = gr.Button("Run sparsity sweep", elem_id="sweep-run", scale=0)
+                    swp_job = gr.Dropdown([("latest sweep", "")], value="", label="Show job", elem_id="sweep-job")
+                swp_status = gr.Markdown("", elem_id="sweep-status")
+                swp_plot = gr.Plot(figures.empty_figure("Run a sparsity sweep to see accuracy against budget."), elem_id="sweep-plot")
+                swp_table = gr.Dataframe(pd.DataFrame(columns=actions.SWEEP_COLUMNS), interactive=False, elem_id="sweep-table")
+
+            # ---------------------------------------------------------------- Anatomy
+            with gr.Tab("Anatomy", elem_id="tab-anatomy"):
+                gr.Markdown(INTRO["Anatomy"])
+                with gr.Row():
+                    ana_region = gr.Dropdown(store.region_choices(), label="Region", elem_id="anatomy-region")
+                    ana_mode = gr.Radio([("counts", "counts"), ("density", "density")], value="counts", label="Colour by",
+                                        elem_id="anatomy-mode")
+                ana_md = gr.Markdown("", elem_id="anatomy-summary")
+                ana_heat = gr.Plot(figures.empty_figure("Pick a region."), elem_id="anatomy-heatmap")
+                with gr.Row():
+                    ana_bars = gr.Plot(figures.empty_figure("Pick a region."), elem_id="anatomy-bars")
+                    ana_kinds = gr.Dataframe(interactive=False, label="Weights vs biases", elem_id="anatomy-kinds")
+
+            # ---------------------------------------------------------------- Compose
+            with gr.Tab("Compose", elem_id="tab-compose") as compose_tab:
+                gr.Markdown(INTRO["Compose"])
+                with gr.Row():
+                    cmp_sel = gr.Dropdown(store.region_choices(), multiselect=True, label="Regions to compose (one base model)",
+                                          elem_id="compose-regions")
+                    cps_measure = gr.Radio([("|γi ∩ γj| / |γj|", "overlap"), ("IoU", "iou")], value="overlap",
+                                           label="Overlap measure", elem_id="compose-measure")
+                cps_heat = gr.Plot(figures.empty_figure("Pick two or more regions to compare their overlap."), elem_id="compose-overlap")
+                cps_pairs = gr.Dataframe(interactive=False, label="Shared parameters per pair", elem_id="compose-overlap-table")
+                with gr.Row():
+                    cps_resolve = gr.Radio([("mean of movements", "mean"), ("first region wins", "first"), ("last region wins", "last")],
+                                           value="mean", label="Parameters claimed by several regions", elem_id="compose-resolve")
+                    cps_n = gr.Number(d["test_examples"], precision=0, label="Test examples per task", elem_id="compose-n")
+                with gr.Row():
+                    cps_run = gr.Button("Build union and evaluate", variant="primary", elem_id="compose-run", scale=0)
+                    cps_job = gr.Dropdown([("latest composition", "")], value="", label="Show job", elem_id="compose-job")
+                cps_status = gr.Markdown("", elem_id="compose-status")
+                cps_report = gr.Markdown("", elem_id="compose-report")
+                cps_table = gr.Dataframe(pd.DataFrame(columns=actions.COMPOSE_COLUMNS), interactive=False,
+                                         label="Each task with its own head: region alone vs union graft vs bare body", elem_id="compose-table")
+
+            # ---------------------------------------------------------------- Regions
+            with gr.Tab("Regions", elem_id="tab-regions") as regions_tab:
+                gr.Markdown(INTRO["Regions"])
+                with gr.Row():
+                    reg_sel = gr.Dropdown(store.region_choices(), label="Saved region", elem_id="regions-select")
+                with gr.Row():
+                    reg_dl = gr.DownloadButton("Download skill patch (.safetensors)", value=None, elem_id="region-download")
+                    reg_dl_idx = gr.DownloadButton("Download region indices only (.safetensors)", value=None,
+                                                   elem_id="region-download-indices")
+                    reg_export = gr.Button("Export grafted checkpoint (.zip)", elem_id="region-export")
+                reg_meta = gr.Dataframe(interactive=False, label="Metadata of the selected region", elem_id="regions-meta")
+                reg_export_status = gr.Markdown("", elem_id="region-export-status")
+                reg_export_file = gr.File(label="Grafted checkpoint (Hugging Face folder, zipped)", interactive=False,
+                                          elem_id="region-export-file")
+                gr.Markdown("### Upload a region or skill patch")
+                reg_up = gr.File(label="Region file (.safetensors, written by graftui)", file_types=[".safetensors"], elem_id="region-upload")
+                reg_up_md = gr.Markdown("", elem_id="region-upload-info")
+                reg_up_meta = gr.Dataframe(interactive=False, label="Metadata of the uploaded file", elem_id="region-upload-meta")
+                reg_apply = gr.Button("Check against the current pair and add to my regions", elem_id="region-apply")
+
+        # -------------------------------------------------------------------- jobs panel
+        with gr.Accordion("Jobs", open=True, elem_id="jobs-panel"):
+            gr.Markdown("Jobs run one at a time in the background, in the order submitted; they keep running when you "
+                        "close or reload the page, and stay listed after a restart.")
+            jobs_df = gr.Dataframe(actions.job_rows(store.runner()), interactive=False, wrap=True, elem_id="jobs-table",
+                                   column_widths=["15%", "7%", "31%", "8%", "7%", "7%", "25%"])
+            with gr.Row():
+                job_sel = gr.Dropdown(actions.job_choices(store.runner()), label="Job", elem_id="jobs-select")
+                job_cancel = gr.Button("Cancel selected job", variant="stop", elem_id="jobs-cancel", scale=0)
+            job_md = gr.Markdown("", elem_id="jobs-detail")
+
+        timer = gr.Timer(POLL_SECONDS)
+        region_sig = gr.State(None)
+        ckpt_sig = gr.State(None)
+        jobs_sig = gr.State(None)
+
+        # ---------------------------------------------------------------- shared inputs
+        def spec_of(text, pair, label):
+            return actions.data_spec(text, pair, label)
+
+        # ---------------------------------------------------------------- page load
+        @safe
+        def on_load():
+            runner = store.runner()
+            job = actions.submit_prepare(runner)
+            msg = ""
+            if job is not None:
+                msg = ("The default fine-tuned model (**minilm-movies**) is being prepared once, in the background "
+                       "(about two minutes on a CPU; see **Jobs** below). Everything that needs it waits for it.")
+            return msg
+
+        demo.load(on_load, None, [status])
+
+        # ---------------------------------------------------------------- Models
+        @safe
+        def on_check(base, finetuned):
+            desc = actions.check_pair(base, finetuned)
+            counts = {k: desc[f"{k}_params"] for k in ("graftable", "head", "excluded", "total")}
+            info = (f"✅ **{desc['architecture']}** pair: base `{store.short_ref(base)}`, fine-tuned `{store.short_ref(finetuned)}`, "
+                    f"labels {', '.join(desc['labels'])}; {desc['graftable_tensors']} graftable tensors, head = "
+                    f"{', '.join(desc['head_tensors']) or 'none'}.")
+            return actions.counts_table(counts), info, "", actions.budget_text(-3, counts)
+
+        check_btn.click(on_check, [base_dd, ft_dd], [counts_df, pair_md, status, loc_budget_md])
+
+        @safe
+        def on_data_upload(file):
+            from ..data import preview
+
+            if not file:
+                return gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), ""
+            path = store.save_upload(file)
+            info = preview(str(path), allow_local=True)
+            rows = sum(info["splits"].values())
+            if hosted and rows > settings.MAX_DATASET_ROWS:
+                raise ValueError(f"'{path.name}' has {rows:,} rows; this server takes at most {settings.MAX_DATASET_ROWS:,}")
+            cols, guess = info["columns"], info["guess"]
+            frame = pd.DataFrame(info["rows"])
+            splits = ", ".join(f"{k}: {v:,} rows" for k, v in info["splits"].items())
+            md = f"Read **{path.name}** ({splits}). Check the guessed columns, then press **Check column mapping**."
+            return (
+                gr.update(choices=task_choices(), value=str(path)),
+                gr.update(choices=["(guess)", *cols], value=guess.text_column or "(guess)"),
+                gr.update(choices=["(none)", *cols], value=guess.pair_column or "(none)"),
+                gr.update(choices=["(guess)", *cols], value=guess.label_column or "(guess)"),
+                frame, md, "",
+            )
+
+        data_file.upload(on_data_upload, [data_file], [task_dd, text_col, pair_col, label_col, data_preview, mapping_md, status])
+
+        @safe
+        def on_check_mapping(task, text, pair, label):
+            t = actions.load_task_checked(task, spec_of(text, pair, label))
+            sizes = ", ".join(f"{k} {len(s):,}" for k, s in t.splits.items())
+            kind = "text-pair" if t.is_pair else "single-text"
+            return (f"✅ **{t.name}**: {kind} task with {t.num_labels} labels ({', '.join(t.label_names)}); "
+                    f"examples per split: {sizes}. Source: {t.source}."), ""
+
+        mapping_btn.click(on_check_mapping, [task_dd, text_col, pair_col, label_col], [mapping_md, status])
+
+        # ---------------------------------------------------------------- Fine-tune
+        def on_optimizer(opt):
+            if opt == "adamw":
+                return gr.update(value=3e-5), gr.update(visible=True, value=1e-3)
+            return gr.update(value=0.05), gr.update(visible=False, value=0.0)
+
+        ftn_opt.change(on_optimizer, [ftn_opt], [ftn_lr, ftn_l1])
+
+        @safe
+        def on_finetune(base, task, text, pair, label, opt, lr, l1, epochs, n):
+            job = actions.submit_finetune(store.runner(), base=base, task=task, spec=spec_of(text, pair, label), optimizer=opt,
+                                          lr=lr, epochs=epochs, train_examples=n, l1=l1 or 0.0)
+            return submitted(job), picker_for(("finetune", "prepare"), "latest fine-tuning job", job)
+
+        ftn_run.click(on_finetune, [ftn_base, task_dd, text_col, pair_col, label_col, ftn_opt, ftn_lr, ftn_l1, ftn_epochs, ftn_n],
+                      [status, ftn_job])
+
+        # ---------------------------------------------------------------- Localize
+        def on_budget(log_s, base, finetuned):
+            return actions.budget_text(log_s, store.known_counts(base, finetuned))
+
+        for ev in (loc_budget.change, base_dd.change, ft_dd.change, localize_tab.select):
+            ev(quiet(lambda a, b, c: (on_budget(a, b, c), gr.skip())), [loc_budget, base_dd, ft_dd], [loc_budget_md, status])
+
+        loc_method.change(safe(lambda m: (method_info(m), gr.skip())), [loc_method], [loc_method_md, status])
+
+        @safe
+        def on_localize(base, finetuned, task, text, pair, label, method, log_s, steps, epc, lr):
+            job = actions.submit_localize(store.runner(), base=base, finetuned=finetuned, task=task, spec=spec_of(text, pair, label),
+                                          method=method, log_sparsity=log_s, steps=steps, examples_per_class=epc, lr=lr)
+            return submitted(job), picker_for(("localize",), "latest localize job", job)
+
+        loc_run.click(on_localize, [base_dd, ft_dd, task_dd, text_col, pair_col, label_col, loc_method, loc_budget, loc_steps, loc_epc,
+                                    loc_lr], [status, loc_job])
+
+        def cancel_shown(kinds):
+            @safe
+            def run(picked):
+                runner = store.runner()
+                job = runner.get(picked) if picked else actions.latest_job(runner, kinds)
+                if job is None:
+                    return "Nothing to cancel."
+                ok = runner.cancel(job.id)
+                return f"Cancel requested for **{job.title}**." if ok else f"**{job.title}** has already finished ({job.status})."
+
+            return run
+
+        loc_cancel.click(cancel_shown(("localize",)), [loc_job], [status])
+        ftn_cancel.click(cancel_shown(("finetune", "prepare")), [ftn_job], [status])
+
+        # ---------------------------------------------------------------- Compare
+        @safe
+        def on_compare(region_ids, ood, n, baselines, task):
+            job = actions.submit_compare(store.runner(), region_ids=region_ids or [], ood=ood or [], n=n, baselines=baselines,
+                                         task_fallback=task)
+            return submitted(job), picker_for(("compare",), "latest comparison", job)
+
+        cmp_run.click(on_compare, [cmp_regions, ood_dd, cmp_n, cmp_base, task_dd], [status, cmp_job])
+
+        @safe
+        def on_sweep(base, finetuned, task, text, pair, label, budgets, steps, epc, lr, n):
+            job = actions.submit_sweep(store.runner(), base=base, finetuned=finetuned, task=task, spec=spec_of(text, pair, label),
+                                       budgets=budgets, steps=steps, examples_per_class=epc, lr=lr, n=n)
+            return submitted(job), picker_for(("sweep",), "latest sweep", job)
+
+        swp_run.click(on_sweep, [base_dd, ft_dd, task_dd, text_col, pair_col, label_col, swp_budgets, loc_steps, loc_epc, loc_lr, cmp_n],
+                      [status, swp_job])
+
+        # ---------------------------------------------------------------- Anatomy
+        @safe
+        def on_anatomy(region_id, mode):
+            if not region_id:
+                return gr.skip(), gr.skip(), gr.skip(), "Pick a region (run **Localize** first if the list is empty).", ""
+            return (*anatomy_outputs(region_id, mode), "")
+
+        ana_region.change(on_anatomy, [ana_region, ana_mode], [ana_heat, ana_bars, ana_kinds, ana_md, status])
+        ana_mode.change(on_anatomy, [ana_region, ana_mode], [ana_heat, ana_bars, ana_kinds, ana_md, status])
+
+        # ---------------------------------------------------------------- Compose
+        @safe
+        def on_overlap(region_ids, measure):
+            if not region_ids or len(region_ids) < 2:
+                return figures.overlap_heatmap({"names": []}), None, ""
+            matrix = actions.overlap_for(region_ids)
+            return figures.overlap_heatmap(matrix, measure), actions.overlap_summary(matrix), ""
+
+        cmp_sel.change(on_overlap, [cmp_sel, cps_measure], [cps_heat, cps_pairs, status])
+        cps_measure.change(on_overlap, [cmp_sel, cps_measure], [cps_heat, cps_pairs, status])
+
+        @safe
+        def on_compose(region_ids, resolve, n):
+            job = actions.submit_compose(store.runner(), region_ids=region_ids or [], resolve=resolve, n=n)
+            return submitted(job), picker_for(("compose",), "latest composition", job)
+
+        cps_run.click(on_compose, [cmp_sel, cps_resolve, cps_n], [status, cps_job])
+
+        # ---------------------------------------------------------------- Regions
+        @safe
+        def on_region_select(region_id):
+            if not region_id:
+                return gr.update(value=None), gr.update(value=None), None, ""
+            path = store.region_path(region_id)
+            record = store.load_region(region_id)
+            indices = actions.region_only_file(region_id)
+            return gr.update(value=str(path)), gr.update(value=str(indices)), actions.region_meta_table(record), ""
+
+        reg_sel.change(on_region_select, [reg_sel], [reg_dl, reg_dl_idx, reg_meta, status])
+
+        @safe
+        def on_export(region_id):
+            job = actions.submit_export(store.runner(), region_id=region_id)
+            return submitted(job), job.id
+
+        export_job = gr.State("")
+        reg_export.click(on_export, [reg_sel], [status, export_job])
+
+        @safe
+        def on_region_upload(file):
+            from .. import regions
+
+            if not file:
+                return "", None, ""
+            path = store.check_upload(file, (".safetensors",))
+            record = regions.load(path)  # validates format, metadata and every index
+            s = record.summary()
+            md = (f"✅ **{path.name}** is a valid graftui {s['kind']}: k = {s['size']:,} of {s['graftable']:,} graftable parameters "
+                  f"({s['fraction_of_graftable']:.4%}) in {s['tensors']} tensors. Press the button below to check it against the "
+                  "current pair and add it to your regions.")
+            return md, actions.region_meta_table(record), ""
+
+        reg_up.upload(on_region_upload, [reg_up], [reg_up_md, reg_up_meta, status])
+
+        @safe
+        def on_region_apply(file, base, finetuned):
+            from .. import regions
+
+            if not file:
+                raise ValueError("upload a region file first")
+            path = store.check_upload(file, (".safetensors",))
+            record = regions.load(path)
+            pair = actions.load_checked_pair(base, finetuned, store.allow_local_for([base, finetuned]))
+            regions.check_fits(record, pair)
+            meta = record.meta
+            meta.setdefault("original_base", meta.get("base"))
+            meta.setdefault("original_finetuned", meta.get("finetuned"))
+            meta.update({"base": base, "finetuned": finetuned, "uploaded_as": path.name})
+            meta.setdefault("task", "uploaded")
+            meta.setdefault("method", "uploaded")
+            saved = store.save_region(record, stem=f"uploaded-{store.safe_name(path.stem, 30)}")
+            return (f"✅ Fits the current pair ({store.short_ref(base)} → {store.short_ref(finetuned)}); saved as **{saved.stem}** "
+                    "and listed in every region picker."), ""
+
+        reg_apply.click(on_region_apply, [reg_up, base_dd, ft_dd], [reg_up_md, status])
+
+        # ---------------------------------------------------------------- polling
+        region_pickers = [cmp_regions, ana_region, cmp_sel, reg_sel]
+
+        @quiet
+        def tick_lists(last_regions, last_ckpts):
+            rsig = tuple(e.id for e in store.list_regions())
+            csig = tuple(c["path"] for c in store.list_checkpoints()) + (store.default_ready(),)
+            out = []
+            if rsig != last_regions:
+                choices = store.region_choices()
+                out += [gr.update(choices=choices) for _ in region_pickers] + [region_list_rows()]
+            else:
+                out += [gr.skip() for _ in region_pickers] + [gr.skip()]
+            if csig != last_ckpts:
+                out += [gr.update(choices=store.checkpoint_choices(include_base=True)), gr.update(choices=store.checkpoint_choices()),
+                        gr.update(choices=store.checkpoint_choices(include_base=True))]
+            else:
+                out += [gr.skip(), gr.skip(), gr.skip()]
+            return (*out, rsig, csig, gr.skip())
+
+        timer.tick(tick_lists, [region_sig, ckpt_sig], [*region_pickers, region_table, base_dd, ft_dd, ftn_base, region_sig, ckpt_sig, status],
+                   show_progress="hidden")
+
+        @quiet
+        def tick_jobs(last, picked):
+            runner = store.runner()
+            sig = actions.job_signature(runner)
+            job = runner.get(picked) if picked else None
+            detail = actions.job_status_line(job) if job else ""
+            if sig == last:
+                return gr.skip(), gr.skip(), detail, last, gr.skip()
+            return actions.job_rows(runner), gr.update(choices=actions.job_choices(runner)), detail, sig, gr.skip()
+
+        timer.tick(tick_jobs, [jobs_sig, job_sel], [jobs_df, job_sel, job_md, jobs_sig, status], show_progress="hidden")
+
+        @safe
+        def on_job_cancel(picked):
+            if not picked:
+                raise ValueError("pick a job to cancel")
+            runner = store.runner()
+            job = runner.get(picked)
+            ok = runner.cancel(picked)
+            if job is None:
+                raise ValueError(f"no job {picked}")
+            return f"Cancel requested for **{job.title}**." if ok else f"**{job.title}** has already finished ({job.status})."
+
+        job_cancel.click(on_job_cancel, [job_sel], [status])
+
+        def panel(kinds, picker, status_md, outputs, render, latest_label, fixed_state=None):
+            """Poll the picked job of ``kinds`` (or the latest one) and re-render only when it changed."""
+            sig_state = gr.State(None)
+
+            @quiet
+            def tick(picked, last):
+                runner = store.runner()
+                job = runner.get(picked) if picked else actions.latest_job(runner, kinds)
+                listing = tuple(j.id for j in runner.jobs() if j.kind in kinds)
+                sig = (listing, None if job is None else (job.id, job.status, len(job.progress), round(job.fraction, 3), job.message))
+                if sig == last:
+                    return (gr.skip(), gr.skip(), *[gr.skip() for _ in outputs], last, gr.skip())
+                picker_update = gr.skip()
+                if last is None or listing != last[0]:
+                    picker_update = gr.update(choices=[(latest_label, "")] + actions.job_choices(runner, kinds))
+                return (picker_update, actions.job_status_line(job), *render(job), sig, gr.skip())
+
+            inputs = [fixed_state if fixed_state is not None else picker, sig_state]
+            outs = ([picker] if fixed_state is None else []) + [status_md, *outputs, sig_state, status]
+            fn = tick if fixed_state is None else (lambda picked, last: _drop_first(tick(picked, last)))
+            timer.tick(fn, inputs, outs, show_progress="hidden")
+            if fixed_state is None:
+                picker.change(lambda picked: tick(picked, None), [picker], [picker, status_md, *outputs, sig_state, status])
+            return sig_state
+
+        # A plot updated while its tab is hidden is drawn only at its next update, so opening a tab
+        # forgets what its panels last rendered and the next tick draws them again.
+        for tab, sigs in (
+            (localize_tab, [panel(("localize",), loc_job, loc_status, [loc_plot], render_localize, "latest localize job")]),
+            (finetune_tab, [panel(("finetune", "prepare"), ftn_job, ftn_status, [ftn_plot], render_finetune, "latest fine-tuning job")]),
+            (compare_tab, [
+                panel(("compare",), cmp_job, cmp_status, [cmp_table, cmp_rel, cmp_hist, cmp_note], render_compare, "latest comparison"),
+                panel(("sweep",), swp_job, swp_status, [swp_plot, swp_table], render_sweep, "latest sweep"),
+            ]),
+            (compose_tab, [panel(("compose",), cps_job, cps_status, [cps_report, cps_table], render_compose, "latest composition")]),
+            (regions_tab, [panel(("export",), None, reg_export_status, [reg_export_file], render_export, "", fixed_state=export_job)]),
+        ):
+            tab.select(_forget(len(sigs)), None, sigs, show_progress="hidden")
+
+    return demo
+
+
+def submitted(job) -> str:
+    return f"Submitted **{job.title}** (job {job.id}); it runs in the background, see its progress below."
+
+
+def picker_for(kinds: tuple[str, ...], latest_label: str, job):
+    """A job picker showing ``job`` among the jobs of ``kinds``."""
+    choices = [(latest_label, "")] + actions.job_choices(store.runner(), kinds)
+    return gr.update(choices=choices, value=job.id)
+
+
+def _forget(n: int):
+    """A handler that resets ``n`` signature states to None."""
+
+    def forget():
+        return tuple([None] * n) if n > 1 else None
+
+    return forget
+
+
+def _drop_first(result):
+    """Panel ticks without a picker: drop the picker's update (an error dict passes through)."""
+    if isinstance(result, dict):
+        return result
+    return tuple(result[1:])
+
+
+def launch(host: str = "127.0.0.1", port: int = 7860, share: bool = False, **kwargs):
+    demo = build_app()
+    demo.queue(default_concurrency_limit=4)
+    max_size = f"{int(settings.MAX_UPLOAD_MB)}mb" if settings.hosted() else None
+    return demo.launch(server_name=host, server_port=port, share=share, allowed_paths=store.served_dirs(),
+                       max_file_size=max_size, show_error=False, **kwargs)

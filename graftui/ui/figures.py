@@ -1,0 +1,221 @@
+"""Plotly figures from library results. Plotting only: every number comes from the library."""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from ..anatomy import MODULE_LABELS
+
+PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#17becf"]
+MODEL_COLOURS = {"fine-tuned": "#1f77b4", "pre-trained body + FT head": "#7f7f7f"}
+
+
+def _layout(fig: go.Figure, title: str, height: int = 380) -> go.Figure:
+    fig.update_layout(
+        title={"text": title, "x": 0.01, "font": {"size": 15}},
+        height=height,
+        margin={"l": 60, "r": 20, "t": 56, "b": 50},
+        template="plotly_white",
+        legend={"orientation": "h", "yanchor": "bottom", "y": -0.32, "x": 0},
+        hovermode="closest",
+    )
+    return fig
+
+
+def empty_figure(message: str = "Nothing to show yet.", height: int = 300) -> go.Figure:
+    fig = go.Figure()
+    fig.add_annotation(text=message, x=0.5, y=0.5, xref="paper", yref="paper", showarrow=False, font={"size": 14, "color": "#666"})
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    return _layout(fig, "", height)
+
+
+def _colour(label: str, i: int) -> str:
+    return MODEL_COLOURS.get(label, PALETTE[(i + 2) % len(PALETTE)])
+
+
+# -- live training curves ----------------------------------------------------------------------
+def localize_progress(progress: list[dict], k: int | None = None, title: str = "Mask learning") -> go.Figure:
+    """Loss, batch accuracy and region size per mask step (the job's progress events)."""
+    steps = [p for p in progress if "step" in p and "loss" in p]
+    if not steps:
+        return empty_figure("Waiting for the first mask step… (models and data load first)")
+    x = [p["step"] for p in steps]
+    fig = make_subplots(
+        rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.08,
+        subplot_titles=(
+            "Task loss of the relaxed graft (cross-entropy, lower is better)",
+            "Accuracy on the training batch",
+            "Region size: parameters with γ(S) ≥ 0.5, against the budget k",
+        ),
+    )
+    fig.add_trace(go.Scatter(x=x, y=[p["loss"] for p in steps], mode="lines+markers", name="loss",
+                             hovertemplate="step %{x}<br>loss %{y:.4f}<extra></extra>"), row=1, col=1)
+    fig.add_trace(go.Scatter(x=x, y=[p["accuracy"] for p in steps], mode="lines+markers", name="batch accuracy",
+                             line={"color": PALETTE[2]}, hovertemplate="step %{x}<br>accuracy %{y:.1%}<extra></extra>"),
+                  row=2, col=1)
+    fig.add_trace(go.Scatter(x=x, y=[p.get("region_size") for p in steps], mode="lines+markers", name="region size",
+                             line={"color": PALETTE[3]},
+                             hovertemplate="step %{x}<br>%{y:,} parameters<extra></extra>"), row=3, col=1)
+    if k:
+        fig.add_hline(y=k, line_dash="dot", line_color="#444", row=3, col=1,
+                      annotation_text=f"budget k = {k:,}", annotation_position="bottom right")
+    fig.update_yaxes(tickformat=".0%", range=[0, 1.05], row=2, col=1)
+    fig.update_yaxes(tickformat=",", row=3, col=1)
+    fig.update_xaxes(title_text="mask step", row=3, col=1)
+    return _layout(fig, title, height=560).update_layout(showlegend=False)
+
+
+def finetune_progress(progress: list[dict], title: str = "Fine-tuning") -> go.Figure:
+    """Training loss and running accuracy per optimizer step."""
+    steps = [p for p in progress if "step" in p and "loss" in p]
+    if not steps:
+        return empty_figure("Waiting for the first training step… (model and data load first)")
+    x = [p["step"] for p in steps]
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.12,
+                        subplot_titles=("Training loss (cross-entropy, per batch)", "Running training accuracy (this epoch)"))
+    fig.add_trace(go.Scatter(x=x, y=[p["loss"] for p in steps], mode="lines", name="loss",
+                             customdata=[[p.get("epoch")] for p in steps],
+                             hovertemplate="step %{x} (epoch %{customdata[0]})<br>loss %{y:.4f}<extra></extra>"), row=1, col=1)
+    fig.add_trace(go.Scatter(x=x, y=[p["accuracy"] for p in steps], mode="lines", name="accuracy", line={"color": PALETTE[2]},
+                             hovertemplate="step %{x}<br>accuracy %{y:.1%}<extra></extra>"), row=2, col=1)
+    fig.update_yaxes(tickformat=".0%", range=[0, 1.05], row=2, col=1)
+    fig.update_xaxes(title_text="optimizer step", row=2, col=1)
+    return _layout(fig, title, height=460).update_layout(showlegend=False)
+
+
+# -- calibration ---------------------------------------------------------------------------------
+def reliability_diagram(reliability: dict[str, list[dict]], task: str = "") -> go.Figure:
+    """Accuracy against confidence per bin, one line per model; the diagonal is perfect calibration."""
+    if not reliability:
+        return empty_figure("Run a comparison to see the reliability diagram.")
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=[0, 1], y=[0, 1], mode="lines", name="perfect calibration",
+                             line={"dash": "dash", "color": "#999"}, hoverinfo="skip"))
+    for i, (label, bins) in enumerate(reliability.items()):
+        used = [b for b in bins if b.get("count")]
+        fig.add_trace(go.Scatter(
+            x=[b["confidence"] for b in used], y=[b["accuracy"] for b in used], mode="lines+markers", name=label,
+            line={"color": _colour(label, i)},
+            customdata=[[b["lo"], b["hi"], b["count"], b["gap"]] for b in used],
+            hovertemplate=(f"<b>{label}</b><br>bin (%{{customdata[0]:.1f}}, %{{customdata[1]:.1f}}]"
+                           "<br>mean confidence %{x:.3f}<br>accuracy %{y:.3f}<br>examples %{customdata[2]}"
+                           "<br>confidence − accuracy %{customdata[3]:+.3f}<extra></extra>"),
+        ))
+    fig.update_xaxes(title_text="mean confidence in bin (max probability)", range=[0, 1])
+    fig.update_yaxes(title_text="accuracy in bin", range=[0, 1.02])
+    where = f" on {task} (test)" if task else ""
+    return _layout(fig, f"Reliability diagram{where}: 10 equal-width confidence bins", height=420)
+
+
+def confidence_histogram(histogram: dict[str, list[dict]], task: str = "") -> go.Figure:
+    """Share of test examples per confidence bin, one bar group per model."""
+    if not histogram:
+        return empty_figure("Run a comparison to see the confidence histogram.")
+    fig = go.Figure()
+    for i, (label, bins) in enumerate(histogram.items()):
+        fig.add_trace(go.Bar(
+            x=[(b["lo"] + b["hi"]) / 2 for b in bins], y=[b["fraction"] for b in bins], name=label,
+            marker_color=_colour(label, i), width=0.1 / max(len(histogram), 1) * 0.9,
+            customdata=[[b["lo"], b["hi"], b["count"]] for b in bins],
+            hovertemplate=(f"<b>{label}</b><br>confidence (%{{customdata[0]:.1f}}, %{{customdata[1]:.1f}}]"
+                           "<br>%{y:.1%} of examples (%{customdata[2]})<extra></extra>"),
+        ))
+    fig.update_layout(barmode="group")
+    fig.update_xaxes(title_text="confidence (max probability)", range=[0, 1], dtick=0.1)
+    fig.update_yaxes(title_text="share of test examples", tickformat=".0%")
+    where = f" on {task} (test)" if task else ""
+    return _layout(fig, f"Confidence histogram{where}", height=420)
+
+
+def sweep_figure(rows: list[dict], task: str = "") -> go.Figure:
+    """Test accuracy against region budget (log x) per method, with fine-tuned accuracy for reference."""
+    if not rows:
+        return empty_figure("Run a sparsity sweep to see accuracy against budget.")
+    fig = go.Figure()
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    for i, name in enumerate(methods):
+        pts = sorted((r for r in rows if r["method"] == name), key=lambda r: r["sparsity"])
+        fig.add_trace(go.Scatter(
+            x=[r["sparsity"] for r in pts], y=[r["accuracy"] for r in pts], mode="lines+markers", name=name,
+            line={"color": PALETTE[i % len(PALETTE)]},
+            customdata=[[r["k"], r.get("retained"), r.get("ece")] for r in pts],
+            hovertemplate=(f"<b>{name}</b><br>sparsity %{{x:.0e}} (k = %{{customdata[0]:,}})<br>accuracy %{{y:.1%}}"
+                           "<br>retained %{customdata[1]:.1%} of FT accuracy<br>ECE %{customdata[2]:.3f}<extra></extra>"),
+        ))
+    ft = rows[0].get("ft_accuracy")
+    if ft is not None:
+        fig.add_hline(y=ft, line_dash="dash", line_color="#1f77b4",
+                      annotation_text=f"fine-tuned model: {ft:.1%}", annotation_position="top left")
+    fig.update_xaxes(type="log", title_text="region budget (fraction of graftable parameters, log scale)")
+    fig.update_yaxes(title_text="test accuracy of the graft", tickformat=".0%")
+    where = f" on {task}" if task else ""
+    return _layout(fig, f"Sparsity sweep{where}: accuracy of θ_pre + γ⊙δ against budget", height=420)
+
+
+# -- anatomy -------------------------------------------------------------------------------------
+def anatomy_heatmap(anat, mode: str = "counts", title: str = "") -> go.Figure:
+    """Layers × module types; colour is the region count or its density, exact numbers on hover."""
+    if not anat.layers:
+        return empty_figure("This region has no graftable parameters to place.")
+    cols = [MODULE_LABELS.get(m, m) for m in anat.modules]
+    z = anat.density if mode == "density" else anat.counts
+    custom = [[[anat.counts[i][j], anat.totals[i][j], anat.density[i][j]] for j in range(len(cols))]
+              for i in range(len(anat.layers))]
+    text = [[(f"{v:.2%}" if mode == "density" else f"{v:,}") if anat.totals[i][j] else "–"
+             for j, v in enumerate(row)] for i, row in enumerate(z)]
+    fig = go.Figure(go.Heatmap(
+        z=z, x=cols, y=list(anat.layers), customdata=custom, text=text, texttemplate="%{text}",
+        colorscale="Blues", colorbar={"title": {"text": "share of cell" if mode == "density" else "parameters"},
+                                      "tickformat": ".1%" if mode == "density" else ","},
+        hovertemplate=("<b>%{y} · %{x}</b><br>in region: %{customdata[0]:,}<br>graftable in cell: %{customdata[1]:,}"
+                       "<br>density: %{customdata[2]:.4%}<extra></extra>"),
+        xgap=2, ygap=2,
+    ))
+    fig.update_yaxes(autorange="reversed", title_text="transformer layer")
+    fig.update_xaxes(title_text="module type", side="bottom")
+    what = "density (region parameters / graftable parameters in the cell)" if mode == "density" else "region parameters per cell"
+    return _layout(fig, title or f"Where the region sits: {what}", height=140 + 42 * len(anat.layers))
+
+
+def module_bars(anat, title: str = "") -> go.Figure:
+    """Region parameters per module type, with each type's density on hover."""
+    if not anat.modules:
+        return empty_figure("This region has no graftable parameters to place.")
+    cols = [MODULE_LABELS.get(m, m) for m in anat.modules]
+    counts = [anat.by_module[m] for m in anat.modules]
+    totals = [sum(row[j] for row in anat.totals) for j in range(len(anat.modules))]
+    fig = go.Figure(go.Bar(
+        x=cols, y=counts, marker_color=PALETTE[0],
+        customdata=[[t, (c / t if t else 0.0)] for c, t in zip(counts, totals)],
+        hovertemplate="<b>%{x}</b><br>in region: %{y:,}<br>graftable: %{customdata[0]:,}<br>density: %{customdata[1]:.4%}<extra></extra>",
+    ))
+    fig.update_yaxes(title_text="region parameters", tickformat=",")
+    fig.update_xaxes(title_text="module type (all layers)")
+    return _layout(fig, title or "Region parameters per module type", height=360)
+
+
+# -- composition ---------------------------------------------------------------------------------
+def overlap_heatmap(matrix: dict, which: str = "overlap") -> go.Figure:
+    """``compose.overlap_matrix`` as a heatmap: |γi ∩ γj| / |γj| (paper Fig. 8a) or IoU."""
+    names = matrix.get("names") or []
+    if not names:
+        return empty_figure("Pick two or more regions to compare their overlap.")
+    z = matrix["iou"] if which == "iou" else matrix["overlap"]
+    inter = matrix["intersection_counts"]
+    sizes = matrix["sizes"]
+    custom = [[[inter[i][j], sizes[i], sizes[j]] for j in range(len(names))] for i in range(len(names))]
+    fig = go.Figure(go.Heatmap(
+        z=z, x=names, y=names, zmin=0, zmax=1, colorscale="Reds", customdata=custom,
+        text=[[f"{v:.1%}" for v in row] for row in z], texttemplate="%{text}",
+        colorbar={"tickformat": ".0%"},
+        hovertemplate=("row γi = %{y}<br>column γj = %{x}<br>|γi ∩ γj| = %{customdata[0]:,}"
+                       "<br>|γi| = %{customdata[1]:,}, |γj| = %{customdata[2]:,}<br>value %{z:.2%}<extra></extra>"),
+        xgap=2, ygap=2,
+    ))
+    fig.update_yaxes(autorange="reversed", title_text="γi")
+    fig.update_xaxes(title_text="γj")
+    title = ("Intersection over union |γi ∩ γj| / |γi ∪ γj|" if which == "iou"
+             else "Overlap |γi ∩ γj| / |γj|: share of column region j also in row region i")
+    return _layout(fig, title, height=200 + 50 * len(names))

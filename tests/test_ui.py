@@ -1,0 +1,366 @@
+"""Fast tests of the web app's handlers, tables and figures on tiny, hand-made inputs (no browser)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+from conftest import make_tiny_pair
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    """A fresh GRAFTUI_HOME, and a fresh app-wide job runner rooted in it."""
+    from graftui.ui import store
+
+    monkeypatch.setenv("GRAFTUI_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("GRAFTUI_HOSTED", raising=False)
+    monkeypatch.setattr(store, "_runner", None)
+    return tmp_path / "home"
+
+
+def tiny_record(pair, k: int = 20, method: str = "top-movement", task: str = "movies"):
+    from graftui import regions
+    from graftui.localize import Budget, run_method
+
+    region, _ = run_method(pair, Budget(k=k), method)
+    record = regions.make_record(pair, region, {"method": method, "task": task})
+    return regions.with_patch(pair, record)
+
+
+# -- figures ---------------------------------------------------------------------------------------
+def test_anatomy_heatmap_shows_counts_or_density_with_exact_hover():
+    from graftui.anatomy import anatomy
+    from graftui.ui import figures
+
+    shapes = {
+        "bert.encoder.layer.0.attention.self.query.weight": (4, 4),
+        "bert.encoder.layer.0.intermediate.dense.bias": (8,),
+        "bert.encoder.layer.1.attention.self.query.weight": (4, 4),
+    }
+    region = {
+        "bert.encoder.layer.0.attention.self.query.weight": torch.tensor([0, 5, 6]),
+        "bert.encoder.layer.0.intermediate.dense.bias": torch.tensor([1]),
+    }
+    anat = anatomy(region, shapes)
+    fig = figures.anatomy_heatmap(anat, "counts")
+    heat = fig.data[0]
+    assert list(heat.x) == ["Query", "FFN in"]
+    assert list(heat.y) == ["layer 0", "layer 1"]
+    assert [list(r) for r in heat.z] == [[3, 1], [0, 0]]
+    assert list(heat.customdata[0][0]) == [3, 16, 3 / 16]
+    assert "graftable in cell" in heat.hovertemplate and "density" in heat.hovertemplate
+    dens = figures.anatomy_heatmap(anat, "density").data[0]
+    assert dens.z[0][0] == pytest.approx(3 / 16)
+    assert dens.z[0][1] == pytest.approx(1 / 8)
+    bars = figures.module_bars(anat).data[0]
+    assert list(bars.y) == [3, 1]
+    assert bars.customdata[0][0] == 32  # Query tensors of both layers
+
+
+def test_localize_progress_plots_every_step_and_the_budget_line():
+    from graftui.ui import figures
+
+    progress = [{"stage": "loading models"}] + [
+        {"step": i, "steps": 3, "loss": 1.0 / i, "accuracy": 0.5 + 0.1 * i, "region_size": 100 + i} for i in (1, 2, 3)
+    ]
+    fig = figures.localize_progress(progress, k=100)
+    assert len(fig.data) == 3
+    assert list(fig.data[0].x) == [1, 2, 3]
+    assert list(fig.data[2].y) == [101, 102, 103]
+    assert any("budget k = 100" in (a.text or "") for a in fig.layout.annotations)
+    waiting = figures.localize_progress([{"stage": "loading models"}])
+    assert "Waiting" in waiting.layout.annotations[0].text
+
+
+def test_calibration_figures_skip_empty_bins_and_label_axes():
+    from graftui.ui import figures
+
+    bins = [{"lo": b / 10, "hi": (b + 1) / 10, "count": 0, "accuracy": None, "confidence": None, "gap": None} for b in range(10)]
+    bins[9] = {"lo": 0.9, "hi": 1.0, "count": 5, "accuracy": 0.8, "confidence": 0.95, "gap": 0.15}
+    fig = figures.reliability_diagram({"fine-tuned": bins}, "movies")
+    assert list(fig.data[1].x) == [0.95] and list(fig.data[1].y) == [0.8]
+    assert "confidence" in fig.layout.xaxis.title.text
+    hist = figures.confidence_histogram({"fine-tuned": [{"lo": 0.9, "hi": 1.0, "count": 5, "fraction": 1.0}]})
+    assert list(hist.data[0].y) == [1.0]
+
+
+def test_sweep_figure_uses_log_budget_axis_and_ft_reference():
+    from graftui.ui import figures
+
+    rows = [
+        {"method": m, "sparsity": s, "k": int(s * 1e6), "accuracy": a, "ece": 0.1, "ft_accuracy": 0.9, "retained": a / 0.9}
+        for m, pts in {"learned": [(1e-4, 0.85), (1e-3, 0.88)], "random": [(1e-4, 0.5), (1e-3, 0.52)]}.items()
+        for s, a in pts
+    ]
+    fig = figures.sweep_figure(rows, "movies")
+    assert fig.layout.xaxis.type == "log"
+    assert [t.name for t in fig.data] == ["learned", "random"]
+    assert any("fine-tuned model: 90.0%" in (a.text or "") for a in fig.layout.annotations)
+
+
+def test_overlap_heatmap_from_overlap_matrix():
+    from graftui.compose import overlap_matrix
+    from graftui.ui import figures
+
+    m = overlap_matrix({"a": {"w": torch.tensor([0, 1, 2, 3])}, "b": {"w": torch.tensor([3, 4])}})
+    fig = figures.overlap_heatmap(m)
+    assert [list(r) for r in fig.data[0].z] == [[1.0, 0.5], [0.25, 1.0]]
+    iou = figures.overlap_heatmap(m, "iou").data[0]
+    assert iou.z[0][1] == pytest.approx(1 / 5)
+
+
+# -- jobs ------------------------------------------------------------------------------------------
+def test_jobs_table_rows_from_a_runner_with_dummy_jobs(tmp_path):
+    from graftui.jobs import JobRunner
+    from graftui.ui import actions
+
+    runner = JobRunner(tmp_path / "jobs")
+
+    def ok(ctx):
+        for i in range(1, 4):
+            ctx.report({"stage": "counting", "step": i, "steps": 3, "loss": 0.1})
+        return {"answer": 42}
+
+    def broken(ctx):
+        raise ValueError("column 'txt' not found")
+
+    a = runner.submit("localize", "dummy ok", ok)
+    b = runner.submit("compare", "dummy broken", broken)
+    runner.wait(b.id, timeout=10)
+    frame = actions.job_rows(runner)
+    assert list(frame.columns) == actions.JOB_COLUMNS
+    rows = {r["id"]: r for r in frame.to_dict("records")}
+    assert rows[a.id]["status"] == "done" and rows[a.id]["progress"] == "100 %"
+    assert rows[b.id]["status"] == "failed"
+    assert rows[b.id]["message"] == "column 'txt' not found"
+    assert "Traceback" not in actions.job_status_line(runner.get(b.id))
+    assert "⚠️ column 'txt' not found" in actions.job_status_line(runner.get(b.id))
+    # a restarted runner sees the same jobs
+    again = actions.job_rows(JobRunner(tmp_path / "jobs"))
+    assert set(again["id"]) == {a.id, b.id}
+
+
+def test_cancel_takes_effect_at_the_next_step(tmp_path):
+    from graftui.jobs import JobRunner
+
+    runner = JobRunner(tmp_path / "jobs")
+    started = threading.Event()
+
+    def slow(ctx):
+        for i in range(1000):
+            started.set()
+            ctx.report({"step": i, "steps": 1000, "loss": 0.0})
+            time.sleep(0.01)
+        return {}
+
+    job = runner.submit("localize", "slow", slow)
+    assert started.wait(5)
+    assert runner.cancel(job.id)
+    assert runner.wait(job.id, timeout=5).status == "cancelled"
+
+
+# -- error handling ----------------------------------------------------------------------------------
+def test_guarded_turns_exceptions_into_a_status_message_not_a_traceback():
+    from graftui.data import DataError
+    from graftui.ui.app import guarded
+
+    status = object()
+
+    @guarded(status, toast=False)
+    def bad_data():
+        raise DataError("task 'x' has 3 labels but the fine-tuned model has 2")
+
+    @guarded(status, toast=False)
+    def crash():
+        raise RuntimeError("boom\nTraceback (most recent call last): ...")
+
+    @guarded(status, toast=False)
+    def fine(x):
+        return x + 1, "ok"
+
+    assert bad_data() == {status: "⚠️ task 'x' has 3 labels but the fine-tuned model has 2"}
+    msg = crash()[status]
+    assert msg.startswith("⚠️ internal error (RuntimeError: boom")
+    assert fine(1) == (2, "ok")
+
+
+# -- hosted mode -----------------------------------------------------------------------------------
+def test_hosted_mode_refuses_server_paths_but_not_its_own_uploads(home, monkeypatch, tmp_path):
+    from graftui.data import DataError
+    from graftui.models import ModelError
+    from graftui.ui import store
+
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "config.json").write_text("{}")
+    data = tmp_path / "data.csv"
+    data.write_text("text,label\ngood,1\nbad,0\n")
+    assert store.allow_local_for([str(outside)], [str(data)]) is True  # locally anything goes
+
+    monkeypatch.setenv("GRAFTUI_HOSTED", "1")
+    with pytest.raises(ModelError, match="local paths are not allowed"):
+        store.allow_local_for([str(outside)])
+    with pytest.raises(DataError, match="disabled"):
+        store.allow_local_for([], [str(data)])
+    assert store.allow_local_for(["minilm", "org/model"], ["movies"]) is False
+    uploaded = store.save_upload(data)
+    assert uploaded.parent == store.uploads_dir()
+    assert store.allow_local_for(["org/model"], [str(uploaded)]) is True
+    assert store.data_allow_local(str(uploaded)) and not store.data_allow_local(str(data))
+
+
+def test_uploads_are_capped_and_typed(home, monkeypatch, tmp_path):
+    from graftui import settings
+    from graftui.ui import store
+
+    big = tmp_path / "big.csv"
+    big.write_bytes(b"x" * 3000)
+    monkeypatch.setattr(settings, "MAX_UPLOAD_MB", 0.001)
+    with pytest.raises(ValueError, match="limited to"):
+        store.save_upload(big)
+    with pytest.raises(ValueError, match="accepted file types"):
+        store.check_upload(tmp_path / "model.pkl", (".safetensors",))
+
+
+# -- regions store and tables ----------------------------------------------------------------------
+def test_saved_regions_are_listed_after_a_restart_and_ids_are_checked(home):
+    from graftui import regions
+    from graftui.ui import actions, app, store
+
+    pair, _, _ = make_tiny_pair()
+    record = tiny_record(pair, k=20)
+    path = store.save_region(record)
+    entries = store.list_regions()
+    assert [e.id for e in entries] == [path.stem]
+    assert entries[0].kind == "patch" and entries[0].meta["k"] == 20
+    assert "movies · top-movement · k=20" in entries[0].label
+    table = app.region_list_rows()
+    assert table.iloc[0]["k (params)"] == "20"
+    for bad in ("../etc/passwd", "", "a/b"):
+        with pytest.raises(regions.RegionError):
+            store.region_path(bad)
+    only = regions.load(actions.region_only_file(path.stem))
+    assert not only.is_patch and only.size == 20
+    meta = actions.region_meta_table(store.load_region(path.stem))
+    assert "k (parameters in region)" in set(meta["field"])
+
+
+def test_budget_text_shows_k_when_the_graftable_count_is_known(home):
+    from graftui.ui import actions, store
+
+    assert "check the pair" in actions.budget_text(-3, None)
+    store.remember_counts("b", "f", {"graftable": 2_000_000, "head": 10, "excluded": 5, "total": 2_000_015})
+    text = actions.budget_text(-3, store.known_counts("b", "f"))
+    assert "k = 2,000" in text and "0.1000%" in text
+    table = actions.counts_table(store.known_counts("b", "f"))
+    assert table.iloc[0]["count"] == "2,000,000"
+    assert actions.counts_table(None).iloc[0]["count"] == "not checked yet"
+
+
+def test_parse_budgets():
+    from graftui.ui.actions import parse_budgets
+
+    assert parse_budgets("1e-3, 1e-5;1e-4") == [1e-5, 1e-4, 1e-3]
+    with pytest.raises(ValueError, match="not a number"):
+        parse_budgets("1e-3, lots")
+    with pytest.raises(ValueError, match=r"\(0, 1\]"):
+        parse_budgets("2")
+
+
+def test_compare_table_labels_every_column():
+    from graftui.ui.actions import compare_table
+
+    base = {"n": 10, "f1": 0.5, "ece": 0.05, "agreement_with_ft": 1.0, "region_size": None}
+    result = {"rows": [
+        {**base, "model": "fine-tuned", "task": "movies", "distribution": "in", "accuracy": 0.9},
+        {**base, "model": "graft: r", "task": "movies", "distribution": "in", "accuracy": 0.85, "region_size": 20},
+        {**base, "model": "fine-tuned", "task": "amazon", "distribution": "OOD", "accuracy": 0.8},
+    ]}
+    frame = compare_table(result)
+    assert "ECE ↓ (10 bins)" in frame.columns and "agreement with FT" in frame.columns
+    graft = frame.iloc[1]
+    assert graft["accuracy ↑"] == "85.0%" and graft["Δ accuracy vs FT"] == "-5.0 pts" and graft["region size (params)"] == "20"
+    assert frame.iloc[2]["distribution"] == "OOD"
+
+
+def test_submit_prepare_is_skipped_when_the_default_is_cached(home, monkeypatch):
+    from graftui.ui import actions, store
+
+    monkeypatch.setattr(store, "default_ready", lambda: True)
+    assert actions.submit_prepare(store.runner()) is None
+
+
+# -- compose flow --------------------------------------------------------------------------------
+class CharTokenizer:
+    """Enough of a tokenizer for data.batches: characters to ids below the tiny vocabulary."""
+
+    def __call__(self, texts, pairs=None, padding=None, truncation=None, max_length=16, return_tensors=None):
+        ids = [[1 + (ord(c) % 50) for c in t[:max_length]] or [1] for t in texts]
+        width = max(len(r) for r in ids)
+        input_ids = torch.tensor([r + [0] * (width - len(r)) for r in ids])
+        return {"input_ids": input_ids, "attention_mask": (input_ids > 0).long()}
+
+
+def test_union_graft_is_scored_against_each_region_alone_and_restored():
+    from graftui import compose, regions
+    from graftui.data import Split, Task
+    from graftui.flows_extra import evaluate_on_pair, grafted_values, union_of
+
+    pair, _, _ = make_tiny_pair()
+    pair.tokenizer = CharTokenizer()
+    a = tiny_record(pair, k=30, method="top-movement")
+    b = tiny_record(pair, k=30, method="random")
+    before = {n: pair.param(n).detach().clone() for n in pair.graftable}
+    idx, val, report = union_of([a, b], ["a", "b"], pair.pre, "first")
+    assert report["union_params"] == compose.region_size(compose.union(a.indices, b.indices))
+    with grafted_values(pair, idx, val):
+        name = next(iter(idx))
+        assert torch.equal(pair.param(name).data.view(-1)[idx[name]], pair.ft[name].view(-1)[idx[name]])
+    split = Split(("good film", "bad film", "great", "awful"), (1, 0, 1, 0))
+    task = Task("tiny", ("neg", "pos"), {"train": split, "validation": split, "test": split}, "hand-made", max_length=16)
+    rows = evaluate_on_pair(pair, task, a, "a", idx, val)
+    assert [r["model"] for r in rows] == ["region alone", "union graft", "pre-trained body + its head"]
+    assert rows[0]["delta_vs_alone"] == 0 and rows[1]["region_size"] == report["union_params"]
+    for n in pair.graftable:  # every graft was undone exactly
+        assert torch.equal(pair.param(n).data, before[n])
+    with pytest.raises(regions.RegionError, match="at least two"):
+        union_of([a], ["a"], pair.pre)
+
+
+def test_compose_report_text_names_the_rule_and_the_shared_count():
+    from graftui.ui.actions import compose_report_text
+
+    text = compose_report_text({"union_params": 50, "overlap_params": 3, "per_pair": {"a": {"b": 3}, "b": {}},
+                                "sizes": {"a": 30, "b": 23}, "resolve": "mean"})
+    assert "50" in text and "**3**" in text and "a ∩ b: 3" in text and "mean" in text
+
+
+# -- the page --------------------------------------------------------------------------------------
+def test_app_builds_with_the_named_tabs_and_stable_element_ids(home, monkeypatch):
+    import gradio as gr
+
+    from graftui.ui import app, store
+
+    monkeypatch.setattr(store, "default_ready", lambda: True)
+    demo = app.build_app()
+    blocks = list(demo.blocks.values())
+    tabs = [b.label for b in blocks if isinstance(b, gr.Tab)]
+    assert tabs == list(app.TAB_NAMES)
+    ids = {b.elem_id for b in blocks if getattr(b, "elem_id", None)}
+    for needed in ("localize-run", "localize-cancel", "jobs-table", "region-list", "compare-run", "anatomy-heatmap",
+                   "compose-run", "region-upload", "region-download", "status-message", "models-check", "sweep-run"):
+        assert needed in ids, needed
+
+
+def test_fast_mode_lowers_defaults(monkeypatch):
+    from graftui.ui import store
+
+    monkeypatch.setenv("GRAFTUI_FAST", "1")
+    d = store.defaults()
+    assert (d["steps"], d["examples_per_class"], d["test_examples"]) == (5, 8, 64)
+    monkeypatch.delenv("GRAFTUI_FAST")
+    assert store.defaults()["steps"] > 5
