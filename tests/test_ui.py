@@ -364,3 +364,68 @@ def test_fast_mode_lowers_defaults(monkeypatch):
     assert (d["steps"], d["examples_per_class"], d["test_examples"]) == (5, 8, 64)
     monkeypatch.delenv("GRAFTUI_FAST")
     assert store.defaults()["steps"] > 5
+
+
+# -- the app's jobs end to end, on a tiny saved pair -------------------------------------------------
+@pytest.fixture
+def tiny_checkpoints(tmp_path):
+    """A tiny BERT base and a 'fine-tuned' copy saved as checkpoints, with the MiniLM tokenizer."""
+    import shutil
+
+    from transformers import BertConfig, BertForSequenceClassification
+
+    from conftest import MINILM_DIR, make_tiny_finetuned
+
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=30522, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
+                        max_position_embeddings=128, num_labels=2, id2label={0: "negative", 1: "positive"},
+                        label2id={"negative": 0, "positive": 1})
+    base = BertForSequenceClassification(config).eval()
+    ft = make_tiny_finetuned(base, scale=0.05)
+    dirs = {}
+    for name, model in (("base", base), ("ft", ft)):
+        out = tmp_path / name
+        model.save_pretrained(out, safe_serialization=True)
+        for f in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+            shutil.copy(MINILM_DIR / f, out / f)
+        dirs[name] = str(out)
+    return dirs
+
+
+def test_localize_compare_compose_export_jobs_end_to_end(home, tiny_checkpoints):
+    import zipfile
+
+    from graftui import regions
+    from graftui.ui import actions, app, store
+
+    runner = store.runner()
+    base, ft = tiny_checkpoints["base"], tiny_checkpoints["ft"]
+    spec = actions.data_spec()
+
+    def finish(job):
+        done = runner.wait(job.id, timeout=240)
+        assert done.status == "done", done.error
+        return done
+
+    learned = finish(actions.submit_localize(runner, base=base, finetuned=ft, task="movies", spec=spec, method="learned",
+                                             log_sparsity=-2, steps=2, examples_per_class=4, lr=0.5))
+    assert learned.params["k"] > 0 and len([p for p in learned.progress if "step" in p]) == 2
+    assert app.render_localize(learned)[0].data  # the live figure has its curves
+    other = finish(actions.submit_localize(runner, base=base, finetuned=ft, task="amazon", spec=spec, method="top-movement",
+                                           log_sparsity=-2, steps=2, examples_per_class=4, lr=0.5))
+    ids = [e.id for e in store.list_regions()]
+    assert set(ids) == {learned.result["region"], other.result["region"]}
+
+    cmp = finish(actions.submit_compare(runner, region_ids=[learned.result["region"]], ood=["amazon", "bbc"], n=16, baselines=True))
+    table, rel, hist, note = app.render_compare(cmp)
+    assert set(table["model"]) >= {"fine-tuned", "pre-trained body + FT head", "Top movement (same k)", "Random (same k)"}
+    assert set(table["task"]) == {"movies", "amazon"} and "bbc" in note  # bbc has other labels: skipped, and said so
+
+    cps = finish(actions.submit_compose(runner, region_ids=ids, resolve="mean", n=16))
+    report, frame = app.render_compose(cps)
+    assert "Union graft" in report and set(frame["task"]) == {"movies", "amazon"} and len(frame) == 6
+
+    exp = finish(actions.submit_export(runner, region_id=learned.result["region"]))
+    with zipfile.ZipFile(exp.result["zip"]) as z:
+        assert {"config.json", "model.safetensors", "graftui_region.json"} <= set(z.namelist())
+    assert regions.load(store.region_path(learned.result["region"])).is_patch

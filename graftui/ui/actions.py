@@ -219,7 +219,11 @@ def submit_localize(runner, *, base: str, finetuned: str, task: str, spec, metho
         allow = store.allow_local_for([base, finetuned], [task] if info.needs_data else [])
         if info.needs_data:
             load_task_checked(task, spec)  # hosted checks before the flow loads it again (cached)
-        load_checked_pair(base, finetuned, allow)
+        pair = load_checked_pair(base, finetuned, allow)
+        if ctx.job.params.get("k") is None:  # now known: the live plot draws the budget line
+            from ..localize import Budget
+
+            ctx.job.params["k"] = Budget(sparsity=sparsity).resolve(pair.counts()["graftable"])
         record = localize(request, progress=ctx.report, cancel=ctx.cancel, allow_local=allow)
         record.meta["data_spec"] = asdict(spec)
         record.meta["job"] = ctx.job.id

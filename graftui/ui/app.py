@@ -340,7 +340,7 @@ def build_app() -> gr.Blocks:
                 swp_table = gr.Dataframe(pd.DataFrame(columns=actions.SWEEP_COLUMNS), interactive=False, elem_id="sweep-table")
 
             # ---------------------------------------------------------------- Anatomy
-            with gr.Tab("Anatomy", elem_id="tab-anatomy"):
+            with gr.Tab("Anatomy", elem_id="tab-anatomy") as anatomy_tab:
                 gr.Markdown(INTRO["Anatomy"])
                 with gr.Row():
                     ana_region = gr.Dropdown(store.region_choices(), label="Region", elem_id="anatomy-region")
@@ -551,6 +551,7 @@ def build_app() -> gr.Blocks:
 
         ana_region.change(on_anatomy, [ana_region, ana_mode], [ana_heat, ana_bars, ana_kinds, ana_md, status])
         ana_mode.change(on_anatomy, [ana_region, ana_mode], [ana_heat, ana_bars, ana_kinds, ana_md, status])
+        anatomy_tab.select(on_anatomy, [ana_region, ana_mode], [ana_heat, ana_bars, ana_kinds, ana_md, status])
 
         # ---------------------------------------------------------------- Compose
         @safe
@@ -620,7 +621,6 @@ def build_app() -> gr.Blocks:
             meta.setdefault("original_base", meta.get("base"))
             meta.setdefault("original_finetuned", meta.get("finetuned"))
             meta.update({"base": base, "finetuned": finetuned, "uploaded_as": path.name})
-            meta.setdefault("task", "uploaded")
             meta.setdefault("method", "uploaded")
             saved = store.save_region(record, stem=f"uploaded-{store.safe_name(path.stem, 30)}")
             return (f"✅ Fits the current pair ({store.short_ref(base)} → {store.short_ref(finetuned)}); saved as **{saved.stem}** "
@@ -632,13 +632,20 @@ def build_app() -> gr.Blocks:
         region_pickers = [cmp_regions, ana_region, cmp_sel, reg_sel]
 
         @quiet
-        def tick_lists(last_regions, last_ckpts):
-            rsig = tuple(e.id for e in store.list_regions())
+        def tick_lists(last_regions, last_ckpts, *picked):
+            entries = store.list_regions()
+            rsig = tuple(e.id for e in entries)
             csig = tuple(c["path"] for c in store.list_checkpoints()) + (store.default_ready(),)
             out = []
             if rsig != last_regions:
-                choices = store.region_choices()
-                out += [gr.update(choices=choices) for _ in region_pickers] + [region_list_rows()]
+                choices = [(e.label, e.id) for e in entries]
+                newest = entries[0].id if entries else None
+                for picker, value in zip(region_pickers, picked):
+                    if value or newest is None:  # keep the user's choice; fill an empty picker with the newest region
+                        out.append(gr.update(choices=choices))
+                    else:
+                        out.append(gr.update(choices=choices, value=[newest] if picker.multiselect else newest))
+                out.append(region_list_rows())
             else:
                 out += [gr.skip() for _ in region_pickers] + [gr.skip()]
             if csig != last_ckpts:
@@ -648,7 +655,7 @@ def build_app() -> gr.Blocks:
                 out += [gr.skip(), gr.skip(), gr.skip()]
             return (*out, rsig, csig, gr.skip())
 
-        timer.tick(tick_lists, [region_sig, ckpt_sig], [*region_pickers, region_table, base_dd, ft_dd, ftn_base, region_sig, ckpt_sig, status],
+        timer.tick(tick_lists, [region_sig, ckpt_sig, *region_pickers], [*region_pickers, region_table, base_dd, ft_dd, ftn_base, region_sig, ckpt_sig, status],
                    show_progress="hidden")
 
         @quiet
