@@ -188,6 +188,14 @@ def test_guarded_turns_exceptions_into_a_status_message_not_a_traceback():
     assert fine(1) == (2, "ok")
 
 
+def test_friendly_message_keeps_quotes_and_unwraps_key_errors():
+    from graftui.regions import RegionError
+    from graftui.ui.app import friendly_message
+
+    assert friendly_message(RegionError("'x.safetensors' is not a region")) == "'x.safetensors' is not a region"
+    assert friendly_message(KeyError("no parameter 'w'")) == "no parameter 'w'"
+
+
 # -- hosted mode -----------------------------------------------------------------------------------
 def test_hosted_mode_refuses_server_paths_but_not_its_own_uploads(home, monkeypatch, tmp_path):
     from graftui.data import DataError
@@ -208,7 +216,7 @@ def test_hosted_mode_refuses_server_paths_but_not_its_own_uploads(home, monkeypa
         store.allow_local_for([], [str(data)])
     assert store.allow_local_for(["minilm", "org/model"], ["movies"]) is False
     uploaded = store.save_upload(data)
-    assert uploaded.parent == store.uploads_dir()
+    assert uploaded.parent.parent == store.uploads_dir() and uploaded.name == "data.csv"  # split names come from file names
     assert store.allow_local_for(["org/model"], [str(uploaded)]) is True
     assert store.data_allow_local(str(uploaded)) and not store.data_allow_local(str(data))
 

@@ -75,6 +75,11 @@ def job_status_line(job: Job | None) -> str:
         text += f" · {job.message}"
     if job.status in FINISHED and job.duration is not None:
         text += f" · took {_duration(job)}"
+    result = job.result or {}
+    if result.get("region") and job.kind == "localize":
+        text += f" · saved region **{result['region']}**" + (f" (k = {result['k']:,})" if result.get("k") else "")
+    if result.get("name") and job.kind == "finetune":
+        text += f" · checkpoint **{result['name']}** is now in the model pickers"
     return text
 
 
@@ -528,7 +533,12 @@ def compose_report_text(report: dict | None) -> str:
             + f"; rule for them: **{report['resolve']}** ({rule}).")
 
 
-def overlap_summary(matrix: dict) -> pd.DataFrame:
+OVERLAP_COLUMNS = ["region i", "region j", "|γi|", "|γj|", "|γi ∩ γj| shared params", "|γi ∩ γj| / |γj|", "|γi ∩ γj| / |γi|", "IoU"]
+
+
+def overlap_summary(matrix: dict | None) -> pd.DataFrame:
+    if not matrix:
+        return pd.DataFrame(columns=OVERLAP_COLUMNS)
     names, inter, sizes = matrix["names"], matrix["intersection_counts"], matrix["sizes"]
     rows = []
     for i in range(len(names)):
@@ -537,8 +547,10 @@ def overlap_summary(matrix: dict) -> pd.DataFrame:
                          "|γi ∩ γj| shared params": f"{inter[i][j]:,}",
                          "|γi ∩ γj| / |γj|": _pct(matrix["overlap"][i][j]), "|γi ∩ γj| / |γi|": _pct(matrix["overlap"][j][i]),
                          "IoU": _pct(matrix["iou"][i][j])})
-    return pd.DataFrame(rows, columns=["region i", "region j", "|γi|", "|γj|", "|γi ∩ γj| shared params",
-                                       "|γi ∩ γj| / |γj|", "|γi ∩ γj| / |γi|", "IoU"])
+    return pd.DataFrame(rows, columns=OVERLAP_COLUMNS)
+
+
+WEIGHT_BIAS_COLUMNS = ["parameter kind", "in region", "graftable", "density (in region / graftable)", "share of region"]
 
 
 def weight_bias_table(anat) -> pd.DataFrame:
@@ -547,7 +559,7 @@ def weight_bias_table(anat) -> pd.DataFrame:
         rows.append({"parameter kind": kind, "in region": f"{count:,}", "graftable": f"{total:,}",
                      "density (in region / graftable)": f"{count / total:.4%}" if total else "",
                      "share of region": f"{count / max(anat.weight_count + anat.bias_count, 1):.1%}"})
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows, columns=WEIGHT_BIAS_COLUMNS)
 
 
 META_KEYS = [
@@ -562,6 +574,8 @@ META_KEYS = [
 
 
 def region_meta_table(record) -> pd.DataFrame:
+    if record is None:
+        return pd.DataFrame(columns=["field", "value"])
     meta = {"kind": "patch" if record.is_patch else "region", **record.meta, "k": record.size}
     rows = []
     for key, label in META_KEYS:

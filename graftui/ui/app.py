@@ -66,8 +66,10 @@ def friendly_message(err: BaseException) -> str:
 
     if isinstance(err, gr.Error):
         return str(err.message)
-    if isinstance(err, (DataError, ModelError, RegionError, BudgetError, ValueError, FileNotFoundError, KeyError)):
-        text = str(err).strip().strip("'\"") or type(err).__name__
+    if isinstance(err, KeyError):  # str() of a KeyError is the repr of its argument
+        return str(err.args[0]) if err.args else "KeyError"
+    if isinstance(err, (DataError, ModelError, RegionError, BudgetError, ValueError, FileNotFoundError)):
+        text = str(err).strip() or type(err).__name__
         return text.splitlines()[0]
     if isinstance(err, MemoryError):
         return "ran out of memory: try a smaller model, fewer examples or a smaller batch"
@@ -146,9 +148,21 @@ def ood_choices() -> list[tuple[str, str]]:
     return [(name, name) for name in OFFLINE_TASKS]
 
 
+def default_selection(entries, several: bool) -> list[str]:
+    """Region ids a picker starts with: the newest, or for composition up to three newest of its base."""
+    if not entries:
+        return []
+    if not several:
+        return [entries[0].id]
+    base = entries[0].meta.get("base")
+    return [e.id for e in entries if e.meta.get("base") == base][:3]
+
+
 def render_localize(job) -> list:
     if job is None:
         return [figures.empty_figure("Press Run to learn a region; its loss, accuracy and size appear here step by step.")]
+    if job.status in ("done",) and not any("step" in p for p in job.progress):
+        return [figures.empty_figure(f"{job.title}: a data-free method, so there are no mask steps to plot.")]
     return [figures.localize_progress(job.progress, k=job.params.get("k"), title=job.title)]
 
 
@@ -256,7 +270,8 @@ def build_app() -> gr.Blocks:
                         text_col = gr.Dropdown(["(guess)"], value="(guess)", label="Text column", elem_id="models-text-col")
                         pair_col = gr.Dropdown(["(none)"], value="(none)", label="Second text column (pair tasks)", elem_id="models-pair-col")
                         label_col = gr.Dropdown(["(guess)"], value="(guess)", label="Label column", elem_id="models-label-col")
-                    data_preview = gr.Dataframe(label="First rows of the file", interactive=False, elem_id="models-data-preview")
+                    data_preview = gr.Dataframe(pd.DataFrame(columns=["(upload a file)"]), label="First rows of the file", interactive=False,
+                                                elem_id="models-data-preview")
                     with gr.Row():
                         mapping_btn = gr.Button("Check column mapping", elem_id="models-data-check", scale=0)
                         mapping_md = gr.Markdown("", elem_id="models-data-info")
@@ -350,7 +365,8 @@ def build_app() -> gr.Blocks:
                 ana_heat = gr.Plot(figures.empty_figure("Pick a region."), elem_id="anatomy-heatmap")
                 with gr.Row():
                     ana_bars = gr.Plot(figures.empty_figure("Pick a region."), elem_id="anatomy-bars")
-                    ana_kinds = gr.Dataframe(interactive=False, label="Weights vs biases", elem_id="anatomy-kinds")
+                    ana_kinds = gr.Dataframe(pd.DataFrame(columns=actions.WEIGHT_BIAS_COLUMNS), interactive=False,
+                                             label="Weights vs biases", elem_id="anatomy-kinds")
 
             # ---------------------------------------------------------------- Compose
             with gr.Tab("Compose", elem_id="tab-compose") as compose_tab:
@@ -361,7 +377,8 @@ def build_app() -> gr.Blocks:
                     cps_measure = gr.Radio([("|γi ∩ γj| / |γj|", "overlap"), ("IoU", "iou")], value="overlap",
                                            label="Overlap measure", elem_id="compose-measure")
                 cps_heat = gr.Plot(figures.empty_figure("Pick two or more regions to compare their overlap."), elem_id="compose-overlap")
-                cps_pairs = gr.Dataframe(interactive=False, label="Shared parameters per pair", elem_id="compose-overlap-table")
+                cps_pairs = gr.Dataframe(actions.overlap_summary(None), interactive=False, label="Shared parameters per pair",
+                                         elem_id="compose-overlap-table")
                 with gr.Row():
                     cps_resolve = gr.Radio([("mean of movements", "mean"), ("first region wins", "first"), ("last region wins", "last")],
                                            value="mean", label="Parameters claimed by several regions", elem_id="compose-resolve")
@@ -384,14 +401,16 @@ def build_app() -> gr.Blocks:
                     reg_dl_idx = gr.DownloadButton("Download region indices only (.safetensors)", value=None,
                                                    elem_id="region-download-indices")
                     reg_export = gr.Button("Export grafted checkpoint (.zip)", elem_id="region-export")
-                reg_meta = gr.Dataframe(interactive=False, label="Metadata of the selected region", elem_id="regions-meta")
+                reg_meta = gr.Dataframe(actions.region_meta_table(None), interactive=False, label="Metadata of the selected region",
+                                        elem_id="regions-meta")
                 reg_export_status = gr.Markdown("", elem_id="region-export-status")
                 reg_export_file = gr.File(label="Grafted checkpoint (Hugging Face folder, zipped)", interactive=False,
                                           elem_id="region-export-file")
                 gr.Markdown("### Upload a region or skill patch")
                 reg_up = gr.File(label="Region file (.safetensors, written by graftui)", file_types=[".safetensors"], elem_id="region-upload")
                 reg_up_md = gr.Markdown("", elem_id="region-upload-info")
-                reg_up_meta = gr.Dataframe(interactive=False, label="Metadata of the uploaded file", elem_id="region-upload-meta")
+                reg_up_meta = gr.Dataframe(actions.region_meta_table(None), interactive=False, label="Metadata of the uploaded file",
+                                           elem_id="region-upload-meta")
                 reg_apply = gr.Button("Check against the current pair and add to my regions", elem_id="region-apply")
 
         # -------------------------------------------------------------------- jobs panel
@@ -546,8 +565,8 @@ def build_app() -> gr.Blocks:
         @safe
         def on_anatomy(region_id, mode):
             if not region_id:
-                return gr.skip(), gr.skip(), gr.skip(), "Pick a region (run **Localize** first if the list is empty).", ""
-            return (*anatomy_outputs(region_id, mode), "")
+                return gr.skip(), gr.skip(), gr.skip(), "Pick a region (run **Localize** first if the list is empty).", gr.skip()
+            return (*anatomy_outputs(region_id, mode), gr.skip())
 
         ana_region.change(on_anatomy, [ana_region, ana_mode], [ana_heat, ana_bars, ana_kinds, ana_md, status])
         ana_mode.change(on_anatomy, [ana_region, ana_mode], [ana_heat, ana_bars, ana_kinds, ana_md, status])
@@ -557,12 +576,12 @@ def build_app() -> gr.Blocks:
         @safe
         def on_overlap(region_ids, measure):
             if not region_ids or len(region_ids) < 2:
-                return figures.overlap_heatmap({"names": []}), None, ""
+                return figures.overlap_heatmap({"names": []}), actions.overlap_summary(None), gr.skip()
             matrix = actions.overlap_for(region_ids)
-            return figures.overlap_heatmap(matrix, measure), actions.overlap_summary(matrix), ""
+            return figures.overlap_heatmap(matrix, measure), actions.overlap_summary(matrix), gr.skip()
 
-        cmp_sel.change(on_overlap, [cmp_sel, cps_measure], [cps_heat, cps_pairs, status])
-        cps_measure.change(on_overlap, [cmp_sel, cps_measure], [cps_heat, cps_pairs, status])
+        for ev in (cmp_sel.change, cps_measure.change, compose_tab.select):
+            ev(on_overlap, [cmp_sel, cps_measure], [cps_heat, cps_pairs, status])
 
         @safe
         def on_compose(region_ids, resolve, n):
@@ -575,13 +594,14 @@ def build_app() -> gr.Blocks:
         @safe
         def on_region_select(region_id):
             if not region_id:
-                return gr.update(value=None), gr.update(value=None), None, ""
+                return gr.update(value=None), gr.update(value=None), actions.region_meta_table(None), gr.skip()
             path = store.region_path(region_id)
             record = store.load_region(region_id)
             indices = actions.region_only_file(region_id)
-            return gr.update(value=str(path)), gr.update(value=str(indices)), actions.region_meta_table(record), ""
+            return gr.update(value=str(path)), gr.update(value=str(indices)), actions.region_meta_table(record), gr.skip()
 
         reg_sel.change(on_region_select, [reg_sel], [reg_dl, reg_dl_idx, reg_meta, status])
+        regions_tab.select(on_region_select, [reg_sel], [reg_dl, reg_dl_idx, reg_meta, status])
 
         @safe
         def on_export(region_id):
@@ -596,7 +616,7 @@ def build_app() -> gr.Blocks:
             from .. import regions
 
             if not file:
-                return "", None, ""
+                return "", actions.region_meta_table(None), gr.skip()
             path = store.check_upload(file, (".safetensors",))
             record = regions.load(path)  # validates format, metadata and every index
             s = record.summary()
@@ -639,12 +659,12 @@ def build_app() -> gr.Blocks:
             out = []
             if rsig != last_regions:
                 choices = [(e.label, e.id) for e in entries]
-                newest = entries[0].id if entries else None
                 for picker, value in zip(region_pickers, picked):
-                    if value or newest is None:  # keep the user's choice; fill an empty picker with the newest region
+                    fill = default_selection(entries, picker is cmp_sel)
+                    if value or not fill:  # keep the user's choice; fill an empty picker with the newest region(s)
                         out.append(gr.update(choices=choices))
                     else:
-                        out.append(gr.update(choices=choices, value=[newest] if picker.multiselect else newest))
+                        out.append(gr.update(choices=choices, value=fill if picker.multiselect else fill[0]))
                 out.append(region_list_rows())
             else:
                 out += [gr.skip() for _ in region_pickers] + [gr.skip()]

@@ -17,7 +17,7 @@ def _layout(fig: go.Figure, title: str, height: int = 380) -> go.Figure:
         height=height,
         margin={"l": 60, "r": 20, "t": 56, "b": 50},
         template="plotly_white",
-        legend={"orientation": "h", "yanchor": "bottom", "y": -0.32, "x": 0},
+        legend={"orientation": "h", "yanchor": "top", "y": -0.22, "x": 0},
         hovermode="closest",
     )
     return fig
@@ -106,7 +106,7 @@ def reliability_diagram(reliability: dict[str, list[dict]], task: str = "") -> g
     fig.update_xaxes(title_text="mean confidence in bin (max probability)", range=[0, 1])
     fig.update_yaxes(title_text="accuracy in bin", range=[0, 1.02])
     where = f" on {task} (test)" if task else ""
-    return _layout(fig, f"Reliability diagram{where}: 10 equal-width confidence bins", height=420)
+    return _layout(fig, f"Reliability diagram{where}: 10 equal-width confidence bins", height=470).update_layout(margin={"b": 130})
 
 
 def confidence_histogram(histogram: dict[str, list[dict]], task: str = "") -> go.Figure:
@@ -126,7 +126,7 @@ def confidence_histogram(histogram: dict[str, list[dict]], task: str = "") -> go
     fig.update_xaxes(title_text="confidence (max probability)", range=[0, 1], dtick=0.1)
     fig.update_yaxes(title_text="share of test examples", tickformat=".0%")
     where = f" on {task} (test)" if task else ""
-    return _layout(fig, f"Confidence histogram{where}", height=420)
+    return _layout(fig, f"Confidence histogram{where}", height=470).update_layout(margin={"b": 130})
 
 
 def sweep_figure(rows: list[dict], task: str = "") -> go.Figure:
@@ -148,10 +148,12 @@ def sweep_figure(rows: list[dict], task: str = "") -> go.Figure:
     if ft is not None:
         fig.add_hline(y=ft, line_dash="dash", line_color="#1f77b4",
                       annotation_text=f"fine-tuned model: {ft:.1%}", annotation_position="top left")
-    fig.update_xaxes(type="log", title_text="region budget (fraction of graftable parameters, log scale)")
+    budgets = sorted({r["sparsity"] for r in rows})
+    fig.update_xaxes(type="log", title_text="region budget (fraction of graftable parameters, log scale)",
+                     tickvals=budgets, ticktext=[f"{b:.0e}" for b in budgets])
     fig.update_yaxes(title_text="test accuracy of the graft", tickformat=".0%")
     where = f" on {task}" if task else ""
-    return _layout(fig, f"Sparsity sweep{where}: accuracy of θ_pre + γ⊙δ against budget", height=420)
+    return _layout(fig, f"Sparsity sweep{where}: accuracy of θ_pre + γ⊙δ against budget", height=440).update_layout(margin={"b": 110})
 
 
 # -- anatomy -------------------------------------------------------------------------------------

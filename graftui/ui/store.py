@@ -372,12 +372,14 @@ def save_upload(path: str | Path) -> Path:
     with open(src, "rb") as fh:
         for block in iter(lambda: fh.read(1 << 20), b""):
             digest.update(block)
-    dest = uploads_dir() / f"{digest.hexdigest()[:10]}-{safe_name(src.stem, 40)}{src.suffix.lower()}"
+    # one folder per content hash keeps the file's own name, which the data loader reads split names from
+    dest = uploads_dir() / digest.hexdigest()[:12] / f"{safe_name(src.stem, 60)}{src.suffix.lower()}"
     if not dest.exists():
+        dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(src, dest)
     return dest
 
 
 def upload_choices() -> list[tuple[str, str]]:
-    files = sorted(uploads_dir().glob("*"), key=lambda p: p.stat().st_mtime, reverse=True)
-    return [(f"uploaded: {p.name}", str(p)) for p in files if p.suffix.lower() in DATA_SUFFIXES]
+    files = sorted(uploads_dir().glob("*/*"), key=lambda p: p.stat().st_mtime, reverse=True)
+    return [(f"uploaded: {p.name} ({p.parent.name[:6]})", str(p)) for p in files if p.suffix.lower() in DATA_SUFFIXES]
