@@ -185,6 +185,72 @@ def _cycle(make_batches: Callable[[int], Iterable[dict]]) -> Iterator[dict]:
         epoch += 1
 
 
+class MaskLearner:
+    """Eq. 3 one step at a time, on the working model's graftable parameters.
+
+    Holds only the region logits ℓ (one float per graftable parameter; two more for Adam).
+    The working parameters are overwritten while learning and put back to θ_pre by ``finish``.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        params: dict[str, torch.nn.Parameter],
+        pre: dict[str, torch.Tensor],
+        ft: dict[str, torch.Tensor],
+        k: int,
+        config: LearnConfig = LearnConfig(),
+    ):
+        if config.optimizer not in {"normalized", "adam", "sgd"}:
+            raise ValueError(f"unknown optimizer '{config.optimizer}' (use normalized, adam or sgd)")
+        self.model, self.params, self.pre, self.ft, self.k, self.config = model, params, pre, ft, k, config
+        self.names = list(params)
+        self.device = params[self.names[0]].device
+        shapes = {n: tuple(params[n].shape) for n in self.names}
+        self.base = base_region(pre, ft, self.names, k)
+        self.logits = initial_logits(self.base, shapes, config.sigmoid_bias, self.device)
+        self.count = sum(l.numel() for l in self.logits.values())
+        self.adam = {n: (torch.zeros_like(l), torch.zeros_like(l)) for n, l in self.logits.items()} if config.optimizer == "adam" else None
+        self.steps_done = 0
+        trainable = {id(p) for p in params.values()}
+        self._saved_flags = {n: p.requires_grad for n, p in model.named_parameters()}
+        for p in model.parameters():  # gradients only where a mask can act
+            p.requires_grad_(id(p) in trainable)
+        model.eval()  # no dropout: the mask, not noise, should explain the loss
+
+    def step(self, batch: dict[str, torch.Tensor]) -> StepReport:
+        self.steps_done += 1
+        batch = {key: value.to(self.device) for key, value in batch.items()}
+        out, sq = logit_gradient(self.model, self.params, self.pre, self.ft, self.logits, batch)
+        with torch.no_grad():
+            scale = _step_scale(self.config, sq, self.count)
+            for n in self.names:
+                g = self.params[n].grad
+                if self.adam is not None:
+                    m, v = self.adam[n]
+                    m.mul_(0.9).add_(g, alpha=0.1)
+                    v.mul_(0.999).addcmul_(g, g, value=0.001)
+                    denom = (v / (1 - 0.999**self.steps_done)).sqrt_().add_(1e-12)
+                    self.logits[n].addcdiv_(m, denom, value=-self.config.lr / (1 - 0.9**self.steps_done))
+                else:
+                    self.logits[n].sub_(g, alpha=scale)
+                self.params[n].grad = None
+            size = sum(int((l > 0).sum()) for l in self.logits.values())
+            kept = sum(int((self.logits[n].view(-1)[i.to(self.device)] > 0).sum()) for n, i in self.base.items())
+            accuracy = float((out.logits.argmax(-1) == batch["labels"]).float().mean())
+        return StepReport(self.steps_done, self.config.steps, float(out.loss.detach()), accuracy, size, size - kept)
+
+    def finish(self) -> Region:
+        """Restore the working model and binarise (Eq. 4)."""
+        with torch.no_grad():
+            for n in self.names:
+                self.params[n].data.copy_(self.pre[n])
+                self.params[n].grad = None
+        for n, p in self.model.named_parameters():
+            p.requires_grad_(self._saved_flags[n])
+        return binarise(self.logits, self.k, self.config.binarise)
+
+
 def learn_region(
     model: torch.nn.Module,
     params: dict[str, torch.nn.Parameter],
@@ -198,59 +264,21 @@ def learn_region(
 ) -> tuple[Region, dict[str, torch.Tensor]]:
     """Learn a region of exactly ``k`` graftable parameters (Eq. 2–4).
 
-    ``params`` are the working model's graftable parameters; they are overwritten during
-    learning and left at θ_pre afterwards. ``make_batches(epoch)`` yields model inputs with
-    ``labels``. Returns the region and the final logits ℓ.
+    ``make_batches(epoch)`` yields model inputs with ``labels``. The working parameters are left
+    at θ_pre afterwards, also when cancelled. Returns the region and the final logits ℓ.
     """
-    names = list(params)
-    shapes = {n: tuple(params[n].shape) for n in names}
-    device = params[names[0]].device
-    base = base_region(pre, ft, names, k)
-    logits = initial_logits(base, shapes, config.sigmoid_bias, device)
-    adam = {n: (torch.zeros_like(l), torch.zeros_like(l)) for n, l in logits.items()} if config.optimizer == "adam" else None
-    if config.optimizer not in {"normalized", "adam", "sgd"}:
-        raise ValueError(f"unknown optimizer '{config.optimizer}' (use normalized, adam or sgd)")
-
-    trainable = {id(p) for p in params.values()}
-    saved_flags = {n: p.requires_grad for n, p in model.named_parameters()}
-    for p in model.parameters():
-        p.requires_grad_(id(p) in trainable)
-    model.eval()  # no dropout: the mask, not noise, should explain the loss
+    learner = MaskLearner(model, params, pre, ft, k, config)
     batches = _cycle(make_batches)
     try:
-        for step in range(1, config.steps + 1):
+        for _ in range(config.steps):
             if cancel is not None and cancel.is_set():
                 raise Cancelled("mask learning cancelled")
-            batch = {key: value.to(device) for key, value in next(batches).items()}
-            out, sq = logit_gradient(model, params, pre, ft, logits, batch)
-            with torch.no_grad():
-                scale = _step_scale(config, sq, sum(l.numel() for l in logits.values()))
-                for n in names:
-                    g = params[n].grad
-                    if adam is not None:
-                        m, v = adam[n]
-                        m.mul_(0.9).add_(g, alpha=0.1)
-                        v.mul_(0.999).addcmul_(g, g, value=0.001)
-                        m_hat = m / (1 - 0.9**step)
-                        v_hat = v / (1 - 0.999**step)
-                        logits[n].sub_(config.lr * m_hat / (v_hat.sqrt() + 1e-12))
-                    else:
-                        logits[n].sub_(g, alpha=scale)
-                    params[n].grad = None
-                size = sum(int((l > 0).sum()) for l in logits.values())
-                swapped = size - sum(int((logits[n].view(-1)[i.to(device)] > 0).sum()) for n, i in base.items())
-                accuracy = float((out.logits.argmax(-1) == batch["labels"]).float().mean())
+            report = learner.step(next(batches))
             if progress is not None:
-                progress(StepReport(step, config.steps, float(out.loss.detach()), accuracy, size, swapped))
+                progress(report)
     finally:
-        with torch.no_grad():
-            for n in names:
-                params[n].data.copy_(pre[n])
-                params[n].grad = None
-        for n, p in model.named_parameters():
-            p.requires_grad_(saved_flags[n])
-    region = binarise(logits, k, config.binarise)
-    return region, logits
+        region = learner.finish()
+    return region, learner.logits
 
 
 def logit_gradient(
