@@ -1,0 +1,174 @@
+"""Speed and memory of mask learning, measured side by side in one run.
+
+    .venv/bin/python benchmarks/bench_mask_step.py [--finetuned REF] [--repeats 10]
+
+Prints three figures against their targets:
+
+1. one mask step vs one plain forward+backward of the same model on the same batch
+   (interleaved, median of ``--repeats``; target ≤ 1.15×);
+2. extra memory of mask learning in units of the graftable parameter count (fp32 copies;
+   target ≤ 3), by exact tensor accounting and by peak RSS of two child processes;
+3. time to apply and remove a region of k = 10⁵ (target < 50 ms).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+
+def batch_of(pair, n: int = 16):
+    from graftui.data import batches, load_task, subsample
+
+    task = load_task("movies")
+    split = subsample(task.splits["train"], n, seed=0)
+    return next(iter(batches(pair.tokenizer, split, n, task.max_length)))
+
+
+def plain_step(model, batch) -> None:
+    """An ordinary training forward+backward: every parameter gets a gradient."""
+    for p in model.parameters():
+        p.requires_grad_(True)
+        p.grad = None
+    model(**batch).loss.backward()
+    for p in model.parameters():
+        p.grad = None
+
+
+def bench_speed(pair, batch, repeats: int) -> dict:
+    from graftui.method import LearnConfig, MaskLearner
+
+    k = max(1, pair.counts()["graftable"] // 1000)
+    params = {n: pair.param(n) for n in pair.graftable}
+    plain, mask = [], []
+    for i in range(repeats + 2):  # two warm-up rounds, then interleave to share the machine's noise
+        t = time.perf_counter()
+        plain_step(pair.model, batch)
+        t_plain = time.perf_counter() - t
+        learner = MaskLearner(pair.model, params, pair.pre, pair.ft, k, LearnConfig())
+        t = time.perf_counter()
+        learner.step(batch)
+        t_mask = time.perf_counter() - t
+        learner.finish()
+        if i >= 2:
+            plain.append(t_plain)
+            mask.append(t_mask)
+    return {
+        "plain_ms": 1000 * statistics.median(plain),
+        "mask_ms": 1000 * statistics.median(mask),
+        "ratio": statistics.median(mask) / statistics.median(plain),
+    }
+
+
+def bench_apply(pair, k: int = 100_000, repeats: int = 20) -> dict:
+    from graftui.method import top_k
+
+    gen = torch.Generator().manual_seed(0)
+    region = top_k({n: torch.rand(pair.pre[n].shape, generator=gen) for n in pair.graftable}, k)
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        pair.apply(region)
+        pair.remove(region)
+        times.append(time.perf_counter() - t)
+    return {"k": k, "apply_remove_ms": 1000 * statistics.median(times)}
+
+
+def accounting(pair) -> dict:
+    """Bytes held for mask learning beyond one plain model, in fp32 copies of the graftable set."""
+    graftable = pair.counts()["graftable"]
+    pre_copy = sum(pair.pre[n].numel() for n in pair.graftable)  # the working model has its own
+    ft_copy = sum(pair.ft[n].numel() for n in pair.ft)
+    logits = graftable  # ℓ: one float each (normalised step; Adam adds two)
+    return {"pre": pre_copy / graftable, "finetuned": ft_copy / graftable, "logits": logits / graftable,
+            "total": (pre_copy + ft_copy + logits) / graftable}
+
+
+def child(mode: str, finetuned: str) -> None:
+    """Peak RSS of one process doing only ``mode``; printed as JSON for the parent."""
+    torch.set_num_threads(1)
+    from graftui.method import LearnConfig, MaskLearner
+    from graftui.models import load_classifier
+    from graftui.workflows import load_pair
+
+    if mode == "plain":
+        model, _ = load_classifier(finetuned)
+        from graftui.models import load_tokenizer
+
+        class P:  # just enough of a pair for batch_of
+            tokenizer = load_tokenizer(finetuned)
+
+        batch = batch_of(P)
+        base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        for _ in range(3):
+            plain_step(model, batch)
+        graftable = None
+    else:
+        pair = load_pair("minilm", finetuned)
+        batch = batch_of(pair)
+        base_rss = None
+        params = {n: pair.param(n) for n in pair.graftable}
+        learner = MaskLearner(pair.model, params, pair.pre, pair.ft, pair.counts()["graftable"] // 1000, LearnConfig())
+        for _ in range(3):
+            learner.step(batch)
+        learner.finish()
+        graftable = pair.counts()["graftable"]
+    print(json.dumps({"peak_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, "base": base_rss, "graftable": graftable}))
+
+
+def measure_rss(finetuned: str) -> dict:
+    out = {}
+    for mode in ("plain", "mask"):
+        text = subprocess.run(
+            [sys.executable, __file__, "--child", mode, "--finetuned", finetuned],
+            check=True, capture_output=True, text=True,
+        ).stdout.strip().splitlines()[-1]
+        out[mode] = json.loads(text)
+    graftable = out["mask"]["graftable"]
+    extra = (out["mask"]["peak_kib"] - out["plain"]["peak_kib"]) * 1024
+    return {"plain_peak_mib": out["plain"]["peak_kib"] / 1024, "mask_peak_mib": out["mask"]["peak_kib"] / 1024,
+            "extra_copies": extra / (4 * graftable)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--finetuned", default="minilm-movies")
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--child", choices=["plain", "mask"])
+    args = parser.parse_args()
+    if args.child:
+        child(args.child, args.finetuned)
+        return
+    from graftui.models import resolve
+    from graftui.workflows import load_pair
+
+    finetuned = resolve(args.finetuned)  # builds the default checkpoint on first need
+    torch.set_num_threads(os.cpu_count() or 1)
+    pair = load_pair("minilm", finetuned)
+    batch = batch_of(pair)
+    counts = pair.counts()
+    print(f"model: minilm + {args.finetuned}; graftable {counts['graftable']:,} of {counts['total']:,} parameters; "
+          f"batch 16 x {batch['input_ids'].shape[1]} tokens; {torch.get_num_threads()} threads")
+    speed = bench_speed(pair, batch, args.repeats)
+    print(f"1. mask step {speed['mask_ms']:.1f} ms vs plain forward+backward {speed['plain_ms']:.1f} ms "
+          f"-> ratio {speed['ratio']:.2f}x (target <= 1.15x)")
+    acc = accounting(pair)
+    rss = measure_rss(finetuned)
+    print(f"2. extra memory, tensor accounting: {acc['total']:.2f} fp32 copies of the graftable set "
+          f"(pre {acc['pre']:.2f} + fine-tuned {acc['finetuned']:.2f} + logits {acc['logits']:.2f}; target <= 3)")
+    print(f"   peak RSS: plain {rss['plain_peak_mib']:.0f} MiB, mask learning {rss['mask_peak_mib']:.0f} MiB "
+          f"-> extra {rss['extra_copies']:.2f} copies")
+    apply = bench_apply(pair)
+    print(f"3. apply + remove a region of k={apply['k']:,}: {apply['apply_remove_ms']:.2f} ms (target < 50 ms)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,88 @@
+"""The job runner: order, progress, cancel, clear failures, persistence across restarts."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+from graftui.data import DataError
+from graftui.jobs import CANCELLED, DONE, FAILED, INTERRUPTED, JobRunner
+
+
+def test_jobs_run_in_order_and_report_progress(tmp_path):
+    runner = JobRunner(tmp_path)
+    order = []
+
+    def work(name):
+        def fn(ctx):
+            for step in range(1, 4):
+                ctx.report({"step": step, "steps": 3, "loss": 1.0 / step})
+            order.append(name)
+            return {"name": name}
+        return fn
+
+    a = runner.submit("localize", "a", work("a"))
+    b = runner.submit("localize", "b", work("b"))
+    assert runner.wait(b.id, 10).status == DONE
+    assert order == ["a", "b"]
+    job = runner.get(a.id)
+    assert job.result == {"name": "a"} and job.fraction == 1.0
+    assert [e["step"] for e in job.progress] == [1, 2, 3] and job.progress[-1]["loss"] == 1 / 3
+    saved = json.loads((tmp_path / a.id / "job.json").read_text())
+    assert saved["status"] == DONE and saved["result"] == {"name": "a"}
+
+
+def test_cancel_takes_effect_at_the_next_step(tmp_path):
+    runner = JobRunner(tmp_path)
+    started = threading.Event()
+    steps = []
+
+    def fn(ctx):
+        for step in range(1, 1000):
+            started.set()
+            time.sleep(0.01)
+            steps.append(step)
+            ctx.report({"step": step, "steps": 1000})
+        return {}
+
+    job = runner.submit("localize", "long", fn)
+    queued = runner.submit("localize", "never runs", lambda ctx: {})
+    assert started.wait(5)
+    assert runner.cancel(job.id)
+    assert runner.cancel(queued.id)
+    assert runner.wait(job.id, 5).status == CANCELLED
+    assert len(steps) < 50
+    assert runner.wait(queued.id, 5).status == CANCELLED and runner.get(queued.id).started is None
+
+
+def test_failures_show_one_clear_line_and_keep_the_traceback_in_a_log(tmp_path):
+    runner = JobRunner(tmp_path)
+
+    def bad_input(ctx):
+        raise DataError("unknown column 'txt'; available: text, label")
+
+    def bug(ctx):
+        raise KeyError("boom")
+
+    a = runner.wait(runner.submit("localize", "bad", bad_input).id, 5)
+    b = runner.wait(runner.submit("localize", "bug", bug).id, 5)
+    assert a.status == FAILED and a.error == "unknown column 'txt'; available: text, label"
+    assert b.status == FAILED and "internal error (KeyError" in b.error and "Traceback" not in b.error
+    assert "Traceback" in (tmp_path / b.id / "error.log").read_text()
+    ok = runner.wait(runner.submit("localize", "after", lambda ctx: {"x": 1}).id, 5)
+    assert ok.status == DONE  # a failure never takes the runner down
+
+
+def test_a_restart_lists_old_jobs_and_marks_unfinished_ones_interrupted(tmp_path):
+    runner = JobRunner(tmp_path)
+    gate = threading.Event()
+    done = runner.wait(runner.submit("localize", "done", lambda ctx: {"v": 2}).id, 5)
+    running = runner.submit("finetune", "running", lambda ctx: gate.wait(10) and {})
+    time.sleep(0.2)
+    again = JobRunner(tmp_path)  # a new server process over the same folder
+    listed = {j.id: j for j in again.jobs()}
+    assert listed[done.id].status == DONE and listed[done.id].result == {"v": 2}
+    assert listed[running.id].status == INTERRUPTED
+    assert [j.kind for j in again.jobs(kind="finetune")] == ["finetune"]
+    gate.set()
