@@ -237,7 +237,7 @@ def build_app() -> gr.Blocks:
             "(Panigrahi, Saunshi, Zhao & Arora, *Task-Specific Skill Localization in Fine-tuned Language Models*, ICML 2023)."
             f"{mode_note}{fast_note}"
         )
-        status = gr.Markdown("", elem_id="status-message")
+        status = gr.Markdown("Loading…", elem_id="status-message")
         safe = guarded(status)
         quiet = guarded(status, toast=False)
 
@@ -438,7 +438,7 @@ def build_app() -> gr.Blocks:
         def on_load():
             runner = store.runner()
             job = actions.submit_prepare(runner)
-            msg = ""
+            msg = "Ready. Start on **Models** (the offline default pair is preselected), then **Localize**."
             if job is not None:
                 msg = ("The default fine-tuned model (**minilm-movies**) is being prepared once, in the background "
                        "(about two minutes on a CPU; see **Jobs** below). Everything that needs it waits for it.")
@@ -448,22 +448,22 @@ def build_app() -> gr.Blocks:
 
         # ---------------------------------------------------------------- Models
         @safe
-        def on_check(base, finetuned):
+        def on_check(base, finetuned, log_s):
             desc = actions.check_pair(base, finetuned)
             counts = {k: desc[f"{k}_params"] for k in ("graftable", "head", "excluded", "total")}
             info = (f"✅ **{desc['architecture']}** pair: base `{store.short_ref(base)}`, fine-tuned `{store.short_ref(finetuned)}`, "
                     f"labels {', '.join(desc['labels'])}; {desc['graftable_tensors']} graftable tensors, head = "
                     f"{', '.join(desc['head_tensors']) or 'none'}.")
-            return actions.counts_table(counts), info, "", actions.budget_text(-3, counts)
+            return actions.counts_table(counts), info, "✅ Pair checked.", actions.budget_text(log_s, counts)
 
-        check_btn.click(on_check, [base_dd, ft_dd], [counts_df, pair_md, status, loc_budget_md])
+        check_btn.click(on_check, [base_dd, ft_dd, loc_budget], [counts_df, pair_md, status, loc_budget_md])
 
         @safe
         def on_data_upload(file):
             from ..data import preview
 
             if not file:
-                return gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), ""
+                return gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
             path = store.save_upload(file)
             info = preview(str(path), allow_local=True)
             rows = sum(info["splits"].values())
@@ -478,7 +478,7 @@ def build_app() -> gr.Blocks:
                 gr.update(choices=["(guess)", *cols], value=guess.text_column or "(guess)"),
                 gr.update(choices=["(none)", *cols], value=guess.pair_column or "(none)"),
                 gr.update(choices=["(guess)", *cols], value=guess.label_column or "(guess)"),
-                frame, md, "",
+                frame, md, f"✅ Read {path.name}.",
             )
 
         data_file.upload(on_data_upload, [data_file], [task_dd, text_col, pair_col, label_col, data_preview, mapping_md, status])
@@ -489,7 +489,7 @@ def build_app() -> gr.Blocks:
             sizes = ", ".join(f"{k} {len(s):,}" for k, s in t.splits.items())
             kind = "text-pair" if t.is_pair else "single-text"
             return (f"✅ **{t.name}**: {kind} task with {t.num_labels} labels ({', '.join(t.label_names)}); "
-                    f"examples per split: {sizes}. Source: {t.source}."), ""
+                    f"examples per split: {sizes}. Source: {t.source}."), "✅ Column mapping checked."
 
         mapping_btn.click(on_check_mapping, [task_dd, text_col, pair_col, label_col], [mapping_md, status])
 
@@ -623,7 +623,7 @@ def build_app() -> gr.Blocks:
             md = (f"✅ **{path.name}** is a valid graftui {s['kind']}: k = {s['size']:,} of {s['graftable']:,} graftable parameters "
                   f"({s['fraction_of_graftable']:.4%}) in {s['tensors']} tensors. Press the button below to check it against the "
                   "current pair and add it to your regions.")
-            return md, actions.region_meta_table(record), ""
+            return md, actions.region_meta_table(record), f"✅ {path.name} is a valid region file."
 
         reg_up.upload(on_region_upload, [reg_up], [reg_up_md, reg_up_meta, status])
 
@@ -644,7 +644,7 @@ def build_app() -> gr.Blocks:
             meta.setdefault("method", "uploaded")
             saved = store.save_region(record, stem=f"uploaded-{store.safe_name(path.stem, 30)}")
             return (f"✅ Fits the current pair ({store.short_ref(base)} → {store.short_ref(finetuned)}); saved as **{saved.stem}** "
-                    "and listed in every region picker."), ""
+                    "and listed in every region picker."), f"✅ Added region {saved.stem}."
 
         reg_apply.click(on_region_apply, [reg_up, base_dd, ft_dd], [reg_up_md, status])
 
@@ -686,7 +686,11 @@ def build_app() -> gr.Blocks:
             detail = actions.job_status_line(job) if job else ""
             if sig == last:
                 return gr.skip(), gr.skip(), detail, last, gr.skip()
-            return actions.job_rows(runner), gr.update(choices=actions.job_choices(runner)), detail, sig, gr.skip()
+            # the picker's choices change only when a job appears or changes status, not every second
+            listing = [(j[0], j[1]) for j in sig]
+            picker = gr.skip() if last is not None and listing == [(j[0], j[1]) for j in last] else \
+                gr.update(choices=actions.job_choices(runner))
+            return actions.job_rows(runner), picker, detail, sig, gr.skip()
 
         timer.tick(tick_jobs, [jobs_sig, job_sel], [jobs_df, job_sel, job_md, jobs_sig, status], show_progress="hidden")
 
@@ -711,7 +715,7 @@ def build_app() -> gr.Blocks:
             def tick(picked, last):
                 runner = store.runner()
                 job = runner.get(picked) if picked else actions.latest_job(runner, kinds)
-                listing = tuple(j.id for j in runner.jobs() if j.kind in kinds)
+                listing = tuple((j.id, j.status) for j in runner.jobs() if j.kind in kinds)
                 sig = (listing, None if job is None else (job.id, job.status, len(job.progress), round(job.fraction, 3), job.message))
                 if sig == last:
                     return (gr.skip(), gr.skip(), *[gr.skip() for _ in outputs], last, gr.skip())

@@ -63,6 +63,7 @@ def localize_progress(progress: list[dict], k: int | None = None, title: str = "
                       annotation_text=f"budget k = {k:,}", annotation_position="bottom right")
     fig.update_yaxes(tickformat=".0%", range=[0, 1.05], row=2, col=1)
     fig.update_yaxes(tickformat=",", row=3, col=1)
+    fig.update_xaxes(tick0=1, dtick=max(1, len(x) // 10))
     fig.update_xaxes(title_text="mask step", row=3, col=1)
     return _layout(fig, title, height=560).update_layout(showlegend=False)
 
