@@ -152,7 +152,7 @@ def sweep_figure(rows: list[dict], task: str = "") -> go.Figure:
     budgets = sorted({r["sparsity"] for r in rows})
     fig.update_xaxes(type="log", title_text="region budget (fraction of graftable parameters, log scale)",
                      tickvals=budgets, ticktext=[f"{b:.0e}" for b in budgets])
-    fig.update_yaxes(title_text="test accuracy of the graft", tickformat=".0%")
+    fig.update_yaxes(title_text="test accuracy of the graft", tickformat=".0%", range=[0, 1.02])
     where = f" on {task}" if task else ""
     return _layout(fig, f"Sparsity sweep{where}: accuracy of θ_pre + γ⊙δ against budget", height=440).update_layout(margin={"b": 110})
 
