@@ -1,0 +1,458 @@
+"""The graftui command end to end on the real offline model and data (small subsets), and its errors.
+
+One small fine-tune (through `graftui finetune`) and two regions are made once for the module;
+most flows call `cli.main` in-process so the model pair cache is shared, and a few run the
+installed console script to prove it works.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from graftui import __version__, cli, regions, workflows
+from graftui.finetune import FinetuneConfig, default_checkpoint_dir
+
+from conftest import MINILM_DIR, make_tiny_bert
+
+pytestmark = pytest.mark.e2e
+
+SCRIPT = Path(sys.executable).with_name("graftui")
+# AdamW trains MiniLM on 256 movie sentences in one epoch; SGD at the paper's rate needs more steps.
+FT_ARGS = ["--optimizer", "adamw", "--lr", "1e-4", "--epochs", "1", "--train-examples", "256", "--seed", "0"]
+K = 3000
+
+
+def run_cli(*args: str) -> tuple[int, str, str]:
+    """cli.main in-process; returns (exit code, stdout, stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli.main([str(a) for a in args])
+    return code, out.getvalue(), err.getvalue()
+
+
+def run_json(*args: str) -> dict:
+    code, out, err = run_cli(*args, "--json")
+    assert code == 0, err
+    return json.loads(out)
+
+
+def assert_one_line_error(code: int, out: str, err: str, *needles: str) -> None:
+    assert code == 2, (code, err)
+    assert out == ""
+    assert "Traceback" not in err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("graftui: error: "), err
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+
+
+# -- fixtures (made once per module) ------------------------------------------------------------
+@pytest.fixture(scope="module", autouse=True)
+def home(tmp_path_factory):
+    path = tmp_path_factory.mktemp("graftui_home")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("GRAFTUI_HOME", str(path))
+        yield path
+    workflows.clear_cache()
+
+
+@pytest.fixture(scope="module")
+def ft_dir(tmp_path_factory):
+    """A quick fine-tune of minilm on movies, made by the command itself."""
+    out = tmp_path_factory.mktemp("ft") / "minilm-movies-small"
+    doc = run_json("finetune", "--base", "minilm", "--task", "movies", *FT_ARGS, "--test-examples", "128",
+                   "--out", out)
+    assert doc["out"] == str(out) and not doc["reused"]
+    assert (out / "config.json").exists() and (out / "model.safetensors").exists()
+    assert doc["test_examples"] == 128
+    assert doc["test_accuracy"] > 0.6, doc  # it learned something the regions can carry
+    return out
+
+
+@pytest.fixture(scope="module")
+def learned(ft_dir, tmp_path_factory):
+    path = tmp_path_factory.mktemp("regions") / "learned.safetensors"
+    doc = run_json("localize", "--finetuned", ft_dir, "--task", "movies", "--k", K, "--method", "learned",
+                   "--steps", "3", "--examples-per-class", "8", "--out", path)
+    return path, doc
+
+
+@pytest.fixture(scope="module")
+def top(ft_dir, tmp_path_factory):
+    path = tmp_path_factory.mktemp("regions") / "top.safetensors"
+    doc = run_json("localize", "--finetuned", ft_dir, "--k", K, "--method", "top-movement", "--out", path)
+    return path, doc
+
+
+def _params(folder) -> dict[str, torch.Tensor]:
+    from transformers import AutoModelForSequenceClassification
+
+    model = AutoModelForSequenceClassification.from_pretrained(folder, num_labels=2)
+    return {n: p.detach() for n, p in model.named_parameters()}
+
+
+@pytest.fixture(scope="module")
+def ft_params(ft_dir):
+    return _params(ft_dir)
+
+
+@pytest.fixture
+def no_models(monkeypatch):
+    """Fail loudly if a command loads a model: cheap checks must come first."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("a model was loaded before the input was checked")
+
+    monkeypatch.setattr("graftui.models.ModelPair.load", refuse)
+    monkeypatch.setattr("graftui.models.load_classifier", refuse)
+    monkeypatch.setattr("graftui.finetune.ensure_default_finetuned", refuse)
+    monkeypatch.setattr("graftui.finetune.finetune", refuse)
+
+
+# -- console script -----------------------------------------------------------------------------
+def test_console_script_help_and_version(home):
+    env = {**os.environ, "GRAFTUI_HOME": str(home)}
+    assert SCRIPT.exists(), f"console script missing at {SCRIPT}"
+    done = subprocess.run([SCRIPT, "--help"], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    for command in ("finetune", "localize", "evaluate", "anatomy", "compose", "export", "sweep", "methods", "tasks"):
+        assert command in done.stdout
+    done = subprocess.run([SCRIPT, "localize", "--help"], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0 and "--sparsity" in done.stdout and "--region-only" in done.stdout
+    assert "learned" in done.stdout and "top-movement" in done.stdout  # --method choices come from the registry
+    done = subprocess.run([SCRIPT, "--version"], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == f"graftui {__version__}"
+
+
+def test_console_script_error_is_one_line_and_exit_2(home):
+    env = {**os.environ, "GRAFTUI_HOME": str(home)}
+    done = subprocess.run([SCRIPT, "localize", "--sparsity", "1.5"], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert_one_line_error(done.returncode, done.stdout, done.stderr, "sparsity", "1.5")
+    assert not any((home / "checkpoints").glob("*")), "a bad budget must fail before any model is built"
+
+
+# -- flows --------------------------------------------------------------------------------------
+def test_listings():
+    code, out, _ = run_cli("methods")
+    assert code == 0
+    for name in ("learned", "top-movement", "random"):
+        assert name in out
+    doc = run_json("methods")
+    assert {m["name"] for m in doc["methods"]} >= {"learned", "top-movement", "random"}
+    assert next(m for m in doc["methods"] if m["name"] == "learned")["needs_data"] is True
+    doc = run_json("tasks")
+    assert [t["name"] for t in doc["tasks"]][:3] == ["movies", "amazon", "tweets"]
+    code, out, _ = run_cli("tasks")
+    assert code == 0 and out.splitlines()[0].split() == ["task", "description"]
+
+
+def test_finetune_default_folder_is_per_recipe_and_reused(ft_dir, home):
+    config = FinetuneConfig(optimizer="adamw", lr=1e-4, epochs=1, train_examples=256, seed=0)
+    expected = default_checkpoint_dir("minilm-movies", config)
+    assert expected.parent == home / "checkpoints"
+    shutil.copytree(ft_dir, expected)  # as if built before: same recipe, same folder, nothing retrained
+    code, out, err = run_cli("finetune", *FT_ARGS, "--test-examples", "32")
+    assert code == 0, err
+    assert str(expected) in out and "reused" in out and "test accuracy" in out
+    shutil.rmtree(expected)
+
+
+def test_localize_learned_writes_a_patch_of_exactly_k(learned, ft_dir):
+    path, doc = learned
+    assert path.exists() and doc["path"] == str(path)
+    assert doc["kind"] == "patch" and doc["method"] == "learned"
+    assert doc["k"] == K
+    assert doc["fraction_of_graftable"] == pytest.approx(K / doc["graftable_params"])
+    assert doc["fraction_of_all"] == pytest.approx(K / doc["total_params"])
+    assert doc["graftable_params"] < doc["total_params"]
+    assert len(doc["top_modules"]) == 3 and sum(t["count"] for t in doc["top_modules"]) <= K
+    assert doc["weights"] + doc["biases"] == K
+    record = regions.load(path)
+    assert record.is_patch and record.size == K
+    assert record.meta["method"] == "learned" and record.meta["learn"]["steps"] == 3
+    assert record.meta["train_examples"] == 16
+
+
+def test_localize_default_out_region_only_and_sparsity(ft_dir, home):
+    code, out, err = run_cli("localize", "--finetuned", ft_dir, "--method", "top-movement", "--sparsity", "1e-4",
+                             "--region-only")
+    assert code == 0, err
+    files = list((home / "regions").glob("top-movement-movies-*.safetensors"))
+    assert len(files) == 1
+    record = regions.load(files[0])
+    assert not record.is_patch
+    graftable = record.meta["graftable_params"]
+    assert record.size == round(1e-4 * graftable) and files[0].name == f"top-movement-movies-{record.size}.safetensors"
+    assert f"k = {record.size:,}" in out and "anatomy" in out and "% of" in out and "time" in out
+    assert not out.lstrip().startswith("{")
+    # the newest region is what anatomy and export use when no --region is given
+    code, out, err = run_cli("anatomy", "--by", "module")
+    assert code == 0, err
+    assert str(files[0]) in out and f"k = {record.size:,}" in out
+    files[0].unlink()
+
+
+def test_evaluate_regions_with_baselines_in_and_out_of_distribution(ft_dir, learned, top):
+    doc = run_json("evaluate", "--finetuned", ft_dir, "--region", learned[0], "--region", top[0],
+                   "--ood", "amazon", "--n", "64", "--baselines")
+    rows = {(r["model"], r["task"]): r for r in doc["rows"]}
+    models = ["fine-tuned", "pre-trained body + FT head", "learned", "top", "Top movement", "Random"]
+    assert set(rows) == {(m, t) for m in models for t in ("movies", "amazon")}
+    for (model, task), r in rows.items():
+        assert r["n"] == 64
+        assert r["distribution"] == ("in" if task == "movies" else "OOD")
+        assert 0 <= r["accuracy"] <= 1 and 0 <= r["ece"] <= 1 and 0 <= r["f1"] <= 1
+    assert rows[("fine-tuned", "movies")]["agreement_with_ft"] == 1.0
+    assert rows[("learned", "movies")]["region_size"] == K == rows[("Random", "movies")]["region_size"]
+    # top-movement at the same k is the same region as the file written by `localize --method top-movement`
+    assert rows[("Top movement", "amazon")]["accuracy"] == rows[("top", "amazon")]["accuracy"]
+    assert "reliability" in doc and set(doc["reliability"]) >= {"learned", "fine-tuned"}
+
+    # a skill patch needs no fine-tuned model: the graft rebuilt from base + patch is the same model
+    patch_doc = run_json("evaluate", "--region", learned[0], "--no-ood", "--n", "64")
+    prow = {r["model"]: r for r in patch_doc["rows"]}
+    assert set(prow) == {"fine-tuned (from patch)", "pre-trained body + FT head", "learned"}
+    assert prow["learned"]["accuracy"] == rows[("learned", "movies")]["accuracy"]
+    assert prow["learned"]["ece"] == pytest.approx(rows[("learned", "movies")]["ece"], abs=1e-6)
+    assert prow["pre-trained body + FT head"]["accuracy"] == rows[("pre-trained body + FT head", "movies")]["accuracy"]
+    assert patch_doc["notes"] and "--finetuned" in patch_doc["notes"][0]
+
+    code, out, err = run_cli("evaluate", "--finetuned", ft_dir, "--region", learned[0], "--ood", "tweets", "--n", "16")
+    assert code == 0, err
+    header = out.splitlines()[0].split()
+    assert header[:3] == ["model", "task", "dist"] and "accuracy" in header and "ECE" in header
+    assert len([line for line in out.splitlines() if " movies " in line or " tweets " in line]) == 6
+    for word in ("OOD", "learned", "3,000", "pre-trained body + FT head"):
+        assert word in out
+
+
+def test_evaluate_baselines_need_the_finetuned_model_with_a_patch(learned, no_models):
+    assert_one_line_error(*run_cli("evaluate", "--region", learned[0], "--baselines"), "--finetuned")
+
+
+def test_anatomy_counts_add_up(learned):
+    path, _ = learned
+    doc = run_json("anatomy", "--region", path)
+    assert doc["k"] == K and doc["kind"] == "patch"
+    assert sum(sum(row) for row in doc["counts"]) == K
+    assert sum(doc["by_module"].values()) == K == sum(doc["by_layer"].values())
+    assert doc["weights"]["count"] + doc["biases"]["count"] == K
+    assert doc["weights"]["total"] + doc["biases"]["total"] == doc["graftable_params"]
+    assert all(0 <= c["density"] <= 1 and c["count"] <= c["total"] for c in doc["cells"])
+    assert [f"layer {i}" for i in range(6)] == doc["layers"][:6]
+    code, out, _ = run_cli("anatomy", "--region", path)
+    assert code == 0 and "FFN in" in out and "density" in out and "biases" in out
+    assert [line.split()[:2] for line in out.splitlines() if re.match(r"layer \d", line)] == [
+        ["layer", str(i)] for i in range(6)
+    ]
+    code, out, _ = run_cli("anatomy", "--region", path, "--by", "layer")
+    assert code == 0 and "layer 5" in out and "share of region" in out
+    code, out, _ = run_cli("anatomy", "--region", path, "--by", "module")
+    assert code == 0 and "Query" in out and "FFN out" in out
+
+
+def test_compose_overlap_and_union_patch(learned, top, ft_params, tmp_path):
+    a, b = regions.load(learned[0]), regions.load(top[0])
+    shared = sum(int(torch.isin(a.indices[n], b.indices[n]).sum()) for n in a.indices if n in b.indices)
+    doc = run_json("compose", "--region", learned[0], "--region", top[0])
+    assert doc["sizes"] == [K, K] and doc["names"] == ["learned", "top"]
+    assert doc["intersection_counts"][0][1] == shared
+    assert doc["overlap"][0][1] == pytest.approx(shared / K) and doc["overlap"][0][0] == 1.0
+    assert doc["iou"][0][1] == pytest.approx(shared / (2 * K - shared))
+    assert doc["union_size"] == 2 * K - shared
+    assert 0 < shared <= K  # learning starts from the top-movement region
+
+    out = tmp_path / "union.safetensors"
+    code, text, err = run_cli("compose", "--region", learned[0], "--region", top[0], "--out", out,
+                              "--resolve", "first")
+    assert code == 0, err
+    assert "IoU" in text and f"union: {2 * K - shared:,}" in text and "skill patch" in text
+    union = regions.load(out)
+    assert union.is_patch and union.size == 2 * K - shared and union.meta["method"] == "union"
+    for name, idx in union.indices.items():
+        assert torch.equal(union.values[name], ft_params[name].reshape(-1)[idx])
+        want = torch.unique(torch.cat([r.indices[name] for r in (a, b) if name in r.indices]))
+        assert torch.equal(idx, want)
+    assert set(union.head) == {"classifier.weight", "classifier.bias"}
+
+    # a region without values in the mix: the union is a region file
+    region_only = tmp_path / "top-region.safetensors"
+    regions.save(regions.RegionRecord(b.indices, b.shapes, b.meta), region_only)
+    out2 = tmp_path / "union2.safetensors"
+    code, text, err = run_cli("compose", "--region", learned[0], "--region", region_only, "--out", out2)
+    assert code == 0, err
+    union2 = regions.load(out2)
+    assert not union2.is_patch and union2.size == union.size
+
+
+def test_export_from_a_patch_is_the_graft(learned, ft_params, tmp_path):
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    out = tmp_path / "grafted"
+    code, text, err = run_cli("export", "--region", learned[0], "--out", out)
+    assert code == 0, err
+    assert str(out) in text and "from_pretrained" in text
+    model = AutoModelForSequenceClassification.from_pretrained(out)
+    AutoTokenizer.from_pretrained(out)
+    record = regions.load(learned[0])
+    ft = ft_params
+    base = _params(MINILM_DIR)
+    changed = 0
+    for name, param in model.named_parameters():
+        value = param.detach()
+        if name in ("classifier.weight", "classifier.bias"):
+            assert torch.equal(value, ft[name]), name
+            continue
+        pre = base[name]
+        expected = pre.clone().reshape(-1)
+        if name in record.indices:
+            expected[record.indices[name]] = ft[name].reshape(-1)[record.indices[name]]
+            changed += int((expected != pre.reshape(-1)).sum())
+        assert torch.equal(value.reshape(-1), expected), name
+    assert changed > 0
+    meta = json.loads((out / "graftui_region.json").read_text())
+    assert meta["size"] == K and meta["method"] == "learned"
+
+
+def test_export_with_finetuned_matches_export_from_patch(learned, ft_dir, tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    assert run_cli("export", "--region", learned[0], "--out", a)[0] == 0
+    doc = run_json("export", "--region", learned[0], "--finetuned", ft_dir, "--out", b)
+    assert doc["k"] == K and doc["out"] == str(b)
+    wa, wb = load_file(str(a / "model.safetensors")), load_file(str(b / "model.safetensors"))
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[n], wb[n]) for n in wa)
+
+
+def test_sweep_table(ft_dir):
+    doc = run_json("sweep", "--finetuned", ft_dir, "--methods", "top-movement,random", "--sparsities", "1e-2,1e-3",
+                   "--n", "32")
+    assert doc["sparsities"] == [1e-3, 1e-2]
+    assert [(r["method"], r["sparsity"]) for r in doc["rows"]] == [
+        ("top-movement", 1e-3), ("random", 1e-3), ("top-movement", 1e-2), ("random", 1e-2)]
+    ks = {r["sparsity"]: r["k"] for r in doc["rows"]}
+    assert ks[1e-2] == pytest.approx(10 * ks[1e-3], abs=10)
+    assert all(0 <= r["accuracy"] <= 1 and r["ft_accuracy"] == doc["ft_accuracy"] for r in doc["rows"])
+    code, out, err = run_cli("sweep", "--finetuned", ft_dir, "--methods", "top-movement", "--sparsities", "1e-3",
+                             "--n", "8")
+    assert code == 0, err
+    assert out.splitlines()[0].split() == ["sparsity", "k", "top-movement"] and "fine-tuned" in out
+
+
+# -- bad input: exit 2, one line naming the problem, no traceback, no model loaded -----------------
+@pytest.fixture
+def bad_files(tmp_path):
+    csv = tmp_path / "reviews.csv"
+    csv.write_text("text,label\ngreat film,1\nawful film,0\nfine,1\nbad,0\n")
+    empty = tmp_path / "empty.csv"
+    empty.write_text("")
+    corrupt = tmp_path / "corrupt.safetensors"
+    corrupt.write_bytes(b"\x00\x01 not a safetensors file at all" * 10)
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "keep.txt").write_text("x")
+    return {"csv": csv, "empty": empty, "corrupt": corrupt, "full": full, "missing": tmp_path / "nope.safetensors"}
+
+
+@pytest.mark.parametrize(
+    "args, needles",
+    [
+        (["localize", "--sparsity", "0"], ["sparsity", "0"]),
+        (["localize", "--sparsity", "1.5"], ["sparsity", "1.5"]),
+        (["localize", "--sparsity", "-0.01"], ["sparsity", "-0.01"]),
+        (["localize", "--k", "0"], ["--k", "0"]),
+        (["sweep", "--sparsities", "1e-3,2"], ["sparsity", "2"]),
+        (["sweep", "--sparsities", "1e-3,abc"], ["abc"]),
+        (["localize", "--method", "nope"], ["nope", "learned"]),
+        (["sweep", "--methods", "learned,nope"], ["nope"]),
+        (["localize", "--finetuned", "./no-such-model"], ["no-such-model"]),
+        (["localize", "--base", "/no/such/base"], ["/no/such/base"]),
+        (["localize", "--task", "{csv}", "--text-column", "body"], ["body", "text_column"]),
+        (["localize", "--task", "{csv}", "--label-column", "stars"], ["stars"]),
+        (["localize", "--task", "movies", "--text-column", "body"], ["body"]),
+        (["localize", "--task", "{empty}"], ["empty.csv", "empty"]),
+        (["localize", "--task", "moviez"], ["moviez", "movies"]),
+        (["localize", "--modules", "query,attention"], ["attention"]),
+        (["localize", "--examples-per-class", "100000"], ["100000"]),
+        (["evaluate", "--region", "{corrupt}"], ["corrupt.safetensors"]),
+        (["evaluate", "--region", "{missing}"], ["nope.safetensors"]),
+        (["anatomy", "--region", "{corrupt}"], ["corrupt.safetensors"]),
+        (["compose", "--region", "{missing}", "--region", "{corrupt}"], ["nope.safetensors"]),
+        (["compose", "--region", "{corrupt}"], ["two"]),
+        (["export", "--region", "{missing}"], ["nope.safetensors"]),
+        (["finetune", "--out", "{full}"], ["not empty", "full"]),
+        (["finetune", "--optimizer", "sgd", "--l1", "0.1"], ["AdamW"]),
+        (["evaluate", "--n", "0"], ["--n", "0"]),
+        (["anatomy", "--by", "row"], ["row"]),
+        ([], ["command"]),
+    ],
+)
+def test_bad_input_is_one_line_exit_2_before_loading_models(args, needles, bad_files, no_models):
+    args = [a.format(**bad_files) for a in args]
+    assert_one_line_error(*run_cli(*args), *needles)
+
+
+def test_export_errors(learned, bad_files, tmp_path, no_models):
+    region_only = tmp_path / "indices.safetensors"
+    record = regions.load(learned[0])
+    regions.save(regions.RegionRecord(record.indices, record.shapes, record.meta), region_only)
+    assert_one_line_error(*run_cli("export", "--region", region_only, "--out", tmp_path / "x"),
+                          "indices.safetensors", "--finetuned")
+    assert_one_line_error(*run_cli("export", "--region", learned[0], "--out", bad_files["full"]), "not empty")
+    assert not (tmp_path / "x").exists()
+
+
+def test_mismatched_pair_is_one_line(tmp_path):
+    tiny = tmp_path / "tiny-bert"
+    make_tiny_bert().save_pretrained(tiny)
+    code, out, err = run_cli("localize", "--finetuned", tiny, "--method", "top-movement", "--k", "10")
+    assert_one_line_error(code, out, err, "different parameters")
+
+
+def test_region_for_another_model_is_refused(learned, tmp_path):
+    record = regions.load(learned[0])
+    name = next(iter(record.indices))
+    shapes = {**record.shapes, name: (7, 7)}
+    indices = {name: torch.tensor([0, 1])}
+    other = tmp_path / "other.safetensors"
+    regions.save(regions.RegionRecord(indices, shapes, {}), other)
+    code, out, err = run_cli("compose", "--region", learned[0], "--region", other)
+    assert_one_line_error(code, out, err, name)
+
+
+def test_unexpected_error_points_to_debug_and_debug_raises(monkeypatch):
+    def boom(args):
+        raise RuntimeError("something odd")
+
+    monkeypatch.setattr(cli, "cmd_tasks", boom)
+    code, out, err = run_cli("tasks")
+    assert code == 1 and out == "" and "Traceback" not in err
+    assert err.strip().splitlines() == [
+        "graftui: error: unexpected RuntimeError: something odd (run with --debug for the traceback)"
+    ]
+    with pytest.raises(RuntimeError, match="something odd"):
+        run_cli("--debug", "tasks")
+    with pytest.raises(RuntimeError, match="something odd"):
+        run_cli("tasks", "--debug")
+
+
+def test_ctrl_c_exits_130_with_one_line(monkeypatch):
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "cmd_methods", interrupted)
+    code, out, err = run_cli("methods")
+    assert code == 130 and err.strip() == "graftui: interrupted"
