@@ -282,7 +282,8 @@ def build_app() -> gr.Blocks:
                 with gr.Row():
                     ftn_base = gr.Dropdown(store.checkpoint_choices(include_base=True), value=DEFAULT_BASE, allow_custom_value=True,
                                            label="Base model to fine-tune", elem_id="finetune-base")
-                    ftn_task_md = gr.Markdown("Task: the one chosen on the **Models** tab.")
+                    ftn_task_md = gr.Markdown("Task: **movies**, as chosen on the **Models** tab (its column mapping too).",
+                                              elem_id="finetune-task")
                 with gr.Row():
                     ftn_opt = gr.Radio([("SGD (paper recipe)", "sgd"), ("AdamW + ℓ1 movement penalty", "adamw")], value="sgd",
                                        label="Optimizer", elem_id="finetune-optimizer")
@@ -500,6 +501,11 @@ def build_app() -> gr.Blocks:
             return gr.update(value=0.05), gr.update(visible=False, value=0.0)
 
         ftn_opt.change(on_optimizer, [ftn_opt], [ftn_lr, ftn_l1])
+
+        def on_task(task):
+            return f"Task: **{store.short_ref(task) or '?'}**, as chosen on the **Models** tab (its column mapping too)."
+
+        task_dd.change(on_task, [task_dd], [ftn_task_md], show_progress="hidden")
 
         @safe
         def on_finetune(base, task, text, pair, label, opt, lr, l1, epochs, n):
