@@ -437,3 +437,10 @@ def test_localize_compare_compose_export_jobs_end_to_end(home, tiny_checkpoints)
     with zipfile.ZipFile(exp.result["zip"]) as z:
         assert {"config.json", "model.safetensors", "graftui_region.json"} <= set(z.namelist())
     assert regions.load(store.region_path(learned.result["region"])).is_patch
+
+
+def test_small_shares_stay_visible():
+    from graftui.ui.actions import share
+
+    assert share(770 / 22_713_986) == "0.0034%"
+    assert share(0.4752) == "47.52%" and share(0) == "0.00%"

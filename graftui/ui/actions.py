@@ -144,13 +144,20 @@ COUNT_ROWS = [
 ]
 
 
+def share(x: float) -> str:
+    """A fraction as a percentage with enough digits to stay non-zero (0.0034%, not 0.00%)."""
+    if x == 0 or x >= 0.01:
+        return f"{x:.2%}"
+    return f"{100 * x:.2g}%"
+
+
 def counts_table(counts: dict | None) -> pd.DataFrame:
     """Parameter counts of a pair; blank cells until the pair has been checked."""
     counts = counts or {}
     total = max(int(counts.get("total") or 0), 1)
     rows = [{"parameters": label,
              "count": f"{int(counts[key]):,}" if key in counts else "not checked yet",
-             "share of total": f"{int(counts[key]) / total:.2%}" if key in counts else ""}
+             "share of total": share(int(counts[key]) / total) if key in counts else ""}
             for key, label in COUNT_ROWS]
     return pd.DataFrame(rows, columns=["parameters", "count", "share of total"])
 

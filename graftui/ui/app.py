@@ -452,10 +452,10 @@ def build_app() -> gr.Blocks:
         def on_check(base, finetuned, log_s):
             desc = actions.check_pair(base, finetuned)
             counts = {k: desc[f"{k}_params"] for k in ("graftable", "head", "excluded", "total")}
-            info = (f"✅ **{desc['architecture']}** pair: base `{store.short_ref(base)}`, fine-tuned `{store.short_ref(finetuned)}`, "
+            info = (f"✓ **{desc['architecture']}** pair: base `{store.short_ref(base)}`, fine-tuned `{store.short_ref(finetuned)}`, "
                     f"labels {', '.join(desc['labels'])}; {desc['graftable_tensors']} graftable tensors, head = "
                     f"{', '.join(desc['head_tensors']) or 'none'}.")
-            return actions.counts_table(counts), info, "✅ Pair checked.", actions.budget_text(log_s, counts)
+            return actions.counts_table(counts), info, "✓ Pair checked.", actions.budget_text(log_s, counts)
 
         check_btn.click(on_check, [base_dd, ft_dd, loc_budget], [counts_df, pair_md, status, loc_budget_md])
 
@@ -479,7 +479,7 @@ def build_app() -> gr.Blocks:
                 gr.update(choices=["(guess)", *cols], value=guess.text_column or "(guess)"),
                 gr.update(choices=["(none)", *cols], value=guess.pair_column or "(none)"),
                 gr.update(choices=["(guess)", *cols], value=guess.label_column or "(guess)"),
-                frame, md, f"✅ Read {path.name}.",
+                frame, md, f"✓ Read {path.name}.",
             )
 
         data_file.upload(on_data_upload, [data_file], [task_dd, text_col, pair_col, label_col, data_preview, mapping_md, status])
@@ -489,8 +489,8 @@ def build_app() -> gr.Blocks:
             t = actions.load_task_checked(task, spec_of(text, pair, label))
             sizes = ", ".join(f"{k} {len(s):,}" for k, s in t.splits.items())
             kind = "text-pair" if t.is_pair else "single-text"
-            return (f"✅ **{t.name}**: {kind} task with {t.num_labels} labels ({', '.join(t.label_names)}); "
-                    f"examples per split: {sizes}. Source: {t.source}."), "✅ Column mapping checked."
+            return (f"✓ **{t.name}**: {kind} task with {t.num_labels} labels ({', '.join(t.label_names)}); "
+                    f"examples per split: {sizes}. Source: {t.source}."), "✓ Column mapping checked."
 
         mapping_btn.click(on_check_mapping, [task_dd, text_col, pair_col, label_col], [mapping_md, status])
 
@@ -626,10 +626,10 @@ def build_app() -> gr.Blocks:
             path = store.check_upload(file, (".safetensors",))
             record = regions.load(path)  # validates format, metadata and every index
             s = record.summary()
-            md = (f"✅ **{path.name}** is a valid graftui {s['kind']}: k = {s['size']:,} of {s['graftable']:,} graftable parameters "
+            md = (f"✓ **{path.name}** is a valid graftui {s['kind']}: k = {s['size']:,} of {s['graftable']:,} graftable parameters "
                   f"({s['fraction_of_graftable']:.4%}) in {s['tensors']} tensors. Press the button below to check it against the "
                   "current pair and add it to your regions.")
-            return md, actions.region_meta_table(record), f"✅ {path.name} is a valid region file."
+            return md, actions.region_meta_table(record), f"✓ {path.name} is a valid region file."
 
         reg_up.upload(on_region_upload, [reg_up], [reg_up_md, reg_up_meta, status])
 
@@ -649,8 +649,8 @@ def build_app() -> gr.Blocks:
             meta.update({"base": base, "finetuned": finetuned, "uploaded_as": path.name})
             meta.setdefault("method", "uploaded")
             saved = store.save_region(record, stem=f"uploaded-{store.safe_name(path.stem, 30)}")
-            return (f"✅ Fits the current pair ({store.short_ref(base)} → {store.short_ref(finetuned)}); saved as **{saved.stem}** "
-                    "and listed in every region picker."), f"✅ Added region {saved.stem}."
+            return (f"✓ Fits the current pair ({store.short_ref(base)} → {store.short_ref(finetuned)}); saved as **{saved.stem}** "
+                    "and listed in every region picker."), f"✓ Added region {saved.stem}."
 
         reg_apply.click(on_region_apply, [reg_up, base_dd, ft_dd], [reg_up_md, status])
 
