@@ -25,7 +25,7 @@ from .method import Cancelled
 @dataclass(frozen=True)
 class FinetuneConfig:
     optimizer: str = "sgd"  # "sgd" (paper) | "adamw"
-    lr: float = 0.05  # SGD; AdamW wants ~3e-5
+    lr: float = 0.003  # SGD; AdamW wants ~3e-5
     momentum: float = 0.9
     weight_decay: float = 1e-4
     l1: float = 0.0  # AdamW only: coefficient of ‖θ − θ_pre‖₁ (mean over trainable parameters)
@@ -147,11 +147,18 @@ def finetune(
 
 
 DEFAULT_CONFIG = FinetuneConfig()
+# GRAFTUI_FAST: a recipe that trains in seconds, for tests; weaker, and cached under its own name.
+QUICK_CONFIG = FinetuneConfig(epochs=1, train_examples=256, lr=0.01)
 _default_lock = threading.Lock()
 
 
-def default_checkpoint_dir(key: str = "minilm-movies", config: FinetuneConfig = DEFAULT_CONFIG) -> Path:
+def default_config() -> FinetuneConfig:
+    return QUICK_CONFIG if settings.fast() else DEFAULT_CONFIG
+
+
+def default_checkpoint_dir(key: str = "minilm-movies", config: FinetuneConfig | None = None) -> Path:
     """Cache folder of a default fine-tuned checkpoint; its name changes with the recipe."""
+    config = config or default_config()
     digest = hashlib.sha256(json.dumps([key, config.as_dict(), __version__.split(".")[0]]).encode()).hexdigest()[:8]
     return settings.subdir("checkpoints") / f"{key}-{digest}"
 
@@ -171,4 +178,4 @@ def ensure_default_finetuned(
     with _default_lock:
         if (out / "config.json").exists():
             return out
-        return finetune(base_ref, load_task(task_ref), DEFAULT_CONFIG, out, progress=progress, cancel=cancel)
+        return finetune(base_ref, load_task(task_ref), default_config(), out, progress=progress, cancel=cancel)

@@ -30,6 +30,11 @@ MAX_DATASET_ROWS = int(os.environ.get("GRAFTUI_MAX_DATASET_ROWS", "50000"))
 MAX_MODEL_PARAMS = int(os.environ.get("GRAFTUI_MAX_MODEL_PARAMS", str(400_000_000)))
 
 
+def fast() -> bool:
+    """``GRAFTUI_FAST=1``: small defaults (a quick default fine-tune, few steps) for tests and demos."""
+    return os.environ.get("GRAFTUI_FAST", "").strip().lower() in {"1", "true", "yes", "on"}
+
+
 def device() -> str:
     """GPU when there is one; ``GRAFTUI_DEVICE`` overrides (e.g. ``cpu`` for reproducible runs)."""
     forced = os.environ.get("GRAFTUI_DEVICE")

@@ -21,10 +21,7 @@ from .. import settings
 # -- defaults ------------------------------------------------------------------------------------
 
 
-def fast() -> bool:
-    """``GRAFTUI_FAST=1`` lowers the defaults so browser tests finish quickly on a CPU."""
-    return os.environ.get("GRAFTUI_FAST", "").strip().lower() in {"1", "true", "yes", "on"}
-
+fast = settings.fast
 
 def defaults() -> dict:
     small = fast()
