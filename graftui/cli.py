@@ -714,7 +714,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         ]
         for k in budgets:
             for label, region in baseline_regions(pair, k, seed=args.seed).items():
-                models[f"{label} k={k:,}" if len(budgets) > 1 else label] = region
+                label = f"{label} k={k:,}" if len(budgets) > 1 else label
+                models[f"{label} (baseline)" if label in models else label] = region
 
     total = (len(oods) + 1) * (len(models) + 2)
     with ui.bar(total, "evaluating") as bar:
@@ -725,6 +726,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             bar.refresh()
 
         comparison = compare(pair, task, models, ood=oods, n=args.n, progress=on_progress)
+        bar.n = total
+        bar.refresh()
     result = comparison.as_dict()
     ft_name = f"{FT_LABEL} (from patch)" if from_patch else FT_LABEL
     for row in result["rows"]:
@@ -1008,6 +1011,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             bar.refresh()
 
         rows = sweep(request, sparsities, methods, n=args.n, progress=on_progress)
+        bar.n = total
+        bar.refresh()
     seconds = time.time() - start
     ft_acc = rows[0]["ft_accuracy"] if rows else None
     doc = {"task": args.task, "base": args.base, "finetuned": args.finetuned, "ft_accuracy": ft_acc,
