@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import logging
 import math
@@ -424,25 +425,24 @@ def _learn_config(args: argparse.Namespace):
 
 # -- finetune ------------------------------------------------------------------------------------
 def cmd_finetune(args: argparse.Namespace) -> int:
-    from .finetune import FinetuneConfig
-
     ui = UI(args)
-    default = FinetuneConfig()
+    default = _finetune_defaults()
     optimizer = args.optimizer or default.optimizer
     lr = args.lr
     if lr is None:
-        lr = default.lr if optimizer == default.optimizer else {"sgd": 0.05, "adamw": 3e-5}[optimizer]
+        lr = default.lr if optimizer == default.optimizer else _DEFAULT_LR[optimizer]
     train_examples = default.train_examples if args.train_examples is None else (args.train_examples or None)
     if train_examples is not None and train_examples < 0:
         raise CLIError(f"--train-examples must be 0 (all) or more, got {args.train_examples}")
-    config = FinetuneConfig(
+    config = dataclasses.replace(  # every field not given follows the default recipe
+        default,
         optimizer=optimizer,
         lr=lr,
         epochs=args.epochs if args.epochs is not None else default.epochs,
         batch_size=args.batch_size if args.batch_size is not None else default.batch_size,
         l1=args.l1 if args.l1 is not None else default.l1,
         train_examples=train_examples,
-        seed=args.seed,
+        seed=args.seed if args.seed is not None else default.seed,
     )
     config.validate()
     if args.test_examples is not None and args.test_examples < 1:
@@ -498,6 +498,17 @@ def cmd_finetune(args: argparse.Namespace) -> int:
     ]
     ui.emit(doc, pairs_table(lines))
     return 0
+
+
+_DEFAULT_LR = {"sgd": 0.003, "adamw": 3e-5}  # when --optimizer differs from the default recipe's
+
+
+def _finetune_defaults():
+    """The recipe of the default fine-tuned checkpoint (a quick one under GRAFTUI_FAST)."""
+    from . import finetune
+
+    getter = getattr(finetune, "default_config", None)
+    return getter() if getter else finetune.FinetuneConfig()
 
 
 def _test_accuracy(folder: Path, task, n: int | None, ui: UI) -> tuple[float, int]:
@@ -1064,7 +1075,9 @@ def _whole(text: str) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     from .localize import METHODS
+    from .method import LearnConfig
     from .models import DEFAULT_BASE, DEFAULT_FINETUNED
+    from .workflows import LocalizeRequest
 
     parser = _Parser(
         prog=PROG,
@@ -1098,15 +1111,20 @@ def build_parser() -> argparse.ArgumentParser:
         g.add_argument("--label-column", metavar="NAME", help="column holding the label (guessed if omitted)")
         g.add_argument("--config", metavar="NAME", help="Hugging Face dataset config name")
 
+    learn = LearnConfig()
+    per_class = LocalizeRequest().examples_per_class
+
     def learn_args(p):
         g = p.add_argument_group("mask learning (method 'learned')")
-        g.add_argument("--steps", type=_whole, metavar="N", help="mask steps (default 60)")
-        g.add_argument("--lr", type=float, metavar="F", help="step size (default 0.5 logit units)")
-        g.add_argument("--optimizer", choices=("normalized", "adam", "sgd"), help="default normalized")
-        g.add_argument("--batch-size", type=_whole, metavar="N", help="default 16")
-        g.add_argument("--examples-per-class", type=_whole, default=64, metavar="N",
-                       help="k-shot training examples per class (default 64)")
-        g.add_argument("--binarise", choices=("topk", "round"), help="topk (exact budget, default) or round")
+        g.add_argument("--steps", type=_whole, metavar="N", help=f"mask steps (default {learn.steps})")
+        g.add_argument("--lr", type=float, metavar="F",
+                       help=f"step size (default {learn.lr:g}; logit units unless --optimizer sgd)")
+        g.add_argument("--optimizer", choices=("normalized", "adam", "sgd"), help=f"default {learn.optimizer}")
+        g.add_argument("--batch-size", type=_whole, metavar="N", help=f"default {learn.batch_size}")
+        g.add_argument("--examples-per-class", type=_whole, default=per_class, metavar="N",
+                       help=f"k-shot training examples per class (default {per_class})")
+        g.add_argument("--binarise", choices=("topk", "round"),
+                       help=f"topk (exact budget) or round, capped at k (default {learn.binarise})")
         g.add_argument("--seed", type=_whole, default=0, help="default 0")
         g2 = p.add_argument_group("graftable parameters")
         g2.add_argument("--include-embeddings", action="store_true",
@@ -1121,15 +1139,18 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Fine-tune a base model on a task and write a Hugging Face checkpoint folder.")
     models_args(p, finetuned=False)
     data_args(p)
-    g = p.add_argument_group("training")
-    g.add_argument("--optimizer", choices=("sgd", "adamw"), help="sgd (paper, default) or adamw")
-    g.add_argument("--lr", type=float, metavar="F", help="learning rate (default 0.05 for sgd, 3e-5 for adamw)")
-    g.add_argument("--epochs", type=_whole, metavar="N", help="default 2")
-    g.add_argument("--batch-size", type=_whole, metavar="N", help="default 16")
-    g.add_argument("--l1", type=float, metavar="F", help="ℓ1 movement penalty (adamw only; default 0)")
+    ft = _finetune_defaults()
+    other = "adamw" if ft.optimizer == "sgd" else "sgd"
+    g = p.add_argument_group("training (defaults: the recipe of the default fine-tuned checkpoint)")
+    g.add_argument("--optimizer", choices=("sgd", "adamw"), help=f"sgd (paper) or adamw (default {ft.optimizer})")
+    g.add_argument("--lr", type=float, metavar="F",
+                   help=f"learning rate (default {ft.lr:g} for {ft.optimizer}, {_DEFAULT_LR[other]:g} for {other})")
+    g.add_argument("--epochs", type=_whole, metavar="N", help=f"default {ft.epochs}")
+    g.add_argument("--batch-size", type=_whole, metavar="N", help=f"default {ft.batch_size}")
+    g.add_argument("--l1", type=float, metavar="F", help=f"ℓ1 movement penalty (adamw only; default {ft.l1:g})")
     g.add_argument("--train-examples", type=_whole, metavar="N",
-                   help="stratified training subsample (default 2000; 0 = all)")
-    g.add_argument("--seed", type=_whole, default=0, help="default 0")
+                   help=f"stratified training subsample (default {ft.train_examples or 'all'}; 0 = all)")
+    g.add_argument("--seed", type=_whole, help=f"default {ft.seed}")
     g.add_argument("--test-examples", type=_whole, metavar="N",
                    help="test examples for the reported accuracy (default all)")
     p.add_argument("--out", metavar="DIR",

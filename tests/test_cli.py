@@ -8,6 +8,7 @@ installed console script to prove it works.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import os
@@ -22,7 +23,7 @@ import torch
 from safetensors.torch import load_file
 
 from graftui import __version__, cli, regions, workflows
-from graftui.finetune import FinetuneConfig, default_checkpoint_dir
+from graftui.finetune import default_checkpoint_dir, default_config
 
 from conftest import MINILM_DIR, make_tiny_bert
 
@@ -161,7 +162,7 @@ def test_listings():
 
 
 def test_finetune_default_folder_is_per_recipe_and_reused(ft_dir, home):
-    config = FinetuneConfig(optimizer="adamw", lr=1e-4, epochs=1, train_examples=256, seed=0)
+    config = dataclasses.replace(default_config(), optimizer="adamw", lr=1e-4, epochs=1, train_examples=256, seed=0)
     expected = default_checkpoint_dir("minilm-movies", config)
     assert expected.parent == home / "checkpoints"
     shutil.copytree(ft_dir, expected)  # as if built before: same recipe, same folder, nothing retrained
