@@ -1,0 +1,235 @@
+"""Helpers for driving the graftui app in headless Chromium (Playwright, sync API).
+
+Used by ``tests/test_browser.py`` and ``scripts/screenshot.py``: start ``app.py`` on a free
+port, launch Chromium, and the few page interactions the Gradio widgets need (tabs, dropdowns,
+jobs that finish in the background, virtualised tables).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+    "--disable-sync", "--disable-quic", "--no-first-run",
+]
+VIEWPORT = {"width": 1280, "height": 800}
+
+
+# -- Chromium ---------------------------------------------------------------------------------------
+def chromium_path() -> str | None:
+    """The Debian Chromium binary (``GRAFTUI_CHROMIUM`` overrides), or None when it is missing."""
+    for candidate in (os.environ.get("GRAFTUI_CHROMIUM"), CHROMIUM, shutil.which("chromium")):
+        if candidate and Path(candidate).is_file() and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+def launch_browser(playwright):
+    path = chromium_path()
+    if path is None:
+        raise RuntimeError(f"Chromium not found at {CHROMIUM}: install it with `apt-get install -y chromium` "
+                           "(scripts/setup.sh --dev does this)")
+    return playwright.chromium.launch(executable_path=path, args=CHROMIUM_ARGS, headless=True)
+
+
+# -- the app server ---------------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class AppServer:
+    """``python app.py`` in a subprocess, its output in ``log_path``."""
+
+    home: Path
+    log_path: Path
+    fast: bool = True
+    port: int = field(default_factory=free_port)
+    proc: subprocess.Popen | None = None
+    started: float = 0.0
+    http_ready_s: float | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/"
+
+    def env(self) -> dict:
+        env = dict(os.environ)
+        env.pop("GRAFTUI_HOSTED", None)
+        env.update({
+            "GRAFTUI_HOME": str(self.home),
+            "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+            "GRADIO_ANALYTICS_ENABLED": "False", "PYTHONUNBUFFERED": "1",
+        })
+        if self.fast:
+            env["GRAFTUI_FAST"] = "1"
+        else:
+            env.pop("GRAFTUI_FAST", None)
+        return env
+
+    def start(self, timeout: float = 120.0) -> "AppServer":
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_path, "wb")
+        self.started = time.monotonic()
+        self.proc = subprocess.Popen([sys.executable, "app.py", "--port", str(self.port)], cwd=REPO, env=self.env(),
+                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
+        deadline = self.started + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"app.py exited with code {self.proc.returncode} before serving:\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(self.url, timeout=5) as resp:
+                    if resp.status == 200:
+                        self.http_ready_s = time.monotonic() - self.started
+                        return self
+            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+                pass
+            time.sleep(0.25)
+        self.stop()
+        raise RuntimeError(f"app.py did not answer HTTP 200 on {self.url} within {timeout:.0f} s:\n{self.log_tail()}")
+
+    def since_start(self) -> float:
+        return time.monotonic() - self.started
+
+    def stop(self) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)  # the group of the process started here, nothing else
+            self.proc.wait(timeout=15)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                pass
+
+    def log_tail(self, n: int = 40) -> str:
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return "(no server log)"
+        return "\n".join(lines[-n:])
+
+
+# -- page interactions --------------------------------------------------------------------------------
+def wait_usable(page, url: str, timeout_s: float = 60.0) -> None:
+    """Open the page and wait until the app's load handler has filled the status line."""
+    page.goto(url, wait_until="domcontentloaded", timeout=timeout_s * 1000)
+    page.wait_for_selector("#status-message", timeout=timeout_s * 1000)
+    page.wait_for_function(
+        "() => { const e = document.querySelector('#status-message'); return e && !/Loading…/.test(e.innerText) "
+        "&& e.innerText.trim().length > 0; }", timeout=timeout_s * 1000)
+
+
+def open_tab(page, name: str) -> None:
+    """Click a tab by its elem_id suffix (``localize`` → ``#tab-localize-button``) and wait for its panel."""
+    page.click(f"#tab-{name}-button")
+    page.wait_for_selector(f"#tab-{name}", state="visible", timeout=15_000)
+
+
+def text(page, selector: str) -> str:
+    el = page.query_selector(selector)
+    return el.inner_text() if el else ""
+
+
+def choose(page, elem_id: str, option_text: str, timeout_s: float = 30.0) -> None:
+    """Pick the option whose text contains ``option_text`` in the Gradio dropdown ``#elem_id``."""
+    page.click(f"#{elem_id} input")
+    option = page.locator("ul[role=listbox] li", has_text=option_text).first
+    option.wait_for(state="visible", timeout=timeout_s * 1000)
+    option.click()
+    page.keyboard.press("Escape")  # a multiselect keeps its list open
+
+
+def job_id_from_status(page) -> str | None:
+    m = re.search(r"\(job (\S+?)\)", text(page, "#status-message"))
+    return m.group(1) if m else None
+
+
+def run_job(page, button: str, status: str, picker: str, timeout_s: float = 300.0) -> tuple[str, float]:
+    """Press ``button``, then wait until the job it submitted is shown finished in ``status``.
+
+    The job is recognised by its id: the status line says "Submitted … (job ID)" and the job
+    picker ``picker`` shows ID once it follows the new job. Returns (status text, seconds).
+    """
+    before = job_id_from_status(page)
+    t0 = time.monotonic()
+    page.click(button)
+    job_id = None
+    while time.monotonic() - t0 < 60:
+        job_id = job_id_from_status(page)
+        if job_id and job_id != before:
+            break
+        warn = text(page, "#status-message")
+        if "⚠️" in warn:
+            raise AssertionError(f"pressing {button} gave a warning instead of a job: {warn.strip()}")
+        time.sleep(0.25)
+    else:
+        raise AssertionError(f"pressing {button} submitted no job within 60 s; status line: {text(page, '#status-message')!r}")
+    last = ""
+    while time.monotonic() - t0 < timeout_s:
+        shown = page.input_value(f"#{picker} input") if page.query_selector(f"#{picker} input") else ""
+        last = text(page, status)
+        if job_id in shown and ("· done" in last or "failed" in last or "cancelled" in last):
+            return last, time.monotonic() - t0
+        time.sleep(0.5)
+    raise AssertionError(f"job {job_id} ({button}) not finished after {timeout_s:.0f} s; last status {last!r}")
+
+
+def table_rows(page, elem_id: str) -> list[list[str]]:
+    """The rendered body rows of a Gradio Dataframe, as lists of cell texts."""
+    return page.eval_on_selector_all(
+        f"#{elem_id} [role=row].virtual-row",
+        "rows => rows.map(r => Array.from(r.querySelectorAll('[role=gridcell]')).map(c => c.innerText.trim()))")
+
+
+def plotly_trace_types(page, elem_id: str) -> list[str]:
+    """Trace types of the plotly figure drawn in ``#elem_id`` (empty until it is drawn)."""
+    return page.eval_on_selector(
+        f"#{elem_id}",
+        "e => { const p = e.querySelector('.js-plotly-plot'); "
+        "return (p && p.data && e.querySelector('.main-svg')) ? p.data.map(d => d.type || 'scatter') : []; }")
+
+
+def save_artifacts(page, name: str, folder: Path, server: AppServer | None = None) -> list[Path]:
+    """A full-page screenshot, the page HTML and the server log tail, for a failed test."""
+    folder.mkdir(parents=True, exist_ok=True)
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "_", name)[:100]
+    written = []
+    if page is not None:
+        try:
+            shot = folder / f"{safe}.png"
+            page.screenshot(path=str(shot), full_page=True)
+            written.append(shot)
+        except Exception as err:  # noqa: BLE001 - artifacts are best effort
+            print(f"screenshot failed: {err}")
+        try:
+            html = folder / f"{safe}.html"
+            html.write_text(page.content(), encoding="utf-8")
+            written.append(html)
+        except Exception as err:  # noqa: BLE001
+            print(f"saving the page HTML failed: {err}")
+    if server is not None:
+        log = folder / f"{safe}.server.log"
+        log.write_text(server.log_tail(400), encoding="utf-8")
+        written.append(log)
+    return written

@@ -1,0 +1,242 @@
+"""The app in a real browser: headless Chromium (Debian's) driven by Playwright.
+
+One app server (``python app.py`` with ``GRAFTUI_FAST=1`` in a fresh ``GRAFTUI_HOME``) and one
+page serve the whole module, and the tests run in order, each building on the last: localize →
+compare → anatomy → a second region and their composition → download → a corrupt upload.
+On a failure the page (screenshot + HTML) and the server log go to ``test-artifacts/``.
+
+Without Chromium the tests are skipped, or fail when ``CI`` is set.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+import browser_util as bu
+
+pytestmark = pytest.mark.browser
+
+TABS = ["Models", "Fine-tune", "Localize", "Compare", "Anatomy", "Compose", "Regions"]
+ARTIFACTS = bu.REPO / "test-artifacts"
+FIRST_JOB_S = 300  # the first job waits for the default fine-tune, built in the background on first page load
+JOB_S = 240
+
+# What the tests hand on to each other (the page and server too, for the failure artifacts).
+STATE: dict = {}
+
+
+def _unavailable(reason: str):
+    if os.environ.get("CI"):
+        pytest.fail(f"browser tests cannot run: {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    home = tmp_path_factory.mktemp("graftui-home")
+    srv = bu.AppServer(home=home, log_path=home.parent / "app-server.log", fast=True)
+    try:
+        srv.start(timeout=120)
+    except Exception:
+        bu.save_artifacts(None, "server-start", ARTIFACTS, srv)
+        raise
+    print(f"\n[browser] app launch → HTTP 200: {srv.http_ready_s:.1f} s (port {srv.port})")
+    STATE["server"] = srv
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        _unavailable("the playwright package is not installed (pip install -r requirements-dev.txt)")
+    if bu.chromium_path() is None:
+        _unavailable(f"Chromium not found at {bu.CHROMIUM}; install it with `apt-get install -y chromium` "
+                     "(scripts/setup.sh --dev does this)")
+    with sync_playwright() as pw:
+        b = bu.launch_browser(pw)
+        yield b
+        b.close()
+
+
+@pytest.fixture(scope="module")
+def page(browser, server):
+    context = browser.new_context(viewport=bu.VIEWPORT, accept_downloads=True)
+    pg = context.new_page()
+    errors: list[str] = []
+    pg.on("pageerror", lambda err: errors.append(str(err)))
+    STATE["page"], STATE["page_errors"] = pg, errors
+    try:
+        bu.wait_usable(pg, server.url, timeout_s=90)
+    except Exception:
+        bu.save_artifacts(pg, "page-load", ARTIFACTS, server)
+        raise
+    STATE["usable_s"] = server.since_start()
+    print(f"[browser] app launch → page usable (status line filled): {STATE['usable_s']:.1f} s")
+    yield pg
+    if errors:
+        print("[browser] JavaScript errors on the page:\n  " + "\n  ".join(errors[:10]))
+    context.close()
+
+
+@pytest.fixture(autouse=True)
+def _artifacts_on_failure(request):
+    """Save a screenshot, the page HTML and the server log when the test just run failed."""
+    failed_before = request.session.testsfailed
+    t0 = time.monotonic()
+    yield
+    print(f"[browser] {request.node.name}: {time.monotonic() - t0:.1f} s")
+    if request.session.testsfailed > failed_before:
+        written = bu.save_artifacts(STATE.get("page"), request.node.name, ARTIFACTS, STATE.get("server"))
+        print(f"[browser] failure artifacts: {', '.join(str(p) for p in written)}")
+
+
+def _need(key: str):
+    if key not in STATE:
+        pytest.fail(f"an earlier test did not produce {key!r}; run the whole module in order", pytrace=False)
+    return STATE[key]
+
+
+def _region_id(status_line: str) -> str:
+    m = re.search(r"saved region (\S+)", status_line)
+    assert m, f"the finished localize job names no saved region: {status_line!r}"
+    return m.group(1)
+
+
+# -- a. ------------------------------------------------------------------------------------------
+def test_page_loads_with_all_seven_tabs(page):
+    names = [t.strip() for t in page.locator("#tabs [role=tab]").all_inner_texts()]
+    assert names == TABS
+    status = bu.text(page, "#status-message")
+    assert "⚠️" not in status and "Traceback" not in status, status
+
+
+# -- b. ------------------------------------------------------------------------------------------
+def test_localize_runs_and_its_region_is_listed(page):
+    bu.open_tab(page, "localize")
+    line, took = bu.run_job(page, "#localize-run", "#localize-status", "localize-job", timeout_s=FIRST_JOB_S)
+    print(f"[browser] first localization (waits for the default fine-tune): {took:.1f} s")
+    assert "· done" in line, f"localization did not finish: {line}"
+    region = _region_id(line)
+    k = int(re.search(r"k = ([\d,]+)", line).group(1).replace(",", ""))
+    STATE["region1"], STATE["k1"] = region, k
+    page.wait_for_function("id => document.querySelector('#region-list').innerText.includes(id)", arg=region, timeout=30_000)
+    row = next((r for r in bu.table_rows(page, "region-list") if r and r[0] == region), None)
+    assert row is not None, f"{region} not among the rows of #region-list"
+    assert row[2] == "learned" and row[3] == f"{k:,}", row
+    assert bu.plotly_trace_types(page, "localize-plot"), "the live plot of the mask steps is not drawn"
+
+
+def test_compare_shows_finetuned_and_the_graft(page):
+    region = _need("region1")
+    bu.open_tab(page, "compare")
+    page.wait_for_function("id => document.querySelector('#compare-regions').innerText.includes(id)", arg=region, timeout=30_000)
+    line, took = bu.run_job(page, "#compare-run", "#compare-status", "compare-job", timeout_s=JOB_S)
+    print(f"[browser] comparison: {took:.1f} s")
+    assert "· done" in line, f"comparison did not finish: {line}"
+    page.wait_for_function("() => document.querySelectorAll('#compare-table [role=row].virtual-row').length >= 2",
+                           timeout=30_000)
+    models = [r[0] for r in bu.table_rows(page, "compare-table") if r]
+    assert "fine-tuned" in models, models
+    assert any(m.startswith("graft:") and "learned" in m for m in models), models
+    assert bu.plotly_trace_types(page, "compare-reliability"), "the reliability diagram is not drawn"
+
+
+# -- c. ------------------------------------------------------------------------------------------
+def test_anatomy_heatmap_renders(page):
+    region = _need("region1")
+    bu.open_tab(page, "anatomy")
+    page.wait_for_function("id => document.querySelector('#anatomy-summary').innerText.includes(id)", arg=region,
+                           timeout=30_000)
+    page.wait_for_function(
+        "() => { const p = document.querySelector('#anatomy-heatmap .js-plotly-plot'); "
+        "return p && p.data && p.data.some(d => d.type === 'heatmap') && document.querySelector('#anatomy-heatmap .main-svg'); }",
+        timeout=30_000)
+    assert page.locator("#anatomy-heatmap .heatmaplayer").count() >= 1, "no heatmap layer drawn in the SVG"
+    assert "heatmap" in bu.plotly_trace_types(page, "anatomy-heatmap")
+    assert "bar" in bu.plotly_trace_types(page, "anatomy-bars")
+
+
+# -- d. ------------------------------------------------------------------------------------------
+def test_two_regions_compose(page):
+    first = _need("region1")
+    bu.open_tab(page, "localize")
+    bu.choose(page, "localize-method", "Top movement")
+    page.wait_for_function("() => document.querySelector('#localize-method-info').innerText.includes('Top movement')",
+                           timeout=15_000)
+    line, took = bu.run_job(page, "#localize-run", "#localize-status", "localize-job", timeout_s=JOB_S)
+    print(f"[browser] second localization (top-movement): {took:.1f} s")
+    assert "· done" in line, f"second localization did not finish: {line}"
+    second = _region_id(line)
+    assert second != first and "top-movement" in second, second
+    STATE["region2"] = second
+
+    bu.open_tab(page, "compose")
+    for region in (first, second):
+        if region not in bu.text(page, "#compose-regions"):
+            bu.choose(page, "compose-regions", region)
+    chosen = bu.text(page, "#compose-regions")
+    assert first in chosen and second in chosen, chosen
+    page.wait_for_function(
+        "() => { const p = document.querySelector('#compose-overlap .js-plotly-plot'); "
+        "return p && p.data && p.data.some(d => d.type === 'heatmap') && document.querySelector('#compose-overlap .main-svg'); }",
+        timeout=30_000)
+    line, took = bu.run_job(page, "#compose-run", "#compose-status", "compose-job", timeout_s=JOB_S)
+    print(f"[browser] composition: {took:.1f} s")
+    assert "· done" in line, f"composition did not finish: {line}"
+    page.wait_for_function("() => document.querySelectorAll('#compose-table [role=row].virtual-row').length >= 1",
+                           timeout=30_000)
+    rows = [r for r in bu.table_rows(page, "compose-table") if r]
+    assert rows and all(r[0] == "movies" for r in rows), rows
+    models = {r[2] for r in rows}
+    assert {"region alone", "union graft"} <= models, rows
+
+
+# -- e. ------------------------------------------------------------------------------------------
+def test_region_file_downloads_and_loads(page, tmp_path):
+    from graftui import regions
+
+    first, k = _need("region1"), _need("k1")
+    bu.open_tab(page, "regions")
+    picked = page.input_value("#regions-select input")
+    if first not in picked:
+        bu.choose(page, "regions-select", first)
+        picked = page.input_value("#regions-select input")
+    shown_k = int(re.search(r"k=([\d,]+)", picked).group(1).replace(",", ""))
+    assert shown_k == k, picked
+    page.wait_for_function("k => document.querySelector('#regions-meta').innerText.includes(k)", arg=f"{k:,}",
+                           timeout=30_000)
+    with page.expect_download(timeout=60_000) as info:
+        page.click("#region-download")
+    download = info.value
+    assert download.suggested_filename == f"{first}.safetensors"
+    path = tmp_path / download.suggested_filename
+    download.save_as(path)
+    record = regions.load(path)
+    assert record.size == shown_k
+    assert record.meta.get("method") == "learned" and record.meta.get("task") == "movies"
+
+
+# -- f. ------------------------------------------------------------------------------------------
+def test_corrupt_upload_gives_a_clear_message(page):
+    bu.open_tab(page, "regions")
+    garbage = os.urandom(4096)
+    page.set_input_files("#region-upload input[type=file]",
+                         files=[{"name": "bad.safetensors", "mimeType": "application/octet-stream", "buffer": garbage}])
+    expected = "not a readable safetensors region file"
+    page.wait_for_function(
+        "t => ['#region-upload-info', '#status-message'].some(s => document.querySelector(s).innerText.includes(t))",
+        arg=expected, timeout=30_000)
+    status = bu.text(page, "#status-message")
+    assert "bad.safetensors" in status and expected in status, status
+    assert "✓" not in bu.text(page, "#region-upload-info")
+    body = page.inner_text("body")
+    assert "Traceback" not in body
+    assert "internal error" not in body
