@@ -240,3 +240,4 @@ def test_corrupt_upload_gives_a_clear_message(page):
     body = page.inner_text("body")
     assert "Traceback" not in body
     assert "internal error" not in body
+    assert not STATE.get("page_errors"), f"JavaScript errors on the page: {STATE['page_errors'][:5]}"
