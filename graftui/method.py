@@ -149,6 +149,8 @@ class LearnConfig:
     steps: int = 60
     lr: float = 0.5  # logit units per step for "normalized" and "adam"; raw η for "sgd"
     optimizer: str = "normalized"  # "normalized" | "adam" | "sgd" (the paper's)
+    norm: str = "rms"  # what "normalized" divides by: "rms" or "max" of ∇_ℓ over the graftable set
+    forward: str = "relaxed"  # "relaxed" (Eq. 2) or "hard": the binarised region, straight-through
     sigmoid_bias: float = 3.0  # S starts at −bias: σ(S) ≈ 0.047
     binarise: str = "topk"  # "topk" | "round"
     batch_size: int = 16
@@ -221,7 +223,8 @@ class MaskLearner:
     def step(self, batch: dict[str, torch.Tensor]) -> StepReport:
         self.steps_done += 1
         batch = {key: value.to(self.device) for key, value in batch.items()}
-        out, sq = logit_gradient(self.model, self.params, self.pre, self.ft, self.logits, batch)
+        hard_k = self.k if self.config.forward == "hard" else None
+        out, sq = logit_gradient(self.model, self.params, self.pre, self.ft, self.logits, batch, hard_k)
         with torch.no_grad():
             scale = _step_scale(self.config, sq, self.count)
             for n in self.names:
@@ -288,18 +291,26 @@ def logit_gradient(
     ft: dict[str, torch.Tensor],
     logits: dict[str, torch.Tensor],
     batch: dict[str, torch.Tensor],
+    hard_k: int | None = None,
 ):
     """One forward/backward of the relaxed graft; leaves ∇_ℓ L in each ``params[n].grad``.
 
-    Returns the model output and Σ(∇_ℓ L)² (for the normalised step).
+    With ``hard_k`` the forward pass uses the binarised region (top-k of ℓ) instead of σ(ℓ),
+    and the gradient passes straight through to ℓ.
+    Returns the model output and the gradient's size: (Σ(∇_ℓ L)², max |∇_ℓ L|).
     """
     with torch.no_grad():  # θ ← θ_pre + σ(ℓ) ⊙ δ
+        hard = region_to_mask(top_k(logits, hard_k), {n: tuple(l.shape) for n, l in logits.items()}) if hard_k else None
         for n, p in params.items():
-            torch.lerp(pre[n], ft[n], relaxed(logits[n]), out=p.data)
+            if hard is not None:
+                torch.where(hard[n].to(p.device), ft[n], pre[n], out=p.data)
+            else:
+                torch.lerp(pre[n], ft[n], relaxed(logits[n]), out=p.data)
             p.grad = None
     out = model(**batch)
     out.loss.backward()
     sq = torch.zeros((), dtype=torch.float64, device=out.loss.device)
+    peak = torch.zeros((), dtype=torch.float32, device=out.loss.device)
     with torch.no_grad():
         for n, p in params.items():  # chain rule through Eq. 1 and 2: ∇_θ L ⊙ δ ⊙ σ'(ℓ)
             if p.grad is None:
@@ -307,11 +318,13 @@ def logit_gradient(
             s = relaxed(logits[n])
             p.grad.mul_(ft[n] - pre[n]).mul_(s).mul_(1 - s)
             sq += p.grad.double().pow(2).sum()
-    return out, sq
+            peak = torch.maximum(peak, p.grad.abs().max())
+    return out, (sq, peak)
 
 
-def _step_scale(config: LearnConfig, sq: torch.Tensor, count: int) -> float:
+def _step_scale(config: LearnConfig, size: tuple[torch.Tensor, torch.Tensor], count: int) -> float:
     if config.optimizer == "sgd":
         return config.lr
-    rms = math.sqrt(float(sq) / max(count, 1))
-    return config.lr / rms if rms > 0 else 0.0
+    sq, peak = size
+    norm = math.sqrt(float(sq) / max(count, 1)) if config.norm == "rms" else float(peak)
+    return config.lr / norm if norm > 0 else 0.0
