@@ -81,7 +81,7 @@ def test_logit_gradient_matches_autograd_through_the_relaxation(tiny_pair):
     gen = torch.Generator().manual_seed(3)
     logits = {n: torch.randn(p.shape, generator=gen) for n, p in params.items()}
     batch = next(iter(random_batches()(0)))
-    out, sq = method.logit_gradient(pair.model, params, pair.pre, pair.ft, logits, batch)
+    out, (sq, peak) = method.logit_gradient(pair.model, params, pair.pre, pair.ft, logits, batch)
     ours = {n: params[n].grad.clone() for n in params}
 
     leaves = {n: l.clone().requires_grad_(True) for n, l in logits.items()}
@@ -92,16 +92,17 @@ def test_logit_gradient_matches_autograd_through_the_relaxation(tiny_pair):
     for n, g in zip(params, grads):
         assert torch.allclose(ours[n], g, rtol=1e-4, atol=1e-9), n
     assert float(sq) == pytest.approx(sum(float(g.double().pow(2).sum()) for g in grads), rel=1e-4)
+    assert float(peak) == pytest.approx(max(float(g.abs().max()) for g in grads), rel=1e-4)
 
 
-@pytest.mark.parametrize("optimizer", ["normalized", "adam", "sgd"])
-def test_learn_region_keeps_budget_and_restores_the_model(tiny_pair, optimizer):
+@pytest.mark.parametrize("optimizer, forward", [("normalized", "relaxed"), ("adam", "relaxed"), ("sgd", "relaxed"), ("normalized", "hard")])
+def test_learn_region_keeps_budget_and_restores_the_model(tiny_pair, optimizer, forward):
     pair, _, _ = tiny_pair
     params = {n: pair.param(n) for n in pair.graftable}
     before = {n: p.detach().clone() for n, p in pair.model.named_parameters()}
     flags = {n: p.requires_grad for n, p in pair.model.named_parameters()}
     reports = []
-    config = LearnConfig(steps=5, optimizer=optimizer, lr=1.0 if optimizer != "sgd" else 1e3)
+    config = LearnConfig(steps=5, optimizer=optimizer, lr=1.0 if optimizer != "sgd" else 1e3, forward=forward)
     region, logits = method.learn_region(
         pair.model, params, pair.pre, pair.ft, 50, random_batches(), config, progress=reports.append
     )
