@@ -146,8 +146,8 @@ def binarise(logits: dict[str, torch.Tensor], k: int, rule: str = "topk") -> Reg
 class LearnConfig:
     """Hyper-parameters of mask learning. Defaults work across models (see module docstring)."""
 
-    steps: int = 60
-    lr: float = 0.5  # logit units per step for "normalized" and "adam"; raw η for "sgd"
+    steps: int = 40
+    lr: float = 0.02  # RMS step in logit units for "normalized"; per-coordinate for "adam"; raw η for "sgd"
     optimizer: str = "normalized"  # "normalized" | "adam" | "sgd" (the paper's)
     norm: str = "rms"  # what "normalized" divides by: "rms" or "max" of ∇_ℓ over the graftable set
     forward: str = "relaxed"  # "relaxed" (Eq. 2) or "hard": the binarised region, straight-through

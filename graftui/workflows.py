@@ -59,7 +59,7 @@ class LocalizeRequest:
     method: str = "learned"
     sparsity: float | None = 0.001
     k: int | None = None
-    examples_per_class: int = 64  # k-shot training examples for mask learning
+    examples_per_class: int = 256  # k-shot training examples for mask learning (fewer overfit the mask)
     learn: LearnConfig = field(default_factory=LearnConfig)
     graftable: GraftableSpec = field(default_factory=GraftableSpec)
     data: DataSpec = field(default_factory=DataSpec)

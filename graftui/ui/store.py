@@ -24,13 +24,16 @@ from .. import settings
 fast = settings.fast
 
 def defaults() -> dict:
+    from ..method import LearnConfig
+    from ..workflows import LocalizeRequest
+
     small = fast()
     return {
-        "steps": 5 if small else 60,
-        "examples_per_class": 8 if small else 64,
+        "steps": 10 if small else LearnConfig().steps,
+        "examples_per_class": 16 if small else LocalizeRequest().examples_per_class,
         "test_examples": 64 if small else 500,
         "log_sparsity": -3.0,
-        "mask_lr": 0.5,
+        "mask_lr": LearnConfig().lr,
         "ft_epochs": 1 if small else 2,
         "ft_train_examples": 64 if small else 2000,
         "sweep_budgets": "1e-4, 1e-3" if small else "1e-5, 1e-4, 1e-3, 1e-2",
