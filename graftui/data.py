@@ -297,6 +297,11 @@ def _resolve(ref: str, allow_local: bool) -> tuple[str, str]:
     return "hub", ref
 
 
+def check_reference(ref: str, *, allow_local: bool = True) -> str:
+    """Classify a dataset reference without loading it ("offline", "local" or "hub"), or raise DataError."""
+    return _resolve(ref, allow_local)[0]
+
+
 def _first_sentence(exc: BaseException, limit: int = 300) -> str:
     text = " ".join(str(exc).split()) or type(exc).__name__
     text = text.split(" Example of usage")[0]

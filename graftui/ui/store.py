@@ -288,7 +288,7 @@ def check_task_ref(ref: str) -> None:
     if settings.hosted() and not is_managed(ref):
         from .. import data
 
-        data._resolve(str(ref), allow_local=False)  # the library's own reference check
+        data.check_reference(str(ref), allow_local=False)
 
 
 def allow_local_for(models: list[str] = (), tasks: list[str] = ()) -> bool:
