@@ -101,9 +101,14 @@ def param_role(name: str) -> ParamRole:
     return ParamRole(layer, "other", kind)
 
 
+_ROW_GROUPS = ("embeddings", "pooler", "other")
+
+
 def _row_group(name: str) -> str:
-    """Row for a parameter outside the blocks: "embeddings" or "other"."""
-    return "embeddings" if _EMBED_RE.search(name) else "other"
+    """Row for a parameter outside the blocks: "embeddings", "pooler" (BERT's [CLS] head) or "other"."""
+    if _EMBED_RE.search(name):
+        return "embeddings"
+    return "pooler" if ".pooler." in f".{name}" else "other"
 
 
 def _fused_width(name: str, shape: tuple[int, ...], n_parts: int) -> int:
@@ -222,7 +227,7 @@ def anatomy(region: dict[str, torch.Tensor], shapes: dict[str, tuple[int, ...]])
             cell_count[(row, mod)] = cell_count.get((row, mod), 0) + int(sub.numel())
 
     rows = tuple(f"layer {i}" for i in sorted(layer_ids)) + tuple(
-        g for g in ("embeddings", "other") if g in groups
+        g for g in _ROW_GROUPS if g in groups
     )
     present = {mod for (_, mod), t in cell_total.items() if t > 0}
     modules = tuple(m for m in MODULE_TYPES if m in present)

@@ -154,7 +154,7 @@ def test_bert_anatomy_counts_totals_density(bert_shapes):
         "classifier.bias": torch.tensor([2]),
     }
     a = anatomy(region, bert_shapes)
-    assert a.layers == ("layer 0", "layer 1", "embeddings", "other")
+    assert a.layers == ("layer 0", "layer 1", "embeddings", "pooler", "other")
     assert a.modules == MODULE_TYPES
     r, m = a.layers.index, a.modules.index
 
@@ -180,7 +180,8 @@ def test_bert_anatomy_counts_totals_density(bert_shapes):
         assert a.totals[r(layer)][m("other")] == 0
     assert a.totals[r("embeddings")][m("other")] == (50 + 512 + 2) * h
     assert a.totals[r("embeddings")][m("layernorm")] == 2 * h
-    assert a.totals[r("other")][m("other")] == (h * h + h) + (3 * h + 3)  # pooler + classifier
+    assert a.totals[r("pooler")][m("other")] == h * h + h
+    assert a.totals[r("other")][m("other")] == 3 * h + 3  # classifier
     assert sum(map(sum, a.totals)) == sum(_numel(s) for s in bert_shapes.values())
 
     assert a.density[r("layer 0")][m("query")] == 5 / 272
@@ -191,7 +192,7 @@ def test_bert_anatomy_counts_totals_density(bert_shapes):
     assert a.weight_count == 3 + 4 + 2 + 7 and a.bias_count == 2 + 3 + 1
     assert a.bias_total == sum(_numel(s) for n, s in bert_shapes.items() if n.endswith(".bias"))
     assert a.weight_total + a.bias_total == sum(_numel(s) for s in bert_shapes.values())
-    assert a.by_layer == [5, 9, 7, 1]
+    assert a.by_layer == [5, 9, 7, 0, 1]
     assert a.by_module == {"query": 5, "key": 0, "value": 0, "attn_out": 0, "ffn_in": 0,
                            "ffn_out": 4, "layernorm": 5, "other": 8}
 

@@ -369,9 +369,10 @@ def test_fast_mode_lowers_defaults(monkeypatch):
 
     monkeypatch.setenv("GRAFTUI_FAST", "1")
     d = store.defaults()
-    assert (d["steps"], d["examples_per_class"], d["test_examples"]) == (5, 8, 64)
+    assert (d["steps"], d["examples_per_class"], d["test_examples"]) == (10, 16, 64)
     monkeypatch.delenv("GRAFTUI_FAST")
-    assert store.defaults()["steps"] > 5
+    full = store.defaults()
+    assert (full["steps"], full["examples_per_class"], full["mask_lr"]) == (40, 256, 0.02)  # the library's
 
 
 # -- the app's jobs end to end, on a tiny saved pair -------------------------------------------------
