@@ -133,6 +133,7 @@ def finetune(
     }
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    tmp.chmod(0o755)  # mkdtemp makes it private; a checkpoint is an ordinary folder
     try:  # write aside and rename: an interrupted run never leaves a half checkpoint
         model.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)

@@ -270,6 +270,7 @@ def export_graft(pair, record: RegionRecord, out_dir: str | Path) -> Path:
         raise RegionError(f"'{out_dir}' exists and is not empty; choose a new folder")
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    tmp.chmod(0o755)  # mkdtemp makes it private; a checkpoint is an ordinary folder
     try:
         with pair.grafted(record.indices) as model:
             model.save_pretrained(tmp, safe_serialization=True)
