@@ -9,6 +9,11 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+
+# Idle OpenMP workers sleep instead of spinning: the server's own threads (and a browser on the
+# same machine) need the cores between steps. Must be set before torch is imported.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1242,6 +1242,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 # -- entry point ---------------------------------------------------------------------------------
 def main(argv: Sequence[str] | None = None) -> int:
+    # Idle OpenMP workers sleep rather than spin, which keeps a busy machine usable (before torch loads).
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     """Run the command line; returns the exit code (0 ok, 2 bad input, 1 unexpected, 130 interrupted)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv

@@ -21,7 +21,7 @@ from . import actions, figures, store
 log = logging.getLogger(__name__)
 
 TAB_NAMES = ("Models", "Fine-tune", "Localize", "Compare", "Anatomy", "Compose", "Regions")
-POLL_SECONDS = 1.0
+POLL_SECONDS = 2.0  # live plots: often enough to watch, rarely enough to leave the CPU to the job
 
 INTRO = {
     "Models": (
