@@ -113,7 +113,7 @@ def learned(ctx: MethodContext) -> Region:
     description="γ_base alone: the k parameters with the largest |θ_ft − θ_pre|.",
 )
 def top_movement(ctx: MethodContext) -> Region:
-    return method.top_k(_scores(ctx, lambda n: (ctx.pair.ft[n] - ctx.pair.pre[n]).abs()), ctx.k)
+    return method.base_region(ctx.pair.pre, ctx.pair.ft, ctx.pair.graftable, ctx.k)
 
 
 @register_method(

@@ -100,7 +100,7 @@ def top_k(scores: dict[str, torch.Tensor], k: int) -> Region:
 
 
 def movement(pre: dict[str, torch.Tensor], ft: dict[str, torch.Tensor], names: Iterable[str]) -> dict[str, torch.Tensor]:
-    """|δ| per graftable tensor (computed one tensor at a time by callers that care about memory)."""
+    """|δ| per graftable tensor: the ranking behind γ_base."""
     return {n: (ft[n] - pre[n]).abs() for n in names}
 
 

@@ -84,6 +84,11 @@ def load_tokenizer(ref: str, *, trust_remote_code: bool = False, allow_local: bo
     return tok
 
 
+def new_parameters(info: dict) -> set[str]:
+    """Names ``from_pretrained`` had to initialise: missing from the checkpoint, or resized."""
+    return set(info.get("missing_keys", ())) | {k[0] if isinstance(k, tuple) else k for k in info.get("mismatched_keys", ())}
+
+
 def load_classifier(
     ref: str,
     *,
@@ -226,9 +231,7 @@ class ModelPair:
         base, info = load_classifier(
             base_ref, label_names=labels, trust_remote_code=trust_remote_code, allow_local=allow_local
         )
-        new_in_base = set(info.get("missing_keys", ())) | {
-            k[0] if isinstance(k, tuple) else k for k in info.get("mismatched_keys", ())
-        }
+        new_in_base = new_parameters(info)
         check_pair(base, finetuned, new_in_base)
         tokenizer = load_tokenizer(finetuned_ref, trust_remote_code=trust_remote_code, allow_local=allow_local)
         pair = cls.from_models(base, finetuned, tokenizer, new_in_base, spec, base_ref, finetuned_ref, labels)
@@ -298,20 +301,20 @@ class ModelPair:
 
     # -- grafting ----------------------------------------------------------------------------
     @torch.no_grad()
-    def apply(self, region: dict[str, torch.Tensor]) -> None:
-        """Write the fine-tuned values inside ``region`` into the working model: O(k)."""
+    def _copy_in(self, region: dict[str, torch.Tensor], source: dict[str, torch.Tensor]) -> None:
+        """Copy ``source`` into the working model at the region's indices only: O(k)."""
         for name, idx in region.items():
             flat = self._params[name].data.view(-1)
             idx = idx.to(flat.device)
-            flat[idx] = self.ft[name].view(-1)[idx]
+            flat[idx] = source[name].view(-1)[idx]
 
-    @torch.no_grad()
+    def apply(self, region: dict[str, torch.Tensor]) -> None:
+        """Write the fine-tuned values inside ``region`` into the working model."""
+        self._copy_in(region, self.ft)
+
     def remove(self, region: dict[str, torch.Tensor]) -> None:
-        """Put the pre-trained values back inside ``region``: O(k)."""
-        for name, idx in region.items():
-            flat = self._params[name].data.view(-1)
-            idx = idx.to(flat.device)
-            flat[idx] = self.pre[name].view(-1)[idx]
+        """Put the pre-trained values back inside ``region``."""
+        self._copy_in(region, self.pre)
 
     @contextlib.contextmanager
     def grafted(self, region: dict[str, torch.Tensor]) -> Iterator[torch.nn.Module]:

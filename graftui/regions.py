@@ -227,15 +227,13 @@ def _first_line(err: Exception) -> str:
 # -- a pair from a patch, and export -------------------------------------------------------------
 def pair_from_patch(base_ref: str, record: RegionRecord, **load_kwargs):
     """Base + patch as a ModelPair whose 'fine-tuned' values are the patch (exact inside the region)."""
-    from .models import GraftableSpec, ModelPair, load_classifier, load_tokenizer
+    from .models import GraftableSpec, ModelPair, load_classifier, load_tokenizer, new_parameters
 
     if not record.is_patch:
         raise RegionError("this file is a region without values: give the fine-tuned checkpoint too, or a skill patch")
     labels = tuple(record.meta.get("labels") or ())
     base, info = load_classifier(base_ref, label_names=labels or None, **load_kwargs)
-    head_names = set(info.get("missing_keys", ())) | {
-        k[0] if isinstance(k, tuple) else k for k in info.get("mismatched_keys", ())
-    } | set(record.head or ())
+    head_names = new_parameters(info) | set(record.head or ())
     finetuned, _ = load_classifier(base_ref, label_names=labels or None, **load_kwargs)
     params = dict(finetuned.named_parameters())
     spec = GraftableSpec(include_embeddings=True, names=tuple(record.shapes))

@@ -373,6 +373,7 @@ def test_fast_mode_lowers_defaults(monkeypatch):
     monkeypatch.delenv("GRAFTUI_FAST")
     full = store.defaults()
     assert (full["steps"], full["examples_per_class"], full["mask_lr"]) == (40, 256, 0.02)  # the library's
+    assert full["ft_lr"] == 0.003
 
 
 # -- the app's jobs end to end, on a tiny saved pair -------------------------------------------------

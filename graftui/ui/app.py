@@ -287,7 +287,7 @@ def build_app() -> gr.Blocks:
                 with gr.Row():
                     ftn_opt = gr.Radio([("SGD (paper recipe)", "sgd"), ("AdamW + ℓ1 movement penalty", "adamw")], value="sgd",
                                        label="Optimizer", elem_id="finetune-optimizer")
-                    ftn_lr = gr.Number(0.05, label="Learning rate", info="SGD ≈ 0.05; AdamW ≈ 3e-5", elem_id="finetune-lr")
+                    ftn_lr = gr.Number(d["ft_lr"], label="Learning rate", info=f"SGD ≈ {d['ft_lr']:g}; AdamW ≈ 3e-5", elem_id="finetune-lr")
                     ftn_l1 = gr.Number(0.0, label="ℓ1 coefficient on |θ − θ_pre| (AdamW only)", visible=False, elem_id="finetune-l1")
                 with gr.Row():
                     ftn_epochs = gr.Slider(1, 10, value=d["ft_epochs"], step=1, label="Epochs", elem_id="finetune-epochs")
@@ -498,7 +498,7 @@ def build_app() -> gr.Blocks:
         def on_optimizer(opt):
             if opt == "adamw":
                 return gr.update(value=3e-5), gr.update(visible=True, value=1e-3)
-            return gr.update(value=0.05), gr.update(visible=False, value=0.0)
+            return gr.update(value=d["ft_lr"]), gr.update(visible=False, value=0.0)
 
         ftn_opt.change(on_optimizer, [ftn_opt], [ftn_lr, ftn_l1])
 

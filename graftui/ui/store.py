@@ -24,6 +24,7 @@ from .. import settings
 fast = settings.fast
 
 def defaults() -> dict:
+    from ..finetune import FinetuneConfig
     from ..method import LearnConfig
     from ..workflows import LocalizeRequest
 
@@ -34,6 +35,7 @@ def defaults() -> dict:
         "test_examples": 64 if small else 500,
         "log_sparsity": -3.0,
         "mask_lr": LearnConfig().lr,
+        "ft_lr": FinetuneConfig().lr,
         "ft_epochs": 1 if small else 2,
         "ft_train_examples": 64 if small else 2000,
         "sweep_budgets": "1e-4, 1e-3" if small else "1e-5, 1e-4, 1e-3, 1e-2",
