@@ -51,7 +51,7 @@ TARGET_RATIO = 1.10
 PREPARE = r"""
 import json, time
 t0 = time.monotonic()
-from graftui.finetune import ensure_default_finetuned
+from graftui.training import ensure_default_finetuned
 path = ensure_default_finetuned()
 from graftui.models import DEFAULT_BASE, DEFAULT_FINETUNED
 from graftui.ui.store import defaults

@@ -107,7 +107,7 @@ def child(mode: str, finetuned: str) -> None:
     torch.set_num_threads(1)
     from graftui.method import LearnConfig, MaskLearner
     from graftui.models import load_classifier, load_tokenizer
-    from graftui.workflows import load_pair
+    from graftui.flows import load_pair
 
     class Tok:  # just enough of a pair for batch_of
         tokenizer = load_tokenizer(finetuned)
@@ -161,7 +161,7 @@ def main() -> None:
         child(args.child, args.finetuned)
         return
     from graftui.models import resolve
-    from graftui.workflows import load_pair
+    from graftui.flows import load_pair
 
     finetuned = resolve(args.finetuned)  # builds the default checkpoint on first need
     torch.set_num_threads(os.cpu_count() or 1)

@@ -22,6 +22,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .errors import DataError
+
 if TYPE_CHECKING:
     import torch
 
@@ -47,10 +49,6 @@ _VADER_SOURCES = {
     "amazon": "Amazon product review snippets",
     "tweets": "tweets",
 }
-
-
-class DataError(ValueError):
-    """A problem with a data reference or its contents, worded for the person who gave it."""
 
 
 # --------------------------------------------------------------------------- containers

@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from .method import Cancelled
+from .errors import Cancelled, message
 from .regions import atomic_write
 
 log = logging.getLogger(__name__)
@@ -80,20 +80,6 @@ class JobContext:
 
 
 JobFn = Callable[[JobContext], dict]
-
-
-def friendly_error(err: BaseException) -> str:
-    """One line a user can act on; tracebacks go to the job's log file, never to the page."""
-    from .data import DataError
-    from .localize import BudgetError
-    from .models import ModelError
-    from .regions import RegionError
-
-    if isinstance(err, (DataError, ModelError, RegionError, BudgetError, ValueError, FileNotFoundError)):
-        return str(err) or type(err).__name__
-    if isinstance(err, MemoryError):
-        return "ran out of memory: try a smaller model, fewer examples or a smaller batch"
-    return f"internal error ({type(err).__name__}: {str(err)[:200]}); details are in the job's log"
 
 
 class JobRunner:
@@ -184,7 +170,7 @@ class JobRunner:
                 (self.job_dir(job_id) / "error.log").write_text(traceback.format_exc())
                 log.warning("job %s failed: %s", job_id, err)
                 with self._lock:
-                    job.status, job.error = FAILED, friendly_error(err)
+                    job.status, job.error = FAILED, message(err)
                     job.message = job.error
             finally:
                 with self._lock:

@@ -35,11 +35,10 @@ from typing import Callable, Iterable, Iterator
 
 import torch
 
+from .errors import Cancelled
+from .requests import LearnConfig
+
 Region = dict[str, torch.Tensor]  # parameter name -> sorted flat indices inside the region
-
-
-class Cancelled(RuntimeError):
-    """Raised between steps when the caller's cancel event is set."""
 
 
 # -- Eq. 1 -------------------------------------------------------------------------------------
@@ -142,22 +141,6 @@ def binarise(logits: dict[str, torch.Tensor], k: int, rule: str = "topk") -> Reg
 
 
 # -- Eq. 3 -------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class LearnConfig:
-    """Hyper-parameters of mask learning. Defaults work across models (see module docstring)."""
-
-    steps: int = 40
-    lr: float = 0.02  # RMS step in logit units for "normalized"; per-coordinate for "adam"; raw η for "sgd"
-    optimizer: str = "normalized"  # "normalized" | "adam" | "sgd" (the paper's)
-    norm: str = "rms"  # what "normalized" divides by: "rms" or "max" of ∇_ℓ over the graftable set
-    forward: str = "relaxed"  # "relaxed" (Eq. 2) or "hard": the binarised region, straight-through
-    sigmoid_bias: float = 3.0  # S starts at −bias: σ(S) ≈ 0.047
-    binarise: str = "topk"  # "topk" | "round"
-    batch_size: int = 16
-    seed: int = 0
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 @dataclass(frozen=True)

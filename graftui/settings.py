@@ -43,3 +43,19 @@ def device() -> str:
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def configure_torch() -> None:
+    """Every core this process may use, with idle OpenMP workers asleep (the CLI and the app alike).
+
+    OMP_WAIT_POLICY must be set before torch starts its thread pool; the entry points set it
+    first, this sets it for library users who did not.
+    """
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    import torch
+
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    torch.set_num_threads(max(1, cores))

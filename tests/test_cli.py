@@ -22,8 +22,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from graftui import __version__, cli, regions, workflows
-from graftui.finetune import default_checkpoint_dir, default_config
+from graftui import __version__, cli, flows, regions
+from graftui.requests import default_checkpoint_dir, default_recipe as default_config
 
 from conftest import MINILM_DIR, make_tiny_bert
 
@@ -67,7 +67,7 @@ def home(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("GRAFTUI_HOME", str(path))
         yield path
-    workflows.clear_cache()
+    flows.clear_cache()
 
 
 @pytest.fixture(scope="module")
@@ -119,8 +119,8 @@ def no_models(monkeypatch):
 
     monkeypatch.setattr("graftui.models.ModelPair.load", refuse)
     monkeypatch.setattr("graftui.models.load_classifier", refuse)
-    monkeypatch.setattr("graftui.finetune.ensure_default_finetuned", refuse)
-    monkeypatch.setattr("graftui.finetune.finetune", refuse)
+    monkeypatch.setattr("graftui.training.ensure_default_finetuned", refuse)
+    monkeypatch.setattr("graftui.training.finetune", refuse)
 
 
 # -- console script -----------------------------------------------------------------------------

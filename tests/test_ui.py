@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -24,7 +25,7 @@ def home(tmp_path, monkeypatch):
 
 def tiny_record(pair, k: int = 20, method: str = "top-movement", task: str = "movies"):
     from graftui import regions
-    from graftui.localize import Budget, run_method
+    from graftui.methods import Budget, run_method
 
     region, _ = run_method(pair, Budget(k=k), method)
     record = regions.make_record(pair, region, {"method": method, "task": task})
@@ -33,7 +34,7 @@ def tiny_record(pair, k: int = 20, method: str = "top-movement", task: str = "mo
 
 # -- figures ---------------------------------------------------------------------------------------
 def test_anatomy_heatmap_shows_counts_or_density_with_exact_hover():
-    from graftui.anatomy import anatomy
+    from graftui.layout import anatomy
     from graftui.ui import figures
 
     shapes = {
@@ -103,7 +104,7 @@ def test_sweep_figure_uses_log_budget_axis_and_ft_reference():
 
 
 def test_overlap_heatmap_from_overlap_matrix():
-    from graftui.compose import overlap_matrix
+    from graftui.sets import overlap_matrix
     from graftui.ui import figures
 
     m = overlap_matrix({"a": {"w": torch.tensor([0, 1, 2, 3])}, "b": {"w": torch.tensor([3, 4])}})
@@ -188,12 +189,12 @@ def test_guarded_turns_exceptions_into_a_status_message_not_a_traceback():
     assert fine(1) == (2, "ok")
 
 
-def test_friendly_message_keeps_quotes_and_unwraps_key_errors():
+def test_friendly_message_keeps_quotes_and_names_internal_errors():
     from graftui.regions import RegionError
     from graftui.ui.app import friendly_message
 
     assert friendly_message(RegionError("'x.safetensors' is not a region")) == "'x.safetensors' is not a region"
-    assert friendly_message(KeyError("no parameter 'w'")) == "no parameter 'w'"
+    assert friendly_message(KeyError("no parameter 'w'")) == "internal error (KeyError: no parameter 'w')"
 
 
 # -- hosted mode -----------------------------------------------------------------------------------
@@ -275,8 +276,10 @@ def test_parse_budgets():
     assert parse_budgets("1e-3, 1e-5;1e-4") == [1e-5, 1e-4, 1e-3]
     with pytest.raises(ValueError, match="not a number"):
         parse_budgets("1e-3, lots")
-    with pytest.raises(ValueError, match=r"\(0, 1\]"):
-        parse_budgets("2")
+    from graftui.requests import SweepRequest
+
+    with pytest.raises(ValueError, match=r"\(0, 1\]"):  # the range is the request's to check, for every front end
+        SweepRequest(sparsities=parse_budgets("2")).validate()
 
 
 def test_compare_table_labels_every_column():
@@ -314,9 +317,9 @@ class CharTokenizer:
 
 
 def test_union_graft_is_scored_against_each_region_alone_and_restored():
-    from graftui import compose, regions
+    from graftui import regions, sets
     from graftui.data import Split, Task
-    from graftui.flows_extra import evaluate_on_pair, grafted_values, union_of
+    from graftui.scoring import evaluate_on_pair, grafted_values, union_of
 
     pair, _, _ = make_tiny_pair()
     pair.tokenizer = CharTokenizer()
@@ -324,7 +327,7 @@ def test_union_graft_is_scored_against_each_region_alone_and_restored():
     b = tiny_record(pair, k=30, method="random")
     before = {n: pair.param(n).detach().clone() for n in pair.graftable}
     idx, val, report = union_of([a, b], ["a", "b"], pair.pre, "first")
-    assert report["union_params"] == compose.region_size(compose.union(a.indices, b.indices))
+    assert report["union_params"] == sets.region_size(sets.union(a.indices, b.indices))
     with grafted_values(pair, idx, val):
         name = next(iter(idx))
         assert torch.equal(pair.param(name).data.view(-1)[idx[name]], pair.ft[name].view(-1)[idx[name]])
@@ -372,7 +375,7 @@ def test_fast_mode_lowers_defaults(monkeypatch):
     assert (d["steps"], d["examples_per_class"], d["test_examples"]) == (10, 16, 64)
     monkeypatch.delenv("GRAFTUI_FAST")
     full = store.defaults()
-    assert (full["steps"], full["examples_per_class"], full["mask_lr"]) == (40, 256, 0.02)  # the library's
+    assert (full["steps"], full["examples_per_class"], full["mask_lr"]) == (40, None, 0.02)  # the library's (None: up to 256)
     assert full["ft_lr"] == 0.003
 
 
@@ -403,41 +406,53 @@ def tiny_checkpoints(tmp_path):
 
 
 def test_localize_compare_compose_export_jobs_end_to_end(home, tiny_checkpoints):
+    import json
     import zipfile
 
-    from graftui import regions
+    from graftui import flows, regions
     from graftui.ui import actions, app, store
 
     runner = store.runner()
     base, ft = tiny_checkpoints["base"], tiny_checkpoints["ft"]
-    spec = actions.data_spec()
 
     def finish(job):
         done = runner.wait(job.id, timeout=240)
         assert done.status == "done", done.error
         return done
 
-    learned = finish(actions.submit_localize(runner, base=base, finetuned=ft, task="movies", spec=spec, method="learned",
+    learned = finish(actions.submit_localize(runner, base=base, finetuned=ft, task="movies", columns={}, method="learned",
                                              log_sparsity=-2, steps=2, examples_per_class=4, lr=0.5))
-    assert learned.params["k"] > 0 and len([p for p in learned.progress if "step" in p]) == 2
+    steps = [p for p in learned.progress if "step" in p]
+    assert len(steps) == 2 and steps[-1]["k"] == learned.result["k"] > 0  # the live plot's budget line
     assert app.render_localize(learned)[0].data  # the live figure has its curves
-    other = finish(actions.submit_localize(runner, base=base, finetuned=ft, task="amazon", spec=spec, method="top-movement",
+    assert learned.params["verb"] == "localize" and learned.params["examples_per_class"] == 4
+    again = flows.run_file(actions.request_file(learned))  # the job's request, downloaded, runs again to the same region
+    first = regions.load(store.region_path(learned.result["region"]))
+    assert all(torch.equal(first.indices[n], again.region[n]) for n in first.indices)
+    Path(again.path).unlink()
+    other = finish(actions.submit_localize(runner, base=base, finetuned=ft, task="amazon", columns={}, method="top-movement",
                                            log_sparsity=-2, steps=2, examples_per_class=4, lr=0.5))
     ids = [e.id for e in store.list_regions()]
     assert set(ids) == {learned.result["region"], other.result["region"]}
 
-    cmp = finish(actions.submit_compare(runner, region_ids=[learned.result["region"]], ood=["amazon", "bbc"], n=16, baselines=True))
+    cmp = finish(actions.submit_compare(runner, region_ids=[learned.result["region"]], ood=["amazon"], n=16, baselines=True))
     table, rel, hist, note = app.render_compare(cmp)
-    assert set(table["model"]) >= {"fine-tuned", "pre-trained body + FT head", "Top movement (same k)", "Random (same k)"}
-    assert set(table["task"]) == {"movies", "amazon"} and "bbc" in note  # bbc has other labels: skipped, and said so
+    assert set(table["model"]) >= {"fine-tuned", "pre-trained body + FT head", "Top movement", "Random", learned.result["region"]}
+    assert set(table["task"]) == {"movies", "amazon"}
+    bad = runner.wait(actions.submit_compare(runner, region_ids=[learned.result["region"]], ood=["bbc"], n=16,
+                                             baselines=False).id, timeout=240)
+    assert bad.status == "failed" and "bbc" in bad.error and "same labels" in bad.error  # the CLI says the same
 
     cps = finish(actions.submit_compose(runner, region_ids=ids, resolve="mean", n=16))
     report, frame = app.render_compose(cps)
     assert "Union graft" in report and set(frame["task"]) == {"movies", "amazon"} and len(frame) == 6
+    union = regions.load(store.region_path(cps.result["region"]))
+    assert union.is_patch and union.meta["request"]["verb"] == "compose"
 
     exp = finish(actions.submit_export(runner, region_id=learned.result["region"]))
     with zipfile.ZipFile(exp.result["zip"]) as z:
         assert {"config.json", "model.safetensors", "graftui_region.json"} <= set(z.namelist())
+        assert json.loads(z.read("graftui_region.json"))["export_request"]["verb"] == "export"
     assert regions.load(store.region_path(learned.result["region"])).is_patch
 
 

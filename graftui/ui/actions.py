@@ -7,10 +7,11 @@ tables are built from job results only, so they can be rebuilt after a reload or
 
 from __future__ import annotations
 
+import json
 import shutil
 import threading
 import time
-from dataclasses import asdict
+from pathlib import Path
 
 import pandas as pd
 
@@ -68,7 +69,7 @@ def job_status_line(job: Job | None) -> str:
     if job is None:
         return "No job yet."
     pct = f" — {100 * job.fraction:.0f} %" if job.status == RUNNING else ""
-    text = f"**{job.title}** · {job.status}{pct}"
+    text = f"**{job.title}** [{job.id}] · {job.status}{pct}"
     if job.status == "failed":
         return text + f"\n\n⚠️ {job.error}"
     if job.message and job.message not in {job.status, "done"}:
@@ -76,64 +77,65 @@ def job_status_line(job: Job | None) -> str:
     if job.status in FINISHED and job.duration is not None:
         text += f" · took {_duration(job)}"
     result = job.result or {}
-    if result.get("region") and job.kind == "localize":
+    if result.get("region") and job.kind in ("localize", "compose"):
         text += f" · saved region **{result['region']}**" + (f" (k = {result['k']:,})" if result.get("k") else "")
+    for note in result.get("notes") or []:
+        text += f"\n\nNote: {note}"
     if result.get("name") and job.kind == "finetune":
         text += f" · checkpoint **{result['name']}** is now in the model pickers"
     return text
 
 
-# -- guards shared by the flows ---------------------------------------------------------------------
-def load_checked_pair(base: str, finetuned: str, allow_local: bool):
-    """A cached ModelPair, refused on a hosted server when it is larger than MAX_MODEL_PARAMS."""
-    from ..models import ModelError
-    from ..workflows import clear_cache, load_pair
+# -- requests from widgets --------------------------------------------------------------------------
+def data_columns(task: str, text=None, pair=None, label=None) -> dict:
+    """The column fields of a request from the mapping widgets; offline tasks have their own columns,
+    so a mapping left over from an uploaded file is not sent with them."""
+    from ..data import OFFLINE_TASKS
 
-    store.check_model_size(base)
-    store.check_model_size(finetuned)
-    pair = load_pair(base, finetuned, allow_local=allow_local)
-    counts = pair.counts()
-    if settings.hosted() and counts["total"] > settings.MAX_MODEL_PARAMS:
-        clear_cache()
-        raise ModelError(f"this pair has {counts['total']:,} parameters; this server takes at most {settings.MAX_MODEL_PARAMS:,}")
-    store.remember_counts(base, finetuned, counts)
-    return pair
-
-
-def data_spec(text: str | None = None, pair: str | None = None, label: str | None = None):
-    from ..data import DataSpec
-
+    if str(task).strip().lower() in OFFLINE_TASKS:
+        return {}
     clean = lambda v: (str(v).strip() or None) if v not in (None, "", "(none)", "(guess)") else None  # noqa: E731
-    return DataSpec(text_column=clean(text), pair_column=clean(pair), label_column=clean(label))
+    return {"text_column": clean(text), "pair_column": clean(pair), "label_column": clean(label)}
 
 
-def spec_for(task: str, spec):
-    """Column mappings apply to files and Hub datasets only; offline tasks ignore them."""
-    from ..data import DataSpec, OFFLINE_TASKS
-
-    return DataSpec() if str(task).strip().lower() in OFFLINE_TASKS else spec
+def whole(value) -> int | None:
+    """A number widget's value as a whole number; empty or 0 means 'not set'."""
+    return int(value) if value else None
 
 
-def load_task_checked(ref: str, spec=None):
-    """A task, with the hosted-mode reference check and the row cap."""
-    from ..data import DataError, DataSpec, load_task
+def submit(runner, request, title: str, on_result=None, kind: str | None = None) -> Job:
+    """Validate ``request`` now (a bad field is a one-line message, no job), then run its flow as a job.
 
-    store.check_task_ref(ref)
-    task = load_task(ref, spec_for(ref, spec or DataSpec()), allow_local=store.data_allow_local(ref))
-    rows = sum(len(s) for s in task.splits.values())
-    if settings.hosted() and rows > settings.MAX_DATASET_ROWS:
-        raise DataError(f"'{task.name}' has {rows:,} rows; this server takes at most {settings.MAX_DATASET_ROWS:,}")
-    return task
+    The job's params are the request, so any result shows, and re-runs from, what made it.
+    """
+    from .. import flows
+
+    request.validate()
+
+    def fn(ctx) -> dict:
+        result = flows.run(request, progress=ctx.report, cancel=ctx.cancel, guard=store.guard())
+        doc = result.as_dict()
+        return on_result(result, doc) if on_result else doc
+
+    return runner.submit(kind or request.verb, title, fn, request.as_dict())
 
 
 def check_pair(base: str, finetuned: str) -> dict:
     """Load (or reuse) the pair and describe it; a clear error when the two do not pair."""
-    from ..models import DEFAULT_FINETUNED_REFS, ModelError
+    from .. import flows
+    from ..models import GraftableSpec, ModelError
 
-    if finetuned.strip().lower() in DEFAULT_FINETUNED_REFS and not store.default_ready():
+    if flows.is_default_finetuned(finetuned) and not store.default_ready():
         raise ModelError(f"'{finetuned}' is still being prepared: follow the 'Prepare default model' job below, then check again")
-    allow = store.allow_local_for([base, finetuned])
-    return load_checked_pair(base, finetuned, allow).describe()
+    return flows.get_pair(base, finetuned, GraftableSpec(), store.guard()).describe()
+
+
+def load_task_checked(ref: str, columns: dict):
+    """A task read as the flows read it (hosted checks and row cap included)."""
+    from .. import flows
+    from ..requests import TaskFields
+
+    return flows.get_task(ref, TaskFields(task=ref, **columns).data_spec(), store.guard())
 
 
 COUNT_ROWS = [
@@ -166,7 +168,7 @@ def budget_text(log_sparsity: float, counts: dict | None) -> str:
     """What a budget slider position means: the sparsity, and k when the graftable count is known."""
     s = 10 ** float(log_sparsity)
     if counts and counts.get("graftable"):
-        from ..localize import Budget
+        from ..methods import Budget
 
         g = int(counts["graftable"])
         k = Budget(sparsity=s).resolve(g)
@@ -180,13 +182,9 @@ def budget_text(log_sparsity: float, counts: dict | None) -> str:
 _prepare_lock = threading.Lock()
 
 
-def _finetune_reporter(ctx, stage: str):
-    return lambda p: ctx.report({"stage": stage, **asdict(p)})
-
-
 def submit_prepare(runner) -> Job | None:
     """Build the default fine-tuned model once, as a visible job; None when it is already cached."""
-    from ..models import DEFAULT_BASE, DEFAULT_FINETUNED
+    from ..requests import DEFAULT_BASE, DEFAULT_FINETUNED
 
     if store.default_ready():
         return None
@@ -196,267 +194,156 @@ def submit_prepare(runner) -> Job | None:
                 return job
 
         def fn(ctx) -> dict:
-            from ..finetune import ensure_default_finetuned
+            from .. import flows
+            from ..models import GraftableSpec
 
-            path = ensure_default_finetuned(progress=_finetune_reporter(ctx, "fine-tuning minilm on movies"), cancel=ctx.cancel)
+            flows.ensure_models([DEFAULT_FINETUNED], progress=ctx.report, cancel=ctx.cancel)
             ctx.report({"stage": "checking the pair", "fraction": 0.99})
-            pair = load_checked_pair(DEFAULT_BASE, DEFAULT_FINETUNED, allow_local=True)
-            return {"checkpoint": str(path), "counts": pair.counts()}
+            pair = flows.get_pair(DEFAULT_BASE, DEFAULT_FINETUNED, GraftableSpec(), store.guard())
+            return {"checkpoint": str(store.default_checkpoint()), "counts": pair.counts()}
 
         return runner.submit("prepare", f"Prepare default model ({DEFAULT_FINETUNED}: {DEFAULT_BASE} fine-tuned on movies)", fn,
                              {"base": DEFAULT_BASE, "finetuned": DEFAULT_FINETUNED})
 
 
-def submit_localize(runner, *, base: str, finetuned: str, task: str, spec, method: str, log_sparsity: float,
-                    steps: int, examples_per_class: int, lr: float) -> Job:
-    from ..localize import get_method
-    from ..method import LearnConfig
-    from ..workflows import LocalizeRequest, localize
+def submit_localize(runner, *, base: str, finetuned: str, task: str, columns: dict, method: str, log_sparsity: float,
+                    steps, examples_per_class, lr) -> Job:
+    from ..methods import get_method
+    from ..requests import LocalizeRequest
 
-    info = get_method(method)
-    sparsity = 10 ** float(log_sparsity)
-    spec = spec_for(task, spec)
-    request = LocalizeRequest(
-        base=base, finetuned=finetuned, task=task, method=method, sparsity=sparsity,
-        examples_per_class=int(examples_per_class), learn=LearnConfig(steps=int(steps), lr=float(lr)), data=spec,
-    )
-    counts = store.known_counts(base, finetuned)
-    k = None
-    if counts:
-        from ..localize import Budget
+    request = LocalizeRequest(base=base, finetuned=finetuned, task=task, **columns, method=method,
+                              sparsity=10 ** float(log_sparsity), steps=whole(steps) or 0,
+                              examples_per_class=whole(examples_per_class), lr=float(lr or 0))
 
-        k = Budget(sparsity=sparsity).resolve(int(counts["graftable"]))
+    def saved(result, doc) -> dict:
+        return {"region": Path(result.path).stem, "k": result.k, "notes": result.notes, "summary": result.record.summary()}
 
-    def fn(ctx) -> dict:
-        allow = store.allow_local_for([base, finetuned], [task] if info.needs_data else [])
-        if info.needs_data:
-            load_task_checked(task, spec)  # hosted checks before the flow loads it again (cached)
-        pair = load_checked_pair(base, finetuned, allow)
-        if ctx.job.params.get("k") is None:  # now known: the live plot draws the budget line
-            from ..localize import Budget
-
-            ctx.job.params["k"] = Budget(sparsity=sparsity).resolve(pair.counts()["graftable"])
-        record = localize(request, progress=ctx.report, cancel=ctx.cancel, allow_local=allow)
-        record.meta["data_spec"] = asdict(spec)
-        record.meta["job"] = ctx.job.id
-        path = store.save_region(record)
-        return {"region": path.stem, "k": record.size, "summary": record.summary()}
-
-    title = f"Localize '{store.short_ref(task)}' in {store.short_ref(finetuned)} · {info.label} · sparsity {sparsity:.1e}"
-    return runner.submit("localize", title, fn, {**request.as_dict(), "k": k})
+    title = (f"Localize '{store.short_ref(task)}' in {store.short_ref(finetuned)} · {get_method(method).label} · "
+             f"sparsity {request.sparsity:.1e}")
+    return submit(runner, request, title, saved)
 
 
-def submit_finetune(runner, *, base: str, task: str, spec, optimizer: str, lr: float, epochs: int,
-                    train_examples: int, l1: float) -> Job:
-    from ..finetune import FinetuneConfig, finetune
+def submit_finetune(runner, *, base: str, task: str, columns: dict, optimizer: str, lr, epochs, train_examples,
+                    l1) -> Job:
+    from ..requests import FinetuneRequest
 
-    cfg = FinetuneConfig(optimizer=optimizer, lr=float(lr), epochs=int(epochs),
-                         train_examples=int(train_examples) if train_examples else None,
-                         l1=float(l1) if optimizer == "adamw" else 0.0)
-    cfg.validate()
-    spec = spec_for(task, spec)
+    name = store.safe_name(f"{store.short_ref(base)}-{store.short_ref(task)}-{optimizer}-{time.strftime('%Y%m%d-%H%M%S')}")
+    request = FinetuneRequest(base=base, task=task, **columns, optimizer=optimizer, lr=float(lr or 0), epochs=whole(epochs),
+                              train_examples=int(train_examples or 0), l1=float(l1 or 0.0) if optimizer == "adamw" else 0.0,
+                              out=str(store.checkpoints_dir() / name))
 
-    def fn(ctx) -> dict:
-        allow = store.allow_local_for([base], [task])
-        store.check_model_size(base)
-        t = load_task_checked(task, spec)
-        name = store.safe_name(f"{store.short_ref(base)}-{store.short_ref(t.name)}-{optimizer}-{time.strftime('%Y%m%d-%H%M%S')}")
-        out = store.checkpoints_dir() / name
-        finetune(base, t, cfg, out, progress=_finetune_reporter(ctx, f"fine-tuning on {t.name}"), cancel=ctx.cancel,
-                 allow_local=allow)
-        return {"checkpoint": str(out), "name": name}
+    def made(result, doc) -> dict:
+        return {**doc, "checkpoint": result.out, "name": name}
 
-    title = f"Fine-tune {store.short_ref(base)} on '{store.short_ref(task)}' · {optimizer} lr {float(lr):g} · {int(epochs)} epoch(s)"
-    return runner.submit("finetune", title, fn, {"base": base, "task": task, "config": cfg.as_dict()})
+    title = f"Fine-tune {store.short_ref(base)} on '{store.short_ref(task)}' · {optimizer} lr {float(lr or 0):g} · {whole(epochs)} epoch(s)"
+    return submit(runner, request, title, made)
 
 
-def _regions_for(region_ids: list[str]):
-    if not region_ids:
-        from ..regions import RegionError
+def _paths(region_ids: list[str], at_least: int = 1) -> list[str]:
+    from ..regions import RegionError
 
-        raise RegionError("pick at least one region (run Localize first if the list is empty)")
-    return [(rid, store.load_region(rid)) for rid in region_ids]
-
-
-def region_short_names(items: list[tuple[str, object]]) -> list[str]:
-    """Short unique names for regions in tables and heatmaps: task · method · k."""
-    names = []
-    for rid, record in items:
-        m = record.meta
-        base = f"{store.short_ref(m.get('task', '?'))} · {m.get('method', '?')} · k={record.size:,}"
-        name, n = base, 1
-        while name in names:
-            n += 1
-            name = f"{base} ({n})"
-        names.append(name)
-    return names
+    if len(region_ids or []) < at_least:
+        raise RegionError("pick at least one region (run Localize first if the list is empty)" if at_least == 1
+                          else f"pick at least {at_least} regions")
+    return [str(store.region_path(rid)) for rid in region_ids]
 
 
-def submit_compare(runner, *, region_ids: list[str], ood: list[str], n: int, baselines: bool, task_fallback: str = "movies") -> Job:
-    from ..models import DEFAULT_BASE, DEFAULT_FINETUNED
-    from ..regions import RegionError, check_fits
-    from ..workflows import baseline_regions, compare
+def submit_compare(runner, *, region_ids: list[str], ood: list[str], n, baselines: bool) -> Job:
+    from ..requests import EvaluateRequest
 
-    items = _regions_for(region_ids)
-    metas = [r.meta for _, r in items]
-    base = metas[0].get("base", DEFAULT_BASE)
-    finetuned = metas[0].get("finetuned", DEFAULT_FINETUNED)
-    others = {(m.get("base"), m.get("finetuned")) for m in metas}
-    if len(others) > 1:
-        raise RegionError("the selected regions come from different model pairs; compare regions of one fine-tuned model at a time "
-                          "(use Compose for regions of several checkpoints)")
-    task_ref = metas[0].get("task") or task_fallback
-    spec = data_spec(**{k: (metas[0].get("data_spec") or {}).get(f"{k}_column") for k in ("text", "pair", "label")})
-    names = region_short_names(items)
-    n = int(n) if n else None
-
-    def fn(ctx) -> dict:
-        allow = store.allow_local_for([base, finetuned], [])
-        ctx.report({"stage": "loading models"})
-        pair = load_checked_pair(base, finetuned, allow)
-        models = {}
-        for name, (_, record) in zip(names, items):
-            check_fits(record, pair)
-            models[f"graft: {name}"] = record.indices
-        task = load_task_checked(task_ref, spec)
-        ood_tasks, skipped = [], []
-        for ref in ood or []:
-            if ref == task_ref:
-                continue
-            other = load_task_checked(ref)
-            if tuple(other.label_names) != tuple(task.label_names):
-                skipped.append(f"{other.name} (labels {', '.join(other.label_names)})")
-            else:
-                ood_tasks.append(other)
-        if baselines:
-            k = items[0][1].size
-            ctx.report({"stage": f"building baselines at k = {k:,}"})
-            for label, region in baseline_regions(pair, k).items():
-                models[f"{label} (same k)"] = region
-        result = compare(pair, task, models, ood=ood_tasks, n=n, progress=ctx.report, cancel=ctx.cancel).as_dict()
-        result["skipped_ood"] = skipped
-        result["pair"] = {"base": base, "finetuned": finetuned}
-        return result
-
-    title = f"Compare {len(items)} region(s) on '{store.short_ref(task_ref)}'" + (f" + {len(ood)} OOD" if ood else "")
-    return runner.submit("compare", title, fn, {"regions": region_ids, "ood": list(ood or []), "n": n, "baselines": baselines})
+    request = EvaluateRequest(regions=_paths(region_ids), ood=list(ood or []), n=whole(n), baselines=bool(baselines))
+    title = f"Compare {len(region_ids)} region(s)" + (f" + {len(ood)} OOD task(s)" if ood else "")
+    return submit(runner, request, title, kind="compare")
 
 
 def parse_budgets(text: str) -> list[float]:
-    """'1e-5, 1e-4, 0.001' -> sorted sparsities in (0, 1]."""
+    """'1e-5, 1e-4, 0.001' -> sorted numbers (the request checks their range)."""
     out = []
     for part in str(text).replace(";", ",").split(","):
         part = part.strip()
         if not part:
             continue
         try:
-            value = float(part)
+            out.append(float(part))
         except ValueError:
-            raise ValueError(f"'{part}' is not a number; write budgets like 1e-5, 1e-4, 1e-3") from None
-        if not 0 < value <= 1:
-            raise ValueError(f"budget {part} is not a fraction in (0, 1]")
-        out.append(value)
+            raise ValueError(f"'{part}' is not a number; write budgets like 1e-4, 1e-3, 1e-2") from None
     if not out:
         raise ValueError("give at least one budget, e.g. 1e-4, 1e-3")
     return sorted(set(out))
 
 
-def submit_sweep(runner, *, base: str, finetuned: str, task: str, spec, budgets: str, steps: int,
-                 examples_per_class: int, lr: float, n: int) -> Job:
-    from ..method import LearnConfig
-    from ..workflows import LocalizeRequest, sweep
+def submit_sweep(runner, *, base: str, finetuned: str, task: str, columns: dict, budgets: str, steps,
+                 examples_per_class, lr, n) -> Job:
+    from ..requests import SweepRequest
 
-    sparsities = parse_budgets(budgets)
-    spec = spec_for(task, spec)
-    request = LocalizeRequest(base=base, finetuned=finetuned, task=task, examples_per_class=int(examples_per_class),
-                              learn=LearnConfig(steps=int(steps), lr=float(lr)), data=spec)
-    n = int(n) if n else None
-
-    def fn(ctx) -> dict:
-        allow = store.allow_local_for([base, finetuned], [task])
-        load_task_checked(task, spec)
-        load_checked_pair(base, finetuned, allow)
-        rows = sweep(request, sparsities, n=n, progress=ctx.report, cancel=ctx.cancel, allow_local=allow)
-        return {"rows": rows, "task": task}
-
-    title = f"Sparsity sweep on '{store.short_ref(task)}' ({len(sparsities)} budgets × 3 methods)"
-    return runner.submit("sweep", title, fn, {**request.as_dict(), "sparsities": sparsities, "n": n})
-
-
-def as_patch(record):
-    """A skill patch from a region: values read from its own fine-tuned checkpoint (loaded, checked)."""
-    from ..regions import check_fits, with_patch
-
-    if record.is_patch:
-        return record
-    base, finetuned = record.meta.get("base"), record.meta.get("finetuned")
-    pair = load_checked_pair(base, finetuned, store.allow_local_for([base, finetuned]))
-    check_fits(record, pair)
-    return with_patch(pair, record)
+    request = SweepRequest(base=base, finetuned=finetuned, task=task, **columns, sparsities=parse_budgets(budgets),
+                           steps=whole(steps) or 0, examples_per_class=whole(examples_per_class), lr=float(lr or 0),
+                           n=whole(n))
+    title = (f"Sparsity sweep on '{store.short_ref(task)}' ({len(request.sparsities)} budgets × "
+             f"{len(request.methods)} methods)")
+    return submit(runner, request, title)
 
 
 def overlap_for(region_ids: list[str]) -> dict:
-    """compose.overlap_matrix of the selected regions, with short names."""
-    from ..compose import overlap_matrix
+    """The overlap matrix of the selected regions (compose without evaluation: cheap, no models)."""
+    from .. import flows
+    from ..requests import ComposeRequest
 
-    items = _regions_for(region_ids)
-    return overlap_matrix(dict(zip(region_short_names(items), (r.indices for _, r in items))))
+    return flows.compose(ComposeRequest(regions=_paths(region_ids, 2))).matrix()
 
 
-def submit_compose(runner, *, region_ids: list[str], resolve: str, n: int) -> Job:
-    from ..flows_extra import compose_evaluate
-    from ..regions import RegionError
+def submit_compose(runner, *, region_ids: list[str], resolve: str, n) -> Job:
+    from ..requests import ComposeRequest
 
-    items = _regions_for(region_ids)
-    if len(items) < 2:
-        raise RegionError("pick at least two regions to compose")
-    names = region_short_names(items)
-    bases = {r.meta.get("base") for _, r in items}
-    if len(bases) > 1:
-        raise RegionError(f"the regions come from different base models ({', '.join(sorted(map(str, bases)))}); compose needs one base")
-    base = bases.pop()
-    n = int(n) if n else None
+    paths = _paths(region_ids, 2)
+    out = flows_new_region("union")
+    request = ComposeRequest(regions=paths, resolve=resolve, evaluate=True, n=whole(n), out=str(out))
 
-    def fn(ctx) -> dict:
-        allow = store.allow_local_for([base], [])
-        records, tasks = [], []
-        for i, (_, record) in enumerate(items):
-            ctx.report({"stage": f"reading region {i + 1} of {len(items)}", "fraction": 0.0})
-            records.append(as_patch(record))
-            spec_meta = record.meta.get("data_spec") or {}
-            spec = data_spec(spec_meta.get("text_column"), spec_meta.get("pair_column"), spec_meta.get("label_column"))
-            tasks.append(load_task_checked(record.meta.get("task") or "movies", spec))
-        return compose_evaluate(base, records, names, tasks, resolve=resolve, n=n, progress=ctx.report, cancel=ctx.cancel,
-                                allow_local=allow)
+    def saved(result, doc) -> dict:
+        return {**doc, "region": out.stem}
 
-    title = f"Compose {len(items)} regions (overlaps: {resolve}) and evaluate on {len(items)} task(s)"
-    return runner.submit("compose", title, fn, {"regions": region_ids, "resolve": resolve, "n": n})
+    title = f"Compose {len(paths)} regions (overlaps: {resolve}) and evaluate on each region's task"
+    return submit(runner, request, title, saved)
+
+
+def flows_new_region(stem: str) -> Path:
+    from .. import flows
+
+    return flows.new_path(store.regions_dir(), stem, ".safetensors")
 
 
 def submit_export(runner, *, region_id: str) -> Job:
-    from ..regions import check_fits, export_graft, pair_from_patch
+    from .. import flows
+    from ..requests import ExportRequest
 
-    record = store.load_region(region_id)
-    base, finetuned = record.meta.get("base"), record.meta.get("finetuned")
+    folder = flows.new_path(store.downloads_dir(), f"{region_id}-graft")
+    request = ExportRequest(region=str(store.region_path(region_id)), out=str(folder))
 
-    def fn(ctx) -> dict:
-        ctx.report({"stage": "loading models", "fraction": 0.1})
-        if record.is_patch:  # base + patch rebuilds the graft exactly; the fine-tuned model is not needed
-            allow = store.allow_local_for([base])
-            store.check_model_size(base)
-            pair = pair_from_patch(base, record, allow_local=allow)
-        else:
-            pair = load_checked_pair(base, finetuned, store.allow_local_for([base, finetuned]))
-            check_fits(record, pair)
-        ctx.report({"stage": "writing the grafted checkpoint", "fraction": 0.4})
-        folder = store.downloads_dir() / f"{region_id}-graft-{ctx.job.id}"
-        export_graft(pair, record, folder)
-        ctx.report({"stage": "zipping", "fraction": 0.8})
+    def zipped(result, doc) -> dict:
         archive = shutil.make_archive(str(folder), "zip", root_dir=folder)
         shutil.rmtree(folder, ignore_errors=True)
-        return {"zip": archive, "region": region_id}
+        return {"zip": archive, "region": region_id, "k": result.k}
 
-    return runner.submit("export", f"Export grafted checkpoint of {region_id}", fn, {"region": region_id})
+    return submit(runner, request, f"Export grafted checkpoint of {region_id}", zipped)
+
+
+def request_file(job: Job | None) -> Path | None:
+    """The request that made a job, as a JSON config (``graftui run`` takes it); None for jobs without one."""
+    from ..regions import atomic_write
+
+    if job is None or "verb" not in (job.params or {}):
+        return None
+    path = store.downloads_dir() / f"request-{job.id}.json"
+    if not path.exists():
+        atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(job.params, indent=2)))
+    return path
+
+
+def anatomy_of(region_id: str):
+    from .. import flows
+    from ..requests import AnatomyRequest
+
+    return flows.anatomy(AnatomyRequest(region=str(store.region_path(region_id))))
 
 
 # -- result tables ------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ it, so a reloaded page sees running and finished jobs. Every handler is wrapped 
 from __future__ import annotations
 
 import functools
+import json
 import logging
 
 import gradio as gr
@@ -58,22 +59,12 @@ INTRO = {
 
 # -- error handling ----------------------------------------------------------------------------
 def friendly_message(err: BaseException) -> str:
-    """One line a person can act on; the traceback goes to the server log only."""
-    from ..data import DataError
-    from ..localize import BudgetError
-    from ..models import ModelError
-    from ..regions import RegionError
+    """One line a person can act on (graftui.errors.message); the traceback goes to the server log only."""
+    from ..errors import message
 
     if isinstance(err, gr.Error):
         return str(err.message)
-    if isinstance(err, KeyError):  # str() of a KeyError is the repr of its argument
-        return str(err.args[0]) if err.args else "KeyError"
-    if isinstance(err, (DataError, ModelError, RegionError, BudgetError, ValueError, FileNotFoundError)):
-        text = str(err).strip() or type(err).__name__
-        return text.splitlines()[0]
-    if isinstance(err, MemoryError):
-        return "ran out of memory: try a smaller model, fewer examples or a smaller batch"
-    return f"internal error ({type(err).__name__}: {str(err)[:200]})"
+    return message(err)
 
 
 def guarded(status, toast: bool = True):
@@ -123,7 +114,7 @@ def region_list_rows() -> pd.DataFrame:
 
 
 def method_info(name: str) -> str:
-    from ..localize import get_method
+    from ..methods import get_method
 
     info = get_method(name)
     data = "uses training examples" if info.needs_data else "data-free"
@@ -131,7 +122,7 @@ def method_info(name: str) -> str:
 
 
 def method_choices() -> list[tuple[str, str]]:
-    from ..localize import METHODS
+    from ..methods import METHODS
 
     return [(m.label, name) for name, m in METHODS.items()]
 
@@ -159,11 +150,12 @@ def default_selection(entries, several: bool) -> list[str]:
 
 
 def render_localize(job) -> list:
+    k = next((p["k"] for p in reversed(job.progress) if "k" in p), None) if job is not None else None
     if job is None:
         return [figures.empty_figure("Press Run to learn a region; its loss, accuracy and size appear here step by step.")]
     if job.status in ("done",) and not any("step" in p for p in job.progress):
         return [figures.empty_figure(f"{job.title}: a data-free method, so there are no mask steps to plot.")]
-    return [figures.localize_progress(job.progress, k=job.params.get("k"), title=job.title)]
+    return [figures.localize_progress(job.progress, k=k, title=job.title)]
 
 
 def render_finetune(job) -> list:
@@ -181,8 +173,8 @@ def render_compare(job) -> list:
     note = f"In-distribution task: **{res['task']}**; OOD tasks: **{', '.join(res['ood']) or 'none'}**. "
     note += ("Accuracy and agreement are shares of the test examples; ECE is the expected calibration error over "
              "10 equal-width confidence bins (lower is better); Δ is the accuracy difference to the fine-tuned model on the same task.")
-    if res.get("skipped_ood"):
-        note += f"\n\nSkipped OOD tasks with other labels: {', '.join(res['skipped_ood'])}."
+    if res.get("notes"):
+        note += "\n\n" + "\n\n".join(f"Note: {n}" for n in res["notes"])
     return [actions.compare_table(res), figures.reliability_diagram(res["reliability"], res["task"]),
             figures.confidence_histogram(res["histogram"], res["task"]), note]
 
@@ -208,10 +200,8 @@ def render_export(job) -> list:
 
 
 def anatomy_outputs(region_id: str, mode: str) -> list:
-    from ..anatomy import anatomy
-
-    record = store.load_region(region_id)
-    anat = anatomy(record.indices, record.shapes)
+    result = actions.anatomy_of(region_id)
+    record, anat = result.record, result.anatomy
     m = record.meta
     summary = (f"Region **{region_id}**: k = **{record.size:,}** of {record.graftable:,} graftable parameters "
                f"({record.size / max(record.graftable, 1):.4%}); method {m.get('method', '?')}, task {m.get('task', '?')}, "
@@ -222,7 +212,7 @@ def anatomy_outputs(region_id: str, mode: str) -> list:
 # -- the app -------------------------------------------------------------------------------------
 def build_app() -> gr.Blocks:
     from ..data import OFFLINE_TASKS
-    from ..models import DEFAULT_BASE, DEFAULT_FINETUNED
+    from ..requests import DEFAULT_BASE, DEFAULT_FINETUNED, LocalizeRequest
 
     d = store.defaults()
     hosted = settings.hosted()
@@ -314,7 +304,7 @@ def build_app() -> gr.Blocks:
                 with gr.Row():
                     loc_steps = gr.Number(d["steps"], precision=0, label="Mask steps", elem_id="localize-steps")
                     loc_epc = gr.Number(d["examples_per_class"], precision=0, label="Training examples per class",
-                                        elem_id="localize-examples")
+                                        info=LocalizeRequest.help("examples_per_class"), elem_id="localize-examples")
                     loc_lr = gr.Number(d["mask_lr"], label="Mask learning rate (logit units per step)", elem_id="localize-lr")
                 with gr.Row():
                     loc_run = gr.Button("Run", variant="primary", elem_id="localize-run", scale=0)
@@ -424,6 +414,9 @@ def build_app() -> gr.Blocks:
                 job_sel = gr.Dropdown(actions.job_choices(store.runner()), label="Job", elem_id="jobs-select")
                 job_cancel = gr.Button("Cancel selected job", variant="stop", elem_id="jobs-cancel", scale=0)
             job_md = gr.Markdown("", elem_id="jobs-detail")
+            with gr.Accordion("Request of the selected job (re-run it with `graftui run FILE`)", open=False):
+                job_req = gr.Code("", language="json", interactive=False, elem_id="jobs-request")
+                job_req_dl = gr.DownloadButton("Download request (JSON)", value=None, elem_id="jobs-request-download")
 
         timer = gr.Timer(POLL_SECONDS)
         region_sig = gr.State(None)
@@ -431,8 +424,7 @@ def build_app() -> gr.Blocks:
         jobs_sig = gr.State(None)
 
         # ---------------------------------------------------------------- shared inputs
-        def spec_of(text, pair, label):
-            return actions.data_spec(text, pair, label)
+        columns = actions.data_columns
 
         # ---------------------------------------------------------------- page load
         @safe
@@ -486,7 +478,7 @@ def build_app() -> gr.Blocks:
 
         @safe
         def on_check_mapping(task, text, pair, label):
-            t = actions.load_task_checked(task, spec_of(text, pair, label))
+            t = actions.load_task_checked(task, columns(task, text, pair, label))
             sizes = ", ".join(f"{k} {len(s):,}" for k, s in t.splits.items())
             kind = "text-pair" if t.is_pair else "single-text"
             return (f"✓ **{t.name}**: {kind} task with {t.num_labels} labels ({', '.join(t.label_names)}); "
@@ -509,12 +501,12 @@ def build_app() -> gr.Blocks:
 
         @safe
         def on_finetune(base, task, text, pair, label, opt, lr, l1, epochs, n):
-            job = actions.submit_finetune(store.runner(), base=base, task=task, spec=spec_of(text, pair, label), optimizer=opt,
-                                          lr=lr, epochs=epochs, train_examples=n, l1=l1 or 0.0)
-            return submitted(job), picker_for(("finetune", "prepare"), "latest fine-tuning job", job)
+            job = actions.submit_finetune(store.runner(), base=base, task=task, columns=columns(task, text, pair, label),
+                                          optimizer=opt, lr=lr, epochs=epochs, train_examples=n, l1=l1)
+            return submitted(job), picker_for(("finetune", "prepare"), "latest fine-tuning job", job), actions.job_status_line(job)
 
         ftn_run.click(on_finetune, [ftn_base, task_dd, text_col, pair_col, label_col, ftn_opt, ftn_lr, ftn_l1, ftn_epochs, ftn_n],
-                      [status, ftn_job])
+                      [status, ftn_job, ftn_status])
 
         # ---------------------------------------------------------------- Localize
         def on_budget(log_s, base, finetuned):
@@ -527,12 +519,13 @@ def build_app() -> gr.Blocks:
 
         @safe
         def on_localize(base, finetuned, task, text, pair, label, method, log_s, steps, epc, lr):
-            job = actions.submit_localize(store.runner(), base=base, finetuned=finetuned, task=task, spec=spec_of(text, pair, label),
-                                          method=method, log_sparsity=log_s, steps=steps, examples_per_class=epc, lr=lr)
-            return submitted(job), picker_for(("localize",), "latest localize job", job)
+            job = actions.submit_localize(store.runner(), base=base, finetuned=finetuned, task=task,
+                                          columns=columns(task, text, pair, label), method=method, log_sparsity=log_s, steps=steps,
+                                          examples_per_class=epc, lr=lr)
+            return submitted(job), picker_for(("localize",), "latest localize job", job), actions.job_status_line(job)
 
         loc_run.click(on_localize, [base_dd, ft_dd, task_dd, text_col, pair_col, label_col, loc_method, loc_budget, loc_steps, loc_epc,
-                                    loc_lr], [status, loc_job])
+                                    loc_lr], [status, loc_job, loc_status])
 
         def cancel_shown(kinds):
             @safe
@@ -551,21 +544,21 @@ def build_app() -> gr.Blocks:
 
         # ---------------------------------------------------------------- Compare
         @safe
-        def on_compare(region_ids, ood, n, baselines, task):
-            job = actions.submit_compare(store.runner(), region_ids=region_ids or [], ood=ood or [], n=n, baselines=baselines,
-                                         task_fallback=task)
-            return submitted(job), picker_for(("compare",), "latest comparison", job)
+        def on_compare(region_ids, ood, n, baselines):
+            job = actions.submit_compare(store.runner(), region_ids=region_ids or [], ood=ood or [], n=n, baselines=baselines)
+            return submitted(job), picker_for(("compare",), "latest comparison", job), actions.job_status_line(job)
 
-        cmp_run.click(on_compare, [cmp_regions, ood_dd, cmp_n, cmp_base, task_dd], [status, cmp_job])
+        cmp_run.click(on_compare, [cmp_regions, ood_dd, cmp_n, cmp_base], [status, cmp_job, cmp_status])
 
         @safe
         def on_sweep(base, finetuned, task, text, pair, label, budgets, steps, epc, lr, n):
-            job = actions.submit_sweep(store.runner(), base=base, finetuned=finetuned, task=task, spec=spec_of(text, pair, label),
-                                       budgets=budgets, steps=steps, examples_per_class=epc, lr=lr, n=n)
-            return submitted(job), picker_for(("sweep",), "latest sweep", job)
+            job = actions.submit_sweep(store.runner(), base=base, finetuned=finetuned, task=task,
+                                       columns=columns(task, text, pair, label), budgets=budgets, steps=steps, examples_per_class=epc,
+                                       lr=lr, n=n)
+            return submitted(job), picker_for(("sweep",), "latest sweep", job), actions.job_status_line(job)
 
         swp_run.click(on_sweep, [base_dd, ft_dd, task_dd, text_col, pair_col, label_col, swp_budgets, loc_steps, loc_epc, loc_lr, cmp_n],
-                      [status, swp_job])
+                      [status, swp_job, swp_status])
 
         # ---------------------------------------------------------------- Anatomy
         @safe
@@ -592,9 +585,9 @@ def build_app() -> gr.Blocks:
         @safe
         def on_compose(region_ids, resolve, n):
             job = actions.submit_compose(store.runner(), region_ids=region_ids or [], resolve=resolve, n=n)
-            return submitted(job), picker_for(("compose",), "latest composition", job)
+            return submitted(job), picker_for(("compose",), "latest composition", job), actions.job_status_line(job)
 
-        cps_run.click(on_compose, [cmp_sel, cps_resolve, cps_n], [status, cps_job])
+        cps_run.click(on_compose, [cmp_sel, cps_resolve, cps_n], [status, cps_job, cps_status])
 
         # ---------------------------------------------------------------- Regions
         @safe
@@ -612,10 +605,10 @@ def build_app() -> gr.Blocks:
         @safe
         def on_export(region_id):
             job = actions.submit_export(store.runner(), region_id=region_id)
-            return submitted(job), job.id
+            return submitted(job), job.id, actions.job_status_line(job)
 
         export_job = gr.State("")
-        reg_export.click(on_export, [reg_sel], [status, export_job])
+        reg_export.click(on_export, [reg_sel], [status, export_job, reg_export_status])
 
         @safe
         def on_region_upload(file):
@@ -635,13 +628,14 @@ def build_app() -> gr.Blocks:
 
         @safe
         def on_region_apply(file, base, finetuned):
-            from .. import regions
+            from .. import flows, regions
 
             if not file:
                 raise ValueError("upload a region file first")
             path = store.check_upload(file, (".safetensors",))
             record = regions.load(path)
-            pair = actions.load_checked_pair(base, finetuned, store.allow_local_for([base, finetuned]))
+            actions.check_pair(base, finetuned)
+            pair = flows.pair_for_regions(base, finetuned, [record], store.guard())
             regions.check_fits(record, pair)
             meta = record.meta
             meta.setdefault("original_base", meta.get("base"))
@@ -712,6 +706,15 @@ def build_app() -> gr.Blocks:
             return f"Cancel requested for **{job.title}**." if ok else f"**{job.title}** has already finished ({job.status})."
 
         job_cancel.click(on_job_cancel, [job_sel], [status])
+
+        @safe
+        def on_job_pick(picked):
+            job = store.runner().get(picked) if picked else None
+            path = actions.request_file(job)
+            text = json.dumps(job.params, indent=2) if path else "(this job has no request: it prepares the default model)"
+            return text if job else "", gr.update(value=str(path) if path else None), gr.skip()
+
+        job_sel.change(on_job_pick, [job_sel], [job_req, job_req_dl, status])
 
         def panel(kinds, picker, status_md, outputs, render, latest_label, fixed_state=None):
             """Poll the picked job of ``kinds`` (or the latest one) and re-render only when it changed."""

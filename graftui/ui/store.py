@@ -23,22 +23,25 @@ from .. import settings
 
 fast = settings.fast
 
-def defaults() -> dict:
-    from ..finetune import FinetuneConfig
-    from ..method import LearnConfig
-    from ..workflows import LocalizeRequest
 
-    small = fast()
+def defaults() -> dict:
+    """What the widgets start with: the requests' own defaults (GRAFTUI_FAST ones in that mode)."""
+    import math
+
+    from ..requests import INTERACTIVE, EvaluateRequest, FinetuneRequest, LocalizeRequest, SweepRequest
+
+    loc, ft, ev = LocalizeRequest.defaults(), FinetuneRequest.defaults(), EvaluateRequest.defaults()
+    recipe = FinetuneRequest(**ft).recipe()
     return {
-        "steps": 10 if small else LearnConfig().steps,
-        "examples_per_class": 16 if small else LocalizeRequest().examples_per_class,
-        "test_examples": 64 if small else 500,
-        "log_sparsity": -3.0,
-        "mask_lr": LearnConfig().lr,
-        "ft_lr": FinetuneConfig().lr,
-        "ft_epochs": 1 if small else 2,
-        "ft_train_examples": 64 if small else 2000,
-        "sweep_budgets": "1e-4, 1e-3" if small else "1e-5, 1e-4, 1e-3, 1e-2",
+        "steps": loc["steps"],
+        "examples_per_class": loc["examples_per_class"],
+        "test_examples": ev["n"] or INTERACTIVE["n"],
+        "log_sparsity": math.log10(loc["sparsity"]),
+        "mask_lr": loc["lr"],
+        "ft_lr": recipe.lr,
+        "ft_epochs": recipe.epochs,
+        "ft_train_examples": recipe.train_examples or 0,
+        "sweep_budgets": ", ".join(f"{s:g}" for s in SweepRequest.defaults()["sparsities"]),
     }
 
 
@@ -52,11 +55,9 @@ def runner():
     global _runner
     with _runner_lock:
         if _runner is None:
-            import torch
-
             from ..jobs import JobRunner
 
-            torch.set_num_threads(os.cpu_count() or 1)
+            settings.configure_torch()
             _runner = JobRunner(settings.subdir("jobs"))
         return _runner
 
@@ -118,11 +119,9 @@ class RegionEntry:
 
 
 def short_ref(ref: str) -> str:
-    """A model reference as people read it: last path component of a local checkpoint."""
-    ref = str(ref)
-    if "/" in ref and (ref.startswith(("/", ".", "~")) or ref.count("/") > 1):
-        return Path(ref).name
-    return ref
+    from ..flows import short_ref as short
+
+    return short(ref)
 
 
 def read_region_header(path: Path) -> RegionEntry | None:
@@ -182,22 +181,16 @@ def load_region(region_id: str):
 
 def save_region(record, stem: str | None = None) -> Path:
     """Save a region or skill patch under a new, readable id; returns its path."""
-    from .. import regions
+    from .. import flows, regions
 
     m = record.meta
-    stem = safe_name(stem or f"{short_ref(m.get('task', 'task'))}-{m.get('method', 'region')}-k{record.size}")
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    path = regions_dir() / f"{stem}-{stamp}.safetensors"
-    n = 1
-    while path.exists():
-        n += 1
-        path = regions_dir() / f"{stem}-{stamp}-{n}.safetensors"
-    return regions.save(record, path)
+    stem = stem or f"{short_ref(m.get('task', 'task'))}-{m.get('method', 'region')}-k{record.size}"
+    return regions.save(record, flows.new_path(regions_dir(), stem, ".safetensors"))
 
 
 # -- checkpoints ---------------------------------------------------------------------------------
 def default_checkpoint():
-    from ..finetune import default_checkpoint_dir
+    from ..requests import default_checkpoint_dir
 
     return default_checkpoint_dir()
 
@@ -223,7 +216,7 @@ def list_checkpoints() -> list[dict]:
 
 def checkpoint_choices(include_base: bool = False) -> list[tuple[str, str]]:
     """Dropdown choices: the offline default (base or fine-tuned), then checkpoints made here."""
-    from ..models import DEFAULT_BASE, DEFAULT_FINETUNED
+    from ..requests import DEFAULT_BASE, DEFAULT_FINETUNED
 
     if include_base:
         choices = [(f"{DEFAULT_BASE} (offline base model)", DEFAULT_BASE)]
@@ -385,3 +378,39 @@ def save_upload(path: str | Path) -> Path:
 def upload_choices() -> list[tuple[str, str]]:
     files = sorted(uploads_dir().glob("*/*"), key=lambda p: p.stat().st_mtime, reverse=True)
     return [(f"uploaded: {p.name} ({p.parent.name[:6]})", str(p)) for p in files if p.suffix.lower() in DATA_SUFFIXES]
+
+
+# -- the guard every flow of the app runs under ------------------------------------------------------
+def guard():
+    """What the app's flows may read: everything locally; on a hosted server only Hub ids, offline
+    defaults and the files this server wrote, within the size caps. Every pair loaded also leaves
+    its parameter counts for the budget text next to the slider."""
+    from ..flows import Guard
+
+    class AppGuard(Guard):
+        def allow_local(self, models=(), tasks=()) -> bool:
+            for ref in models:
+                check_model_size(ref)
+            return allow_local_for(list(models), list(tasks))
+
+        def checked_task(self, task):
+            from ..data import DataError
+
+            rows = sum(len(s) for s in task.splits.values())
+            if settings.hosted() and rows > settings.MAX_DATASET_ROWS:
+                raise DataError(f"'{task.name}' has {rows:,} rows; this server takes at most {settings.MAX_DATASET_ROWS:,}")
+            return task
+
+        def checked_pair(self, pair):
+            from ..flows import clear_cache
+            from ..models import ModelError
+
+            counts = pair.counts()
+            if settings.hosted() and counts["total"] > settings.MAX_MODEL_PARAMS:
+                clear_cache()
+                raise ModelError(f"this pair has {counts['total']:,} parameters; this server takes at most "
+                                 f"{settings.MAX_MODEL_PARAMS:,}")
+            remember_counts(pair.base_ref, pair.finetuned_ref, counts)
+            return pair
+
+    return AppGuard()

@@ -15,7 +15,7 @@ from transformers import (
     LlamaForSequenceClassification,
 )
 
-from graftui.anatomy import MODULE_LABELS, MODULE_TYPES, ParamRole, anatomy, param_role, split_fused
+from graftui.layout import MODULE_LABELS, MODULE_TYPES, ParamRole, anatomy, param_role, split_fused
 
 
 def _shapes(model):

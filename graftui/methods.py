@@ -15,11 +15,8 @@ from typing import Callable
 import torch
 
 from . import method
+from .errors import BudgetError
 from .method import LearnConfig, ProgressFn, Region
-
-
-class BudgetError(ValueError):
-    """A sparsity or k that no region can honour."""
 
 
 @dataclass(frozen=True)
@@ -162,5 +159,6 @@ def run_method(
     if info.needs_data and make_batches is None:
         raise ValueError(f"method '{name}' needs training data")
     region = info.fn(MethodContext(pair, k, make_batches, config, progress, cancel))
-    assert method.region_size(region) <= k, "a method exceeded its budget"
+    if method.region_size(region) > k:  # the budget is a promise to the user, not an internal check
+        raise BudgetError(f"method '{name}' returned {method.region_size(region):,} parameters for a budget of {k:,}")
     return region, k

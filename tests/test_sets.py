@@ -3,7 +3,7 @@ import json
 import pytest
 import torch
 
-from graftui.compose import (
+from graftui.sets import (
     Contribution,
     intersection,
     iou,

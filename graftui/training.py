@@ -6,7 +6,6 @@ that a tiny region captures; AdamW spreads movement thin unless ‖θ − θ_pre
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import tempfile
@@ -19,34 +18,10 @@ from typing import Callable
 import torch
 
 from . import __version__, settings
-from .method import Cancelled
-
-
-@dataclass(frozen=True)
-class FinetuneConfig:
-    optimizer: str = "sgd"  # "sgd" (paper) | "adamw"
-    lr: float = 0.003  # SGD; AdamW wants ~3e-5
-    momentum: float = 0.9
-    weight_decay: float = 1e-4
-    l1: float = 0.0  # AdamW only: coefficient of ‖θ − θ_pre‖₁ (mean over trainable parameters)
-    epochs: int = 2
-    batch_size: int = 16
-    train_examples: int | None = 2000  # a stratified subsample keeps CPU runs short; None = all
-    freeze_embeddings: bool = True
-    seed: int = 0
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-    def validate(self) -> None:
-        if self.optimizer not in {"sgd", "adamw"}:
-            raise ValueError(f"unknown optimizer '{self.optimizer}' (use sgd or adamw)")
-        if not self.lr > 0:
-            raise ValueError("learning rate must be positive")
-        if self.epochs < 1 or self.batch_size < 1:
-            raise ValueError("epochs and batch size must be at least 1")
-        if self.l1 and self.optimizer != "adamw":
-            raise ValueError("the ℓ1 movement penalty goes with AdamW (SGD needs none)")
+from .data import batches, subsample
+from .errors import Cancelled, ModelError
+from .models import DEFAULT_FINETUNED_REFS, GraftableSpec, load_classifier, load_tokenizer
+from .requests import FinetuneConfig, default_checkpoint_dir, default_recipe
 
 
 @dataclass(frozen=True)
@@ -68,15 +43,16 @@ def finetune(
     cancel: threading.Event | None = None,
     device: str | None = None,
     allow_local: bool = True,
+    request: dict | None = None,
 ) -> Path:
-    """Fine-tune ``base_ref`` on ``task`` and write an HF checkpoint (safetensors) with a record."""
-    from .data import batches, subsample
-    from .models import GraftableSpec, load_classifier, load_tokenizer
+    """Fine-tune ``base_ref`` on ``task`` and write an HF checkpoint (safetensors) with a record.
 
+    The record (``graftui_record.json``) holds ``request``, so the checkpoint can be made again.
+    """
     config.validate()
     out_dir = Path(out_dir)
     if out_dir.exists() and any(out_dir.iterdir()):
-        raise ValueError(f"'{out_dir}' exists and is not empty; choose a new folder")
+        raise ModelError(f"'{out_dir}' exists and is not empty; choose a new folder")
     device = device or settings.device()
     torch.manual_seed(config.seed)
     model, _ = load_classifier(base_ref, label_names=task.label_names, allow_local=allow_local)
@@ -129,6 +105,7 @@ def finetune(
         "labels": list(task.label_names),
         "train_examples": len(train),
         "config": config.as_dict(),
+        "request": request,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -147,21 +124,7 @@ def finetune(
     return out_dir
 
 
-DEFAULT_CONFIG = FinetuneConfig()
-# GRAFTUI_FAST: a recipe that trains in seconds, for tests; weaker, and cached under its own name.
-QUICK_CONFIG = FinetuneConfig(epochs=1, train_examples=256, lr=0.01)
 _default_lock = threading.Lock()
-
-
-def default_config() -> FinetuneConfig:
-    return QUICK_CONFIG if settings.fast() else DEFAULT_CONFIG
-
-
-def default_checkpoint_dir(key: str = "minilm-movies", config: FinetuneConfig | None = None) -> Path:
-    """Cache folder of a default fine-tuned checkpoint; its name changes with the recipe."""
-    config = config or default_config()
-    digest = hashlib.sha256(json.dumps([key, config.as_dict(), __version__.split(".")[0]]).encode()).hexdigest()[:8]
-    return settings.subdir("checkpoints") / f"{key}-{digest}"
 
 
 def ensure_default_finetuned(
@@ -172,11 +135,13 @@ def ensure_default_finetuned(
 ) -> Path:
     """Build the default fine-tuned checkpoint on first need; later calls reuse it."""
     from .data import load_task
-    from .models import DEFAULT_FINETUNED_REFS
 
+    if key not in DEFAULT_FINETUNED_REFS:
+        raise ModelError(f"'{key}' is not a default fine-tuned model; those are {', '.join(DEFAULT_FINETUNED_REFS)}")
     base_ref, task_ref = DEFAULT_FINETUNED_REFS[key]
     out = default_checkpoint_dir(key)
     with _default_lock:
         if (out / "config.json").exists():
             return out
-        return finetune(base_ref, load_task(task_ref), default_config(), out, progress=progress, cancel=cancel)
+        return finetune(base_ref, load_task(task_ref), default_recipe(), out, progress=progress, cancel=cancel,
+                        request={"verb": "finetune", "base": base_ref, "task": task_ref})

@@ -1,0 +1,57 @@
+"""One family of errors a user can act on, and the one function that turns any error into a line.
+
+Every promise graftui makes to its users (a budget honoured, a file that fits, a task with the
+right labels) is broken loudly with a :class:`GraftuiError` whose message names the problem
+and the fix. The CLI, the app and the job runner all show :func:`message` of whatever was
+raised, so the wording is decided once, where the error is raised.
+"""
+
+from __future__ import annotations
+
+
+class GraftuiError(ValueError):
+    """Bad input or a broken promise; ``str(err)`` is the one line shown to the user."""
+
+
+class RequestError(GraftuiError):
+    """A request field out of range, unknown or contradicting another field."""
+
+
+class DataError(GraftuiError):
+    """A task cannot be found, read or used as asked."""
+
+
+class ModelError(GraftuiError):
+    """A checkpoint cannot be found, loaded or paired; the message says which and why."""
+
+
+class RegionError(GraftuiError):
+    """A region file is corrupt, from another format, or does not fit the model."""
+
+
+class BudgetError(GraftuiError):
+    """A sparsity or k that no region can honour."""
+
+
+class Cancelled(RuntimeError):
+    """Raised inside a flow when its cancel event is set; not a failure."""
+
+
+def message(err: BaseException) -> str:
+    """One line a person can act on, never a traceback.
+
+    A GraftuiError, a ValueError from a library about the input, or the OS error of a file the
+    user named says what it says; anything else is an internal error and is named as one.
+    """
+    if isinstance(err, MemoryError):
+        return "ran out of memory: try a smaller model, fewer examples or a smaller batch"
+    text = str(err.args[0]) if isinstance(err, KeyError) and len(err.args) == 1 else str(err)
+    if is_user_error(err) or isinstance(err, Cancelled):
+        return " ".join(text.split()) or type(err).__name__
+    first = text.strip().splitlines()[0] if text.strip() else ""
+    return f"internal error ({type(err).__name__}: {first[:200]})"
+
+
+def is_user_error(err: BaseException) -> bool:
+    """Whether ``err`` is about the input (exit code 2), not a fault of graftui (exit code 1)."""
+    return isinstance(err, (ValueError, OSError))

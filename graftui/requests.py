@@ -1,0 +1,534 @@
+"""Every verb's typed request: the one place where graftui's defaults, help texts and checks live.
+
+A request is a flat dataclass; each field carries its default and its help text, and
+``validate()`` makes every cheap check (ranges, names, files, folders) before any model or data
+set is loaded. The CLI generates its options from these fields, the app fills the same fields
+from its widgets, notebooks call ``graftui.localize(sparsity=0.01, ...)``, and every file graftui
+writes embeds ``request.as_dict()`` so that ``graftui run FILE`` can make it again.
+
+This module imports no model code (``models`` imports it), so it is cheap and cycle-free.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import typing
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from pathlib import Path
+from typing import ClassVar
+
+from . import __version__, settings
+from .errors import RequestError
+
+# -- the offline defaults --------------------------------------------------------------------------
+DEFAULT_BASE = "minilm"
+DEFAULT_FINETUNED = "minilm-movies"
+DEFAULT_TASK = "movies"
+DEFAULT_FINETUNED_REFS = {DEFAULT_FINETUNED: (DEFAULT_BASE, DEFAULT_TASK)}  # built on first use, then cached
+SENTIMENT_TASKS = ("movies", "amazon", "tweets")  # one label space: each is out of distribution for the others
+DEFAULT_SPARSITY = 1e-3
+DEFAULT_EXAMPLES_PER_CLASS = 256  # k-shot examples for mask learning; fewer overfit the mask (measured)
+METHOD_NAMES = ("learned", "top-movement", "random", "bias-only", "magnitude")  # checked against the registry in tests
+MODULE_TYPES = ("query", "key", "value", "attn_out", "ffn_in", "ffn_out", "layernorm", "other")
+
+
+def arg(default, help: str, **cli):
+    """A request field: its default, the help text every front end shows, and CLI hints.
+
+    CLI hints: ``flag`` (option name), ``metavar``, ``choices``, ``list`` ("repeat": one value
+    per option, "comma": comma-separated), ``cli=False`` (not an option).
+    """
+    meta = {"help": help, **cli}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+# -- mask learning -------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class LearnConfig:
+    """Hyper-parameters of mask learning (method.MaskLearner). Defaults work across models (measured)."""
+
+    steps: int = 40
+    lr: float = 0.02  # RMS step in logit units for "normalized"; per-coordinate for "adam"; raw η for "sgd"
+    optimizer: str = "normalized"  # "normalized" | "adam" | "sgd" (the paper's)
+    norm: str = "rms"  # what "normalized" divides by: "rms" or "max" of ∇_ℓ over the graftable set
+    forward: str = "relaxed"  # "relaxed" (Eq. 2) or "hard": the binarised region, straight-through
+    sigmoid_bias: float = 3.0  # S starts at −bias: σ(S) ≈ 0.047
+    binarise: str = "topk"  # "topk" | "round"
+    batch_size: int = 16
+    seed: int = 0
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+# -- fine-tuning recipes -----------------------------------------------------------------------------
+@dataclass(frozen=True)
+class FinetuneConfig:
+    """Hyper-parameters of fine-tuning; the defaults are the paper's SGD recipe (§3.2)."""
+
+    optimizer: str = "sgd"  # "sgd" (paper) | "adamw"
+    lr: float = 0.003  # SGD at 0.05 diverged on the default pair; AdamW wants ~3e-5
+    momentum: float = 0.9
+    weight_decay: float = 1e-4
+    l1: float = 0.0  # AdamW only: coefficient of ‖θ − θ_pre‖₁ (mean over trainable parameters)
+    epochs: int = 2
+    batch_size: int = 16
+    train_examples: int | None = 2000  # a stratified subsample keeps CPU runs short; None = all
+    freeze_embeddings: bool = True
+    seed: int = 0
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def validate(self) -> None:
+        if self.optimizer not in LR_FOR:
+            raise RequestError(f"unknown optimizer '{self.optimizer}' (use sgd or adamw)")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise RequestError(f"the learning rate must be a positive number, got {self.lr}")
+        if self.epochs < 1 or self.batch_size < 1:
+            raise RequestError("epochs and batch size must be at least 1")
+        if self.l1 and self.optimizer != "adamw":
+            raise RequestError("the ℓ1 movement penalty goes with AdamW (SGD needs none)")
+        if self.l1 < 0:
+            raise RequestError(f"the ℓ1 penalty cannot be negative, got {self.l1}")
+        if self.train_examples is not None and self.train_examples < 0:
+            raise RequestError(f"train examples must be 0 (all) or more, got {self.train_examples}")
+
+
+LR_FOR = {"sgd": 0.003, "adamw": 3e-5}  # default learning rate of each optimizer
+DEFAULT_RECIPE = FinetuneConfig()
+QUICK_RECIPE = FinetuneConfig(epochs=1, train_examples=256, lr=0.01)  # GRAFTUI_FAST: seconds, weaker
+
+
+def default_recipe() -> FinetuneConfig:
+    """The recipe of the default fine-tuned checkpoint (a quick one under GRAFTUI_FAST)."""
+    return QUICK_RECIPE if settings.fast() else DEFAULT_RECIPE
+
+
+def default_checkpoint_dir(key: str = DEFAULT_FINETUNED, config: FinetuneConfig | None = None) -> Path:
+    """Cache folder of a default fine-tuned checkpoint; its name changes with the recipe."""
+    config = config or default_recipe()
+    digest = hashlib.sha256(json.dumps([key, config.as_dict(), __version__.split(".")[0]]).encode()).hexdigest()[:8]
+    return settings.subdir("checkpoints") / f"{key}-{digest}"
+
+
+# -- what the app proposes where the library's default would take minutes ---------------------------
+INTERACTIVE = {"n": 500}
+FAST = {"steps": 10, "examples_per_class": 16, "n": 64, "epochs": 1, "train_examples": 64,
+        "sparsities": [1e-4, 1e-3]}  # GRAFTUI_FAST: tests and demos
+
+
+# -- the request base --------------------------------------------------------------------------------
+REQUESTS: dict[str, type["Request"]] = {}
+
+
+def _register(cls):
+    REQUESTS[cls.verb] = cls
+    return cls
+
+
+@dataclass
+class Request:
+    verb: ClassVar[str] = ""
+    writes: ClassVar[bool] = False  # whether the verb writes files (then ``out`` says where)
+
+    def validate(self) -> "Request":
+        """Cheap checks (no model, no data set loaded); returns self so calls chain."""
+        for f in fields(self):
+            value = getattr(self, f.name)
+            kind = _kind(type(self), f.name)
+            if value is None:
+                if not _optional(type(self), f.name):
+                    raise RequestError(f"{_name(f.name)} is required")
+                continue
+            if kind is int and (isinstance(value, bool) or not isinstance(value, int)):
+                raise RequestError(f"{_name(f.name)} must be a whole number, got {value!r}")
+            if kind is float and (isinstance(value, bool) or not isinstance(value, (int, float))):
+                raise RequestError(f"{_name(f.name)} must be a number, got {value!r}")
+            choices = f.metadata.get("choices")
+            if choices and value not in choices and not isinstance(value, list):
+                raise RequestError(f"unknown {f.name.replace('_', ' ')} '{value}'; choose from {', '.join(choices)}")
+        self.check()
+        return self
+
+    def check(self) -> None:
+        """The verb's own cheap checks."""
+
+    def as_dict(self) -> dict:
+        return {"verb": self.verb, **asdict(self)}
+
+    def replace(self, **changes) -> "Request":
+        return type(self)(**{**asdict(self), **changes})
+
+    @classmethod
+    def help(cls, name: str) -> str:
+        return next(f.metadata.get("help", "") for f in fields(cls) if f.name == name)
+
+    @classmethod
+    def defaults(cls) -> dict:
+        """Field defaults, with the GRAFTUI_FAST ones where that mode is on."""
+        out = {}
+        for f in fields(cls):
+            out[f.name] = f.default if f.default is not MISSING else f.default_factory()
+            if settings.fast() and f.name in FAST:
+                out[f.name] = FAST[f.name]
+        return out
+
+
+def _hints(cls) -> dict:
+    return typing.get_type_hints(cls)
+
+
+def _optional(cls, name: str) -> bool:
+    return type(None) in typing.get_args(_hints(cls)[name])
+
+
+def _kind(cls, name: str):
+    """The plain type of a field: str, int, float, bool or list."""
+    hint = _hints(cls)[name]
+    if typing.get_origin(hint) is list:
+        return list
+    args = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
+    base = args[0]
+    return list if typing.get_origin(base) is list else base
+
+
+def _name(field_name: str) -> str:
+    return "--" + field_name.replace("_", "-")
+
+
+def from_dict(data: dict) -> Request:
+    """A request from its dict (a config file, or the record inside a file graftui wrote)."""
+    if not isinstance(data, dict):
+        raise RequestError("a request is a mapping with a 'verb' and the verb's fields")
+    data = dict(data)
+    verb = data.pop("verb", None)
+    if verb not in REQUESTS:
+        raise RequestError(f"unknown verb {verb!r}; choose from {', '.join(REQUESTS)}")
+    cls = REQUESTS[verb]
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise RequestError(f"'{verb}' has no field {unknown[0]!r}; its fields are {', '.join(sorted(known))}")
+    return cls(**data)
+
+
+# -- field groups (help text written once) -------------------------------------------------------------
+H_BASE = "pre-trained model θ_pre: 'minilm', a checkpoint folder or a Hub id"
+H_FT = "fine-tuned model θ_ft: 'minilm-movies' (built on first use), a checkpoint folder or a Hub id"
+H_TASK = "offline task (see 'graftui tasks'), a CSV/TSV/JSON(L)/Parquet file or folder, or a Hub dataset id"
+
+
+@dataclass
+class PairFields(Request):
+    base: str = arg(DEFAULT_BASE, H_BASE, metavar="REF", group="models")
+    finetuned: str = arg(DEFAULT_FINETUNED, H_FT, metavar="REF", group="models")
+
+
+@dataclass
+class TaskFields(Request):
+    task: str = arg(DEFAULT_TASK, H_TASK, metavar="REF", group="data")
+    text_column: str | None = arg(None, "column holding the text (guessed if omitted)", metavar="NAME", group="data")
+    pair_column: str | None = arg(None, "column holding the second text of text-pair tasks", metavar="NAME", group="data")
+    label_column: str | None = arg(None, "column holding the label (guessed if omitted)", metavar="NAME", group="data")
+    config: str | None = arg(None, "Hugging Face dataset config name", metavar="NAME", group="data")
+
+    def data_spec(self):
+        from .data import DataSpec
+
+        return DataSpec(config=self.config, text_column=self.text_column, pair_column=self.pair_column,
+                        label_column=self.label_column)
+
+
+@dataclass
+class LearnFields(Request):
+    """Mask learning (method 'learned'); defaults from method.LearnConfig."""
+
+    steps: int = arg(LearnConfig.steps, "mask steps", metavar="N", group="mask learning (method 'learned')")
+    lr: float = arg(LearnConfig.lr, "step size (logit units for 'normalized' and 'adam'; the raw η for 'sgd')", metavar="F",
+                    group="mask learning (method 'learned')")
+    optimizer: str = arg(LearnConfig.optimizer, "normalized (RMS-scaled steps), adam, or sgd (the paper's)",
+                         choices=("normalized", "adam", "sgd"), group="mask learning (method 'learned')")
+    batch_size: int = arg(LearnConfig.batch_size, "examples per mask step", metavar="N", group="mask learning (method 'learned')")
+    examples_per_class: int | None = arg(
+        None, f"k-shot training examples per class (default: {DEFAULT_EXAMPLES_PER_CLASS}, or all there are when a "
+        "class has fewer)", metavar="N", group="mask learning (method 'learned')")
+    binarise: str = arg(LearnConfig.binarise, "topk (exact budget) or round (the paper's 0.5 rule, capped at k)",
+                        choices=("topk", "round"), group="mask learning (method 'learned')")
+    seed: int = arg(LearnConfig.seed, "seed of the k-shot sample, the batches and the random baseline", metavar="N",
+                    group="mask learning (method 'learned')")
+
+    def learn_config(self) -> LearnConfig:
+        return LearnConfig(steps=self.steps, lr=float(self.lr), optimizer=self.optimizer, batch_size=self.batch_size,
+                           binarise=self.binarise, seed=self.seed)
+
+    def check_learning(self) -> None:
+        if self.steps < 1:
+            raise RequestError(f"--steps must be at least 1, got {self.steps}")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise RequestError(f"--lr must be a positive number, got {self.lr}")
+        if self.batch_size < 1:
+            raise RequestError(f"--batch-size must be at least 1, got {self.batch_size}")
+        if self.examples_per_class is not None and self.examples_per_class < 1:
+            raise RequestError(f"--examples-per-class must be at least 1, got {self.examples_per_class}")
+
+
+@dataclass
+class GraftableFields(Request):
+    include_embeddings: bool = arg(False, "let regions include embeddings (frozen in the paper's fine-tuning)",
+                                   group="graftable parameters")
+    modules: list[str] | None = arg(None, f"only these module types ({', '.join(MODULE_TYPES)})", metavar="LIST",
+                                    list="comma", choices=MODULE_TYPES, group="graftable parameters")
+
+    def graftable_spec(self):
+        from .models import GraftableSpec
+
+        return GraftableSpec(include_embeddings=self.include_embeddings,
+                             modules=tuple(self.modules) if self.modules else None)
+
+    def check_modules(self) -> None:
+        if self.modules is not None:
+            if not self.modules:
+                raise RequestError("--modules: give at least one module type")
+            for m in self.modules:
+                if m not in MODULE_TYPES:
+                    raise RequestError(f"unknown module type '{m}' in --modules; choose from {', '.join(MODULE_TYPES)}")
+
+
+def check_sparsity(value: float) -> None:
+    if not (isinstance(value, (int, float)) and math.isfinite(value) and 0 < value <= 1):
+        raise RequestError(f"sparsity must be in (0, 1], a fraction of the graftable parameters; got {value}")
+
+
+def check_out_file(out: str | None) -> None:
+    if out is not None and Path(out).expanduser().is_dir():
+        raise RequestError(f"output '{out}' is a folder; give a file name such as region.safetensors")
+
+
+def check_out_dir(out: str | None) -> None:
+    if out is None:
+        return
+    path = Path(out).expanduser()
+    if path.exists() and not path.is_dir():
+        raise RequestError(f"output '{out}' exists and is a file, not a folder")
+    if path.is_dir() and any(path.iterdir()):
+        raise RequestError(f"output folder '{out}' exists and is not empty; choose a new folder")
+
+
+def check_region_file(path: str) -> None:
+    p = Path(str(path)).expanduser()
+    if not p.exists():
+        raise RequestError(f"no region file at '{path}'")
+    if p.is_dir():
+        raise RequestError(f"'{path}' is a folder, not a region file")
+
+
+def check_methods(names) -> None:
+    from .methods import METHODS
+
+    if not names:
+        raise RequestError("give at least one localization method")
+    for name in names:
+        if name not in METHODS:
+            raise RequestError(f"unknown method '{name}'; choose from {', '.join(METHODS)}")
+
+
+# -- the verbs -------------------------------------------------------------------------------------------
+@_register
+@dataclass
+class FinetuneRequest(TaskFields):
+    """Fine-tune a base model on a task and write a Hugging Face checkpoint folder."""
+
+    verb: ClassVar[str] = "finetune"
+    writes: ClassVar[bool] = True
+    base: str = arg(DEFAULT_BASE, H_BASE, metavar="REF", group="models")
+    optimizer: str = arg(DEFAULT_RECIPE.optimizer, "sgd (the paper's recipe) or adamw", choices=tuple(LR_FOR),
+                         group="training")
+    lr: float | None = arg(None, "learning rate (default: "
+                           + ", ".join(f"{v:g} for {k}" for k, v in LR_FOR.items()) + ")", metavar="F", group="training")
+    epochs: int | None = arg(None, f"training epochs (default {DEFAULT_RECIPE.epochs})", metavar="N", group="training")
+    batch_size: int | None = arg(None, f"default {DEFAULT_RECIPE.batch_size}", metavar="N", group="training")
+    l1: float = arg(0.0, "ℓ1 movement penalty (adamw only)", metavar="F", group="training")
+    train_examples: int | None = arg(None, f"stratified training subsample (default {DEFAULT_RECIPE.train_examples}; "
+                                     "0 = all)", metavar="N", group="training")
+    seed: int | None = arg(None, f"default {DEFAULT_RECIPE.seed}", metavar="N", group="training")
+    test_examples: int | None = arg(None, "test examples for the reported accuracy (default all)", metavar="N")
+    out: str | None = arg(None, "new checkpoint folder (default $GRAFTUI_HOME/checkpoints/<base>-<task>-<recipe hash>, "
+                          "reused when it exists)", metavar="DIR")
+
+    def recipe(self) -> FinetuneConfig:
+        """The recipe: every field not given follows the default recipe (the optimizer's own lr)."""
+        default = default_recipe()
+        lr = self.lr if self.lr is not None else (default.lr if self.optimizer == default.optimizer else LR_FOR[self.optimizer])
+        train = default.train_examples if self.train_examples is None else (self.train_examples or None)
+        pick = lambda value, fallback: fallback if value is None else value  # noqa: E731
+        return FinetuneConfig(optimizer=self.optimizer, lr=lr, momentum=default.momentum, weight_decay=default.weight_decay,
+                              l1=self.l1, epochs=pick(self.epochs, default.epochs),
+                              batch_size=pick(self.batch_size, default.batch_size), train_examples=train,
+                              freeze_embeddings=default.freeze_embeddings, seed=pick(self.seed, default.seed))
+
+    def check(self) -> None:
+        if self.train_examples is not None and self.train_examples < 0:
+            raise RequestError(f"--train-examples must be 0 (all) or more, got {self.train_examples}")
+        self.recipe().validate()
+        if self.test_examples is not None and self.test_examples < 1:
+            raise RequestError(f"--test-examples must be at least 1, got {self.test_examples}")
+        check_out_dir(self.out)
+
+
+@_register
+@dataclass
+class LocalizeRequest(GraftableFields, LearnFields, TaskFields, PairFields):
+    """Find the k parameters of the fine-tuned model that carry the task's skill."""
+
+    verb: ClassVar[str] = "localize"
+    writes: ClassVar[bool] = True
+    method: str = arg("learned", "localization method (see 'graftui methods')", choices=METHOD_NAMES, group="region")
+    sparsity: float = arg(DEFAULT_SPARSITY, "region size as a fraction of the graftable parameters, in (0, 1]",
+                          metavar="F", group="region")
+    k: int | None = arg(None, "region size as a number of parameters (overrides --sparsity)", metavar="N", group="region")
+    region_only: bool = arg(False, "write indices only (re-applying needs the fine-tuned model), not a skill patch")
+    out: str | None = arg(None, "region file (default: a new file in $GRAFTUI_HOME/regions)", metavar="FILE")
+
+    def budget(self):
+        from .methods import Budget
+
+        return Budget(k=self.k) if self.k is not None else Budget(sparsity=self.sparsity)
+
+    def check(self) -> None:
+        check_methods([self.method])
+        if self.k is not None:
+            if self.k < 1:
+                raise RequestError(f"--k must be at least 1, got {self.k}")
+        else:
+            check_sparsity(self.sparsity)
+        self.check_learning()
+        self.check_modules()
+        check_out_file(self.out)
+
+
+@_register
+@dataclass
+class EvaluateRequest(TaskFields):
+    """Accuracy, F1, ECE and agreement with FT, in and out of distribution, for FT, the bare body and grafts."""
+
+    verb: ClassVar[str] = "evaluate"
+    regions: list[str] = arg([], "region or skill patch to graft (repeatable)", flag="--region", metavar="FILE",
+                             list="repeat")
+    base: str | None = arg(None, H_BASE + " (default: the regions' own, else minilm)", metavar="REF", group="models")
+    finetuned: str | None = arg(None, H_FT + " (default: the regions' own; rebuilt from the patches when it "
+                                "cannot be loaded)", metavar="REF", group="models")
+    task: str | None = arg(None, H_TASK + " (default: the regions' own, else movies)", metavar="REF", group="data")
+    ood: list[str] | None = arg(None, "out-of-distribution tasks; integer labels 0…n−1 map by position (default for "
+                                "sentiment tasks: the other two of movies, amazon, tweets)", metavar="TASK", list="repeat")
+    no_ood: bool = arg(False, "skip out-of-distribution tasks")
+    baselines: bool = arg(False, "add top-movement and random regions of each region's size")
+    sparsity: float = arg(DEFAULT_SPARSITY, "baseline budget when no region is given", metavar="F")
+    n: int | None = arg(None, "test examples per task (default all)", metavar="N")
+    seed: int = arg(0, "seed of the random baseline and of the test subsample", metavar="N")
+
+    def check(self) -> None:
+        for path in self.regions:
+            check_region_file(path)
+        check_sparsity(self.sparsity)
+        if self.n is not None and self.n < 1:
+            raise RequestError(f"--n must be at least 1, got {self.n}")
+
+    def ood_tasks(self, task: str) -> list[str]:
+        if self.no_ood:
+            return []
+        if self.ood is not None:
+            return [t for t in dict.fromkeys(self.ood) if t != task]
+        key = str(task).strip().lower()
+        return [t for t in SENTIMENT_TASKS if t != key] if key in SENTIMENT_TASKS else []
+
+
+@_register
+@dataclass
+class SweepRequest(GraftableFields, LearnFields, TaskFields, PairFields):
+    """Localize at several budgets with several methods and test each graft (accuracy against region size)."""
+
+    verb: ClassVar[str] = "sweep"
+    sparsities: list[float] = arg([1e-4, 1e-3, 1e-2], "fractions of the graftable parameters", metavar="LIST",
+                                  list="comma")
+    methods: list[str] = arg(["learned", "top-movement", "random"], "localization methods", metavar="LIST",
+                             list="comma")
+    n: int | None = arg(None, "test examples (default all)", metavar="N")
+
+    def check(self) -> None:
+        if not self.sparsities:
+            raise RequestError("--sparsities: give at least one value")
+        for s in self.sparsities:
+            check_sparsity(s)
+        check_methods(self.methods)
+        if self.n is not None and self.n < 1:
+            raise RequestError(f"--n must be at least 1, got {self.n}")
+        self.check_learning()
+        self.check_modules()
+
+
+@_register
+@dataclass
+class AnatomyRequest(Request):
+    """Count a region's parameters per layer and module type, with densities."""
+
+    verb: ClassVar[str] = "anatomy"
+    region: str | None = arg(None, "region or skill patch (default: the newest in $GRAFTUI_HOME/regions)",
+                             metavar="FILE")
+    by: str = arg("cell", "rows per layer, per module type, or a layer × module grid", choices=("layer", "module", "cell"))
+
+    def check(self) -> None:
+        if self.region is not None:
+            check_region_file(self.region)
+
+
+@_register
+@dataclass
+class ComposeRequest(Request):
+    """Overlap of regions and their union; with --evaluate, the union graft scored on every region's task."""
+
+    verb: ClassVar[str] = "compose"
+    writes: ClassVar[bool] = True
+    regions: list[str] = arg([], "region or skill patch (give two or more)", flag="--region", metavar="FILE",
+                             list="repeat")
+    resolve: str = arg("mean", "value where patches overlap: mean of their movements, first or last",
+                       choices=("mean", "first", "last"))
+    base: str | None = arg(None, H_BASE + " (default: the regions' own)", metavar="REF")
+    evaluate: bool = arg(False, "score each task alone, in the union graft and on the bare body (with its own head)")
+    n: int | None = arg(None, "test examples per task when evaluating (default all)", metavar="N")
+    out: str | None = arg(None, "the union file: a skill patch when every input is one (or --evaluate made them "
+                          "patches), a region otherwise (default: not written)", metavar="FILE")
+
+    def check(self) -> None:
+        if len(self.regions) < 2:
+            raise RequestError(f"compose needs at least two regions, got {len(self.regions)}")
+        for path in self.regions:
+            check_region_file(path)
+        if self.n is not None and self.n < 1:
+            raise RequestError(f"--n must be at least 1, got {self.n}")
+        check_out_file(self.out)
+
+
+@_register
+@dataclass
+class ExportRequest(Request):
+    """Write θ_pre + γ⊙(θ_ft − θ_pre) as a normal Hugging Face checkpoint folder."""
+
+    verb: ClassVar[str] = "export"
+    writes: ClassVar[bool] = True
+    region: str | None = arg(None, "skill patch, or region with --finetuned (default: the newest in "
+                             "$GRAFTUI_HOME/regions)", metavar="FILE")
+    base: str | None = arg(None, H_BASE + " (default: the region's own)", metavar="REF", group="models")
+    finetuned: str | None = arg(None, "fine-tuned model; needed for a region without values", metavar="REF",
+                                group="models")
+    out: str | None = arg(None, "new folder (default $GRAFTUI_HOME/exports/<region name>)", metavar="DIR")
+
+    def check(self) -> None:
+        if self.region is not None:
+            check_region_file(self.region)
+        check_out_dir(self.out)
+

@@ -1,0 +1,215 @@
+"""Scoring grafts: predictions of one pair under several regions, on a task and its OOD tasks.
+
+Every model a table compares is the same working model in another state: the fine-tuned model,
+the pre-trained body with the fine-tuned head (the empty region), θ̄(γ) for each region γ, or
+the union graft of several skill patches. Each state is entered and left through a context
+manager that restores θ_pre exactly, so the order of rows never changes a number.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from dataclasses import asdict, dataclass, replace
+from typing import Callable, Iterator
+
+import torch
+
+from . import method, metrics, sets
+from .data import Task, batches, subsample
+from .errors import Cancelled, DataError, RegionError
+from .methods import Budget, get_method, run_method
+from .method import LearnConfig
+from .regions import RegionRecord
+
+Progress = Callable[[dict], None]
+
+FT_LABEL = "fine-tuned"
+BODY_LABEL = "pre-trained body + FT head"
+ALONE, UNION, BODY = "region alone", "union graft", "pre-trained body + its head"
+
+
+# -- labels ------------------------------------------------------------------------------------------
+def check_labels(pair, task: Task) -> None:
+    if task.num_labels != len(pair.label_names):
+        raise DataError(
+            f"task '{task.name}' has {task.num_labels} labels but the fine-tuned model has {len(pair.label_names)}"
+        )
+
+
+def _integer_names(names) -> bool:
+    return tuple(names) == tuple(str(i) for i in range(len(names)))
+
+
+def align_labels(task: Task, other: Task) -> tuple[Task, str | None]:
+    """``other`` in ``task``'s label space, and a note when labels were matched by position.
+
+    Names must agree, except that integer labels 0…n−1 on either side map by position onto the
+    other side's names (a CSV with 0/1 labels against a task with negative/positive).
+    """
+    if tuple(other.label_names) == tuple(task.label_names):
+        return other, None
+    if len(other.label_names) == len(task.label_names) and (
+        _integer_names(other.label_names) or _integer_names(task.label_names)
+    ):
+        pairs = ", ".join(f"{a} → {b}" for a, b in zip(other.label_names, task.label_names))
+        note = f"labels of '{other.name}' matched by position to those of '{task.name}': {pairs}"
+        return replace(other, label_names=task.label_names), note
+    raise DataError(
+        f"OOD task '{other.name}' has labels {list(other.label_names)}, not those of '{task.name}' "
+        f"{list(task.label_names)}; pick OOD tasks with the same labels (integer labels 0…n−1 map by position)"
+    )
+
+
+# -- predictions -------------------------------------------------------------------------------------
+def predict(pair, task: Task, split: str, n: int | None, batch_size: int = 64, seed: int = 0):
+    data = task.splits[split]
+    if n is not None and n < len(data):
+        data = subsample(data, n, seed)
+    if len(data) == 0:
+        raise DataError(f"task '{task.name}' has no examples in its {split} split")
+    return metrics.predict_proba(pair.model, batches(pair.tokenizer, data, batch_size, task.max_length))
+
+
+def accuracy_of(pair, task: Task, region=None, *, n: int | None = None, split: str = "test") -> float:
+    """Test accuracy of θ̄(region), or of the fine-tuned model when ``region`` is None."""
+    with (pair.finetuned() if region is None else pair.grafted(region)):
+        probs, labels = predict(pair, task, split, n)
+    return metrics.accuracy(probs, labels)
+
+
+@dataclass
+class Comparison:
+    """Metrics per (model, task); reliability data per model on the in-distribution task."""
+
+    rows: list[dict]
+    reliability: dict[str, list[dict]]
+    histogram: dict[str, list[dict]]
+    task: str
+    ood: list[str]
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def compare(
+    pair,
+    task: Task,
+    models: dict[str, dict[str, torch.Tensor]],
+    *,
+    ood: list[Task] = (),
+    split: str = "test",
+    n: int | None = None,
+    seed: int = 0,
+    progress: Progress | None = None,
+    cancel: threading.Event | None = None,
+) -> Comparison:
+    """Evaluate FT, pre-trained body + FT head and each region's graft on ``task`` and ``ood``.
+
+    ``models`` maps a label to a region (flat indices); ``ood`` tasks are already in ``task``'s
+    label space (see :func:`align_labels`). Agreement is measured against FT.
+    """
+    check_labels(pair, task)
+    rows, reliability, histogram = [], {}, {}
+    tasks = [task, *ood]
+    total = len(tasks) * (len(models) + 2)
+    done = 0
+    for t in tasks:
+        variants: list[tuple[str, object]] = [(FT_LABEL, pair.finetuned()), (BODY_LABEL, contextlib.nullcontext())]
+        variants += [(label, pair.grafted(region)) for label, region in models.items()]
+        reference = None
+        for label, context in variants:
+            if cancel is not None and cancel.is_set():
+                raise Cancelled("evaluation cancelled")
+            if progress:
+                progress({"stage": f"evaluating {label} on {t.name}", "fraction": done / total})
+            with context:
+                probs, labels = predict(pair, t, split, n, seed=seed)
+            if reference is None:
+                reference = probs
+            m = metrics.metrics(probs, labels)
+            rows.append({
+                "model": label,
+                "task": t.name,
+                "distribution": "in" if t is task else "OOD",
+                "n": m.n,
+                "accuracy": m.accuracy,
+                "f1": m.f1,
+                "ece": m.ece,
+                "agreement_with_ft": metrics.agreement(probs, reference),
+                "region_size": method.region_size(models[label]) if label in models else None,
+            })
+            if t is task:
+                reliability[label] = metrics.reliability(probs, labels)
+                histogram[label] = metrics.confidence_histogram(probs)
+            done += 1
+    return Comparison(rows, reliability, histogram, task.name, [o.name for o in ood])
+
+
+def baseline_regions(pair, k: int, names: tuple[str, ...] = ("top-movement", "random"), seed: int = 0) -> dict:
+    """Data-free baselines at the same budget, for side-by-side comparison."""
+    out = {}
+    for name in names:
+        region, _ = run_method(pair, Budget(k=k), name, config=LearnConfig(seed=seed))
+        out[get_method(name).label] = region
+    return out
+
+
+# -- union grafts ----------------------------------------------------------------------------------------
+@contextlib.contextmanager
+def grafted_values(pair, indices: dict[str, torch.Tensor], values: dict[str, torch.Tensor]) -> Iterator[torch.nn.Module]:
+    """The working model with ``values`` written at ``indices`` (O(k)); θ_pre is put back after."""
+    with torch.no_grad():
+        for name, idx in indices.items():
+            flat = pair.param(name).data.view(-1)
+            flat[idx.to(flat.device)] = values[name].to(flat.device, flat.dtype)
+    try:
+        yield pair.model
+    finally:
+        pair.remove(indices)
+
+
+def check_composable(records: list[RegionRecord]) -> None:
+    """Skill patches of one base with the same graftable tensors, or a RegionError saying why not."""
+    if len(records) < 2:
+        raise RegionError("pick at least two regions to compose")
+    for r in records:
+        if not r.is_patch:
+            raise RegionError("composition needs skill patches (regions with their fine-tuned values)")
+    bases = {r.meta.get("base") for r in records}
+    if len(bases) > 1:
+        raise RegionError(f"the regions come from different base models ({', '.join(sorted(map(str, bases)))}); "
+                          "compose needs one base")
+    first = records[0].shapes
+    for r in records[1:]:
+        if r.shapes != first:
+            raise RegionError("the regions were made over different graftable tensors; compose needs the same set")
+
+
+def union_of(records: list[RegionRecord], names: list[str], pre, resolve: str = "mean"):
+    """(indices, values, report) of the union graft; ``pre`` is θ_pre (read at shared indices only)."""
+    check_composable(records)
+    contributions = [sets.Contribution(n, r.indices, r.values) for n, r in zip(names, records)]
+    return sets.union_values(contributions, pre, resolve)
+
+
+def _row(task: Task, head: str, model: str, probs, labels, size: int | None) -> dict:
+    m = metrics.metrics(probs, labels)
+    return {"task": task.name, "head": head, "model": model, "n": m.n, "accuracy": m.accuracy, "f1": m.f1,
+            "ece": m.ece, "region_size": size}
+
+
+def evaluate_on_pair(pair, task: Task, own: RegionRecord, own_name: str, union_idx, union_val, *, n=None,
+                     split="test") -> list[dict]:
+    """Score region alone, union graft and the bare body on ``task`` with this pair's head."""
+    check_labels(pair, task)
+    rows = []
+    with pair.grafted(own.indices):
+        rows.append(_row(task, own_name, ALONE, *predict(pair, task, split, n), own.size))
+    with grafted_values(pair, union_idx, union_val):
+        rows.append(_row(task, own_name, UNION, *predict(pair, task, split, n), method.region_size(union_idx)))
+    rows.append(_row(task, own_name, BODY, *predict(pair, task, split, n), 0))
+    alone = rows[0]["accuracy"]
+    for r in rows:
+        r["delta_vs_alone"] = r["accuracy"] - alone
+    return rows
