@@ -351,6 +351,8 @@ class LocalizeResult(Result):
         top = sorted(a.by_module.items(), key=lambda kv: -kv[1])[:3]
         out.update({
             "kind": "patch" if r.is_patch else "region",
+            "method": self.request.method,
+            "task": self.request.task,
             "k": r.size,
             "graftable_params": r.graftable,
             "total_params": int(r.meta.get("total_params") or r.graftable),
@@ -867,8 +869,8 @@ def read_request(path, out: str | None = None) -> Request:
         if written:
             data = data["request"]
     if not isinstance(data, dict):
-        raise RequestError(f"'{path}' holds no graftui request (it was written before requests were recorded, "
-                           "or by another program)")
+        raise RequestError(f"'{path}' holds no graftui request: a config is a mapping with a 'verb' and its fields "
+                           "(files graftui wrote hold theirs)")
     request = from_dict(data)
     if type(request).writes and (out is not None or written):
         request = request.replace(out=out)

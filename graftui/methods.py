@@ -158,6 +158,8 @@ def run_method(
     k = budget.resolve(pair.counts()["graftable"])
     if info.needs_data and make_batches is None:
         raise ValueError(f"method '{name}' needs training data")
+    if cancel is not None and cancel.is_set():
+        raise method.Cancelled(f"{name} cancelled before it started")
     region = info.fn(MethodContext(pair, k, make_batches, config, progress, cancel))
     if method.region_size(region) > k:  # the budget is a promise to the user, not an internal check
         raise BudgetError(f"method '{name}' returned {method.region_size(region):,} parameters for a budget of {k:,}")

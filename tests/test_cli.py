@@ -117,6 +117,7 @@ def no_models(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("a model was loaded before the input was checked")
 
+    monkeypatch.setattr("graftui.training.load_classifier", refuse)  # first: imports training with the real one
     monkeypatch.setattr("graftui.models.ModelPair.load", refuse)
     monkeypatch.setattr("graftui.models.load_classifier", refuse)
     monkeypatch.setattr("graftui.training.ensure_default_finetuned", refuse)
@@ -192,12 +193,12 @@ def test_localize_default_out_region_only_and_sparsity(ft_dir, home):
     code, out, err = run_cli("localize", "--finetuned", ft_dir, "--method", "top-movement", "--sparsity", "1e-4",
                              "--region-only")
     assert code == 0, err
-    files = list((home / "regions").glob("top-movement-movies-*.safetensors"))
+    files = list((home / "regions").glob("movies-top-movement-*.safetensors"))
     assert len(files) == 1
     record = regions.load(files[0])
     assert not record.is_patch
     graftable = record.meta["graftable_params"]
-    assert record.size == round(1e-4 * graftable) and files[0].name == f"top-movement-movies-{record.size}.safetensors"
+    assert record.size == round(1e-4 * graftable) and files[0].name.startswith(f"movies-top-movement-k{record.size}-")
     assert f"k = {record.size:,}" in out and "anatomy" in out and "% of" in out and "time" in out
     assert not out.lstrip().startswith("{")
     # the newest region is what anatomy and export use when no --region is given
@@ -207,7 +208,14 @@ def test_localize_default_out_region_only_and_sparsity(ft_dir, home):
     files[0].unlink()
 
 
-def test_evaluate_regions_with_baselines_in_and_out_of_distribution(ft_dir, learned, top):
+def moved_patch(path, folder):
+    """A copy of a skill patch that names a fine-tuned model no longer on disk."""
+    record = regions.load(path)
+    record.meta["finetuned"] = str(folder / "deleted-checkpoint")
+    return regions.save(record, folder / "learned.safetensors")
+
+
+def test_evaluate_regions_with_baselines_in_and_out_of_distribution(ft_dir, learned, top, tmp_path):
     doc = run_json("evaluate", "--finetuned", ft_dir, "--region", learned[0], "--region", top[0],
                    "--ood", "amazon", "--n", "64", "--baselines")
     rows = {(r["model"], r["task"]): r for r in doc["rows"]}
@@ -223,8 +231,13 @@ def test_evaluate_regions_with_baselines_in_and_out_of_distribution(ft_dir, lear
     assert rows[("Top movement", "amazon")]["accuracy"] == rows[("top", "amazon")]["accuracy"]
     assert "reliability" in doc and set(doc["reliability"]) >= {"learned", "fine-tuned"}
 
-    # a skill patch needs no fine-tuned model: the graft rebuilt from base + patch is the same model
-    patch_doc = run_json("evaluate", "--region", learned[0], "--no-ood", "--n", "64")
+    # with no --finetuned the region's own pair and task are used
+    own = run_json("evaluate", "--region", learned[0], "--no-ood", "--n", "64")
+    assert own["finetuned"] == str(ft_dir) and own["task"] == "movies" and not own["notes"]
+    assert {r["model"]: r["accuracy"] for r in own["rows"]}["learned"] == rows[("learned", "movies")]["accuracy"]
+
+    # a skill patch whose fine-tuned model is gone: the graft rebuilt from base + patch is the same model
+    patch_doc = run_json("evaluate", "--region", moved_patch(learned[0], tmp_path), "--no-ood", "--n", "64")
     prow = {r["model"]: r for r in patch_doc["rows"]}
     assert set(prow) == {"fine-tuned (from patch)", "pre-trained body + FT head", "learned"}
     assert prow["learned"]["accuracy"] == rows[("learned", "movies")]["accuracy"]
@@ -241,8 +254,8 @@ def test_evaluate_regions_with_baselines_in_and_out_of_distribution(ft_dir, lear
         assert word in out
 
 
-def test_evaluate_baselines_need_the_finetuned_model_with_a_patch(learned, no_models):
-    assert_one_line_error(*run_cli("evaluate", "--region", learned[0], "--baselines"), "--finetuned")
+def test_evaluate_baselines_need_the_finetuned_model_with_a_patch(learned, no_models, tmp_path):
+    assert_one_line_error(*run_cli("evaluate", "--region", moved_patch(learned[0], tmp_path), "--baselines"), "--finetuned")
 
 
 def test_anatomy_counts_add_up(learned):
@@ -341,7 +354,7 @@ def test_export_with_finetuned_matches_export_from_patch(learned, ft_dir, tmp_pa
 def test_sweep_table(ft_dir):
     doc = run_json("sweep", "--finetuned", ft_dir, "--methods", "top-movement,random", "--sparsities", "1e-2,1e-3",
                    "--n", "32")
-    assert doc["sparsities"] == [1e-3, 1e-2]
+    assert sorted(doc["request"]["sparsities"]) == [1e-3, 1e-2]
     assert [(r["method"], r["sparsity"]) for r in doc["rows"]] == [
         ("top-movement", 1e-3), ("random", 1e-3), ("top-movement", 1e-2), ("random", 1e-2)]
     ks = {r["sparsity"]: r["k"] for r in doc["rows"]}
@@ -388,6 +401,9 @@ def bad_files(tmp_path):
         (["localize", "--task", "moviez"], ["moviez", "movies"]),
         (["localize", "--modules", "query,attention"], ["attention"]),
         (["localize", "--examples-per-class", "100000"], ["100000"]),
+        (["run", "{missing}"], ["nope.safetensors"]),
+        (["run", "{csv}"], ["reviews.csv", "JSON"]),
+        (["evaluate", "--ood", "bbc", "--task", "{csv}"], ["bbc", "same labels"]),
         (["evaluate", "--region", "{corrupt}"], ["corrupt.safetensors"]),
         (["evaluate", "--region", "{missing}"], ["nope.safetensors"]),
         (["anatomy", "--region", "{corrupt}"], ["corrupt.safetensors"]),
@@ -457,3 +473,83 @@ def test_ctrl_c_exits_130_with_one_line(monkeypatch):
     monkeypatch.setattr(cli, "cmd_methods", interrupted)
     code, out, err = run_cli("methods")
     assert code == 130 and err.strip() == "graftui: interrupted"
+
+
+# -- one front door: re-runs, small data, integer labels ------------------------------------------
+def test_run_remakes_a_region_bit_for_bit_from_its_file_and_from_a_config(learned, ft_dir, tmp_path):
+    import yaml
+
+    original = regions.load(learned[0])
+    request = original.meta["request"]
+    assert request["verb"] == "localize" and request["steps"] == 3 and request["seed"] == 0
+    assert original.meta["library_version"] == __version__
+
+    again = tmp_path / "again.safetensors"
+    doc = run_json("run", learned[0], "--out", again)
+    assert doc["path"] == str(again)
+    copy = regions.load(again)
+    assert set(copy.indices) == set(original.indices)
+    for name in original.indices:
+        assert torch.equal(copy.indices[name], original.indices[name]), name
+        assert torch.equal(copy.values[name], original.values[name]), name
+    assert regions.load(learned[0]).meta["created"] == original.meta["created"]  # the file read is never rewritten
+
+    config = tmp_path / "localize.yaml"
+    config.write_text(yaml.safe_dump({**request, "out": str(tmp_path / "from-config.safetensors")}))
+    assert run_cli("run", config)[0] == 0
+    from_config = regions.load(tmp_path / "from-config.safetensors")
+    assert all(torch.equal(from_config.indices[n], original.indices[n]) for n in original.indices)
+
+    report = tmp_path / "report.json"
+    code, out, err = run_cli("anatomy", "--region", learned[0], "--report", report)
+    assert code == 0 and str(report) in out
+    saved = json.loads(report.read_text())
+    assert saved["request"] == {"verb": "anatomy", "region": str(learned[0]), "by": "cell"}
+    assert run_json("run", report)["k"] == K
+
+
+def test_a_small_csv_localizes_with_the_defaults_and_says_so(ft_dir, tmp_path, monkeypatch):
+    monkeypatch.delenv("GRAFTUI_FAST", raising=False)
+    from graftui.data import load_task
+
+    movies = load_task("movies").splits["train"]
+    small = tmp_path / "small.csv"
+    rows = [("text", "label")] + [(t.replace(",", " "), y) for t, y in zip(movies.texts[:64], movies.labels[:64])]
+    small.write_text("\n".join(f"{t},{y}" for t, y in rows) + "\n")
+    doc = run_json("localize", "--finetuned", ft_dir, "--task", small, "--steps", "1", "--out", tmp_path / "r.safetensors")
+    per_class = doc["meta"]["train_examples"] // 2
+    assert 0 < per_class < 256 and doc["k"] > 0
+    assert doc["notes"] and f"uses {per_class} per class" in doc["notes"][0]
+    code, out, err = run_cli("localize", "--finetuned", ft_dir, "--task", small, "--steps", "1",
+                             "--out", tmp_path / "r2.safetensors")
+    assert code == 0 and "note: task 'small.csv' has only" in out
+
+
+def test_an_ood_file_with_integer_labels_maps_onto_named_labels(ft_dir, tmp_path):
+    from graftui.data import load_task
+
+    amazon = load_task("amazon").splits["test"]
+    ood = tmp_path / "mine.csv"
+    ood.write_text("text,label\n" + "\n".join(f"{t.replace(',', ' ')},{y}" for t, y in
+                                                zip(amazon.texts[:40], amazon.labels[:40])) + "\n")
+    doc = run_json("evaluate", "--finetuned", ft_dir, "--task", "movies", "--ood", ood, "--n", "16")
+    assert {r["task"] for r in doc["rows"]} == {"movies", "mine.csv"}
+    assert doc["notes"] == ["labels of 'mine.csv' matched by position to those of 'movies': 0 → negative, 1 → positive"]
+    named = run_json("evaluate", "--finetuned", ft_dir, "--task", "movies", "--ood", "amazon", "--n", "16")
+    by_task = lambda d: {r["model"]: r["accuracy"] for r in d["rows"] if r["distribution"] == "OOD"}  # noqa: E731
+    assert set(by_task(doc)) == set(by_task(named))
+    assert_one_line_error(*run_cli("evaluate", "--finetuned", ft_dir, "--ood", "bbc", "--n", "8"), "bbc", "same labels")
+
+
+@pytest.mark.parametrize("content, needles", [
+    ('{"verb": "localise"}', ["localise", "localize"]),
+    ('{"verb": "localize", "sparsty": 0.1}', ["sparsty"]),
+    ('{"verb": "localize", "sparsity": 2}', ["sparsity", "2"]),
+    ('{"verb": "localize", "steps": "many"}', ["--steps", "many"]),
+    ("{not json", ["config.json", "JSON"]),
+    ("[1, 2]", ["verb"]),
+])
+def test_run_refuses_a_bad_config_in_one_line(content, needles, tmp_path, no_models):
+    config = tmp_path / "config.json"
+    config.write_text(content)
+    assert_one_line_error(*run_cli("run", config), *needles)
