@@ -60,7 +60,7 @@ print(json.dumps({
     "checkpoint": str(path), "seconds": time.monotonic() - t0,
     "base": DEFAULT_BASE, "finetuned": DEFAULT_FINETUNED, "task": "movies", "method": "learned",
     "sparsity": 10 ** float(d["log_sparsity"]), "steps": int(d["steps"]),
-    "examples_per_class": int(d["examples_per_class"]), "lr": float(d["mask_lr"]),
+    "examples_per_class": d["examples_per_class"], "lr": float(d["mask_lr"]),
 }))
 """
 
@@ -85,9 +85,8 @@ def cli_command(settings: dict, out: Path) -> list[str]:
         "localize", "--json", "--out", str(out),
         "--base", settings["base"], "--finetuned", settings["finetuned"], "--task", settings["task"],
         "--method", settings["method"], "--sparsity", repr(settings["sparsity"]),
-        "--steps", str(settings["steps"]), "--examples-per-class", str(settings["examples_per_class"]),
-        "--lr", repr(settings["lr"]),
-    ]
+        "--steps", str(settings["steps"]), "--lr", repr(settings["lr"]),
+    ] + (["--examples-per-class", str(settings["examples_per_class"])] if settings["examples_per_class"] else [])
 
 
 def children_cpu() -> float:
@@ -180,12 +179,8 @@ def run_app(home: Path, fast: bool, index: int, timeout: float) -> dict:
 
 def check_same(settings: dict, params: dict) -> list[str]:
     """Differences between what the CLI was given and what the app's job ran with."""
-    learn = params.get("learn") or {}
-    got = {
-        "base": params.get("base"), "finetuned": params.get("finetuned"), "task": params.get("task"),
-        "method": params.get("method"), "sparsity": params.get("sparsity"), "steps": learn.get("steps"),
-        "examples_per_class": params.get("examples_per_class"), "lr": learn.get("lr"),
-    }
+    got = {key: params.get(key) for key in ("base", "finetuned", "task", "method", "sparsity", "steps",
+                                            "examples_per_class", "lr")}  # the job's params are its request
     diffs = []
     for key, value in got.items():
         want = settings[key]

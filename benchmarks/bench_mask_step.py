@@ -160,10 +160,11 @@ def main() -> None:
     if args.child:
         child(args.child, args.finetuned)
         return
+    from graftui.flows import ensure_models, load_pair
     from graftui.models import resolve
-    from graftui.flows import load_pair
 
-    finetuned = resolve(args.finetuned)  # builds the default checkpoint on first need
+    ensure_models([args.finetuned])  # builds the default checkpoint on first need
+    finetuned = resolve(args.finetuned)
     torch.set_num_threads(os.cpu_count() or 1)
     pair = load_pair("minilm", finetuned)
     batch = batch_of(pair)

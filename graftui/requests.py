@@ -267,14 +267,11 @@ class LearnFields(Request):
                            binarise=self.binarise, seed=self.seed)
 
     def check_learning(self) -> None:
-        if self.steps < 1:
-            raise RequestError(f"--steps must be at least 1, got {self.steps}")
+        check_at_least_one("steps", self.steps)
         if not (self.lr > 0 and math.isfinite(self.lr)):
             raise RequestError(f"--lr must be a positive number, got {self.lr}")
-        if self.batch_size < 1:
-            raise RequestError(f"--batch-size must be at least 1, got {self.batch_size}")
-        if self.examples_per_class is not None and self.examples_per_class < 1:
-            raise RequestError(f"--examples-per-class must be at least 1, got {self.examples_per_class}")
+        check_at_least_one("batch_size", self.batch_size)
+        check_at_least_one("examples_per_class", self.examples_per_class)
 
 
 @dataclass
@@ -297,6 +294,12 @@ class GraftableFields(Request):
             for m in self.modules:
                 if m not in MODULE_TYPES:
                     raise RequestError(f"unknown module type '{m}' in --modules; choose from {', '.join(MODULE_TYPES)}")
+
+
+def check_at_least_one(field_name: str, value: int | None) -> None:
+    """Counts (steps, examples, test examples …) are whole numbers ≥ 1 when given."""
+    if value is not None and value < 1:
+        raise RequestError(f"{_name(field_name)} must be at least 1, got {value}")
 
 
 def check_sparsity(value: float) -> None:
@@ -375,8 +378,7 @@ class FinetuneRequest(TaskFields):
         if self.train_examples is not None and self.train_examples < 0:
             raise RequestError(f"--train-examples must be 0 (all) or more, got {self.train_examples}")
         self.recipe().validate()
-        if self.test_examples is not None and self.test_examples < 1:
-            raise RequestError(f"--test-examples must be at least 1, got {self.test_examples}")
+        check_at_least_one("test_examples", self.test_examples)
         check_out_dir(self.out)
 
 
@@ -435,8 +437,7 @@ class EvaluateRequest(TaskFields):
         for path in self.regions:
             check_region_file(path)
         check_sparsity(self.sparsity)
-        if self.n is not None and self.n < 1:
-            raise RequestError(f"--n must be at least 1, got {self.n}")
+        check_at_least_one("n", self.n)
 
     def ood_tasks(self, task: str) -> list[str]:
         if self.no_ood:
@@ -465,8 +466,7 @@ class SweepRequest(GraftableFields, LearnFields, TaskFields, PairFields):
         for s in self.sparsities:
             check_sparsity(s)
         check_methods(self.methods)
-        if self.n is not None and self.n < 1:
-            raise RequestError(f"--n must be at least 1, got {self.n}")
+        check_at_least_one("n", self.n)
         self.check_learning()
         self.check_modules()
 
@@ -508,8 +508,7 @@ class ComposeRequest(Request):
             raise RequestError(f"compose needs at least two regions, got {len(self.regions)}")
         for path in self.regions:
             check_region_file(path)
-        if self.n is not None and self.n < 1:
-            raise RequestError(f"--n must be at least 1, got {self.n}")
+        check_at_least_one("n", self.n)
         check_out_file(self.out)
 
 

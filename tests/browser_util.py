@@ -189,7 +189,8 @@ def run_job(page, button: str, status: str, picker: str, timeout_s: float = 300.
     while time.monotonic() - t0 < timeout_s:
         shown = page.input_value(f"#{picker} input") if page.query_selector(f"#{picker} input") else ""
         last = text(page, status)
-        if job_id in shown and ("· done" in last or "failed" in last or "cancelled" in last):
+        # the status line names its job: a line about the previous job never passes for this one
+        if job_id in shown and f"[{job_id}]" in last and ("· done" in last or "failed" in last or "cancelled" in last):
             return last, time.monotonic() - t0
         time.sleep(0.5)
     raise AssertionError(f"job {job_id} ({button}) not finished after {timeout_s:.0f} s; last status {last!r}")
