@@ -23,11 +23,12 @@ from dataclasses import fields
 from typing import Sequence
 
 from . import __version__
+from .errors import RequestError
 
 PROG = "graftui"
 
 
-class CLIError(ValueError):
+class CLIError(RequestError):
     """Bad command-line syntax: exit code 2 and its message on one line."""
 
 

@@ -117,7 +117,7 @@ def default_checkpoint_dir(key: str = DEFAULT_FINETUNED, config: FinetuneConfig 
 
 
 # -- what the app proposes where the library's default would take minutes ---------------------------
-INTERACTIVE = {"n": 500}
+INTERACTIVE = {"n": 500, "l1": 1e-3}  # l1: what the app proposes when AdamW is picked
 FAST = {"steps": 10, "examples_per_class": 16, "n": 64, "epochs": 1, "train_examples": 64,
         "sparsities": [1e-4, 1e-3]}  # GRAFTUI_FAST: tests and demos
 

@@ -212,7 +212,7 @@ def anatomy_outputs(region_id: str, mode: str) -> list:
 # -- the app -------------------------------------------------------------------------------------
 def build_app() -> gr.Blocks:
     from ..data import OFFLINE_TASKS
-    from ..requests import DEFAULT_BASE, DEFAULT_FINETUNED, LocalizeRequest
+    from ..requests import DEFAULT_BASE, DEFAULT_FINETUNED, INTERACTIVE, LR_FOR, LocalizeRequest
 
     d = store.defaults()
     hosted = settings.hosted()
@@ -277,7 +277,7 @@ def build_app() -> gr.Blocks:
                 with gr.Row():
                     ftn_opt = gr.Radio([("SGD (paper recipe)", "sgd"), ("AdamW + ℓ1 movement penalty", "adamw")], value="sgd",
                                        label="Optimizer", elem_id="finetune-optimizer")
-                    ftn_lr = gr.Number(d["ft_lr"], label="Learning rate", info=f"SGD ≈ {d['ft_lr']:g}; AdamW ≈ 3e-5", elem_id="finetune-lr")
+                    ftn_lr = gr.Number(d["ft_lr"], label="Learning rate", info=f"SGD ≈ {LR_FOR['sgd']:g}; AdamW ≈ {LR_FOR['adamw']:g}", elem_id="finetune-lr")
                     ftn_l1 = gr.Number(0.0, label="ℓ1 coefficient on |θ − θ_pre| (AdamW only)", visible=False, elem_id="finetune-l1")
                 with gr.Row():
                     ftn_epochs = gr.Slider(1, 10, value=d["ft_epochs"], step=1, label="Epochs", elem_id="finetune-epochs")
@@ -489,7 +489,7 @@ def build_app() -> gr.Blocks:
         # ---------------------------------------------------------------- Fine-tune
         def on_optimizer(opt):
             if opt == "adamw":
-                return gr.update(value=3e-5), gr.update(visible=True, value=1e-3)
+                return gr.update(value=LR_FOR["adamw"]), gr.update(visible=True, value=INTERACTIVE["l1"])
             return gr.update(value=d["ft_lr"]), gr.update(visible=False, value=0.0)
 
         ftn_opt.change(on_optimizer, [ftn_opt], [ftn_lr, ftn_l1])
