@@ -8,7 +8,7 @@ and returns a typed result with ``as_dict()``. Every file a flow writes embeds i
 the library version, so :func:`run_file` can make it again.
 
 A :class:`Guard` says what a flow may read: locally everything, on a hosted server only Hub ids,
-offline defaults and the server's own files (``graftui.ui.store.HostedGuard``).
+offline defaults and the server's own files (``graftui.ui.store.guard()``).
 """
 
 from __future__ import annotations
