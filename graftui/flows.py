@@ -26,8 +26,9 @@ from typing import Callable
 from . import __version__, regions, settings
 from .layout import MODULE_LABELS, Anatomy, anatomy as count_anatomy
 from .data import OFFLINE_TASKS, Task, kshot, load_task
-from .errors import DataError, ModelError, RegionError, RequestError
+from .errors import Cancelled, DataError, ModelError, RegionError, RequestError
 from .methods import Budget, get_method, run_method
+from .method import region_size
 from .models import GraftableSpec, ModelPair, resolve
 from .regions import RegionRecord
 from .requests import (
@@ -609,7 +610,7 @@ def sweep(req: SweepRequest, progress: Progress | None = None, cancel=None, guar
                                   method=name, sparsity=s)
             region, _ = find_region(one, pair, task, k, notes, cancel=cancel)
             acc_metrics = scoring.metrics.metrics(*_predict_grafted(pair, task, region, req.n))
-            rows.append({"method": name, "sparsity": s, "k": sum(int(v.numel()) for v in region.values()),
+            rows.append({"method": name, "sparsity": s, "k": region_size(region),
                          "accuracy": acc_metrics.accuracy, "ece": acc_metrics.ece, "ft_accuracy": ft_acc,
                          "retained": acc_metrics.accuracy / ft_acc if ft_acc else None})
     finish(progress)
@@ -733,8 +734,6 @@ def compose(req: ComposeRequest, progress: Progress | None = None, cancel=None, 
         tasks = [get_task(r.meta.get("task") or DEFAULT_TASK, recorded_spec(r), guard) for r in records]
         for i, (record, name, task) in enumerate(zip(records, names, tasks)):
             if cancel is not None and cancel.is_set():
-                from .errors import Cancelled
-
                 raise Cancelled("composition cancelled")
             if progress:
                 progress({"stage": f"loading {short_ref(base)} + patch '{name}'", "fraction": i / len(records)})

@@ -295,8 +295,10 @@ def overlap_for(region_ids: list[str]) -> dict:
 def submit_compose(runner, *, region_ids: list[str], resolve: str, n) -> Job:
     from ..requests import ComposeRequest
 
+    from .. import flows
+
     paths = _paths(region_ids, 2)
-    out = flows_new_region("union")
+    out = flows.new_path(store.regions_dir(), "union", ".safetensors")
     request = ComposeRequest(regions=paths, resolve=resolve, evaluate=True, n=whole(n), out=str(out))
 
     def saved(result, doc) -> dict:
@@ -304,12 +306,6 @@ def submit_compose(runner, *, region_ids: list[str], resolve: str, n) -> Job:
 
     title = f"Compose {len(paths)} regions (overlaps: {resolve}) and evaluate on each region's task"
     return submit(runner, request, title, saved)
-
-
-def flows_new_region(stem: str) -> Path:
-    from .. import flows
-
-    return flows.new_path(store.regions_dir(), stem, ".safetensors")
 
 
 def submit_export(runner, *, region_id: str) -> Job:
