@@ -189,6 +189,47 @@ def test_guarded_turns_exceptions_into_a_status_message_not_a_traceback():
     assert fine(1) == (2, "ok")
 
 
+def test_poll_runs_every_part_in_one_event_and_a_failing_part_keeps_its_outputs():
+    import gradio as gr
+
+    from graftui.ui.app import Poll
+
+    class Timer:
+        def tick(self, fn, inputs, outputs, **kw):
+            self.fn, self.inputs, self.outputs = fn, inputs, outputs
+
+    a, b, c, d, status = (object() for _ in range(5))
+    poll = Poll()
+    poll.add(lambda x: (x + 1,), [a], [b])
+    poll.add(lambda x: 1 / 0, [a], [c])
+    poll.add(lambda x, y: (x * y, "ok"), [a, b], [d, a])
+    timer = Timer()
+    poll.wire(timer, status)
+    assert timer.outputs == [b, c, d, a, status] and timer.inputs == [a, a, a, b]
+    out = timer.fn(2, 2, 3, 4)
+    assert out[0] == 3 and out[2:4] == (12, "ok")
+    assert isinstance(out[1], type(gr.skip())) and out[4].startswith("⚠️ internal error (ZeroDivisionError")
+    clash = Poll()
+    clash.add(lambda: (1,), [], [b])
+    clash.add(lambda: (2,), [], [b])
+    with pytest.raises(ValueError, match="same component"):
+        clash.wire(Timer(), status)
+
+
+def test_the_page_polls_with_one_timer_event_and_hidden_panels_stay_untouched(home, monkeypatch):
+    import gradio as gr
+
+    from graftui.ui import app, store
+
+    monkeypatch.setattr(store, "default_ready", lambda: True)
+    demo = app.build_app()
+    timers = [b for b in demo.blocks.values() if isinstance(b, gr.Timer)]
+    ticks = [fn for fn in demo.fns.values() if any(t[0] == timers[0]._id and t[1] == "tick" for t in fn.targets)]
+    assert len(timers) == 1 and len(ticks) == 1
+    hidden = app._when_shown("localize", lambda picked, last: ("drawn",), 1)
+    assert hidden("compare", None, None) == (gr.skip(),) and hidden("localize", None, None) == ("drawn",)
+
+
 def test_friendly_message_keeps_quotes_and_names_internal_errors():
     from graftui.regions import RegionError
     from graftui.ui.app import friendly_message

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import time
 
 import gradio as gr
 import pandas as pd
@@ -22,7 +23,9 @@ from . import actions, figures, store
 log = logging.getLogger(__name__)
 
 TAB_NAMES = ("Models", "Fine-tune", "Localize", "Compare", "Anatomy", "Compose", "Regions")
-POLL_SECONDS = 2.0  # live plots: often enough to watch, rarely enough to leave the CPU to the job
+POLL_SECONDS = 2.0  # status lines and job lists: often enough to watch
+# A plot redraw costs the browser a few hundred ms of CPU; on a small machine that is taken from the job.
+LIVE_REDRAW_SECONDS = 8.0
 
 INTRO = {
     "Models": (
@@ -233,7 +236,7 @@ def build_app() -> gr.Blocks:
 
         with gr.Tabs(elem_id="tabs"):
             # ---------------------------------------------------------------- Models
-            with gr.Tab("Models", elem_id="tab-models"):
+            with gr.Tab("Models", elem_id="tab-models") as models_tab:
                 gr.Markdown(INTRO["Models"])
                 with gr.Row():
                     base_dd = gr.Dropdown(store.checkpoint_choices(include_base=True), value=DEFAULT_BASE, allow_custom_value=True,
@@ -418,7 +421,9 @@ def build_app() -> gr.Blocks:
                 job_req = gr.Code("", language="json", interactive=False, elem_id="jobs-request")
                 job_req_dl = gr.DownloadButton("Download request (JSON)", value=None, elem_id="jobs-request-download")
 
-        timer = gr.Timer(POLL_SECONDS)
+        timer = gr.Timer(POLL_SECONDS)  # one event per tick refreshes every live list and panel
+        poll = Poll()
+        shown_tab = gr.State("models")  # the page's open tab: only its panels are refreshed
         region_sig = gr.State(None)
         ckpt_sig = gr.State(None)
         jobs_sig = gr.State(None)
@@ -651,7 +656,6 @@ def build_app() -> gr.Blocks:
         # ---------------------------------------------------------------- polling
         region_pickers = [cmp_regions, ana_region, cmp_sel, reg_sel]
 
-        @quiet
         def tick_lists(last_regions, last_ckpts, *picked):
             entries = store.list_regions()
             rsig = tuple(e.id for e in entries)
@@ -673,26 +677,31 @@ def build_app() -> gr.Blocks:
                         gr.update(choices=store.checkpoint_choices(include_base=True))]
             else:
                 out += [gr.skip(), gr.skip(), gr.skip()]
-            return (*out, rsig, csig, gr.skip())
+            return (*out, rsig, csig)
 
-        timer.tick(tick_lists, [region_sig, ckpt_sig, *region_pickers], [*region_pickers, region_table, base_dd, ft_dd, ftn_base, region_sig, ckpt_sig, status],
-                   show_progress="hidden")
+        poll.add(tick_lists, [region_sig, ckpt_sig, *region_pickers], [*region_pickers, region_table, base_dd, ft_dd, ftn_base, region_sig, ckpt_sig],
+                 )
 
-        @quiet
         def tick_jobs(last, picked):
+            """The jobs table and the picked job's line: a new job or a new status at once, running figures
+            (progress, duration) at most every LIVE_REDRAW_SECONDS."""
             runner = store.runner()
             sig = actions.job_signature(runner)
             job = runner.get(picked) if picked else None
             detail = actions.job_status_line(job) if job else ""
-            if sig == last:
-                return gr.skip(), gr.skip(), detail, last, gr.skip()
-            # the picker's choices change only when a job appears or changes status, not every second
             listing = [(j[0], j[1]) for j in sig]
-            picker = gr.skip() if last is not None and listing == [(j[0], j[1]) for j in last] else \
-                gr.update(choices=actions.job_choices(runner))
-            return actions.job_rows(runner), picker, detail, sig, gr.skip()
+            now = time.monotonic()
+            if last is not None and listing == last[0]:
+                fresh = sig == last[1] or now - last[3] < LIVE_REDRAW_SECONDS
+                table = gr.skip() if fresh else actions.job_rows(runner)
+                picker = gr.skip()  # its choices change only when a job appears or changes status
+            else:
+                fresh = False
+                table, picker = actions.job_rows(runner), gr.update(choices=actions.job_choices(runner))
+            line = gr.skip() if last is not None and detail == last[2] else detail
+            return table, picker, line, (listing, last[1] if fresh else sig, detail, last[3] if fresh else now)
 
-        timer.tick(tick_jobs, [jobs_sig, job_sel], [jobs_df, job_sel, job_md, jobs_sig, status], show_progress="hidden")
+        poll.add(tick_jobs, [jobs_sig, job_sel], [jobs_df, job_sel, job_md, jobs_sig])
 
         @safe
         def on_job_cancel(picked):
@@ -720,40 +729,54 @@ def build_app() -> gr.Blocks:
             """Poll the picked job of ``kinds`` (or the latest one) and re-render only when it changed."""
             sig_state = gr.State(None)
 
-            @quiet
             def tick(picked, last):
                 runner = store.runner()
                 job = runner.get(picked) if picked else actions.latest_job(runner, kinds)
                 listing = tuple((j.id, j.status) for j in runner.jobs() if j.kind in kinds)
-                sig = (listing, None if job is None else (job.id, job.status, len(job.progress), round(job.fraction, 3), job.message))
-                if sig == last:
-                    return (gr.skip(), gr.skip(), *[gr.skip() for _ in outputs], last, gr.skip())
+                shown = None if job is None else (job.id, job.status)
+                line = None if job is None else (len(job.progress), round(job.fraction, 3), job.message)
+                now = time.monotonic()
+                if last is not None and (listing, shown, line) == last[:3]:
+                    return (gr.skip(), gr.skip(), *[gr.skip() for _ in outputs], last)
                 picker_update = gr.skip()
                 if last is None or listing != last[0]:
                     picker_update = gr.update(choices=[(latest_label, "")] + actions.job_choices(runner, kinds))
-                return (picker_update, actions.job_status_line(job), *render(job), sig, gr.skip())
+                # the status line follows every tick; a running job's figures at most every LIVE_REDRAW_SECONDS
+                redraw = last is None or shown != last[1] or job is None or job.status != "running" \
+                    or now - last[3] >= LIVE_REDRAW_SECONDS
+                figures_out = render(job) if redraw else [gr.skip() for _ in outputs]
+                return (picker_update, actions.job_status_line(job), *figures_out,
+                        (listing, shown, line, now if redraw else last[3]))
 
             inputs = [fixed_state if fixed_state is not None else picker, sig_state]
-            outs = ([picker] if fixed_state is None else []) + [status_md, *outputs, sig_state, status]
-            fn = tick if fixed_state is None else (lambda picked, last: _drop_first(tick(picked, last)))
-            timer.tick(fn, inputs, outs, show_progress="hidden")
-            if fixed_state is None:
-                picker.change(lambda picked: tick(picked, None), [picker], [picker, status_md, *outputs, sig_state, status])
-            return sig_state
+            outs = ([picker] if fixed_state is None else []) + [status_md, *outputs, sig_state]
+            polled = tick if fixed_state is None else (lambda picked, last: tick(picked, last)[1:])
+            return sig_state, polled, inputs, outs, picker
 
-        # A plot updated while its tab is hidden is drawn only at its next update, so opening a tab
-        # forgets what its panels last rendered and the next tick draws them again.
-        for tab, sigs in (
-            (localize_tab, [panel(("localize",), loc_job, loc_status, [loc_plot], render_localize, "latest localize job")]),
-            (finetune_tab, [panel(("finetune", "prepare"), ftn_job, ftn_status, [ftn_plot], render_finetune, "latest fine-tuning job")]),
-            (compare_tab, [
+        # Only the open tab's panels are refreshed. A plot updated while its tab is hidden is drawn only
+        # at its next update anyway, so opening a tab forgets what its panels last rendered and the
+        # next tick draws them again.
+        panels = {
+            "localize": [panel(("localize",), loc_job, loc_status, [loc_plot], render_localize, "latest localize job")],
+            "finetune": [panel(("finetune", "prepare"), ftn_job, ftn_status, [ftn_plot], render_finetune, "latest fine-tuning job")],
+            "compare": [
                 panel(("compare",), cmp_job, cmp_status, [cmp_table, cmp_rel, cmp_hist, cmp_note], render_compare, "latest comparison"),
                 panel(("sweep",), swp_job, swp_status, [swp_plot, swp_table], render_sweep, "latest sweep"),
-            ]),
-            (compose_tab, [panel(("compose",), cps_job, cps_status, [cps_report, cps_table], render_compose, "latest composition")]),
-            (regions_tab, [panel(("export",), None, reg_export_status, [reg_export_file], render_export, "", fixed_state=export_job)]),
-        ):
-            tab.select(_forget(len(sigs)), None, sigs, show_progress="hidden")
+            ],
+            "compose": [panel(("compose",), cps_job, cps_status, [cps_report, cps_table], render_compose, "latest composition")],
+            "regions": [panel(("export",), None, reg_export_status, [reg_export_file], render_export, "", fixed_state=export_job)],
+        }
+        for name, parts in panels.items():
+            for _, polled, inputs, outs, picker in parts:
+                poll.add(_when_shown(name, polled, len(outs)), [shown_tab, *inputs], outs)
+                if picker is not None:  # picking a job shows it at once
+                    picker.change(quiet(lambda picked, fn=polled: (*fn(picked, None), gr.skip())), [picker], [*outs, status])
+        for name, tab in (("models", models_tab), ("finetune", finetune_tab), ("localize", localize_tab), ("compare", compare_tab),
+                          ("anatomy", anatomy_tab), ("compose", compose_tab), ("regions", regions_tab)):
+            sigs = [part[0] for part in panels.get(name, [])]
+            tab.select(_open_tab(name, len(sigs)), None, [shown_tab, *sigs], show_progress="hidden")
+        poll.wire(timer, status)
+
 
     return demo
 
@@ -768,20 +791,61 @@ def picker_for(kinds: tuple[str, ...], latest_label: str, job):
     return gr.update(choices=choices, value=job.id)
 
 
-def _forget(n: int):
-    """A handler that resets ``n`` signature states to None."""
+def _open_tab(tab: str, n: int):
+    """A tab's select handler: remember it is open and reset its ``n`` panel signatures to None."""
 
-    def forget():
-        return tuple([None] * n) if n > 1 else None
+    def opened():
+        return (tab, *[None] * n)
 
-    return forget
+    return opened
 
 
-def _drop_first(result):
-    """Panel ticks without a picker: drop the picker's update (an error dict passes through)."""
-    if isinstance(result, dict):
-        return result
-    return tuple(result[1:])
+def _when_shown(tab: str, tick, n_out: int):
+    """A panel's tick that keeps every output while its tab is not the open one."""
+
+    def polled(shown, *args):
+        if shown != tab:
+            return tuple(gr.skip() for _ in range(n_out))
+        return tick(*args)
+
+    return polled
+
+
+class Poll:
+    """Every live list and panel, refreshed by one timer event per tick.
+
+    Each event costs the browser a request, a reply and a pass over the components it may
+    update, and on a small machine that is taken from the job being watched: one event per
+    tick instead of one per panel, and hidden panels skipped. A part whose refresh fails
+    keeps its outputs and reports in the status line; the others go on.
+    """
+
+    def __init__(self):
+        self.parts: list[tuple] = []
+
+    def add(self, fn, inputs: list, outputs: list) -> None:
+        """``fn(*inputs)`` returns one value (or ``gr.skip()``) per output."""
+        self.parts.append((fn, list(inputs), list(outputs)))
+
+    def wire(self, timer, status) -> None:
+        inputs = [c for _, ins, _ in self.parts for c in ins]
+        outputs = [c for _, _, outs in self.parts for c in outs]
+        if len(set(map(id, outputs))) != len(outputs):
+            raise ValueError("two polled parts update the same component")
+
+        def tick(*values):
+            out, at, problem = [], 0, gr.skip()
+            for fn, ins, outs in self.parts:
+                try:
+                    got = tuple(fn(*values[at:at + len(ins)]))
+                except Exception as err:  # noqa: BLE001 - one failing panel must not stop the others
+                    log.warning("polling %s failed", getattr(fn, "__name__", "panel"), exc_info=True)
+                    got, problem = tuple(gr.skip() for _ in outs), f"⚠️ {friendly_message(err)}"
+                out += got
+                at += len(ins)
+            return (*out, problem)
+
+        timer.tick(tick, inputs, [*outputs, status], show_progress="hidden")
 
 
 def launch(host: str = "127.0.0.1", port: int = 7860, share: bool = False, **kwargs):
