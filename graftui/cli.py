@@ -205,8 +205,53 @@ def render_export(doc: dict) -> str:
     ])
 
 
+def _matrix(title: str, names: list[str], rows: list[list[float]], fmt=lambda x: _num(x, 2)) -> str:
+    return table([title, *names], [[name, *(fmt(x) for x in row)] for name, row in zip(names, rows)])
+
+
+def render_multitask(doc: dict) -> str:
+    names = doc["tasks"]
+    parts = [
+        pairs_table([("multi-task model", doc["checkpoint"]),
+                     ("regions", f"k = {doc['k']:,} each, mask started from {doc['request']['start']}"),
+                     *[(f"  {t}", p) for t, p in doc["regions"].items()]]),
+        "",
+        "Overlap |γ_row ∩ γ_col| / |γ_col| (Fig. 8a):",
+        _matrix("region", names, doc["overlap"]),
+        "",
+        "Relative gain of the row's region on the column's task, Eq. 5 (Fig. 8b); accuracy in brackets:",
+        table(["region", *names], [[name, *(f"{_num(g, 2)} ({_num(a)})" for g, a in zip(gains, accs))]
+                                   for name, gains, accs in zip(names, doc["relative_gain"], doc["scores"])]),
+        table(["reference", *names], [["P_0 body + head", *(_num(x) for x in doc["p_zero"])],
+                                      ["P_1 multi-task", *(_num(x) for x in doc["p_one"])]]),
+    ]
+    for label, key in (("union", "union"), ("purified union", "purified")):
+        u = doc.get(key) or {}
+        if u:
+            size = f"{u['size']:,} parameters" + (f", {u['steps']} steps, {u['kept_from_union']:,} kept from the union"
+                                                   if key == "purified" else "")
+            parts += ["", f"{label.capitalize()} of {', '.join(u['group'])} ({size}):",
+                      table(["", *names], [["relative gain", *(_num(g, 2) for g in u["relative_gain"])],
+                                           ["accuracy", *(_num(a) for a in u["accuracy"])]])]
+    parts += [f"time {doc['seconds']:.1f} s"]
+    return "\n".join(parts)
+
+
+def render_wise(doc: dict) -> str:
+    tasks = [doc["task"], *doc["ood"]]
+    by = {(r["curve"], r["alpha"], r["task"]): r for r in doc["rows"]}
+    alphas = sorted({r["alpha"] for r in doc["rows"]})
+    heads = [f"{c} {t}" for c in ("FT", "graft") for t in tasks]
+    body = [[f"{a:g}", *(_num(by[(c, a, t)]["accuracy"]) for c in ("WiSE-FT", "WiSE-graft") for t in tasks)] for a in alphas]
+    return "\n".join([
+        f"θ_pre + α·δ (FT) and θ_pre + α·γ⊙δ (graft, k = {doc['k']:,} from {os.path.basename(doc['region'])}); "
+        f"accuracy on {doc['task']} (in distribution){' and ' + ', '.join(doc['ood']) if doc['ood'] else ''}:",
+        table(["α", *heads], body)])
+
+
 RENDER = {"finetune": render_finetune, "localize": render_localize, "evaluate": render_evaluate,
-          "sweep": render_sweep, "anatomy": render_anatomy, "compose": render_compose, "export": render_export}
+          "sweep": render_sweep, "anatomy": render_anatomy, "compose": render_compose, "export": render_export,
+          "multitask": render_multitask, "wise": render_wise}
 
 
 # -- options from request fields ----------------------------------------------------------------------
@@ -412,7 +457,9 @@ SUMMARY = {"finetune": "make a fine-tuned checkpoint (SGD or AdamW + ℓ1)",
            "sweep": "accuracy against region size for several methods",
            "anatomy": "where a region sits: layers × module types",
            "compose": "overlap of regions, their union, and the union graft scored",
-           "export": "write a grafted model as a Hugging Face checkpoint"}
+           "export": "write a grafted model as a Hugging Face checkpoint",
+           "multitask": "regions of a multi-task model: overlap, skill transfer (Eq. 5), union, purification",
+           "wise": "WiSE-FT and WiSE-graft curves along α, in and out of distribution"}
 
 
 def build_parser() -> argparse.ArgumentParser:

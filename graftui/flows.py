@@ -825,6 +825,7 @@ def export(req: ExportRequest, progress: Progress | None = None, cancel=None, gu
 # -- one entry point for every verb ----------------------------------------------------------------
 FLOWS: dict[str, Callable] = {"finetune": finetune, "localize": localize, "evaluate": evaluate, "sweep": sweep,
                               "anatomy": anatomy, "compose": compose, "export": export}
+from . import experiments  # noqa: E402,F401  (adds the paper's experiments to FLOWS)
 
 
 def run(req: Request, progress: Progress | None = None, cancel=None, guard: Guard = LOCAL) -> Result:

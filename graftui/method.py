@@ -185,6 +185,7 @@ class MaskLearner:
         ft: dict[str, torch.Tensor],
         k: int,
         config: LearnConfig = LearnConfig(),
+        start: Region | None = None,
     ):
         if config.optimizer not in {"normalized", "adam", "sgd"}:
             raise ValueError(f"unknown optimizer '{config.optimizer}' (use normalized, adam or sgd)")
@@ -192,7 +193,9 @@ class MaskLearner:
         self.names = list(params)
         self.device = params[self.names[0]].device
         shapes = {n: tuple(params[n].shape) for n in self.names}
-        self.base = base_region(pre, ft, self.names, k)
+        # γ_base: top-movement by default; the paper's multi-task runs start from ∅ (App. C.2),
+        # purification from a union of regions
+        self.base = base_region(pre, ft, self.names, k) if start is None else start
         self.logits = initial_logits(self.base, shapes, config.sigmoid_bias, self.device)
         self.count = sum(l.numel() for l in self.logits.values())
         self.adam = {n: (torch.zeros_like(l), torch.zeros_like(l)) for n, l in self.logits.items()} if config.optimizer == "adam" else None
@@ -223,7 +226,8 @@ class MaskLearner:
                 self.params[n].grad = None
             size = sum(int((l > 0).sum()) for l in self.logits.values())
             kept = sum(int((self.logits[n].view(-1)[i.to(self.device)] > 0).sum()) for n, i in self.base.items())
-            accuracy = float((out.logits.argmax(-1) == batch["labels"]).float().mean())
+            accuracy = float(out.accuracy) if hasattr(out, "accuracy") else \
+                float((out.logits.argmax(-1) == batch["labels"]).float().mean())
         return StepReport(self.steps_done, self.config.steps, float(out.loss.detach()), accuracy, size, size - kept)
 
     def finish(self) -> Region:
@@ -247,13 +251,15 @@ def learn_region(
     config: LearnConfig = LearnConfig(),
     progress: ProgressFn | None = None,
     cancel: threading.Event | None = None,
+    start: Region | None = None,
 ) -> tuple[Region, dict[str, torch.Tensor]]:
     """Learn a region of exactly ``k`` graftable parameters (Eq. 2–4).
 
-    ``make_batches(epoch)`` yields model inputs with ``labels``. The working parameters are left
+    ``make_batches(epoch)`` yields model inputs with ``labels``. ``start`` replaces γ_base
+    (top-movement) as the region the relaxation starts from. The working parameters are left
     at θ_pre afterwards, also when cancelled. Returns the region and the final logits ℓ.
     """
-    learner = MaskLearner(model, params, pre, ft, k, config)
+    learner = MaskLearner(model, params, pre, ft, k, config, start)
     batches = _cycle(make_batches)
     try:
         for _ in range(config.steps):

@@ -333,6 +333,22 @@ class ModelPair:
         finally:
             self.reset()
 
+    @contextlib.contextmanager
+    def interpolated(self, alpha: float, region: dict[str, torch.Tensor] | None = None) -> Iterator[torch.nn.Module]:
+        """The working model as θ_pre + α·δ (WiSE-FT), or θ_pre + α·γ⊙δ with a region (WiSE-graft)."""
+        from .lab import wise
+        from .method import region_to_mask
+
+        masks = region_to_mask(region, {n: tuple(self.ft[n].shape) for n in self.ft}) if region is not None else {}
+        with torch.no_grad():
+            for name, values in self.ft.items():
+                mask = masks.get(name)
+                self._params[name].data.copy_(wise(self.pre[name], values, alpha, None if region is None else mask.to(values.device)))
+        try:
+            yield self.model
+        finally:
+            self.reset()
+
     @torch.no_grad()
     def reset(self) -> None:
         """Back to pre-trained body + fine-tuned head."""

@@ -28,6 +28,7 @@ DEFAULT_FINETUNED = "minilm-movies"
 DEFAULT_TASK = "movies"
 DEFAULT_FINETUNED_REFS = {DEFAULT_FINETUNED: (DEFAULT_BASE, DEFAULT_TASK)}  # built on first use, then cached
 SENTIMENT_TASKS = ("movies", "amazon", "tweets")  # one label space: each is out of distribution for the others
+DEFAULT_MULTITASK_TASKS = ("movies", "amazon", "bbc")  # a similar pair (two sentiment tasks) and a dissimilar task
 DEFAULT_SPARSITY = 1e-3
 DEFAULT_EXAMPLES_PER_CLASS = 256  # k-shot examples for mask learning; fewer overfit the mask (measured)
 METHOD_NAMES = ("learned", "top-movement", "random", "bias-only", "magnitude")  # checked against the registry in tests
@@ -531,3 +532,77 @@ class ExportRequest(Request):
             check_region_file(self.region)
         check_out_dir(self.out)
 
+
+
+# -- the paper's experiments (flows in experiments.py) ------------------------------------------------------
+@_register
+@dataclass
+class MultitaskRequest(LearnFields):
+    """One model fine-tuned on several tasks: each task's region, their overlap, the skill transfer of
+    every region to every task (Eq. 5), the union of a group of tasks and its purification (§5.1)."""
+
+    verb: ClassVar[str] = "multitask"
+    writes: ClassVar[bool] = True
+    base: str = arg(DEFAULT_BASE, H_BASE, metavar="REF", group="models")
+    tasks: list[str] = arg(list(DEFAULT_MULTITASK_TASKS), "tasks of the multi-task model (two or more)", metavar="LIST",
+                           list="comma", group="data")
+    checkpoint: str | None = arg(None, "a multi-task fine-tune's folder (one sub-folder per task); default: built on "
+                                 "first need from --base and --tasks with the default recipe, then reused",
+                                 metavar="DIR", group="models")
+    sparsity: float = arg(DEFAULT_SPARSITY, "each task's region, as a fraction of the graftable parameters",
+                          metavar="F", group="region")
+    start: str = arg("empty", "region the mask starts from: empty (the paper's multi-task setting) or top-movement",
+                     choices=("empty", "top-movement"), group="region")
+    group: list[str] | None = arg(None, "tasks whose regions form the union (default: all)", metavar="LIST",
+                                  list="comma", group="region")
+    purify_steps: int = arg(10, "mask steps on the group's joint loss, starting from the union (0: no purification)",
+                            metavar="N", group="region")
+    n: int | None = arg(None, "test examples per task (default all)", metavar="N")
+    out: str | None = arg(None, "folder for the regions (default: new files in $GRAFTUI_HOME/regions)", metavar="DIR")
+
+    def check(self) -> None:
+        tasks = [t for t in self.tasks if str(t).strip()]
+        if len(tasks) < 2 or len(set(tasks)) != len(tasks):
+            raise RequestError(f"--tasks: give two or more different tasks, got {', '.join(self.tasks) or 'none'}")
+        for t in self.group or []:
+            if t not in tasks:
+                raise RequestError(f"--group: '{t}' is not one of --tasks ({', '.join(tasks)})")
+        if self.group is not None and len(self.group) < 2:
+            raise RequestError("--group: a union needs two or more tasks")
+        check_sparsity(self.sparsity)
+        if self.purify_steps < 0:
+            raise RequestError(f"--purify-steps must be 0 or more, got {self.purify_steps}")
+        check_at_least_one("n", self.n)
+        self.check_learning()
+        check_out_dir(self.out)
+
+
+@_register
+@dataclass
+class WiseRequest(TaskFields):
+    """WiSE curves (Fig. 7): θ_pre + α·δ and θ_pre + α·γ⊙δ for α from 0 to 1, in and out of distribution."""
+
+    verb: ClassVar[str] = "wise"
+    region: str | None = arg(None, "region or skill patch γ (default: the newest in $GRAFTUI_HOME/regions)",
+                             metavar="FILE")
+    base: str | None = arg(None, H_BASE + " (default: the region's own)", metavar="REF", group="models")
+    finetuned: str | None = arg(None, H_FT + " (default: the region's own)", metavar="REF", group="models")
+    task: str | None = arg(None, H_TASK + " (default: the region's own)", metavar="REF", group="data")
+    ood: list[str] | None = arg(None, "out-of-distribution tasks (default for sentiment tasks: the other two of movies, "
+                                "amazon, tweets)", metavar="TASK", list="repeat")
+    no_ood: bool = arg(False, "skip out-of-distribution tasks")
+    alphas: list[float] = arg([round(0.1 * i, 1) for i in range(11)], "interpolation weights α in [0, 1]",
+                              metavar="LIST", list="comma")
+    n: int | None = arg(None, "test examples per task (default all)", metavar="N")
+
+    def check(self) -> None:
+        if self.region is not None:
+            check_region_file(self.region)
+        if not self.alphas:
+            raise RequestError("--alphas: give at least one value")
+        for a in self.alphas:
+            if not (isinstance(a, (int, float)) and 0 <= a <= 1):
+                raise RequestError(f"--alphas: every α must be in [0, 1], got {a}")
+        check_at_least_one("n", self.n)
+
+    ood_tasks = EvaluateRequest.ood_tasks

@@ -46,6 +46,16 @@ def intersection(a: Region, b: Region) -> Region:
     return out
 
 
+def difference(a: Region, b: Region) -> Region:
+    """Indices of a that b does not hold (sorted, since a's indices are)."""
+    out: Region = {}
+    for name, idx in a.items():
+        keep = idx[~_isin(idx, b[name])] if name in b else idx
+        if keep.numel():
+            out[name] = keep
+    return out
+
+
 def union(*regions: Region) -> Region:
     """Indices present in any region, sorted and unique per name."""
     per_name: dict[str, list[torch.Tensor]] = {}

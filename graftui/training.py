@@ -31,6 +31,7 @@ class FinetuneProgress:
     epoch: int
     loss: float
     accuracy: float  # running accuracy on the training batches of this epoch
+    task: str | None = None  # the task of this step's batch (multi-task fine-tuning)
 
 
 def finetune(
@@ -97,7 +98,7 @@ def finetune(
             if progress is not None:
                 progress(FinetuneProgress(step, total, epoch + 1, float(out.loss.detach()), correct / max(seen, 1)))
     model.eval().to("cpu")
-    record = {
+    _save(out_dir, [(None, model)], tokenizer, {
         "graftui_version": __version__,
         "base": base_ref,
         "task": task.name,
@@ -106,25 +107,150 @@ def finetune(
         "train_examples": len(train),
         "config": config.as_dict(),
         "request": request,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
+    })
+    return out_dir
+
+
+def _save(out_dir: Path, models: list[tuple[str | None, torch.nn.Module]], tokenizer, record: dict) -> None:
+    """Write each model (in ``out_dir``, or its named sub-folder) with the tokenizer and the record.
+
+    Everything is written aside and renamed: an interrupted run never leaves a half checkpoint.
+    """
+    record = {**record, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
     tmp.chmod(0o755)  # mkdtemp makes it private; a checkpoint is an ordinary folder
-    try:  # write aside and rename: an interrupted run never leaves a half checkpoint
-        model.save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
-        (tmp / "graftui_record.json").write_text(json.dumps(record, indent=2))
+    try:
+        for sub, model in models:
+            folder = tmp / sub if sub else tmp
+            model.save_pretrained(folder, safe_serialization=True)
+            tokenizer.save_pretrained(folder)
+            (folder / "graftui_record.json").write_text(json.dumps({**record, "task": sub or record.get("task")}, indent=2))
+        if sub is not None:
+            (tmp / "graftui_record.json").write_text(json.dumps(record, indent=2))
         if out_dir.exists():
             out_dir.rmdir()
         tmp.replace(out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def finetune_multitask(
+    base_ref: str,
+    tasks: list,
+    config: FinetuneConfig,
+    out_dir: str | Path,
+    *,
+    progress: Callable[[FinetuneProgress], None] | None = None,
+    cancel: threading.Event | None = None,
+    device: str | None = None,
+    allow_local: bool = True,
+    request: dict | None = None,
+) -> Path:
+    """One shared body, one head per task; each step trains on a batch of a randomly chosen task.
+
+    The paper's multi-task model (§5.1, App. C.1). Writes ``out_dir/<task>/`` for every task: the
+    shared body with that task's head, an ordinary fine-tuned classifier, so that every verb
+    (localize, evaluate, compose …) reads the multi-task model through one task's head.
+    ``train_examples`` is per task; tasks are drawn in proportion to their number of batches.
+    """
+    import random
+
+    from .flows import slug
+
+    config.validate()
+    out_dir = Path(out_dir)
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise ModelError(f"'{out_dir}' exists and is not empty; choose a new folder")
+    names = [slug(t.name) for t in tasks]
+    if len(set(names)) != len(names) or len(tasks) < 2:
+        raise ModelError("multi-task fine-tuning needs two or more different tasks")
+    device = device or settings.device()
+    torch.manual_seed(config.seed)
+    models = [load_classifier(base_ref, label_names=t.label_names, allow_local=allow_local)[0] for t in tasks]
+    prefix = getattr(models[0], "base_model_prefix", "")
+    if not prefix or not hasattr(models[0], prefix):
+        raise ModelError(f"{type(models[0]).__name__} has no separate body to share between task heads")
+    for m in models[1:]:  # one body, several heads
+        setattr(m, prefix, getattr(models[0], prefix))
+    tokenizer = load_tokenizer(base_ref, allow_local=allow_local)
+    frozen = GraftableSpec(include_embeddings=False)
+    trainable, seen_ids = [], set()
+    for m in models:
+        m.to(device).train()
+        for name, p in m.named_parameters():
+            p.requires_grad_(not (config.freeze_embeddings and not frozen.admits(name)))
+            if p.requires_grad and id(p) not in seen_ids:
+                seen_ids.add(id(p))
+                trainable.append(p)
+    if config.optimizer == "sgd":
+        opt = torch.optim.SGD(trainable, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
+    else:
+        opt = torch.optim.AdamW(trainable, lr=config.lr, weight_decay=config.weight_decay)
+    trains = [subsample(t.splits["train"], config.train_examples, config.seed) if config.train_examples
+              else t.splits["train"] for t in tasks]
+    per_epoch = [-(-len(tr) // config.batch_size) for tr in trains]
+    total = sum(per_epoch) * config.epochs
+
+    def stream(i: int):
+        epoch = 0
+        while True:
+            yield from batches(tokenizer, trains[i], config.batch_size, tasks[i].max_length, shuffle_seed=config.seed + epoch)
+            epoch += 1
+
+    streams = [stream(i) for i in range(len(tasks))]
+    pick = random.Random(config.seed)
+    correct, seen = [0] * len(tasks), [0] * len(tasks)
+    for step in range(1, total + 1):
+        if cancel is not None and cancel.is_set():
+            raise Cancelled("multi-task fine-tuning cancelled")
+        i = pick.choices(range(len(tasks)), weights=per_epoch)[0]
+        batch = {k: v.to(device) for k, v in next(streams[i]).items()}
+        out = models[i](**batch)
+        opt.zero_grad(set_to_none=True)
+        out.loss.backward()
+        opt.step()
+        correct[i] += int((out.logits.argmax(-1) == batch["labels"]).sum())
+        seen[i] += int(batch["labels"].numel())
+        if progress is not None:
+            epoch = 1 + (step - 1) * config.epochs // total
+            progress(FinetuneProgress(step, total, epoch, float(out.loss.detach()), correct[i] / max(seen[i], 1), tasks[i].name))
+    for m in models:
+        m.eval().to("cpu")
+    _save(out_dir, list(zip(names, models)), tokenizer, {
+        "graftui_version": __version__,
+        "base": base_ref,
+        "tasks": [t.name for t in tasks],
+        "task_sources": [t.source for t in tasks],
+        "labels": {t.name: list(t.label_names) for t in tasks},
+        "train_examples": {t.name: len(tr) for t, tr in zip(tasks, trains)},
+        "config": config.as_dict(),
+        "request": request,
+    })
     return out_dir
 
 
 _default_lock = threading.Lock()
+DEFAULT_MULTITASK = "minilm-multitask"
+
+
+def ensure_default_multitask(
+    *,
+    progress: Callable[[FinetuneProgress], None] | None = None,
+    cancel: threading.Event | None = None,
+) -> Path:
+    """The offline default multi-task model (movies, amazon, bbc on MiniLM), built on first need."""
+    from .data import load_task
+    from .requests import DEFAULT_BASE, DEFAULT_MULTITASK_TASKS
+
+    out = default_checkpoint_dir(DEFAULT_MULTITASK)
+    with _default_lock:
+        if (out / "graftui_record.json").exists():
+            return out
+        return finetune_multitask(DEFAULT_BASE, [load_task(t) for t in DEFAULT_MULTITASK_TASKS], default_recipe(), out,
+                                  progress=progress, cancel=cancel,
+                                  request={"verb": "multitask", "base": DEFAULT_BASE, "tasks": list(DEFAULT_MULTITASK_TASKS)})
 
 
 def ensure_default_finetuned(

@@ -1,0 +1,303 @@
+"""The paper's experiments as flows: multi-task regions with skill transfer (§5.1) and WiSE curves (Fig. 7).
+
+Same contract as every flow in ``flows``: ``flow(request, progress, cancel, guard) -> result``.
+The maths (Eq. 5, WiSE, set differences) is in ``lab``; overlap and unions are in ``sets``.
+
+The multi-task model is read through one task's head at a time: a multi-task fine-tune writes one
+ordinary checkpoint per task (the shared body with that task's head), so "the pre-trained body with
+the fine-tuned head" (P_0) and "the multi-task model" (P_1) of Eq. 5 are the two ends of that
+task's pair, and a region of any task grafts onto any task's pair (the body is the same).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+from . import lab, metrics, regions, scoring, settings, sets
+from .data import DataSpec, batches, kshot
+from .errors import Cancelled, ModelError, RegionError
+from .flows import (
+    FLOWS, LOCAL, Guard, Progress, Result, _default_spec, _examples_per_class, check_model_ref, finish, get_pair,
+    get_task, latest_region, load_region, new_path, pair_for_regions, short_ref, slug,
+)
+from .method import learn_region, region_size
+from .methods import Budget
+from .models import GraftableSpec, load_classifier
+from .requests import DEFAULT_BASE, DEFAULT_MULTITASK_TASKS, MultitaskRequest, WiseRequest, default_checkpoint_dir
+
+
+# -- multi-task ------------------------------------------------------------------------------------
+@dataclass
+class MultitaskResult(Result):
+    checkpoint: str = ""
+    tasks: list[str] = field(default_factory=list)
+    k: int = 0
+    regions: dict[str, str] = field(default_factory=dict)  # task -> region file
+    sizes: list[int] = field(default_factory=list)
+    overlap: list[list[float]] = field(default_factory=list)  # [i][j] = |γ_i ∩ γ_j| / |γ_j|
+    intersection_counts: list[list[int]] = field(default_factory=list)
+    p_zero: list[float] = field(default_factory=list)  # pre-trained body + task head, per task
+    p_one: list[float] = field(default_factory=list)  # the multi-task model, per task
+    scores: list[list[float]] = field(default_factory=list)  # [i][j] = accuracy of γ_i's graft on task j
+    relative_gain: list[list[float]] = field(default_factory=list)  # Eq. 5 of scores
+    union: dict = field(default_factory=dict)
+    purified: dict = field(default_factory=dict)
+
+
+def multitask_checkpoint(base: str, tasks: list[str]) -> Path:
+    """Cache folder of the multi-task fine-tune of ``base`` on ``tasks`` with the default recipe."""
+    key = "multitask-" + slug(short_ref(base)) + "-" + "-".join(slug(t) for t in tasks)
+    if base == DEFAULT_BASE and tuple(tasks) == DEFAULT_MULTITASK_TASKS:
+        key = "minilm-multitask"
+    return default_checkpoint_dir(key)
+
+
+def _ensure_checkpoint(req: MultitaskRequest, tasks, guard: Guard, progress, cancel) -> Path:
+    from . import training
+    from .requests import default_recipe
+
+    if req.checkpoint:
+        folder = Path(req.checkpoint).expanduser()
+        guard.allow_local(models=[str(folder)])
+    else:
+        folder = multitask_checkpoint(req.base, req.tasks)
+        if not (folder / "graftui_record.json").exists():
+            def step(p):
+                if progress:
+                    progress({"stage": f"multi-task fine-tuning of {short_ref(req.base)} (first use; batch of {p.task})",
+                              "fraction": 0.4 * p.step / max(p.steps, 1)})
+
+            training.finetune_multitask(req.base, tasks, default_recipe(), folder, progress=step, cancel=cancel,
+                                        allow_local=guard.allow_local(models=[req.base]),
+                                        request={**req.as_dict(), "checkpoint": None})
+    missing = [t for t in req.tasks if not (folder / slug(t) / "config.json").exists()]
+    if missing:
+        raise ModelError(f"'{folder}' has no checkpoint for task '{missing[0]}' (expected the sub-folder "
+                         f"'{slug(missing[0])}' that a multi-task fine-tune writes)")
+    return folder
+
+
+class JointLoss(torch.nn.Module):
+    """Σ_{i∈G} L_i over task heads that share one body: the objective of purification (Fig. 8d).
+
+    A batch holds one sub-batch per task, its keys prefixed with the task's position ("0:input_ids").
+    """
+
+    def __init__(self, models: list[torch.nn.Module]):
+        super().__init__()
+        self.heads = torch.nn.ModuleList(models)
+
+    def forward(self, **batch):
+        loss, correct, seen = 0.0, 0, 0
+        for i, model in enumerate(self.heads):
+            part = {key.split(":", 1)[1]: v for key, v in batch.items() if key.startswith(f"{i}:")}
+            out = model(**part)
+            loss = loss + out.loss
+            correct += int((out.logits.argmax(-1) == part["labels"]).sum())
+            seen += int(part["labels"].numel())
+        return SimpleNamespace(loss=loss, accuracy=correct / max(seen, 1))
+
+
+def _train_batches(pair, task, req, notes, seed_offset: int = 0):
+    train = kshot(task.splits["train"], _examples_per_class(req, task, notes), req.seed)
+    cfg = req.learn_config()
+
+    def make(epoch: int):
+        return batches(pair.tokenizer, train, cfg.batch_size, task.max_length, shuffle_seed=cfg.seed + seed_offset + epoch)
+
+    return make
+
+
+def multitask(req: MultitaskRequest, progress: Progress | None = None, cancel=None, guard: Guard = LOCAL) -> MultitaskResult:
+    """Regions of every task of one multi-task model, their overlap, Eq. 5, the union and its purification."""
+    req.validate()
+    start = time.time()
+    check_model_ref(req.base)
+    tasks = [get_task(t, DataSpec(), guard) for t in req.tasks]
+    notes: list[str] = []
+    for t in tasks:
+        _examples_per_class(req, t, [])  # a bad k-shot size fails before any model is loaded
+    folder = _ensure_checkpoint(req, tasks, guard, progress, cancel)
+    refs = [str(folder / slug(t)) for t in req.tasks]
+    n = len(tasks)
+    out_dir = Path(req.out).expanduser() if req.out else settings.subdir("regions")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    config = req.learn_config()
+
+    def stage(text: str, fraction: float, **extra) -> None:
+        if cancel is not None and cancel.is_set():
+            raise Cancelled("multi-task experiment cancelled")
+        if progress:
+            progress({"stage": text, "fraction": 0.4 + 0.6 * fraction, **extra})
+
+    # Regions hold shared body parameters only, so that each one grafts onto every task's pair
+    # (a head is task-specific, and a base checkpoint may come with a head of its own).
+    first = get_pair(req.base, refs[0], GraftableSpec(), guard, progress, cancel)
+    prefix = first.model.base_model_prefix + "."
+    spec = GraftableSpec(names=tuple(name for name in first.graftable if name.startswith(prefix)))
+
+    # 1. each task's region, with its own loss and head (App. C.2)
+    found, paths, k = {}, {}, 0
+    for i, (name, task, ref) in enumerate(zip(req.tasks, tasks, refs)):
+        stage(f"region of '{name}' ({i + 1}/{n})", i / (n + 3))
+        pair = get_pair(req.base, ref, spec, guard, progress, cancel)
+        scoring.check_labels(pair, task)
+        k = Budget(sparsity=req.sparsity).resolve(pair.counts()["graftable"])
+        begin = {} if req.start == "empty" else None
+        params = {p: pair.param(p) for p in pair.graftable}
+        on_step = (lambda r, name=name: progress({"stage": f"region of '{name}': mask step {r.step}/{r.steps}",
+                                                  "k": k, **asdict(r)})) if progress else None
+        region, _ = learn_region(pair.model, params, pair.pre, pair.ft, k, _train_batches(pair, task, req, notes if i == 0 else []),
+                                 config, on_step, cancel, start=begin)
+        found[name] = region
+        record = regions.make_record(pair, region, {
+            "method": "learned", "task": name, "budget": f"sparsity={req.sparsity:g}", "budget_k": k, "sparsity": req.sparsity,
+            "start": req.start, "multitask_checkpoint": str(folder), "learn": config.as_dict(), "request": req.as_dict(),
+            "graftable_spec": asdict(spec),
+        })
+        paths[name] = str(regions.save(regions.with_patch(pair, record), new_path(out_dir, f"multitask-{slug(name)}-k{k}", ".safetensors")))
+
+    # 2. the union of the group, and its purification on the group's joint loss
+    group = req.group or list(req.tasks)
+    union = sets.union(*(found[g] for g in group))
+    purified = None
+    if req.purify_steps:
+        stage(f"purifying the union of {', '.join(group)} ({req.purify_steps} steps on the joint loss)", n / (n + 3))
+        lead = req.tasks.index(group[0])
+        pair = get_pair(req.base, refs[lead], spec, guard, progress, cancel)
+        body = pair.model.base_model_prefix
+        heads = []
+        for g in group:
+            idx = req.tasks.index(g)
+            if idx == lead:
+                heads.append(pair.model)
+                continue
+            other, _ = load_classifier(refs[idx], allow_local=guard.allow_local(models=[refs[idx]]))
+            setattr(other, body, getattr(pair.model, body))  # the head of task g on the working body
+            heads.append(other.to(pair.device).eval())
+        joint = JointLoss(heads)
+        makers = [_train_batches(pair, tasks[req.tasks.index(g)], req, [], seed_offset=j) for j, g in enumerate(group)]
+
+        def joint_batches(epoch: int):
+            for parts in zip(*(make(epoch) for make in makers)):
+                yield {f"{j}:{key}": v for j, part in enumerate(parts) for key, v in part.items()}
+
+        params = {p: pair.param(p) for p in pair.graftable}
+        cfg = type(config)(**{**config.as_dict(), "steps": req.purify_steps})
+        on_step = (lambda r: progress({"stage": f"purifying: mask step {r.step}/{r.steps}", **asdict(r)})) if progress else None
+        purified, _ = learn_region(joint, params, pair.pre, pair.ft, region_size(union), joint_batches, cfg, on_step, cancel,
+                                   start=union)
+        record = regions.make_record(pair, purified, {
+            "method": "purified union", "task": "+".join(group), "budget_k": region_size(union), "group": group,
+            "multitask_checkpoint": str(folder), "learn": cfg.as_dict(), "request": req.as_dict(),
+            "graftable_spec": asdict(spec),
+        })
+        paths["purified"] = str(regions.save(regions.with_patch(pair, record),
+                                             new_path(out_dir, f"multitask-purified-{'-'.join(slug(g) for g in group)}", ".safetensors")))
+
+    # 3. every region, the union and the purified union on every task (Eq. 5)
+    p_zero, p_one, scores = [0.0] * n, [0.0] * n, [[0.0] * n for _ in range(n)]
+    union_acc, purified_acc = [0.0] * n, [0.0] * n
+    for j, (task, ref) in enumerate(zip(tasks, refs)):
+        stage(f"scoring every region on '{req.tasks[j]}'", (n + 1 + j / n * 2) / (n + 3))
+        pair = get_pair(req.base, ref, spec, guard, progress, cancel)
+        acc = lambda: metrics.accuracy(*scoring.predict(pair, task, "test", req.n, seed=req.seed))  # noqa: E731
+        p_zero[j] = acc()
+        with pair.finetuned():
+            p_one[j] = acc()
+        for i, name in enumerate(req.tasks):
+            with pair.grafted(found[name]):
+                scores[i][j] = acc()
+        with pair.grafted(union):
+            union_acc[j] = acc()
+        if purified is not None:
+            with pair.grafted(purified):
+                purified_acc[j] = acc()
+    matrix = sets.overlap_matrix({name: found[name] for name in req.tasks})
+    gain = lab.gain_matrix(scores, p_zero, p_one)
+    if any(p1 <= p0 for p0, p1 in zip(p_zero, p_one)):
+        notes.append("on some task the multi-task model is no better than its pre-trained body with the same head, so "
+                     "Eq. 5 has no gain to share there (shown as '-') or flips its sign")
+    finish(progress)
+    return MultitaskResult(
+        req, notes, time.time() - start, checkpoint=str(folder), tasks=list(req.tasks), k=k, regions=paths,
+        sizes=matrix["sizes"], overlap=matrix["overlap"], intersection_counts=matrix["intersection_counts"],
+        p_zero=p_zero, p_one=p_one, scores=scores, relative_gain=gain,
+        union={"group": group, "size": region_size(union), "accuracy": union_acc,
+               "relative_gain": [lab.relative_gain(a, p0, p1) for a, p0, p1 in zip(union_acc, p_zero, p_one)]},
+        purified={} if purified is None else {
+            "group": group, "steps": req.purify_steps, "size": region_size(purified),
+            "kept_from_union": sets._intersection_count(purified, union), "accuracy": purified_acc,
+            "relative_gain": [lab.relative_gain(a, p0, p1) for a, p0, p1 in zip(purified_acc, p_zero, p_one)]},
+    )
+
+
+# -- WiSE --------------------------------------------------------------------------------------------
+@dataclass
+class WiseResult(Result):
+    region: str = ""
+    k: int = 0
+    base: str = ""
+    finetuned: str = ""
+    task: str = ""
+    ood: list[str] = field(default_factory=list)
+    rows: list[dict] = field(default_factory=list)  # curve, alpha, task, distribution, n, accuracy, ece
+
+
+def wise(req: WiseRequest, progress: Progress | None = None, cancel=None, guard: Guard = LOCAL) -> WiseResult:
+    """Accuracy and ECE of θ_pre + α·δ (WiSE-FT) and θ_pre + α·γ⊙δ (WiSE-graft) along α."""
+    req.validate()
+    start = time.time()
+    path = req.region or str(latest_region())
+    record = load_region(path)
+    meta = record.meta
+    base = req.base or meta.get("base") or DEFAULT_BASE
+    finetuned = req.finetuned or meta.get("finetuned")
+    if not finetuned:
+        raise ModelError("the region names no fine-tuned model; give --finetuned REF")
+    check_model_ref(base)
+    check_model_ref(finetuned)
+    task_ref = req.task or meta.get("task")
+    if not task_ref:
+        raise RegionError("the region names no task; give --task")
+    task = get_task(task_ref, req.data_spec(), guard)
+    notes: list[str] = []
+    oods = []
+    for ref in req.ood_tasks(task_ref):
+        other, note = scoring.align_labels(task, get_task(ref, _default_spec(), guard))
+        oods.append(other)
+        if note:
+            notes.append(note)
+    pair = pair_for_regions(base, finetuned, [record], guard, progress, cancel)
+    try:
+        regions.check_fits(record, pair)
+    except RegionError as err:
+        raise RegionError(f"'{path}': {err}") from None
+    scoring.check_labels(pair, task)
+    alphas = sorted(set(float(a) for a in req.alphas))
+    curves = (("WiSE-FT", None), ("WiSE-graft", record.indices))
+    total, done, rows = len(alphas) * len(curves) * (1 + len(oods)), 0, []
+    for curve, region in curves:
+        for alpha in alphas:
+            with pair.interpolated(alpha, region):
+                for t in (task, *oods):
+                    if cancel is not None and cancel.is_set():
+                        raise Cancelled("WiSE curves cancelled")
+                    if progress:
+                        progress({"stage": f"{curve} α = {alpha:g} on {t.name}", "fraction": done / total})
+                    probs, labels = scoring.predict(pair, t, "test", req.n, seed=0)
+                    m = metrics.metrics(probs, labels)
+                    rows.append({"curve": curve, "alpha": alpha, "task": t.name, "distribution": "in" if t is task else "OOD",
+                                 "n": m.n, "accuracy": m.accuracy, "ece": m.ece})
+                    done += 1
+    finish(progress)
+    return WiseResult(req, notes, time.time() - start, region=str(path), k=record.size, base=base, finetuned=finetuned,
+                      task=task.name, ood=[o.name for o in oods], rows=rows)
+
+
+FLOWS.update({"multitask": multitask, "wise": wise})

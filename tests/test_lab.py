@@ -1,0 +1,222 @@
+"""The paper's experiments: exact maths on tiny models, and the flows end to end on a tiny multi-task model."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+
+import pytest
+import torch
+
+from conftest import HEAD, MINILM_DIR, make_tiny_pair, random_batches
+from graftui import lab, method, sets
+
+
+def region(**parts) -> dict:
+    return {name: torch.tensor(idx, dtype=torch.long) for name, idx in parts.items()}
+
+
+# -- Eq. 5, overlap, continual ---------------------------------------------------------------------
+def test_relative_gain_is_eq5_and_none_without_a_gain():
+    assert lab.relative_gain(0.8, 0.5, 0.9) == pytest.approx(0.75)
+    assert lab.relative_gain(0.5, 0.5, 0.9) == 0.0 and lab.relative_gain(0.9, 0.5, 0.9) == 1.0
+    assert lab.relative_gain(0.4, 0.5, 0.9) == pytest.approx(-0.25)  # worse than the bare body
+    assert lab.relative_gain(0.7, 0.6, 0.6) is None
+    assert lab.gain_matrix([[0.9, 0.6], [0.7, 0.8]], [0.5, 0.6], [0.9, 0.8]) == [
+        [pytest.approx(1.0), pytest.approx(0.0)], [pytest.approx(0.5), pytest.approx(1.0)]]
+
+
+def test_overlap_of_hand_made_regions_is_intersection_over_the_column_region():
+    a = region(w=[0, 1, 2, 3], b=[0])  # 5 parameters
+    b = region(w=[2, 3, 4], v=[7])  # 4 parameters, 2 shared with a
+    m = sets.overlap_matrix({"a": a, "b": b})
+    assert m["intersection_counts"] == [[5, 2], [2, 4]]
+    assert m["overlap"] == [[1.0, 2 / 4], [2 / 5, 1.0]]
+
+
+def test_continual_task_trains_only_what_no_earlier_region_holds():
+    earlier = [region(w=[0, 1, 2]), region(w=[5], b=[1])]
+    new = region(w=[1, 2, 3, 5, 9], b=[0, 1], v=[4])
+    part = lab.new_part(new, earlier)
+    assert {n: i.tolist() for n, i in part.items()} == {"w": [3, 9], "b": [0], "v": [4]}
+    assert lab.new_part(new, []) == new
+    assert sets._intersection_count(part, sets.union(*earlier)) == 0
+    assert method.region_size(sets.union(part, *earlier)) == method.region_size(sets.union(new, *earlier))
+
+
+# -- WiSE -------------------------------------------------------------------------------------------
+def test_wise_ends_are_the_base_and_the_fine_tuned_model_bit_for_bit(tiny_pair):
+    pair, base, ft = tiny_pair
+    names = list(pair.ft)
+    k_region = method.base_region(pair.pre, pair.ft, pair.graftable, 200)
+    with pair.interpolated(0.0):
+        assert all(torch.equal(pair.param(n), pair.pre[n]) for n in names)
+    with pair.interpolated(1.0):
+        assert all(torch.equal(pair.param(n), pair.ft[n]) for n in names)
+    grafted = {}
+    with pair.grafted(k_region):
+        grafted = {n: pair.param(n).detach().clone() for n in names}
+    with pair.interpolated(1.0, k_region):
+        assert all(torch.equal(pair.param(n), grafted[n]) for n in names)
+    with pair.interpolated(0.0, k_region):
+        assert all(torch.equal(pair.param(n), pair.pre[n]) for n in names)
+    with pair.interpolated(0.25, k_region):
+        name, idx = next(iter(k_region.items()))
+        got = pair.param(name).view(-1)
+        want = pair.pre[name].view(-1) + 0.25 * (pair.ft[name].view(-1) - pair.pre[name].view(-1))
+        assert torch.allclose(got[idx], want[idx], atol=1e-7)
+        outside = torch.ones_like(got, dtype=torch.bool)
+        outside[idx] = False
+        assert torch.equal(got[outside], pair.pre[name].view(-1)[outside])
+    assert all(torch.equal(pair.param(n), pair.pre[n]) for n in names)  # restored
+    with pytest.raises(ValueError, match="α must be in"):
+        lab.wise(pair.pre[names[0]], pair.ft[names[0]], 1.5)
+
+
+# -- mask learning from a given start, on a joint loss ------------------------------------------------
+def test_mask_learning_starts_from_the_given_region():
+    pair, _, _ = make_tiny_pair()
+    params = {n: pair.param(n) for n in pair.graftable}
+    empty = method.MaskLearner(pair.model, params, pair.pre, pair.ft, 50, method.LearnConfig(), start={})
+    assert all(bool((ell < 0).all()) for ell in empty.logits.values())
+    empty.finish()
+    start = region(**{pair.graftable[0]: [0, 3], pair.graftable[2]: [1]})
+    learner = method.MaskLearner(pair.model, params, pair.pre, pair.ft, 3, method.LearnConfig(), start=start)
+    assert method.mask_to_region({n: ell > 0 for n, ell in learner.logits.items()}).keys() == start.keys()
+    assert sum(int((ell > 0).sum()) for ell in learner.logits.values()) == 3
+    learner.finish()
+
+
+def test_joint_loss_is_the_sum_of_the_task_losses_on_one_shared_body():
+    from conftest import make_tiny_bert
+
+    from graftui.experiments import JointLoss
+
+    one, two = make_tiny_bert(0, num_labels=2), make_tiny_bert(1, num_labels=3)
+    two.bert = one.bert  # one body, two heads
+    a = next(random_batches(seed=1)(0))
+    b = next(random_batches(seed=2)(0))
+    b["labels"] = b["labels"] % 3
+    joint = JointLoss([one, two])
+    out = joint(**{f"0:{k}": v for k, v in a.items()}, **{f"1:{k}": v for k, v in b.items()})
+    assert torch.allclose(out.loss, one(**a).loss + two(**b).loss)
+    out.loss.backward()
+    assert one.bert.encoder.layer[0].output.dense.weight.grad is not None
+    assert len({id(p) for p in joint.parameters()}) == len(list(joint.parameters()))
+
+
+# -- the flows end to end on a tiny multi-task model --------------------------------------------------
+@pytest.fixture(scope="module")
+def tiny_multitask(tmp_path_factory):
+    """A tiny BERT body (no head, like MiniLM) and a multi-task fine-tune of it on movies, amazon and bbc."""
+    from transformers import BertConfig, BertModel
+
+    from graftui import training
+    from graftui.data import load_task
+    from graftui.requests import FinetuneConfig
+
+    root = tmp_path_factory.mktemp("multitask")
+    torch.manual_seed(0)
+    config = BertConfig(vocab_size=30522, hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
+                        max_position_embeddings=128)
+    BertModel(config).save_pretrained(root / "base", safe_serialization=True)
+    for f in ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"):
+        shutil.copy(MINILM_DIR / f, root / "base" / f)
+    tasks = [load_task(t) for t in ("movies", "amazon", "bbc")]
+    recipe = FinetuneConfig(lr=0.05, epochs=1, train_examples=96, batch_size=16)
+    seen = []
+    out = training.finetune_multitask(str(root / "base"), tasks, recipe, root / "mt", progress=seen.append)
+    return {"base": str(root / "base"), "checkpoint": str(out), "root": root, "progress": seen}
+
+
+def test_multitask_fine_tune_writes_one_checkpoint_per_task_with_one_shared_body(tiny_multitask):
+    from safetensors.torch import load_file
+
+    folder = tiny_multitask["checkpoint"]
+    states = {t: load_file(f"{folder}/{t}/model.safetensors") for t in ("movies", "amazon", "bbc")}
+    body = [n for n in states["movies"] if n.startswith("bert.")]
+    assert body and all(torch.equal(states["movies"][n], states[t][n]) for t in ("amazon", "bbc") for n in body)
+    assert states["movies"]["classifier.weight"].shape[0] == 2 and states["bbc"]["classifier.weight"].shape[0] == 5
+    assert not torch.equal(states["movies"]["classifier.weight"], states["amazon"]["classifier.weight"])
+    record = json.loads((tiny_multitask["root"] / "mt" / "graftui_record.json").read_text())
+    assert record["tasks"] == ["movies", "amazon", "bbc"] and record["train_examples"]["bbc"] == 96
+    steps = tiny_multitask["progress"]
+    assert len(steps) == 3 * 6 and {p.task for p in steps} == {"movies", "amazon", "bbc"}
+
+
+def test_multitask_flow_matrices_agree_with_the_region_files_and_eq5(tiny_multitask, tmp_path, monkeypatch):
+    from graftui import flows, regions, scoring
+    from graftui.data import load_task
+    from graftui.requests import MultitaskRequest
+
+    monkeypatch.setenv("GRAFTUI_HOME", str(tmp_path / "home"))
+    req = MultitaskRequest(base=tiny_multitask["base"], checkpoint=tiny_multitask["checkpoint"], sparsity=0.02, steps=3,
+                           examples_per_class=8, group=["movies", "amazon"], purify_steps=2, n=48,
+                           out=str(tmp_path / "regions"))
+    res = flows.run(req).as_dict()
+    tasks = res["tasks"]
+    assert tasks == ["movies", "amazon", "bbc"] and set(res["regions"]) == {*tasks, "purified"}
+    found = {t: regions.load(res["regions"][t]) for t in tasks}
+    assert all(r.size == res["k"] for r in found.values())
+    assert all(not any(n.startswith("classifier") for n in r.indices) for r in found.values())
+    again = sets.overlap_matrix({t: found[t].indices for t in tasks})
+    assert res["overlap"] == again["overlap"] and res["intersection_counts"] == again["intersection_counts"]
+    for i in range(3):
+        for j in range(3):
+            want = lab.relative_gain(res["scores"][i][j], res["p_zero"][j], res["p_one"][j])
+            assert res["relative_gain"][i][j] == (pytest.approx(want) if want is not None else None)
+    union = sets.union(found["movies"].indices, found["amazon"].indices)
+    assert res["union"]["size"] == method.region_size(union) and res["union"]["group"] == ["movies", "amazon"]
+    purified = regions.load(res["regions"]["purified"])
+    assert purified.size == res["purified"]["size"] == res["union"]["size"]  # top-k keeps the union's size
+    # P_1 and a graft's score are the plain accuracies of that task's pair
+    pair = flows.load_pair(tiny_multitask["base"], f"{tiny_multitask['checkpoint']}/bbc",
+                           flows.GraftableSpec(names=tuple(found["bbc"].shapes)))
+    bbc = load_task("bbc")
+    assert res["p_one"][2] == scoring.accuracy_of(pair, bbc, None, n=48)
+    assert res["scores"][0][2] == scoring.accuracy_of(pair, bbc, found["movies"].indices, n=48)
+    assert found["movies"].meta["request"]["verb"] == "multitask"
+
+
+def test_wise_flow_ends_match_the_fine_tuned_model_and_the_graft(tiny_multitask, tmp_path, monkeypatch):
+    from graftui import flows
+    from graftui.requests import LocalizeRequest, WiseRequest
+
+    monkeypatch.setenv("GRAFTUI_HOME", str(tmp_path / "home"))
+    ft = f"{tiny_multitask['checkpoint']}/movies"
+    loc = flows.run(LocalizeRequest(base=tiny_multitask["base"], finetuned=ft, task="movies", method="top-movement",
+                                    sparsity=0.05, out=str(tmp_path / "r.safetensors")))
+    res = flows.run(WiseRequest(region=loc.path, alphas=[1.0, 0.0, 0.5], n=40)).as_dict()
+    assert res["task"] == "movies" and res["ood"] == ["amazon", "tweets"]
+    assert len(res["rows"]) == 2 * 3 * 3 and [r["alpha"] for r in res["rows"][:9:3]] == [0.0, 0.5, 1.0]
+    from graftui.requests import EvaluateRequest
+
+    ev = flows.run(EvaluateRequest(regions=[loc.path], n=40)).as_dict()
+    acc = {(r["model"], r["task"]): r["accuracy"] for r in ev["rows"]}
+    got = {(r["curve"], r["alpha"], r["task"]): r["accuracy"] for r in res["rows"]}
+    for t in ("movies", "amazon", "tweets"):
+        assert got[("WiSE-FT", 1.0, t)] == acc[("fine-tuned", t)]
+        assert got[("WiSE-FT", 0.0, t)] == got[("WiSE-graft", 0.0, t)] == acc[("pre-trained body + FT head", t)]
+        label = next(m for m, task in acc if task == t and m not in ("fine-tuned", "pre-trained body + FT head"))
+        assert got[("WiSE-graft", 1.0, t)] == acc[(label, t)]
+
+
+# -- front ends -------------------------------------------------------------------------------------
+def test_cli_refuses_bad_experiment_requests_in_one_line(tmp_path, monkeypatch):
+    from test_cli import assert_one_line_error, run_cli
+
+    monkeypatch.setenv("GRAFTUI_HOME", str(tmp_path))
+    assert_one_line_error(*run_cli("multitask", "--tasks", "movies"), "two or more different tasks")
+    assert_one_line_error(*run_cli("multitask", "--group", "movies,tweets"), "'tweets' is not one of --tasks")
+    assert_one_line_error(*run_cli("multitask", "--purify-steps", "-1"), "--purify-steps")
+    assert_one_line_error(*run_cli("wise", "--alphas", "0,1.5"), "[0, 1]")
+    assert_one_line_error(*run_cli("wise", "--region", str(tmp_path / "none.safetensors")), "no region file")
+
+
+def test_python_api_offers_the_experiments():
+    import graftui
+
+    assert graftui.multitask.__doc__.startswith("One model fine-tuned on several tasks")
+    assert graftui.MultitaskRequest().tasks == ["movies", "amazon", "bbc"]
+    assert math.isclose(graftui.WiseRequest().alphas[-1], 1.0)
