@@ -12,9 +12,9 @@ Every verb takes its request's fields as keywords (or a ready request) and retur
 
 __version__ = "0.2.0"
 
-_VERBS = ("finetune", "localize", "evaluate", "sweep", "anatomy", "compose", "export", "multitask", "wise")
+_VERBS = ("finetune", "localize", "evaluate", "sweep", "anatomy", "compose", "export", "multitask", "wise", "retrain")
 _TYPES = ("FinetuneRequest", "LocalizeRequest", "EvaluateRequest", "SweepRequest", "AnatomyRequest",
-          "ComposeRequest", "ExportRequest", "MultitaskRequest", "WiseRequest", "LearnConfig", "FinetuneConfig")
+          "ComposeRequest", "ExportRequest", "MultitaskRequest", "WiseRequest", "RetrainRequest", "LearnConfig", "FinetuneConfig")
 __all__ = [*_VERBS, *_TYPES, "run", "run_file", "load_region", "GraftuiError", "__version__"]
 
 

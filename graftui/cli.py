@@ -249,9 +249,21 @@ def render_wise(doc: dict) -> str:
         table(["α", *heads], body)])
 
 
+def render_retrain(doc: dict) -> str:
+    trained = doc["trained"]
+    rows = [[r["model"], r["task"], r["distribution"], _count(r["n"]), _num(r["accuracy"]), _num(r["ece"]),
+             _count(trained.get(r["model"])) if r["model"] in trained else ("all" if r["model"] == "fine-tuned" else "0")]
+            for r in doc["rows"]]
+    c = doc["recipe"]
+    return "\n".join([
+        table(["model", "task", "dist", "n", "accuracy", "ECE", "trained params"], rows, "lllrrrr"), "",
+        f"Re-trained from θ_pre with the fine-tuned head fixed: {c['optimizer']}, lr {c['lr']:g}, {c['epochs']} epoch(s), "
+        f"{c['train_examples'] or 'all'} training examples; 'graft' takes the fine-tuned values inside the region."])
+
+
 RENDER = {"finetune": render_finetune, "localize": render_localize, "evaluate": render_evaluate,
           "sweep": render_sweep, "anatomy": render_anatomy, "compose": render_compose, "export": render_export,
-          "multitask": render_multitask, "wise": render_wise}
+          "multitask": render_multitask, "wise": render_wise, "retrain": render_retrain}
 
 
 # -- options from request fields ----------------------------------------------------------------------
@@ -459,7 +471,8 @@ SUMMARY = {"finetune": "make a fine-tuned checkpoint (SGD or AdamW + ℓ1)",
            "compose": "overlap of regions, their union, and the union graft scored",
            "export": "write a grafted model as a Hugging Face checkpoint",
            "multitask": "regions of a multi-task model: overlap, skill transfer (Eq. 5), union, purification",
-           "wise": "WiSE-FT and WiSE-graft curves along α, in and out of distribution"}
+           "wise": "WiSE-FT and WiSE-graft curves along α, in and out of distribution",
+           "retrain": "train only the region from θ_pre (and BitFit), against FT and the graft"}
 
 
 def build_parser() -> argparse.ArgumentParser:

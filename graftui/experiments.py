@@ -253,32 +253,7 @@ def wise(req: WiseRequest, progress: Progress | None = None, cancel=None, guard:
     """Accuracy and ECE of θ_pre + α·δ (WiSE-FT) and θ_pre + α·γ⊙δ (WiSE-graft) along α."""
     req.validate()
     start = time.time()
-    path = req.region or str(latest_region())
-    record = load_region(path)
-    meta = record.meta
-    base = req.base or meta.get("base") or DEFAULT_BASE
-    finetuned = req.finetuned or meta.get("finetuned")
-    if not finetuned:
-        raise ModelError("the region names no fine-tuned model; give --finetuned REF")
-    check_model_ref(base)
-    check_model_ref(finetuned)
-    task_ref = req.task or meta.get("task")
-    if not task_ref:
-        raise RegionError("the region names no task; give --task")
-    task = get_task(task_ref, req.data_spec(), guard)
-    notes: list[str] = []
-    oods = []
-    for ref in req.ood_tasks(task_ref):
-        other, note = scoring.align_labels(task, get_task(ref, _default_spec(), guard))
-        oods.append(other)
-        if note:
-            notes.append(note)
-    pair = pair_for_regions(base, finetuned, [record], guard, progress, cancel)
-    try:
-        regions.check_fits(record, pair)
-    except RegionError as err:
-        raise RegionError(f"'{path}': {err}") from None
-    scoring.check_labels(pair, task)
+    path, record, base, finetuned, task, oods, pair, notes = _region_setting(req, guard, progress, cancel)
     alphas = sorted(set(float(a) for a in req.alphas))
     curves = (("WiSE-FT", None), ("WiSE-graft", record.indices))
     total, done, rows = len(alphas) * len(curves) * (1 + len(oods)), 0, []
@@ -296,8 +271,99 @@ def wise(req: WiseRequest, progress: Progress | None = None, cancel=None, guard:
                                  "n": m.n, "accuracy": m.accuracy, "ece": m.ece})
                     done += 1
     finish(progress)
-    return WiseResult(req, notes, time.time() - start, region=str(path), k=record.size, base=base, finetuned=finetuned,
+    return WiseResult(req, notes, time.time() - start, region=path, k=record.size, base=base, finetuned=finetuned,
                       task=task.name, ood=[o.name for o in oods], rows=rows)
 
 
-FLOWS.update({"multitask": multitask, "wise": wise})
+# -- graft re-training (Table 1) ------------------------------------------------------------------------
+RETRAINED, BITFIT = "re-trained graft", "BitFit (biases)"
+
+
+@dataclass
+class RetrainResult(Result):
+    region: str = ""
+    base: str = ""
+    finetuned: str = ""
+    recipe: dict = field(default_factory=dict)
+    trained: dict = field(default_factory=dict)  # model -> number of trained parameters
+    rows: list[dict] = field(default_factory=list)
+    reliability: dict = field(default_factory=dict)
+    histogram: dict = field(default_factory=dict)
+    task: str = ""
+    ood: list[str] = field(default_factory=list)
+
+
+def _region_setting(req, guard: Guard, progress, cancel):
+    """The region, its pair and tasks: what WiSE and re-training share (defaults are the region's own)."""
+    path = req.region or str(latest_region())
+    record = load_region(path)
+    meta = record.meta
+    base = req.base or meta.get("base") or DEFAULT_BASE
+    finetuned = req.finetuned or meta.get("finetuned")
+    if not finetuned:
+        raise ModelError("the region names no fine-tuned model; give --finetuned REF")
+    check_model_ref(base)
+    check_model_ref(finetuned)
+    task_ref = req.task or meta.get("task")
+    if not task_ref:
+        raise RegionError("the region names no task; give --task")
+    task = get_task(task_ref, req.data_spec(), guard)
+    notes, oods = [], []
+    for ref in req.ood_tasks(task_ref):
+        other, note = scoring.align_labels(task, get_task(ref, _default_spec(), guard))
+        oods.append(other)
+        if note:
+            notes.append(note)
+    pair = pair_for_regions(base, finetuned, [record], guard, progress, cancel)
+    try:
+        regions.check_fits(record, pair)
+    except RegionError as err:
+        raise RegionError(f"'{path}': {err}") from None
+    scoring.check_labels(pair, task)
+    return str(path), record, base, finetuned, task, oods, pair, notes
+
+
+def retrain(req, progress: Progress | None = None, cancel=None, guard: Guard = LOCAL) -> RetrainResult:
+    """From θ_pre, train only γ (and, for BitFit, only the biases); score them beside FT and the graft."""
+    from .data import subsample
+
+    req.validate()
+    start = time.time()
+    path, record, base, finetuned, task, oods, pair, notes = _region_setting(req, guard, progress, cancel)
+    recipe = req.recipe()
+    train = task.splits["train"]
+    if recipe.train_examples:
+        train = subsample(train, recipe.train_examples, recipe.seed)
+
+    def make_batches(epoch: int):
+        return batches(pair.tokenizer, train, recipe.batch_size, task.max_length, shuffle_seed=recipe.seed + epoch)
+
+    steps = -(-len(train) // recipe.batch_size) * recipe.epochs
+    jobs = [(RETRAINED, record.indices)]
+    if not req.no_bitfit:
+        biases = {n: torch.arange(pair.pre[n].numel()) for n in pair.graftable if n.endswith("bias")}
+        if biases:
+            jobs.append((BITFIT, biases))
+        else:
+            notes.append("the model has no graftable biases, so there is no BitFit baseline")
+    models, trained = {"graft": record.indices}, {"graft": record.size}
+    params = {n: pair.param(n) for n in pair.graftable}
+    for j, (label, region) in enumerate(jobs):
+        def step(i, loss, label=label, j=j):
+            if progress:
+                progress({"stage": f"training the {label}: step {i}/{steps}", "step": i, "steps": steps, "loss": loss,
+                          "fraction": 0.7 * (j + i / steps) / len(jobs)})
+
+        torch.manual_seed(recipe.seed)
+        values = lab.retrain_inside(pair.model, params, pair.pre, region, make_batches, recipe, step, cancel)
+        models[label] = (region, values)
+        trained[label] = region_size(region)
+    comparison = scoring.compare(pair, task, models, ood=oods, n=req.n, seed=req.seed, cancel=cancel,
+                                 progress=(lambda d: progress({**d, "fraction": 0.7 + 0.3 * d.get("fraction", 0)}))
+                                 if progress else None)
+    finish(progress)
+    return RetrainResult(req, notes, time.time() - start, region=path, base=base, finetuned=finetuned,
+                         recipe=recipe.as_dict(), trained=trained, **comparison.as_dict())
+
+
+FLOWS.update({"multitask": multitask, "wise": wise, "retrain": retrain})

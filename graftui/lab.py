@@ -47,3 +47,64 @@ def wise(pre: torch.Tensor, ft: torch.Tensor, alpha: float, mask: torch.Tensor |
 def new_part(region: Region, earlier: list[Region]) -> Region:
     """γ_{t_n} \\ ∪_{i<n} γ_{t_i}: the only parameters task t_n may train in forget-free learning."""
     return difference(region, union(*earlier)) if earlier else dict(region)
+
+
+def retrain_inside(
+    model: torch.nn.Module,
+    params: dict[str, torch.nn.Parameter],
+    pre: dict[str, torch.Tensor],
+    region: Region,
+    make_batches,
+    config,
+    progress=None,
+    cancel=None,
+) -> dict[str, torch.Tensor]:
+    """Train only the coordinates inside ``region``, starting from θ_pre (graft re-training, Table 1).
+
+    ``config`` is a fine-tuning recipe (``FinetuneConfig``); every other coordinate of the model
+    stays where it is (θ_pre, and the head as given). After each optimiser step the coordinates
+    outside the region are put back, so weight decay and momentum cannot leak out of it. Returns
+    the trained values at the region's indices; the model is left at θ_pre.
+    """
+    from .errors import Cancelled
+    from .method import region_to_mask
+
+    names = [n for n in region if region[n].numel()]
+    masks = region_to_mask({n: region[n] for n in names}, {n: tuple(params[n].shape) for n in names})
+    masks = {n: m.to(params[n].device) for n, m in masks.items()}
+    flags = {n: p.requires_grad for n, p in model.named_parameters()}
+    trainable = {id(params[n]) for n in names}
+    for p in model.parameters():
+        p.requires_grad_(id(p) in trainable)
+    chosen = [params[n] for n in names]
+    if config.optimizer == "sgd":
+        opt = torch.optim.SGD(chosen, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
+    else:
+        opt = torch.optim.AdamW(chosen, lr=config.lr, weight_decay=config.weight_decay)
+    step = 0
+    model.train()
+    try:
+        for epoch in range(config.epochs):
+            for batch in make_batches(epoch):
+                if cancel is not None and cancel.is_set():
+                    raise Cancelled("re-training cancelled")
+                batch = {k: v.to(chosen[0].device) for k, v in batch.items()}
+                out = model(**batch)
+                opt.zero_grad(set_to_none=True)
+                out.loss.backward()
+                opt.step()
+                with torch.no_grad():
+                    for n in names:
+                        torch.where(masks[n], params[n].data, pre[n], out=params[n].data)
+                step += 1
+                if progress is not None:
+                    progress(step, float(out.loss.detach()))
+        return {n: params[n].detach().view(-1)[region[n].to(params[n].device)].clone() for n in names}
+    finally:
+        with torch.no_grad():
+            for n in names:
+                params[n].data.copy_(pre[n])
+                params[n].grad = None
+        for n, p in model.named_parameters():
+            p.requires_grad_(flags[n])
+        model.eval()

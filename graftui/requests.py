@@ -606,3 +606,46 @@ class WiseRequest(TaskFields):
         check_at_least_one("n", self.n)
 
     ood_tasks = EvaluateRequest.ood_tasks
+
+
+@_register
+@dataclass
+class RetrainRequest(TaskFields):
+    """Re-train only a region's parameters from θ_pre with the fine-tuning recipe (Table 1), against the
+    fine-tuned model, the graft and BitFit (biases only), on accuracy and ECE."""
+
+    verb: ClassVar[str] = "retrain"
+    region: str | None = arg(None, "region or skill patch γ (default: the newest in $GRAFTUI_HOME/regions)",
+                             metavar="FILE")
+    base: str | None = arg(None, H_BASE + " (default: the region's own)", metavar="REF", group="models")
+    finetuned: str | None = arg(None, H_FT + " (default: the region's own)", metavar="REF", group="models")
+    task: str | None = arg(None, H_TASK + " (default: the region's own)", metavar="REF", group="data")
+    ood: list[str] | None = arg(None, "out-of-distribution tasks (default for sentiment tasks: the other two of movies, "
+                                "amazon, tweets)", metavar="TASK", list="repeat")
+    no_ood: bool = arg(False, "skip out-of-distribution tasks")
+    no_bitfit: bool = arg(False, "skip the BitFit baseline (train every bias, nothing else)")
+    lr: float | None = arg(None, f"learning rate (default: the default recipe's, {DEFAULT_RECIPE.lr:g} for SGD)",
+                           metavar="F", group="training")
+    epochs: int | None = arg(None, f"training epochs (default {DEFAULT_RECIPE.epochs})", metavar="N", group="training")
+    train_examples: int | None = arg(None, f"stratified training subsample (default {DEFAULT_RECIPE.train_examples}; "
+                                     "0 = all)", metavar="N", group="training")
+    n: int | None = arg(None, "test examples per task (default all)", metavar="N")
+    seed: int = arg(0, "seed of the subsample and the batch order", metavar="N")
+
+    def recipe(self) -> FinetuneConfig:
+        default = default_recipe()
+        train = default.train_examples if self.train_examples is None else (self.train_examples or None)
+        return FinetuneConfig(optimizer=default.optimizer, lr=default.lr if self.lr is None else self.lr,
+                              momentum=default.momentum, weight_decay=default.weight_decay,
+                              epochs=default.epochs if self.epochs is None else self.epochs,
+                              batch_size=default.batch_size, train_examples=train, seed=self.seed)
+
+    def check(self) -> None:
+        if self.region is not None:
+            check_region_file(self.region)
+        if self.train_examples is not None and self.train_examples < 0:
+            raise RequestError(f"--train-examples must be 0 (all) or more, got {self.train_examples}")
+        self.recipe().validate()
+        check_at_least_one("n", self.n)
+
+    ood_tasks = EvaluateRequest.ood_tasks

@@ -106,8 +106,9 @@ def compare(
 ) -> Comparison:
     """Evaluate FT, pre-trained body + FT head and each region's graft on ``task`` and ``ood``.
 
-    ``models`` maps a label to a region (flat indices); ``ood`` tasks are already in ``task``'s
-    label space (see :func:`align_labels`). Agreement is measured against FT.
+    ``models`` maps a label to a region (flat indices), whose graft takes the fine-tuned values, or
+    to ``(indices, values)`` written as given (a re-trained region, a union); ``ood`` tasks are already
+    in ``task``'s label space (see :func:`align_labels`). Agreement is measured against FT.
     """
     check_labels(pair, task)
     rows, reliability, histogram = [], {}, {}
@@ -116,7 +117,8 @@ def compare(
     done = 0
     for t in tasks:
         variants: list[tuple[str, object]] = [(FT_LABEL, pair.finetuned()), (BODY_LABEL, contextlib.nullcontext())]
-        variants += [(label, pair.grafted(region)) for label, region in models.items()]
+        variants += [(label, pair.grafted(region) if isinstance(region, dict) else grafted_values(pair, *region))
+                     for label, region in models.items()]
         reference = None
         for label, context in variants:
             if cancel is not None and cancel.is_set():
@@ -137,13 +139,17 @@ def compare(
                 "f1": m.f1,
                 "ece": m.ece,
                 "agreement_with_ft": metrics.agreement(probs, reference),
-                "region_size": method.region_size(models[label]) if label in models else None,
+                "region_size": _size(models[label]) if label in models else None,
             })
             if t is task:
                 reliability[label] = metrics.reliability(probs, labels)
                 histogram[label] = metrics.confidence_histogram(probs)
             done += 1
     return Comparison(rows, reliability, histogram, task.name, [o.name for o in ood])
+
+
+def _size(model) -> int:
+    return method.region_size(model if isinstance(model, dict) else model[0])
 
 
 def baseline_regions(pair, k: int, names: tuple[str, ...] = ("top-movement", "random"), seed: int = 0) -> dict:

@@ -21,7 +21,7 @@ import browser_util as bu
 
 pytestmark = pytest.mark.browser
 
-TABS = ["Models", "Fine-tune", "Localize", "Compare", "Anatomy", "Compose", "Regions"]
+TABS = ["Models", "Fine-tune", "Localize", "Compare", "Anatomy", "Compose", "Laboratory", "Regions"]
 ARTIFACTS = bu.REPO / "test-artifacts"
 FIRST_JOB_S = 300  # the first job waits for the default fine-tune, built in the background on first page load
 JOB_S = 240
@@ -111,7 +111,7 @@ def _region_id(status_line: str) -> str:
 
 
 # -- a. ------------------------------------------------------------------------------------------
-def test_page_loads_with_all_seven_tabs(page):
+def test_page_loads_with_all_its_tabs(page):
     names = [t.strip() for t in page.locator("#tabs [role=tab]").all_inner_texts()]
     assert names == TABS
     status = bu.text(page, "#status-message")
@@ -162,6 +162,21 @@ def test_anatomy_heatmap_renders(page):
     assert page.locator("#anatomy-heatmap .heatmaplayer").count() >= 1, "no heatmap layer drawn in the SVG"
     assert "heatmap" in bu.plotly_trace_types(page, "anatomy-heatmap")
     assert "bar" in bu.plotly_trace_types(page, "anatomy-bars")
+
+
+def test_wise_curves_in_the_laboratory(page):
+    region = _need("region1")
+    bu.open_tab(page, "lab")
+    bu.choose(page, "lab-wise-region", region)
+    page.fill("#lab-wise-alphas textarea, #lab-wise-alphas input", "0, 1")
+    page.fill("#lab-wise-n input", "32")
+    line, took = bu.run_job(page, "#lab-wise-run", "#lab-wise-status", "lab-wise-job", timeout_s=JOB_S)
+    print(f"[browser] WiSE: {took:.1f} s")
+    assert "· done" in line, f"WiSE did not finish: {line}"
+    page.wait_for_function("() => { const p = document.querySelector('#lab-wise-plot .js-plotly-plot'); "
+                           "return p && p.data && p.data.length >= 6; }", timeout=30_000)
+    names = page.evaluate("() => document.querySelector('#lab-wise-plot .js-plotly-plot').data.map(d => d.name)")
+    assert any(n.startswith("WiSE-graft · movies") for n in names) and any(n.startswith("WiSE-FT · amazon") for n in names), names
 
 
 # -- d. ------------------------------------------------------------------------------------------

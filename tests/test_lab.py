@@ -9,7 +9,7 @@ import shutil
 import pytest
 import torch
 
-from conftest import HEAD, MINILM_DIR, make_tiny_pair, random_batches
+from conftest import MINILM_DIR, make_tiny_pair, random_batches
 from graftui import lab, method, sets
 
 
@@ -72,6 +72,33 @@ def test_wise_ends_are_the_base_and_the_fine_tuned_model_bit_for_bit(tiny_pair):
     assert all(torch.equal(pair.param(n), pair.pre[n]) for n in names)  # restored
     with pytest.raises(ValueError, match="α must be in"):
         lab.wise(pair.pre[names[0]], pair.ft[names[0]], 1.5)
+
+
+# -- graft re-training --------------------------------------------------------------------------------
+def test_retraining_moves_only_the_region_and_leaves_the_model_at_the_base():
+    from graftui.requests import FinetuneConfig
+
+    pair, _, _ = make_tiny_pair()
+    params = {n: pair.param(n) for n in pair.graftable}
+    gamma = method.base_region(pair.pre, pair.ft, pair.graftable, 120)
+    masks = method.region_to_mask(gamma, pair.shapes)
+    flags = {n: p.requires_grad for n, p in pair.model.named_parameters()}
+    leaks = []
+
+    def check(step, loss):
+        for n in pair.graftable:
+            outside = ~masks[n]
+            if not torch.equal(params[n].data[outside], pair.pre[n][outside]):
+                leaks.append((step, n))
+
+    recipe = FinetuneConfig(lr=0.5, epochs=2, batch_size=8, weight_decay=0.1)
+    values = lab.retrain_inside(pair.model, params, pair.pre, gamma, random_batches(), recipe, check)
+    assert not leaks
+    assert set(values) == set(gamma) and all(values[n].shape == gamma[n].shape for n in gamma)
+    moved = sum(int((values[n] != pair.pre[n].view(-1)[gamma[n]]).sum()) for n in gamma)
+    assert moved > 0.5 * method.region_size(gamma)
+    assert all(torch.equal(params[n], pair.pre[n]) for n in pair.graftable)  # left at θ_pre
+    assert {n: p.requires_grad for n, p in pair.model.named_parameters()} == flags and not pair.model.training
 
 
 # -- mask learning from a given start, on a joint loss ------------------------------------------------
@@ -202,6 +229,26 @@ def test_wise_flow_ends_match_the_fine_tuned_model_and_the_graft(tiny_multitask,
         assert got[("WiSE-graft", 1.0, t)] == acc[(label, t)]
 
 
+def test_retrain_flow_scores_ft_graft_retrained_and_bitfit(tiny_multitask, tmp_path, monkeypatch):
+    from graftui import flows, regions
+    from graftui.requests import LocalizeRequest, RetrainRequest
+
+    monkeypatch.setenv("GRAFTUI_HOME", str(tmp_path / "home"))
+    ft = f"{tiny_multitask['checkpoint']}/movies"
+    loc = flows.run(LocalizeRequest(base=tiny_multitask["base"], finetuned=ft, task="movies", method="top-movement",
+                                    sparsity=0.05, out=str(tmp_path / "r.safetensors")))
+    seen = []
+    res = flows.run(RetrainRequest(region=loc.path, epochs=1, train_examples=32, n=32, no_ood=True),
+                    progress=seen.append).as_dict()
+    models = [r["model"] for r in res["rows"]]
+    assert models == ["fine-tuned", "pre-trained body + FT head", "graft", "re-trained graft", "BitFit (biases)"]
+    biases = sum(t.numel() for n, t in regions.load(loc.path).shapes.items() if n.endswith("bias")
+                 for t in [torch.empty(t)])
+    assert res["trained"] == {"graft": loc.k, "re-trained graft": loc.k, "BitFit (biases)": biases}
+    assert any("training the re-trained graft" in p.get("stage", "") for p in seen)
+    assert res["recipe"]["epochs"] == 1 and res["recipe"]["train_examples"] == 32
+
+
 # -- front ends -------------------------------------------------------------------------------------
 def test_cli_refuses_bad_experiment_requests_in_one_line(tmp_path, monkeypatch):
     from test_cli import assert_one_line_error, run_cli
@@ -212,6 +259,8 @@ def test_cli_refuses_bad_experiment_requests_in_one_line(tmp_path, monkeypatch):
     assert_one_line_error(*run_cli("multitask", "--purify-steps", "-1"), "--purify-steps")
     assert_one_line_error(*run_cli("wise", "--alphas", "0,1.5"), "[0, 1]")
     assert_one_line_error(*run_cli("wise", "--region", str(tmp_path / "none.safetensors")), "no region file")
+    assert_one_line_error(*run_cli("retrain", "--train-examples", "-3"), "--train-examples")
+    assert_one_line_error(*run_cli("retrain", "--lr", "0"), "learning rate")
 
 
 def test_python_api_offers_the_experiments():

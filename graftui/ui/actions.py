@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pandas as pd
 
-from .. import settings
 from ..jobs import FINISHED, QUEUED, RUNNING, Job
 from . import store
 
@@ -306,6 +305,38 @@ def submit_compose(runner, *, region_ids: list[str], resolve: str, n) -> Job:
 
     title = f"Compose {len(paths)} regions (overlaps: {resolve}) and evaluate on each region's task"
     return submit(runner, request, title, saved)
+
+
+def submit_multitask(runner, *, tasks: list[str], group: list[str], log_sparsity: float, start: str, steps,
+                     purify_steps, examples_per_class, n) -> Job:
+    """The multi-task experiment on the offline default multi-task model (built on first need)."""
+    from ..requests import MultitaskRequest
+
+    request = MultitaskRequest(tasks=list(tasks or []), group=list(group) if group else None,
+                               sparsity=10 ** float(log_sparsity), start=start, steps=whole(steps) or 0,
+                               purify_steps=whole(purify_steps) if purify_steps is not None else 0,
+                               examples_per_class=whole(examples_per_class), n=whole(n))
+    title = f"Multi-task regions of {', '.join(request.tasks)} · sparsity {request.sparsity:.1e}"
+    return submit(runner, request, title)
+
+
+def parse_alphas(text: str) -> list[float]:
+    """'0, 0.25, 0.5' -> numbers (the request checks they lie in [0, 1])."""
+    try:
+        values = [float(part) for part in str(text).replace(";", ",").split(",") if part.strip()]
+    except ValueError:
+        raise ValueError(f"'{text}' is not a list of numbers; write α values like 0, 0.5, 1") from None
+    if not values:
+        raise ValueError("give at least one α, e.g. 0, 0.5, 1")
+    return sorted(set(values))
+
+
+def submit_wise(runner, *, region_id: str, alphas: str, ood: list[str], n) -> Job:
+    from ..requests import WiseRequest
+
+    request = WiseRequest(region=_paths([region_id] if region_id else [])[0], alphas=parse_alphas(alphas),
+                          ood=list(ood) if ood else None, n=whole(n))
+    return submit(runner, request, f"WiSE curves of {region_id} ({len(request.alphas)} values of α)")
 
 
 def submit_export(runner, *, region_id: str) -> Job:

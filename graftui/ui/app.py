@@ -18,11 +18,15 @@ import gradio as gr
 import pandas as pd
 
 from .. import settings
+from ..data import OFFLINE_TASKS
+from ..requests import MultitaskRequest, WiseRequest
 from . import actions, figures, store
+
+OFFLINE_TASK_NAMES = list(OFFLINE_TASKS)
 
 log = logging.getLogger(__name__)
 
-TAB_NAMES = ("Models", "Fine-tune", "Localize", "Compare", "Anatomy", "Compose", "Regions")
+TAB_NAMES = ("Models", "Fine-tune", "Localize", "Compare", "Anatomy", "Compose", "Laboratory", "Regions")
 POLL_SECONDS = 2.0  # status lines and job lists: often enough to watch
 # A plot redraw costs the browser a few hundred ms of CPU; on a small machine that is taken from the job.
 LIVE_REDRAW_SECONDS = 8.0
@@ -52,6 +56,12 @@ INTRO = {
     "Compose": (
         "Regions of different tasks on one base barely overlap, so their union carries several skills at once. "
         "See the overlap, build the union graft and score it on every task involved."
+    ),
+    "Laboratory": (
+        "The paper's experiments with regions. **Multi-task** (§5.1): one model fine-tuned on several tasks (built "
+        "once, a few CPU minutes); each task's region, how much they overlap, how much of each task's skill every "
+        "region carries (Eq. 5), and the union of a group of tasks before and after purification. **WiSE** (Fig. 7): "
+        "accuracy along θ_pre + α·δ and θ_pre + α·γ⊙δ, in and out of distribution."
     ),
     "Regions": (
         "Every finished localization is saved as a **skill patch** (region indices + fine-tuned values + head). "
@@ -194,6 +204,35 @@ def render_compose(job) -> list:
     if job is None or not job.result:
         return ["" if job is None else "Results appear when the job is done.", pd.DataFrame(columns=actions.COMPOSE_COLUMNS)]
     return [actions.compose_report_text(job.result.get("report")), actions.compose_table(job.result)]
+
+
+MULTITASK_COLUMNS = ["region", "size", *("task", "relative gain", "accuracy")]
+
+
+def render_multitask(job) -> list:
+    if job is None or not job.result:
+        msg = "Run the experiment to fill this." if job is None else "The matrices appear when the job is done."
+        return [figures.empty_figure(msg), figures.empty_figure(msg), pd.DataFrame(columns=MULTITASK_COLUMNS), ""]
+    res = job.result
+    rows = []
+    for label, key in (("union", "union"), ("purified union", "purified")):
+        u = res.get(key) or {}
+        for task, gain, acc in zip(res["tasks"], u.get("relative_gain", []), u.get("accuracy", [])):
+            rows.append({"region": f"{label} of {', '.join(u['group'])}", "size": f"{u['size']:,}", "task": task,
+                         "relative gain": "–" if gain is None else f"{gain:.3f}", "accuracy": f"{acc:.3f}"})
+    note = (f"Multi-task model `{store.short_ref(res['checkpoint'])}`; every region has k = **{res['k']:,}** parameters. "
+            "Relative gain 1 means the graft recovers all of what multi-task fine-tuning gained on that task, 0 none of it.")
+    if res.get("notes"):
+        note += "\n\n" + "\n\n".join(f"Note: {n}" for n in res["notes"])
+    matrix = {"names": res["tasks"], "overlap": res["overlap"], "intersection_counts": res["intersection_counts"],
+              "sizes": res["sizes"], "iou": res["overlap"]}
+    return [figures.overlap_heatmap(matrix), figures.gain_heatmap(res), pd.DataFrame(rows, columns=MULTITASK_COLUMNS), note]
+
+
+def render_wise(job) -> list:
+    if job is None or not job.result:
+        return [figures.wise_curves([])]
+    return [figures.wise_curves(job.result["rows"])]
 
 
 def render_export(job) -> list:
@@ -384,6 +423,46 @@ def build_app() -> gr.Blocks:
                 cps_report = gr.Markdown("", elem_id="compose-report")
                 cps_table = gr.Dataframe(pd.DataFrame(columns=actions.COMPOSE_COLUMNS), interactive=False,
                                          label="Each task with its own head: region alone vs union graft vs bare body", elem_id="compose-table")
+
+            # ---------------------------------------------------------------- Laboratory
+            with gr.Tab("Laboratory", elem_id="tab-lab") as lab_tab:
+                gr.Markdown(INTRO["Laboratory"])
+                gr.Markdown("### Multi-task regions and skill transfer")
+                with gr.Row():
+                    mt_tasks = gr.Dropdown(OFFLINE_TASK_NAMES, value=list(MultitaskRequest().tasks), multiselect=True,
+                                           label="Tasks of the multi-task model", elem_id="lab-tasks")
+                    mt_group = gr.Dropdown(OFFLINE_TASK_NAMES, value=[], multiselect=True, label="Union of (empty: all tasks)",
+                                           elem_id="lab-group")
+                    mt_start = gr.Radio([("∅ (paper)", "empty"), ("top movement", "top-movement")], value="empty",
+                                        label="Mask starts from", elem_id="lab-start")
+                with gr.Row():
+                    mt_budget = gr.Slider(-5, -1, value=d["log_sparsity"], step=0.5, label="log10 sparsity per task",
+                                          elem_id="lab-budget")
+                    mt_steps = gr.Number(d["steps"], precision=0, label="Mask steps", elem_id="lab-steps")
+                    mt_purify = gr.Number(MultitaskRequest().purify_steps, precision=0, label="Purification steps",
+                                          elem_id="lab-purify")
+                    mt_n = gr.Number(d["test_examples"], precision=0, label="Test examples per task", elem_id="lab-n")
+                with gr.Row():
+                    mt_run = gr.Button("Run multi-task experiment", variant="primary", elem_id="lab-multitask-run", scale=0)
+                    mt_job = gr.Dropdown([("latest multi-task run", "")], value="", label="Show job", elem_id="lab-multitask-job")
+                mt_status = gr.Markdown("", elem_id="lab-multitask-status")
+                with gr.Row():
+                    mt_overlap = gr.Plot(figures.empty_figure("Run the experiment to fill this."), elem_id="lab-overlap")
+                    mt_gain = gr.Plot(figures.gain_heatmap({}), elem_id="lab-gain")
+                mt_note = gr.Markdown("", elem_id="lab-multitask-note")
+                mt_table = gr.Dataframe(pd.DataFrame(columns=MULTITASK_COLUMNS), interactive=False,
+                                        label="Union of the group, before and after purification", elem_id="lab-union-table")
+                gr.Markdown("### WiSE: interpolating towards the fine-tuned model and the graft")
+                with gr.Row():
+                    ws_region = gr.Dropdown(store.region_choices(), label="Region γ", elem_id="lab-wise-region")
+                    ws_alphas = gr.Textbox(", ".join(f"{a:g}" for a in WiseRequest().alphas), label="α values",
+                                           elem_id="lab-wise-alphas")
+                    ws_n = gr.Number(d["test_examples"], precision=0, label="Test examples per task", elem_id="lab-wise-n")
+                with gr.Row():
+                    ws_run = gr.Button("Run WiSE", variant="primary", elem_id="lab-wise-run", scale=0)
+                    ws_job = gr.Dropdown([("latest WiSE run", "")], value="", label="Show job", elem_id="lab-wise-job")
+                ws_status = gr.Markdown("", elem_id="lab-wise-status")
+                ws_plot = gr.Plot(figures.wise_curves([]), elem_id="lab-wise-plot")
 
             # ---------------------------------------------------------------- Regions
             with gr.Tab("Regions", elem_id="tab-regions") as regions_tab:
@@ -594,6 +673,22 @@ def build_app() -> gr.Blocks:
 
         cps_run.click(on_compose, [cmp_sel, cps_resolve, cps_n], [status, cps_job, cps_status])
 
+        # ---------------------------------------------------------------- Laboratory
+        @safe
+        def on_multitask(tasks, group, log_s, start, steps, purify, n):
+            job = actions.submit_multitask(store.runner(), tasks=tasks, group=group, log_sparsity=log_s, start=start,
+                                           steps=steps, purify_steps=purify, examples_per_class=d["examples_per_class"], n=n)
+            return submitted(job), picker_for(("multitask",), "latest multi-task run", job), actions.job_status_line(job)
+
+        mt_run.click(on_multitask, [mt_tasks, mt_group, mt_budget, mt_start, mt_steps, mt_purify, mt_n], [status, mt_job, mt_status])
+
+        @safe
+        def on_wise(region_id, alphas, n):
+            job = actions.submit_wise(store.runner(), region_id=region_id, alphas=alphas, ood=[], n=n)
+            return submitted(job), picker_for(("wise",), "latest WiSE run", job), actions.job_status_line(job)
+
+        ws_run.click(on_wise, [ws_region, ws_alphas, ws_n], [status, ws_job, ws_status])
+
         # ---------------------------------------------------------------- Regions
         @safe
         def on_region_select(region_id):
@@ -654,7 +749,7 @@ def build_app() -> gr.Blocks:
         reg_apply.click(on_region_apply, [reg_up, base_dd, ft_dd], [reg_up_md, status])
 
         # ---------------------------------------------------------------- polling
-        region_pickers = [cmp_regions, ana_region, cmp_sel, reg_sel]
+        region_pickers = [cmp_regions, ana_region, cmp_sel, reg_sel, ws_region]
 
         def tick_lists(last_regions, last_ckpts, *picked):
             entries = store.list_regions()
@@ -764,6 +859,11 @@ def build_app() -> gr.Blocks:
                 panel(("sweep",), swp_job, swp_status, [swp_plot, swp_table], render_sweep, "latest sweep"),
             ],
             "compose": [panel(("compose",), cps_job, cps_status, [cps_report, cps_table], render_compose, "latest composition")],
+            "lab": [
+                panel(("multitask",), mt_job, mt_status, [mt_overlap, mt_gain, mt_table, mt_note], render_multitask,
+                      "latest multi-task run"),
+                panel(("wise",), ws_job, ws_status, [ws_plot], render_wise, "latest WiSE run"),
+            ],
             "regions": [panel(("export",), None, reg_export_status, [reg_export_file], render_export, "", fixed_state=export_job)],
         }
         for name, parts in panels.items():
@@ -772,7 +872,7 @@ def build_app() -> gr.Blocks:
                 if picker is not None:  # picking a job shows it at once
                     picker.change(quiet(lambda picked, fn=polled: (*fn(picked, None), gr.skip())), [picker], [*outs, status])
         for name, tab in (("models", models_tab), ("finetune", finetune_tab), ("localize", localize_tab), ("compare", compare_tab),
-                          ("anatomy", anatomy_tab), ("compose", compose_tab), ("regions", regions_tab)):
+                          ("anatomy", anatomy_tab), ("compose", compose_tab), ("lab", lab_tab), ("regions", regions_tab)):
             sigs = [part[0] for part in panels.get(name, [])]
             tab.select(_open_tab(name, len(sigs)), None, [shown_tab, *sigs], show_progress="hidden")
         poll.wire(timer, status)

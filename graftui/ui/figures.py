@@ -222,3 +222,45 @@ def overlap_heatmap(matrix: dict, which: str = "overlap") -> go.Figure:
     title = ("Intersection over union |γi ∩ γj| / |γi ∪ γj|" if which == "iou"
              else "Overlap |γi ∩ γj| / |γj|: share of column region j also in row region i")
     return _layout(fig, title, height=200 + 50 * len(names))
+
+
+def gain_heatmap(doc: dict) -> go.Figure:
+    """Eq. 5 as a heatmap (paper Fig. 8b): the row region's share of the fine-tuning gain on the column task."""
+    tasks = doc.get("tasks") or []
+    if not tasks:
+        return empty_figure("Run the multi-task experiment to see how much of each task's skill every region carries.")
+    gain, scores = doc["relative_gain"], doc["scores"]
+    custom = [[[scores[i][j], doc["p_zero"][j], doc["p_one"][j]] for j in range(len(tasks))] for i in range(len(tasks))]
+    fig = go.Figure(go.Heatmap(
+        z=[[g if g is not None else None for g in row] for row in gain], x=tasks, y=tasks, zmid=0, zmin=-1, zmax=1,
+        colorscale="RdBu", customdata=custom,
+        text=[["–" if g is None else f"{g:.2f}" for g in row] for row in gain], texttemplate="%{text}",
+        hovertemplate=("region of %{y} on task %{x}<br>relative gain %{z:.3f}<br>accuracy %{customdata[0]:.3f}"
+                       "<br>P₀ (body + head) %{customdata[1]:.3f}, P₁ (multi-task) %{customdata[2]:.3f}<extra></extra>"),
+        xgap=2, ygap=2,
+    ))
+    fig.update_yaxes(autorange="reversed", title_text="region γi of task")
+    fig.update_xaxes(title_text="evaluated on task tj")
+    return _layout(fig, "Relative gain (P_γi,tj − P₀,tj) / (P₁,tj − P₀,tj), Eq. 5", height=200 + 50 * len(tasks))
+
+
+def wise_curves(rows: list[dict]) -> go.Figure:
+    """Accuracy along α for WiSE-FT and WiSE-graft, one colour per task (paper Fig. 7)."""
+    if not rows:
+        return empty_figure("Run WiSE to see accuracy along θ_pre + α·δ and θ_pre + α·γ⊙δ.")
+    fig = go.Figure()
+    tasks = list(dict.fromkeys(r["task"] for r in rows))
+    for c, task in enumerate(tasks):
+        for curve, dash in (("WiSE-FT", "dot"), ("WiSE-graft", "solid")):
+            pts = sorted((r["alpha"], r["accuracy"], r["ece"], r["distribution"]) for r in rows
+                         if r["task"] == task and r["curve"] == curve)
+            if not pts:
+                continue
+            dist = "in distribution" if pts[0][3] == "in" else "OOD"
+            fig.add_trace(go.Scatter(
+                x=[p[0] for p in pts], y=[p[1] for p in pts], mode="lines+markers", name=f"{curve} · {task} ({dist})",
+                line={"color": PALETTE[c % len(PALETTE)], "dash": dash}, customdata=[[p[2]] for p in pts],
+                hovertemplate=f"{curve} on {task}<br>α %{{x:.2f}}<br>accuracy %{{y:.3f}}<br>ECE %{{customdata[0]:.3f}}<extra></extra>"))
+    fig.update_xaxes(title_text="α", range=[-0.02, 1.02])
+    fig.update_yaxes(title_text="test accuracy", tickformat=".0%")
+    return _layout(fig, "WiSE: θ_pre + α·δ (dotted) and θ_pre + α·γ⊙δ (solid)", height=420)
