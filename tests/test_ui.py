@@ -311,6 +311,28 @@ def test_budget_text_shows_k_when_the_graftable_count_is_known(home):
     assert actions.counts_table(None).iloc[0]["count"] == "not checked yet"
 
 
+def test_laboratory_inputs_are_checked_before_any_job(home):
+    from graftui.errors import RequestError
+    from graftui.ui import actions, store
+
+    assert actions.parse_alphas("1, 0,0.5") == [0.0, 0.5, 1.0]
+    with pytest.raises(ValueError, match="α values like"):
+        actions.parse_alphas("0, half")
+    with pytest.raises(ValueError, match="at least one α"):
+        actions.parse_alphas(" , ")
+    runner = store.runner()
+    before = len(runner.jobs())
+    with pytest.raises(RequestError, match="two or more different tasks"):
+        actions.submit_multitask(runner, tasks=["movies"], group=[], log_sparsity=-3, start="empty", steps=5,
+                                 purify_steps=2, examples_per_class=None, n=10)
+    with pytest.raises(RequestError, match="'bbc' is not one of --tasks"):
+        actions.submit_multitask(runner, tasks=["movies", "amazon"], group=["movies", "bbc"], log_sparsity=-3,
+                                 start="empty", steps=5, purify_steps=2, examples_per_class=None, n=10)
+    with pytest.raises(ValueError, match="pick at least one region"):
+        actions.submit_wise(runner, region_id="", alphas="0, 1", ood=[], n=10)
+    assert len(runner.jobs()) == before
+
+
 def test_parse_budgets():
     from graftui.ui.actions import parse_budgets
 
@@ -404,7 +426,8 @@ def test_app_builds_with_the_named_tabs_and_stable_element_ids(home, monkeypatch
     assert tabs == list(app.TAB_NAMES)
     ids = {b.elem_id for b in blocks if getattr(b, "elem_id", None)}
     for needed in ("localize-run", "localize-cancel", "jobs-table", "region-list", "compare-run", "anatomy-heatmap",
-                   "compose-run", "region-upload", "region-download", "status-message", "models-check", "sweep-run"):
+                   "compose-run", "region-upload", "region-download", "status-message", "models-check", "sweep-run",
+                   "lab-multitask-run", "lab-overlap", "lab-gain", "lab-wise-run", "lab-wise-plot", "lab-retrain-run"):
         assert needed in ids, needed
 
 

@@ -339,6 +339,14 @@ def submit_wise(runner, *, region_id: str, alphas: str, ood: list[str], n) -> Jo
     return submit(runner, request, f"WiSE curves of {region_id} ({len(request.alphas)} values of α)")
 
 
+def submit_retrain(runner, *, region_id: str, epochs, train_examples, n) -> Job:
+    from ..requests import RetrainRequest
+
+    request = RetrainRequest(region=_paths([region_id] if region_id else [])[0], epochs=whole(epochs),
+                             train_examples=None if train_examples is None else int(train_examples), n=whole(n))
+    return submit(runner, request, f"Re-train {region_id} from θ_pre, and BitFit")
+
+
 def submit_export(runner, *, region_id: str) -> Job:
     from .. import flows
     from ..requests import ExportRequest

@@ -235,6 +235,14 @@ def render_wise(job) -> list:
     return [figures.wise_curves(job.result["rows"])]
 
 
+def render_retrain(job) -> list:
+    if job is None or not job.result:
+        msg = "Run the re-training to fill this." if job is None else "Results appear when the job is done."
+        return [pd.DataFrame(columns=actions.COMPARE_COLUMNS), figures.empty_figure(msg)]
+    res = job.result
+    return [actions.compare_table(res), figures.reliability_diagram(res["reliability"], res["task"])]
+
+
 def render_export(job) -> list:
     if job is None or not job.result:
         return [None]
@@ -463,6 +471,20 @@ def build_app() -> gr.Blocks:
                     ws_job = gr.Dropdown([("latest WiSE run", "")], value="", label="Show job", elem_id="lab-wise-job")
                 ws_status = gr.Markdown("", elem_id="lab-wise-status")
                 ws_plot = gr.Plot(figures.wise_curves([]), elem_id="lab-wise-plot")
+                gr.Markdown("### Re-training the region from θ_pre, against BitFit (Table 1)")
+                with gr.Row():
+                    rt_region = gr.Dropdown(store.region_choices(), label="Region γ", elem_id="lab-retrain-region")
+                    rt_epochs = gr.Number(d["ft_epochs"], precision=0, label="Epochs", elem_id="lab-retrain-epochs")
+                    rt_train = gr.Number(d["ft_train_examples"], precision=0, label="Training examples (0 = all)",
+                                         elem_id="lab-retrain-train")
+                    rt_n = gr.Number(d["test_examples"], precision=0, label="Test examples per task", elem_id="lab-retrain-n")
+                with gr.Row():
+                    rt_run = gr.Button("Re-train region and BitFit", variant="primary", elem_id="lab-retrain-run", scale=0)
+                    rt_job = gr.Dropdown([("latest re-training", "")], value="", label="Show job", elem_id="lab-retrain-job")
+                rt_status = gr.Markdown("", elem_id="lab-retrain-status")
+                rt_table = gr.Dataframe(pd.DataFrame(columns=actions.COMPARE_COLUMNS), interactive=False, wrap=True,
+                                        label="Fine-tuned, graft, re-trained graft and BitFit", elem_id="lab-retrain-table")
+                rt_rel = gr.Plot(figures.empty_figure("Run the re-training to fill this."), elem_id="lab-retrain-reliability")
 
             # ---------------------------------------------------------------- Regions
             with gr.Tab("Regions", elem_id="tab-regions") as regions_tab:
@@ -689,6 +711,13 @@ def build_app() -> gr.Blocks:
 
         ws_run.click(on_wise, [ws_region, ws_alphas, ws_n], [status, ws_job, ws_status])
 
+        @safe
+        def on_retrain(region_id, epochs, train, n):
+            job = actions.submit_retrain(store.runner(), region_id=region_id, epochs=epochs, train_examples=train, n=n)
+            return submitted(job), picker_for(("retrain",), "latest re-training", job), actions.job_status_line(job)
+
+        rt_run.click(on_retrain, [rt_region, rt_epochs, rt_train, rt_n], [status, rt_job, rt_status])
+
         # ---------------------------------------------------------------- Regions
         @safe
         def on_region_select(region_id):
@@ -749,7 +778,7 @@ def build_app() -> gr.Blocks:
         reg_apply.click(on_region_apply, [reg_up, base_dd, ft_dd], [reg_up_md, status])
 
         # ---------------------------------------------------------------- polling
-        region_pickers = [cmp_regions, ana_region, cmp_sel, reg_sel, ws_region]
+        region_pickers = [cmp_regions, ana_region, cmp_sel, reg_sel, ws_region, rt_region]
 
         def tick_lists(last_regions, last_ckpts, *picked):
             entries = store.list_regions()
@@ -863,6 +892,7 @@ def build_app() -> gr.Blocks:
                 panel(("multitask",), mt_job, mt_status, [mt_overlap, mt_gain, mt_table, mt_note], render_multitask,
                       "latest multi-task run"),
                 panel(("wise",), ws_job, ws_status, [ws_plot], render_wise, "latest WiSE run"),
+                panel(("retrain",), rt_job, rt_status, [rt_table, rt_rel], render_retrain, "latest re-training"),
             ],
             "regions": [panel(("export",), None, reg_export_status, [reg_export_file], render_export, "", fixed_state=export_job)],
         }
