@@ -68,6 +68,7 @@ def retrain_inside(
     """
     from .errors import Cancelled
     from .method import region_to_mask
+    from .training import optimizer
 
     names = [n for n in region if region[n].numel()]
     masks = region_to_mask({n: region[n] for n in names}, {n: tuple(params[n].shape) for n in names})
@@ -77,10 +78,7 @@ def retrain_inside(
     for p in model.parameters():
         p.requires_grad_(id(p) in trainable)
     chosen = [params[n] for n in names]
-    if config.optimizer == "sgd":
-        opt = torch.optim.SGD(chosen, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
-    else:
-        opt = torch.optim.AdamW(chosen, lr=config.lr, weight_decay=config.weight_decay)
+    opt = optimizer(chosen, config)
     step = 0
     model.train()
     try:

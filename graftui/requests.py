@@ -577,12 +577,10 @@ class MultitaskRequest(LearnFields):
         check_out_dir(self.out)
 
 
-@_register
 @dataclass
-class WiseRequest(TaskFields):
-    """WiSE curves (Fig. 7): θ_pre + α·δ and θ_pre + α·γ⊙δ for α from 0 to 1, in and out of distribution."""
+class RegionStudyFields(TaskFields):
+    """One region studied on its own pair and task (the defaults are the region's own), in and out of distribution."""
 
-    verb: ClassVar[str] = "wise"
     region: str | None = arg(None, "region or skill patch γ (default: the newest in $GRAFTUI_HOME/regions)",
                              metavar="FILE")
     base: str | None = arg(None, H_BASE + " (default: the region's own)", metavar="REF", group="models")
@@ -591,18 +589,11 @@ class WiseRequest(TaskFields):
     ood: list[str] | None = arg(None, "out-of-distribution tasks (default for sentiment tasks: the other two of movies, "
                                 "amazon, tweets)", metavar="TASK", list="repeat")
     no_ood: bool = arg(False, "skip out-of-distribution tasks")
-    alphas: list[float] = arg([round(0.1 * i, 1) for i in range(11)], "interpolation weights α in [0, 1]",
-                              metavar="LIST", list="comma")
     n: int | None = arg(None, "test examples per task (default all)", metavar="N")
 
-    def check(self) -> None:
+    def check_region(self) -> None:
         if self.region is not None:
             check_region_file(self.region)
-        if not self.alphas:
-            raise RequestError("--alphas: give at least one value")
-        for a in self.alphas:
-            if not (isinstance(a, (int, float)) and 0 <= a <= 1):
-                raise RequestError(f"--alphas: every α must be in [0, 1], got {a}")
         check_at_least_one("n", self.n)
 
     ood_tasks = EvaluateRequest.ood_tasks
@@ -610,26 +601,35 @@ class WiseRequest(TaskFields):
 
 @_register
 @dataclass
-class RetrainRequest(TaskFields):
+class WiseRequest(RegionStudyFields):
+    """WiSE curves (Fig. 7): θ_pre + α·δ and θ_pre + α·γ⊙δ for α from 0 to 1, in and out of distribution."""
+
+    verb: ClassVar[str] = "wise"
+    alphas: list[float] = arg([round(0.1 * i, 1) for i in range(11)], "interpolation weights α in [0, 1]",
+                              metavar="LIST", list="comma")
+
+    def check(self) -> None:
+        self.check_region()
+        if not self.alphas:
+            raise RequestError("--alphas: give at least one value")
+        for a in self.alphas:
+            if not (isinstance(a, (int, float)) and 0 <= a <= 1):
+                raise RequestError(f"--alphas: every α must be in [0, 1], got {a}")
+
+
+@_register
+@dataclass
+class RetrainRequest(RegionStudyFields):
     """Re-train only a region's parameters from θ_pre with the fine-tuning recipe (Table 1), against the
     fine-tuned model, the graft and BitFit (biases only), on accuracy and ECE."""
 
     verb: ClassVar[str] = "retrain"
-    region: str | None = arg(None, "region or skill patch γ (default: the newest in $GRAFTUI_HOME/regions)",
-                             metavar="FILE")
-    base: str | None = arg(None, H_BASE + " (default: the region's own)", metavar="REF", group="models")
-    finetuned: str | None = arg(None, H_FT + " (default: the region's own)", metavar="REF", group="models")
-    task: str | None = arg(None, H_TASK + " (default: the region's own)", metavar="REF", group="data")
-    ood: list[str] | None = arg(None, "out-of-distribution tasks (default for sentiment tasks: the other two of movies, "
-                                "amazon, tweets)", metavar="TASK", list="repeat")
-    no_ood: bool = arg(False, "skip out-of-distribution tasks")
     no_bitfit: bool = arg(False, "skip the BitFit baseline (train every bias, nothing else)")
     lr: float | None = arg(None, f"learning rate (default: the default recipe's, {DEFAULT_RECIPE.lr:g} for SGD)",
                            metavar="F", group="training")
     epochs: int | None = arg(None, f"training epochs (default {DEFAULT_RECIPE.epochs})", metavar="N", group="training")
     train_examples: int | None = arg(None, f"stratified training subsample (default {DEFAULT_RECIPE.train_examples}; "
                                      "0 = all)", metavar="N", group="training")
-    n: int | None = arg(None, "test examples per task (default all)", metavar="N")
     seed: int = arg(0, "seed of the subsample and the batch order", metavar="N")
 
     def recipe(self) -> FinetuneConfig:
@@ -641,11 +641,7 @@ class RetrainRequest(TaskFields):
                               batch_size=default.batch_size, train_examples=train, seed=self.seed)
 
     def check(self) -> None:
-        if self.region is not None:
-            check_region_file(self.region)
+        self.check_region()
         if self.train_examples is not None and self.train_examples < 0:
             raise RequestError(f"--train-examples must be 0 (all) or more, got {self.train_examples}")
         self.recipe().validate()
-        check_at_least_one("n", self.n)
-
-    ood_tasks = EvaluateRequest.ood_tasks

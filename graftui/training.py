@@ -11,7 +11,7 @@ import shutil
 import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -22,6 +22,13 @@ from .data import batches, subsample
 from .errors import Cancelled, ModelError
 from .models import DEFAULT_FINETUNED_REFS, GraftableSpec, load_classifier, load_tokenizer
 from .requests import FinetuneConfig, default_checkpoint_dir, default_recipe
+
+
+def optimizer(params: list, config: FinetuneConfig) -> torch.optim.Optimizer:
+    """The recipe's optimiser: SGD with momentum and weight decay (the paper's), or AdamW."""
+    if config.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
+    return torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
 
 
 @dataclass(frozen=True)
@@ -66,10 +73,7 @@ def finetune(
         if p.requires_grad:
             trainable.append(p)
     anchors = [p.detach().clone() for p in trainable] if config.l1 else []
-    if config.optimizer == "sgd":
-        opt = torch.optim.SGD(trainable, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
-    else:
-        opt = torch.optim.AdamW(trainable, lr=config.lr, weight_decay=config.weight_decay)
+    opt = optimizer(trainable, config)
     train = task.splits["train"]
     if config.train_examples:
         train = subsample(train, config.train_examples, config.seed)
@@ -184,10 +188,7 @@ def finetune_multitask(
             if p.requires_grad and id(p) not in seen_ids:
                 seen_ids.add(id(p))
                 trainable.append(p)
-    if config.optimizer == "sgd":
-        opt = torch.optim.SGD(trainable, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
-    else:
-        opt = torch.optim.AdamW(trainable, lr=config.lr, weight_decay=config.weight_decay)
+    opt = optimizer(trainable, config)
     trains = [subsample(t.splits["train"], config.train_examples, config.seed) if config.train_examples
               else t.splits["train"] for t in tasks]
     per_epoch = [-(-len(tr) // config.batch_size) for tr in trains]

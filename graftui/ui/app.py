@@ -424,10 +424,7 @@ def build_app() -> gr.Blocks:
                     cps_resolve = gr.Radio([("mean of movements", "mean"), ("first region wins", "first"), ("last region wins", "last")],
                                            value="mean", label="Parameters claimed by several regions", elem_id="compose-resolve")
                     cps_n = gr.Number(d["test_examples"], precision=0, label="Test examples per task", elem_id="compose-n")
-                with gr.Row():
-                    cps_run = gr.Button("Build union and evaluate", variant="primary", elem_id="compose-run", scale=0)
-                    cps_job = gr.Dropdown([("latest composition", "")], value="", label="Show job", elem_id="compose-job")
-                cps_status = gr.Markdown("", elem_id="compose-status")
+                cps_run, cps_job, cps_status = job_controls("Build union and evaluate", "compose", "latest composition")
                 cps_report = gr.Markdown("", elem_id="compose-report")
                 cps_table = gr.Dataframe(pd.DataFrame(columns=actions.COMPOSE_COLUMNS), interactive=False,
                                          label="Each task with its own head: region alone vs union graft vs bare body", elem_id="compose-table")
@@ -450,10 +447,7 @@ def build_app() -> gr.Blocks:
                     mt_purify = gr.Number(MultitaskRequest().purify_steps, precision=0, label="Purification steps",
                                           elem_id="lab-purify")
                     mt_n = gr.Number(d["test_examples"], precision=0, label="Test examples per task", elem_id="lab-n")
-                with gr.Row():
-                    mt_run = gr.Button("Run multi-task experiment", variant="primary", elem_id="lab-multitask-run", scale=0)
-                    mt_job = gr.Dropdown([("latest multi-task run", "")], value="", label="Show job", elem_id="lab-multitask-job")
-                mt_status = gr.Markdown("", elem_id="lab-multitask-status")
+                mt_run, mt_job, mt_status = job_controls("Run multi-task experiment", "lab-multitask", "latest multi-task run")
                 with gr.Row():
                     mt_overlap = gr.Plot(figures.empty_figure("Run the experiment to fill this."), elem_id="lab-overlap")
                     mt_gain = gr.Plot(figures.gain_heatmap({}), elem_id="lab-gain")
@@ -466,10 +460,7 @@ def build_app() -> gr.Blocks:
                     ws_alphas = gr.Textbox(", ".join(f"{a:g}" for a in WiseRequest().alphas), label="α values",
                                            elem_id="lab-wise-alphas")
                     ws_n = gr.Number(d["test_examples"], precision=0, label="Test examples per task", elem_id="lab-wise-n")
-                with gr.Row():
-                    ws_run = gr.Button("Run WiSE", variant="primary", elem_id="lab-wise-run", scale=0)
-                    ws_job = gr.Dropdown([("latest WiSE run", "")], value="", label="Show job", elem_id="lab-wise-job")
-                ws_status = gr.Markdown("", elem_id="lab-wise-status")
+                ws_run, ws_job, ws_status = job_controls("Run WiSE", "lab-wise", "latest WiSE run")
                 ws_plot = gr.Plot(figures.wise_curves([]), elem_id="lab-wise-plot")
                 gr.Markdown("### Re-training the region from θ_pre, against BitFit (Table 1)")
                 with gr.Row():
@@ -478,10 +469,7 @@ def build_app() -> gr.Blocks:
                     rt_train = gr.Number(d["ft_train_examples"], precision=0, label="Training examples (0 = all)",
                                          elem_id="lab-retrain-train")
                     rt_n = gr.Number(d["test_examples"], precision=0, label="Test examples per task", elem_id="lab-retrain-n")
-                with gr.Row():
-                    rt_run = gr.Button("Re-train region and BitFit", variant="primary", elem_id="lab-retrain-run", scale=0)
-                    rt_job = gr.Dropdown([("latest re-training", "")], value="", label="Show job", elem_id="lab-retrain-job")
-                rt_status = gr.Markdown("", elem_id="lab-retrain-status")
+                rt_run, rt_job, rt_status = job_controls("Re-train region and BitFit", "lab-retrain", "latest re-training")
                 rt_table = gr.Dataframe(pd.DataFrame(columns=actions.COMPARE_COLUMNS), interactive=False, wrap=True,
                                         label="Fine-tuned, graft, re-trained graft and BitFit", elem_id="lab-retrain-table")
                 rt_rel = gr.Plot(figures.empty_figure("Run the re-training to fill this."), elem_id="lab-retrain-reliability")
@@ -919,6 +907,14 @@ def picker_for(kinds: tuple[str, ...], latest_label: str, job):
     """A job picker showing ``job`` among the jobs of ``kinds``."""
     choices = [(latest_label, "")] + actions.job_choices(store.runner(), kinds)
     return gr.update(choices=choices, value=job.id)
+
+
+def job_controls(label: str, prefix: str, latest_label: str):
+    """A Run button, a picker of this kind's jobs and their status line: ``#prefix-run``, ``-job``, ``-status``."""
+    with gr.Row():
+        run = gr.Button(label, variant="primary", elem_id=f"{prefix}-run", scale=0)
+        job = gr.Dropdown([(latest_label, "")], value="", label="Show job", elem_id=f"{prefix}-job")
+    return run, job, gr.Markdown("", elem_id=f"{prefix}-status")
 
 
 def _open_tab(tab: str, n: int):
