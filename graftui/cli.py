@@ -261,9 +261,25 @@ def render_retrain(doc: dict) -> str:
         f"{c['train_examples'] or 'all'} training examples; 'graft' takes the fine-tuned values inside the region."])
 
 
+def render_continual(doc: dict) -> str:
+    names = doc["tasks"]
+    parts = [pairs_table([(f"region of {t}", p) for t, p in doc["regions"].items()]), ""]
+    for arm, key in (("Forget-free (train γ_tn minus the earlier regions)", "forget_free"),
+                     ("Naive sequential fine-tuning (train the whole body)", "sequential")):
+        trained = doc["trained"]["forget-free" if key == "forget_free" else "sequential"]
+        rows = [[f"after {names[i]}", _count(trained[i]), *(_num(x) for x in doc[key][i])] for i in range(len(names))]
+        parts += [f"{arm}: accuracy on each task after each stage", table(["stage", "trained", *names], rows), ""]
+    parts.append(table(["forgetting (own stage − last)", *names],
+                       [[arm, *(_num(x) for x in doc["forgetting"][arm])] for arm in ("forget-free", "sequential")]))
+    parts.append(f"independent fine-tunes: {', '.join(f'{t} {a:.3f}' for t, a in zip(names, doc['finetuned_accuracy']))}; "
+                 f"time {doc['seconds']:.1f} s")
+    return "\n".join(parts)
+
+
 RENDER = {"finetune": render_finetune, "localize": render_localize, "evaluate": render_evaluate,
           "sweep": render_sweep, "anatomy": render_anatomy, "compose": render_compose, "export": render_export,
-          "multitask": render_multitask, "wise": render_wise, "retrain": render_retrain}
+          "multitask": render_multitask, "wise": render_wise, "retrain": render_retrain,
+          "continual": render_continual}
 
 
 # -- options from request fields ----------------------------------------------------------------------
@@ -472,7 +488,8 @@ SUMMARY = {"finetune": "make a fine-tuned checkpoint (SGD or AdamW + ℓ1)",
            "export": "write a grafted model as a Hugging Face checkpoint",
            "multitask": "regions of a multi-task model: overlap, skill transfer (Eq. 5), union, purification",
            "wise": "WiSE-FT and WiSE-graft curves along α, in and out of distribution",
-           "retrain": "train only the region from θ_pre (and BitFit), against FT and the graft"}
+           "retrain": "train only the region from θ_pre (and BitFit), against FT and the graft",
+           "continual": "forget-free continual learning with regions, against sequential fine-tuning"}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -366,4 +366,147 @@ def retrain(req, progress: Progress | None = None, cancel=None, guard: Guard = L
                          recipe=recipe.as_dict(), trained=trained, **comparison.as_dict())
 
 
-FLOWS.update({"multitask": multitask, "wise": wise, "retrain": retrain})
+# -- forget-free continual learning (§5.2) -------------------------------------------------------------
+@dataclass
+class ContinualResult(Result):
+    tasks: list[str] = field(default_factory=list)
+    checkpoints: dict[str, str] = field(default_factory=dict)  # task -> its independent fine-tune
+    regions: dict[str, str] = field(default_factory=dict)  # task -> its region file
+    finetuned_accuracy: list[float] = field(default_factory=list)  # each independent fine-tune on its own task
+    trained: dict = field(default_factory=dict)  # arm -> parameters trained at each stage
+    # [stage i][task j] = accuracy on t_j after learning t_1 … t_i (None for j > i)
+    forget_free: list[list[float | None]] = field(default_factory=list)
+    sequential: list[list[float | None]] = field(default_factory=list)
+    forgetting: dict = field(default_factory=dict)  # arm -> [accuracy after its own stage − after the last], per task
+
+
+def _merge(patch: tuple[dict, dict], indices: dict, values: dict) -> tuple[dict, dict]:
+    """(indices, values) with more coordinates written in (they must be new to the patch)."""
+    idx, val = dict(patch[0]), dict(patch[1])
+    for name, i in indices.items():
+        if name in idx:
+            order = torch.argsort(torch.cat([idx[name], i]))
+            idx[name] = torch.cat([idx[name], i])[order]
+            val[name] = torch.cat([val[name], values[name]])[order]
+        else:
+            idx[name], val[name] = i, values[name]
+    return idx, val
+
+
+def _written(pre: dict, patch: tuple[dict, dict]) -> dict:
+    """θ_pre with a patch's values written in (tensors not in the patch are θ_pre itself)."""
+    out = dict(pre)
+    for name, idx in patch[0].items():
+        out[name] = pre[name].clone()
+        out[name].view(-1)[idx.to(pre[name].device)] = patch[1][name].to(pre[name].device)
+    return out
+
+
+def continual(req, progress: Progress | None = None, cancel=None, guard: Guard = LOCAL) -> ContinualResult:
+    """Learn t_1 … t_n one after another in two ways and score every earlier task after each stage.
+
+    Both arms use the same recipe, data and heads (each task's head from its independent fine-tune,
+    held fixed) and differ only in what they may train: forget-free trains γ_{t_n} \\ ∪_{i<n} γ_{t_i}
+    and infers t_i with ∪_{j≤i} γ_{t_j}; naive sequential trains the whole body (not the embeddings).
+    """
+    from .data import subsample
+    from .flows import finetune as run_finetune, localize as run_localize
+    from .requests import FinetuneRequest, LocalizeRequest
+
+    req.validate()
+    start = time.time()
+    check_model_ref(req.base)
+    tasks = [get_task(t, DataSpec(), guard) for t in req.tasks]
+    n = len(tasks)
+    out_dir = Path(req.out).expanduser() if req.out else settings.subdir("regions")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    notes: list[str] = []
+    done = [0]
+    total = 2 * n + 2 * n  # fine-tunes and regions, then the stages of both arms
+
+    def stage(text: str, **extra) -> None:
+        if cancel is not None and cancel.is_set():
+            raise Cancelled("continual learning cancelled")
+        if progress:
+            progress({"stage": text, "fraction": done[0] / total, **extra})
+
+    # 1. each task's independent fine-tune (cached per recipe) and its region
+    checkpoints, paths, gammas, ft_acc = {}, {}, [], []
+    for name in req.tasks:
+        stage(f"independent fine-tune on '{name}' (reused when built before)")
+        ft = run_finetune(FinetuneRequest(base=req.base, task=name, test_examples=req.n), cancel=cancel, guard=guard)
+        checkpoints[name], done[0] = ft.out, done[0] + 1
+        ft_acc.append(ft.test_accuracy)
+        stage(f"region of '{name}'")
+        loc = run_localize(LocalizeRequest(
+            base=req.base, finetuned=ft.out, task=name, sparsity=req.sparsity, steps=req.steps, lr=req.lr,
+            optimizer=req.optimizer, batch_size=req.batch_size, examples_per_class=req.examples_per_class,
+            binarise=req.binarise, seed=req.seed, out=str(new_path(out_dir, f"continual-{slug(name)}", ".safetensors"))),
+            cancel=cancel, guard=guard)
+        paths[name], done[0] = loc.path, done[0] + 1
+        gammas.append(loc.region)
+    spec = GraftableSpec(names=tuple(loc.record.shapes))  # the tensors every region was learned over
+    recipe = FinetuneRequest(base=req.base, task=req.tasks[0]).recipe()
+
+    def pair_of(i: int):
+        return get_pair(req.base, checkpoints[req.tasks[i]], spec, guard, progress, cancel)
+
+    def train_stage(i: int, region: dict, begin: dict, arm: str) -> dict:
+        pair = pair_of(i)
+        train = tasks[i].splits["train"]
+        if recipe.train_examples:
+            train = subsample(train, recipe.train_examples, recipe.seed)
+
+        def make_batches(epoch: int):
+            return batches(pair.tokenizer, train, recipe.batch_size, tasks[i].max_length, shuffle_seed=recipe.seed + epoch)
+
+        steps = -(-len(train) // recipe.batch_size) * recipe.epochs
+        on_step = (lambda s, loss: stage(f"{arm}: learning '{req.tasks[i]}' (stage {i + 1}/{n}), step {s}/{steps}",
+                                         step=s, steps=steps, loss=loss))
+        params = {p: pair.param(p) for p in pair.graftable}
+        everything = {p: torch.arange(pair.pre[p].numel()) for p in pair.graftable}
+        with scoring.grafted_values(pair, everything, {p: begin[p].reshape(-1) for p in pair.graftable}):
+            torch.manual_seed(recipe.seed)
+            return lab.retrain_inside(pair.model, params, begin, region, make_batches, recipe, on_step, cancel)
+
+    def score(j: int, indices: dict, values: dict) -> float:
+        pair = pair_of(j)
+        with scoring.grafted_values(pair, indices, values):
+            return metrics.accuracy(*scoring.predict(pair, tasks[j], "test", req.n, seed=req.seed))
+
+    # 2. forget-free: stage i trains only its new part; task j is inferred with the patch of stage j
+    pre = pair_of(0).pre
+    patch: tuple[dict, dict] = ({}, {})
+    patches, forget_free, trained_ff = [], [[None] * n for _ in range(n)], []
+    for i in range(n):
+        new = lab.new_part(gammas[i], gammas[:i])
+        trained_ff.append(region_size(new))
+        values = train_stage(i, new, _written(pre, patch), "forget-free")
+        patch = _merge(patch, new, values)
+        patches.append(patch)
+        for j in range(i + 1):
+            stage(f"forget-free: scoring '{req.tasks[j]}' after stage {i + 1}")
+            forget_free[i][j] = score(j, *patches[j])
+        done[0] += 1
+
+    # 3. naive sequential fine-tuning of the whole body, the same recipe and heads
+    body = {name: pre[name] for name in spec.names}
+    everything = {name: torch.arange(pre[name].numel()) for name in spec.names}
+    sequential = [[None] * n for _ in range(n)]
+    for i in range(n):
+        values = train_stage(i, everything, body, "sequential")
+        body = {name: values[name].view(pre[name].shape) for name in spec.names}
+        for j in range(i + 1):
+            stage(f"sequential: scoring '{req.tasks[j]}' after stage {i + 1}")
+            sequential[i][j] = score(j, everything, {name: body[name].reshape(-1) for name in spec.names})
+        done[0] += 1
+    finish(progress)
+    forgetting = {arm: [table[j][j] - table[n - 1][j] for j in range(n)]
+                  for arm, table in (("forget-free", forget_free), ("sequential", sequential))}
+    return ContinualResult(req, notes, time.time() - start, tasks=list(req.tasks), checkpoints=checkpoints, regions=paths,
+                           finetuned_accuracy=ft_acc,
+                           trained={"forget-free": trained_ff, "sequential": [sum(t.numel() for t in everything.values())] * n},
+                           forget_free=forget_free, sequential=sequential, forgetting=forgetting)
+
+
+FLOWS.update({"multitask": multitask, "wise": wise, "retrain": retrain, "continual": continual})

@@ -52,19 +52,20 @@ def new_part(region: Region, earlier: list[Region]) -> Region:
 def retrain_inside(
     model: torch.nn.Module,
     params: dict[str, torch.nn.Parameter],
-    pre: dict[str, torch.Tensor],
+    start: dict[str, torch.Tensor],
     region: Region,
     make_batches,
     config,
     progress=None,
     cancel=None,
 ) -> dict[str, torch.Tensor]:
-    """Train only the coordinates inside ``region``, starting from θ_pre (graft re-training, Table 1).
+    """Train only the coordinates inside ``region``, from the values ``start`` the model holds.
 
-    ``config`` is a fine-tuning recipe (``FinetuneConfig``); every other coordinate of the model
-    stays where it is (θ_pre, and the head as given). After each optimiser step the coordinates
-    outside the region are put back, so weight decay and momentum cannot leak out of it. Returns
-    the trained values at the region's indices; the model is left at θ_pre.
+    Graft re-training (Table 1) starts from θ_pre; a continual-learning stage (§5.2) starts from
+    the body the earlier stages left. ``config`` is a fine-tuning recipe (``FinetuneConfig``);
+    every other coordinate stays where it is (and the head as given): after each optimiser step
+    the coordinates outside the region are put back, so weight decay and momentum cannot leak out
+    of it. Returns the trained values at the region's indices; the model is left at ``start``.
     """
     from .errors import Cancelled
     from .method import region_to_mask
@@ -93,7 +94,7 @@ def retrain_inside(
                 opt.step()
                 with torch.no_grad():
                     for n in names:
-                        torch.where(masks[n], params[n].data, pre[n], out=params[n].data)
+                        torch.where(masks[n], params[n].data, start[n], out=params[n].data)
                 step += 1
                 if progress is not None:
                     progress(step, float(out.loss.detach()))
@@ -101,7 +102,7 @@ def retrain_inside(
     finally:
         with torch.no_grad():
             for n in names:
-                params[n].data.copy_(pre[n])
+                params[n].data.copy_(start[n])
                 params[n].grad = None
         for n, p in model.named_parameters():
             p.requires_grad_(flags[n])

@@ -645,3 +645,29 @@ class RetrainRequest(RegionStudyFields):
         if self.train_examples is not None and self.train_examples < 0:
             raise RequestError(f"--train-examples must be 0 (all) or more, got {self.train_examples}")
         self.recipe().validate()
+
+
+@_register
+@dataclass
+class ContinualRequest(LearnFields):
+    """Forget-free continual learning (§5.2): task t_n trains only γ_{t_n} minus the earlier regions, and each
+    task is inferred with the union of the regions up to its own; against naive sequential fine-tuning."""
+
+    verb: ClassVar[str] = "continual"
+    writes: ClassVar[bool] = True
+    base: str = arg(DEFAULT_BASE, H_BASE, metavar="REF", group="models")
+    tasks: list[str] = arg(list(DEFAULT_MULTITASK_TASKS), "the task sequence t_1 … t_n, in order (two or more)",
+                           metavar="LIST", list="comma", group="data")
+    sparsity: float = arg(DEFAULT_SPARSITY, "each task's region (from its own independent fine-tune), as a fraction of "
+                          "the graftable parameters", metavar="F", group="region")
+    n: int | None = arg(None, "test examples per task (default all)", metavar="N")
+    out: str | None = arg(None, "folder for the regions (default: new files in $GRAFTUI_HOME/regions)", metavar="DIR")
+
+    def check(self) -> None:
+        tasks = [t for t in self.tasks if str(t).strip()]
+        if len(tasks) < 2 or len(set(tasks)) != len(tasks):
+            raise RequestError(f"--tasks: give two or more different tasks, got {', '.join(self.tasks) or 'none'}")
+        check_sparsity(self.sparsity)
+        check_at_least_one("n", self.n)
+        self.check_learning()
+        check_out_dir(self.out)

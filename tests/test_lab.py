@@ -269,3 +269,23 @@ def test_python_api_offers_the_experiments():
     assert graftui.multitask.__doc__.startswith("One model fine-tuned on several tasks")
     assert graftui.MultitaskRequest().tasks == ["movies", "amazon", "bbc"]
     assert math.isclose(graftui.WiseRequest().alphas[-1], 1.0)
+
+
+def test_continual_forget_free_keeps_every_earlier_task_exactly_and_trains_only_new_parts(tiny_multitask, tmp_path,
+                                                                                          monkeypatch):
+    from graftui import flows, regions
+    from graftui.requests import ContinualRequest
+
+    monkeypatch.setenv("GRAFTUI_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("GRAFTUI_FAST", "1")
+    res = flows.run(ContinualRequest(base=tiny_multitask["base"], tasks=["movies", "bbc"], sparsity=0.05, steps=2,
+                                     examples_per_class=4, n=40, out=str(tmp_path / "regions"))).as_dict()
+    ff, seq = res["forget_free"], res["sequential"]
+    assert ff[0][1] is None and seq[0][1] is None
+    assert ff[1][0] == ff[0][0] and res["forgetting"]["forget-free"][0] == 0.0  # by construction, bit for bit
+    assert res["forgetting"]["sequential"][0] == seq[0][0] - seq[1][0]
+    gammas = [regions.load(res["regions"][t]).indices for t in ("movies", "bbc")]
+    assert res["trained"]["forget-free"] == [method.region_size(gammas[0]),
+                                             method.region_size(lab.new_part(gammas[1], gammas[:1]))]
+    assert res["trained"]["sequential"][0] == regions.load(res["regions"]["movies"]).graftable
+    assert len(res["finetuned_accuracy"]) == 2 and all(0 <= a <= 1 for a in res["finetuned_accuracy"])

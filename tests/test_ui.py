@@ -525,3 +525,22 @@ def test_small_shares_stay_visible():
 
     assert share(770 / 22_713_986) == "0.0034%"
     assert share(0.4752) == "47.52%" and share(0) == "0.00%"
+
+
+def test_laboratory_panels_render_results_with_every_value():
+    from types import SimpleNamespace
+
+    from graftui.ui import app
+
+    res = {"tasks": ["movies", "bbc"], "forget_free": [[0.7, None], [0.7, 0.9]], "sequential": [[0.72, None], [0.55, 0.91]],
+           "trained": {"forget-free": [100, 80], "sequential": [1000, 1000]}}
+    fig, table = app.render_continual(SimpleNamespace(result=res))
+    assert len(table) == 6 and list(table["accuracy"]) == ["0.700", "0.700", "0.900", "0.720", "0.550", "0.910"]
+    assert [t.y for t in fig.data if t.name == "movies · sequential"][0] == (0.72, 0.55)
+    mt = {"tasks": ["a", "b"], "k": 5, "checkpoint": "/x/mt", "overlap": [[1, 0.2], [0.4, 1]], "intersection_counts": [[5, 1], [1, 5]],
+          "sizes": [5, 5], "relative_gain": [[1.0, None], [0.5, 0.9]], "scores": [[0.9, 0.5], [0.7, 0.8]],
+          "p_zero": [0.5, 0.5], "p_one": [0.9, 0.8], "union": {"group": ["a", "b"], "size": 9, "accuracy": [0.8, 0.7],
+                                                            "relative_gain": [0.75, 0.6667]}, "purified": {}, "notes": []}
+    overlap, gain, union, note = app.render_multitask(SimpleNamespace(result=mt))
+    assert list(union["relative gain"]) == ["0.750", "0.667"] and "k = **5**" in note
+    assert gain.data[0].text[0] == ["1.00", "–"]

@@ -347,6 +347,14 @@ def submit_retrain(runner, *, region_id: str, epochs, train_examples, n) -> Job:
     return submit(runner, request, f"Re-train {region_id} from θ_pre, and BitFit")
 
 
+def submit_continual(runner, *, tasks: list[str], log_sparsity: float, steps, examples_per_class, n) -> Job:
+    from ..requests import ContinualRequest
+
+    request = ContinualRequest(tasks=list(tasks or []), sparsity=10 ** float(log_sparsity), steps=whole(steps) or 0,
+                               examples_per_class=whole(examples_per_class), n=whole(n))
+    return submit(runner, request, f"Continual learning of {' → '.join(request.tasks)}")
+
+
 def submit_export(runner, *, region_id: str) -> Job:
     from .. import flows
     from ..requests import ExportRequest

@@ -19,7 +19,7 @@ import pandas as pd
 
 from .. import settings
 from ..data import OFFLINE_TASKS
-from ..requests import MultitaskRequest, WiseRequest
+from ..requests import ContinualRequest, MultitaskRequest, WiseRequest
 from . import actions, figures, store
 
 OFFLINE_TASK_NAMES = list(OFFLINE_TASKS)
@@ -241,6 +241,24 @@ def render_retrain(job) -> list:
         return [pd.DataFrame(columns=actions.COMPARE_COLUMNS), figures.empty_figure(msg)]
     res = job.result
     return [actions.compare_table(res), figures.reliability_diagram(res["reliability"], res["task"])]
+
+
+CONTINUAL_COLUMNS = ["arm", "stage", "parameters trained", "task", "accuracy"]
+
+
+def render_continual(job) -> list:
+    if job is None or not job.result:
+        msg = "Run continual learning to fill this." if job is None else "Results appear when the job is done."
+        return [figures.empty_figure(msg), pd.DataFrame(columns=CONTINUAL_COLUMNS)]
+    res = job.result
+    rows = []
+    for arm, key in (("forget-free", "forget_free"), ("sequential", "sequential")):
+        for i, stage in enumerate(res["tasks"]):
+            for task, acc in zip(res["tasks"], res[key][i]):
+                if acc is not None:
+                    rows.append({"arm": arm, "stage": f"{i + 1}: {stage}", "parameters trained": f"{res['trained'][arm][i]:,}",
+                                 "task": task, "accuracy": f"{acc:.3f}"})
+    return [figures.continual_curves(res), pd.DataFrame(rows, columns=CONTINUAL_COLUMNS)]
 
 
 def render_export(job) -> list:
@@ -473,6 +491,17 @@ def build_app() -> gr.Blocks:
                 rt_table = gr.Dataframe(pd.DataFrame(columns=actions.COMPARE_COLUMNS), interactive=False, wrap=True,
                                         label="Fine-tuned, graft, re-trained graft and BitFit", elem_id="lab-retrain-table")
                 rt_rel = gr.Plot(figures.empty_figure("Run the re-training to fill this."), elem_id="lab-retrain-reliability")
+                gr.Markdown("### Forget-free continual learning (§5.2)")
+                with gr.Row():
+                    cl_tasks = gr.Dropdown(OFFLINE_TASK_NAMES, value=list(ContinualRequest().tasks), multiselect=True,
+                                           label="Task sequence, in order", elem_id="lab-continual-tasks")
+                    cl_budget = gr.Slider(-5, -1, value=d["log_sparsity"], step=0.5, label="log10 sparsity per task",
+                                          elem_id="lab-continual-budget")
+                    cl_n = gr.Number(d["test_examples"], precision=0, label="Test examples per task", elem_id="lab-continual-n")
+                cl_run, cl_job, cl_status = job_controls("Run continual learning", "lab-continual", "latest continual run")
+                cl_plot = gr.Plot(figures.continual_curves({}), elem_id="lab-continual-plot")
+                cl_table = gr.Dataframe(pd.DataFrame(columns=CONTINUAL_COLUMNS), interactive=False,
+                                        label="Accuracy on each task after each stage", elem_id="lab-continual-table")
 
             # ---------------------------------------------------------------- Regions
             with gr.Tab("Regions", elem_id="tab-regions") as regions_tab:
@@ -706,6 +735,14 @@ def build_app() -> gr.Blocks:
 
         rt_run.click(on_retrain, [rt_region, rt_epochs, rt_train, rt_n], [status, rt_job, rt_status])
 
+        @safe
+        def on_continual(tasks, log_s, n):
+            job = actions.submit_continual(store.runner(), tasks=tasks, log_sparsity=log_s, steps=d["steps"],
+                                           examples_per_class=d["examples_per_class"], n=n)
+            return submitted(job), picker_for(("continual",), "latest continual run", job), actions.job_status_line(job)
+
+        cl_run.click(on_continual, [cl_tasks, cl_budget, cl_n], [status, cl_job, cl_status])
+
         # ---------------------------------------------------------------- Regions
         @safe
         def on_region_select(region_id):
@@ -881,6 +918,7 @@ def build_app() -> gr.Blocks:
                       "latest multi-task run"),
                 panel(("wise",), ws_job, ws_status, [ws_plot], render_wise, "latest WiSE run"),
                 panel(("retrain",), rt_job, rt_status, [rt_table, rt_rel], render_retrain, "latest re-training"),
+                panel(("continual",), cl_job, cl_status, [cl_plot, cl_table], render_continual, "latest continual run"),
             ],
             "regions": [panel(("export",), None, reg_export_status, [reg_export_file], render_export, "", fixed_state=export_job)],
         }

@@ -264,3 +264,22 @@ def wise_curves(rows: list[dict]) -> go.Figure:
     fig.update_xaxes(title_text="α", range=[-0.02, 1.02])
     fig.update_yaxes(title_text="test accuracy", tickformat=".0%")
     return _layout(fig, "WiSE: θ_pre + α·δ (dotted) and θ_pre + α·γ⊙δ (solid)", height=420)
+
+
+def continual_curves(doc: dict) -> go.Figure:
+    """Accuracy on each task after each stage, forget-free (solid) against sequential fine-tuning (dotted)."""
+    tasks = doc.get("tasks") or []
+    if not tasks:
+        return empty_figure("Run continual learning to see what each stage does to the earlier tasks.")
+    fig = go.Figure()
+    stages = [f"after {t}" for t in tasks]
+    for c, task in enumerate(tasks):
+        for key, label, dash in (("forget_free", "forget-free", "solid"), ("sequential", "sequential", "dot")):
+            ys = [row[c] for row in doc[key]]
+            fig.add_trace(go.Scatter(
+                x=stages, y=ys, mode="lines+markers", name=f"{task} · {label}",
+                line={"color": PALETTE[c % len(PALETTE)], "dash": dash},
+                hovertemplate=f"{task}, {label}<br>%{{x}}<br>accuracy %{{y:.3f}}<extra></extra>"))
+    fig.update_yaxes(title_text="test accuracy", tickformat=".0%")
+    fig.update_xaxes(title_text="stage of the task sequence")
+    return _layout(fig, "Forgetting: forget-free regions (solid) against sequential fine-tuning (dotted)", height=420)
