@@ -20,14 +20,14 @@ import torch
 
 from . import lab, metrics, regions, scoring, settings, sets
 from .data import DataSpec, batches, kshot
-from .errors import Cancelled, ModelError, RegionError
+from .errors import Cancelled, ModelError, RegionError, RequestError
 from .flows import (
     FLOWS, LOCAL, Guard, Progress, Result, _default_spec, _examples_per_class, check_model_ref, finish, get_pair,
     get_task, latest_region, load_region, new_path, pair_for_regions, short_ref, slug,
 )
 from .method import learn_region, region_size
 from .methods import Budget
-from .models import GraftableSpec, load_classifier
+from .models import GraftableSpec, checkpoint_record, load_classifier
 from .requests import DEFAULT_BASE, DEFAULT_MULTITASK_TASKS, MultitaskRequest, WiseRequest, default_checkpoint_dir
 
 
@@ -75,10 +75,13 @@ def _ensure_checkpoint(req: MultitaskRequest, tasks, guard: Guard, progress, can
             training.finetune_multitask(req.base, tasks, default_recipe(), folder, progress=step, cancel=cancel,
                                         allow_local=guard.allow_local(models=[req.base]),
                                         request={**req.as_dict(), "checkpoint": None})
-    missing = [t for t in req.tasks if not (folder / slug(t) / "config.json").exists()]
+    missing = [t.name for t in tasks if not (folder / slug(t.name) / "config.json").exists()]
     if missing:
         raise ModelError(f"'{folder}' has no checkpoint for task '{missing[0]}' (expected the sub-folder "
                          f"'{slug(missing[0])}' that a multi-task fine-tune writes)")
+    made_from = (checkpoint_record(folder) or {}).get("base")
+    if made_from and made_from != req.base and Path(made_from).expanduser().resolve() != Path(req.base).expanduser().resolve():
+        raise RequestError(f"'{folder}' was fine-tuned from '{made_from}', not '{req.base}'; give --base {made_from}")
     return folder
 
 
@@ -123,7 +126,7 @@ def multitask(req: MultitaskRequest, progress: Progress | None = None, cancel=No
     for t in tasks:
         _examples_per_class(req, t, [])  # a bad k-shot size fails before any model is loaded
     folder = _ensure_checkpoint(req, tasks, guard, progress, cancel)
-    refs = [str(folder / slug(t)) for t in req.tasks]
+    refs = [str(folder / slug(t.name)) for t in tasks]
     n = len(tasks)
     out_dir = Path(req.out).expanduser() if req.out else settings.subdir("regions")
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -150,8 +153,9 @@ def multitask(req: MultitaskRequest, progress: Progress | None = None, cancel=No
         k = Budget(sparsity=req.sparsity).resolve(pair.counts()["graftable"])
         begin = {} if req.start == "empty" else None
         params = {p: pair.param(p) for p in pair.graftable}
-        on_step = (lambda r, name=name: progress({"stage": f"region of '{name}': mask step {r.step}/{r.steps}",
-                                                  "k": k, **asdict(r)})) if progress else None
+        on_step = (lambda r, name=name, i=i: progress({
+            "stage": f"region of '{name}': mask step {r.step}/{r.steps}", "k": k, **asdict(r),
+            "fraction": 0.4 + 0.6 * (i + r.step / r.steps) / (n + 3)})) if progress else None
         region, _ = learn_region(pair.model, params, pair.pre, pair.ft, k, _train_batches(pair, task, req, notes if i == 0 else []),
                                  config, on_step, cancel, start=begin)
         found[name] = region
@@ -189,7 +193,8 @@ def multitask(req: MultitaskRequest, progress: Progress | None = None, cancel=No
 
         params = {p: pair.param(p) for p in pair.graftable}
         cfg = type(config)(**{**config.as_dict(), "steps": req.purify_steps})
-        on_step = (lambda r: progress({"stage": f"purifying: mask step {r.step}/{r.steps}", **asdict(r)})) if progress else None
+        on_step = (lambda r: progress({"stage": f"purifying: mask step {r.step}/{r.steps}", **asdict(r),
+                                       "fraction": 0.4 + 0.6 * (n + r.step / r.steps) / (n + 3)})) if progress else None
         purified, _ = learn_region(joint, params, pair.pre, pair.ft, region_size(union), joint_batches, cfg, on_step, cancel,
                                    start=union)
         record = regions.make_record(pair, purified, {
@@ -393,6 +398,11 @@ def _merge(patch: tuple[dict, dict], indices: dict, values: dict) -> tuple[dict,
     return idx, val
 
 
+def _values_at(patch: tuple[dict, dict], indices: dict) -> dict:
+    """The patch's values at ``indices`` (sorted, and all held by the patch)."""
+    return {name: patch[1][name][sets._isin(patch[0][name], idx)] for name, idx in indices.items()}
+
+
 def _written(pre: dict, patch: tuple[dict, dict]) -> dict:
     """θ_pre with a patch's values written in (tensors not in the patch are θ_pre itself)."""
     out = dict(pre)
@@ -481,12 +491,14 @@ def continual(req, progress: Progress | None = None, cancel=None, guard: Guard =
     for i in range(n):
         new = lab.new_part(gammas[i], gammas[:i])
         trained_ff.append(region_size(new))
-        values = train_stage(i, new, _written(pre, patch), "forget-free")
-        patch = _merge(patch, new, values)
+        if new:
+            patch = _merge(patch, new, train_stage(i, new, _written(pre, patch), "forget-free"))
+        else:
+            notes.append(f"the region of '{req.tasks[i]}' lies inside the earlier ones: stage {i + 1} trains nothing")
         patches.append(patch)
-        for j in range(i + 1):
+        for j in range(i + 1):  # task j with ∪_{l≤j} γ_l, its values read from the current patch
             stage(f"forget-free: scoring '{req.tasks[j]}' after stage {i + 1}")
-            forget_free[i][j] = score(j, *patches[j])
+            forget_free[i][j] = score(j, patches[j][0], _values_at(patch, patches[j][0]))
         done[0] += 1
 
     # 3. naive sequential fine-tuning of the whole body, the same recipe and heads

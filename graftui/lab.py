@@ -74,15 +74,17 @@ def retrain_inside(
     names = [n for n in region if region[n].numel()]
     masks = region_to_mask({n: region[n] for n in names}, {n: tuple(params[n].shape) for n in names})
     masks = {n: m.to(params[n].device) for n, m in masks.items()}
+    if not names:
+        return {}
     flags = {n: p.requires_grad for n, p in model.named_parameters()}
     trainable = {id(params[n]) for n in names}
-    for p in model.parameters():
-        p.requires_grad_(id(p) in trainable)
     chosen = [params[n] for n in names]
-    opt = optimizer(chosen, config)
     step = 0
-    model.train()
     try:
+        for p in model.parameters():
+            p.requires_grad_(id(p) in trainable)
+        opt = optimizer(chosen, config)
+        model.train()
         for epoch in range(config.epochs):
             for batch in make_batches(epoch):
                 if cancel is not None and cancel.is_set():

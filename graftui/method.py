@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import math
 import threading
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
 import torch

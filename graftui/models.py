@@ -340,11 +340,11 @@ class ModelPair:
         from .method import region_to_mask
 
         masks = region_to_mask(region, {n: tuple(self.ft[n].shape) for n in self.ft}) if region is not None else {}
-        with torch.no_grad():
-            for name, values in self.ft.items():
-                mask = masks.get(name)
-                self._params[name].data.copy_(wise(self.pre[name], values, alpha, None if region is None else mask.to(values.device)))
         try:
+            with torch.no_grad():
+                for name, values in self.ft.items():
+                    mask = None if region is None else masks[name].to(values.device)
+                    self._params[name].data.copy_(wise(self.pre[name], values, alpha, mask))
             yield self.model
         finally:
             self.reset()

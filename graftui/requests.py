@@ -567,8 +567,8 @@ class MultitaskRequest(LearnFields):
         for t in self.group or []:
             if t not in tasks:
                 raise RequestError(f"--group: '{t}' is not one of --tasks ({', '.join(tasks)})")
-        if self.group is not None and len(self.group) < 2:
-            raise RequestError("--group: a union needs two or more tasks")
+        if self.group is not None and (len(self.group) < 2 or len(set(self.group)) != len(self.group)):
+            raise RequestError(f"--group: a union needs two or more different tasks, got {', '.join(self.group)}")
         check_sparsity(self.sparsity)
         if self.purify_steps < 0:
             raise RequestError(f"--purify-steps must be 0 or more, got {self.purify_steps}")

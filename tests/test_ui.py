@@ -544,3 +544,22 @@ def test_laboratory_panels_render_results_with_every_value():
     overlap, gain, union, note = app.render_multitask(SimpleNamespace(result=mt))
     assert list(union["relative gain"]) == ["0.750", "0.667"] and "k = **5**" in note
     assert gain.data[0].text[0] == ["1.00", "–"]
+
+
+def test_a_running_jobs_figures_are_throttled_but_never_left_stale():
+    from graftui.ui.app import LIVE_REDRAW_SECONDS as T
+    from graftui.ui.app import panel_changes
+
+    lst, job = ("listing",), ("j1", "running")
+    new_list, new_line, redraw, s = panel_changes(None, lst, job, (1,), True, 0.0)
+    assert new_list and new_line and redraw
+    assert panel_changes(s, lst, job, (1,), True, 1.0)[:3] == (False, False, False)  # nothing new
+    new_list, new_line, redraw, s = panel_changes(s, lst, job, (2,), True, 1.0)  # progress: line now, figures later
+    assert (new_list, new_line, redraw) == (False, True, False)
+    new_list, new_line, redraw, s = panel_changes(s, lst, job, (2,), True, T - 0.5)  # quiet, still too soon
+    assert (new_line, redraw) == (False, False)
+    new_list, new_line, redraw, s = panel_changes(s, lst, job, (2,), True, T + 0.5)  # the held-back change is drawn
+    assert (new_line, redraw) == (False, True)
+    assert panel_changes(s, lst, job, (2,), True, 3 * T)[2] is False  # drawn once, not again
+    done = ("j1", "done")
+    assert panel_changes(s, ("listing", "done"), done, (3,), False, T + 1.0)[:3] == (True, True, True)  # stops: at once

@@ -884,18 +884,14 @@ def build_app() -> gr.Blocks:
                 listing = tuple((j.id, j.status) for j in runner.jobs() if j.kind in kinds)
                 shown = None if job is None else (job.id, job.status)
                 line = None if job is None else (len(job.progress), round(job.fraction, 3), job.message)
-                now = time.monotonic()
-                if last is not None and (listing, shown, line) == last[:3]:
-                    return (gr.skip(), gr.skip(), *[gr.skip() for _ in outputs], last)
-                picker_update = gr.skip()
-                if last is None or listing != last[0]:
-                    picker_update = gr.update(choices=[(latest_label, "")] + actions.job_choices(runner, kinds))
-                # the status line follows every tick; a running job's figures at most every LIVE_REDRAW_SECONDS
-                redraw = last is None or shown != last[1] or job is None or job.status != "running" \
-                    or now - last[3] >= LIVE_REDRAW_SECONDS
+                running = job is not None and job.status == "running"
+                new_list, new_line, redraw, state = panel_changes(last, listing, shown, line, running, time.monotonic())
+                if not (new_list or new_line or redraw):
+                    return (gr.skip(), gr.skip(), *[gr.skip() for _ in outputs], state)
+                picker_update = gr.update(choices=[(latest_label, "")] + actions.job_choices(runner, kinds)) if new_list else gr.skip()
+                status_update = actions.job_status_line(job) if new_line else gr.skip()
                 figures_out = render(job) if redraw else [gr.skip() for _ in outputs]
-                return (picker_update, actions.job_status_line(job), *figures_out,
-                        (listing, shown, line, now if redraw else last[3]))
+                return (picker_update, status_update, *figures_out, state)
 
             inputs = [fixed_state if fixed_state is not None else picker, sig_state]
             outs = ([picker] if fixed_state is None else []) + [status_md, *outputs, sig_state]
@@ -947,6 +943,23 @@ def picker_for(kinds: tuple[str, ...], latest_label: str, job):
     return gr.update(choices=choices, value=job.id)
 
 
+def panel_changes(last, listing, shown, line, running: bool, now: float):
+    """What a panel's tick must update: (job list, status line, figures, new state).
+
+    The state remembers what the list, the status line and the figures last showed, and when the
+    figures were drawn. The status line follows every change; a running job's figures are redrawn
+    at most every LIVE_REDRAW_SECONDS (a change held back is drawn once that time has passed), and
+    at once when another job is shown or the job stops.
+    """
+    if last is None:
+        return True, True, True, (listing, shown, line, line, now)
+    new_list = listing != last[0]
+    new_line = (shown, line) != (last[1], last[2])
+    stale = line != last[3] or shown != last[1]
+    redraw = stale and (shown != last[1] or not running or now - last[4] >= LIVE_REDRAW_SECONDS)
+    return new_list, new_line, redraw, (listing, shown, line, line if redraw else last[3], now if redraw else last[4])
+
+
 def job_controls(label: str, prefix: str, latest_label: str):
     """A Run button, a picker of this kind's jobs and their status line: ``#prefix-run``, ``-job``, ``-status``."""
     with gr.Row():
@@ -959,7 +972,7 @@ def _open_tab(tab: str, n: int):
     """A tab's select handler: remember it is open and reset its ``n`` panel signatures to None."""
 
     def opened():
-        return (tab, *[None] * n)
+        return (tab, *[None] * n) if n else tab
 
     return opened
 

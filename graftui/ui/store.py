@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import shutil
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
