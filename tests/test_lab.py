@@ -206,6 +206,16 @@ def test_multitask_flow_matrices_agree_with_the_region_files_and_eq5(tiny_multit
     assert found["movies"].meta["request"]["verb"] == "multitask"
 
 
+def test_a_multitask_checkpoint_is_read_with_its_own_base(tiny_multitask, tmp_path, monkeypatch):
+    from graftui import flows
+    from graftui.errors import RequestError
+    from graftui.requests import MultitaskRequest
+
+    monkeypatch.setenv("GRAFTUI_HOME", str(tmp_path / "home"))
+    with pytest.raises(RequestError, match="was fine-tuned from .* not 'minilm'; give --base"):
+        flows.run(MultitaskRequest(base="minilm", checkpoint=tiny_multitask["checkpoint"], n=8))
+
+
 def test_wise_flow_ends_match_the_fine_tuned_model_and_the_graft(tiny_multitask, tmp_path, monkeypatch):
     from graftui import flows
     from graftui.requests import LocalizeRequest, WiseRequest
@@ -257,6 +267,7 @@ def test_cli_refuses_bad_experiment_requests_in_one_line(tmp_path, monkeypatch):
     assert_one_line_error(*run_cli("multitask", "--tasks", "movies"), "two or more different tasks")
     assert_one_line_error(*run_cli("multitask", "--group", "movies,tweets"), "'tweets' is not one of --tasks")
     assert_one_line_error(*run_cli("multitask", "--purify-steps", "-1"), "--purify-steps")
+    assert_one_line_error(*run_cli("multitask", "--group", "movies,movies"), "two or more different tasks")
     assert_one_line_error(*run_cli("wise", "--alphas", "0,1.5"), "[0, 1]")
     assert_one_line_error(*run_cli("wise", "--region", str(tmp_path / "none.safetensors")), "no region file")
     assert_one_line_error(*run_cli("retrain", "--train-examples", "-3"), "--train-examples")
