@@ -303,6 +303,14 @@ def check_at_least_one(field_name: str, value: int | None) -> None:
         raise RequestError(f"{_name(field_name)} must be at least 1, got {value}")
 
 
+def check_task_list(tasks: list[str]) -> list[str]:
+    """--tasks of the multi-task and continual experiments: two or more different tasks."""
+    kept = [t for t in tasks if str(t).strip()]
+    if len(kept) < 2 or len(set(kept)) != len(kept):
+        raise RequestError(f"--tasks: give two or more different tasks, got {', '.join(tasks) or 'none'}")
+    return kept
+
+
 def check_sparsity(value: float) -> None:
     if not (isinstance(value, (int, float)) and math.isfinite(value) and 0 < value <= 1):
         raise RequestError(f"sparsity must be in (0, 1], a fraction of the graftable parameters; got {value}")
@@ -561,9 +569,7 @@ class MultitaskRequest(LearnFields):
     out: str | None = arg(None, "folder for the regions (default: new files in $GRAFTUI_HOME/regions)", metavar="DIR")
 
     def check(self) -> None:
-        tasks = [t for t in self.tasks if str(t).strip()]
-        if len(tasks) < 2 or len(set(tasks)) != len(tasks):
-            raise RequestError(f"--tasks: give two or more different tasks, got {', '.join(self.tasks) or 'none'}")
+        tasks = check_task_list(self.tasks)
         for t in self.group or []:
             if t not in tasks:
                 raise RequestError(f"--group: '{t}' is not one of --tasks ({', '.join(tasks)})")
@@ -664,9 +670,7 @@ class ContinualRequest(LearnFields):
     out: str | None = arg(None, "folder for the regions (default: new files in $GRAFTUI_HOME/regions)", metavar="DIR")
 
     def check(self) -> None:
-        tasks = [t for t in self.tasks if str(t).strip()]
-        if len(tasks) < 2 or len(set(tasks)) != len(tasks):
-            raise RequestError(f"--tasks: give two or more different tasks, got {', '.join(self.tasks) or 'none'}")
+        check_task_list(self.tasks)
         check_sparsity(self.sparsity)
         check_at_least_one("n", self.n)
         self.check_learning()
