@@ -80,6 +80,7 @@ class FinetuneConfig:
     batch_size: int = 16
     train_examples: int | None = 2000  # a stratified subsample keeps CPU runs short; None = all
     freeze_embeddings: bool = True
+    freeze_head: bool = False  # keep a new classification head at its initialisation (the seed code's fixhead)
     seed: int = 0
 
     def as_dict(self) -> dict:
@@ -365,6 +366,9 @@ class FinetuneRequest(TaskFields):
     epochs: int | None = arg(None, f"training epochs (default {DEFAULT_RECIPE.epochs})", metavar="N", group="training")
     batch_size: int | None = arg(None, f"default {DEFAULT_RECIPE.batch_size}", metavar="N", group="training")
     l1: float = arg(0.0, "ℓ1 movement penalty (adamw only)", metavar="F", group="training")
+    freeze_head: bool = arg(False, "keep the new classification head at its random initialisation (the seed code's "
+                            "fixhead): the body learns to serve a fixed head, as in prompt-based fine-tuning",
+                            group="training")
     train_examples: int | None = arg(None, f"stratified training subsample (default {DEFAULT_RECIPE.train_examples}; "
                                      "0 = all)", metavar="N", group="training")
     seed: int | None = arg(None, f"default {DEFAULT_RECIPE.seed}", metavar="N", group="training")
@@ -381,7 +385,8 @@ class FinetuneRequest(TaskFields):
         return FinetuneConfig(optimizer=self.optimizer, lr=lr, momentum=default.momentum, weight_decay=default.weight_decay,
                               l1=self.l1, epochs=pick(self.epochs, default.epochs),
                               batch_size=pick(self.batch_size, default.batch_size), train_examples=train,
-                              freeze_embeddings=default.freeze_embeddings, seed=pick(self.seed, default.seed))
+                              freeze_embeddings=default.freeze_embeddings, freeze_head=self.freeze_head,
+                              seed=pick(self.seed, default.seed))
 
     def check(self) -> None:
         if self.train_examples is not None and self.train_examples < 0:

@@ -20,7 +20,7 @@ import torch
 from . import __version__, settings
 from .data import batches, subsample
 from .errors import Cancelled, ModelError
-from .models import DEFAULT_FINETUNED_REFS, GraftableSpec, load_classifier, load_tokenizer
+from .models import DEFAULT_FINETUNED_REFS, GraftableSpec, load_classifier, load_tokenizer, new_parameters
 from .requests import FinetuneConfig, default_checkpoint_dir, default_recipe
 
 
@@ -63,13 +63,14 @@ def finetune(
         raise ModelError(f"'{out_dir}' exists and is not empty; choose a new folder")
     device = device or settings.device()
     torch.manual_seed(config.seed)
-    model, _ = load_classifier(base_ref, label_names=task.label_names, allow_local=allow_local)
+    model, info = load_classifier(base_ref, label_names=task.label_names, allow_local=allow_local)
     tokenizer = load_tokenizer(base_ref, allow_local=allow_local)
     model.to(device)
     frozen = GraftableSpec(include_embeddings=False)
+    head = new_parameters(info) if config.freeze_head else set()
     trainable = []
     for name, p in model.named_parameters():
-        p.requires_grad_(not (config.freeze_embeddings and not frozen.admits(name)))
+        p.requires_grad_(name not in head and not (config.freeze_embeddings and not frozen.admits(name)))
         if p.requires_grad:
             trainable.append(p)
     anchors = [p.detach().clone() for p in trainable] if config.l1 else []

@@ -300,3 +300,25 @@ def test_continual_forget_free_keeps_every_earlier_task_exactly_and_trains_only_
                                              method.region_size(lab.new_part(gammas[1], gammas[:1]))]
     assert res["trained"]["sequential"][0] == regions.load(res["regions"]["movies"]).graftable
     assert len(res["finetuned_accuracy"]) == 2 and all(0 <= a <= 1 for a in res["finetuned_accuracy"])
+
+
+def test_fine_tuning_with_a_frozen_head_keeps_the_new_head_at_its_initialisation(tiny_multitask, tmp_path):
+    from safetensors.torch import load_file
+
+    from graftui import training
+    from graftui.data import load_task
+    from graftui.models import load_classifier
+    from graftui.requests import FinetuneConfig
+
+    movies = load_task("movies")
+    recipe = FinetuneConfig(lr=0.05, epochs=1, train_examples=32, batch_size=16, freeze_head=True, seed=3)
+    out = training.finetune(tiny_multitask["base"], movies, recipe, tmp_path / "fixhead")
+    torch.manual_seed(3)
+    init, _ = load_classifier(tiny_multitask["base"], label_names=movies.label_names)
+    saved = load_file(str(out / "model.safetensors"))
+    assert torch.equal(saved["classifier.weight"], init.classifier.weight) and torch.equal(saved["classifier.bias"], init.classifier.bias)
+    moved = [n for n, p in init.named_parameters() if n.startswith("bert.encoder") and not torch.equal(saved[n], p)]
+    assert moved  # the body did train
+    free = training.finetune(tiny_multitask["base"], movies, FinetuneConfig(lr=0.05, epochs=1, train_examples=32, batch_size=16,
+                                                                            seed=3), tmp_path / "free")
+    assert not torch.equal(load_file(str(free / "model.safetensors"))["classifier.weight"], init.classifier.weight)
