@@ -19,11 +19,11 @@ from types import SimpleNamespace
 import torch
 
 from . import lab, metrics, regions, scoring, settings, sets
-from .data import DataSpec, batches, kshot
+from .data import DataSpec, batches
 from .errors import Cancelled, ModelError, RegionError, RequestError
 from .flows import (
-    FLOWS, LOCAL, Guard, Progress, Result, _default_spec, _examples_per_class, check_model_ref, finish, get_pair,
-    get_task, latest_region, load_region, new_path, pair_for_regions, short_ref, slug,
+    FLOWS, LOCAL, Guard, Progress, Result, _examples_per_class, check_model_ref, finish, get_pair, get_task,
+    kshot_batches, latest_region, load_region, new_path, ood_tasks, pair_for_regions, short_ref, slug,
 )
 from .method import learn_region, region_size
 from .methods import Budget
@@ -106,16 +106,6 @@ class JointLoss(torch.nn.Module):
         return SimpleNamespace(loss=loss, accuracy=correct / max(seen, 1))
 
 
-def _train_batches(pair, task, req, notes, seed_offset: int = 0):
-    train = kshot(task.splits["train"], _examples_per_class(req, task, notes), req.seed)
-    cfg = req.learn_config()
-
-    def make(epoch: int):
-        return batches(pair.tokenizer, train, cfg.batch_size, task.max_length, shuffle_seed=cfg.seed + seed_offset + epoch)
-
-    return make
-
-
 def multitask(req: MultitaskRequest, progress: Progress | None = None, cancel=None, guard: Guard = LOCAL) -> MultitaskResult:
     """Regions of every task of one multi-task model, their overlap, Eq. 5, the union and its purification."""
     req.validate()
@@ -156,7 +146,8 @@ def multitask(req: MultitaskRequest, progress: Progress | None = None, cancel=No
         on_step = (lambda r, name=name, i=i: progress({
             "stage": f"region of '{name}': mask step {r.step}/{r.steps}", "k": k, **asdict(r),
             "fraction": 0.4 + 0.6 * (i + r.step / r.steps) / (n + 3)})) if progress else None
-        region, _ = learn_region(pair.model, params, pair.pre, pair.ft, k, _train_batches(pair, task, req, notes if i == 0 else []),
+        make_batches, _ = kshot_batches(pair, task, req, notes if i == 0 else [])
+        region, _ = learn_region(pair.model, params, pair.pre, pair.ft, k, make_batches,
                                  config, on_step, cancel, start=begin)
         found[name] = region
         record = regions.make_record(pair, region, {
@@ -185,7 +176,7 @@ def multitask(req: MultitaskRequest, progress: Progress | None = None, cancel=No
             setattr(other, body, getattr(pair.model, body))  # the head of task g on the working body
             heads.append(other.to(pair.device).eval())
         joint = JointLoss(heads)
-        makers = [_train_batches(pair, tasks[req.tasks.index(g)], req, [], seed_offset=j) for j, g in enumerate(group)]
+        makers = [kshot_batches(pair, tasks[req.tasks.index(g)], req, [], seed_offset=j)[0] for j, g in enumerate(group)]
 
         def joint_batches(epoch: int):
             for parts in zip(*(make(epoch) for make in makers)):
@@ -313,12 +304,8 @@ def _region_setting(req, guard: Guard, progress, cancel):
     if not task_ref:
         raise RegionError("the region names no task; give --task")
     task = get_task(task_ref, req.data_spec(), guard)
-    notes, oods = [], []
-    for ref in req.ood_tasks(task_ref):
-        other, note = scoring.align_labels(task, get_task(ref, _default_spec(), guard))
-        oods.append(other)
-        if note:
-            notes.append(note)
+    notes: list[str] = []
+    oods = ood_tasks(req, task_ref, task, guard, notes)
     pair = pair_for_regions(base, finetuned, [record], guard, progress, cancel)
     try:
         regions.check_fits(record, pair)

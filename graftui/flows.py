@@ -389,20 +389,39 @@ def _examples_per_class(req, task: Task, notes: list[str]) -> int:
     return DEFAULT_EXAMPLES_PER_CLASS
 
 
-def find_region(req, pair: ModelPair, task: Task | None, k: int, notes: list[str], progress=None, cancel=None):
-    """Run ``req.method`` at budget k on ``pair``; returns the region and the metadata to record."""
+def kshot_batches(pair: ModelPair, task: Task, req, notes: list[str], seed_offset: int = 0):
+    """Mask learning's data: the k-shot training sample of ``task`` and ``make_batches(epoch)`` over it."""
     from .data import batches
 
+    config = req.learn_config()
+    train = kshot(task.splits["train"], _examples_per_class(req, task, notes), config.seed)
+
+    def make_batches(epoch: int):
+        return batches(pair.tokenizer, train, config.batch_size, task.max_length,
+                       shuffle_seed=config.seed + seed_offset + epoch)
+
+    return make_batches, len(train)
+
+
+def ood_tasks(req, task_ref: str, task: Task, guard: Guard, notes: list[str]) -> list[Task]:
+    """The request's out-of-distribution tasks, in ``task``'s label space (a note for each mapping by position)."""
+    out = []
+    for ref in req.ood_tasks(task_ref):
+        other, note = scoring.align_labels(task, get_task(ref, _default_spec(), guard))
+        out.append(other)
+        if note:
+            notes.append(note)
+    return out
+
+
+def find_region(req, pair: ModelPair, task: Task | None, k: int, notes: list[str], progress=None, cancel=None):
+    """Run ``req.method`` at budget k on ``pair``; returns the region and the metadata to record."""
     info = get_method(req.method)
     config = req.learn_config()
     make_batches, n_train = None, 0
     if info.needs_data:
         scoring.check_labels(pair, task)
-        train = kshot(task.splits["train"], _examples_per_class(req, task, notes), config.seed)
-        n_train = len(train)
-
-        def make_batches(epoch: int):
-            return batches(pair.tokenizer, train, config.batch_size, task.max_length, shuffle_seed=config.seed + epoch)
+        make_batches, n_train = kshot_batches(pair, task, req, notes)
 
     def on_step(report) -> None:
         if progress:
@@ -521,12 +540,7 @@ def evaluate(req: EvaluateRequest, progress: Progress | None = None, cancel=None
     if not from_patch:
         check_model_ref(finetuned)
     task = get_task(task_ref, spec, guard)
-    oods = []
-    for ref in req.ood_tasks(task_ref):
-        other, note = scoring.align_labels(task, get_task(ref, _default_spec(), guard))
-        oods.append(other)
-        if note:
-            notes.append(note)
+    oods = ood_tasks(req, task_ref, task, guard, notes)
     if from_patch:
         if progress:
             progress({"stage": f"loading {short_ref(base)} with the patch"})
