@@ -68,7 +68,13 @@ def predict(pair, task: Task, split: str, n: int | None, batch_size: int = 64, s
         data = subsample(data, n, seed)
     if len(data) == 0:
         raise DataError(f"task '{task.name}' has no examples in its {split} split")
-    return metrics.predict_proba(pair.model, batches(pair.tokenizer, data, batch_size, task.max_length))
+    # Batches of similar length waste little on padding; the results come back in the split's order.
+    order = sorted(range(len(data)), key=lambda i: len(data.texts[i]) + len(data.pairs[i] if data.pairs else ""))
+    probs, labels = metrics.predict_proba(pair.model, batches(pair.tokenizer, data.select(order), batch_size,
+                                                              task.max_length))
+    back = torch.empty(len(order), dtype=torch.long)
+    back[torch.tensor(order)] = torch.arange(len(order))
+    return probs[back], labels[back]
 
 
 def accuracy_of(pair, task: Task, region=None, *, n: int | None = None, split: str = "test") -> float:
