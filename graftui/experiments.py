@@ -49,30 +49,29 @@ class MultitaskResult(Result):
     purified: dict = field(default_factory=dict)
 
 
-def multitask_checkpoint(base: str, tasks: list[str]) -> Path:
-    """Cache folder of the multi-task fine-tune of ``base`` on ``tasks`` with the default recipe."""
+def multitask_checkpoint(base: str, tasks: list[str], recipe=None) -> Path:
+    """Cache folder of the multi-task fine-tune of ``base`` on ``tasks`` with ``recipe`` (default: the default recipe)."""
     key = "multitask-" + slug(short_ref(base)) + "-" + "-".join(slug(t) for t in tasks)
     if base == DEFAULT_BASE and tuple(tasks) == DEFAULT_MULTITASK_TASKS:
         key = "minilm-multitask"
-    return default_checkpoint_dir(key)
+    return default_checkpoint_dir(key, recipe)
 
 
 def _ensure_checkpoint(req: MultitaskRequest, tasks, guard: Guard, progress, cancel) -> Path:
     from . import training
-    from .requests import default_recipe
 
     if req.checkpoint:
         folder = Path(req.checkpoint).expanduser()
         guard.allow_local(models=[str(folder)])
     else:
-        folder = multitask_checkpoint(req.base, req.tasks)
+        folder = multitask_checkpoint(req.base, req.tasks, req.recipe())
         if not (folder / "graftui_record.json").exists():
             def step(p):
                 if progress:
                     progress({"stage": f"multi-task fine-tuning of {short_ref(req.base)} (first use; batch of {p.task})",
                               "fraction": 0.4 * p.step / max(p.steps, 1)})
 
-            training.finetune_multitask(req.base, tasks, default_recipe(), folder, progress=step, cancel=cancel,
+            training.finetune_multitask(req.base, tasks, req.recipe(), folder, progress=step, cancel=cancel,
                                         allow_local=guard.allow_local(models=[req.base]),
                                         request={**req.as_dict(), "checkpoint": None})
     missing = [t.name for t in tasks if not (folder / slug(t.name) / "config.json").exists()]
@@ -322,7 +321,7 @@ def retrain(req, progress: Progress | None = None, cancel=None, guard: Guard = L
     req.validate()
     start = time.time()
     path, record, base, finetuned, task, oods, pair, notes = _region_setting(req, guard, progress, cancel)
-    recipe = req.recipe()
+    recipe = req.recipe(seed=req.seed)
     train = task.splits["train"]
     if recipe.train_examples:
         train = subsample(train, recipe.train_examples, recipe.seed)
@@ -428,10 +427,13 @@ def continual(req, progress: Progress | None = None, cancel=None, guard: Guard =
             progress({"stage": text, "fraction": done[0] / total, **extra})
 
     # 1. each task's independent fine-tune (cached per recipe) and its region
+    recipe = req.recipe()
     checkpoints, paths, gammas, ft_acc = {}, {}, [], []
     for name in req.tasks:
         stage(f"independent fine-tune on '{name}' (reused when built before)")
-        ft = run_finetune(FinetuneRequest(base=req.base, task=name, test_examples=req.n), cancel=cancel, guard=guard)
+        ft = run_finetune(FinetuneRequest(base=req.base, task=name, lr=recipe.lr, epochs=recipe.epochs,
+                                          train_examples=recipe.train_examples or 0, test_examples=req.n),
+                          cancel=cancel, guard=guard)
         checkpoints[name], done[0] = ft.out, done[0] + 1
         ft_acc.append(ft.test_accuracy)
         stage(f"region of '{name}'")
@@ -443,7 +445,6 @@ def continual(req, progress: Progress | None = None, cancel=None, guard: Guard =
         paths[name], done[0] = loc.path, done[0] + 1
         gammas.append(loc.region)
     spec = GraftableSpec(names=tuple(loc.record.shapes))  # the tensors every region was learned over
-    recipe = FinetuneRequest(base=req.base, task=req.tasks[0]).recipe()
 
     def pair_of(i: int):
         return get_pair(req.base, checkpoints[req.tasks[i]], spec, guard, progress, cancel)

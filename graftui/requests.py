@@ -298,6 +298,31 @@ class GraftableFields(Request):
                     raise RequestError(f"unknown module type '{m}' in --modules; choose from {', '.join(MODULE_TYPES)}")
 
 
+@dataclass
+class RecipeFields(Request):
+    """The fine-tuning recipe of an experiment's own training; what is not given follows the default recipe."""
+
+    ft_lr: float | None = arg(None, f"fine-tuning learning rate (default: the default recipe's, {DEFAULT_RECIPE.lr:g} for "
+                              "SGD)", metavar="F", group="training")
+    epochs: int | None = arg(None, f"training epochs (default {DEFAULT_RECIPE.epochs})", metavar="N", group="training")
+    train_examples: int | None = arg(None, f"stratified training subsample per task (default "
+                                     f"{DEFAULT_RECIPE.train_examples}; 0 = all)", metavar="N", group="training")
+
+    def recipe(self, seed: int | None = None) -> FinetuneConfig:
+        from dataclasses import replace
+
+        default = default_recipe()
+        return replace(default, lr=default.lr if self.ft_lr is None else self.ft_lr,
+                       epochs=default.epochs if self.epochs is None else self.epochs,
+                       train_examples=default.train_examples if self.train_examples is None else (self.train_examples or None),
+                       seed=default.seed if seed is None else seed)
+
+    def check_recipe(self) -> None:
+        if self.train_examples is not None and self.train_examples < 0:
+            raise RequestError(f"--train-examples must be 0 (all) or more, got {self.train_examples}")
+        self.recipe().validate()
+
+
 def check_at_least_one(field_name: str, value: int | None) -> None:
     """Counts (steps, examples, test examples …) are whole numbers ≥ 1 when given."""
     if value is not None and value < 1:
@@ -472,7 +497,12 @@ class SweepRequest(GraftableFields, LearnFields, TaskFields, PairFields):
                                   list="comma")
     methods: list[str] = arg(["learned", "top-movement", "random"], "localization methods", metavar="LIST",
                              list="comma")
-    n: int | None = arg(None, "test examples (default all)", metavar="N")
+    ood: list[str] | None = arg(None, "out-of-distribution tasks scored at every budget (default for sentiment tasks: "
+                                "the other two of movies, amazon, tweets)", metavar="TASK", list="repeat")
+    no_ood: bool = arg(False, "skip out-of-distribution tasks")
+    n: int | None = arg(None, "test examples per task (default all)", metavar="N")
+
+    ood_tasks = EvaluateRequest.ood_tasks
 
     def check(self) -> None:
         if not self.sparsities:
@@ -550,7 +580,7 @@ class ExportRequest(Request):
 # -- the paper's experiments (flows in experiments.py) ------------------------------------------------------
 @_register
 @dataclass
-class MultitaskRequest(LearnFields):
+class MultitaskRequest(RecipeFields, LearnFields):
     """One model fine-tuned on several tasks: each task's region, their overlap, the skill transfer of
     every region to every task (Eq. 5), the union of a group of tasks and its purification (§5.1)."""
 
@@ -585,6 +615,7 @@ class MultitaskRequest(LearnFields):
             raise RequestError(f"--purify-steps must be 0 or more, got {self.purify_steps}")
         check_at_least_one("n", self.n)
         self.check_learning()
+        self.check_recipe()
         check_out_dir(self.out)
 
 
@@ -630,37 +661,22 @@ class WiseRequest(RegionStudyFields):
 
 @_register
 @dataclass
-class RetrainRequest(RegionStudyFields):
+class RetrainRequest(RecipeFields, RegionStudyFields):
     """Re-train only a region's parameters from θ_pre with the fine-tuning recipe (Table 1), against the
     fine-tuned model, the graft and BitFit (biases only), on accuracy and ECE."""
 
     verb: ClassVar[str] = "retrain"
     no_bitfit: bool = arg(False, "skip the BitFit baseline (train every bias, nothing else)")
-    lr: float | None = arg(None, f"learning rate (default: the default recipe's, {DEFAULT_RECIPE.lr:g} for SGD)",
-                           metavar="F", group="training")
-    epochs: int | None = arg(None, f"training epochs (default {DEFAULT_RECIPE.epochs})", metavar="N", group="training")
-    train_examples: int | None = arg(None, f"stratified training subsample (default {DEFAULT_RECIPE.train_examples}; "
-                                     "0 = all)", metavar="N", group="training")
     seed: int = arg(0, "seed of the subsample and the batch order", metavar="N")
-
-    def recipe(self) -> FinetuneConfig:
-        default = default_recipe()
-        train = default.train_examples if self.train_examples is None else (self.train_examples or None)
-        return FinetuneConfig(optimizer=default.optimizer, lr=default.lr if self.lr is None else self.lr,
-                              momentum=default.momentum, weight_decay=default.weight_decay,
-                              epochs=default.epochs if self.epochs is None else self.epochs,
-                              batch_size=default.batch_size, train_examples=train, seed=self.seed)
 
     def check(self) -> None:
         self.check_region()
-        if self.train_examples is not None and self.train_examples < 0:
-            raise RequestError(f"--train-examples must be 0 (all) or more, got {self.train_examples}")
-        self.recipe().validate()
+        self.check_recipe()
 
 
 @_register
 @dataclass
-class ContinualRequest(LearnFields):
+class ContinualRequest(RecipeFields, LearnFields):
     """Forget-free continual learning (§5.2): task t_n trains only γ_{t_n} minus the earlier regions, and each
     task is inferred with the union of the regions up to its own; against naive sequential fine-tuning."""
 
@@ -679,4 +695,53 @@ class ContinualRequest(LearnFields):
         check_sparsity(self.sparsity)
         check_at_least_one("n", self.n)
         self.check_learning()
+        self.check_recipe()
         check_out_dir(self.out)
+
+
+# -- everything at once (flow in reproduce.py) ------------------------------------------------------------
+@_register
+@dataclass
+class ReproduceRequest(Request):
+    """The paper's experiments on the offline default, one after another, in one report (report.md, report.json,
+    figures); every step is saved as it finishes, so a run that stops resumes where it stopped."""
+
+    verb: ClassVar[str] = "reproduce"
+    writes: ClassVar[bool] = True
+    quick: bool = arg(False, "short fine-tunes, 300 test examples per task, fewer points per curve and a shorter task "
+                      "sequence (about 15 minutes on 2 CPU cores, weaker models); the full run takes up to 2 hours")
+    fresh: bool = arg(False, "run every step again instead of reusing the steps an earlier run saved in --out")
+    out: str | None = arg(None, "report folder: new, or one an earlier run wrote, to resume it (default "
+                          "$GRAFTUI_HOME/reports/reproduce-quick or reproduce-full)", metavar="DIR")
+
+    def check(self) -> None:
+        if self.out is not None and (Path(self.out).expanduser() / "steps").is_dir():
+            return  # an earlier run's folder: resumed
+        check_out_dir(self.out)
+
+
+def command_line(request: Request) -> str:
+    """The ``graftui`` command that makes ``request``: its verb and every field that differs from the default."""
+    import shlex
+
+    def text(value) -> str:
+        return repr(value) if isinstance(value, float) else str(value)
+
+    parts = ["graftui", request.verb]
+    defaults = type(request).defaults()
+    for f in fields(request):
+        value = getattr(request, f.name)
+        if value == defaults[f.name] or value is None:
+            continue
+        flag = f.metadata.get("flag", _name(f.name))
+        if isinstance(value, bool):
+            parts += [flag] if value else []
+        elif isinstance(value, list):
+            if f.metadata.get("list") == "comma":
+                parts += [flag, ",".join(text(v) for v in value)]
+            else:
+                for v in value:
+                    parts += [flag, text(v)]
+        else:
+            parts += [flag, text(value)]
+    return " ".join(shlex.quote(p) for p in parts)

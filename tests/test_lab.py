@@ -271,7 +271,8 @@ def test_cli_refuses_bad_experiment_requests_in_one_line(tmp_path, monkeypatch):
     assert_one_line_error(*run_cli("wise", "--alphas", "0,1.5"), "[0, 1]")
     assert_one_line_error(*run_cli("wise", "--region", str(tmp_path / "none.safetensors")), "no region file")
     assert_one_line_error(*run_cli("retrain", "--train-examples", "-3"), "--train-examples")
-    assert_one_line_error(*run_cli("retrain", "--lr", "0"), "learning rate")
+    assert_one_line_error(*run_cli("retrain", "--ft-lr", "0"), "learning rate")
+    assert_one_line_error(*run_cli("multitask", "--ft-lr", "-1"), "learning rate")
 
 
 def test_python_api_offers_the_experiments():
