@@ -132,8 +132,16 @@ def render_sweep(doc: dict) -> str:
     by = {(r["method"], r["sparsity"]): r for r in doc["rows"]}
     body = [[f"{s:g}", "/".join(_count(k) for k in sorted({by[(m, s)]["k"] for m in methods if (m, s) in by})),
              *[_num(by[(m, s)]["accuracy"]) if (m, s) in by else "-" for m in methods]] for s in sparsities]
-    return (table(["sparsity", "k", *methods], body)
-            + f"\n\ntest accuracy on {doc['task']}; fine-tuned: {_num(doc['ft_accuracy'])}  ({doc['seconds']:.1f} s)")
+    oods = doc.get("ood") or []
+    detail = [["fine-tuned", "", "", _num(doc["ft_accuracy"]), _num(doc.get("ft_ece")),
+               *(_num(doc["ft_ood"].get(o)) for o in oods)]]
+    detail += [[r["method"], f"{r['sparsity']:g}", _count(r["k"]), _num(r["accuracy"]), _num(r["ece"]),
+                *(_num(r["ood"].get(o)) for o in oods)] for r in doc["rows"]]
+    return "\n".join([
+        table(["sparsity", "k", *methods], body),
+        f"\ntest accuracy on {doc['task']}; fine-tuned: {_num(doc['ft_accuracy'])}  ({doc['seconds']:.1f} s)\n",
+        table(["model", "sparsity", "k", "accuracy", "ECE", *(f"OOD {o}" for o in oods)], detail,
+              "llr" + "r" * (2 + len(oods)))])
 
 
 def render_anatomy(doc: dict) -> str:
@@ -276,10 +284,32 @@ def render_continual(doc: dict) -> str:
     return "\n".join(parts)
 
 
+def render_reproduce(doc: dict) -> str:
+    r = doc["report"]
+    s, mt, cl = r["single_task"], r["multitask"], r["continual"]
+    lines = [
+        ("report", f"{doc['out']}/report.md  (and report.json, figures/)"),
+        ("steps", f"{len(r['steps'])}, {len(doc['reused'])} reused from an earlier run; {doc['seconds'] / 60:.1f} min"),
+        ("single task", f"graft k = {s['k']:,} keeps {_pct(s['retained'])} of FT accuracy "
+                        f"({_num(s['accuracy']['graft'])} vs {_num(s['accuracy']['ft'])})"),
+        *[(f"calibration, {c['setting'].split(' (')[0]}", f"ECE FT {_num(c['ft']['ece'])}, graft {_num(c['graft']['ece'])}")
+          for c in r["calibration"]["settings"]],
+        ("multi-task overlap", ", ".join(f"{mt['tasks'][i]}–{mt['tasks'][j]} {_pct(mt['overlap'][i][j])}"
+                                         for i in range(len(mt["tasks"])) for j in range(i + 1, len(mt["tasks"])))),
+        ("forgetting", "; ".join(f"{arm}: " + ", ".join(_num(x) for x in v) for arm, v in cl["forgetting"].items())),
+    ]
+    text = pairs_table(lines)
+    if r.get("problems"):
+        text += "\n\nproblems with this run:\n" + "\n".join(f"  - {x}" for x in r["problems"])
+    if r.get("did_not_reproduce"):
+        text += "\n\ndid not reproduce here:\n" + "\n".join(f"  - {x}" for x in r["did_not_reproduce"])
+    return text
+
+
 RENDER = {"finetune": render_finetune, "localize": render_localize, "evaluate": render_evaluate,
           "sweep": render_sweep, "anatomy": render_anatomy, "compose": render_compose, "export": render_export,
           "multitask": render_multitask, "wise": render_wise, "retrain": render_retrain,
-          "continual": render_continual}
+          "continual": render_continual, "reproduce": render_reproduce}
 
 
 # -- options from request fields ----------------------------------------------------------------------
@@ -371,6 +401,11 @@ class Terminal:
         self._bar = None
 
     def progress(self, event: dict) -> None:
+        if event.get("announce") and not self.json:  # milestones (a plan, its estimate) are printed, bar or not
+            if self._bar is not None:
+                self._bar.write(str(event["stage"]), file=sys.stderr)
+            else:
+                print(str(event["stage"]), file=sys.stderr, flush=True)
         if not self.live:
             return
         from tqdm import tqdm
@@ -489,7 +524,8 @@ SUMMARY = {"finetune": "make a fine-tuned checkpoint (SGD or AdamW + ℓ1)",
            "multitask": "regions of a multi-task model: overlap, skill transfer (Eq. 5), union, purification",
            "wise": "WiSE-FT and WiSE-graft curves along α, in and out of distribution",
            "retrain": "train only the region from θ_pre (and BitFit), against FT and the graft",
-           "continual": "forget-free continual learning with regions, against sequential fine-tuning"}
+           "continual": "forget-free continual learning with regions, against sequential fine-tuning",
+           "reproduce": "every experiment on the offline default, in one report (resumes where it stopped)"}
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -594,24 +594,35 @@ def _default_spec():
 class SweepResult(Result):
     rows: list[dict] = field(default_factory=list)
     ft_accuracy: float | None = None
+    ft_ece: float | None = None
+    ft_ood: dict = field(default_factory=dict)  # OOD task -> the fine-tuned model's accuracy
     task: str = ""
+    ood: list[str] = field(default_factory=list)
 
 
 def sweep(req: SweepRequest, progress: Progress | None = None, cancel=None, guard: Guard = LOCAL) -> SweepResult:
-    """Test accuracy against budget for several methods (paper Fig. 2-style); no file is written."""
+    """Accuracy, ECE and OOD accuracy against budget for several methods (Fig. 2, Tables 6–7); writes no file."""
     req.validate()
     start = time.time()
     for ref in (req.base, req.finetuned):
         check_model_ref(ref)
     task = get_task(req.task, req.data_spec(), guard)
+    notes: list[str] = []
+    oods = ood_tasks(req, req.task, task, guard, notes)
     methods = list(dict.fromkeys(req.methods))
     if any(get_method(m).needs_data for m in methods):
         _examples_per_class(req, task, [])
     pair = get_pair(req.base, req.finetuned, req.graftable_spec(), guard, progress, cancel)
     scoring.check_labels(pair, task)
-    ft_acc = scoring.accuracy_of(pair, task, n=req.n)
+
+    def score(region):
+        """(metrics in distribution, {OOD task: accuracy}) of a graft; ``None`` is the fine-tuned model."""
+        with (pair.finetuned() if region is None else pair.grafted(region)):
+            own = scoring.metrics.metrics(*scoring.predict(pair, task, "test", req.n))
+            return own, {o.name: scoring.metrics.accuracy(*scoring.predict(pair, o, "test", req.n)) for o in oods}
+
+    ft, ft_ood = score(None)
     graftable = pair.counts()["graftable"]
-    notes: list[str] = []
     rows = []
     sparsities = sorted(set(req.sparsities))
     total = len(sparsities) * len(methods)
@@ -623,17 +634,13 @@ def sweep(req: SweepRequest, progress: Progress | None = None, cancel=None, guar
             one = LocalizeRequest(**{f.name: getattr(req, f.name) for f in fields(LocalizeRequest) if hasattr(req, f.name)},
                                   method=name, sparsity=s)
             region, _ = find_region(one, pair, task, k, notes, cancel=cancel)
-            acc_metrics = scoring.metrics.metrics(*_predict_grafted(pair, task, region, req.n))
-            rows.append({"method": name, "sparsity": s, "k": region_size(region),
-                         "accuracy": acc_metrics.accuracy, "ece": acc_metrics.ece, "ft_accuracy": ft_acc,
-                         "retained": acc_metrics.accuracy / ft_acc if ft_acc else None})
+            own, ood = score(region)
+            rows.append({"method": name, "sparsity": s, "k": region_size(region), "accuracy": own.accuracy,
+                         "ece": own.ece, "ood": ood, "ft_accuracy": ft.accuracy,
+                         "retained": own.accuracy / ft.accuracy if ft.accuracy else None})
     finish(progress)
-    return SweepResult(req, list(dict.fromkeys(notes)), time.time() - start, rows, ft_acc, task.name)
-
-
-def _predict_grafted(pair, task, region, n):
-    with pair.grafted(region):
-        return scoring.predict(pair, task, "test", n)
+    return SweepResult(req, list(dict.fromkeys(notes)), time.time() - start, rows, ft.accuracy, ft.ece, ft_ood, task.name,
+                       [o.name for o in oods])
 
 
 # -- anatomy -------------------------------------------------------------------------------------
@@ -839,7 +846,7 @@ def export(req: ExportRequest, progress: Progress | None = None, cancel=None, gu
 # -- one entry point for every verb ----------------------------------------------------------------
 FLOWS: dict[str, Callable] = {"finetune": finetune, "localize": localize, "evaluate": evaluate, "sweep": sweep,
                               "anatomy": anatomy, "compose": compose, "export": export}
-from . import experiments  # noqa: E402,F401  (adds the paper's experiments to FLOWS)
+from . import experiments, reproduction  # noqa: E402,F401  (add the paper's experiments and the report to FLOWS)
 
 
 def run(req: Request, progress: Progress | None = None, cancel=None, guard: Guard = LOCAL) -> Result:

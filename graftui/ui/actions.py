@@ -272,12 +272,12 @@ def parse_budgets(text: str) -> list[float]:
 
 
 def submit_sweep(runner, *, base: str, finetuned: str, task: str, columns: dict, budgets: str, steps,
-                 examples_per_class, lr, n) -> Job:
+                 examples_per_class, lr, n, ood: list[str] | None = None) -> Job:
     from ..requests import SweepRequest
 
     request = SweepRequest(base=base, finetuned=finetuned, task=task, **columns, sparsities=parse_budgets(budgets),
                            steps=whole(steps) or 0, examples_per_class=whole(examples_per_class), lr=float(lr or 0),
-                           n=whole(n))
+                           ood=list(ood or []), n=whole(n))
     title = (f"Sparsity sweep on '{store.short_ref(task)}' ({len(request.sparsities)} budgets × "
              f"{len(request.methods)} methods)")
     return submit(runner, request, title)
@@ -355,6 +355,13 @@ def submit_continual(runner, *, tasks: list[str], log_sparsity: float, steps, ex
     return submit(runner, request, f"Continual learning of {' → '.join(request.tasks)}")
 
 
+def submit_reproduce(runner, *, quick: bool) -> Job:
+    from ..requests import ReproduceRequest
+
+    request = ReproduceRequest(quick=bool(quick))
+    return submit(runner, request, f"Every experiment, one report ({'quick' if request.quick else 'full'} run)")
+
+
 def submit_export(runner, *, region_id: str) -> Job:
     from .. import flows
     from ..requests import ExportRequest
@@ -426,6 +433,8 @@ SWEEP_COLUMNS = ["method", "sparsity (fraction of graftable)", "k (params)", "ac
 
 
 def sweep_table(rows: list[dict]) -> pd.DataFrame:
+    """One row per (budget, method); one more column per OOD task the sweep scored."""
+    oods = list(dict.fromkeys(t for r in rows for t in (r.get("ood") or {})))
     out = [{
         "method": r["method"],
         "sparsity (fraction of graftable)": f"{r['sparsity']:.0e}",
@@ -433,8 +442,9 @@ def sweep_table(rows: list[dict]) -> pd.DataFrame:
         "accuracy ↑": _pct(r["accuracy"]),
         "retained FT accuracy": _pct(r.get("retained")),
         "ECE ↓ (10 bins)": _num(r.get("ece")),
+        **{f"OOD {t} ↑": _pct((r.get("ood") or {}).get(t)) for t in oods},
     } for r in rows]
-    return pd.DataFrame(out, columns=SWEEP_COLUMNS)
+    return pd.DataFrame(out, columns=SWEEP_COLUMNS + [f"OOD {t} ↑" for t in oods])
 
 
 COMPOSE_COLUMNS = ["task", "head from", "model", "test examples", "accuracy ↑", "Δ accuracy vs region alone", "F1 ↑",

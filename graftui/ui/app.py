@@ -13,6 +13,7 @@ import functools
 import json
 import logging
 import time
+from pathlib import Path
 
 import gradio as gr
 import pandas as pd
@@ -61,7 +62,8 @@ INTRO = {
         "The paper's experiments with regions. **Multi-task** (§5.1): one model fine-tuned on several tasks (built "
         "once, a few CPU minutes); each task's region, how much they overlap, how much of each task's skill every "
         "region carries (Eq. 5), and the union of a group of tasks before and after purification. **WiSE** (Fig. 7): "
-        "accuracy along θ_pre + α·δ and θ_pre + α·γ⊙δ, in and out of distribution."
+        "accuracy along θ_pre + α·δ and θ_pre + α·γ⊙δ, in and out of distribution. **Re-training** (Table 1), "
+        "**continual learning** (§5.2), and **all of them in one report** at the bottom."
     ),
     "Regions": (
         "Every finished localization is saved as a **skill patch** (region indices + fine-tuned values + head). "
@@ -259,6 +261,16 @@ def render_continual(job) -> list:
                     rows.append({"arm": arm, "stage": f"{i + 1}: {stage}", "parameters trained": f"{res['trained'][arm][i]:,}",
                                  "task": task, "accuracy": f"{acc:.3f}"})
     return [figures.continual_curves(res), pd.DataFrame(rows, columns=CONTINUAL_COLUMNS)]
+
+
+def render_reproduce(job) -> list:
+    """The report's files and its text, once the job is done."""
+    if job is None or not job.result:
+        return [None, "" if job is None else "The report appears here when the run is done."]
+    folder = Path(job.result["out"])
+    files = [str(folder / name) for name in ("report.md", "report.json") if (folder / name).exists()]
+    text = (folder / "report.md").read_text() if (folder / "report.md").exists() else "The report file is gone."
+    return [files or None, text]
 
 
 def render_export(job) -> list:
@@ -502,6 +514,17 @@ def build_app() -> gr.Blocks:
                 cl_plot = gr.Plot(figures.continual_curves({}), elem_id="lab-continual-plot")
                 cl_table = gr.Dataframe(pd.DataFrame(columns=CONTINUAL_COLUMNS), interactive=False,
                                         label="Accuracy on each task after each stage", elem_id="lab-continual-table")
+                gr.Markdown("### Every experiment in one report (`graftui reproduce`)\n"
+                            "Runs all of the above on the offline default, one after another, and writes a report with "
+                            "tables, findings in words, figures and the command behind every number. Steps are saved as "
+                            "they finish: run it again after a stop or a cancel and it resumes.")
+                with gr.Row():
+                    rp_quick = gr.Checkbox(True, label="Quick (short fine-tunes, 300 test examples; about 15 min on 2 "
+                                           "CPU cores; the full run takes up to 2 hours)", elem_id="lab-reproduce-quick")
+                rp_run, rp_job, rp_status = job_controls("Run every experiment", "lab-reproduce", "latest report")
+                rp_files = gr.File(label="report.md and report.json", interactive=False, file_count="multiple",
+                                   elem_id="lab-reproduce-files")
+                rp_report = gr.Markdown("", elem_id="lab-reproduce-report")
 
             # ---------------------------------------------------------------- Regions
             with gr.Tab("Regions", elem_id="tab-regions") as regions_tab:
@@ -674,13 +697,14 @@ def build_app() -> gr.Blocks:
         cmp_run.click(on_compare, [cmp_regions, ood_dd, cmp_n, cmp_base], [status, cmp_job, cmp_status])
 
         @safe
-        def on_sweep(base, finetuned, task, text, pair, label, budgets, steps, epc, lr, n):
+        def on_sweep(base, finetuned, task, text, pair, label, budgets, steps, epc, lr, n, ood):
             job = actions.submit_sweep(store.runner(), base=base, finetuned=finetuned, task=task,
                                        columns=columns(task, text, pair, label), budgets=budgets, steps=steps, examples_per_class=epc,
-                                       lr=lr, n=n)
+                                       lr=lr, n=n, ood=ood)
             return submitted(job), picker_for(("sweep",), "latest sweep", job), actions.job_status_line(job)
 
-        swp_run.click(on_sweep, [base_dd, ft_dd, task_dd, text_col, pair_col, label_col, swp_budgets, loc_steps, loc_epc, loc_lr, cmp_n],
+        swp_run.click(on_sweep, [base_dd, ft_dd, task_dd, text_col, pair_col, label_col, swp_budgets, loc_steps, loc_epc, loc_lr, cmp_n,
+                       ood_dd],
                       [status, swp_job, swp_status])
 
         # ---------------------------------------------------------------- Anatomy
@@ -742,6 +766,13 @@ def build_app() -> gr.Blocks:
             return submitted(job), picker_for(("continual",), "latest continual run", job), actions.job_status_line(job)
 
         cl_run.click(on_continual, [cl_tasks, cl_budget, cl_n], [status, cl_job, cl_status])
+
+        @safe
+        def on_reproduce(quick):
+            job = actions.submit_reproduce(store.runner(), quick=quick)
+            return submitted(job), picker_for(("reproduce",), "latest report", job), actions.job_status_line(job)
+
+        rp_run.click(on_reproduce, [rp_quick], [status, rp_job, rp_status])
 
         # ---------------------------------------------------------------- Regions
         @safe
@@ -915,6 +946,7 @@ def build_app() -> gr.Blocks:
                 panel(("wise",), ws_job, ws_status, [ws_plot], render_wise, "latest WiSE run"),
                 panel(("retrain",), rt_job, rt_status, [rt_table, rt_rel], render_retrain, "latest re-training"),
                 panel(("continual",), cl_job, cl_status, [cl_plot, cl_table], render_continual, "latest continual run"),
+                panel(("reproduce",), rp_job, rp_status, [rp_files, rp_report], render_reproduce, "latest report"),
             ],
             "regions": [panel(("export",), None, reg_export_status, [reg_export_file], render_export, "", fixed_state=export_job)],
         }

@@ -110,6 +110,29 @@ def reliability_diagram(reliability: dict[str, list[dict]], task: str = "") -> g
     return _layout(fig, f"Reliability diagram{where}: 10 equal-width confidence bins", height=470).update_layout(margin={"b": 130})
 
 
+def reliability_side_by_side(panels: list[tuple[str, dict[str, list[dict]]]]) -> go.Figure:
+    """One reliability diagram per setting (title, {model: bins}), side by side on shared axes."""
+    panels = [(title, rel) for title, rel in panels if rel]
+    if not panels:
+        return empty_figure("No reliability data.")
+    fig = make_subplots(rows=1, cols=len(panels), subplot_titles=[t for t, _ in panels], shared_yaxes=True)
+    for c, (title, reliability) in enumerate(panels, 1):
+        fig.add_trace(go.Scatter(x=[0, 1], y=[0, 1], mode="lines", name="perfect calibration", showlegend=c == 1,
+                                 line={"dash": "dash", "color": "#999"}, hoverinfo="skip"), row=1, col=c)
+        for i, (label, bins) in enumerate(reliability.items()):
+            used = [b for b in bins if b.get("count")]
+            fig.add_trace(go.Scatter(
+                x=[b["confidence"] for b in used], y=[b["accuracy"] for b in used], mode="lines+markers",
+                name=label, legendgroup=label, showlegend=c == 1, line={"color": _colour(label, i)},
+                customdata=[[b["count"], b["gap"]] for b in used],
+                hovertemplate=(f"<b>{label}</b>, {title}<br>mean confidence %{{x:.3f}}<br>accuracy %{{y:.3f}}"
+                               "<br>examples %{customdata[0]}<br>confidence − accuracy %{customdata[1]:+.3f}<extra></extra>"),
+            ), row=1, col=c)
+        fig.update_xaxes(title_text="mean confidence in bin", range=[0, 1], row=1, col=c)
+    fig.update_yaxes(title_text="accuracy in bin", range=[0, 1.02], row=1, col=1)
+    return _layout(fig, "Reliability diagrams: fine-tuned model and graft in each head setting", height=470)
+
+
 def confidence_histogram(histogram: dict[str, list[dict]], task: str = "") -> go.Figure:
     """Share of test examples per confidence bin, one bar group per model."""
     if not histogram:

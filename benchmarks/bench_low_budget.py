@@ -1,0 +1,99 @@
+"""The low-budget frontier: learned regions against top-movement at small k, on two test sets.
+
+    .venv/bin/python benchmarks/bench_low_budget.py [--finetuned REF] [--sparsities 1e-4,3e-4,1e-3]
+        [--configs default,hard,...] [--n 1000]
+
+For each mask-learning configuration (``CONFIGS``) and budget: accuracy of the graft on the task's
+test split and on an independent split (training sentences used neither by the default fine-tune
+nor by mask learning), its share of the fine-tuned accuracy, the margin over top-movement of the
+same size, and the time mask learning took (with its ratio to the default configuration's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+CONFIGS = {  # LearnConfig fields that differ from the defaults
+    "default": {},
+    "hard": {"forward": "hard"},
+    "bias6": {"sigmoid_bias": 6.0},
+    "hard-bias6": {"forward": "hard", "sigmoid_bias": 6.0},
+    "steps80": {"steps": 80},
+    "lr0.05": {"lr": 0.05},
+}
+
+
+def independent_split(task, n: int, finetune_examples: int, examples_per_class: int):
+    """Training sentences outside the fine-tune's subsample and the mask's k-shot sample."""
+    from graftui.data import kshot, subsample
+
+    train = task.splits["train"]
+    used = set(subsample(train, finetune_examples, 0).texts) | set(kshot(train, examples_per_class, 0).texts)
+    rest = train.select(i for i, t in enumerate(train.texts) if t not in used)
+    return subsample(rest, n, 1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--base", default="minilm")
+    parser.add_argument("--finetuned", default="minilm-movies")
+    parser.add_argument("--sparsities", default="1e-4,3e-4,1e-3")
+    parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument("--n", type=int, default=1000, help="examples of the independent split")
+    args = parser.parse_args()
+
+    from dataclasses import replace
+
+    from graftui import flows, metrics, scoring, settings
+    from graftui.data import batches, kshot, load_task
+    from graftui.method import LearnConfig, learn_region
+    from graftui.methods import Budget
+    from graftui.models import GraftableSpec
+    from graftui.requests import DEFAULT_EXAMPLES_PER_CLASS, DEFAULT_RECIPE
+
+    settings.configure_torch()
+    task = load_task("movies")
+    held_out = independent_split(task, args.n, DEFAULT_RECIPE.train_examples, DEFAULT_EXAMPLES_PER_CLASS)
+    splits = {"test": task.splits["test"], "independent": held_out}
+    pair = flows.get_pair(args.base, args.finetuned, GraftableSpec(), flows.LOCAL)
+    params = {n: pair.param(n) for n in pair.graftable}
+    train = kshot(task.splits["train"], DEFAULT_EXAMPLES_PER_CLASS, 0)
+
+    def score(context) -> dict:
+        out = {}
+        with context:
+            for name, split in splits.items():
+                probs, labels = metrics.predict_proba(pair.model, batches(pair.tokenizer, split, 64, task.max_length))
+                out[name] = metrics.accuracy(probs, labels)
+        return out
+
+    ft = score(pair.finetuned())
+    print(f"fine-tuned: test {ft['test']:.3f}, independent {ft['independent']:.3f} (n={len(held_out)})")
+    print(f"{'sparsity':>9} {'k':>7} {'config':>11} {'test':>6} {'kept':>5} {'vs top':>7} {'indep':>6} {'kept':>5} "
+          f"{'vs top':>7} {'seconds':>8} {'time×':>6}")
+    for s in [float(x) for x in args.sparsities.split(",")]:
+        k = Budget(sparsity=s).resolve(pair.counts()["graftable"])
+        top = score(pair.grafted(scoring.baseline_regions(pair, k, ("top-movement",))["Top movement"]))
+        print(f"{s:>9g} {k:>7,} {'top-move':>11} {top['test']:>6.3f} {top['test'] / ft['test']:>5.0%} {'':>7} "
+              f"{top['independent']:>6.3f} {top['independent'] / ft['independent']:>5.0%}")
+        base_seconds = None
+        for name in args.configs.split(","):
+            config = replace(LearnConfig(), **CONFIGS[name])
+
+            def make_batches(epoch: int, config=config):
+                return batches(pair.tokenizer, train, config.batch_size, task.max_length, shuffle_seed=config.seed + epoch)
+
+            start = time.perf_counter()
+            region, _ = learn_region(pair.model, params, pair.pre, pair.ft, k, make_batches, config)
+            seconds = time.perf_counter() - start
+            base_seconds = base_seconds or seconds
+            got = score(pair.grafted(region))
+            print(f"{s:>9g} {k:>7,} {name:>11} {got['test']:>6.3f} {got['test'] / ft['test']:>5.0%} "
+                  f"{100 * (got['test'] - top['test']):>+7.1f} {got['independent']:>6.3f} "
+                  f"{got['independent'] / ft['independent']:>5.0%} {100 * (got['independent'] - top['independent']):>+7.1f} "
+                  f"{seconds:>8.1f} {seconds / base_seconds:>6.2f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,549 @@
+"""``graftui reproduce``: the paper's experiments on the offline default, in one report.
+
+A run is a plan of steps, each one request of an existing flow, so every number in the report comes
+with the command that makes it again. Each step is saved as it finishes (``DIR/steps/<step>.json``:
+the request and its result); a second run with the same ``DIR`` reads back every step whose request
+is unchanged instead of running it, so an interrupted run resumes where it stopped. ``report.json``,
+``report.md`` and ``figures/`` are then assembled from the saved steps alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from . import __version__, regions, settings
+from .errors import Cancelled
+from .flows import FLOWS, LOCAL, Guard, Progress, Result, finish
+from .requests import (
+    DEFAULT_MULTITASK_TASKS, DEFAULT_SPARSITY, DEFAULT_TASK, ContinualRequest, EvaluateRequest, FinetuneRequest,
+    LocalizeRequest, MultitaskRequest, ReproduceRequest, RetrainRequest, SweepRequest, WiseRequest, command_line,
+)
+from .scoring import BODY_LABEL, FT_LABEL
+
+
+# -- the plan --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Scale:
+    """What a run's size changes: the fine-tuning recipe, test examples, points per curve, which extras run."""
+
+    name: str
+    recipe: dict  # lr, epochs, train_examples of every fine-tune (empty: the default recipe)
+    n: int | None  # test examples per task (None: all)
+    sparsities: tuple[float, ...]  # of the sweep; the evaluated budget (DEFAULT_SPARSITY) joins it in the report
+    alphas: tuple[float, ...]
+    continual_tasks: tuple[str, ...]
+    optimizers: tuple[tuple[str, str, float], ...]  # (label, optimizer, ℓ1) of the extra fine-tunes (Fig. 5)
+    seconds: dict  # step -> estimated seconds on 2 CPU cores (measured on the offline default)
+
+
+FULL = Scale("full", {}, None, (1e-5, 1e-4, 3e-4, 1e-2), tuple(round(0.1 * i, 1) for i in range(11)),
+             DEFAULT_MULTITASK_TASKS, (("AdamW", "adamw", 0.0), ("AdamW + ℓ1", "adamw", 1e-3)),
+             {"finetune": 210, "sweep": 360, "localize": 40, "evaluate": 60, "wise": 240, "retrain": 420,
+              "multitask": 960, "continual": 1500, "optimizer-finetune": 210, "optimizer-sweep": 240})
+QUICK = Scale("quick", {"lr": 0.015, "epochs": 1, "train_examples": 1000}, 300, (1e-4,), (0.0, 0.5, 1.0),
+              ("movies", "amazon"), (),
+              {"finetune": 30, "sweep": 40, "localize": 20, "evaluate": 25, "wise": 40, "retrain": 90,
+               "multitask": 330, "continual": 250, "optimizer-finetune": 30, "optimizer-sweep": 50})
+TINY = Scale("tiny", {}, 64, (1e-4,), (0.0, 1.0), ("movies", "amazon"), (("AdamW", "adamw", 0.0),),
+             {"finetune": 5, "sweep": 15, "localize": 5, "evaluate": 5, "wise": 5, "retrain": 5, "multitask": 30,
+              "continual": 30, "optimizer-finetune": 5, "optimizer-sweep": 10})  # GRAFTUI_FAST: tests and demos
+
+
+def scale_of(req: ReproduceRequest) -> Scale:
+    if settings.fast():
+        return TINY
+    return QUICK if req.quick else FULL
+
+
+@dataclass
+class Step:
+    name: str  # file stem in DIR/steps and key in the report
+    title: str
+    make: Callable[[dict], object]  # earlier steps' results -> this step's request
+    cost: str  # key of Scale.seconds
+
+
+def _new(cls, **fields):
+    """A request with its defaults (GRAFTUI_FAST's where that mode is on) and the given fields."""
+    return cls(**{**cls.defaults(), **{k: v for k, v in fields.items() if v is not None}})
+
+
+def plan(scale: Scale, out: Path) -> list[Step]:
+    """Every step of a run, in order; a step's request may use the results of the steps before it."""
+    r = scale.recipe
+    ft_fields = {"lr": r.get("lr"), "epochs": r.get("epochs"), "train_examples": r.get("train_examples")}
+    recipe = {"ft_lr": r.get("lr"), "epochs": r.get("epochs"), "train_examples": r.get("train_examples")}
+    n, task, made = scale.n, DEFAULT_TASK, out / "regions"
+    steps = [
+        Step("finetune", f"fine-tune on {task} (standard head)",
+             lambda R: _new(FinetuneRequest, task=task, **ft_fields, test_examples=n), "finetune"),
+        Step("sweep", "sparsity sweep: learned, top-movement and random, in and out of distribution",
+             lambda R: _new(SweepRequest, finetuned=R["finetune"]["out"], task=task, sparsities=list(scale.sparsities),
+                            n=n), "sweep"),
+        Step("localize", "the learned region at sparsity 0.1 %",
+             lambda R: _new(LocalizeRequest, finetuned=R["finetune"]["out"], task=task, sparsity=DEFAULT_SPARSITY,
+                            out=str(made / f"{task}-learned.safetensors")), "localize"),
+        Step("evaluate", "fine-tuned, bare body, graft and baselines, with calibration",
+             lambda R: _new(EvaluateRequest, regions=[R["localize"]["path"]], baselines=True, n=n), "evaluate"),
+        Step("finetune-frozen-head", f"fine-tune on {task} with the head frozen at its initialisation",
+             lambda R: _new(FinetuneRequest, task=task, **ft_fields, freeze_head=True, test_examples=n), "finetune"),
+        Step("localize-frozen-head", "the learned region of the frozen-head model",
+             lambda R: _new(LocalizeRequest, finetuned=R["finetune-frozen-head"]["out"], task=task,
+                            sparsity=DEFAULT_SPARSITY, out=str(made / f"{task}-frozen-head-learned.safetensors")),
+             "localize"),
+        Step("evaluate-frozen-head", "calibration with a frozen head",
+             lambda R: _new(EvaluateRequest, regions=[R["localize-frozen-head"]["path"]], n=n), "evaluate"),
+        Step("wise", "WiSE-FT and WiSE-graft along α",
+             lambda R: _new(WiseRequest, region=R["localize"]["path"], alphas=list(scale.alphas), n=n), "wise"),
+        Step("retrain", "re-training the region from θ_pre, and BitFit",
+             lambda R: _new(RetrainRequest, region=R["localize"]["path"], **recipe, n=n), "retrain"),
+        Step("multitask", "multi-task model: regions, overlap, Eq. 5, union and purification",
+             lambda R: _new(MultitaskRequest, **recipe, n=n, out=str(made / "multitask")), "multitask"),
+        Step("continual", f"continual learning of {' → '.join(scale.continual_tasks)}",
+             lambda R: _new(ContinualRequest, tasks=list(scale.continual_tasks), **recipe, n=n,
+                            out=str(made / "continual")), "continual"),
+    ]
+    for label, optimizer, l1 in scale.optimizers:
+        key = "optimizer-" + optimizer + ("-l1" if l1 else "")
+        steps += [
+            Step(f"finetune-{key}", f"fine-tune on {task} with {label}",
+                 lambda R, o=optimizer, l1=l1: _new(FinetuneRequest, task=task, optimizer=o, l1=l1,
+                                                    epochs=r.get("epochs"), train_examples=r.get("train_examples"),
+                                                    test_examples=n), "optimizer-finetune"),
+            Step(f"sweep-{key}", f"localization after {label}",
+                 lambda R, key=key: _new(SweepRequest, finetuned=R[f"finetune-{key}"]["out"], task=task,
+                                         sparsities=sorted({*scale.sparsities, DEFAULT_SPARSITY}),
+                                         methods=["learned", "top-movement"],
+                                         no_ood=True, n=n), "optimizer-sweep"),
+        ]
+    return steps
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
+
+
+# -- the flow --------------------------------------------------------------------------------------
+@dataclass
+class ReproduceResult(Result):
+    out: str = ""
+    report: dict = field(default_factory=dict)  # what report.json holds
+    estimate_seconds: float = 0.0
+    reused: list[str] = field(default_factory=list)
+
+
+def default_out(req: ReproduceRequest) -> Path:
+    return settings.subdir("reports") / f"reproduce-{scale_of(req).name}"
+
+
+def _saved(path: Path, request) -> dict | None:
+    """The saved result of a step, if it was made by this very request (and its files are still there)."""
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(doc, dict) or doc.get("request") != json.loads(json.dumps(request.as_dict())):
+        return None
+    result = doc.get("result") or {}
+    written = [result.get("path"), result.get("out")] + list((result.get("regions") or {}).values())
+    if any(isinstance(p, str) and p.endswith(".safetensors") and not Path(p).exists() for p in written):
+        return None
+    return result
+
+
+def _clear(path: Path) -> None:
+    if path.is_dir():
+        shutil.rmtree(path)
+    elif path.exists():
+        path.unlink()
+
+
+def reproduce(req: ReproduceRequest, progress: Progress | None = None, cancel=None, guard: Guard = LOCAL) -> ReproduceResult:
+    """Run (or read back) every step of the plan, then write report.json, report.md and the figures."""
+    req.validate()
+    start = time.time()
+    scale = scale_of(req)
+    out = Path(req.out).expanduser() if req.out else default_out(req)
+    (out / "steps").mkdir(parents=True, exist_ok=True)
+    steps = plan(scale, out)
+    results: dict[str, dict] = {}
+    log: list[dict] = []
+    done_files = {s.name: out / "steps" / f"{s.name}.json" for s in steps}
+    estimate = sum(scale.seconds[s.cost] for s in steps)
+
+    shown = [0.0]
+
+    def say(text: str, fraction: float) -> None:
+        shown[0] = max(shown[0], fraction)
+        if progress:
+            progress({"stage": text, "fraction": shown[0], "announce": True})
+
+    say(f"reproduce ({scale.name}): {len(steps)} steps, about {_minutes(estimate)} on 2 CPU cores "
+        f"from scratch (less for steps saved in {out}); report in {out}", 0.0)
+    spent = 0.0
+    reused = []
+    for i, step in enumerate(steps, 1):
+        if cancel is not None and cancel.is_set():
+            raise Cancelled("reproduce cancelled; run it again to resume")
+        request = step.make(results)
+        cost = scale.seconds[step.cost]
+        saved = None if req.fresh else _saved(done_files[step.name], request)
+        if saved is not None:
+            results[step.name] = saved
+            reused.append(step.name)
+            log.append({"step": step.name, "title": step.title, "command": command_line(request),
+                        "seconds": saved.get("seconds"), "reused": True})
+            spent += cost
+            say(f"[{i}/{len(steps)}] {step.title}: saved by an earlier run, reused", spent / estimate)
+            continue
+        say(f"[{i}/{len(steps)}] {step.title} (about {_minutes(cost)})", spent / estimate)
+        if getattr(request, "out", None) and Path(request.out).is_relative_to(out / "regions"):
+            _clear(Path(request.out))  # this step's own files from an interrupted attempt
+
+        def inner(event: dict, i=i, step=step, cost=cost) -> None:
+            if not progress:
+                return
+            part = event.get("fraction")
+            if part is None and event.get("steps"):
+                part = event.get("step", 0) / max(event["steps"], 1)
+            shown[0] = max(shown[0], min(0.999, (spent + cost * float(part or 0)) / estimate))  # never backwards
+            progress({"stage": f"[{i}/{len(steps)}] {step.title}: {event.get('stage', '')}".rstrip(": "),
+                      "fraction": shown[0]})
+
+        result: Result = FLOWS[request.verb](request, progress=inner, cancel=cancel, guard=guard)
+        Result.save(result, done_files[step.name])  # the JSON report (a localize result's own save writes its region)
+        results[step.name] = json.loads(done_files[step.name].read_text())["result"]
+        log.append({"step": step.name, "title": step.title, "command": command_line(request),
+                    "seconds": round(result.seconds, 1), "reused": False})
+        spent += cost
+    report = build_report(scale, results, log, time.time() - start)
+    write_report(out, report)
+    finish(progress)
+    return ReproduceResult(req, [], time.time() - start, str(out), report, estimate, reused)
+
+
+# -- the report ------------------------------------------------------------------------------------
+def _row(rows: list[dict], model: str, task: str | None = None, distribution: str = "in") -> dict | None:
+    return next((r for r in rows if r["model"] == model and r["distribution"] == distribution
+                 and (task is None or r["task"] == task)), None)
+
+
+def _ratio(a, b):
+    return None if a is None or not b else a / b
+
+
+def _gain(graft, ft, bare):
+    """Share of the fine-tuning gain the graft recovers: (graft − bare) / (FT − bare)."""
+    return None if None in (graft, ft, bare) or ft == bare else (graft - bare) / (ft - bare)
+
+
+def _calibration(doc: dict, setting: str) -> dict:
+    rows = doc["rows"]
+    graft_label = next(r["model"] for r in rows if r["model"] not in (FT_LABEL, BODY_LABEL))
+    ft, graft = _row(rows, FT_LABEL), _row(rows, graft_label)
+    change = _ratio(graft["ece"] - ft["ece"], ft["ece"])
+    return {"setting": setting, "task": doc["task"], "n": ft["n"],
+            "ft": {"accuracy": ft["accuracy"], "ece": ft["ece"]},
+            "graft": {"accuracy": graft["accuracy"], "ece": graft["ece"], "k": graft["region_size"]},
+            "ece_change": change, "graft_better_calibrated": graft["ece"] < ft["ece"],
+            "reliability": {FT_LABEL: doc["reliability"].get(FT_LABEL), "graft": doc["reliability"].get(graft_label)}}
+
+
+MIN_GAIN = 0.02  # a fine-tune that gains less over the bare body than this did not learn the task
+METHOD_ORDER = ["learned", "top-movement", "random"]
+EVALUATED_AS = {"Top movement": "top-movement", "Random": "random"}  # baseline labels of the evaluate step
+
+
+def _sweep_rows(ev: dict, graft_label: str, ft_accuracy: float) -> list[dict]:
+    """The evaluate step's graft and baselines as sweep rows (accuracy, ECE, OOD) at their budget."""
+    out = []
+    for label, name in ((graft_label, "learned"), *EVALUATED_AS.items()):
+        row = _row(ev["rows"], label)
+        if row is None:
+            continue
+        out.append({"method": name, "sparsity": DEFAULT_SPARSITY, "k": row["region_size"], "accuracy": row["accuracy"],
+                    "ece": row["ece"], "ood": {t: _row(ev["rows"], label, t, "OOD")["accuracy"] for t in ev["ood"]},
+                    "ft_accuracy": ft_accuracy, "retained": _ratio(row["accuracy"], ft_accuracy)})
+    return out
+
+
+def build_report(scale: Scale, R: dict, log: list[dict], seconds: float) -> dict:
+    """report.json: one key per experiment, numbers only (report.md says them in words)."""
+    ev, sweep = R["evaluate"], R["sweep"]
+    rows = ev["rows"]
+    graft_label = next(r["model"] for r in rows if r["model"] not in (FT_LABEL, BODY_LABEL, "Top movement", "Random"))
+    ft, bare, graft = _row(rows, FT_LABEL), _row(rows, BODY_LABEL), _row(rows, graft_label)
+    ood = {}
+    for t in ev["ood"]:
+        f, g = _row(rows, FT_LABEL, t, "OOD"), _row(rows, graft_label, t, "OOD")
+        ood[t] = {"ft": f["accuracy"], "graft": g["accuracy"], "retained": _ratio(g["accuracy"], f["accuracy"])}
+    # the sweep leaves out the evaluated budget: its three regions come from the evaluate step
+    sweep_rows = sorted(sweep["rows"] + _sweep_rows(ev, graft_label, sweep["ft_accuracy"]),
+                        key=lambda r: (r["sparsity"], METHOD_ORDER.index(r["method"])))
+    by = {(r["method"], r["sparsity"]): r for r in sweep_rows}
+    low = min(r["sparsity"] for r in sweep_rows)
+    learned_low, top_low = by.get(("learned", low)), by.get(("top-movement", low))
+    single = {
+        "task": ev["task"], "ood": ev["ood"], "finetuned": R["finetune"]["out"], "recipe": R["finetune"]["config"],
+        "k": graft["region_size"], "sparsity": DEFAULT_SPARSITY,
+        "accuracy": {"ft": ft["accuracy"], "bare": bare["accuracy"], "graft": graft["accuracy"],
+                     "top_movement": (_row(rows, "Top movement") or {}).get("accuracy"),
+                     "random": (_row(rows, "Random") or {}).get("accuracy")},
+        "retained": _ratio(graft["accuracy"], ft["accuracy"]),
+        "gain_recovered": _gain(graft["accuracy"], ft["accuracy"], bare["accuracy"]),
+        "ood_transfer": ood,
+        "rows": rows,
+        "sweep": {"ft_accuracy": sweep["ft_accuracy"], "ft_ece": sweep.get("ft_ece"), "ft_ood": sweep.get("ft_ood", {}),
+                  "rows": sweep_rows},
+        "low_budget": {"sparsity": low,
+                       "learned": learned_low and learned_low["accuracy"], "top_movement": top_low and top_low["accuracy"],
+                       "retained": learned_low and learned_low["retained"],
+                       "margin_over_top_movement": (learned_low["accuracy"] - top_low["accuracy"])
+                       if learned_low and top_low else None},
+    }
+    calibration = {"settings": [_calibration(ev, "standard head (trained with the body)"),
+                                _calibration(R["evaluate-frozen-head"], "frozen head (the seed code's fixhead)")],
+                   "not_measured": ["prompt-based (label words scored by the LM head): needs causal/masked-LM heads"]}
+    wise = {k: R["wise"][k] for k in ("task", "ood", "k", "rows")}
+    mt = R["multitask"]
+    multitask = {k: mt[k] for k in ("tasks", "overlap", "relative_gain", "union", "purified", "k", "sizes",
+                                    "intersection_counts", "p_zero", "p_one", "scores", "checkpoint")}
+    rt = R["retrain"]
+    retrain = {"rows": rt["rows"], "trained": rt["trained"], "recipe": rt["recipe"], "task": rt["task"]}
+    cl = R["continual"]
+    continual = {k: cl[k] for k in ("tasks", "forget_free", "sequential", "forgetting", "trained", "finetuned_accuracy")}
+    optimizers = {"SGD": {"ft_accuracy": sweep["ft_accuracy"], "rows": [r for r in sweep_rows
+                                                                        if r["method"] in ("learned", "top-movement")]}}
+    for label, optimizer, l1 in scale.optimizers:
+        key = "optimizer-" + optimizer + ("-l1" if l1 else "")
+        optimizers[label] = {"ft_accuracy": R[f"sweep-{key}"]["ft_accuracy"], "rows": R[f"sweep-{key}"]["rows"]}
+    return {
+        "graftui_version": __version__, "mode": scale.name, "seconds": round(seconds, 1),
+        "cpu_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "single_task": single, "calibration": calibration, "wise": wise, "multitask": multitask, "retrain": retrain,
+        "continual": continual, "optimizers": optimizers, "steps": log,
+    }
+
+
+# -- report.md -------------------------------------------------------------------------------------
+def _f(x, digits: int = 3) -> str:
+    return "–" if x is None else f"{x:.{digits}f}"
+
+
+def _p(x) -> str:
+    return "–" if x is None else f"{100 * x:.0f} %"
+
+
+def _table(headers: list[str], rows: list[list]) -> str:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def _commands(report: dict, *names: str) -> str:
+    by = {s["step"]: s for s in report["steps"]}
+    return "\n".join(f"    {by[n]['command']}" for n in names if n in by)
+
+
+def write_markdown(report: dict) -> str:
+    s, cal, w, mt, rt, cl = (report[k] for k in ("single_task", "calibration", "wise", "multitask", "retrain", "continual"))
+    acc, low = s["accuracy"], s["low_budget"]
+    failed: list[str] = []
+    problems: list[str] = []  # a model that did not learn: the numbers built on it mean little
+    if acc["ft"] - acc["bare"] < MIN_GAIN:
+        problems.append(f"the fine-tuned model barely beats the bare body on {s['task']} ({_f(acc['ft'])} vs "
+                        f"{_f(acc['bare'])}): shares of its gain are noise")
+    out = [f"# Skill localization by grafting: the paper's experiments ({report['mode']} run)", "",
+           f"graftui {report['graftui_version']}, {report['cpu_cores']} CPU cores, {report['seconds'] / 60:.1f} minutes "
+           "(steps saved by an earlier run count as they took then). Every section names the commands that make its "
+           "numbers again; `graftui run steps/<step>.json` re-runs one step from its saved request. The paper is "
+           "Panigrahi et al., *Task-Specific Skill Localization in Fine-tuned Language Models*, ICML 2023.", ""]
+    if report["mode"] != "full":
+        out += ["> This is a reduced run (short fine-tunes, fewer test examples and curve points): its models are "
+                "weaker than the full run's and its numbers are noisier.", ""]
+
+    # 1. single task
+    sw = s["sweep"]
+    out += ["## 1. One skill, one small region (§3, Fig. 2, Tables 6–7)", "",
+            f"Fine-tuned MiniLM on **{s['task']}** (test accuracy {_f(acc['ft'])}); the learned region at sparsity "
+            f"{DEFAULT_SPARSITY:g} holds k = {s['k']:,} parameters. Its graft θ_pre + γ⊙(θ_ft − θ_pre) scores "
+            f"{_f(acc['graft'])}: **{_p(s['retained'])} of the fine-tuned accuracy**, and {_p(s['gain_recovered'])} of "
+            f"the fine-tuning gain over the bare pre-trained body ({_f(acc['bare'])}). Top-movement of the same size "
+            f"scores {_f(acc['top_movement'])}, a random region {_f(acc['random'])}.", ""]
+    if s["ood_transfer"]:
+        parts = [f"{t}: graft {_f(v['graft'])} vs FT {_f(v['ft'])} ({_p(v['retained'])} kept)" for t, v in s["ood_transfer"].items()]
+        better = [t for t, v in s["ood_transfer"].items() if v["retained"] is not None and s["retained"] is not None
+                  and v["retained"] > s["retained"]]
+        out += [f"Out of distribution — {'; '.join(parts)}. The graft keeps more of FT's accuracy out of distribution "
+                f"than in it on {len(better)} of {len(s['ood_transfer'])} tasks"
+                + (f" ({', '.join(better)})" if better else "") + ".", ""]
+    oods = list(sw["ft_ood"])
+    rows = [["fine-tuned", "", "", _f(sw["ft_accuracy"]), "", _f(sw["ft_ece"]), *(_f(sw["ft_ood"][o]) for o in oods)]]
+    rows += [[r["method"], f"{r['sparsity']:g}", f"{r['k']:,}", _f(r["accuracy"]), _p(r["retained"]), _f(r["ece"]),
+              *(_f(r["ood"].get(o)) for o in oods)] for r in sw["rows"]]
+    out += ["Sparsity sweep (accuracy, share of FT kept, ECE, and accuracy out of distribution):", "",
+            _table(["model", "sparsity", "k", "accuracy", "kept", "ECE", *(f"OOD {o}" for o in oods)], rows), ""]
+    if low["learned"] is not None and low["top_movement"] is not None:
+        out += [f"At the smallest budget ({low['sparsity']:g}) the learned region keeps {_p(low['retained'])} of FT and "
+                f"beats top-movement by {100 * low['margin_over_top_movement']:+.1f} points.", ""]
+        if low["sparsity"] <= 1e-4 and low["retained"] < 0.95:
+            failed.append(f"> 95 % of FT accuracy at sparsity ≤ 0.01 % (Fig. 2): here {_p(low['retained'])} at "
+                          f"{low['sparsity']:g}.")
+    out += ["Made by:", "", _commands(report, "finetune", "sweep", "localize", "evaluate"), ""]
+
+    # 2. calibration
+    out += ["## 2. Calibration (Table 2)", "",
+            "The paper reports a 40–90 % lower expected calibration error (ECE, 10 bins) for the graft than for the "
+            "fine-tuned model, with prompt-based fine-tuning (a fixed LM head). Here, per head setting:", ""]
+    out += [_table(["setting", "FT accuracy", "FT ECE", "graft accuracy", "graft ECE", "ECE change"],
+                   [[c["setting"], _f(c["ft"]["accuracy"]), _f(c["ft"]["ece"]), _f(c["graft"]["accuracy"]),
+                     _f(c["graft"]["ece"]), "–" if c["ece_change"] is None else f"{100 * c['ece_change']:+.0f} %"]
+                    for c in cal["settings"]]), ""]
+    for c in cal["settings"]:
+        verdict = "reproduces" if c["graft_better_calibrated"] else "does not reproduce"
+        out.append(f"- {c['setting']}: the graft is {'better' if c['graft_better_calibrated'] else 'worse'} calibrated "
+                   f"than FT — the finding **{verdict}** in this setting.")
+        if not c["graft_better_calibrated"]:
+            failed.append(f"lower ECE for the graft with a {c['setting']}: ECE {_f(c['graft']['ece'])} vs FT "
+                          f"{_f(c['ft']['ece'])}.")
+    out += [f"- not measured: {x}." for x in cal["not_measured"]]
+    out += ["", "Reliability diagrams side by side: `figures/calibration.html`. Made by:", "",
+            _commands(report, "evaluate", "finetune-frozen-head", "localize-frozen-head", "evaluate-frozen-head"), ""]
+
+    # 3. optimizers
+    opt = report["optimizers"]
+    sparsities = sorted({r["sparsity"] for v in opt.values() for r in v["rows"]})
+    if len(opt) > 1:
+        rows = []
+        for label, v in opt.items():
+            by = {(r["method"], r["sparsity"]): r for r in v["rows"]}
+            rows.append([label, _f(v["ft_accuracy"]), *(f"{_f(by[('learned', x)]['accuracy'])} / "
+                                                         f"{_f(by[('top-movement', x)]['accuracy'])}"
+                                                         if ("learned", x) in by and ("top-movement", x) in by else "–"
+                                                         for x in sparsities)])
+        out += ["## 3. Localization after SGD, AdamW and AdamW + ℓ1 (Fig. 5)", "",
+                "Learned / top-movement graft accuracy at each sparsity, for fine-tunes with each optimizer:", "",
+                _table(["fine-tuned with", "FT accuracy", *(f"{x:g}" for x in sparsities)], rows), "", "Made by:", "",
+                _commands(report, *[s_["step"] for s_ in report["steps"] if s_["step"].startswith(("finetune-optimizer",
+                                                                                                   "sweep-optimizer"))]), ""]
+    else:
+        out += ["## 3. Localization after SGD, AdamW and AdamW + ℓ1 (Fig. 5)", "",
+                "Not in this run (the full run has it).", ""]
+
+    # 4. WiSE
+    tasks = [w["task"], *w["ood"]]
+    by = {(r["curve"], r["alpha"], r["task"]): r["accuracy"] for r in w["rows"]}
+    alphas = sorted({r["alpha"] for r in w["rows"]})
+    out += ["## 4. WiSE-FT and WiSE-graft (Fig. 7)", "",
+            f"θ_pre + α·δ against θ_pre + α·γ⊙δ (k = {w['k']:,}); accuracy in distribution ({w['task']}) and out of it:", "",
+            _table(["α", *(f"FT {t}" for t in tasks), *(f"graft {t}" for t in tasks)],
+                   [[f"{a:g}", *(_f(by.get(("WiSE-FT", a, t))) for t in tasks),
+                     *(_f(by.get(("WiSE-graft", a, t))) for t in tasks)] for a in alphas]), ""]
+    best = {c: max(alphas, key=lambda a: by.get((c, a, w["task"])) or 0) for c in ("WiSE-FT", "WiSE-graft")}
+    out += [f"Best in-distribution accuracy: WiSE-FT {_f(by[('WiSE-FT', best['WiSE-FT'], w['task'])])} at α = "
+            f"{best['WiSE-FT']:g}, WiSE-graft {_f(by[('WiSE-graft', best['WiSE-graft'], w['task'])])} at α = "
+            f"{best['WiSE-graft']:g}. Figure: `figures/wise.html`. Made by:", "", _commands(report, "wise"), ""]
+
+    # 5. multi-task
+    names = mt["tasks"]
+    n = len(names)
+    off = [(i, j) for i in range(n) for j in range(n) if i != j]
+    out += ["## 5. Multi-task model: overlap, skill transfer, union, purification (§5.1, Fig. 8)", "",
+            f"One MiniLM body fine-tuned on {', '.join(names)} at once (one head per task); each task's region has "
+            f"k = {mt['k']:,}.", "", "Overlap |γ_row ∩ γ_col| / |γ_col| (Fig. 8a):", "",
+            _table(["region", *names], [[a, *(_p(x) for x in row)] for a, row in zip(names, mt["overlap"])]), "",
+            "Relative gain (Eq. 5) of the row's region on the column's task, (P_γ − P_0) / (P_1 − P_0) (Fig. 8b):", "",
+            _table(["region", *names], [[a, *(_f(x, 2) for x in row)] for a, row in zip(names, mt["relative_gain"])]), "",
+            _table(["reference", *names], [["P_0: pre-trained body + task head", *(_f(x) for x in mt["p_zero"])],
+                                           ["P_1: the multi-task model", *(_f(x) for x in mt["p_one"])]]), ""]
+    if off:
+        lo = min(off, key=lambda ij: mt["overlap"][ij[0]][ij[1]])
+        hi = max(off, key=lambda ij: mt["overlap"][ij[0]][ij[1]])
+        diag = [mt["relative_gain"][i][i] for i in range(n)]
+        cross = [mt["relative_gain"][i][j] for i, j in off if mt["relative_gain"][i][j] is not None]
+        out += [f"The largest overlap is between {names[hi[0]]} and {names[hi[1]]} ({_p(mt['overlap'][hi[0]][hi[1]])}), "
+                f"the smallest between {names[lo[0]]} and {names[lo[1]]} ({_p(mt['overlap'][lo[0]][lo[1]])}). A task's own "
+                f"region recovers on average {_f(sum(d for d in diag if d is not None) / max(1, len([d for d in diag if d is not None])), 2)} "
+                f"of its gain; other tasks' regions {_f(sum(cross) / max(1, len(cross)), 2)}.", ""]
+    for t, p0, p1 in zip(names, mt["p_zero"], mt["p_one"]):
+        if p1 - p0 < MIN_GAIN:
+            problems.append(f"the multi-task model did not learn {t} (P_1 {_f(p1)} vs P_0 {_f(p0)}): Eq. 5 on {t} is "
+                            "undefined or noise; fine-tune it again with a lower --ft-lr")
+    for label, key in (("Union", "union"), ("Purified union", "purified")):
+        u = mt.get(key) or {}
+        if u:
+            out += [f"{label} of {', '.join(u['group'])} ({u['size']:,} parameters"
+                    + (f", {u['steps']} mask steps on the joint loss" if key == "purified" else "") + "): relative gain "
+                    + ", ".join(f"{t} {_f(g, 2)}" for t, g in zip(names, u["relative_gain"])) + "."]
+    out += ["", "Figures: `figures/multitask-overlap.html`, `figures/multitask-gain.html`. Made by:", "", _commands(report, "multitask"), ""]
+
+    # 6. re-training
+    rows = [r for r in rt["rows"] if r["distribution"] == "in"]
+    out += ["## 6. Re-training the region from θ_pre (Table 1)", "",
+            _table(["model", "trained parameters", "accuracy", "ECE"],
+                   [[r["model"], "all" if r["model"] == FT_LABEL else f"{rt['trained'].get(r['model'], 0):,}",
+                     _f(r["accuracy"]), _f(r["ece"])] for r in rows]), "",
+            "Training only the region from θ_pre (with the fine-tuned head, same recipe) against taking the fine-tuned "
+            "values (graft) and against BitFit, which trains every bias. Made by:", "", _commands(report, "retrain"), ""]
+
+    # 7. continual
+    names = cl["tasks"]
+    out += ["## 7. Forget-free continual learning (§5.2, Table 4)", ""]
+    for label, key in (("Forget-free: task t_n trains only γ_tn minus the earlier regions", "forget_free"),
+                       ("Naive sequential fine-tuning of the whole body", "sequential")):
+        out += [f"{label}; accuracy on every task after each stage:", "",
+                _table(["after", *names], [[names[i], *(_f(x) for x in row)] for i, row in enumerate(cl[key])]), ""]
+    ff, sq = cl["forgetting"]["forget-free"], cl["forgetting"]["sequential"]
+    out += ["Forgetting (accuracy right after a task's own stage minus after the last stage): forget-free "
+            + ", ".join(f"{t} {_f(x)}" for t, x in zip(names, ff)) + "; sequential "
+            + ", ".join(f"{t} {_f(x)}" for t, x in zip(names, sq)) + ".", ""]
+    if max(abs(x) for x in ff) > 1e-9:
+        failed.append("zero forgetting with forget-free regions: " + ", ".join(f"{t} {_f(x)}" for t, x in zip(names, ff)))
+    out += ["Figure: `figures/continual.html`. Made by:", "", _commands(report, "continual"), ""]
+
+    if problems:
+        out += ["## Problems with this run", ""] + [f"- {x}" for x in problems] + [""]
+    out += ["## What did not reproduce here", ""]
+    out += [f"- {x}" for x in failed] or ["- Every check above held in this run."]
+    out += ["", "## Steps", "", _table(["step", "seconds", "", "command"],
+                                       [[x["step"], _f(x["seconds"], 0), "reused" if x["reused"] else "",
+                                         f"`{x['command']}`"] for x in report["steps"]]), ""]
+    report["did_not_reproduce"], report["problems"] = failed, problems
+    return "\n".join(out)
+
+
+def write_figures(folder: Path, report: dict) -> list[str]:
+    """One standalone HTML file per figure (plotly.js once, beside them)."""
+    from .ui import figures
+
+    folder.mkdir(parents=True, exist_ok=True)
+    s, cal = report["single_task"], report["calibration"]
+    made = {
+        "sweep": figures.sweep_figure(s["sweep"]["rows"], s["task"]),
+        "calibration": figures.reliability_side_by_side(
+            [(c["setting"], {k: v for k, v in c["reliability"].items() if v}) for c in cal["settings"]]),
+        "wise": figures.wise_curves(report["wise"]["rows"]),
+        "multitask-overlap": figures.overlap_heatmap({"names": report["multitask"]["tasks"], **report["multitask"]}),
+        "multitask-gain": figures.gain_heatmap(report["multitask"]),
+        "continual": figures.continual_curves(report["continual"]),
+    }
+    for name, fig in made.items():
+        regions.atomic_write(folder / f"{name}.html",
+                             lambda tmp, fig=fig: fig.write_html(tmp, include_plotlyjs="directory", full_html=True))
+    return sorted(f"figures/{name}.html" for name in made)
+
+
+def write_report(out: Path, report: dict) -> None:
+    text = write_markdown(report)  # also records report["did_not_reproduce"]
+    report["figures"] = write_figures(out / "figures", report)
+    regions.atomic_write(out / "report.json", lambda tmp: Path(tmp).write_text(json.dumps(report, indent=2)))
+    regions.atomic_write(out / "report.md", lambda tmp: Path(tmp).write_text(text))
+
+
+FLOWS["reproduce"] = reproduce

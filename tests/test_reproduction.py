@@ -1,0 +1,175 @@
+"""``graftui reproduce``: every experiment on the offline default, one report, resumable.
+
+One reduced run (GRAFTUI_FAST: same code, tiny fine-tunes) is interrupted, resumed and read back;
+the report's words are checked against its numbers; commands in the report make their requests again.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+from graftui import reproduction as rep
+from graftui.errors import Cancelled
+from graftui.requests import (
+    ContinualRequest, EvaluateRequest, FinetuneRequest, LocalizeRequest, MultitaskRequest, ReproduceRequest,
+    RetrainRequest, SweepRequest, WiseRequest, command_line,
+)
+
+
+@pytest.mark.parametrize("request_", [
+    FinetuneRequest(task="amazon", lr=0.015, epochs=1, train_examples=1000, freeze_head=True, test_examples=500),
+    SweepRequest(finetuned="/tmp/a b/ckpt", sparsities=[1e-5, 0.001], methods=["learned", "top-movement"], no_ood=True),
+    LocalizeRequest(finetuned="ft", sparsity=0.0003, out="/tmp/r.safetensors", steps=7, seed=3),
+    EvaluateRequest(regions=["a.safetensors", "b.safetensors"], baselines=True, ood=["amazon", "tweets"], n=500),
+    WiseRequest(region="a.safetensors", alphas=[0.0, 0.25, 1.0], n=500),
+    RetrainRequest(region="a.safetensors", ft_lr=0.015, epochs=1, train_examples=1000, n=500),
+    MultitaskRequest(ft_lr=0.015, epochs=1, train_examples=1000, n=500, out="/tmp/mt"),
+    ContinualRequest(tasks=["movies", "bbc"], train_examples=0, out="/tmp/cl"),
+    ReproduceRequest(quick=True, out="/tmp/report dir"),
+])
+def test_a_reported_command_makes_the_same_request(request_, monkeypatch):
+    import shlex
+
+    from graftui.cli import build_parser, request_from
+
+    monkeypatch.delenv("GRAFTUI_FAST", raising=False)
+    words = shlex.split(command_line(request_))
+    assert words[:2] == ["graftui", request_.verb]
+    args = build_parser().parse_args(words[1:])
+    assert request_from(args, args.request_cls) == request_
+
+
+def test_recipe_fields_change_only_what_they_name(monkeypatch):
+    from graftui.requests import DEFAULT_RECIPE
+
+    monkeypatch.delenv("GRAFTUI_FAST", raising=False)
+    assert MultitaskRequest().recipe() == DEFAULT_RECIPE
+    quick = ContinualRequest(ft_lr=0.015, epochs=1, train_examples=0).recipe()
+    assert (quick.lr, quick.epochs, quick.train_examples) == (0.015, 1, None)
+    assert quick.optimizer == DEFAULT_RECIPE.optimizer and quick.batch_size == DEFAULT_RECIPE.batch_size
+    assert RetrainRequest(seed=4).recipe(seed=4).seed == 4
+
+
+@pytest.fixture(scope="module")
+def reduced_run(tmp_path_factory):
+    """A reduced run that is cancelled in its fourth step, then resumed, then read back whole."""
+    mp = pytest.MonkeyPatch()
+    home = tmp_path_factory.mktemp("home")
+    mp.setenv("GRAFTUI_HOME", str(home))
+    mp.setenv("GRAFTUI_FAST", "1")
+    out = tmp_path_factory.mktemp("report") / "run"
+    cancel, events = threading.Event(), []
+
+    def progress(event):
+        events.append(event)
+        if str(event.get("stage", "")).startswith("[4/"):
+            cancel.set()
+
+    import graftui
+
+    try:
+        with pytest.raises(Cancelled):
+            graftui.reproduce(out=str(out), progress=progress, cancel=cancel)
+        saved_after_cancel = sorted(p.stem for p in (out / "steps").glob("*.json"))
+        resumed = graftui.reproduce(out=str(out))
+        again = graftui.reproduce(out=str(out))
+        yield {"out": out, "events": events, "saved_after_cancel": saved_after_cancel, "resumed": resumed,
+               "again": again}
+    finally:
+        mp.undo()
+
+
+def test_reduced_run_writes_the_report_with_every_experiment(reduced_run):
+    out = reduced_run["out"]
+    doc = json.loads((out / "report.json").read_text())
+    for key in ("single_task", "calibration", "wise", "multitask", "retrain", "continual"):
+        assert doc[key], key
+    mt = doc["multitask"]
+    n = len(mt["tasks"])
+    assert mt["tasks"] == ["movies", "amazon", "bbc"]
+    for matrix in (mt["overlap"], mt["relative_gain"]):
+        assert len(matrix) == n and all(len(row) == n for row in matrix)
+    assert all(mt["overlap"][i][i] == 1.0 for i in range(n))
+    assert mt["union"]["size"] >= max(mt["sizes"]) and len(mt["purified"]["relative_gain"]) == n
+    assert [c["setting"].split(" (")[0] for c in doc["calibration"]["settings"]] == ["standard head", "frozen head"]
+    assert doc["continual"]["forgetting"]["forget-free"] == [0.0] * len(doc["continual"]["tasks"])
+    text = (out / "report.md").read_text()
+    for heading in ("## 1.", "## 2. Calibration", "## 4. WiSE", "## 5. Multi-task", "## 6. Re-training",
+                    "## 7. Forget-free", "## What did not reproduce"):
+        assert heading in text
+    for step in doc["steps"]:  # every step names the command that makes it again
+        assert step["command"].startswith("graftui ") and f"`{step['command']}`" in text
+    assert {f"figures/{name}.html" for name in ("calibration", "wise", "continual")} <= set(doc["figures"])
+    assert all((out / f).stat().st_size > 1000 for f in doc["figures"]) and (out / "figures" / "plotly.min.js").exists()
+
+
+def test_reduced_run_announces_its_plan_and_resumes_where_it_stopped(reduced_run):
+    first = reduced_run["events"][0]
+    assert first["announce"] and "steps, about" in first["stage"]
+    fractions = [e["fraction"] for e in reduced_run["events"] if "fraction" in e]
+    assert fractions == sorted(fractions) and fractions[-1] < 1  # it stopped part way
+    assert reduced_run["saved_after_cancel"] == ["finetune", "localize", "sweep"]
+    resumed = reduced_run["resumed"]
+    assert resumed.reused == ["finetune", "sweep", "localize"]
+    assert reduced_run["again"].reused == [s["step"] for s in resumed.report["steps"]]  # nothing ran the third time
+    assert reduced_run["again"].report["single_task"] == resumed.report["single_task"]
+
+
+def test_one_step_re_runs_from_its_saved_request(reduced_run, monkeypatch, tmp_path):
+    from graftui import flows
+
+    monkeypatch.setenv("GRAFTUI_FAST", "1")
+    saved = json.loads((reduced_run["out"] / "steps" / "wise.json").read_text())
+    again = flows.run_file(reduced_run["out"] / "steps" / "wise.json")
+    assert again.as_dict()["rows"] == saved["result"]["rows"]
+
+
+def test_the_report_says_what_did_not_reproduce(reduced_run, tmp_path):
+    """Make the graft worse calibrated than FT in the saved numbers: the report must say so."""
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(reduced_run["out"], out)
+    path = out / "steps" / "evaluate.json"
+    doc = json.loads(path.read_text())
+    for row in doc["result"]["rows"]:
+        row["ece"] = 0.01 if row["model"] == "fine-tuned" else 0.2
+    path.write_text(json.dumps(doc))
+    results = {p.stem: json.loads(p.read_text())["result"] for p in (out / "steps").glob("*.json")}
+    results["multitask"]["p_one"][1] = results["multitask"]["p_zero"][1] + 0.01  # a task the model did not learn
+    report = rep.build_report(rep.TINY, results, reduced_run["resumed"].report["steps"], 1.0)
+    text = rep.write_markdown(report)
+    assert "the finding **does not reproduce** in this setting" in text
+    assert any(x.startswith("the multi-task model did not learn amazon") for x in report["problems"])
+    assert "## Problems with this run" in text
+    assert any("lower ECE for the graft with a standard head" in x for x in report["did_not_reproduce"])
+    assert report["calibration"]["settings"][0]["ece_change"] == pytest.approx((0.2 - 0.01) / 0.01)
+
+
+def test_reproduce_refuses_a_folder_it_did_not_write(tmp_path):
+    from graftui.errors import RequestError
+
+    (tmp_path / "precious.txt").write_text("keep me")
+    with pytest.raises(RequestError, match="not empty"):
+        ReproduceRequest(out=str(tmp_path)).validate()
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(RequestError, match="is a file"):
+        ReproduceRequest(out=str(tmp_path / "file")).validate()
+    assert (tmp_path / "precious.txt").read_text() == "keep me"
+
+
+def test_the_app_shows_a_finished_report_and_offers_its_files(reduced_run, tmp_path):
+    from types import SimpleNamespace
+
+    from graftui.ui import app
+
+    doc = reduced_run["again"].as_dict()
+    files, text = app.render_reproduce(SimpleNamespace(result=doc))
+    assert [f.rsplit("/", 1)[1] for f in files] == ["report.md", "report.json"]
+    assert text == (reduced_run["out"] / "report.md").read_text() and "## 5. Multi-task" in text
+    assert app.render_reproduce(None) == [None, ""]
+    gone = app.render_reproduce(SimpleNamespace(result={**doc, "out": str(tmp_path / "deleted")}))
+    assert gone == [None, "The report file is gone."]
