@@ -39,18 +39,19 @@ class Scale:
     alphas: tuple[float, ...]
     continual_tasks: tuple[str, ...]
     optimizers: tuple[tuple[str, str, float], ...]  # (label, optimizer, ℓ1) of the extra fine-tunes (Fig. 5)
+    multitask_lr: float | None  # the multi-task fine-tune's own learning rate (None: the recipe's)
     seconds: dict  # step -> estimated seconds on 2 CPU cores (measured on the offline default)
 
 
 FULL = Scale("full", {}, None, (1e-5, 1e-4, 3e-4, 1e-2), tuple(round(0.1 * i, 1) for i in range(11)),
-             DEFAULT_MULTITASK_TASKS, (("AdamW", "adamw", 0.0), ("AdamW + ℓ1", "adamw", 1e-3)),
+             DEFAULT_MULTITASK_TASKS, (("AdamW", "adamw", 0.0), ("AdamW + ℓ1", "adamw", 1e-3)), None,
              {"finetune": 210, "sweep": 360, "localize": 40, "evaluate": 60, "wise": 240, "retrain": 420,
               "multitask": 960, "continual": 1500, "optimizer-finetune": 210, "optimizer-sweep": 240})
 QUICK = Scale("quick", {"lr": 0.015, "epochs": 1, "train_examples": 1000}, 300, (1e-4,), (0.0, 0.5, 1.0),
-              ("movies", "amazon"), (),
+              ("movies", "amazon"), (), 0.01,  # three tasks' worth of steps at lr 0.015 diverged (measured)
               {"finetune": 30, "sweep": 40, "localize": 20, "evaluate": 25, "wise": 40, "retrain": 90,
                "multitask": 330, "continual": 250, "optimizer-finetune": 30, "optimizer-sweep": 50})
-TINY = Scale("tiny", {}, 64, (1e-4,), (0.0, 1.0), ("movies", "amazon"), (("AdamW", "adamw", 0.0),),
+TINY = Scale("tiny", {}, 64, (1e-4,), (0.0, 1.0), ("movies", "amazon"), (("AdamW", "adamw", 0.0),), None,
              {"finetune": 5, "sweep": 15, "localize": 5, "evaluate": 5, "wise": 5, "retrain": 5, "multitask": 30,
               "continual": 30, "optimizer-finetune": 5, "optimizer-sweep": 10})  # GRAFTUI_FAST: tests and demos
 
@@ -104,7 +105,8 @@ def plan(scale: Scale, out: Path) -> list[Step]:
         Step("retrain", "re-training the region from θ_pre, and BitFit",
              lambda R: _new(RetrainRequest, region=R["localize"]["path"], **recipe, n=n), "retrain"),
         Step("multitask", "multi-task model: regions, overlap, Eq. 5, union and purification",
-             lambda R: _new(MultitaskRequest, **recipe, n=n, out=str(made / "multitask")), "multitask"),
+             lambda R: _new(MultitaskRequest, **{**recipe, "ft_lr": scale.multitask_lr or recipe["ft_lr"]}, n=n,
+                            out=str(made / "multitask")), "multitask"),
         Step("continual", f"continual learning of {' → '.join(scale.continual_tasks)}",
              lambda R: _new(ContinualRequest, tasks=list(scale.continual_tasks), **recipe, n=n,
                             out=str(made / "continual")), "continual"),
@@ -143,7 +145,7 @@ def default_out(req: ReproduceRequest) -> Path:
 
 
 def _saved(path: Path, request) -> dict | None:
-    """The saved result of a step, if it was made by this very request (and its files are still there)."""
+    """The saved result of a step, if it was made by this very request and everything it wrote is still there."""
     try:
         doc = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -151,10 +153,31 @@ def _saved(path: Path, request) -> dict | None:
     if not isinstance(doc, dict) or doc.get("request") != json.loads(json.dumps(request.as_dict())):
         return None
     result = doc.get("result") or {}
-    written = [result.get("path"), result.get("out")] + list((result.get("regions") or {}).values())
-    if any(isinstance(p, str) and p.endswith(".safetensors") and not Path(p).exists() for p in written):
+    written = [result.get(key) for key in ("path", "out", "checkpoint")]
+    written += [*(result.get("regions") or {}).values(), *(result.get("checkpoints") or {}).values()]
+    if any(isinstance(p, str) and p and not Path(p).exists() for p in written):
         return None
     return result
+
+
+MANIFEST = "reproduce.json"  # marks a folder this command wrote, and with which scale
+
+
+def _check_folder(out: Path, scale: Scale) -> None:
+    """A new or empty folder, or one an earlier run of the same scale wrote (then it is resumed)."""
+    from .errors import RequestError
+
+    manifest = out / MANIFEST
+    if manifest.exists():
+        try:
+            made = json.loads(manifest.read_text()).get("mode")
+        except (OSError, ValueError, AttributeError):
+            made = None
+        if made != scale.name:
+            raise RequestError(f"'{out}' holds a {made or 'damaged'} reproduce run, not a {scale.name} one; give a new "
+                               "--out, or the same options as that run to resume it")
+    elif out.is_dir() and any(out.iterdir()):
+        raise RequestError(f"output folder '{out}' exists and is not empty; choose a new folder")
 
 
 def _clear(path: Path) -> None:
@@ -169,8 +192,11 @@ def reproduce(req: ReproduceRequest, progress: Progress | None = None, cancel=No
     req.validate()
     start = time.time()
     scale = scale_of(req)
-    out = Path(req.out).expanduser() if req.out else default_out(req)
+    out = (Path(req.out).expanduser() if req.out else default_out(req)).resolve()
+    _check_folder(out, scale)
     (out / "steps").mkdir(parents=True, exist_ok=True)
+    regions.atomic_write(out / MANIFEST, lambda tmp: Path(tmp).write_text(
+        json.dumps({"mode": scale.name, "graftui_version": __version__})))
     steps = plan(scale, out)
     results: dict[str, dict] = {}
     log: list[dict] = []
@@ -193,7 +219,8 @@ def reproduce(req: ReproduceRequest, progress: Progress | None = None, cancel=No
             raise Cancelled("reproduce cancelled; run it again to resume")
         request = step.make(results)
         cost = scale.seconds[step.cost]
-        saved = None if req.fresh else _saved(done_files[step.name], request)
+        # a step is reused only while every step before it was: a re-run step may change what later ones read
+        saved = None if req.fresh or len(reused) < i - 1 else _saved(done_files[step.name], request)
         if saved is not None:
             results[step.name] = saved
             reused.append(step.name)
@@ -225,7 +252,7 @@ def reproduce(req: ReproduceRequest, progress: Progress | None = None, cancel=No
     report = build_report(scale, results, log, time.time() - start)
     write_report(out, report)
     finish(progress)
-    return ReproduceResult(req, [], time.time() - start, str(out), report, estimate, reused)
+    return ReproduceResult(req, report["notes"], time.time() - start, str(out), report, estimate, reused)
 
 
 # -- the report ------------------------------------------------------------------------------------
@@ -323,8 +350,10 @@ def build_report(scale: Scale, R: dict, log: list[dict], seconds: float) -> dict
     for label, optimizer, l1 in scale.optimizers:
         key = "optimizer-" + optimizer + ("-l1" if l1 else "")
         optimizers[label] = {"ft_accuracy": R[f"sweep-{key}"]["ft_accuracy"], "rows": R[f"sweep-{key}"]["rows"]}
+    notes = [f"{entry['step']}: {note}" for entry in log for note in (R[entry["step"]].get("notes") or [])]
     return {
         "graftui_version": __version__, "mode": scale.name, "seconds": round(seconds, 1),
+        "step_seconds": round(sum(entry["seconds"] or 0 for entry in log), 1), "notes": notes,
         "cpu_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "single_task": single, "calibration": calibration, "wise": wise, "multitask": multitask, "retrain": retrain,
         "continual": continual, "optimizers": optimizers, "steps": log,
@@ -338,6 +367,11 @@ def _f(x, digits: int = 3) -> str:
 
 def _p(x) -> str:
     return "–" if x is None else f"{100 * x:.0f} %"
+
+
+def _mean(values) -> float | None:
+    known = [v for v in values if v is not None]
+    return sum(known) / len(known) if known else None
 
 
 def _table(headers: list[str], rows: list[list]) -> str:
@@ -360,8 +394,8 @@ def write_markdown(report: dict) -> str:
         problems.append(f"the fine-tuned model barely beats the bare body on {s['task']} ({_f(acc['ft'])} vs "
                         f"{_f(acc['bare'])}): shares of its gain are noise")
     out = [f"# Skill localization by grafting: the paper's experiments ({report['mode']} run)", "",
-           f"graftui {report['graftui_version']}, {report['cpu_cores']} CPU cores, {report['seconds'] / 60:.1f} minutes "
-           "(steps saved by an earlier run count as they took then). Every section names the commands that make its "
+           f"graftui {report['graftui_version']}, {report['cpu_cores']} CPU cores; the steps took "
+           f"{report['step_seconds'] / 60:.1f} minutes in all (this invocation {report['seconds'] / 60:.1f}). Every section names the commands that make its "
            "numbers again; `graftui run steps/<step>.json` re-runs one step from its saved request. The paper is "
            "Panigrahi et al., *Task-Specific Skill Localization in Fine-tuned Language Models*, ICML 2023.", ""]
     if report["mode"] != "full":
@@ -427,7 +461,7 @@ def write_markdown(report: dict) -> str:
                                                          f"{_f(by[('top-movement', x)]['accuracy'])}"
                                                          if ("learned", x) in by and ("top-movement", x) in by else "–"
                                                          for x in sparsities)])
-        out += ["## 3. Localization after SGD, AdamW and AdamW + ℓ1 (Fig. 5)", "",
+        out += [f"## 3. Localization after {', '.join(opt)} fine-tuning (Fig. 5)", "",
                 "Learned / top-movement graft accuracy at each sparsity, for fine-tunes with each optimizer:", "",
                 _table(["fine-tuned with", "FT accuracy", *(f"{x:g}" for x in sparsities)], rows), "", "Made by:", "",
                 _commands(report, *[s_["step"] for s_ in report["steps"] if s_["step"].startswith(("finetune-optimizer",
@@ -469,8 +503,8 @@ def write_markdown(report: dict) -> str:
         cross = [mt["relative_gain"][i][j] for i, j in off if mt["relative_gain"][i][j] is not None]
         out += [f"The largest overlap is between {names[hi[0]]} and {names[hi[1]]} ({_p(mt['overlap'][hi[0]][hi[1]])}), "
                 f"the smallest between {names[lo[0]]} and {names[lo[1]]} ({_p(mt['overlap'][lo[0]][lo[1]])}). A task's own "
-                f"region recovers on average {_f(sum(d for d in diag if d is not None) / max(1, len([d for d in diag if d is not None])), 2)} "
-                f"of its gain; other tasks' regions {_f(sum(cross) / max(1, len(cross)), 2)}.", ""]
+                f"region recovers on average {_f(_mean(diag), 2)} of its gain; other tasks' regions "
+                f"{_f(_mean(cross), 2)}.", ""]
     for t, p0, p1 in zip(names, mt["p_zero"], mt["p_one"]):
         if p1 - p0 < MIN_GAIN:
             problems.append(f"the multi-task model did not learn {t} (P_1 {_f(p1)} vs P_0 {_f(p0)}): Eq. 5 on {t} is "
@@ -503,14 +537,21 @@ def write_markdown(report: dict) -> str:
     out += ["Forgetting (accuracy right after a task's own stage minus after the last stage): forget-free "
             + ", ".join(f"{t} {_f(x)}" for t, x in zip(names, ff)) + "; sequential "
             + ", ".join(f"{t} {_f(x)}" for t, x in zip(names, sq)) + ".", ""]
-    if max(abs(x) for x in ff) > 1e-9:
-        failed.append("zero forgetting with forget-free regions: " + ", ".join(f"{t} {_f(x)}" for t, x in zip(names, ff)))
+    if max(abs(x) for x in ff) > 1e-9:  # zero by construction: earlier regions are never trained again
+        problems.append("forget-free regions forgot (a bug: earlier regions are never trained again): "
+                        + ", ".join(f"{t} {_f(x)}" for t, x in zip(names, ff)))
+    out += [f"Forget-free regions lose nothing by construction (checked: {_f(max(abs(x) for x in ff))}); the finding is "
+            f"how much sequential fine-tuning forgets (up to {_f(max(sq))}) and what the regions cost at each task's own "
+            "stage (compare the diagonals).", ""]
     out += ["Figure: `figures/continual.html`. Made by:", "", _commands(report, "continual"), ""]
 
     if problems:
         out += ["## Problems with this run", ""] + [f"- {x}" for x in problems] + [""]
     out += ["## What did not reproduce here", ""]
-    out += [f"- {x}" for x in failed] or ["- Every check above held in this run."]
+    out += [f"- {x}" for x in failed] or ["- Every check above held in this run"
+                                          + (" (but see the problems above)." if problems else ".")]
+    if report["notes"]:
+        out += ["", "## Notes from the steps", ""] + [f"- {x}" for x in report["notes"]]
     out += ["", "## Steps", "", _table(["step", "seconds", "", "command"],
                                        [[x["step"], _f(x["seconds"], 0), "reused" if x["reused"] else "",
                                          f"`{x['command']}`"] for x in report["steps"]]), ""]

@@ -710,13 +710,14 @@ class ReproduceRequest(Request):
     writes: ClassVar[bool] = True
     quick: bool = arg(False, "short fine-tunes, 300 test examples per task, fewer points per curve and a shorter task "
                       "sequence (about 15 minutes on 2 CPU cores, weaker models); the full run takes up to 2 hours")
-    fresh: bool = arg(False, "run every step again instead of reusing the steps an earlier run saved in --out")
-    out: str | None = arg(None, "report folder: new, or one an earlier run wrote, to resume it (default "
-                          "$GRAFTUI_HOME/reports/reproduce-quick or reproduce-full)", metavar="DIR")
+    fresh: bool = arg(False, "run every step again instead of reusing the steps an earlier run saved in --out "
+                      "(fine-tuned checkpoints are still reused from $GRAFTUI_HOME/checkpoints)")
+    out: str | None = arg(None, "report folder: new, or one an earlier run of the same size wrote, to resume it "
+                          "(default $GRAFTUI_HOME/reports/reproduce-quick or reproduce-full)", metavar="DIR")
 
     def check(self) -> None:
-        if self.out is not None and (Path(self.out).expanduser() / "steps").is_dir():
-            return  # an earlier run's folder: resumed
+        if self.out is not None and (Path(self.out).expanduser() / "reproduce.json").is_file():
+            return  # an earlier run's folder: resumed (the flow checks that the run's size matches)
         check_out_dir(self.out)
 
 

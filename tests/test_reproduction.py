@@ -173,3 +173,23 @@ def test_the_app_shows_a_finished_report_and_offers_its_files(reduced_run, tmp_p
     assert app.render_reproduce(None) == [None, ""]
     gone = app.render_reproduce(SimpleNamespace(result={**doc, "out": str(tmp_path / "deleted")}))
     assert gone == [None, "The report file is gone."]
+
+
+def test_a_resumed_run_reruns_every_step_after_a_missing_one(reduced_run, tmp_path, monkeypatch):
+    import shutil
+
+    import graftui
+    from graftui.errors import RequestError
+
+    monkeypatch.setenv("GRAFTUI_FAST", "1")
+    out = tmp_path / "run"
+    shutil.copytree(reduced_run["out"], out)
+    for saved in (out / "steps").glob("*.json"):  # the copy's steps name the copy's files, as a moved run would
+        saved.write_text(saved.read_text().replace(str(reduced_run["out"]), str(out)))
+    names = [s["step"] for s in reduced_run["again"].report["steps"]]
+    (out / "steps" / f"{names[-2]}.json").unlink()
+    again = graftui.reproduce(out=str(out))
+    assert again.reused == names[:-2]  # the missing step and the one after it ran again
+    (out / "reproduce.json").write_text('{"mode": "quick"}')
+    with pytest.raises(RequestError, match="holds a quick reproduce run, not a tiny one"):
+        graftui.reproduce(out=str(out))

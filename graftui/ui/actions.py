@@ -272,12 +272,12 @@ def parse_budgets(text: str) -> list[float]:
 
 
 def submit_sweep(runner, *, base: str, finetuned: str, task: str, columns: dict, budgets: str, steps,
-                 examples_per_class, lr, n, ood: list[str] | None = None) -> Job:
+                 examples_per_class, lr, n) -> Job:
     from ..requests import SweepRequest
 
     request = SweepRequest(base=base, finetuned=finetuned, task=task, **columns, sparsities=parse_budgets(budgets),
                            steps=whole(steps) or 0, examples_per_class=whole(examples_per_class), lr=float(lr or 0),
-                           ood=list(ood or []), n=whole(n))
+                           n=whole(n))
     title = (f"Sparsity sweep on '{store.short_ref(task)}' ({len(request.sparsities)} budgets × "
              f"{len(request.methods)} methods)")
     return submit(runner, request, title)

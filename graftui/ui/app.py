@@ -697,14 +697,13 @@ def build_app() -> gr.Blocks:
         cmp_run.click(on_compare, [cmp_regions, ood_dd, cmp_n, cmp_base], [status, cmp_job, cmp_status])
 
         @safe
-        def on_sweep(base, finetuned, task, text, pair, label, budgets, steps, epc, lr, n, ood):
+        def on_sweep(base, finetuned, task, text, pair, label, budgets, steps, epc, lr, n):
             job = actions.submit_sweep(store.runner(), base=base, finetuned=finetuned, task=task,
                                        columns=columns(task, text, pair, label), budgets=budgets, steps=steps, examples_per_class=epc,
-                                       lr=lr, n=n, ood=ood)
+                                       lr=lr, n=n)
             return submitted(job), picker_for(("sweep",), "latest sweep", job), actions.job_status_line(job)
 
-        swp_run.click(on_sweep, [base_dd, ft_dd, task_dd, text_col, pair_col, label_col, swp_budgets, loc_steps, loc_epc, loc_lr, cmp_n,
-                       ood_dd],
+        swp_run.click(on_sweep, [base_dd, ft_dd, task_dd, text_col, pair_col, label_col, swp_budgets, loc_steps, loc_epc, loc_lr, cmp_n],
                       [status, swp_job, swp_status])
 
         # ---------------------------------------------------------------- Anatomy

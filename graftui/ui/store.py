@@ -79,7 +79,7 @@ def downloads_dir() -> Path:
 
 def served_dirs() -> list[str]:
     """The only folders under GRAFTUI_HOME whose files the page may download."""
-    return [str(regions_dir()), str(downloads_dir())]
+    return [str(regions_dir()), str(downloads_dir()), str(settings.subdir("reports"))]
 
 
 _SAFE = re.compile(r"[^A-Za-z0-9._-]+")
