@@ -270,9 +270,19 @@ def _gain(graft, ft, bare):
     return None if None in (graft, ft, bare) or ft == bare else (graft - bare) / (ft - bare)
 
 
+MIN_GAIN = 0.02  # a fine-tune that gains less over the bare body than this did not learn the task
+METHOD_ORDER = ["learned", "top-movement", "random"]
+EVALUATED_AS = {"Top movement": "top-movement", "Random": "random"}  # baseline labels of the evaluate step
+
+
+def _graft_label(rows: list[dict]) -> str:
+    """The evaluated region's row label: neither FT, nor the bare body, nor a baseline."""
+    return next(r["model"] for r in rows if r["model"] not in (FT_LABEL, BODY_LABEL, *EVALUATED_AS))
+
+
 def _calibration(doc: dict, setting: str) -> dict:
     rows = doc["rows"]
-    graft_label = next(r["model"] for r in rows if r["model"] not in (FT_LABEL, BODY_LABEL))
+    graft_label = _graft_label(rows)
     ft, graft = _row(rows, FT_LABEL), _row(rows, graft_label)
     change = _ratio(graft["ece"] - ft["ece"], ft["ece"])
     return {"setting": setting, "task": doc["task"], "n": ft["n"],
@@ -280,11 +290,6 @@ def _calibration(doc: dict, setting: str) -> dict:
             "graft": {"accuracy": graft["accuracy"], "ece": graft["ece"], "k": graft["region_size"]},
             "ece_change": change, "graft_better_calibrated": graft["ece"] < ft["ece"],
             "reliability": {FT_LABEL: doc["reliability"].get(FT_LABEL), "graft": doc["reliability"].get(graft_label)}}
-
-
-MIN_GAIN = 0.02  # a fine-tune that gains less over the bare body than this did not learn the task
-METHOD_ORDER = ["learned", "top-movement", "random"]
-EVALUATED_AS = {"Top movement": "top-movement", "Random": "random"}  # baseline labels of the evaluate step
 
 
 def _sweep_rows(ev: dict, graft_label: str, ft_accuracy: float) -> list[dict]:
@@ -304,7 +309,7 @@ def build_report(scale: Scale, R: dict, log: list[dict], seconds: float) -> dict
     """report.json: one key per experiment, numbers only (report.md says them in words)."""
     ev, sweep = R["evaluate"], R["sweep"]
     rows = ev["rows"]
-    graft_label = next(r["model"] for r in rows if r["model"] not in (FT_LABEL, BODY_LABEL, "Top movement", "Random"))
+    graft_label = _graft_label(rows)
     ft, bare, graft = _row(rows, FT_LABEL), _row(rows, BODY_LABEL), _row(rows, graft_label)
     ood = {}
     for t in ev["ood"]:
