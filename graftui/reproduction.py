@@ -22,7 +22,8 @@ from .errors import Cancelled
 from .flows import FLOWS, LOCAL, Guard, Progress, Result, finish
 from .requests import (
     DEFAULT_MULTITASK_TASKS, DEFAULT_SPARSITY, DEFAULT_TASK, ContinualRequest, EvaluateRequest, FinetuneRequest,
-    LocalizeRequest, MultitaskRequest, ReproduceRequest, RetrainRequest, SweepRequest, WiseRequest, command_line,
+    MANIFEST, LocalizeRequest, MultitaskRequest, ReproduceRequest, RetrainRequest, SweepRequest, WiseRequest,
+    check_out_dir, command_line,
 )
 from .scoring import BODY_LABEL, FT_LABEL
 
@@ -75,6 +76,11 @@ def _new(cls, **fields):
     return cls(**{**cls.defaults(), **{k: v for k, v in fields.items() if v is not None}})
 
 
+def _optimizer_key(optimizer: str, l1: float) -> str:
+    """The step-name suffix of an extra fine-tune (Fig. 5): finetune-<key>, sweep-<key>."""
+    return "optimizer-" + optimizer + ("-l1" if l1 else "")
+
+
 def plan(scale: Scale, out: Path) -> list[Step]:
     """Every step of a run, in order; a step's request may use the results of the steps before it."""
     r = scale.recipe
@@ -112,7 +118,7 @@ def plan(scale: Scale, out: Path) -> list[Step]:
                             out=str(made / "continual")), "continual"),
     ]
     for label, optimizer, l1 in scale.optimizers:
-        key = "optimizer-" + optimizer + ("-l1" if l1 else "")
+        key = _optimizer_key(optimizer, l1)
         steps += [
             Step(f"finetune-{key}", f"fine-tune on {task} with {label}",
                  lambda R, o=optimizer, l1=l1: _new(FinetuneRequest, task=task, optimizer=o, l1=l1,
@@ -160,9 +166,6 @@ def _saved(path: Path, request) -> dict | None:
     return result
 
 
-MANIFEST = "reproduce.json"  # marks a folder this command wrote, and with which scale
-
-
 def _check_folder(out: Path, scale: Scale) -> None:
     """A new or empty folder, or one an earlier run of the same scale wrote (then it is resumed)."""
     from .errors import RequestError
@@ -176,8 +179,8 @@ def _check_folder(out: Path, scale: Scale) -> None:
         if made != scale.name:
             raise RequestError(f"'{out}' holds a {made or 'damaged'} reproduce run, not a {scale.name} one; give a new "
                                "--out, or the same options as that run to resume it")
-    elif out.is_dir() and any(out.iterdir()):
-        raise RequestError(f"output folder '{out}' exists and is not empty; choose a new folder")
+    else:
+        check_out_dir(str(out))
 
 
 def _clear(path: Path) -> None:
@@ -222,32 +225,29 @@ def reproduce(req: ReproduceRequest, progress: Progress | None = None, cancel=No
         # a step is reused only while every step before it was: a re-run step may change what later ones read
         saved = None if req.fresh or len(reused) < i - 1 else _saved(done_files[step.name], request)
         if saved is not None:
-            results[step.name] = saved
             reused.append(step.name)
-            log.append({"step": step.name, "title": step.title, "command": command_line(request),
-                        "seconds": saved.get("seconds"), "reused": True})
-            spent += cost
-            say(f"[{i}/{len(steps)}] {step.title}: saved by an earlier run, reused", spent / estimate)
-            continue
-        say(f"[{i}/{len(steps)}] {step.title} (about {_minutes(cost)})", spent / estimate)
-        if getattr(request, "out", None) and Path(request.out).is_relative_to(out / "regions"):
-            _clear(Path(request.out))  # this step's own files from an interrupted attempt
+            say(f"[{i}/{len(steps)}] {step.title}: saved by an earlier run, reused", (spent + cost) / estimate)
+        else:
+            say(f"[{i}/{len(steps)}] {step.title} (about {_minutes(cost)})", spent / estimate)
+            if getattr(request, "out", None) and Path(request.out).is_relative_to(out / "regions"):
+                _clear(Path(request.out))  # this step's own files from an interrupted attempt
 
-        def inner(event: dict, i=i, step=step, cost=cost) -> None:
-            if not progress:
-                return
-            part = event.get("fraction")
-            if part is None and event.get("steps"):
-                part = event.get("step", 0) / max(event["steps"], 1)
-            shown[0] = max(shown[0], min(0.999, (spent + cost * float(part or 0)) / estimate))  # never backwards
-            progress({"stage": f"[{i}/{len(steps)}] {step.title}: {event.get('stage', '')}".rstrip(": "),
-                      "fraction": shown[0]})
+            def inner(event: dict, i=i, step=step, cost=cost) -> None:
+                if not progress:
+                    return
+                part = event.get("fraction")
+                if part is None and event.get("steps"):
+                    part = event.get("step", 0) / max(event["steps"], 1)
+                shown[0] = max(shown[0], min(0.999, (spent + cost * float(part or 0)) / estimate))  # never backwards
+                progress({"stage": f"[{i}/{len(steps)}] {step.title}: {event.get('stage', '')}".rstrip(": "),
+                          "fraction": shown[0]})
 
-        result: Result = FLOWS[request.verb](request, progress=inner, cancel=cancel, guard=guard)
-        Result.save(result, done_files[step.name])  # the JSON report (a localize result's own save writes its region)
-        results[step.name] = json.loads(done_files[step.name].read_text())["result"]
+            result: Result = FLOWS[request.verb](request, progress=inner, cancel=cancel, guard=guard)
+            Result.save(result, done_files[step.name])  # the JSON report (a localize result's own save writes its region)
+            saved = json.loads(done_files[step.name].read_text())["result"]
+        results[step.name] = saved
         log.append({"step": step.name, "title": step.title, "command": command_line(request),
-                    "seconds": round(result.seconds, 1), "reused": False})
+                    "seconds": round(saved.get("seconds") or 0, 1), "reused": step.name in reused})
         spent += cost
     report = build_report(scale, results, log, time.time() - start)
     write_report(out, report)
@@ -353,7 +353,7 @@ def build_report(scale: Scale, R: dict, log: list[dict], seconds: float) -> dict
     optimizers = {"SGD": {"ft_accuracy": sweep["ft_accuracy"], "rows": [r for r in sweep_rows
                                                                         if r["method"] in ("learned", "top-movement")]}}
     for label, optimizer, l1 in scale.optimizers:
-        key = "optimizer-" + optimizer + ("-l1" if l1 else "")
+        key = _optimizer_key(optimizer, l1)
         optimizers[label] = {"ft_accuracy": R[f"sweep-{key}"]["ft_accuracy"], "rows": R[f"sweep-{key}"]["rows"]}
     notes = [f"{entry['step']}: {note}" for entry in log for note in (R[entry["step"]].get("notes") or [])]
     return {

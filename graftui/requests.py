@@ -699,7 +699,10 @@ class ContinualRequest(RecipeFields, LearnFields):
         check_out_dir(self.out)
 
 
-# -- everything at once (flow in reproduce.py) ------------------------------------------------------------
+# -- everything at once (flow in reproduction.py) --------------------------------------------------------
+MANIFEST = "reproduce.json"  # marks a report folder that `graftui reproduce` wrote, and with which scale
+
+
 @_register
 @dataclass
 class ReproduceRequest(Request):
@@ -716,7 +719,7 @@ class ReproduceRequest(Request):
                           "(default $GRAFTUI_HOME/reports/reproduce-quick or reproduce-full)", metavar="DIR")
 
     def check(self) -> None:
-        if self.out is not None and (Path(self.out).expanduser() / "reproduce.json").is_file():
+        if self.out is not None and (Path(self.out).expanduser() / MANIFEST).is_file():
             return  # an earlier run's folder: resumed (the flow checks that the run's size matches)
         check_out_dir(self.out)
 
