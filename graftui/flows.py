@@ -13,6 +13,7 @@ offline defaults and the server's own files (``graftui.ui.store.guard()``).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -29,11 +30,11 @@ from .data import OFFLINE_TASKS, Task, kshot, load_task
 from .errors import Cancelled, DataError, ModelError, RegionError, RequestError
 from .methods import Budget, get_method, run_method
 from .method import region_size
-from .models import GraftableSpec, ModelPair, resolve
+from .models import GraftableSpec, ModelPair, pair_kind, resolve
 from .regions import RegionRecord
 from .requests import (
     DEFAULT_BASE, DEFAULT_EXAMPLES_PER_CLASS, DEFAULT_FINETUNED, DEFAULT_FINETUNED_REFS, DEFAULT_TASK, AnatomyRequest,
-    ComposeRequest, EvaluateRequest, ExportRequest, FinetuneRequest, LocalizeRequest, Request, SweepRequest,
+    ComposeRequest, EvaluateRequest, ExportRequest, FinetuneRequest, LoadOptions, LocalizeRequest, Request, SweepRequest,
     default_checkpoint_dir, from_dict,
 )
 from . import scoring
@@ -65,15 +66,18 @@ _pairs_lock = threading.Lock()
 PAIR_CACHE_SIZE = 2
 
 
-def load_pair(base: str, finetuned: str, spec: GraftableSpec = GraftableSpec(), *, allow_local: bool = True) -> ModelPair:
+def load_pair(base: str, finetuned: str, spec: GraftableSpec = GraftableSpec(), *, options: LoadOptions = LoadOptions(),
+              labels=None, allow_local: bool = True) -> ModelPair:
     """A ModelPair, from a small cache: the working model is always left at pre body + FT head."""
-    key = (base, finetuned, spec, allow_local)
+    labels = tuple(labels) if labels else None
+    key = (base, finetuned, spec, options, labels, allow_local)
     with _pairs_lock:
         if key in _pairs:
             _pairs.move_to_end(key)
             return _pairs[key]
-    pair = ModelPair.load(base, finetuned, spec, allow_local=allow_local)
-    pair.to(settings.device())
+    pair = ModelPair.load(base, finetuned, spec, options=options, labels=labels, allow_local=allow_local)
+    if not options.device_map:  # a device map has placed the model already
+        pair.to(settings.device())
     with _pairs_lock:
         _pairs[key] = pair
         while len(_pairs) > PAIR_CACHE_SIZE:
@@ -122,12 +126,21 @@ def get_task(ref: str, spec, guard: Guard) -> Task:
     return guard.checked_task(load_task(ref, spec, allow_local=guard.allow_local(tasks=[ref])))
 
 
-def get_pair(base: str, finetuned: str, spec: GraftableSpec, guard: Guard, progress=None, cancel=None) -> ModelPair:
+def get_pair(base: str, finetuned: str, spec: GraftableSpec, guard: Guard, progress=None, cancel=None,
+             options: LoadOptions = LoadOptions(), labels=None) -> ModelPair:
+    """The pair, read as ``options`` say; ``labels`` (the task's) order a language model's label words."""
     allow = guard.allow_local(models=[base, finetuned])
     ensure_models([finetuned], progress, cancel)
     if progress:
         progress({"stage": f"loading {short_ref(base)} and {short_ref(finetuned)}"})
-    return guard.checked_pair(load_pair(base, finetuned, spec, allow_local=allow))
+    return guard.checked_pair(load_pair(base, finetuned, spec, options=options, labels=labels, allow_local=allow))
+
+
+def prompt_notes(pair: ModelPair) -> list[str]:
+    """A note saying which prompt a language model was read with, when graftui chose its label words."""
+    if pair.prompt is not None and pair.prompt.chosen:
+        return [f"no label words given: {pair.prompt.describe()} (give --label-words to choose others)"]
+    return []
 
 
 def short_ref(ref) -> str:
@@ -214,12 +227,15 @@ def region_spec(records) -> list[GraftableSpec]:
     return [exact]
 
 
-def pair_for_regions(base, finetuned, records, guard: Guard, progress=None, cancel=None) -> ModelPair:
-    """The pair whose graftable tensors are exactly those the regions were made over."""
+def pair_for_regions(base, finetuned, records, guard: Guard, progress=None, cancel=None,
+                     options: LoadOptions | None = None) -> ModelPair:
+    """The pair whose graftable tensors are exactly those the regions were made over, read with their prompt."""
     specs = region_spec(records)
-    pair = get_pair(base, finetuned, specs[0], guard, progress, cancel)
+    options = options or regions.recorded_options(records[0].meta)
+    labels = records[0].meta.get("labels") or None
+    pair = get_pair(base, finetuned, specs[0], guard, progress, cancel, options, labels)
     if len(specs) > 1 and set(pair.graftable) != set(merged_shapes(records)):
-        pair = get_pair(base, finetuned, specs[1], guard, progress, cancel)
+        pair = get_pair(base, finetuned, specs[1], guard, progress, cancel, options, labels)
     return pair
 
 
@@ -296,11 +312,15 @@ def finetune(req: FinetuneRequest, progress: Progress | None = None, cancel=None
     check_model_ref(req.base)
     task = get_task(req.task, req.data_spec(), guard)
     allow = guard.allow_local(models=[req.base])
+    options = req.load_options()
     reused = False
     if req.out:
         out = Path(req.out).expanduser()
     else:
-        out = default_checkpoint_dir(f"{slug(req.base)}-{slug(task.name)}", config)
+        key = f"{slug(req.base)}-{slug(task.name)}"
+        if options.prompted() or options.head != "auto":
+            key += "-" + hashlib.sha256(json.dumps(options.as_dict(), sort_keys=True).encode()).hexdigest()[:6]
+        out = default_checkpoint_dir(key, config)
         reused = (out / "config.json").exists()
     if not reused:
         def step(p):
@@ -308,19 +328,19 @@ def finetune(req: FinetuneRequest, progress: Progress | None = None, cancel=None
                 progress({"stage": f"fine-tuning on {task.name}", **asdict(p)})
 
         training.finetune(req.base, task, config, out, progress=step, cancel=cancel, allow_local=allow,
-                          request=req.as_dict())
+                          request=req.as_dict(), options=options)
     if progress:
         progress({"stage": "testing", "fraction": 0.99})
     from types import SimpleNamespace
 
-    from .models import load_classifier, load_tokenizer
-
-    model, _ = load_classifier(str(out))
-    checkpoint = SimpleNamespace(model=model.to(settings.device()), tokenizer=load_tokenizer(str(out)))
+    model, tokenizer, _ = training.load_trainable(str(out), task.label_names, LoadOptions(head=options.head,
+                                                                                          dtype=options.dtype))
+    checkpoint = SimpleNamespace(model=model.eval().to(settings.device()), tokenizer=tokenizer)
     probs, labels = scoring.predict(checkpoint, task, "test", req.test_examples)
     accuracy, n = scoring.metrics.accuracy(probs, labels), len(labels)
+    notes = [f"fine-tuned through its prompt: {tokenizer.prompt.describe()}"] if getattr(tokenizer, "prompt", None) else []
     finish(progress)
-    return FinetuneResult(req, [], time.time() - start, str(out), reused, task.name, accuracy, n, config.as_dict())
+    return FinetuneResult(req, notes, time.time() - start, str(out), reused, task.name, accuracy, n, config.as_dict())
 
 
 # -- localize --------------------------------------------------------------------------------------
@@ -453,7 +473,13 @@ def localize(req: LocalizeRequest, progress: Progress | None = None, cancel=None
     notes: list[str] = []
     if task is not None:
         _examples_per_class(req, task, [])  # a bad k-shot size fails before any model is loaded
-    pair = get_pair(req.base, req.finetuned, req.graftable_spec(), guard, progress, cancel)
+    options = req.load_options()
+    if task is None and not is_default_finetuned(req.finetuned) and \
+            pair_kind(req.finetuned, options, allow_local=guard.allow_local(models=[req.finetuned])) != "classifier":
+        task = get_task(req.task, req.data_spec(), guard)  # a language model's label words follow the task's labels
+    pair = get_pair(req.base, req.finetuned, req.graftable_spec(), guard, progress, cancel, options,
+                    task.label_names if task else None)
+    notes += prompt_notes(pair)
     k = req.budget().resolve(pair.counts()["graftable"])
     if progress:
         progress({"stage": f"budget k = {k:,}", "k": k})
@@ -541,19 +567,21 @@ def evaluate(req: EvaluateRequest, progress: Progress | None = None, cancel=None
         check_model_ref(finetuned)
     task = get_task(task_ref, spec, guard)
     oods = ood_tasks(req, task_ref, task, guard, notes)
+    options = req.load_options(regions.recorded_options(first) if records else None)
     if from_patch:
         if progress:
             progress({"stage": f"loading {short_ref(base)} with the patch"})
-        pair = guard.checked_pair(regions.pair_from_patch(base, _merge_patches(records, labels),
+        pair = guard.checked_pair(regions.pair_from_patch(base, _merge_patches(records, labels), options,
                                                           allow_local=guard.allow_local(models=[base])))
         pair.to(settings.device())
         notes.append(f"the fine-tuned model '{first.get('finetuned')}' cannot be loaded here: '{scoring.FT_LABEL}' is "
                      "rebuilt from the patch (equal to the fine-tuned model inside the region only); give --finetuned "
                      "for the real one")
     elif records:
-        pair = pair_for_regions(base, finetuned, records, guard, progress, cancel)
+        pair = pair_for_regions(base, finetuned, records, guard, progress, cancel, options)
     else:
-        pair = get_pair(base, finetuned, GraftableSpec(), guard, progress, cancel)
+        pair = get_pair(base, finetuned, GraftableSpec(), guard, progress, cancel, options, task.label_names)
+    notes += prompt_notes(pair)
     for path, record in zip(req.regions, records):
         try:
             regions.check_fits(record, pair)
@@ -612,8 +640,10 @@ def sweep(req: SweepRequest, progress: Progress | None = None, cancel=None, guar
     methods = list(dict.fromkeys(req.methods))
     if any(get_method(m).needs_data for m in methods):
         _examples_per_class(req, task, [])
-    pair = get_pair(req.base, req.finetuned, req.graftable_spec(), guard, progress, cancel)
+    pair = get_pair(req.base, req.finetuned, req.graftable_spec(), guard, progress, cancel, req.load_options(),
+                    task.label_names)
     scoring.check_labels(pair, task)
+    notes += prompt_notes(pair)
 
     def score(region):
         """(metrics in distribution, {OOD task: accuracy}) of a graft; ``None`` is the fine-tuned model."""
@@ -829,10 +859,12 @@ def export(req: ExportRequest, progress: Progress | None = None, cancel=None, gu
         check_model_ref(req.finetuned)
     if progress:
         progress({"stage": "loading models", "fraction": 0.1})
+    options = req.load_options(regions.recorded_options(record.meta))
     if req.finetuned is None:
-        pair = guard.checked_pair(regions.pair_from_patch(base, record, allow_local=guard.allow_local(models=[base])))
+        pair = guard.checked_pair(regions.pair_from_patch(base, record, options,
+                                                          allow_local=guard.allow_local(models=[base])))
     else:
-        pair = pair_for_regions(base, req.finetuned, [record], guard, progress, cancel)
+        pair = pair_for_regions(base, req.finetuned, [record], guard, progress, cancel, options)
         regions.check_fits(record, pair)
     if progress:
         progress({"stage": "writing the grafted checkpoint", "fraction": 0.5})

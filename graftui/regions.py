@@ -68,6 +68,8 @@ class RegionRecord:
 
 def make_record(pair, indices: Region, meta: dict) -> RegionRecord:
     """Attach shapes and the standard metadata of ``pair`` to a region."""
+    from .models import architecture
+
     counts = pair.counts()
     full = {
         "format": FORMAT_VERSION,
@@ -76,7 +78,9 @@ def make_record(pair, indices: Region, meta: dict) -> RegionRecord:
         "base_sha256": pair.hashes.get("base"),
         "finetuned_sha256": pair.hashes.get("finetuned"),
         "labels": list(pair.label_names),
-        "architecture": type(pair.model).__name__,
+        "architecture": architecture(pair.model),
+        "loading": pair.loading_record(),
+        "prompt": pair.prompt.as_dict() if pair.prompt else None,
         "k": region_size(indices),
         "graftable_params": counts["graftable"],
         "total_params": counts["total"],
@@ -222,16 +226,44 @@ def _first_line(err: Exception) -> str:
 
 
 # -- a pair from a patch, and export -------------------------------------------------------------
-def pair_from_patch(base_ref: str, record: RegionRecord, **load_kwargs):
+def recorded_options(meta: dict, **overrides):
+    """The LoadOptions a region was made with (its prompt), with ``overrides`` on top."""
+    from .requests import LoadOptions
+
+    loading = meta.get("loading") if isinstance(meta.get("loading"), dict) else {}
+    from .requests import HEADS
+
+    known = {"head", "template", "label_words", "label_scoring"}  # the prompt; dtype and placement are the reader's
+    values = {k: v for k, v in loading.items() if k in known and isinstance(v, str)}
+    if values.get("head") not in HEADS:
+        values.pop("head", None)
+    return LoadOptions(**{**values, **{k: v for k, v in overrides.items() if v is not None}})
+
+
+def pair_from_patch(base_ref: str, record: RegionRecord, options=None, **load_kwargs):
     """Base + patch as a ModelPair whose 'fine-tuned' values are the patch (exact inside the region)."""
-    from .models import GraftableSpec, ModelPair, load_classifier, load_tokenizer, new_parameters
+    from .models import (
+        GraftableSpec, ModelPair, load_classifier, load_prompted, load_tokenizer, new_parameters, pair_kind,
+        prompt_tokenizer,
+    )
 
     if not record.is_patch:
         raise RegionError("this file is a region without values: give the fine-tuned checkpoint too, or a skill patch")
+    options = options or recorded_options(record.meta)
     labels = tuple(record.meta.get("labels") or ())
-    base, info = load_classifier(base_ref, label_names=labels or None, **load_kwargs)
-    head_names = new_parameters(info) | set(record.head or ())
-    finetuned, _ = load_classifier(base_ref, label_names=labels or None, **load_kwargs)
+    kind = pair_kind(base_ref, options, allow_local=load_kwargs.get("allow_local", True))
+    kw = {**load_kwargs, "dtype": options.dtype, "device_map": options.device_map}
+    if kind in ("causal-lm", "masked-lm"):
+        tokenizer = prompt_tokenizer(base_ref, kind, labels, options, allow_local=load_kwargs.get("allow_local", True))
+        base, finetuned = load_prompted(base_ref, tokenizer, **kw), load_prompted(base_ref, tokenizer, **kw)
+        head_names, fixed = set(record.head or ()), finetuned.head_names()
+        labels = tokenizer.prompt.labels
+    else:
+        base, info = load_classifier(base_ref, label_names=labels or None, as_classifier=options.head == "classifier", **kw)
+        head_names, fixed = new_parameters(info) | set(record.head or ()), set()
+        finetuned, _ = load_classifier(base_ref, label_names=labels or None, as_classifier=options.head == "classifier",
+                                       **kw)
+        tokenizer = load_tokenizer(base_ref, **{k: v for k, v in load_kwargs.items() if k != "label_names"})
     params = dict(finetuned.named_parameters())
     spec = GraftableSpec(include_embeddings=True, names=tuple(record.shapes))
     with torch.no_grad():
@@ -245,10 +277,9 @@ def pair_from_patch(base_ref: str, record: RegionRecord, **load_kwargs):
             if tuple(params[name].shape) != tuple(record.shapes[name]):
                 raise RegionError(f"the patch was made for {name} of shape {list(record.shapes[name])}")
             params[name].data.view(-1)[idx] = record.values[name].to(params[name].dtype)
-    pair = ModelPair.from_models(
-        base, finetuned, load_tokenizer(base_ref, **{k: v for k, v in load_kwargs.items() if k != "label_names"}),
-        head_names, spec, base_ref, f"patch:{record.meta.get('finetuned', '?')}", labels,
-    )
+    pair = ModelPair.from_models(base, finetuned, tokenizer, head_names, spec, base_ref,
+                                 f"patch:{record.meta.get('finetuned', '?')}", labels, fixed)
+    pair.prompt, pair.options = getattr(tokenizer, "prompt", None), options
     missing = set(record.shapes) - set(pair.graftable)
     if missing:
         raise RegionError(f"the patch expects graftable tensors this base lacks (first: {sorted(missing)[0]})")

@@ -26,7 +26,10 @@ from .errors import RequestError
 DEFAULT_BASE = "minilm"
 DEFAULT_FINETUNED = "minilm-movies"
 DEFAULT_TASK = "movies"
-DEFAULT_FINETUNED_REFS = {DEFAULT_FINETUNED: (DEFAULT_BASE, DEFAULT_TASK)}  # built on first use, then cached
+DEFAULT_FINETUNED_REFS = {  # built on first use, then cached
+    DEFAULT_FINETUNED: (DEFAULT_BASE, DEFAULT_TASK),
+    "smollm2-movies": ("smollm2", DEFAULT_TASK),  # prompt-based fine-tuning of a causal LM (the paper's main setting)
+}
 SENTIMENT_TASKS = ("movies", "amazon", "tweets")  # one label space: each is out of distribution for the others
 DEFAULT_MULTITASK_TASKS = ("movies", "amazon", "bbc")  # a similar pair (two sentiment tasks) and a dissimilar task
 DEFAULT_SPARSITY = 1e-3
@@ -66,6 +69,34 @@ class LearnConfig:
         return asdict(self)
 
 
+# -- how checkpoints are read ----------------------------------------------------------------------------
+DTYPES = ("float32", "bfloat16", "float16", "auto")
+HEADS = ("auto", "classifier", "causal-lm", "masked-lm")
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """How a pair is read: as which kind of model, with which prompt, in which dtype and placement.
+
+    ``head`` "auto" reads the checkpoint's own kind: a sequence classifier as one, a causal or masked
+    LM through a template and label words (prompts.py). What is not given comes from the
+    fine-tuned checkpoint's recorded prompt, then from the defaults.
+    """
+
+    head: str = "auto"
+    template: str | None = None
+    label_words: str | None = None
+    label_scoring: str = "first"
+    dtype: str = "float32"
+    device_map: str | None = None
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def prompted(self) -> bool:
+        return bool(self.template or self.label_words or self.label_scoring != "first")
+
+
 # -- fine-tuning recipes -----------------------------------------------------------------------------
 @dataclass(frozen=True)
 class FinetuneConfig:
@@ -101,7 +132,8 @@ class FinetuneConfig:
             raise RequestError(f"train examples must be 0 (all) or more, got {self.train_examples}")
 
 
-LR_FOR = {"sgd": 0.003, "adamw": 3e-5}  # default learning rate of each optimizer
+LR_FOR = {"sgd": 0.003, "adamw": 3e-5}
+SMOLLM2_LR, SMOLLM2_TRAIN = 0.003, 480  # default learning rate of each optimizer
 DEFAULT_RECIPE = FinetuneConfig()
 QUICK_RECIPE = FinetuneConfig(epochs=1, train_examples=256, lr=0.01)  # GRAFTUI_FAST: seconds, weaker
 
@@ -111,9 +143,22 @@ def default_recipe() -> FinetuneConfig:
     return QUICK_RECIPE if settings.fast() else DEFAULT_RECIPE
 
 
+# The causal-LM default: a short prompt-based fine-tune (each step is ~3.5 s on 2 CPU cores), the
+# label words of the paper's SST-2 prompt; the LM head and the embeddings stay fixed.
+SMOLLM2_RECIPE = FinetuneConfig(lr=SMOLLM2_LR, epochs=1, train_examples=SMOLLM2_TRAIN)
+DEFAULT_LOADING = {"smollm2-movies": LoadOptions(template="{text} It was", label_words="negative= bad,positive= good")}
+
+
+def recipe_for(key: str) -> FinetuneConfig:
+    """The recipe of one default fine-tuned checkpoint."""
+    if key == "smollm2-movies" and not settings.fast():
+        return SMOLLM2_RECIPE
+    return default_recipe()
+
+
 def default_checkpoint_dir(key: str = DEFAULT_FINETUNED, config: FinetuneConfig | None = None) -> Path:
     """Cache folder of a default fine-tuned checkpoint; its name changes with the recipe."""
-    config = config or default_recipe()
+    config = config or recipe_for(key)
     digest = hashlib.sha256(json.dumps([key, config.as_dict(), __version__.split(".")[0]]).encode()).hexdigest()[:8]
     return settings.subdir("checkpoints") / f"{key}-{digest}"
 
@@ -229,6 +274,44 @@ H_TASK = "offline task (see 'graftui tasks'), a CSV/TSV/JSON(L)/Parquet file or 
 class PairFields(Request):
     base: str = arg(DEFAULT_BASE, H_BASE, metavar="REF", group="models")
     finetuned: str = arg(DEFAULT_FINETUNED, H_FT, metavar="REF", group="models")
+
+
+H_LOAD = "model loading"
+
+
+@dataclass
+class LoadFields(Request):
+    """How the models are read (prompts.py): their head, the prompt of a language model, dtype and placement."""
+
+    head: str = arg("auto", "read the models as: auto (their own kind), classifier, causal-lm or masked-lm",
+                    choices=HEADS, group=H_LOAD)
+    template: str | None = arg(None, "prompt of a language model, with {text} (and {text_pair}; {mask} for a masked "
+                               "LM), e.g. '{text} It was' (default: the checkpoint's own, else '{text} It was' / "
+                               "'{text} It was {mask}.')", metavar="TEXT", group=H_LOAD)
+    label_words: str | None = arg(None, "one word per label, taken verbatim (leading space included), e.g. "
+                                  "'negative= bad,positive= good' (default: the checkpoint's own, else each "
+                                  "label's name after a space)", metavar="PAIRS", group=H_LOAD)
+    label_scoring: str = arg("first", "score a label word by its first token (the paper's) or by all its tokens "
+                             "(causal LMs)", choices=("first", "all"), group=H_LOAD)
+    dtype: str = arg("float32", "dtype the models are loaded in ('auto': the checkpoint's own)", choices=DTYPES,
+                     group=H_LOAD)
+    device_map: str | None = arg(None, "'auto' spreads a model too big for one device over the GPUs and the CPU "
+                                 "(needs accelerate)", metavar="MAP", group=H_LOAD)
+
+    def load_options(self, recorded: LoadOptions | None = None) -> LoadOptions:
+        """The request's options; what it leaves at the default comes from ``recorded`` (a region's prompt)."""
+        recorded = recorded or LoadOptions()
+        pick = lambda name, default: getattr(self, name) if getattr(self, name) != default else getattr(recorded, name)  # noqa: E731
+        return LoadOptions(head=pick("head", "auto"), template=pick("template", None),
+                           label_words=pick("label_words", None), label_scoring=pick("label_scoring", "first"),
+                           dtype=self.dtype, device_map=self.device_map)
+
+    def check_loading(self) -> None:
+        if self.device_map not in (None, "auto", "cpu") and not str(self.device_map).startswith("cuda"):
+            raise RequestError(f"--device-map '{self.device_map}': use auto, cpu or cuda[:N]")
+        if self.head == "classifier" and (self.template or self.label_words):
+            raise RequestError("--template and --label-words are for language models; drop them or use --head causal-lm "
+                               "or masked-lm")
 
 
 @dataclass
@@ -378,7 +461,7 @@ def check_methods(names) -> None:
 # -- the verbs -------------------------------------------------------------------------------------------
 @_register
 @dataclass
-class FinetuneRequest(TaskFields):
+class FinetuneRequest(LoadFields, TaskFields):
     """Fine-tune a base model on a task and write a Hugging Face checkpoint folder."""
 
     verb: ClassVar[str] = "finetune"
@@ -419,11 +502,12 @@ class FinetuneRequest(TaskFields):
         self.recipe().validate()
         check_at_least_one("test_examples", self.test_examples)
         check_out_dir(self.out)
+        self.check_loading()
 
 
 @_register
 @dataclass
-class LocalizeRequest(GraftableFields, LearnFields, TaskFields, PairFields):
+class LocalizeRequest(LoadFields, GraftableFields, LearnFields, TaskFields, PairFields):
     """Find the k parameters of the fine-tuned model that carry the task's skill."""
 
     verb: ClassVar[str] = "localize"
@@ -449,12 +533,13 @@ class LocalizeRequest(GraftableFields, LearnFields, TaskFields, PairFields):
             check_sparsity(self.sparsity)
         self.check_learning()
         self.check_modules()
+        self.check_loading()
         check_out_file(self.out)
 
 
 @_register
 @dataclass
-class EvaluateRequest(TaskFields):
+class EvaluateRequest(LoadFields, TaskFields):
     """Accuracy, F1, ECE and agreement with FT, in and out of distribution, for FT, the bare body and grafts."""
 
     verb: ClassVar[str] = "evaluate"
@@ -477,6 +562,7 @@ class EvaluateRequest(TaskFields):
             check_region_file(path)
         check_sparsity(self.sparsity)
         check_at_least_one("n", self.n)
+        self.check_loading()
 
     def ood_tasks(self, task: str) -> list[str]:
         if self.no_ood:
@@ -489,7 +575,7 @@ class EvaluateRequest(TaskFields):
 
 @_register
 @dataclass
-class SweepRequest(GraftableFields, LearnFields, TaskFields, PairFields):
+class SweepRequest(LoadFields, GraftableFields, LearnFields, TaskFields, PairFields):
     """Localize at several budgets with several methods and test each graft (accuracy against region size)."""
 
     verb: ClassVar[str] = "sweep"
@@ -513,6 +599,7 @@ class SweepRequest(GraftableFields, LearnFields, TaskFields, PairFields):
         check_at_least_one("n", self.n)
         self.check_learning()
         self.check_modules()
+        self.check_loading()
 
 
 @_register
@@ -558,7 +645,7 @@ class ComposeRequest(Request):
 
 @_register
 @dataclass
-class ExportRequest(Request):
+class ExportRequest(LoadFields):
     """Write θ_pre + γ⊙(θ_ft − θ_pre) as a normal Hugging Face checkpoint folder."""
 
     verb: ClassVar[str] = "export"
@@ -574,6 +661,7 @@ class ExportRequest(Request):
         if self.region is not None:
             check_region_file(self.region)
         check_out_dir(self.out)
+        self.check_loading()
 
 
 

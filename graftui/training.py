@@ -20,8 +20,11 @@ import torch
 from . import __version__, settings
 from .data import batches, subsample
 from .errors import Cancelled, ModelError
-from .models import DEFAULT_FINETUNED_REFS, GraftableSpec, load_classifier, load_tokenizer, new_parameters
-from .requests import FinetuneConfig, default_checkpoint_dir, default_recipe
+from .models import (
+    DEFAULT_FINETUNED_REFS, GraftableSpec, load_classifier, load_prompted, load_tokenizer, new_parameters, pair_kind,
+    prompt_tokenizer,
+)
+from .requests import FinetuneConfig, LoadOptions, default_checkpoint_dir, default_recipe
 
 
 def optimizer(params: list, config: FinetuneConfig) -> torch.optim.Optimizer:
@@ -52,10 +55,13 @@ def finetune(
     device: str | None = None,
     allow_local: bool = True,
     request: dict | None = None,
+    options: LoadOptions = LoadOptions(),
 ) -> Path:
     """Fine-tune ``base_ref`` on ``task`` and write an HF checkpoint (safetensors) with a record.
 
-    The record (``graftui_record.json``) holds ``request``, so the checkpoint can be made again.
+    A language model is fine-tuned through its prompt (``options``; prompts.py), with its own head
+    and the embeddings fixed as in the paper; the prompt is saved beside the weights. The record
+    (``graftui_record.json``) holds ``request``, so the checkpoint can be made again.
     """
     config.validate()
     out_dir = Path(out_dir)
@@ -63,14 +69,13 @@ def finetune(
         raise ModelError(f"'{out_dir}' exists and is not empty; choose a new folder")
     device = device or settings.device()
     torch.manual_seed(config.seed)
-    model, info = load_classifier(base_ref, label_names=task.label_names, allow_local=allow_local)
-    tokenizer = load_tokenizer(base_ref, allow_local=allow_local)
+    model, tokenizer, fixed = load_trainable(base_ref, task.label_names, options, allow_local=allow_local,
+                                             freeze_head=config.freeze_head)
     model.to(device)
     frozen = GraftableSpec(include_embeddings=False)
-    head = new_parameters(info) if config.freeze_head else set()
     trainable = []
     for name, p in model.named_parameters():
-        p.requires_grad_(name not in head and not (config.freeze_embeddings and not frozen.admits(name)))
+        p.requires_grad_(name not in fixed and not (config.freeze_embeddings and not frozen.admits(name)))
         if p.requires_grad:
             trainable.append(p)
     anchors = [p.detach().clone() for p in trainable] if config.l1 else []
@@ -111,9 +116,26 @@ def finetune(
         "labels": list(task.label_names),
         "train_examples": len(train),
         "config": config.as_dict(),
+        "prompt": tokenizer.prompt.as_dict() if getattr(tokenizer, "prompt", None) else None,
         "request": request,
     })
     return out_dir
+
+
+def load_trainable(base_ref: str, labels, options: LoadOptions, *, allow_local: bool = True, freeze_head: bool = False):
+    """(model, tokenizer, names kept fixed): a classifier with a new head, or a language model with its prompt.
+
+    A language model's own head is always fixed (the paper's prompt-based fine-tuning); a new
+    classification head is fixed only when asked (``freeze_head``).
+    """
+    kind = pair_kind(base_ref, options, allow_local=allow_local)
+    if kind == "classifier":
+        model, info = load_classifier(base_ref, label_names=tuple(labels), allow_local=allow_local, dtype=options.dtype,
+                                      as_classifier=options.head == "classifier")
+        return model, load_tokenizer(base_ref, allow_local=allow_local), new_parameters(info) if freeze_head else set()
+    tokenizer = prompt_tokenizer(base_ref, kind, labels, options, allow_local=allow_local)
+    model = load_prompted(base_ref, tokenizer, allow_local=allow_local, dtype=options.dtype)
+    return model, tokenizer, model.head_names()
 
 
 def _save(out_dir: Path, models: list[tuple[str | None, torch.nn.Module]], tokenizer, record: dict) -> None:
@@ -266,10 +288,15 @@ def ensure_default_finetuned(
 
     if key not in DEFAULT_FINETUNED_REFS:
         raise ModelError(f"'{key}' is not a default fine-tuned model; those are {', '.join(DEFAULT_FINETUNED_REFS)}")
+    from .requests import DEFAULT_LOADING, recipe_for
+
     base_ref, task_ref = DEFAULT_FINETUNED_REFS[key]
     out = default_checkpoint_dir(key)
+    options = DEFAULT_LOADING.get(key, LoadOptions())
     with _default_lock:
         if (out / "config.json").exists():
             return out
-        return finetune(base_ref, load_task(task_ref), default_recipe(), out, progress=progress, cancel=cancel,
-                        request={"verb": "finetune", "base": base_ref, "task": task_ref})
+        return finetune(base_ref, load_task(task_ref), recipe_for(key), out, progress=progress, cancel=cancel,
+                        request={"verb": "finetune", "base": base_ref, "task": task_ref,
+                                 **{k: v for k, v in options.as_dict().items() if v != getattr(LoadOptions(), k)}},
+                        options=options)

