@@ -221,7 +221,7 @@ def test_the_page_polls_with_one_timer_event_and_hidden_panels_stay_untouched(ho
 
     from graftui.ui import app, store
 
-    monkeypatch.setattr(store, "default_ready", lambda: True)
+    monkeypatch.setattr(store, "default_ready", lambda key=None: True)
     demo = app.build_app()
     timers = [b for b in demo.blocks.values() if isinstance(b, gr.Timer)]
     ticks = [fn for fn in demo.fns.values() if any(t[0] == timers[0]._id and t[1] == "tick" for t in fn.targets)]
@@ -364,7 +364,7 @@ def test_compare_table_labels_every_column():
 def test_submit_prepare_is_skipped_when_the_default_is_cached(home, monkeypatch):
     from graftui.ui import actions, store
 
-    monkeypatch.setattr(store, "default_ready", lambda: True)
+    monkeypatch.setattr(store, "default_ready", lambda key=None: True)
     assert actions.submit_prepare(store.runner()) is None
 
 
@@ -419,7 +419,7 @@ def test_app_builds_with_the_named_tabs_and_stable_element_ids(home, monkeypatch
 
     from graftui.ui import app, store
 
-    monkeypatch.setattr(store, "default_ready", lambda: True)
+    monkeypatch.setattr(store, "default_ready", lambda key=None: True)
     demo = app.build_app()
     blocks = list(demo.blocks.values())
     tabs = [b.label for b in blocks if isinstance(b, gr.Tab)]

@@ -119,14 +119,58 @@ def submit(runner, request, title: str, on_result=None, kind: str | None = None)
     return runner.submit(kind or request.verb, title, fn, request.as_dict())
 
 
-def check_pair(base: str, finetuned: str) -> dict:
-    """Load (or reuse) the pair and describe it; a clear error when the two do not pair."""
+def prompt_fields(head=None, template=None, label_words=None) -> dict:
+    """The loading fields of a request from the prompt widgets (empty means: the checkpoint's own, or the default)."""
+    clean = lambda v: (str(v).strip("\n") if str(v).strip() else None) if v is not None else None  # noqa: E731
+    return {"head": head or "auto", "template": clean(template), "label_words": clean(label_words)}
+
+
+def check_pair(base: str, finetuned: str, prompt: dict | None = None, task: str | None = None,
+               columns: dict | None = None) -> dict:
+    """Load (or reuse) the pair and describe it; a clear error when the two do not pair.
+
+    A language model is read through the prompt widgets, with the task's labels ordering its label words.
+    """
     from .. import flows
     from ..models import GraftableSpec, ModelError
+    from ..requests import LoadFields
 
-    if flows.is_default_finetuned(finetuned) and not store.default_ready():
-        raise ModelError(f"'{finetuned}' is still being prepared: follow the 'Prepare default model' job below, then check again")
-    return flows.get_pair(base, finetuned, GraftableSpec(), store.guard()).describe()
+    if flows.is_default_finetuned(finetuned) and not store.default_ready(finetuned):
+        if finetuned.strip().lower() == flows.DEFAULT_FINETUNED:
+            raise ModelError(f"'{finetuned}' is still being prepared: follow the 'Prepare default model' job below, then "
+                             "check again")
+        raise ModelError(f"'{finetuned}' is built on first use: start a localization with it (the job builds it first, "
+                         "a few minutes on a CPU), then check again")
+    request = LoadFields(**(prompt or {}))
+    request.check_loading()
+    options = request.load_options()
+    guard = store.guard()
+    labels = None
+    if flows.is_default_finetuned(finetuned) or flows.pair_kind(finetuned, options, allow_local=guard.allow_local(
+            models=[finetuned])) != "classifier":
+        labels = load_task_checked(task, columns or {}).label_names if task else None
+    return flows.get_pair(base, finetuned, GraftableSpec(), guard, options=options, labels=labels).describe()
+
+
+def preview_prompt(finetuned: str, task: str, columns: dict, prompt: dict) -> dict:
+    """What a language model reads for the task's first training example, and each label word's tokens."""
+    from .. import flows
+    from ..models import ModelError, prompt_tokenizer
+    from ..requests import LoadFields
+
+    request = LoadFields(**prompt)
+    request.check_loading()
+    options = request.load_options()
+    guard = store.guard()
+    allow = guard.allow_local(models=[finetuned])
+    kind = flows.pair_kind(finetuned, options, allow_local=allow) if not flows.is_default_finetuned(finetuned) else "causal-lm"
+    if kind == "classifier":
+        raise ModelError(f"'{store.short_ref(finetuned)}' is a sequence classifier: it reads the text as it is, no prompt")
+    t = load_task_checked(task, columns)
+    tokenizer = prompt_tokenizer(finetuned, kind, t.label_names, options, allow_local=allow)
+    train = t.splits["train"]
+    return {**tokenizer.preview(train.texts[0], train.pairs[0] if train.pairs else None, t.max_length),
+            "describe": tokenizer.prompt.describe(), "kind": kind}
 
 
 def load_task_checked(ref: str, columns: dict):

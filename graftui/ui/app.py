@@ -20,7 +20,7 @@ import pandas as pd
 
 from .. import settings
 from ..data import OFFLINE_TASKS
-from ..requests import ContinualRequest, MultitaskRequest, WiseRequest
+from ..requests import HEADS, ContinualRequest, MultitaskRequest, WiseRequest
 from . import actions, figures, store
 
 OFFLINE_TASK_NAMES = list(OFFLINE_TASKS)
@@ -326,6 +326,24 @@ def build_app() -> gr.Blocks:
                     pair_md = gr.Markdown("Press **Check pair** to load both models and count their parameters.", elem_id="models-pair-info")
                 counts_df = gr.Dataframe(actions.counts_table({}), label="Parameter counts of the pair", interactive=False,
                                          elem_id="models-counts")
+                with gr.Accordion("Language models: prompt and label words", open=False,
+                                  elem_id="models-prompt") as prompt_acc:
+                    gr.Markdown("A causal or masked LM (e.g. `smollm2`) is read as the paper does: the example inside a "
+                                "template, each class scored by its label word under the LM's own fixed head. Leave the "
+                                "fields empty to use the checkpoint's own prompt, else `{text} It was` and each label's "
+                                "name as its word (said in every result).")
+                    with gr.Row():
+                        prompt_head = gr.Dropdown(list(HEADS), value="auto", label="Read the models as",
+                                                  info="auto: their own kind", elem_id="models-prompt-head", scale=0)
+                        prompt_template = gr.Textbox("", label="Template", placeholder="{text} It was",
+                                                     info="{text}, optional {text_pair}; {mask} for a masked LM",
+                                                     elem_id="models-prompt-template")
+                        prompt_words = gr.Textbox("", label="Label words", placeholder="negative= bad,positive= good",
+                                                  info="label=word pairs, words verbatim (leading space included)",
+                                                  elem_id="models-prompt-words")
+                    with gr.Row():
+                        preview_btn = gr.Button("Preview prompt", elem_id="models-prompt-preview", scale=0)
+                        preview_md = gr.Markdown("", elem_id="models-prompt-info")
                 gr.Markdown("### Task")
                 with gr.Row():
                     task_dd = gr.Dropdown(task_choices(), value="movies", allow_custom_value=True, label="Task (in-distribution)",
@@ -587,15 +605,33 @@ def build_app() -> gr.Blocks:
 
         # ---------------------------------------------------------------- Models
         @safe
-        def on_check(base, finetuned, log_s):
-            desc = actions.check_pair(base, finetuned)
+        def on_check(base, finetuned, log_s, task, text, pair, label, head, template, words):
+            desc = actions.check_pair(base, finetuned, actions.prompt_fields(head, template, words), task,
+                                      columns(task, text, pair, label))
             counts = {k: desc[f"{k}_params"] for k in ("graftable", "head", "excluded", "total")}
+            read = (f"head = {', '.join(desc['head_tensors']) or 'none'}" if desc["prompt"] is None else
+                    f"a {desc['kind']} read through its prompt `{desc['prompt']['template']}`, label words "
+                    + ", ".join(f"{lab} → `{w!r}`" for lab, w in zip(desc["prompt"]["labels"], desc["prompt"]["words"]))
+                    + (" (chosen from the label names)" if desc["prompt"]["chosen"] else "")
+                    + "; its own LM head and the embeddings stay fixed")
             info = (f"✓ **{desc['architecture']}** pair: base `{store.short_ref(base)}`, fine-tuned `{store.short_ref(finetuned)}`, "
-                    f"labels {', '.join(desc['labels'])}; {desc['graftable_tensors']} graftable tensors, head = "
-                    f"{', '.join(desc['head_tensors']) or 'none'}.")
-            return actions.counts_table(counts), info, "✓ Pair checked.", actions.budget_text(log_s, counts)
+                    f"labels {', '.join(desc['labels'])}; {desc['graftable_tensors']} graftable tensors, {read}.")
+            return (actions.counts_table(counts), info, "✓ Pair checked.", actions.budget_text(log_s, counts),
+                    gr.update(open=True) if desc["prompt"] is not None else gr.skip())
 
-        check_btn.click(on_check, [base_dd, ft_dd, loc_budget], [counts_df, pair_md, status, loc_budget_md])
+        prompt_inputs = [prompt_head, prompt_template, prompt_words]
+        check_btn.click(on_check, [base_dd, ft_dd, loc_budget, task_dd, text_col, pair_col, label_col, *prompt_inputs],
+                        [counts_df, pair_md, status, loc_budget_md, prompt_acc])
+
+        @safe
+        def on_preview(finetuned, task, text, pair, label, head, template, words):
+            p = actions.preview_prompt(finetuned, task, columns(task, text, pair, label),
+                                       actions.prompt_fields(head, template, words))
+            tokens = "; ".join(f"{lab}: `{' '.join(map(repr, toks))}`" for lab, toks in p["label_tokens"].items())
+            return (f"**{p['describe']}**\n\nFirst training example as the model reads it:\n\n```\n{p['prompt']}\n```\n\n"
+                    f"Label tokens ({p['scored']} is scored): {tokens}"), "✓ Prompt previewed."
+
+        preview_btn.click(on_preview, [ft_dd, task_dd, text_col, pair_col, label_col, *prompt_inputs], [preview_md, status])
 
         @safe
         def on_data_upload(file):
@@ -646,12 +682,15 @@ def build_app() -> gr.Blocks:
         task_dd.change(on_task, [task_dd], [ftn_task_md], show_progress="hidden")
 
         @safe
-        def on_finetune(base, task, text, pair, label, opt, lr, l1, epochs, n):
-            job = actions.submit_finetune(store.runner(), base=base, task=task, columns=columns(task, text, pair, label),
+        def on_finetune(base, task, text, pair, label, opt, lr, l1, epochs, n, head, template, words):
+            job = actions.submit_finetune(store.runner(), base=base, task=task,
+                                          columns={**columns(task, text, pair, label),
+                                                   **actions.prompt_fields(head, template, words)},
                                           optimizer=opt, lr=lr, epochs=epochs, train_examples=n, l1=l1)
             return submitted(job), picker_for(("finetune", "prepare"), "latest fine-tuning job", job), actions.job_status_line(job)
 
-        ftn_run.click(on_finetune, [ftn_base, task_dd, text_col, pair_col, label_col, ftn_opt, ftn_lr, ftn_l1, ftn_epochs, ftn_n],
+        ftn_run.click(on_finetune, [ftn_base, task_dd, text_col, pair_col, label_col, ftn_opt, ftn_lr, ftn_l1, ftn_epochs, ftn_n,
+                                    *prompt_inputs],
                       [status, ftn_job, ftn_status])
 
         # ---------------------------------------------------------------- Localize
@@ -664,14 +703,15 @@ def build_app() -> gr.Blocks:
         loc_method.change(safe(lambda m: (method_info(m), gr.skip())), [loc_method], [loc_method_md, status])
 
         @safe
-        def on_localize(base, finetuned, task, text, pair, label, method, log_s, steps, epc, lr):
+        def on_localize(base, finetuned, task, text, pair, label, method, log_s, steps, epc, lr, head, template, words):
             job = actions.submit_localize(store.runner(), base=base, finetuned=finetuned, task=task,
-                                          columns=columns(task, text, pair, label), method=method, log_sparsity=log_s, steps=steps,
+                                          columns={**columns(task, text, pair, label),
+                                                   **actions.prompt_fields(head, template, words)}, method=method, log_sparsity=log_s, steps=steps,
                                           examples_per_class=epc, lr=lr)
             return submitted(job), picker_for(("localize",), "latest localize job", job), actions.job_status_line(job)
 
         loc_run.click(on_localize, [base_dd, ft_dd, task_dd, text_col, pair_col, label_col, loc_method, loc_budget, loc_steps, loc_epc,
-                                    loc_lr], [status, loc_job, loc_status])
+                                    loc_lr, *prompt_inputs], [status, loc_job, loc_status])
 
         def cancel_shown(kinds):
             @safe
@@ -697,13 +737,15 @@ def build_app() -> gr.Blocks:
         cmp_run.click(on_compare, [cmp_regions, ood_dd, cmp_n, cmp_base], [status, cmp_job, cmp_status])
 
         @safe
-        def on_sweep(base, finetuned, task, text, pair, label, budgets, steps, epc, lr, n):
+        def on_sweep(base, finetuned, task, text, pair, label, budgets, steps, epc, lr, n, head, template, words):
             job = actions.submit_sweep(store.runner(), base=base, finetuned=finetuned, task=task,
-                                       columns=columns(task, text, pair, label), budgets=budgets, steps=steps, examples_per_class=epc,
+                                       columns={**columns(task, text, pair, label),
+                                                **actions.prompt_fields(head, template, words)}, budgets=budgets, steps=steps, examples_per_class=epc,
                                        lr=lr, n=n)
             return submitted(job), picker_for(("sweep",), "latest sweep", job), actions.job_status_line(job)
 
-        swp_run.click(on_sweep, [base_dd, ft_dd, task_dd, text_col, pair_col, label_col, swp_budgets, loc_steps, loc_epc, loc_lr, cmp_n],
+        swp_run.click(on_sweep, [base_dd, ft_dd, task_dd, text_col, pair_col, label_col, swp_budgets, loc_steps, loc_epc, loc_lr, cmp_n,
+                                 *prompt_inputs],
                       [status, swp_job, swp_status])
 
         # ---------------------------------------------------------------- Anatomy

@@ -193,9 +193,13 @@ def default_checkpoint():
     return default_checkpoint_dir()
 
 
-def default_ready() -> bool:
-    """Whether the default fine-tuned model (minilm-movies) is already built and cached."""
-    return (default_checkpoint() / "config.json").exists()
+def default_ready(key: str | None = None) -> bool:
+    """Whether a default fine-tuned model (minilm-movies unless ``key`` says) is already built and cached."""
+    from ..requests import default_checkpoint_dir
+
+    if key is None:
+        return (default_checkpoint() / "config.json").exists()
+    return (default_checkpoint_dir(key.strip().lower()) / "config.json").exists()
 
 
 def list_checkpoints() -> list[dict]:
@@ -214,13 +218,14 @@ def list_checkpoints() -> list[dict]:
 
 def checkpoint_choices(include_base: bool = False) -> list[tuple[str, str]]:
     """Dropdown choices: the offline default (base or fine-tuned), then checkpoints made here."""
-    from ..requests import DEFAULT_BASE, DEFAULT_FINETUNED
+    from ..requests import DEFAULT_BASE, DEFAULT_FINETUNED_REFS
 
     if include_base:
-        choices = [(f"{DEFAULT_BASE} (offline base model)", DEFAULT_BASE)]
+        choices = [(f"{DEFAULT_BASE} (offline base model)", DEFAULT_BASE),
+                   ("smollm2 (offline causal LM, read through a prompt)", "smollm2")]
     else:
-        state = "cached" if default_ready() else "built on first use"
-        choices = [(f"{DEFAULT_FINETUNED} (offline default, {state})", DEFAULT_FINETUNED)]
+        choices = [(f"{key} (offline default, {'cached' if default_ready(key) else 'built on first use'})", key)
+                   for key in DEFAULT_FINETUNED_REFS]
     for c in list_checkpoints():
         rec = c["record"]
         desc = f"{rec.get('task', '?')} · {rec.get('config', {}).get('optimizer', '?')}" if rec else "checkpoint"
