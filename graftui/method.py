@@ -210,7 +210,8 @@ class MaskLearner:
         self.steps_done += 1
         batch = {key: value.to(self.device) for key, value in batch.items()}
         hard_k = self.k if self.config.forward == "hard" else None
-        out, sq = logit_gradient(self.model, self.params, self.pre, self.ft, self.logits, batch, hard_k)
+        out, sq = logit_gradient(self.model, self.params, self.pre, self.ft, self.logits, batch, hard_k,
+                                 need_peak=self.config.optimizer == "normalized" and self.config.norm == "max")
         with torch.no_grad():
             scale = _step_scale(self.config, sq, self.count)
             for n in self.names:
@@ -281,20 +282,24 @@ def logit_gradient(
     logits: dict[str, torch.Tensor],
     batch: dict[str, torch.Tensor],
     hard_k: int | None = None,
+    need_peak: bool = True,
 ):
     """One forward/backward of the relaxed graft; leaves ∇_ℓ L in each ``params[n].grad``.
 
     With ``hard_k`` the forward pass uses the binarised region (top-k of ℓ) instead of σ(ℓ),
     and the gradient passes straight through to ℓ.
-    Returns the model output and the gradient's size: (Σ(∇_ℓ L)², max |∇_ℓ L|).
+    Returns the model output and the gradient's size: (Σ(∇_ℓ L)², max |∇_ℓ L|); the max only when
+    ``need_peak`` (the "max" norm), since it costs one more pass over every graftable parameter.
     """
+    sigma: dict[str, torch.Tensor] = {}  # σ(ℓ), computed once per step: the forward uses it, then σ' = σ(1 − σ)
     with torch.no_grad():  # θ ← θ_pre + σ(ℓ) ⊙ δ
         hard = region_to_mask(top_k(logits, hard_k), {n: tuple(l.shape) for n, l in logits.items()}) if hard_k else None
         for n, p in params.items():
+            sigma[n] = relaxed(logits[n])
             if hard is not None:
                 torch.where(hard[n].to(p.device), ft[n], pre[n], out=p.data)
             else:
-                torch.lerp(pre[n], ft[n], relaxed(logits[n]).to(p.dtype), out=p.data)  # ℓ stays float32
+                torch.lerp(pre[n], ft[n], sigma[n].to(p.dtype), out=p.data)  # ℓ stays float32
             p.grad = None
     out = model(**batch)
     out.loss.backward()
@@ -304,10 +309,14 @@ def logit_gradient(
         for n, p in params.items():  # chain rule through Eq. 1 and 2: ∇_θ L ⊙ δ ⊙ σ'(ℓ)
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-            s = relaxed(logits[n])
-            p.grad.mul_(ft[n] - pre[n]).mul_(s).mul_(1 - s)
-            sq += p.grad.double().pow(2).sum()
-            peak = torch.maximum(peak, p.grad.abs().max())
+            s = sigma.pop(n)
+            s.addcmul_(s, s, value=-1)  # σ(1 − σ) in place
+            g = p.grad.mul_(ft[n] - pre[n]).mul_(s)
+            del s
+            flat = g.view(-1).float()
+            sq += torch.dot(flat, flat).double()  # one pass, no float64 copy of the gradient
+            if need_peak:
+                peak = torch.maximum(peak, g.abs().max().float())
     return out, (sq, peak)
 
 
