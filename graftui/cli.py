@@ -204,12 +204,22 @@ def render_compose(doc: dict) -> str:
     return "\n".join(parts)
 
 
+def _auto_class(architecture: str | None) -> str:
+    """The transformers Auto class that loads an exported checkpoint of this architecture."""
+    name = str(architecture or "")
+    if name.endswith(("ForCausalLM", "LMHeadModel")):
+        return "AutoModelForCausalLM"
+    if name.endswith("ForMaskedLM"):
+        return "AutoModelForMaskedLM"
+    return "AutoModelForSequenceClassification"
+
+
 def render_export(doc: dict) -> str:
     return pairs_table([
         ("wrote", doc["out"]),
         ("graft", f"{doc['base']} + {doc['k']:,} parameters of {doc['request']['finetuned'] or 'the skill patch'} "
                   f"({os.path.basename(doc['region'])})"),
-        ("load with", f"AutoModelForSequenceClassification.from_pretrained('{doc['out']}')"),
+        ("load with", f"{_auto_class(doc.get('architecture'))}.from_pretrained('{doc['out']}')"),
     ])
 
 

@@ -23,6 +23,7 @@ from .data import DataSpec, batches
 from .errors import Cancelled, ModelError, RegionError, RequestError
 from .flows import (
     FLOWS, LOCAL, Guard, Progress, Result, _examples_per_class, check_model_ref, finish, get_pair, get_task,
+    is_default_finetuned,
     kshot_batches, latest_region, load_region, new_path, ood_tasks, pair_for_regions, short_ref, slug,
 )
 from .method import learn_region, region_size
@@ -105,11 +106,25 @@ class JointLoss(torch.nn.Module):
         return SimpleNamespace(loss=loss, accuracy=correct / max(seen, 1))
 
 
+def refuse_language_model(ref: str, what: str, guard: Guard) -> None:
+    """Experiments that train one classification head per task take sequence classifiers only (for now)."""
+    from .models import checkpoint_kind
+
+    if is_default_finetuned(ref):
+        return
+    kind = checkpoint_kind(ref, allow_local=guard.allow_local(models=[ref]))
+    if kind != "classifier":
+        raise ModelError(f"{what} trains a classification head per task, and '{ref}' is a {kind.replace('-', ' ')}: "
+                         "use a sequence classifier or an encoder base (prompt-based training works in finetune, "
+                         "localize, evaluate, sweep and export)")
+
+
 def multitask(req: MultitaskRequest, progress: Progress | None = None, cancel=None, guard: Guard = LOCAL) -> MultitaskResult:
     """Regions of every task of one multi-task model, their overlap, Eq. 5, the union and its purification."""
     req.validate()
     start = time.time()
     check_model_ref(req.base)
+    refuse_language_model(req.base, "the multi-task experiment", guard)
     tasks = [get_task(t, DataSpec(), guard) for t in req.tasks]
     notes: list[str] = []
     for t in tasks:
@@ -412,6 +427,7 @@ def continual(req, progress: Progress | None = None, cancel=None, guard: Guard =
     req.validate()
     start = time.time()
     check_model_ref(req.base)
+    refuse_language_model(req.base, "the continual-learning experiment", guard)
     tasks = [get_task(t, DataSpec(), guard) for t in req.tasks]
     n = len(tasks)
     out_dir = Path(req.out).expanduser() if req.out else settings.subdir("regions")

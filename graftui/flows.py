@@ -30,7 +30,7 @@ from .data import OFFLINE_TASKS, Task, kshot, load_task
 from .errors import Cancelled, DataError, ModelError, RegionError, RequestError
 from .methods import Budget, get_method, run_method
 from .method import region_size
-from .models import GraftableSpec, ModelPair, pair_kind, resolve
+from .models import GraftableSpec, ModelPair, architecture, pair_kind, resolve
 from .regions import RegionRecord
 from .requests import (
     DEFAULT_BASE, DEFAULT_EXAMPLES_PER_CLASS, DEFAULT_FINETUNED, DEFAULT_FINETUNED_REFS, DEFAULT_TASK, AnatomyRequest,
@@ -70,6 +70,8 @@ def load_pair(base: str, finetuned: str, spec: GraftableSpec = GraftableSpec(), 
               labels=None, allow_local: bool = True) -> ModelPair:
     """A ModelPair, from a small cache: the working model is always left at pre body + FT head."""
     labels = tuple(labels) if labels else None
+    if labels and pair_kind(finetuned, options, allow_local=allow_local) == "classifier":
+        labels = None  # a classifier has its own labels: one cache entry whatever the task
     key = (base, finetuned, spec, options, labels, allow_local)
     with _pairs_lock:
         if key in _pairs:
@@ -232,7 +234,7 @@ def pair_for_regions(base, finetuned, records, guard: Guard, progress=None, canc
     """The pair whose graftable tensors are exactly those the regions were made over, read with their prompt."""
     specs = region_spec(records)
     options = options or regions.recorded_options(records[0].meta)
-    labels = records[0].meta.get("labels") or None
+    labels = regions.recorded_labels(records[0].meta)
     pair = get_pair(base, finetuned, specs[0], guard, progress, cancel, options, labels)
     if len(specs) > 1 and set(pair.graftable) != set(merged_shapes(records)):
         pair = get_pair(base, finetuned, specs[1], guard, progress, cancel, options, labels)
@@ -318,8 +320,9 @@ def finetune(req: FinetuneRequest, progress: Progress | None = None, cancel=None
         out = Path(req.out).expanduser()
     else:
         key = f"{slug(req.base)}-{slug(task.name)}"
-        if options.prompted() or options.head != "auto":
-            key += "-" + hashlib.sha256(json.dumps(options.as_dict(), sort_keys=True).encode()).hexdigest()[:6]
+        reading = {k: v for k, v in options.as_dict().items() if k != "device_map"}
+        if reading != {k: v for k, v in LoadOptions().as_dict().items() if k != "device_map"}:
+            key += "-" + hashlib.sha256(json.dumps(reading, sort_keys=True).encode()).hexdigest()[:6]
         out = default_checkpoint_dir(key, config)
         reused = (out / "config.json").exists()
     if not reused:
@@ -573,7 +576,8 @@ def evaluate(req: EvaluateRequest, progress: Progress | None = None, cancel=None
             progress({"stage": f"loading {short_ref(base)} with the patch"})
         pair = guard.checked_pair(regions.pair_from_patch(base, _merge_patches(records, labels), options,
                                                           allow_local=guard.allow_local(models=[base])))
-        pair.to(settings.device())
+        if not options.device_map:
+            pair.to(settings.device())
         notes.append(f"the fine-tuned model '{first.get('finetuned')}' cannot be loaded here: '{scoring.FT_LABEL}' is "
                      "rebuilt from the patch (equal to the fine-tuned model inside the region only); give --finetuned "
                      "for the real one")
@@ -739,11 +743,13 @@ class _LazyBase:
 
     def __getitem__(self, name: str):
         if self._params is None:
-            from .models import load_classifier
+            from .models import checkpoint_kind, load_classifier, load_lm
 
             if self.progress:
                 self.progress({"stage": f"loading {short_ref(self.ref)} to average overlapping values"})
-            model, _ = load_classifier(self.ref, allow_local=self.allow_local)
+            kind = checkpoint_kind(self.ref, allow_local=self.allow_local)
+            model = load_classifier(self.ref, allow_local=self.allow_local)[0] if kind == "classifier" else \
+                load_lm(self.ref, kind, allow_local=self.allow_local)
             self._params = {n: p.detach() for n, p in model.named_parameters()}
         if name not in self._params:
             raise RegionError(f"base '{self.ref}' has no parameter {name}; pass the base the patches were made for")
@@ -790,7 +796,8 @@ def compose(req: ComposeRequest, progress: Progress | None = None, cancel=None, 
                 progress({"stage": f"loading {short_ref(base)} + patch '{name}'", "fraction": i / len(records)})
             allow = guard.allow_local(models=[base])
             pair = guard.checked_pair(regions.pair_from_patch(base, record, allow_local=allow))
-            pair.to(settings.device())
+            if not pair.options.device_map:
+                pair.to(settings.device())
             if union_idx is None:
                 union_idx, union_val, report = scoring.union_of(records, names, pair.pre, req.resolve)
             if progress:
@@ -842,6 +849,7 @@ class ExportResult(Result):
     finetuned: str = ""
     k: int = 0
     labels: list[str] = field(default_factory=list)
+    architecture: str = ""  # the exported checkpoint's class (a *ForCausalLM / *ForMaskedLM for a language model)
 
 
 def export(req: ExportRequest, progress: Progress | None = None, cancel=None, guard: Guard = LOCAL) -> ExportResult:
@@ -872,7 +880,8 @@ def export(req: ExportRequest, progress: Progress | None = None, cancel=None, gu
     regions.export_graft(pair, record, out)
     finish(progress)
     return ExportResult(req, [], time.time() - start, str(out), str(path), base,
-                        req.finetuned or f"patch:{record.meta.get('finetuned', '?')}", record.size, list(pair.label_names))
+                        req.finetuned or f"patch:{record.meta.get('finetuned', '?')}", record.size, list(pair.label_names),
+                        architecture(pair.model))
 
 
 # -- one entry point for every verb ----------------------------------------------------------------

@@ -291,15 +291,13 @@ def logit_gradient(
     Returns the model output and the gradient's size: (Σ(∇_ℓ L)², max |∇_ℓ L|); the max only when
     ``need_peak`` (the "max" norm), since it costs one more pass over every graftable parameter.
     """
-    sigma: dict[str, torch.Tensor] = {}  # σ(ℓ), computed once per step: the forward uses it, then σ' = σ(1 − σ)
     with torch.no_grad():  # θ ← θ_pre + σ(ℓ) ⊙ δ
         hard = region_to_mask(top_k(logits, hard_k), {n: tuple(l.shape) for n, l in logits.items()}) if hard_k else None
         for n, p in params.items():
-            sigma[n] = relaxed(logits[n])
             if hard is not None:
                 torch.where(hard[n].to(p.device), ft[n], pre[n], out=p.data)
             else:
-                torch.lerp(pre[n], ft[n], sigma[n].to(p.dtype), out=p.data)  # ℓ stays float32
+                torch.lerp(pre[n], ft[n], relaxed(logits[n]).to(p.dtype), out=p.data)  # ℓ stays float32
             p.grad = None
     out = model(**batch)
     out.loss.backward()
@@ -309,7 +307,7 @@ def logit_gradient(
         for n, p in params.items():  # chain rule through Eq. 1 and 2: ∇_θ L ⊙ δ ⊙ σ'(ℓ)
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-            s = sigma.pop(n)
+            s = relaxed(logits[n])  # computed again rather than held through the backward pass (memory)
             s.addcmul_(s, s, value=-1)  # σ(1 − σ) in place
             g = p.grad.mul_(ft[n] - pre[n]).mul_(s)
             del s

@@ -190,7 +190,8 @@ def load_classifier(
     if kind != "classifier" and not as_classifier:
         arch = (config.architectures or ["?"])[0]
         raise ModelError(f"'{ref}' is a {kind.replace('-', ' ')} ({arch}): read it through a prompt (--template, "
-                         "--label-words), or with --head classifier to train a new classification head")
+                         "--label-words of finetune, localize, evaluate, sweep, export), or with --head classifier to "
+                         "train a new classification head")
     kwargs: dict = {"dtype": _DTYPES[dtype], "use_safetensors": True, "output_loading_info": True}
     if device_map:
         kwargs["device_map"] = device_map

@@ -199,6 +199,8 @@ class PromptTokenizer:
             raise ModelError("this tokenizer has no mask token, so it cannot fill a masked-LM template")
         self.pieces = []  # ("ids", [...]) literal text or ("field", name)
         for literal, name, _, _ in string.Formatter().parse(prompt.template):
+            if name == "mask":  # the label word carries its own leading space ("It was<mask>" + " great")
+                literal = literal.rstrip(" ")
             if literal:
                 self.pieces.append(("ids", self._ids(literal)))
             if name == "mask":
@@ -232,10 +234,17 @@ class PromptTokenizer:
         return [], []
 
     def __getattr__(self, name):  # everything else (pad_token_id, save_pretrained, …) is the tokenizer's
+        if name in ("tokenizer", "prompt") or name.startswith("__"):
+            raise AttributeError(name)
         return getattr(self.tokenizer, name)
 
+    def _text_ids(self, text: str) -> list[int]:
+        if self.prompt.kind == "masked-lm":  # a mask written in the text must not be taken for the template's
+            text = text.replace(self.tokenizer.mask_token, " ")
+        return self._ids(text)
+
     def encode_prompt(self, text: str, pair: str | None, max_length: int) -> list[int]:
-        fields = {"text": self._ids(text), "text_pair": self._ids(pair or "")}
+        fields = {"text": self._text_ids(text), "text_pair": self._text_ids(pair or "")}
         fixed = len(self.prefix) + len(self.suffix) + sum(len(v) for k, v in self.pieces if k == "ids")
         budget = max_length - fixed
         if budget < 1:
@@ -243,7 +252,10 @@ class PromptTokenizer:
         used = [name for kind, name in self.pieces if kind == "field"]
         while sum(len(fields[n]) for n in used) > budget:  # cut the longer text from its end
             longest = max(used, key=lambda n: len(fields[n]))
-            fields[longest] = fields[longest][:-1]
+            excess = sum(len(fields[n]) for n in used) - budget
+            other = sum(len(fields[n]) for n in used if n != longest)
+            cut = max(1, min(excess, len(fields[longest]) - other))  # down to the other's length, then by turns
+            fields[longest] = fields[longest][:-cut]
         ids = list(self.prefix)
         for kind, value in self.pieces:
             ids += value if kind == "ids" else fields[value]
@@ -251,6 +263,9 @@ class PromptTokenizer:
 
     def __call__(self, texts, pairs=None, *, padding="longest", truncation=True, max_length=512,
                  return_tensors="pt", **_):
+        if pairs is not None and "{text_pair}" not in self.prompt.template:
+            raise ModelError("this task has two texts per example: put {text_pair} in --template (e.g. "
+                             "'{text} ? {text_pair} It was')")
         rows = [self.encode_prompt(t, None if pairs is None else pairs[i], max_length) for i, t in enumerate(texts)]
         width = max(len(r) for r in rows)
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
@@ -325,17 +340,24 @@ class PromptClassifier(torch.nn.Module):
         """LM-head scores of ``hidden`` (…, d) for the token ``ids`` only (all tokens when None)."""
         if self.prompt.kind == "causal-lm":
             head = self.lm.get_output_embeddings()
+            ids = None if ids is None else ids.to(head.weight.device)
             weight = head.weight if ids is None else head.weight[ids]
-            scores = hidden.to(weight.dtype) @ weight.T
+            scores = hidden.to(weight.device, weight.dtype) @ weight.T
             bias = getattr(head, "bias", None)
             if bias is not None:
                 scores = scores + (bias if ids is None else bias[ids])
-            return scores.float()
+            scores = scores.float()
+            config = self.lm.config  # what some causal LMs do to their logits (Cohere, Gemma 2)
+            if getattr(config, "logit_scale", None):
+                scores = scores * config.logit_scale
+            if getattr(config, "final_logit_softcapping", None):
+                scores = torch.tanh(scores / config.final_logit_softcapping) * config.final_logit_softcapping
+            return scores
         heads = [m for name, m in self.lm.named_children() if name != self.prefix]
         if len(heads) != 1:
             raise ModelError(f"{type(self.lm).__name__}: cannot find its masked-LM head")
         scores = heads[0](hidden).float()
-        return scores if ids is None else scores[..., ids]
+        return scores if ids is None else scores[..., ids.to(scores.device)]
 
     def forward(self, input_ids, attention_mask=None, labels=None, **_):
         if attention_mask is None:
@@ -350,7 +372,8 @@ class PromptClassifier(torch.nn.Module):
                 where = attention_mask.sum(1) - 1
             else:
                 where = (input_ids == self.mask_id).int().argmax(1)
-            logits = self._vocab_scores(hidden[rows, where], self.label_ids.to(device))
+            picked = hidden[rows.to(hidden.device), where.to(hidden.device)]  # a device map may put it elsewhere
+            logits = self._vocab_scores(picked, self.label_ids).to(device)
         loss = torch.nn.functional.cross_entropy(logits, labels) if labels is not None else None
         return _Output(logits, loss)
 

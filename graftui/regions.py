@@ -240,6 +240,16 @@ def recorded_options(meta: dict, **overrides):
     return LoadOptions(**{**values, **{k: v for k, v in overrides.items() if v is not None}})
 
 
+def recorded_labels(meta: dict) -> tuple[str, ...] | None:
+    """A region's recorded label names: a list of strings, or a RegionError (region files are untrusted)."""
+    labels = meta.get("labels")
+    if labels is None or labels == []:
+        return None
+    if not isinstance(labels, list) or not all(isinstance(x, str) for x in labels) or len(labels) > 10_000:
+        raise RegionError("the region file's 'labels' are not a list of label names")
+    return tuple(labels)
+
+
 def pair_from_patch(base_ref: str, record: RegionRecord, options=None, **load_kwargs):
     """Base + patch as a ModelPair whose 'fine-tuned' values are the patch (exact inside the region)."""
     from .models import (
@@ -250,7 +260,7 @@ def pair_from_patch(base_ref: str, record: RegionRecord, options=None, **load_kw
     if not record.is_patch:
         raise RegionError("this file is a region without values: give the fine-tuned checkpoint too, or a skill patch")
     options = options or recorded_options(record.meta)
-    labels = tuple(record.meta.get("labels") or ())
+    labels = recorded_labels(record.meta) or ()
     kind = pair_kind(base_ref, options, allow_local=load_kwargs.get("allow_local", True))
     kw = {**load_kwargs, "dtype": options.dtype, "device_map": options.device_map}
     if kind in ("causal-lm", "masked-lm"):

@@ -306,7 +306,10 @@ class LoadFields(Request):
                            label_words=pick("label_words", None), label_scoring=pick("label_scoring", "first"),
                            dtype=self.dtype, device_map=self.device_map)
 
-    def check_loading(self) -> None:
+    def check_loading(self, learning: bool = False) -> None:
+        if learning and self.dtype == "float16":
+            raise RequestError("--dtype float16: mask gradients underflow in float16; use bfloat16 (same range as "
+                               "float32) or float32")
         if self.device_map not in (None, "auto", "cpu") and not str(self.device_map).startswith("cuda"):
             raise RequestError(f"--device-map '{self.device_map}': use auto, cpu or cuda[:N]")
         if self.head == "classifier" and (self.template or self.label_words):
@@ -533,7 +536,7 @@ class LocalizeRequest(LoadFields, GraftableFields, LearnFields, TaskFields, Pair
             check_sparsity(self.sparsity)
         self.check_learning()
         self.check_modules()
-        self.check_loading()
+        self.check_loading(learning=True)
         check_out_file(self.out)
 
 
@@ -599,7 +602,7 @@ class SweepRequest(LoadFields, GraftableFields, LearnFields, TaskFields, PairFie
         check_at_least_one("n", self.n)
         self.check_learning()
         self.check_modules()
-        self.check_loading()
+        self.check_loading(learning=True)
 
 
 @_register

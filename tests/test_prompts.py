@@ -309,3 +309,28 @@ def test_smollm2_is_made_once_from_the_package_gguf(tmp_path, monkeypatch):
     assert all(len(w) == 1 for w in words) and words[0] != words[1]  # the default label words are one token each
     stamp = (folder / "model.safetensors").stat().st_mtime
     assert Path(models.resolve("smollm2")) == folder and (folder / "model.safetensors").stat().st_mtime == stamp
+
+
+def test_reviewed_edges_pairs_masks_labels_dtypes_and_experiments(lm_root, tmp_path):
+    from graftui.errors import RegionError, RequestError
+    from graftui.requests import MultitaskRequest
+    from graftui.ui import actions
+
+    root, pairs, task = lm_root
+    tok = make_tokenizer(tmp_path, mask=True)
+    pt = PromptTokenizer(tok, make_prompt("masked-lm", ("negative", "positive"), label_words=WORDS))
+    with pytest.raises(ModelError, match=r"put \{text_pair\} in --template"):
+        pt(["a"], ["b"], max_length=32)
+    ids = pt(["the <mask> was good"], None, max_length=32)["input_ids"][0]
+    assert int((ids == tok.mask_token_id).sum()) == 1  # only the template's mask is scored
+    with pytest.raises(RegionError, match="not a list of label names"):
+        regions.recorded_labels({"labels": "negative"})
+    with pytest.raises(RequestError, match="float16"):
+        LocalizeRequest(dtype="float16").validate()
+    with pytest.raises(ModelError, match="classification head per task"):
+        flows.run(MultitaskRequest(base=str(pairs["gpt2"][0]), tasks=["movies", "amazon"]))
+    with pytest.raises(ModelError, match="sequence classifier"):
+        actions.preview_prompt("minilm-movies", "movies", {}, actions.prompt_fields())
+    from graftui.cli import _auto_class
+
+    assert _auto_class("LlamaForCausalLM") == "AutoModelForCausalLM" and _auto_class("BertForMaskedLM") == "AutoModelForMaskedLM"

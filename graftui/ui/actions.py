@@ -158,12 +158,19 @@ def preview_prompt(finetuned: str, task: str, columns: dict, prompt: dict) -> di
     from ..models import ModelError, prompt_tokenizer
     from ..requests import LoadFields
 
+    from ..requests import DEFAULT_FINETUNED_REFS, DEFAULT_LOADING
+
     request = LoadFields(**prompt)
     request.check_loading()
-    options = request.load_options()
     guard = store.guard()
+    key = str(finetuned).strip().lower()
+    if key in DEFAULT_FINETUNED_REFS:  # maybe not built yet: its base has the same tokenizer, its prompt is known
+        finetuned = DEFAULT_FINETUNED_REFS[key][0]
+        options = request.load_options(DEFAULT_LOADING.get(key))
+    else:
+        options = request.load_options()
     allow = guard.allow_local(models=[finetuned])
-    kind = flows.pair_kind(finetuned, options, allow_local=allow) if not flows.is_default_finetuned(finetuned) else "causal-lm"
+    kind = flows.pair_kind(finetuned, options, allow_local=allow)
     if kind == "classifier":
         raise ModelError(f"'{store.short_ref(finetuned)}' is a sequence classifier: it reads the text as it is, no prompt")
     t = load_task_checked(task, columns)
