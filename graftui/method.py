@@ -69,33 +69,63 @@ def region_size(region: Region) -> int:
 
 
 # -- exact top-k across tensors -----------------------------------------------------------------
-def top_k(scores: dict[str, torch.Tensor], k: int) -> Region:
+def top_k(scores, k: int) -> Region:
     """The k largest scores over all tensors, exactly k of them.
 
     Ties at the threshold go to the earliest positions (tensor order, then flat index), so the
-    result is deterministic and never larger than k.
+    result is deterministic and never larger than k. ``scores`` maps names to tensors, and may
+    compute each on access (read twice): no concatenated copy of all scores is made when k is
+    small, so finding a region costs memory per tensor, not per model.
     """
     names = list(scores)
-    sizes = [scores[n].numel() for n in names]
-    total = sum(sizes)
+    sizes = {n: scores.numel(n) if hasattr(scores, "numel") else scores[n].numel() for n in names}
+    total = sum(sizes.values())
     k = max(0, min(int(k), total))
     if k == 0:
         return {}
-    flat = torch.cat([scores[n].detach().reshape(-1).float().cpu() for n in names])
-    threshold = torch.kthvalue(flat, total - k + 1).values  # the k-th largest
-    chosen = flat > threshold
-    need = k - int(chosen.sum())
-    if need > 0:
-        ties = (flat == threshold).nonzero().squeeze(1)[:need]
-        chosen[ties] = True
+    threshold = _kth_largest(scores, names, sizes, k, total)
     region: Region = {}
-    start = 0
-    for name, size in zip(names, sizes):
-        idx = chosen[start : start + size].nonzero().squeeze(1)
+    need = k - sum(int((scores[n].detach() > threshold).sum()) for n in names)  # ties to fill, earliest first
+    for name in names:
+        flat = scores[name].detach().reshape(-1).float().cpu()
+        chosen = flat > threshold
+        if need > 0:
+            ties = (flat == threshold).nonzero().squeeze(1)[:need]
+            chosen[ties] = True
+            need -= int(ties.numel())
+        idx = chosen.nonzero().squeeze(1)
         if idx.numel():
             region[name] = idx
-        start += size
     return region
+
+
+def _kth_largest(scores, names, sizes, k: int, total: int) -> torch.Tensor:
+    """The k-th largest score: among each tensor's own top k when that is small, else over all at once."""
+    if k * len(names) < total // 4:  # the global top k lies inside the union of every tensor's top k
+        parts = [torch.topk(scores[n].detach().reshape(-1).float().cpu(), min(k, sizes[n])).values for n in names]
+    else:
+        parts = [scores[n].detach().reshape(-1).float().cpu() for n in names]
+    flat = torch.cat(parts)
+    return torch.kthvalue(flat, flat.numel() - k + 1).values
+
+
+class _Movement:
+    """|δ| per tensor, computed when read: the ranking behind γ_base without a second model in memory."""
+
+    def __init__(self, pre, ft, names):
+        self.pre, self.ft, self.names = pre, ft, list(names)
+
+    def __iter__(self):
+        return iter(self.names)
+
+    def __len__(self):
+        return len(self.names)
+
+    def numel(self, name) -> int:
+        return self.pre[name].numel()
+
+    def __getitem__(self, name):
+        return (self.ft[name] - self.pre[name]).abs()
 
 
 def movement(pre: dict[str, torch.Tensor], ft: dict[str, torch.Tensor], names: Iterable[str]) -> dict[str, torch.Tensor]:
@@ -105,7 +135,7 @@ def movement(pre: dict[str, torch.Tensor], ft: dict[str, torch.Tensor], names: I
 
 def base_region(pre: dict[str, torch.Tensor], ft: dict[str, torch.Tensor], names: list[str], k: int) -> Region:
     """γ_base: the k parameters that moved most during fine-tuning."""
-    return top_k(movement(pre, ft, names), k)
+    return top_k(_Movement(pre, ft, names), k)
 
 
 # -- Eq. 2 -------------------------------------------------------------------------------------

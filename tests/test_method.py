@@ -158,3 +158,31 @@ def test_region_mask_round_trip():
     assert masks["a"].shape == (2, 3) and int(masks["c"].sum()) == 0
     back = method.mask_to_region(masks)
     assert set(back) == {"a", "b"} and back["a"].tolist() == [0, 5] and back["b"].tolist() == [1]
+
+
+def test_top_k_equals_the_whole_sort_on_either_path_ties_included():
+    """Per-tensor candidates (small k) and the concatenated sort (large k) give the same exact region."""
+    gen = torch.Generator().manual_seed(3)
+
+    def reference(scores, k):  # one sort of everything; ties to the earliest positions
+        names = list(scores)
+        flat = torch.cat([scores[n].reshape(-1) for n in names])
+        order = sorted(range(flat.numel()), key=lambda i: (-float(flat[i]), i))[:k]
+        chosen = torch.zeros(flat.numel(), dtype=torch.bool)
+        chosen[order] = True
+        out, start = {}, 0
+        for n in names:
+            idx = chosen[start:start + scores[n].numel()].nonzero().squeeze(1)
+            if idx.numel():
+                out[n] = idx
+            start += scores[n].numel()
+        return out
+
+    for trial in range(6):
+        scores = {f"t{i}": torch.randint(0, 6, (7 + i, 5), generator=gen).float() for i in range(4)}  # many ties
+        for k in (1, 3, 9, 40, 150, 500):
+            got, want = method.top_k(scores, k), reference(scores, k)
+            assert got.keys() == want.keys() and all(torch.equal(got[n], want[n]) for n in got), (trial, k)
+    pre = {n: torch.zeros_like(t) for n, t in scores.items()}
+    assert {n: i.tolist() for n, i in method.base_region(pre, scores, list(scores), 9).items()} == \
+        {n: i.tolist() for n, i in reference(scores, 9).items()}

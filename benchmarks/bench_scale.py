@@ -1,0 +1,140 @@
+"""Mask learning as models grow: peak memory in units of the model and time per step, side by side.
+
+    .venv/bin/python benchmarks/bench_scale.py [--sizes 20m,60m,150m,400m] [--steps 3] [--device cpu]
+
+For each size, a Llama pair is built from a config (random weights; the 'fine-tuned' copy is the
+base plus heavy-tailed noise in the body), and two child processes run on the same batches:
+
+* ``plain``: one model, ordinary forward+backward (every body parameter gets a gradient);
+* ``mask``: the pair (working model, θ_pre, θ_ft) and the region logits, ``--steps`` mask steps.
+
+Printed per size: parameters, the model's size in float32, peak resident memory of each child in
+units of that size (target for mask learning ≤ 4.5: working copy, θ_pre, δ and the logits), and
+the median mask step over the median plain step (target ≤ 1.10×). Peak memory is the process's
+high-water mark (``ru_maxrss``), Python and torch included, so small models read high.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+SIZES = {  # hidden, layers, intermediate: Llama shapes of growing size
+    "20m": (256, 8, 704), "60m": (512, 8, 1408), "150m": (768, 12, 2048), "400m": (1024, 20, 2816),
+    "1b": (2048, 16, 5632),
+}
+VOCAB, BATCH, SEQ = 8192, 8, 64
+
+
+def build(size: str):
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+
+    hidden, layers, inter = SIZES[size]
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=hidden, num_hidden_layers=layers, intermediate_size=inter,
+                         num_attention_heads=max(4, hidden // 64), num_key_value_heads=max(4, hidden // 64),
+                         max_position_embeddings=SEQ, num_labels=2, pad_token_id=0)
+    torch.manual_seed(0)
+    return LlamaForSequenceClassification(config).eval()
+
+
+def batches(steps: int):
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(steps):
+        ids = torch.randint(1, VOCAB, (BATCH, SEQ), generator=gen)
+        yield {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids[:, 0] % 2}
+
+
+def child(mode: str, size: str, steps: int, device: str) -> None:
+    from graftui.models import GraftableSpec, ModelPair
+    from graftui.method import MaskLearner
+    from graftui.requests import LearnConfig
+
+    model = build(size)
+    n_params = sum(p.numel() for p in model.parameters())
+    times = []
+    built = None
+    if mode == "plain":
+        model.to(device)
+        for batch in batches(steps):
+            batch = {k: v.to(device) for k, v in batch.items()}
+            start = time.perf_counter()
+            model.zero_grad(set_to_none=True)
+            model(**batch).loss.backward()
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - start)
+    else:
+        finetuned = build(size)  # same seed: identical, then the body moves
+        gen = torch.Generator().manual_seed(1)
+        with torch.no_grad():
+            for name, p in finetuned.named_parameters():
+                if name.startswith("model.layers."):
+                    p.add_(torch.randn(p.shape, generator=gen) * 0.01 * torch.rand(p.shape, generator=gen).pow(4))
+        pair = ModelPair.from_models(model, finetuned, None, {"score.weight"}, GraftableSpec()).to(device)
+        del model, finetuned
+        params = {n: pair.param(n) for n in pair.graftable}
+        k = max(1, pair.counts()["graftable"] // 1000)
+        built = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+        learner = MaskLearner(pair.model, params, pair.pre, pair.ft, k, LearnConfig(steps=steps))
+        for batch in batches(steps):
+            start = time.perf_counter()
+            learner.step(batch)
+            if device.startswith("cuda"):
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - start)
+        learner.finish()
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    gpu_peak = torch.cuda.max_memory_allocated() if device.startswith("cuda") else None
+    print(json.dumps({"params": n_params, "peak": peak, "built": built, "now": _rss(), "gpu_peak": gpu_peak,
+                      "step_s": statistics.median(times[1:] if len(times) > 1 else times)}))
+
+
+def _rss() -> int:
+    with open("/proc/self/statm") as fh:
+        import os
+
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def run_child(mode: str, size: str, steps: int, device: str) -> dict:
+    done = subprocess.run([sys.executable, __file__, "--child", mode, "--sizes", size, "--steps", str(steps),
+                           "--device", device], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"{mode} {size} failed:\n{done.stderr[-2000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="20m,60m,150m,400m", help=f"comma-separated, from {', '.join(SIZES)}")
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--child", choices=("plain", "mask"))
+    args = parser.parse_args()
+    if args.child:
+        child(args.child, args.sizes, args.steps, args.device)
+        return
+    print(f"batch {BATCH} x {SEQ} tokens, {args.steps} steps per child, device {args.device}, "
+          f"{torch.get_num_threads()} threads")
+    print(f"{'size':>5} {'params':>12} {'fp32 GB':>8} {'plain peak':>11} {'mask peak':>10} "
+          f"{'plain s':>8} {'mask s':>8} {'ratio':>6}   (peaks in units of the fp32 model)")
+    for size in args.sizes.split(","):
+        plain = run_child("plain", size, args.steps, args.device)
+        mask = run_child("mask", size, args.steps, args.device)
+        unit = plain["params"] * 4
+        key = "gpu_peak" if args.device.startswith("cuda") else "peak"
+        print(f"{size:>5} {plain['params']:>12,} {unit / 1e9:>8.2f} {plain[key] / unit:>10.2f}x {mask[key] / unit:>9.2f}x "
+              f"{plain['step_s']:>8.2f} {mask['step_s']:>8.2f} "
+              f"{mask['step_s'] / plain['step_s']:>5.2f}x")
+    print("targets: mask peak <= 4.5x (working copy, θ_pre, δ, logits), ratio <= 1.10")
+
+
+if __name__ == "__main__":
+    main()
