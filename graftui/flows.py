@@ -29,7 +29,7 @@ from .layout import MODULE_LABELS, Anatomy, anatomy as count_anatomy
 from .data import OFFLINE_TASKS, Task, kshot, load_task
 from .errors import Cancelled, DataError, ModelError, RegionError, RequestError
 from .methods import Budget, get_method, run_method
-from .method import region_size
+from .method import data_parallel, region_size
 from .models import GraftableSpec, ModelPair, architecture, pair_kind, resolve
 from .regions import RegionRecord
 from .requests import (
@@ -493,7 +493,9 @@ def localize(req: LocalizeRequest, progress: Progress | None = None, cancel=None
         record = regions.with_patch(pair, record)
     out = Path(req.out).expanduser() if req.out else new_path(
         settings.subdir("regions"), f"{short_ref(req.task)}-{req.method}-k{record.size}", ".safetensors")
-    regions.save(record, out)
+    world = data_parallel()
+    if world is None or world.rank == 0:  # several processes learn one region; one writes it
+        regions.save(record, out)
     finish(progress)
     return LocalizeResult(req, notes, time.time() - start, str(out), record)
 

@@ -238,10 +238,16 @@ class MaskLearner:
 
     def step(self, batch: dict[str, torch.Tensor]) -> StepReport:
         self.steps_done += 1
+        world = data_parallel()
+        if world is not None:  # every process gets the same global batch and keeps its own rows
+            batch, share = world.shard(batch)
         batch = {key: value.to(self.device) for key, value in batch.items()}
         hard_k = self.k if self.config.forward == "hard" else None
-        out, sq = logit_gradient(self.model, self.params, self.pre, self.ft, self.logits, batch, hard_k,
-                                 need_peak=self.config.optimizer == "normalized" and self.config.norm == "max")
+        need_peak = self.config.optimizer == "normalized" and self.config.norm == "max"
+        out, sq = logit_gradient(self.model, self.params, self.pre, self.ft, self.logits, batch, hard_k, need_peak)
+        loss = out.loss.detach()
+        if world is not None:  # ∇_ℓ of the global batch's mean loss, the same in every process
+            sq, loss = world.reduce([self.params[n] for n in self.names], share, loss, need_peak)
         with torch.no_grad():
             scale = _step_scale(self.config, sq, self.count)
             for n in self.names:
@@ -259,7 +265,7 @@ class MaskLearner:
             kept = sum(int((self.logits[n].view(-1)[i.to(self.device)] > 0).sum()) for n, i in self.base.items())
             accuracy = float(out.accuracy) if hasattr(out, "accuracy") else \
                 float((out.logits.argmax(-1) == batch["labels"]).float().mean())
-        return StepReport(self.steps_done, self.config.steps, float(out.loss.detach()), accuracy, size, size - kept)
+        return StepReport(self.steps_done, self.config.steps, float(loss), accuracy, size, size - kept)
 
     def finish(self) -> Region:
         """Restore the working model and binarise (Eq. 4)."""
@@ -270,6 +276,53 @@ class MaskLearner:
         for n, p in self.model.named_parameters():
             p.requires_grad_(self._saved_flags[n])
         return binarise(self.logits, self.k, self.config.binarise)
+
+
+class DataParallel:
+    """Mask learning over several processes (``torch.distributed``, e.g. under ``accelerate launch``).
+
+    Each process scores its rows of the same global batch; the region-logit gradients are summed
+    across processes, weighted by each process's share of the rows, so every process takes the
+    step one process would take on the whole batch and all keep identical logits.
+    """
+
+    def __init__(self, rank: int, size: int):
+        self.rank, self.size = rank, size
+
+    def shard(self, batch: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], float]:
+        rows = next(iter(batch.values())).shape[0]
+        mine = torch.arange(rows)[self.rank::self.size]
+        return {k: v[mine] for k, v in batch.items()}, mine.numel() / rows
+
+    def reduce(self, params, share: float, loss: torch.Tensor, need_peak: bool):
+        import torch.distributed as dist
+
+        sq = torch.zeros((), dtype=torch.float64)
+        peak = torch.zeros((), dtype=torch.float32)
+        with torch.no_grad():
+            for p in params:
+                p.grad.mul_(share)
+                dist.all_reduce(p.grad)
+                flat = p.grad.view(-1).float()
+                sq += torch.dot(flat, flat).double().cpu()
+                if need_peak:
+                    peak = torch.maximum(peak, p.grad.abs().max().float().cpu())
+            total = (loss * share).reshape(1).float()
+            dist.all_reduce(total)
+        return (sq, peak), total[0]
+
+
+def data_parallel() -> DataParallel | None:
+    """The process group mask learning runs in, when started as several processes (WORLD_SIZE > 1)."""
+    import os
+
+    import torch.distributed as dist
+
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or not dist.is_available():
+        return None
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return DataParallel(dist.get_rank(), dist.get_world_size())
 
 
 def learn_region(

@@ -186,3 +186,29 @@ def test_top_k_equals_the_whole_sort_on_either_path_ties_included():
     pre = {n: torch.zeros_like(t) for n, t in scores.items()}
     assert {n: i.tolist() for n, i in method.base_region(pre, scores, list(scores), 9).items()} == \
         {n: i.tolist() for n, i in reference(scores, 9).items()}
+
+
+def test_data_parallel_mask_learning_gives_the_single_process_region(tmp_path):
+    """Two gloo processes, each on its rows of the same global batch (7 rows: 4 and 3), learn one region."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = str(Path(__file__).with_name("dp_mask.py"))
+    env = {k: v for k, v in __import__("os").environ.items() if k not in {"RANK", "WORLD_SIZE", "LOCAL_RANK"}}
+    one = subprocess.run([sys.executable, script, str(tmp_path / "one.pt")], capture_output=True, text=True, env=env,
+                         timeout=300)
+    assert one.returncode == 0, one.stderr[-2000:]
+    import socket
+
+    with socket.socket() as sock:  # a free port for the rendezvous
+        sock.bind(("127.0.0.1", 0))
+        port = str(sock.getsockname()[1])
+    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr",
+                          "127.0.0.1", "--master-port", port, script, str(tmp_path / "two.pt")], capture_output=True, text=True, env=env, timeout=300)
+    assert two.returncode == 0, two.stderr[-2000:]
+    a, b = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
+    for n in a["logits"]:
+        torch.testing.assert_close(a["logits"][n], b["logits"][n], rtol=0, atol=1e-5)
+    assert a["region"].keys() == b["region"].keys() and all(torch.equal(a["region"][n], b["region"][n]) for n in a["region"])
+    assert any(not torch.equal(l, l.sign() * 3.0) for l in a["logits"].values())  # the logits did move
