@@ -334,3 +334,24 @@ def test_reviewed_edges_pairs_masks_labels_dtypes_and_experiments(lm_root, tmp_p
     from graftui.cli import _auto_class
 
     assert _auto_class("LlamaForCausalLM") == "AutoModelForCausalLM" and _auto_class("BertForMaskedLM") == "AutoModelForMaskedLM"
+
+
+def test_every_region_verb_works_on_a_language_model_region(lm_root, tmp_path):
+    """compose --evaluate, WiSE, re-training and anatomy read the region's prompt; GPT-2's c_attn splits q/k/v."""
+    from graftui.requests import AnatomyRequest, ComposeRequest, RetrainRequest, WiseRequest
+
+    root, pairs, task = lm_root
+    base, ft = pairs["gpt2"]
+    made = [flows.localize(LocalizeRequest(base=str(base), finetuned=str(ft), task=str(task), label_words=WORDS,
+                                           method=m, steps=2, sparsity=0.01, out=str(tmp_path / f"{m}.safetensors")))
+            for m in ("learned", "top-movement")]
+    composed = flows.compose(ComposeRequest(regions=[m.path for m in made], evaluate=True,
+                                            out=str(tmp_path / "union.safetensors")))
+    assert len(composed.rows) == 6 and composed.written["kind"] == "patch"
+    assert regions.load(composed.written["path"]).meta["loading"]["label_words"] == WORDS
+    wise = flows.run(WiseRequest(region=made[0].path, alphas=[0, 1], no_ood=True)).as_dict()
+    assert wise["request"]["alphas"] == [0, 1]
+    retrained = flows.run(RetrainRequest(region=made[0].path, epochs=1, no_ood=True)).as_dict()
+    assert {"fine-tuned", "graft", "re-trained graft"} <= {r["model"] for r in retrained["rows"]}
+    anatomy = flows.anatomy(AnatomyRequest(region=made[0].path)).as_dict()
+    assert {"query", "key", "value", "ffn_in", "ffn_out"} <= {m for m, c in anatomy["by_module"].items() if c}
