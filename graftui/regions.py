@@ -184,6 +184,10 @@ def load(path: str | Path) -> RegionRecord:
                 raise RegionError(f"'{path.name}' is a patch without matching values for {name}")
     if kind == "patch" and set(values) - set(indices):
         raise RegionError(f"'{path.name}' has values for tensors outside its region")
+    for group, tensors_ in (("values", values), ("head", head)):
+        for name, tensor in tensors_.items():
+            if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+                raise RegionError(f"'{path.name}' holds NaN or infinite {group} for {name}: not a usable skill patch")
     record = RegionRecord(indices, shapes, meta, values if kind == "patch" else None, head if kind == "patch" else None)
     return record
 

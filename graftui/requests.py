@@ -428,9 +428,20 @@ def check_sparsity(value: float) -> None:
         raise RequestError(f"sparsity must be in (0, 1], a fraction of the graftable parameters; got {value}")
 
 
-def check_out_file(out: str | None) -> None:
-    if out is not None and Path(out).expanduser().is_dir():
+def check_out_file(out: str | None, overwrite: bool = False) -> None:
+    """A file to write: not a folder, not an existing file unless asked, in a folder this process can write."""
+    import os
+
+    if out is None:
+        return
+    path = Path(out).expanduser()
+    if path.is_dir():
         raise RequestError(f"output '{out}' is a folder; give a file name such as region.safetensors")
+    if path.exists() and not overwrite:
+        raise RequestError(f"output '{out}' exists; choose a new name, or add --overwrite to replace it")
+    folder = next((p for p in path.absolute().parents if p.exists()), None)
+    if folder is not None and (not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK)):
+        raise RequestError(f"cannot write '{out}': no permission to write in '{folder}'")
 
 
 def check_out_dir(out: str | None) -> None:
@@ -521,6 +532,7 @@ class LocalizeRequest(LoadFields, GraftableFields, LearnFields, TaskFields, Pair
     k: int | None = arg(None, "region size as a number of parameters (overrides --sparsity)", metavar="N", group="region")
     region_only: bool = arg(False, "write indices only (re-applying needs the fine-tuned model), not a skill patch")
     out: str | None = arg(None, "region file (default: a new file in $GRAFTUI_HOME/regions)", metavar="FILE")
+    overwrite: bool = arg(False, "replace --out if it exists (refused otherwise)")
 
     def budget(self):
         from .methods import Budget
@@ -537,7 +549,7 @@ class LocalizeRequest(LoadFields, GraftableFields, LearnFields, TaskFields, Pair
         self.check_learning()
         self.check_modules()
         self.check_loading(learning=True)
-        check_out_file(self.out)
+        check_out_file(self.out, self.overwrite)
 
 
 @_register
@@ -636,6 +648,7 @@ class ComposeRequest(Request):
     n: int | None = arg(None, "test examples per task when evaluating (default all)", metavar="N")
     out: str | None = arg(None, "the union file: a skill patch when every input is one (or --evaluate made them "
                           "patches), a region otherwise (default: not written)", metavar="FILE")
+    overwrite: bool = arg(False, "replace --out if it exists (refused otherwise)")
 
     def check(self) -> None:
         if len(self.regions) < 2:
@@ -643,7 +656,7 @@ class ComposeRequest(Request):
         for path in self.regions:
             check_region_file(path)
         check_at_least_one("n", self.n)
-        check_out_file(self.out)
+        check_out_file(self.out, self.overwrite)
 
 
 @_register

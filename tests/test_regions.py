@@ -157,3 +157,45 @@ def test_a_region_for_another_model_does_not_fit(tmp_path):
     record.shapes["bert.nonexistent.weight"] = (1,)
     with pytest.raises(RegionError, match="no graftable tensor named|made for"):
         regions.check_fits(record, pair)
+
+
+def test_a_patch_with_non_finite_values_is_refused_on_load(tmp_path, tiny_pair):
+    pair, _, _ = tiny_pair
+    from graftui import method
+
+    region = method.base_region(pair.pre, pair.ft, pair.graftable, 20)
+    record = regions.with_patch(pair, regions.make_record(pair, region, {}))
+    name = next(iter(record.values))
+    for bad in (float("nan"), float("inf")):
+        record.values[name][0] = bad
+        regions.save(record, tmp_path / "bad.safetensors")
+        with pytest.raises(RegionError, match="NaN or infinite values"):
+            regions.load(tmp_path / "bad.safetensors")
+
+
+def test_out_files_are_never_replaced_unless_asked(tmp_path):
+    from graftui.errors import RequestError
+    from graftui.requests import ComposeRequest, LocalizeRequest
+
+    precious = tmp_path / "precious.txt"
+    precious.write_text("keep me")
+    with pytest.raises(RequestError, match="exists; choose a new name, or add --overwrite"):
+        LocalizeRequest(out=str(precious)).validate()
+    LocalizeRequest(out=str(precious), overwrite=True).validate()
+    (tmp_path / "a.safetensors").write_bytes(b"x")
+    (tmp_path / "b.safetensors").write_bytes(b"x")
+    with pytest.raises(RequestError, match="exists"):
+        ComposeRequest(regions=[str(tmp_path / "a.safetensors"), str(tmp_path / "b.safetensors")],
+                       out=str(precious)).validate()
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    try:
+        import os
+
+        if not os.access(locked, os.W_OK):  # root can write anywhere: nothing to refuse then
+            with pytest.raises(RequestError, match="no permission"):
+                LocalizeRequest(out=str(locked / "r.safetensors")).validate()
+    finally:
+        locked.chmod(0o700)
+    assert precious.read_text() == "keep me"
