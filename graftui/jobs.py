@@ -190,13 +190,44 @@ class JobRunner:
 
     def _load_existing(self) -> None:
         for path in sorted(self.root.glob("*/job.json")):
-            try:
-                data = json.loads(path.read_text())
-                job = Job(**{k: v for k, v in data.items() if k in Job.__dataclass_fields__})
-            except (OSError, ValueError, TypeError):
-                continue
+            job = _read_job(path)
             if job.status not in FINISHED:  # the server stopped while it ran or waited
                 job.status, job.message = INTERRUPTED, "interrupted by a restart"
                 job.finished = job.finished or time.time()
                 self._save(job)
             self._jobs[job.id] = job
+
+
+_FIELD_TYPES = {"id": str, "kind": str, "title": str, "params": dict, "status": str, "progress": list,
+                "message": str, "result": (dict, type(None)), "error": (str, type(None))}
+
+
+def _read_job(path: Path) -> Job:
+    """A job record from disk; a damaged one (unreadable, truncated, not a job) is listed as a failed job
+    that says so, and its file is left as it was, so one bad file never stops the server."""
+    try:
+        data = json.loads(path.read_text())
+        if not isinstance(data, dict):
+            raise ValueError(f"it holds {type(data).__name__}, not a job")
+        for name, kind in _FIELD_TYPES.items():
+            if name in data and not isinstance(data[name], kind):
+                raise ValueError(f"its field '{name}' is not a {getattr(kind, '__name__', 'value')}")
+        job = Job(**{k: v for k, v in data.items() if k in Job.__dataclass_fields__})
+        if job.id != path.parent.name:
+            raise ValueError("its id does not match its folder")
+        if job.status not in FINISHED | {QUEUED, RUNNING}:
+            raise ValueError(f"unknown status '{job.status}'")
+        float(job.fraction)
+        return job
+    except (OSError, ValueError, TypeError) as err:
+        reason = str(err).splitlines()[0][:120] if str(err) else type(err).__name__
+        return Job(id=path.parent.name, kind="damaged", title=f"damaged job record ({path.parent.name})", params={},
+                   status=FAILED, created=_mtime(path), finished=_mtime(path),
+                   error=f"the record of this job is damaged and was not loaded: {reason}")
+
+
+def _mtime(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return time.time()

@@ -86,3 +86,24 @@ def test_a_restart_lists_old_jobs_and_marks_unfinished_ones_interrupted(tmp_path
     assert listed[running.id].status == INTERRUPTED
     assert [j.kind for j in again.jobs(kind="finetune")] == ["finetune"]
     gate.set()
+
+
+def test_damaged_job_records_are_listed_as_damaged_and_never_stop_the_runner(tmp_path):
+    """null, truncated JSON, a list, wrong field types, an unknown status: each is one failed job saying so."""
+    contents = {"nulljob": "null", "truncated": '{"id": "truncated", "kind": "loc', "alist": "[1, 2]",
+                "badtype": json.dumps({"id": "badtype", "kind": "x", "title": "t", "params": [], "status": "done"}),
+                "badstatus": json.dumps({"id": "badstatus", "kind": "x", "title": "t", "params": {}, "status": "??"})}
+    for name, text in contents.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "job.json").write_text(text)
+    good = JobRunner(tmp_path)
+    job = good.submit("localize", "fine", lambda ctx: {"ok": 1})
+    deadline = time.time() + 30
+    while good.get(job.id).status != DONE and time.time() < deadline:
+        time.sleep(0.05)
+    runner = JobRunner(tmp_path)  # a restart reads every record again
+    for name, text in contents.items():
+        damaged = runner.get(name)
+        assert damaged.status == FAILED and damaged.kind == "damaged" and "damaged" in damaged.error, name
+        assert (tmp_path / name / "job.json").read_text() == text  # left as it was
+    assert runner.get(job.id).status == DONE and runner.get(job.id).result == {"ok": 1}
