@@ -244,29 +244,47 @@ def pair_kind(finetuned_ref: str, options: LoadOptions, *, allow_local: bool = T
     """The kind a pair is read as: the one asked for, else the fine-tuned checkpoint's own."""
     if options.head != "auto":
         return options.head
-    if options.prompted():
-        kind = checkpoint_kind(finetuned_ref, allow_local=allow_local)
-        if kind == "classifier":
-            raise ModelError(f"'{finetuned_ref}' is a sequence classifier: --template, --label-words and "
-                             "--label-scoring are for causal or masked language models")
-        return kind
-    return checkpoint_kind(finetuned_ref, allow_local=allow_local)
+    kind = checkpoint_kind(finetuned_ref, allow_local=allow_local)
+    if kind == "classifier" and options.prompted():
+        raise ModelError(f"'{finetuned_ref}' is a sequence classifier: --template, --label-words and "
+                         "--label-scoring are for causal or masked language models")
+    return kind
 
 
-def prompt_tokenizer(ref: str, kind: str, labels, options: LoadOptions, *, recorded_from: str | None = None,
-                     allow_local: bool = True, trust_remote_code: bool = False):
+def prompt_tokenizer(ref: str, kind: str, labels, options: LoadOptions, *, allow_local: bool = True,
+                     trust_remote_code: bool = False):
     """``ref``'s tokenizer wrapped in the prompt the options, the checkpoint's record or the defaults give."""
     from .prompts import PromptTokenizer, make_prompt, recorded_prompt
 
     folder = None
     try:
-        folder = resolve(recorded_from or ref, allow_local=allow_local)
+        folder = resolve(ref, allow_local=allow_local)
     except ModelError:
         pass
     prompt = make_prompt(kind, tuple(labels) if labels else None, template=options.template,
                          label_words=options.label_words, scoring=options.label_scoring,
                          recorded=recorded_prompt(folder) if folder and Path(folder).is_dir() else None)
     return PromptTokenizer(load_tokenizer(ref, trust_remote_code=trust_remote_code, allow_local=allow_local), prompt)
+
+
+def load_reader(ref: str, kind: str, labels, options: LoadOptions, *, tokenizer=None, allow_local: bool = True,
+                trust_remote_code: bool = False):
+    """``ref`` read as ``kind``: (model, tokenizer, new).
+
+    A classifier gets a head for ``labels`` (``new``: the parameters ``from_pretrained`` had to make);
+    a language model is read through its prompt (``new`` is empty; its own fixed head is
+    ``model.head_names()``). ``tokenizer`` reuses the one a first model of the pair was read with.
+    """
+    kw = {"trust_remote_code": trust_remote_code, "allow_local": allow_local, "dtype": options.dtype,
+          "device_map": options.device_map}
+    if kind == "classifier":
+        model, info = load_classifier(ref, label_names=tuple(labels) if labels else None,
+                                      as_classifier=options.head == "classifier", **kw)
+        tokenizer = tokenizer or load_tokenizer(ref, trust_remote_code=trust_remote_code, allow_local=allow_local)
+        return model, tokenizer, new_parameters(info)
+    tokenizer = tokenizer or prompt_tokenizer(ref, kind, labels, options, allow_local=allow_local,
+                                              trust_remote_code=trust_remote_code)
+    return load_prompted(ref, tokenizer, **kw), tokenizer, set()
 
 
 def architecture(model) -> str:
@@ -384,25 +402,17 @@ class ModelPair:
 
         ``labels`` (the task's, in its order) match the label words of a prompt to the classes.
         """
-        kw = {"trust_remote_code": trust_remote_code, "allow_local": allow_local, "dtype": options.dtype,
-              "device_map": options.device_map}
+        kw = {"trust_remote_code": trust_remote_code, "allow_local": allow_local}
         kind = pair_kind(finetuned_ref, options, allow_local=allow_local)
-        if kind == "classifier":
-            forced = options.head == "classifier"
-            finetuned, _ = load_classifier(finetuned_ref, as_classifier=forced, **kw)
+        finetuned, tokenizer, _ = load_reader(finetuned_ref, kind, None if kind == "classifier" else labels, options, **kw)
+        prompt = getattr(tokenizer, "prompt", None)
+        if prompt is None:  # a classifier's labels are its own
             id2label = getattr(finetuned.config, "id2label", None) or {}
             labels = tuple(str(id2label.get(i, i)) for i in range(finetuned.config.num_labels))
-            base, info = load_classifier(base_ref, label_names=labels, as_classifier=forced, **kw)
-            new_in_base, fixed = new_parameters(info), set()
-            tokenizer = load_tokenizer(finetuned_ref, trust_remote_code=trust_remote_code, allow_local=allow_local)
-            prompt = None
         else:
-            tokenizer = prompt_tokenizer(finetuned_ref, kind, labels, options, allow_local=allow_local,
-                                         trust_remote_code=trust_remote_code)
-            finetuned = load_prompted(finetuned_ref, tokenizer, **kw)
-            base = load_prompted(base_ref, tokenizer, **kw)
-            new_in_base, fixed, prompt = set(), finetuned.head_names(), tokenizer.prompt
             labels = prompt.labels
+        base, _, new_in_base = load_reader(base_ref, kind, labels, options, tokenizer=tokenizer, **kw)
+        fixed = finetuned.head_names() if prompt else set()
         check_pair(base, finetuned, new_in_base)
         pair = cls.from_models(base, finetuned, tokenizer, new_in_base, spec, base_ref, finetuned_ref, labels, fixed)
         pair.prompt = prompt

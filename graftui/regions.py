@@ -232,10 +232,9 @@ def _first_line(err: Exception) -> str:
 # -- a pair from a patch, and export -------------------------------------------------------------
 def recorded_options(meta: dict, **overrides):
     """The LoadOptions a region was made with (its prompt), with ``overrides`` on top."""
-    from .requests import LoadOptions
+    from .requests import HEADS, LoadOptions
 
     loading = meta.get("loading") if isinstance(meta.get("loading"), dict) else {}
-    from .requests import HEADS
 
     known = {"head", "template", "label_words", "label_scoring"}  # the prompt; dtype and placement are the reader's
     values = {k: v for k, v in loading.items() if k in known and isinstance(v, str)}
@@ -256,28 +255,19 @@ def recorded_labels(meta: dict) -> tuple[str, ...] | None:
 
 def pair_from_patch(base_ref: str, record: RegionRecord, options=None, **load_kwargs):
     """Base + patch as a ModelPair whose 'fine-tuned' values are the patch (exact inside the region)."""
-    from .models import (
-        GraftableSpec, ModelPair, load_classifier, load_prompted, load_tokenizer, new_parameters, pair_kind,
-        prompt_tokenizer,
-    )
+    from .models import GraftableSpec, ModelPair, load_reader, pair_kind
 
     if not record.is_patch:
         raise RegionError("this file is a region without values: give the fine-tuned checkpoint too, or a skill patch")
     options = options or recorded_options(record.meta)
-    labels = recorded_labels(record.meta) or ()
+    labels = recorded_labels(record.meta)
     kind = pair_kind(base_ref, options, allow_local=load_kwargs.get("allow_local", True))
-    kw = {**load_kwargs, "dtype": options.dtype, "device_map": options.device_map}
-    if kind in ("causal-lm", "masked-lm"):
-        tokenizer = prompt_tokenizer(base_ref, kind, labels, options, allow_local=load_kwargs.get("allow_local", True))
-        base, finetuned = load_prompted(base_ref, tokenizer, **kw), load_prompted(base_ref, tokenizer, **kw)
-        head_names, fixed = set(record.head or ()), finetuned.head_names()
-        labels = tokenizer.prompt.labels
-    else:
-        base, info = load_classifier(base_ref, label_names=labels or None, as_classifier=options.head == "classifier", **kw)
-        head_names, fixed = new_parameters(info) | set(record.head or ()), set()
-        finetuned, _ = load_classifier(base_ref, label_names=labels or None, as_classifier=options.head == "classifier",
-                                       **kw)
-        tokenizer = load_tokenizer(base_ref, **{k: v for k, v in load_kwargs.items() if k != "label_names"})
+    base, tokenizer, new = load_reader(base_ref, kind, labels, options, **load_kwargs)
+    finetuned, _, _ = load_reader(base_ref, kind, labels, options, tokenizer=tokenizer, **load_kwargs)
+    prompt = getattr(tokenizer, "prompt", None)
+    head_names = new | set(record.head or ())
+    fixed = finetuned.head_names() if prompt else set()
+    labels = prompt.labels if prompt else labels or ()
     params = dict(finetuned.named_parameters())
     spec = GraftableSpec(include_embeddings=True, names=tuple(record.shapes))
     with torch.no_grad():
@@ -293,7 +283,7 @@ def pair_from_patch(base_ref: str, record: RegionRecord, options=None, **load_kw
             params[name].data.view(-1)[idx] = record.values[name].to(params[name].dtype)
     pair = ModelPair.from_models(base, finetuned, tokenizer, head_names, spec, base_ref,
                                  f"patch:{record.meta.get('finetuned', '?')}", labels, fixed)
-    pair.prompt, pair.options = getattr(tokenizer, "prompt", None), options
+    pair.prompt, pair.options = prompt, options
     missing = set(record.shapes) - set(pair.graftable)
     if missing:
         raise RegionError(f"the patch expects graftable tensors this base lacks (first: {sorted(missing)[0]})")

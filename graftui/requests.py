@@ -132,8 +132,7 @@ class FinetuneConfig:
             raise RequestError(f"train examples must be 0 (all) or more, got {self.train_examples}")
 
 
-LR_FOR = {"sgd": 0.003, "adamw": 3e-5}
-SMOLLM2_LR, SMOLLM2_TRAIN = 0.003, 480  # default learning rate of each optimizer
+LR_FOR = {"sgd": 0.003, "adamw": 3e-5}  # default learning rate of each optimizer
 DEFAULT_RECIPE = FinetuneConfig()
 QUICK_RECIPE = FinetuneConfig(epochs=1, train_examples=256, lr=0.01)  # GRAFTUI_FAST: seconds, weaker
 
@@ -145,7 +144,7 @@ def default_recipe() -> FinetuneConfig:
 
 # The causal-LM default: a short prompt-based fine-tune (each step is ~3.5 s on 2 CPU cores), the
 # label words of the paper's SST-2 prompt; the LM head and the embeddings stay fixed.
-SMOLLM2_RECIPE = FinetuneConfig(lr=SMOLLM2_LR, epochs=1, train_examples=SMOLLM2_TRAIN)
+SMOLLM2_RECIPE = FinetuneConfig(lr=0.003, epochs=1, train_examples=480)  # 0.01 diverged (measured)
 DEFAULT_LOADING = {"smollm2-movies": LoadOptions(template="{text} It was", label_words="negative= bad,positive= good")}
 
 
@@ -300,11 +299,10 @@ class LoadFields(Request):
 
     def load_options(self, recorded: LoadOptions | None = None) -> LoadOptions:
         """The request's options; what it leaves at the default comes from ``recorded`` (a region's prompt)."""
-        recorded = recorded or LoadOptions()
-        pick = lambda name, default: getattr(self, name) if getattr(self, name) != default else getattr(recorded, name)  # noqa: E731
-        return LoadOptions(head=pick("head", "auto"), template=pick("template", None),
-                           label_words=pick("label_words", None), label_scoring=pick("label_scoring", "first"),
-                           dtype=self.dtype, device_map=self.device_map)
+        recorded, default = recorded or LoadOptions(), LoadOptions()
+        prompt = {name: getattr(self, name) if getattr(self, name) != getattr(default, name) else getattr(recorded, name)
+                  for name in ("head", "template", "label_words", "label_scoring")}
+        return LoadOptions(**prompt, dtype=self.dtype, device_map=self.device_map)
 
     def check_loading(self, learning: bool = False) -> None:
         if learning and self.dtype == "float16":

@@ -20,10 +20,7 @@ import torch
 from . import __version__, settings
 from .data import batches, subsample
 from .errors import Cancelled, ModelError
-from .models import (
-    DEFAULT_FINETUNED_REFS, GraftableSpec, load_classifier, load_prompted, load_tokenizer, new_parameters, pair_kind,
-    prompt_tokenizer,
-)
+from .models import DEFAULT_FINETUNED_REFS, GraftableSpec, load_classifier, load_reader, load_tokenizer, pair_kind
 from .requests import FinetuneConfig, LoadOptions, default_checkpoint_dir, default_recipe
 
 
@@ -128,14 +125,13 @@ def load_trainable(base_ref: str, labels, options: LoadOptions, *, allow_local: 
     A language model's own head is always fixed (the paper's prompt-based fine-tuning); a new
     classification head is fixed only when asked (``freeze_head``).
     """
+    from dataclasses import replace
+
     kind = pair_kind(base_ref, options, allow_local=allow_local)
-    if kind == "classifier":
-        model, info = load_classifier(base_ref, label_names=tuple(labels), allow_local=allow_local, dtype=options.dtype,
-                                      as_classifier=options.head == "classifier")
-        return model, load_tokenizer(base_ref, allow_local=allow_local), new_parameters(info) if freeze_head else set()
-    tokenizer = prompt_tokenizer(base_ref, kind, labels, options, allow_local=allow_local)
-    model = load_prompted(base_ref, tokenizer, allow_local=allow_local, dtype=options.dtype)
-    return model, tokenizer, model.head_names()
+    model, tokenizer, new = load_reader(base_ref, kind, labels, replace(options, device_map=None), allow_local=allow_local)
+    if getattr(tokenizer, "prompt", None) is not None:
+        return model, tokenizer, model.head_names()
+    return model, tokenizer, new if freeze_head else set()
 
 
 def _save(out_dir: Path, models: list[tuple[str | None, torch.nn.Module]], tokenizer, record: dict) -> None:
