@@ -355,3 +355,17 @@ def test_every_region_verb_works_on_a_language_model_region(lm_root, tmp_path):
     assert {"fine-tuned", "graft", "re-trained graft"} <= {r["model"] for r in retrained["rows"]}
     anatomy = flows.anatomy(AnatomyRequest(region=made[0].path)).as_dict()
     assert {"query", "key", "value", "ffn_in", "ffn_out"} <= {m for m, c in anatomy["by_module"].items() if c}
+
+
+def test_logit_scale_and_softcapping_of_the_lm_are_applied_to_the_label_scores(tmp_path):
+    """Cohere scales its logits and Gemma 2 caps them; label scores follow what the LM itself would output."""
+    tok = make_tokenizer(tmp_path)
+    lm = make_lm("gpt2", len(tok)).eval()
+    pt = PromptTokenizer(tok, make_prompt("causal-lm", ("negative", "positive"), label_words=WORDS))
+    model = PromptClassifier(lm, pt).eval()
+    batch = pt(["the movie was good"], None, max_length=32)
+    with torch.no_grad():
+        plain = model(**batch).logits
+        lm.config.logit_scale, lm.config.final_logit_softcapping = 2.0, 3.0
+        capped = model(**batch).logits
+    torch.testing.assert_close(capped, torch.tanh(plain * 2.0 / 3.0) * 3.0)
