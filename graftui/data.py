@@ -271,6 +271,16 @@ def _looks_like_path(ref: str) -> bool:
     return ref.startswith(("/", "./", "../", "~", ".\\")) or ref.lower().endswith(_FILE_SUFFIXES) or "\\" in ref
 
 
+def builder_names() -> set[str]:
+    """The datasets library's packaged loaders (csv, json, text, parquet, imagefolder …): given as a dataset
+    id they read files from the working directory, so they are never a dataset here."""
+    try:
+        from datasets.packaged_modules import _PACKAGED_DATASETS_MODULES
+    except ImportError:  # a datasets release that moved them: the well-known ones still count
+        return {"csv", "json", "text", "parquet", "arrow", "pandas", "imagefolder", "audiofolder", "webdataset", "xml"}
+    return set(_PACKAGED_DATASETS_MODULES)
+
+
 def _resolve(ref: str, allow_local: bool) -> tuple[str, str]:
     """Classify `ref` as ("offline", name), ("local", path) or ("hub", id), refusing what is not allowed."""
     key = ref.strip().lower()
@@ -285,6 +295,9 @@ def _resolve(ref: str, allow_local: bool) -> tuple[str, str]:
         if not path.exists():
             raise DataError(f"no such file or folder: '{ref}'")
         return "local", str(path)
+    if key in builder_names():
+        raise DataError(f"'{ref}' names a loader of the datasets library, not a dataset; give the file itself "
+                        f"(upload it in the app), a Hugging Face dataset id, or an offline task ({', '.join(OFFLINE_TASKS)})")
     close = difflib.get_close_matches(key, OFFLINE_TASKS, n=1, cutoff=0.8)
     if "/" not in ref and close:
         raise DataError(f"unknown task '{ref}'; did you mean '{close[0]}'? Offline tasks are: {', '.join(OFFLINE_TASKS)}")
@@ -293,6 +306,12 @@ def _resolve(ref: str, allow_local: bool) -> tuple[str, str]:
             f"'{ref}' is neither an offline task ({', '.join(OFFLINE_TASKS)}), a local file, nor a Hugging Face dataset id"
         )
     return "hub", ref
+
+
+def _check_rows(source: "_Source") -> None:
+    """A source with no rows at all (an empty file, a CSV with only its header) is refused."""
+    if not source.tables or not any(len(t) for t in source.tables.values()):
+        raise DataError(f"{source.name} is empty: it holds no rows (a header alone is not a dataset)")
 
 
 def check_reference(ref: str, *, allow_local: bool = True) -> str:
@@ -577,8 +596,7 @@ def _check_columns(spec: DataSpec, columns: list[str], source: str) -> None:
 
 def _build_task(source: _Source, spec: DataSpec) -> Task:
     tables = source.tables
-    if not tables or all(len(t) == 0 for t in tables.values()):
-        raise DataError(f"{source.name} is empty: it holds no rows")
+    _check_rows(source)
     keys = {role: _pick_split(tables, getattr(spec, f"{role}_split"), role, f"{role}_split") for role in SPLIT_NAMES}
     if keys["train"] is None:
         keys = {"train": None, "validation": None, "test": None}
@@ -657,8 +675,7 @@ def preview(ref: str | os.PathLike, spec: DataSpec = DataSpec(), n: int = 5, *, 
             "splits": {name: len(s) for name, s in task.splits.items()},
         }
     source = _load_source(kind, target, spec)
-    if not source.tables:
-        raise DataError(f"{source.name} is empty: it holds no rows")
+    _check_rows(source)
     keys = {role: _pick_split(source.tables, getattr(spec, f"{role}_split"), role, f"{role}_split") for role in SPLIT_NAMES}
     table = source.tables[keys["train"]] if keys["train"] else next(iter(source.tables.values()))
     columns = _columns(table)

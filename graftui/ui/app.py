@@ -300,7 +300,8 @@ def build_app() -> gr.Blocks:
     mode_note = " · hosted mode: server paths are refused, uploads are capped" if hosted else ""
     fast_note = " · small-data mode (GRAFTUI_FAST)" if store.fast() else ""
 
-    with gr.Blocks(title="graftui · skill localization by grafting") as demo:
+    # hosted: Gradio's copies of uploads and downloads are removed after an hour
+    with gr.Blocks(title="graftui · skill localization by grafting", delete_cache=(3600, 3600) if hosted else None) as demo:
         gr.Markdown(
             "# graftui · skill localization by grafting\n"
             "Find the tiny region of a fine-tuned language model that carries its skill "
@@ -310,6 +311,13 @@ def build_app() -> gr.Blocks:
         status = gr.Markdown("Loading…", elem_id="status-message")
         safe = guarded(status)
         quiet = guarded(status, toast=False)
+        # The page's session id (hosted mode), issued on load and kept by the browser, encrypted.
+        sid = gr.BrowserState("", storage_key="graftui-session", secret=store.browser_secret())
+
+        def on(event, fn, inputs, outputs, **kwargs):
+            """Wire ``fn`` to ``event`` as this page's session: the id travels with the inputs and is entered
+            around the call, so everything ``fn`` lists, reads, writes or submits is the session's own."""
+            return event(in_session(fn), [sid, *(inputs or [])], outputs, **kwargs)
 
         with gr.Tabs(elem_id="tabs"):
             # ---------------------------------------------------------------- Models
@@ -554,6 +562,7 @@ def build_app() -> gr.Blocks:
                     reg_dl_idx = gr.DownloadButton("Download region indices only (.safetensors)", value=None,
                                                    elem_id="region-download-indices")
                     reg_export = gr.Button("Export grafted checkpoint (.zip)", elem_id="region-export")
+                    reg_delete = gr.Button("Delete this region", variant="stop", elem_id="region-delete")
                 reg_meta = gr.Dataframe(actions.region_meta_table(None), interactive=False, label="Metadata of the selected region",
                                         elem_id="regions-meta")
                 reg_export_status = gr.Markdown("", elem_id="region-export-status")
@@ -592,16 +601,20 @@ def build_app() -> gr.Blocks:
 
         # ---------------------------------------------------------------- page load
         @safe
-        def on_load():
-            runner = store.runner()
-            job = actions.submit_prepare(runner)
+        def on_load(current):
+            session = store.resume(current)  # the browser's own id while it lives, else a new workspace
+            with store.session(session):
+                job = actions.submit_prepare(store.runner())
             msg = "Ready. Start on **Models** (the offline default pair is preselected), then **Localize**."
             if job is not None:
                 msg = ("The default fine-tuned model (**minilm-movies**) is being prepared once, in the background "
                        "(about two minutes on a CPU; see **Jobs** below). Everything that needs it waits for it.")
-            return msg
+            if hosted:
+                msg += (" Your regions, uploads and jobs are private to this browser and kept "
+                        f"{settings.SESSION_IDLE_HOURS:g} h after your last visit.")
+            return msg, session
 
-        demo.load(on_load, None, [status])
+        demo.load(on_load, [sid], [status, sid])
 
         # ---------------------------------------------------------------- Models
         @safe
@@ -620,7 +633,7 @@ def build_app() -> gr.Blocks:
                     gr.update(open=True) if desc["prompt"] is not None else gr.skip())
 
         prompt_inputs = [prompt_head, prompt_template, prompt_words]
-        check_btn.click(on_check, [base_dd, ft_dd, loc_budget, task_dd, text_col, pair_col, label_col, *prompt_inputs],
+        on(check_btn.click, on_check, [base_dd, ft_dd, loc_budget, task_dd, text_col, pair_col, label_col, *prompt_inputs],
                         [counts_df, pair_md, status, loc_budget_md, prompt_acc])
 
         @safe
@@ -631,7 +644,7 @@ def build_app() -> gr.Blocks:
             return (f"**{p['describe']}**\n\nFirst training example as the model reads it:\n\n```\n{p['prompt']}\n```\n\n"
                     f"Label tokens ({p['scored']} is scored): {tokens}"), "✓ Prompt previewed."
 
-        preview_btn.click(on_preview, [ft_dd, task_dd, text_col, pair_col, label_col, *prompt_inputs], [preview_md, status])
+        on(preview_btn.click, on_preview, [ft_dd, task_dd, text_col, pair_col, label_col, *prompt_inputs], [preview_md, status])
 
         @safe
         def on_data_upload(file):
@@ -639,11 +652,14 @@ def build_app() -> gr.Blocks:
 
             if not file:
                 return gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
-            path = store.save_upload(file)
-            info = preview(str(path), allow_local=True)
-            rows = sum(info["splits"].values())
-            if hosted and rows > settings.MAX_DATASET_ROWS:
-                raise ValueError(f"'{path.name}' has {rows:,} rows; this server takes at most {settings.MAX_DATASET_ROWS:,}")
+            def read(path):  # a file refused here is deleted again by save_upload
+                info = preview(str(path), allow_local=True)
+                rows = sum(info["splits"].values())
+                if hosted and rows > settings.MAX_DATASET_ROWS:
+                    raise ValueError(f"'{path.name}' has {rows:,} rows; this server takes at most {settings.MAX_DATASET_ROWS:,}")
+                return info
+
+            path, info = store.save_upload(file, read)
             cols, guess = info["columns"], info["guess"]
             frame = pd.DataFrame(info["rows"])
             splits = ", ".join(f"{k}: {v:,} rows" for k, v in info["splits"].items())
@@ -656,7 +672,7 @@ def build_app() -> gr.Blocks:
                 frame, md, f"✓ Read {path.name}.",
             )
 
-        data_file.upload(on_data_upload, [data_file], [task_dd, text_col, pair_col, label_col, data_preview, mapping_md, status])
+        on(data_file.upload, on_data_upload, [data_file], [task_dd, text_col, pair_col, label_col, data_preview, mapping_md, status])
 
         @safe
         def on_check_mapping(task, text, pair, label):
@@ -666,7 +682,7 @@ def build_app() -> gr.Blocks:
             return (f"✓ **{t.name}**: {kind} task with {t.num_labels} labels ({', '.join(t.label_names)}); "
                     f"examples per split: {sizes}. Source: {t.source}."), "✓ Column mapping checked."
 
-        mapping_btn.click(on_check_mapping, [task_dd, text_col, pair_col, label_col], [mapping_md, status])
+        on(mapping_btn.click, on_check_mapping, [task_dd, text_col, pair_col, label_col], [mapping_md, status])
 
         # ---------------------------------------------------------------- Fine-tune
         def on_optimizer(opt):
@@ -674,12 +690,12 @@ def build_app() -> gr.Blocks:
                 return gr.update(value=LR_FOR["adamw"]), gr.update(visible=True, value=INTERACTIVE["l1"])
             return gr.update(value=d["ft_lr"]), gr.update(visible=False, value=0.0)
 
-        ftn_opt.change(on_optimizer, [ftn_opt], [ftn_lr, ftn_l1])
+        on(ftn_opt.change, on_optimizer, [ftn_opt], [ftn_lr, ftn_l1])
 
         def on_task(task):
             return f"Task: **{store.short_ref(task) or '?'}**, as chosen on the **Models** tab (its column mapping too)."
 
-        task_dd.change(on_task, [task_dd], [ftn_task_md], show_progress="hidden")
+        on(task_dd.change, on_task, [task_dd], [ftn_task_md], show_progress="hidden")
 
         @safe
         def on_finetune(base, task, text, pair, label, opt, lr, l1, epochs, n, head, template, words):
@@ -689,7 +705,7 @@ def build_app() -> gr.Blocks:
                                           optimizer=opt, lr=lr, epochs=epochs, train_examples=n, l1=l1)
             return submitted(job), picker_for(("finetune", "prepare"), "latest fine-tuning job", job), actions.job_status_line(job)
 
-        ftn_run.click(on_finetune, [ftn_base, task_dd, text_col, pair_col, label_col, ftn_opt, ftn_lr, ftn_l1, ftn_epochs, ftn_n,
+        on(ftn_run.click, on_finetune, [ftn_base, task_dd, text_col, pair_col, label_col, ftn_opt, ftn_lr, ftn_l1, ftn_epochs, ftn_n,
                                     *prompt_inputs],
                       [status, ftn_job, ftn_status])
 
@@ -698,9 +714,9 @@ def build_app() -> gr.Blocks:
             return actions.budget_text(log_s, store.known_counts(base, finetuned))
 
         for ev in (loc_budget.change, base_dd.change, ft_dd.change, localize_tab.select):
-            ev(quiet(lambda a, b, c: (on_budget(a, b, c), gr.skip())), [loc_budget, base_dd, ft_dd], [loc_budget_md, status])
+            on(ev, quiet(lambda a, b, c: (on_budget(a, b, c), gr.skip())), [loc_budget, base_dd, ft_dd], [loc_budget_md, status])
 
-        loc_method.change(safe(lambda m: (method_info(m), gr.skip())), [loc_method], [loc_method_md, status])
+        on(loc_method.change, safe(lambda m: (method_info(m), gr.skip())), [loc_method], [loc_method_md, status])
 
         @safe
         def on_localize(base, finetuned, task, text, pair, label, method, log_s, steps, epc, lr, head, template, words):
@@ -710,7 +726,7 @@ def build_app() -> gr.Blocks:
                                           examples_per_class=epc, lr=lr)
             return submitted(job), picker_for(("localize",), "latest localize job", job), actions.job_status_line(job)
 
-        loc_run.click(on_localize, [base_dd, ft_dd, task_dd, text_col, pair_col, label_col, loc_method, loc_budget, loc_steps, loc_epc,
+        on(loc_run.click, on_localize, [base_dd, ft_dd, task_dd, text_col, pair_col, label_col, loc_method, loc_budget, loc_steps, loc_epc,
                                     loc_lr, *prompt_inputs], [status, loc_job, loc_status])
 
         def cancel_shown(kinds):
@@ -725,8 +741,8 @@ def build_app() -> gr.Blocks:
 
             return run
 
-        loc_cancel.click(cancel_shown(("localize",)), [loc_job], [status])
-        ftn_cancel.click(cancel_shown(("finetune", "prepare")), [ftn_job], [status])
+        on(loc_cancel.click, cancel_shown(("localize",)), [loc_job], [status])
+        on(ftn_cancel.click, cancel_shown(("finetune", "prepare")), [ftn_job], [status])
 
         # ---------------------------------------------------------------- Compare
         @safe
@@ -734,7 +750,7 @@ def build_app() -> gr.Blocks:
             job = actions.submit_compare(store.runner(), region_ids=region_ids or [], ood=ood or [], n=n, baselines=baselines)
             return submitted(job), picker_for(("compare",), "latest comparison", job), actions.job_status_line(job)
 
-        cmp_run.click(on_compare, [cmp_regions, ood_dd, cmp_n, cmp_base], [status, cmp_job, cmp_status])
+        on(cmp_run.click, on_compare, [cmp_regions, ood_dd, cmp_n, cmp_base], [status, cmp_job, cmp_status])
 
         @safe
         def on_sweep(base, finetuned, task, text, pair, label, budgets, steps, epc, lr, n, head, template, words):
@@ -744,7 +760,7 @@ def build_app() -> gr.Blocks:
                                        lr=lr, n=n)
             return submitted(job), picker_for(("sweep",), "latest sweep", job), actions.job_status_line(job)
 
-        swp_run.click(on_sweep, [base_dd, ft_dd, task_dd, text_col, pair_col, label_col, swp_budgets, loc_steps, loc_epc, loc_lr, cmp_n,
+        on(swp_run.click, on_sweep, [base_dd, ft_dd, task_dd, text_col, pair_col, label_col, swp_budgets, loc_steps, loc_epc, loc_lr, cmp_n,
                                  *prompt_inputs],
                       [status, swp_job, swp_status])
 
@@ -755,9 +771,9 @@ def build_app() -> gr.Blocks:
                 return gr.skip(), gr.skip(), gr.skip(), "Pick a region (run **Localize** first if the list is empty).", gr.skip()
             return (*anatomy_outputs(region_id, mode), gr.skip())
 
-        ana_region.change(on_anatomy, [ana_region, ana_mode], [ana_heat, ana_bars, ana_kinds, ana_md, status])
-        ana_mode.change(on_anatomy, [ana_region, ana_mode], [ana_heat, ana_bars, ana_kinds, ana_md, status])
-        anatomy_tab.select(on_anatomy, [ana_region, ana_mode], [ana_heat, ana_bars, ana_kinds, ana_md, status])
+        on(ana_region.change, on_anatomy, [ana_region, ana_mode], [ana_heat, ana_bars, ana_kinds, ana_md, status])
+        on(ana_mode.change, on_anatomy, [ana_region, ana_mode], [ana_heat, ana_bars, ana_kinds, ana_md, status])
+        on(anatomy_tab.select, on_anatomy, [ana_region, ana_mode], [ana_heat, ana_bars, ana_kinds, ana_md, status])
 
         # ---------------------------------------------------------------- Compose
         @safe
@@ -768,14 +784,14 @@ def build_app() -> gr.Blocks:
             return figures.overlap_heatmap(matrix, measure), actions.overlap_summary(matrix), gr.skip()
 
         for ev in (cmp_sel.change, cps_measure.change, compose_tab.select):
-            ev(on_overlap, [cmp_sel, cps_measure], [cps_heat, cps_pairs, status])
+            on(ev, on_overlap, [cmp_sel, cps_measure], [cps_heat, cps_pairs, status])
 
         @safe
         def on_compose(region_ids, resolve, n):
             job = actions.submit_compose(store.runner(), region_ids=region_ids or [], resolve=resolve, n=n)
             return submitted(job), picker_for(("compose",), "latest composition", job), actions.job_status_line(job)
 
-        cps_run.click(on_compose, [cmp_sel, cps_resolve, cps_n], [status, cps_job, cps_status])
+        on(cps_run.click, on_compose, [cmp_sel, cps_resolve, cps_n], [status, cps_job, cps_status])
 
         # ---------------------------------------------------------------- Laboratory
         @safe
@@ -784,21 +800,21 @@ def build_app() -> gr.Blocks:
                                            steps=steps, purify_steps=purify, examples_per_class=d["examples_per_class"], n=n)
             return submitted(job), picker_for(("multitask",), "latest multi-task run", job), actions.job_status_line(job)
 
-        mt_run.click(on_multitask, [mt_tasks, mt_group, mt_budget, mt_start, mt_steps, mt_purify, mt_n], [status, mt_job, mt_status])
+        on(mt_run.click, on_multitask, [mt_tasks, mt_group, mt_budget, mt_start, mt_steps, mt_purify, mt_n], [status, mt_job, mt_status])
 
         @safe
         def on_wise(region_id, alphas, n):
             job = actions.submit_wise(store.runner(), region_id=region_id, alphas=alphas, ood=[], n=n)
             return submitted(job), picker_for(("wise",), "latest WiSE run", job), actions.job_status_line(job)
 
-        ws_run.click(on_wise, [ws_region, ws_alphas, ws_n], [status, ws_job, ws_status])
+        on(ws_run.click, on_wise, [ws_region, ws_alphas, ws_n], [status, ws_job, ws_status])
 
         @safe
         def on_retrain(region_id, epochs, train, n):
             job = actions.submit_retrain(store.runner(), region_id=region_id, epochs=epochs, train_examples=train, n=n)
             return submitted(job), picker_for(("retrain",), "latest re-training", job), actions.job_status_line(job)
 
-        rt_run.click(on_retrain, [rt_region, rt_epochs, rt_train, rt_n], [status, rt_job, rt_status])
+        on(rt_run.click, on_retrain, [rt_region, rt_epochs, rt_train, rt_n], [status, rt_job, rt_status])
 
         @safe
         def on_continual(tasks, log_s, n):
@@ -806,14 +822,14 @@ def build_app() -> gr.Blocks:
                                            examples_per_class=d["examples_per_class"], n=n)
             return submitted(job), picker_for(("continual",), "latest continual run", job), actions.job_status_line(job)
 
-        cl_run.click(on_continual, [cl_tasks, cl_budget, cl_n], [status, cl_job, cl_status])
+        on(cl_run.click, on_continual, [cl_tasks, cl_budget, cl_n], [status, cl_job, cl_status])
 
         @safe
         def on_reproduce(quick):
             job = actions.submit_reproduce(store.runner(), quick=quick)
             return submitted(job), picker_for(("reproduce",), "latest report", job), actions.job_status_line(job)
 
-        rp_run.click(on_reproduce, [rp_quick], [status, rp_job, rp_status])
+        on(rp_run.click, on_reproduce, [rp_quick], [status, rp_job, rp_status])
 
         # ---------------------------------------------------------------- Regions
         @safe
@@ -825,16 +841,23 @@ def build_app() -> gr.Blocks:
             indices = actions.region_only_file(region_id)
             return gr.update(value=str(path)), gr.update(value=str(indices)), actions.region_meta_table(record), gr.skip()
 
-        reg_sel.change(on_region_select, [reg_sel], [reg_dl, reg_dl_idx, reg_meta, status])
-        regions_tab.select(on_region_select, [reg_sel], [reg_dl, reg_dl_idx, reg_meta, status])
+        on(reg_sel.change, on_region_select, [reg_sel], [reg_dl, reg_dl_idx, reg_meta, status])
+        on(regions_tab.select, on_region_select, [reg_sel], [reg_dl, reg_dl_idx, reg_meta, status])
 
         @safe
         def on_export(region_id):
             job = actions.submit_export(store.runner(), region_id=region_id)
             return submitted(job), job.id, actions.job_status_line(job)
 
+        @safe
+        def on_region_delete(region_id):
+            path = store.delete_region(region_id)
+            return gr.update(value=None), f"Deleted region **{path.stem}**."
+
+        on(reg_delete.click, on_region_delete, [reg_sel], [reg_sel, status])
+
         export_job = gr.State("")
-        reg_export.click(on_export, [reg_sel], [status, export_job, reg_export_status])
+        on(reg_export.click, on_export, [reg_sel], [status, export_job, reg_export_status])
 
         @safe
         def on_region_upload(file):
@@ -850,7 +873,7 @@ def build_app() -> gr.Blocks:
                   "current pair and add it to your regions.")
             return md, actions.region_meta_table(record), f"✓ {path.name} is a valid region file."
 
-        reg_up.upload(on_region_upload, [reg_up], [reg_up_md, reg_up_meta, status])
+        on(reg_up.upload, on_region_upload, [reg_up], [reg_up_md, reg_up_meta, status])
 
         @safe
         def on_region_apply(file, base, finetuned):
@@ -872,7 +895,7 @@ def build_app() -> gr.Blocks:
             return (f"✓ Fits the current pair ({store.short_ref(base)} → {store.short_ref(finetuned)}); saved as **{saved.stem}** "
                     "and listed in every region picker."), f"✓ Added region {saved.stem}."
 
-        reg_apply.click(on_region_apply, [reg_up, base_dd, ft_dd], [reg_up_md, status])
+        on(reg_apply.click, on_region_apply, [reg_up, base_dd, ft_dd], [reg_up_md, status])
 
         # ---------------------------------------------------------------- polling
         region_pickers = [cmp_regions, ana_region, cmp_sel, reg_sel, ws_region, rt_region]
@@ -935,7 +958,7 @@ def build_app() -> gr.Blocks:
                 raise ValueError(f"no job {picked}")
             return f"Cancel requested for **{job.title}**." if ok else f"**{job.title}** has already finished ({job.status})."
 
-        job_cancel.click(on_job_cancel, [job_sel], [status])
+        on(job_cancel.click, on_job_cancel, [job_sel], [status])
 
         @safe
         def on_job_pick(picked):
@@ -944,7 +967,7 @@ def build_app() -> gr.Blocks:
             text = json.dumps(job.params, indent=2) if path else "(this job has no request: it prepares the default model)"
             return text if job else "", gr.update(value=str(path) if path else None), gr.skip()
 
-        job_sel.change(on_job_pick, [job_sel], [job_req, job_req_dl, status])
+        on(job_sel.change, on_job_pick, [job_sel], [job_req, job_req_dl, status])
 
         def panel(kinds, picker, status_md, outputs, render, latest_label, fixed_state=None):
             """Poll the picked job of ``kinds`` (or the latest one) and re-render only when it changed."""
@@ -995,12 +1018,12 @@ def build_app() -> gr.Blocks:
             for _, polled, inputs, outs, picker in parts:
                 poll.add(_when_shown(name, polled, len(outs)), [shown_tab, *inputs], outs)
                 if picker is not None:  # picking a job shows it at once
-                    picker.change(quiet(lambda picked, fn=polled: (*fn(picked, None), gr.skip())), [picker], [*outs, status])
+                    on(picker.change, quiet(lambda picked, fn=polled: (*fn(picked, None), gr.skip())), [picker], [*outs, status])
         for name, tab in (("models", models_tab), ("finetune", finetune_tab), ("localize", localize_tab), ("compare", compare_tab),
                           ("anatomy", anatomy_tab), ("compose", compose_tab), ("lab", lab_tab), ("regions", regions_tab)):
             sigs = [part[0] for part in panels.get(name, [])]
-            tab.select(_open_tab(name, len(sigs)), None, [shown_tab, *sigs], show_progress="hidden")
-        poll.wire(timer, status)
+            on(tab.select, _open_tab(name, len(sigs)), None, [shown_tab, *sigs], show_progress="hidden")
+        poll.wire(timer, status, sid)
 
 
     return demo
@@ -1077,12 +1100,13 @@ class Poll:
         """``fn(*inputs)`` returns one value (or ``gr.skip()``) per output."""
         self.parts.append((fn, list(inputs), list(outputs)))
 
-    def wire(self, timer, status) -> None:
-        inputs = [c for _, ins, _ in self.parts for c in ins]
+    def wire(self, timer, status, sid) -> None:
+        inputs = [sid, *(c for _, ins, _ in self.parts for c in ins)]
         outputs = [c for _, _, outs in self.parts for c in outs]
         if len(set(map(id, outputs))) != len(outputs):
             raise ValueError("two polled parts update the same component")
 
+        @in_session
         def tick(*values):
             out, at, problem = [], 0, gr.skip()
             for fn, ins, outs in self.parts:
@@ -1098,9 +1122,25 @@ class Poll:
         timer.tick(tick, inputs, [*outputs, status], show_progress="hidden")
 
 
+def in_session(fn):
+    """``fn`` called as ``call(session_id, *inputs)``: the store's workspace is the session's for the call."""
+
+    def call(session_id, *args):
+        with store.session(session_id):
+            return fn(*args)
+
+    call.__name__ = getattr(fn, "__name__", "handler")
+    return call
+
+
+def launch_options() -> dict:
+    """How the server is launched: the folders it may serve, the upload cap, and Gradio's own refusals
+    (a non-number in a slider, a file path no page uploaded) shown as their message, not a bare error."""
+    max_size = f"{int(settings.MAX_UPLOAD_MB)}mb" if settings.hosted() else None
+    return {"allowed_paths": store.served_dirs(), "max_file_size": max_size, "show_error": True}
+
+
 def launch(host: str = "127.0.0.1", port: int = 7860, share: bool = False, **kwargs):
     demo = build_app()
     demo.queue(default_concurrency_limit=4)
-    max_size = f"{int(settings.MAX_UPLOAD_MB)}mb" if settings.hosted() else None
-    return demo.launch(server_name=host, server_port=port, share=share, allowed_paths=store.served_dirs(),
-                       max_file_size=max_size, show_error=False, **kwargs)
+    return demo.launch(server_name=host, server_port=port, share=share, **{**launch_options(), **kwargs})

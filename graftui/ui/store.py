@@ -2,19 +2,32 @@
 
 Everything the pages list is read back from disk, so a reloaded page or a restarted server
 shows the same jobs, checkpoints and regions. No maths here: only files and names.
+
+On a hosted server (``GRAFTUI_HOSTED=1``) every browser session works in its own workspace,
+``$GRAFTUI_HOME/sessions/<id>/`` (its regions, uploads, fine-tuned checkpoints, downloads), and
+sees only its own jobs. The id is issued here, kept by the browser, and entered around each
+request (:func:`session`); a request with an unknown id reads and writes nothing. What the
+server itself holds (the offline default checkpoints, regions an administrator put in
+``$GRAFTUI_HOME/regions``) is a read-only gallery every session lists. Locally there is one
+workspace, ``$GRAFTUI_HOME``, and every job is yours.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
+import secrets
 import shutil
 import threading
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from .. import settings
+from ..errors import SessionError
 
 # -- defaults ------------------------------------------------------------------------------------
 
@@ -48,16 +61,200 @@ _runner = None
 _runner_lock = threading.Lock()
 
 
-def runner():
-    """The app's single JobRunner, rooted at ``$GRAFTUI_HOME/jobs`` (created on first use)."""
+def runner() -> "Jobs":
+    """The app's single JobRunner (rooted at ``$GRAFTUI_HOME/jobs``, created on first use), as the
+    current session sees it."""
     global _runner
     with _runner_lock:
         if _runner is None:
             from ..jobs import JobRunner
 
             settings.configure_torch()
-            _runner = JobRunner(settings.subdir("jobs"))
-        return _runner
+            _runner = JobRunner(settings.shared("jobs"))
+    return Jobs(_runner, session_id())
+
+
+class Jobs:
+    """The job runner as one session sees it: locally every job; hosted, the session's own jobs and the
+    server's (which it may watch, not cancel), with the per-session and global quotas on submission."""
+
+    def __init__(self, runner, owner: str | None):
+        self.runner, self.owner = runner, owner
+
+    def _visible(self, job) -> bool:
+        return job is not None and (not settings.hosted() or job.owner in (None, self.owner))
+
+    def jobs(self, kind: str | None = None) -> list:
+        return [j for j in self.runner.jobs(kind) if self._visible(j)]
+
+    def get(self, job_id: str):
+        job = self.runner.get(job_id)
+        return job if self._visible(job) else None
+
+    def wait(self, job_id: str, timeout: float | None = None):
+        return self.runner.wait(job_id, timeout) if self.get(job_id) else None
+
+    def job_dir(self, job_id: str) -> Path:
+        if self.get(job_id) is None:
+            raise SessionError(f"no job {job_id} here")
+        return self.runner.job_dir(job_id)
+
+    def cancel(self, job_id: str) -> bool:
+        """Cancel one of this session's jobs (False when it has finished already)."""
+        job = self.get(job_id)
+        if job is None:
+            raise SessionError(f"no job {job_id} here")
+        if settings.hosted() and job.owner != self.owner:
+            raise SessionError(f"'{job.title}' is the server's own job; it cannot be cancelled from a page")
+        return self.runner.cancel(job_id)
+
+    def submit(self, kind: str, title: str, fn, params: dict | None = None, server: bool = False):
+        """Queue ``fn``; hosted, a session's job counts against its quota (``server``: the server's own job)."""
+        if settings.hosted() and not server:
+            if self.owner is None:
+                settings.workspace()  # raises: no live session
+            from ..jobs import QUEUED, RUNNING
+
+            active = [j for j in self.runner.jobs() if j.status in (QUEUED, RUNNING)]
+            mine = sum(j.owner == self.owner for j in active)
+            if mine >= settings.SESSION_JOBS:
+                raise SessionError(f"you already have {mine} job(s) waiting or running (the limit is "
+                                   f"{settings.SESSION_JOBS}); wait for one to finish, or cancel it on the Jobs list")
+            if len(active) >= settings.MAX_JOBS:
+                raise SessionError(f"the server is busy ({len(active)} jobs waiting or running); try again in a few minutes")
+            check_disk()
+        return self.runner.submit(kind, title, fn, params, owner=None if server else self.owner)
+
+
+# -- sessions (hosted mode) ----------------------------------------------------------------------
+_SID = re.compile(r"^[A-Za-z0-9_-]{32}$")
+SEEN = ".last-seen"
+
+
+def sessions_dir() -> Path:
+    return settings.shared("sessions")
+
+
+def new_session() -> str:
+    """A fresh workspace under an unguessable id (192 random bits)."""
+    sid = secrets.token_urlsafe(24)
+    (sessions_dir() / sid).mkdir(mode=0o700)
+    (sessions_dir() / sid / SEEN).touch()
+    return sid
+
+
+def live_session(sid) -> Path | None:
+    """The workspace of ``sid`` when it is one this server issued and has not removed."""
+    if not isinstance(sid, str) or not _SID.match(sid):
+        return None
+    path = sessions_dir() / sid
+    return path if path.is_dir() else None
+
+
+def resume(sid) -> str:
+    """On page load: the browser's session id when it is still live, else a new one (hosted only;
+    locally sessions do not exist and ``sid`` is returned as it came). Expired workspaces are removed."""
+    if not settings.hosted():
+        return sid or ""
+    expire_sessions()
+    if live_session(sid):
+        _touch(sessions_dir() / sid)
+        return sid
+    return new_session()
+
+
+@contextmanager
+def session(sid):
+    """Work as the session ``sid`` for the duration of one request: hosted, its workspace (or none when the
+    id is unknown, so nothing is read or written); locally, ``$GRAFTUI_HOME`` as always."""
+    if not settings.hosted():
+        yield
+        return
+    path = live_session(sid)
+    if path is not None:
+        _touch(path)
+    token = settings.enter_workspace(path or settings.NO_SESSION)
+    try:
+        yield
+    finally:
+        settings.leave_workspace(token)
+
+
+def session_id() -> str | None:
+    """The hosted session of the current request or job; None locally (and for the server's own work)."""
+    if not settings.hosted():
+        return None
+    try:
+        ws = settings.workspace()
+    except SessionError:
+        return None
+    return ws.name if ws.parent == sessions_dir() else None
+
+
+def browser_secret() -> str:
+    """The key the page's session id is encrypted with in the browser: ``GRAFTUI_SESSION_SECRET``, else one
+    made once and kept (owner-only) in $GRAFTUI_HOME, so a restarted server still reads its sessions' ids."""
+    given = os.environ.get("GRAFTUI_SESSION_SECRET", "").strip()
+    if given:
+        return given
+    path = settings.home() / ".session-secret"
+    try:
+        return path.read_text().strip()
+    except OSError:
+        pass
+    from ..regions import atomic_write
+
+    secret = secrets.token_hex(32)
+    atomic_write(path, lambda tmp: (Path(tmp).write_text(secret), os.chmod(tmp, 0o600)))
+    return path.read_text().strip()
+
+
+def _touch(path: Path) -> None:
+    seen = path / SEEN
+    try:
+        if time.time() - seen.stat().st_mtime > 60:
+            seen.touch()
+    except OSError:
+        seen.touch()
+
+
+def expire_sessions(now: float | None = None) -> list[str]:
+    """Remove workspaces idle for longer than GRAFTUI_SESSION_IDLE_HOURS whose jobs have all finished."""
+    from ..jobs import QUEUED, RUNNING
+
+    now = now or time.time()
+    busy = {j.owner for j in (_runner.jobs() if _runner else []) if j.status in (QUEUED, RUNNING)}
+    removed = []
+    for path in sessions_dir().iterdir():
+        try:
+            idle = now - (path / SEEN).stat().st_mtime
+        except OSError:
+            idle = now - path.stat().st_mtime
+        if path.name not in busy and idle > settings.SESSION_IDLE_HOURS * 3600:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path.name)
+    return removed
+
+
+def folder_mb(path: Path) -> float:
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                pass
+    return total / 2**20
+
+
+def check_disk(extra_mb: float = 0.0) -> None:
+    """Hosted: refuse new work once the session's workspace holds GRAFTUI_SESSION_MB."""
+    if not settings.hosted():
+        return
+    used = folder_mb(settings.workspace()) + extra_mb
+    if used > settings.SESSION_MB:
+        raise SessionError(f"your workspace holds {used:,.0f} MB, over this server's {settings.SESSION_MB:,.0f} MB; "
+                           "delete regions you no longer need (Regions tab), then try again")
 
 
 # -- folders -------------------------------------------------------------------------------------
@@ -77,8 +274,16 @@ def downloads_dir() -> Path:
     return settings.subdir("downloads")
 
 
+def gallery_dir() -> Path:
+    """Regions the server holds for everyone (read-only on a hosted server): ``$GRAFTUI_HOME/regions``."""
+    return settings.shared("regions")
+
+
 def served_dirs() -> list[str]:
-    """The only folders under GRAFTUI_HOME whose files the page may download."""
+    """The only folders under GRAFTUI_HOME whose files the page may download. Hosted: the gallery, and the
+    sessions' folders, each of which only a holder of its unguessable id can name."""
+    if settings.hosted():
+        return [str(gallery_dir()), str(sessions_dir())]
     return [str(regions_dir()), str(downloads_dir()), str(settings.subdir("reports"))]
 
 
@@ -99,6 +304,7 @@ class RegionEntry:
     path: Path
     kind: str
     meta: dict
+    gallery: bool = False  # the server's, shown to every session, never deleted from a page
 
     @property
     def k(self) -> int | None:
@@ -113,7 +319,7 @@ class RegionEntry:
         if isinstance(frac, (int, float)):
             size += f" ({frac:.3%} of graftable)"
         parts = [str(m.get("task", "?")), str(m.get("method", "?")), size, short_ref(m.get("finetuned", "?"))]
-        return " · ".join(parts) + f"  [{self.id}]"
+        return " · ".join(parts + ["gallery"] * self.gallery) + f"  [{self.id}]"
 
 
 def short_ref(ref: str) -> str:
@@ -137,15 +343,29 @@ def read_region_header(path: Path) -> RegionEntry | None:
     return RegionEntry(path.stem, path, header.get("kind", "region"), meta)
 
 
+def region_dirs() -> list[tuple[Path, bool]]:
+    """Where regions are listed from, as (folder, is gallery): the workspace's own folder, and on a hosted
+    server the gallery after it (a page without a live session sees the gallery only)."""
+    try:
+        own = [(regions_dir(), False)]
+    except SessionError:
+        own = []
+    if settings.hosted() and gallery_dir().resolve() not in {p.resolve() for p, _ in own}:
+        own.append((gallery_dir(), True))
+    return own
+
+
 def list_regions() -> list[RegionEntry]:
-    """Saved regions, newest first."""
-    entries = []
-    for path in regions_dir().glob("*.safetensors"):
-        if path.name.startswith("."):
-            continue
-        entry = read_region_header(path)
-        if entry is not None:
-            entries.append(entry)
+    """Saved regions, newest first (a gallery region whose id the session also uses is hidden by its own)."""
+    entries, seen = [], set()
+    for folder, gallery in region_dirs():
+        for path in folder.glob("*.safetensors"):
+            if path.name.startswith(".") or path.stem in seen:
+                continue
+            entry = read_region_header(path)
+            if entry is not None:
+                entries.append(RegionEntry(entry.id, entry.path, entry.kind, entry.meta, gallery))
+                seen.add(path.stem)
     return sorted(entries, key=lambda e: (e.meta.get("created", ""), e.path.stat().st_mtime), reverse=True)
 
 
@@ -165,9 +385,22 @@ def region_path(region_id: str) -> Path:
         raise RegionError("no region selected: pick one from the list (or run Localize first)")
     if not _ID.match(region_id):
         raise RegionError(f"'{region_id}' is not a region id")
-    path = regions_dir() / f"{region_id}.safetensors"
-    if not path.is_file():
-        raise RegionError(f"region '{region_id}' is not saved here (any more)")
+    for folder, _ in region_dirs():
+        path = folder / f"{region_id}.safetensors"
+        if path.is_file():
+            return path
+    settings.workspace()  # a page without a live session learns that first
+    raise RegionError(f"region '{region_id}' is not saved here (any more)")
+
+
+def delete_region(region_id: str) -> Path:
+    """Remove one of the workspace's own regions (never a gallery one); returns the removed path."""
+    from ..regions import RegionError
+
+    path = region_path(region_id)
+    if path.parent.resolve() != regions_dir().resolve():
+        raise RegionError(f"'{region_id}' belongs to the server's gallery; it cannot be deleted from a page")
+    path.unlink()
     return path
 
 
@@ -208,7 +441,11 @@ def list_checkpoints() -> list[dict]:
 
     default = default_checkpoint().resolve()
     out = []
-    for path in sorted(checkpoints_dir().iterdir(), key=lambda p: p.stat().st_mtime, reverse=True):
+    try:
+        own = checkpoints_dir()
+    except SessionError:
+        return []
+    for path in sorted(own.iterdir(), key=lambda p: p.stat().st_mtime, reverse=True):
         if path.name.startswith(".") or not (path / "config.json").is_file() or path.resolve() == default:
             continue
         record = checkpoint_record(path) or {}
@@ -262,14 +499,19 @@ def known_counts(base: str, finetuned: str) -> dict | None:
 
 # -- what a hosted server lets through -----------------------------------------------------------
 def is_managed(ref: str) -> bool:
-    """A path this server wrote itself (a checkpoint it fine-tuned, a dataset uploaded to it)."""
+    """A path this server wrote for this workspace (a checkpoint fine-tuned here, a dataset uploaded here), or
+    one of the server's default checkpoints; on a hosted server never another session's file."""
     if not ref:
         return False
     try:
         path = Path(ref).expanduser().resolve()
     except (OSError, RuntimeError, ValueError):
         return False
-    for root in (checkpoints_dir(), uploads_dir()):
+    try:
+        roots = [checkpoints_dir(), uploads_dir()]
+    except SessionError:
+        roots = []
+    for root in roots + [settings.shared("checkpoints")]:
         root = root.resolve()
         if path != root and path.is_relative_to(root) and path.exists():
             return True
@@ -363,23 +605,38 @@ def check_upload(path: str | Path, allowed: tuple[str, ...]) -> Path:
 DATA_SUFFIXES = (".csv", ".tsv", ".jsonl", ".json", ".parquet")
 
 
-def save_upload(path: str | Path) -> Path:
-    """Copy an uploaded dataset into GRAFTUI_HOME/uploads under a content-derived name."""
+def save_upload(path: str | Path, read=None):
+    """Copy an uploaded dataset into the workspace's uploads under a content-derived name.
+
+    ``read(dest)`` checks it there (the column preview); a file it refuses is deleted again, so a
+    refused upload is never offered as a task. Returns ``dest``, or ``(dest, read(dest))``.
+    """
     src = check_upload(path, DATA_SUFFIXES)
+    check_disk(src.stat().st_size / 2**20)
     digest = hashlib.sha256()
     with open(src, "rb") as fh:
         for block in iter(lambda: fh.read(1 << 20), b""):
             digest.update(block)
     # one folder per content hash keeps the file's own name, which the data loader reads split names from
     dest = uploads_dir() / digest.hexdigest()[:12] / f"{safe_name(src.stem, 60)}{src.suffix.lower()}"
-    if not dest.exists():
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(src, dest)
-    return dest
+    if dest.exists():
+        return dest if read is None else (dest, read(dest))
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(src, dest)
+    if read is None:
+        return dest
+    try:
+        return dest, read(dest)
+    except BaseException:
+        shutil.rmtree(dest.parent, ignore_errors=True)
+        raise
 
 
 def upload_choices() -> list[tuple[str, str]]:
-    files = sorted(uploads_dir().glob("*/*"), key=lambda p: p.stat().st_mtime, reverse=True)
+    try:
+        files = sorted(uploads_dir().glob("*/*"), key=lambda p: p.stat().st_mtime, reverse=True)
+    except SessionError:
+        return []
     return [(f"uploaded: {p.name} ({p.parent.name[:6]})", str(p)) for p in files if p.suffix.lower() in DATA_SUFFIXES]
 
 

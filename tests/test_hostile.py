@@ -1,0 +1,447 @@
+"""Hostile input through every front end: the CLI in-process, and the app over its HTTP API in hosted mode.
+
+The app is launched in this process with ``GRAFTUI_HOSTED=1`` and driven with ``gradio_client``,
+as a stranger would drive a public Space: each call names its session id (issued by the page's
+load event), uploads go through Gradio's upload route, and forged values reach Gradio's own
+input checks. Every case must answer with one clear line (``graftui: error: …`` in the CLI, a
+``⚠️ …`` status line in the app), never a traceback, and lose nothing: refused uploads are
+deleted, existing files stay as they were, no job is queued, no other session is touched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import pickle
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+
+from browser_util import free_port
+from conftest import make_tiny_pair
+
+pytestmark = pytest.mark.e2e
+
+WARN = "⚠️ "
+
+
+# -- the two front ends ------------------------------------------------------------------------------
+def run_cli(*args) -> tuple[int, str, str]:
+    from graftui import cli
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli.main([str(a) for a in args])
+    return code, out.getvalue(), err.getvalue()
+
+
+def cli_refuses(args, needle: str) -> str:
+    code, out, err = run_cli(*args)
+    assert code == 2, (args, code, out, err)
+    assert "Traceback" not in err and out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("graftui: error: "), err
+    assert needle.lower() in lines[0].lower(), (needle, lines[0])
+    return lines[0]
+
+
+@dataclass
+class Server:
+    url: str
+    client: object
+    home: Path
+    uploads: Path  # Gradio's upload folder
+
+    def call(self, api: str, *args):
+        return self.client.predict(*args, api_name=api)
+
+    def raw_error(self, api: str, data: list) -> str:
+        """POST ``data`` as it is (no client-side upload of the files it names); the error the server answers."""
+        import urllib.request
+
+        req = urllib.request.Request(f"{self.url}gradio_api/call{api}", data=json.dumps({"data": data}).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            event = json.loads(resp.read())["event_id"]
+        with urllib.request.urlopen(f"{self.url}gradio_api/call{api}/{event}", timeout=60) as resp:
+            stream = resp.read().decode()
+        assert "event: error" in stream and "Traceback" not in stream, stream
+        return next(line for line in stream.splitlines() if line.startswith("data:"))[5:].strip()
+
+    def session(self) -> str:
+        _, sid = self.call("/on_load", "")
+        return sid
+
+    def refuses(self, api: str, args, needle: str) -> str:
+        """The call answers with exactly one warning line containing ``needle`` (Gradio's own checks raise
+        an error whose message must then name the problem)."""
+        from gradio_client.exceptions import AppError
+
+        try:
+            out = self.call(api, *args)
+        except AppError as err:
+            text = str(err)
+            assert "Traceback" not in text and needle.lower() in text.lower(), (needle, text)
+            return text.splitlines()[0]
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        warnings = [o for o in outs if isinstance(o, str) and o.startswith(WARN)]
+        assert len(warnings) == 1, (api, out)
+        line = warnings[0]
+        assert "\n" not in line.strip() and "Traceback" not in line, line
+        assert needle.lower() in line.lower(), (needle, line)
+        return line
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    from gradio_client import Client
+
+    from graftui import flows
+    from graftui.ui import actions, app, store
+
+    root = tmp_path_factory.mktemp("hosted")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("GRAFTUI_HOME", str(root / "home"))
+        mp.setenv("GRAFTUI_HOSTED", "1")
+        mp.setenv("GRAFTUI_FAST", "1")
+        mp.setenv("GRADIO_TEMP_DIR", str(root / "gradio"))
+        mp.setattr(store, "_runner", None)
+        mp.setattr(actions, "submit_prepare", lambda runner: None)  # no default fine-tune in the background
+        demo = app.build_app()
+        demo.queue(default_concurrency_limit=4)
+        _, url, _ = demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=free_port(), quiet=True,
+                                **app.launch_options())
+        try:
+            yield Server(url, Client(url, verbose=False, download_files=False), root / "home", root / "gradio")
+        finally:
+            demo.close()
+            flows.clear_cache()
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """Hostile files, made once."""
+    from safetensors.torch import save_file
+
+    from graftui import regions
+
+    d = tmp_path_factory.mktemp("hostile")
+    f = {}
+    (d / "empty.csv").write_bytes(b"")
+    (d / "latin1.csv").write_bytes("text,label\ncaf\xe9 tr\xe8s bien,1\n".encode("latin-1") + b"\xff\xfe\x00bad,0\n")
+    (d / "broken.jsonl").write_text('{"text": "good", "label": 1}\n{"text": "bad", "lab\n')
+    (d / "fake.parquet").write_bytes(b"PAR1 this is not parquet at all")
+    (d / "pickle.csv").write_bytes(pickle.dumps({"text": ["a"], "label": [1]}))
+    (d / "header.csv").write_text("text,label\n")
+    (d / "model.pkl").write_bytes(pickle.dumps([1, 2, 3]))
+    (d / "good.csv").write_text("text,label\n" + "".join(f"sentence number {i},{i % 2}\n" for i in range(40)))
+    f.update({p.stem: p for p in d.iterdir()})
+
+    pair, _, _ = make_tiny_pair()
+    from graftui.methods import Budget, run_method
+
+    region, _ = run_method(pair, Budget(k=20), "top-movement")
+    record = regions.with_patch(pair, regions.make_record(pair, region, {"method": "top-movement", "task": "movies"}))
+    f["region"] = regions.save(record, d / "good.safetensors")
+    nan = regions.RegionRecord(record.indices, record.shapes, dict(record.meta),
+                               {n: torch.full_like(v, float("nan")) for n, v in record.values.items()}, record.head)
+    f["nan"] = regions.save(nan, d / "nan.safetensors")
+
+    def edited(name: str, change) -> Path:
+        from safetensors import safe_open
+
+        with safe_open(str(f["region"]), framework="pt") as fh:
+            meta, tensors = dict(fh.metadata()), {k: fh.get_tensor(k) for k in fh.keys()}
+        change(meta)
+        save_file(tensors, str(d / name), metadata=meta)
+        return d / name
+
+    def inflate(meta):
+        shapes = json.loads(meta["shapes"])
+        first = next(iter(shapes))
+        shapes[first] = [10**6, 10**6]
+        meta["shapes"] = json.dumps(shapes)
+
+    f["inflated"] = edited("inflated.safetensors", inflate)
+    f["k_lie"] = edited("k-lie.safetensors", lambda m: m.update(meta=json.dumps({**json.loads(m["meta"]), "k": 5})))
+    f["no_tag"] = edited("no-tag.safetensors", lambda m: m.pop("graftui_format"))
+    (d / "random.safetensors").write_bytes(os.urandom(256))
+    (d / "pickled.safetensors").write_bytes(pickle.dumps({"idx": [1, 2]}))
+    f["random"], f["pickled"] = d / "random.safetensors", d / "pickled.safetensors"
+    pickle_model = d / "pickle-model"
+    pickle_model.mkdir()
+    (pickle_model / "config.json").write_text(json.dumps({"model_type": "bert"}))
+    (pickle_model / "pytorch_model.bin").write_bytes(pickle.dumps("never unpickled"))
+    f["pickle_model"] = pickle_model
+    return f
+
+
+def upload(path):
+    from gradio_client import handle_file
+
+    return handle_file(str(path))
+
+
+def own_jobs(sid: str) -> list:
+    from graftui.ui import store
+
+    return [j for j in store.runner().runner.jobs() if j.owner == sid]
+
+
+def uploads_of(server: Server, sid: str) -> list[str]:
+    folder = server.home / "sessions" / sid / "uploads"
+    return sorted(p.name for p in folder.glob("*/*")) if folder.exists() else []
+
+
+# -- data sources ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("task", ["csv", "JSON", "text", "parquet", "imagefolder"])
+def test_a_datasets_loader_name_is_never_a_task(server, task):
+    needle = "names a loader of the datasets library"
+    cli_refuses(["localize", "--task", task], needle)
+    sid = server.session()
+    line = server.refuses("/on_check_mapping", (sid, task, "(guess)", "(none)", "(guess)"), needle)
+    assert len(line) < 400  # one sentence, never the server's files
+
+
+@pytest.mark.parametrize("task, needle", [
+    ("/etc/passwd", "local paths"), ("../../etc", "local paths"), ("~/.ssh", "local paths"),
+    ("*.csv", "are disabled here"), ("https://example.com/x.csv", "are disabled here"),
+    ("", "no dataset given"),
+])
+def test_hosted_tasks_never_name_a_server_path(server, task, needle):
+    sid = server.session()
+    server.refuses("/on_check_mapping", (sid, task, "(guess)", "(none)", "(guess)"), needle)
+
+
+# -- uploads -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name, needle", [
+    ("empty", "empty"), ("latin1", "utf-8"), ("broken", "jsonl"), ("fake", "parquet"), ("pickle", "utf-8"),
+    ("header", "a header alone is not a dataset"),
+])
+def test_a_refused_upload_is_deleted_and_never_offered(server, files, name, needle):
+    sid = server.session()
+    server.refuses("/on_data_upload", (sid, upload(files[name])), needle)
+    assert uploads_of(server, sid) == []
+    choices = server.call("/on_data_upload", sid, upload(files["good"]))[0]["choices"]
+    assert [c for c in choices if files[name].name in str(c)] == []
+    assert uploads_of(server, sid) == ["good.csv"]
+
+
+def test_uploads_of_the_wrong_kind_too_large_or_forged_are_refused(server, files, monkeypatch):
+    from graftui import settings
+
+    sid = server.session()
+    server.refuses("/on_data_upload", (sid, upload(files["model"])), "invalid file type")
+    monkeypatch.setattr(settings, "MAX_UPLOAD_MB", 0.0001)  # Gradio's own cap is checked by the client already
+    server.refuses("/on_data_upload", (sid, upload(files["good"])), "uploads are limited to")
+    monkeypatch.undo()
+    for forged in (Path(__file__).resolve(), Path("/etc/hosts")):  # the app's own source; a server file
+        line = server.raw_error("/on_data_upload", [sid, {"path": str(forged), "meta": {"_type": "gradio.FileData"}}])
+        assert "not uploaded by a user" in line and "127.0.0.1" not in line, line
+    assert uploads_of(server, sid) == []
+
+
+# -- requests: the app refuses what the CLI refuses, with the same words ---------------------------
+LOCALIZE = ("minilm", "minilm-movies", "movies", "(guess)", "(none)", "(guess)", "learned")
+
+
+@pytest.mark.parametrize("field, value, cli_flag, needle", [
+    ("steps", 0, "--steps", "--steps must be at least 1"),
+    ("steps", -5, "--steps", "--steps must be at least 1"),
+    ("lr", 0, "--lr", "must be a positive number"),
+    ("lr", -1, "--lr", "must be a positive number"),
+    ("epc", 0, "--examples-per-class", "at least 1"),
+])
+def test_mask_learning_settings_are_checked_alike(server, field, value, cli_flag, needle):
+    cli_refuses(["localize", "--task", "movies", cli_flag, value], needle)
+    sid = server.session()
+    values = {"log_s": -3, "steps": 5, "epc": 8, "lr": 0.02, field: value}
+    server.refuses("/on_localize", (sid, *LOCALIZE, values["log_s"], values["steps"], values["epc"], values["lr"],
+                                    "auto", "", ""), needle)
+    assert own_jobs(sid) == []  # refused before any job was queued
+
+
+def test_values_a_browser_cannot_send_are_named_by_the_widget(server):
+    sid = server.session()
+    server.refuses("/on_localize", (sid, *LOCALIZE, "abc", 5, 8, 0.02, "auto", "", ""), "slider")
+    server.refuses("/on_localize", (sid, *LOCALIZE, 3.0, 5, 8, 0.02, "auto", "", ""), "maximum")
+    server.refuses("/on_localize", (sid, "minilm", "minilm-movies", "movies", "(guess)", "(none)", "(guess)", "magic",
+                                    -3, 5, 8, 0.02, "auto", "", ""), "magic")
+    cli_refuses(["localize", "--method", "magic"], "magic")
+    cli_refuses(["localize", "--sparsity", "2"], "sparsity must be in (0, 1]")
+
+
+def test_laboratory_and_sweep_inputs(server):
+    sid = server.session()
+    server.refuses("/on_sweep", (sid, *LOCALIZE[:6], "1e-4, lots", 5, 8, 0.02, 64, "auto", "", ""), "not a number")
+    server.refuses("/on_wise", (sid, None, "0, 1", 10), "pick at least one region")
+    server.refuses("/on_multitask", (sid, ["movies"], [], -3, "empty", 5, 2, 10), "two or more different tasks")
+    cli_refuses(["multitask", "--tasks", "movies"], "two or more different tasks")
+    server.refuses("/on_compare", (sid, [], [], 10, False), "pick at least one region")
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["localize", "--base", "/etc"], "/etc"),
+    (["localize", "--finetuned", "../../../"], "../../../"),
+    (["localize", "--finetuned", "org--evil/../x"], "org--evil"),
+])
+def test_model_references_that_name_nothing(args, needle):
+    cli_refuses(args, needle)
+
+
+def test_a_pickle_checkpoint_is_refused_and_never_unpickled(files, monkeypatch):
+    def refuse(*a, **k):
+        raise AssertionError("something was unpickled")
+
+    monkeypatch.setattr(pickle, "load", refuse)
+    monkeypatch.setattr(pickle, "loads", refuse)
+    cli_refuses(["localize", "--finetuned", files["pickle_model"], "--task", "movies"], "safetensors")
+
+
+def test_hosted_models_never_name_a_server_path(server, files):
+    sid = server.session()
+    for ref in ("/etc", str(files["pickle_model"]), "../../home"):
+        server.refuses("/on_check", (sid, "minilm", ref, -3, "movies", "(guess)", "(none)", "(guess)", "auto", "", ""),
+                       "local paths are not allowed")
+
+
+# -- region files --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("name, needle", [
+    ("nan", "NaN or infinite"), ("inflated", "header"), ("k_lie", "k = 5"), ("no_tag", "not a graftui region"),
+    ("random", "not a readable safetensors"), ("pickled", "not a readable safetensors"),
+])
+def test_a_region_file_refused_anywhere_is_refused_everywhere(server, files, name, needle):
+    cli_refuses(["anatomy", "--region", files[name]], needle)
+    cli_refuses(["export", "--region", files[name], "--out", files[name].parent / f"export-{name}"], needle)
+    sid = server.session()
+    server.refuses("/on_region_upload", (sid, upload(files[name])), needle)
+    server.refuses("/on_region_apply", (sid, upload(files[name]), "minilm", "minilm-movies"), needle)
+    assert not (files[name].parent / f"export-{name}").exists()
+
+
+def test_region_ids_stay_in_the_sessions_own_folder(server, files):
+    from graftui import regions
+    from graftui.errors import SessionError
+    from graftui.ui import store
+
+    a, b = server.session(), server.session()
+    with store.session(a):
+        saved = store.save_region(regions.load(files["region"]))
+        assert [e.id for e in store.list_regions()] == [saved.stem]
+    assert saved.parent == server.home / "sessions" / a / "regions"
+    for bad in ("../../etc/passwd", saved.stem):  # a page offers only its own ids; Gradio refuses any other
+        server.refuses("/on_anatomy", (b, bad, "counts"), "is not in the list of choices")
+        server.refuses("/on_region_delete", (b, bad), "is not in the list of choices")
+    with store.session(b):  # and behind Gradio, the store never looks outside the session's folder
+        assert store.list_regions() == []
+        for bad, needle in (("../../etc/passwd", "is not a region id"), ("", "no region selected"),
+                            (saved.stem, "not saved here")):
+            with pytest.raises(regions.RegionError, match=needle):
+                store.region_path(bad)
+            with pytest.raises(regions.RegionError, match=needle):
+                store.delete_region(bad)
+    with store.session("forged-session-id-never-issued-x"):
+        assert store.list_regions() == [] and store.upload_choices() == []
+        with pytest.raises(SessionError, match="no live session"):
+            store.region_path(saved.stem)
+    assert saved.exists()
+
+
+# -- outputs -----------------------------------------------------------------------------------------------
+def test_outputs_are_never_overwritten_or_written_half(files, tmp_path):
+    precious = tmp_path / "precious.txt"
+    precious.write_text("keep me")
+    args = ["compose", "--region", files["region"], "--region", files["region"]]
+    cli_refuses([*args, "--out", precious], "exists; choose a new name, or add --overwrite")
+    assert precious.read_text() == "keep me"
+    cli_refuses([*args, "--out", precious / "union.safetensors"], "cannot write")
+    cli_refuses([*args, "--out", tmp_path], "is a folder")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["precious.txt"]
+
+
+# -- sessions: jobs, quotas, expiry --------------------------------------------------------------------
+def test_a_session_never_sees_or_cancels_another_sessions_jobs_and_quotas_hold(server, monkeypatch):
+    """The isolation of jobs through the API: a blocked runner keeps session A's jobs queued while B tries."""
+    from graftui import settings
+    from graftui.errors import SessionError
+    from graftui.ui import store
+
+    gate = threading.Event()
+    blocker = store.runner().submit("prepare", "server's own job", lambda ctx: gate.wait(60) and {}, server=True)
+    try:
+        a, b = server.session(), server.session()
+        monkeypatch.setattr(settings, "SESSION_JOBS", 2)
+        ids = []
+        for _ in range(2):
+            status = server.call("/on_localize", a, *LOCALIZE, -3, 5, 8, 0.02, "auto", "", "")[0]
+            ids.append(status.split("(job ")[1].split(")")[0])
+        server.refuses("/on_localize", (a, *LOCALIZE, -3, 5, 8, 0.02, "auto", "", ""), "the limit is 2")
+        with store.session(b):
+            assert {j.id for j in store.runner().jobs()} == {blocker.id}
+        with store.session(a):
+            assert {j.id for j in store.runner().jobs()} == {blocker.id, *ids}
+        server.refuses("/on_job_cancel", (b, ids[0]), "is not in the list of choices")  # Gradio's check first
+        with store.session(b):  # then the store's: another session's job does not exist for B
+            assert store.runner().get(ids[0]) is None
+            with pytest.raises(SessionError, match=f"no job {ids[0]} here"):
+                store.runner().cancel(ids[0])
+        with store.session(a):
+            with pytest.raises(SessionError, match="server's own job"):
+                store.runner().cancel(blocker.id)
+            assert store.runner().runner.get(ids[0]).status == "queued"
+            assert store.runner().cancel(ids[0]) and store.runner().cancel(ids[1])
+        monkeypatch.setattr(settings, "MAX_JOBS", 1)
+        server.refuses("/on_localize", (b, *LOCALIZE, -3, 5, 8, 0.02, "auto", "", ""), "the server is busy")
+    finally:
+        gate.set()
+    assert store.runner().runner.wait(blocker.id, 30).status == "done"
+    assert {store.runner().runner.get(i).status for i in ids} == {"cancelled"}
+
+
+def test_disk_quota_and_idle_expiry(server, files, monkeypatch):
+    import time
+
+    from graftui import settings
+    from graftui.ui import store
+
+    sid = server.session()
+    monkeypatch.setattr(settings, "SESSION_MB", 0.0001)
+    server.refuses("/on_data_upload", (sid, upload(files["good"])), "your workspace holds")
+    assert uploads_of(server, sid) == []
+    monkeypatch.setattr(settings, "SESSION_MB", 1024)
+    old = server.session()
+    seen = server.home / "sessions" / old / store.SEEN
+    os.utime(seen, (time.time() - 48 * 3600,) * 2)
+    assert old in store.expire_sessions() and not (server.home / "sessions" / old).exists()
+    assert (server.home / "sessions" / sid).exists()
+    fresh = server.call("/on_load", old)[1]  # the expired id is replaced, never revived
+    assert fresh != old and store.live_session(fresh)
+
+
+def test_the_dockerfile_runs_hosted_as_uid_1000_outside_its_source():
+    """The container's hosted defaults, read from the Dockerfile itself (no Docker engine needed)."""
+    import re
+
+    from graftui import settings
+
+    text = (Path(__file__).resolve().parents[1] / "Dockerfile").read_text()
+    env = dict(re.findall(r"\b(GRAFTUI_[A-Z_]+)=(\S+)", text))
+    assert env["GRAFTUI_HOSTED"] == "1"
+    caps = {"GRAFTUI_MAX_UPLOAD_MB": settings.MAX_UPLOAD_MB, "GRAFTUI_MAX_DATASET_ROWS": settings.MAX_DATASET_ROWS,
+            "GRAFTUI_MAX_MODEL_PARAMS": settings.MAX_MODEL_PARAMS, "GRAFTUI_SESSION_JOBS": settings.SESSION_JOBS,
+            "GRAFTUI_SESSION_MB": settings.SESSION_MB, "GRAFTUI_SESSION_IDLE_HOURS": settings.SESSION_IDLE_HOURS,
+            "GRAFTUI_MAX_JOBS": settings.MAX_JOBS}
+    for name, default in caps.items():
+        assert float(env[name]) == float(default), name  # the container states the library's defaults
+    assert re.search(r"useradd .*--uid 1000 user", text) and re.search(r"^USER user$", text, re.M)
+    workdir = re.findall(r"^WORKDIR (\S+)", text, re.M)[-1]
+    source = re.search(r"^COPY \. (\S+)", text, re.M).group(1)
+    assert not Path(workdir).is_relative_to(source) and not Path(source).is_relative_to(workdir)
+    assert not Path(env["GRAFTUI_HOME"]).is_relative_to(source)
+    cmd = json.loads(re.search(r"^CMD (\[.*\])", text, re.M).group(1))
+    assert cmd[1] == f"{source}/app.py" and "7860" in cmd
