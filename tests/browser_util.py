@@ -60,6 +60,7 @@ class AppServer:
     home: Path
     log_path: Path
     fast: bool = True
+    hosted: bool = False  # GRAFTUI_HOSTED=1: per-session workspaces, server paths refused
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen | None = None
     started: float = 0.0
@@ -81,6 +82,9 @@ class AppServer:
             env["GRAFTUI_FAST"] = "1"
         else:
             env.pop("GRAFTUI_FAST", None)
+        if self.hosted:
+            env["GRAFTUI_HOSTED"] = "1"
+            env["GRADIO_TEMP_DIR"] = str(self.home / "gradio-uploads")
         return env
 
     def start(self, timeout: float = 120.0) -> "AppServer":
@@ -194,6 +198,18 @@ def run_job(page, button: str, status: str, picker: str, timeout_s: float = 300.
             return last, time.monotonic() - t0
         time.sleep(0.5)
     raise AssertionError(f"job {job_id} ({button}) not finished after {timeout_s:.0f} s; last status {last!r}")
+
+
+def dropdown_options(page, elem_id: str) -> list[str]:
+    """The option texts a Gradio dropdown offers (opened, read, closed again)."""
+    page.click(f"#{elem_id} input")
+    try:
+        page.wait_for_selector("ul[role=listbox]", timeout=5_000)
+        return [t.strip() for t in page.locator("ul[role=listbox] li").all_inner_texts()]
+    except Exception:  # noqa: BLE001 - an empty dropdown opens no list
+        return []
+    finally:
+        page.keyboard.press("Escape")
 
 
 def table_rows(page, elem_id: str) -> list[list[str]]:

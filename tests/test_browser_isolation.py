@@ -1,0 +1,166 @@
+"""Four strangers on one hosted server, each in their own headless Chromium context (``-k isolation``).
+
+The server runs with ``GRAFTUI_HOSTED=1``. Two sessions start localizations; while they wait
+and run, every page lists only its own jobs, cannot cancel anyone else's, and does not see the
+others' uploads; when they finish, each region is listed only on the page that made it. The
+pages stay responsive meanwhile: tab switches and a server round trip are timed and printed.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+import time
+
+import pytest
+
+import browser_util as bu
+from test_browser import ARTIFACTS, FIRST_JOB_S, browser  # noqa: F401 - the module's Chromium fixture
+
+pytestmark = pytest.mark.browser
+
+
+@pytest.fixture(scope="module")
+def hosted_server(tmp_path_factory):
+    home = tmp_path_factory.mktemp("graftui-hosted-home")
+    srv = bu.AppServer(home=home, log_path=home.parent / "hosted-server.log", fast=True, hosted=True)
+    try:
+        srv.start(timeout=120)
+    except Exception:
+        bu.save_artifacts(None, "hosted-server-start", ARTIFACTS, srv)
+        raise
+    yield srv
+    srv.stop()
+
+
+def _jobs_listed(page) -> set[str]:
+    return {row[0] for row in bu.table_rows(page, "jobs-table") if row}
+
+
+def _submit_localize(page) -> str:
+    bu.open_tab(page, "localize")
+    before = bu.job_id_from_status(page)
+    page.click("#localize-run")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        job = bu.job_id_from_status(page)
+        if job and job != before:
+            return job
+        assert "⚠️" not in bu.text(page, "#status-message"), bu.text(page, "#status-message")
+        time.sleep(0.25)
+    raise AssertionError(f"no job submitted; status {bu.text(page, '#status-message')!r}")
+
+
+def _wait_done(page, job: str, timeout_s: float) -> str:
+    bu.open_tab(page, "localize")  # only the open tab's panels are refreshed
+    deadline = time.monotonic() + timeout_s
+    line = ""
+    while time.monotonic() < deadline:
+        line = bu.text(page, "#localize-status")
+        if f"[{job}]" in line and ("· done" in line or "failed" in line or "cancelled" in line):
+            return line
+        time.sleep(0.5)
+    raise AssertionError(f"job {job} not finished after {timeout_s:.0f} s: {line!r}")
+
+
+def _timed(action, done) -> float:
+    t0 = time.monotonic()
+    action()
+    done()
+    return time.monotonic() - t0
+
+
+def test_isolation_of_four_hosted_sessions(browser, hosted_server):  # noqa: F811
+    contexts = [browser.new_context(viewport=bu.VIEWPORT) for _ in range(4)]
+    pages = [c.new_page() for c in contexts]
+    errors: list[str] = []
+    for p in pages:
+        p.on("pageerror", lambda err: errors.append(str(err)))
+    a, b, c, d = pages
+    try:
+        for p in pages:
+            bu.wait_usable(p, hosted_server.url, timeout_s=90)
+        sessions = [x for x in (hosted_server.home / "sessions").iterdir() if x.is_dir()]
+        assert len(sessions) == 4, sessions  # one private workspace per browser
+
+        job_a, job_b = _submit_localize(a), _submit_localize(b)
+
+        # D uploads a dataset: it is D's task, nobody else's
+        d.click("text=Upload a dataset")
+        rows = "".join(f"d's private sentence {i},{i % 2}\n" for i in range(30))
+        d.set_input_files("#models-data-upload input[type=file]",
+                          files=[{"name": "d-private.csv", "mimeType": "text/csv", "buffer": f"text,label\n{rows}".encode()}])
+        d.wait_for_function("() => document.querySelector('#status-message').innerText.includes('Read d-private.csv')",
+                            timeout=30_000)
+
+        # while both jobs wait or run: each page lists only its own
+        for p in pages:
+            p.wait_for_function("() => document.querySelectorAll('#jobs-table [role=row].virtual-row').length > 0",
+                                timeout=30_000)
+        time.sleep(2 * 1.0)  # two polls
+        listed = [_jobs_listed(p) for p in pages]
+        assert job_a in listed[0] and job_b not in listed[0], listed[0]
+        assert job_b in listed[1] and job_a not in listed[1], listed[1]
+        for seen in listed[2:]:
+            assert not seen & {job_a, job_b}, seen
+        for p in (c, d):
+            options = bu.dropdown_options(p, "jobs-select")
+            assert not [o for o in options if job_a in o or job_b in o], options
+        assert [o for o in bu.dropdown_options(a, "jobs-select") if job_a in o]
+        bu.open_tab(a, "models")
+        assert not [o for o in bu.dropdown_options(a, "models-task") if "d-private" in o]
+        assert [o for o in bu.dropdown_options(d, "models-task") if "d-private" in o]
+
+        # C, who started nothing, tries to cancel: there is nothing of C's to cancel
+        bu.open_tab(c, "localize")
+        c.click("#localize-cancel")
+        c.wait_for_function("() => document.querySelector('#status-message').innerText.includes('Nothing to cancel')",
+                            timeout=15_000)
+        c.click("#jobs-cancel")
+        c.wait_for_function("() => document.querySelector('#status-message').innerText.includes('pick a job to cancel')",
+                            timeout=15_000)
+
+        # responsiveness while the jobs run: D switches tabs and asks the server to read a task
+        switches, round_trips = [], []
+        for name in ("compare", "anatomy", "regions", "models") * 2:
+            switches.append(_timed(lambda: d.click(f"#tab-{name}-button"),
+                                   lambda: d.wait_for_selector(f"#tab-{name}", state="visible", timeout=15_000)))
+        for _ in range(3):  # two handlers with different answers, so each wait sees its own reply
+            bu.open_tab(d, "models")
+            round_trips.append(_timed(lambda: d.click("#models-data-check"), lambda: d.wait_for_function(
+                "() => document.querySelector('#status-message').innerText.includes('Column mapping checked')",
+                timeout=30_000)))
+            bu.open_tab(d, "localize")
+            round_trips.append(_timed(lambda: d.click("#localize-cancel"), lambda: d.wait_for_function(
+                "() => document.querySelector('#status-message').innerText.includes('Nothing to cancel')",
+                timeout=30_000)))
+        running = [f"{r[1]} {r[3]}" for r in bu.table_rows(a, "jobs-table") if r]
+        assert any(r.endswith("running") for r in running), running  # the timings were taken under load
+        print(f"\n[isolation] while jobs ran ({', '.join(running)}): tab switch median {statistics.median(switches):.2f} s "
+              f"(max {max(switches):.2f} s, n={len(switches)}); task check round trip median "
+              f"{statistics.median(round_trips):.2f} s (max {max(round_trips):.2f} s, n={len(round_trips)})")
+        assert max(switches) < 10 and max(round_trips) < 20
+
+        # when they finish, each region is listed on its own page only
+        line_a = _wait_done(a, job_a, FIRST_JOB_S)
+        line_b = _wait_done(b, job_b, FIRST_JOB_S)
+        assert "· done" in line_a and "· done" in line_b, (line_a, line_b)
+        region_a = re.search(r"saved region (\S+)", line_a).group(1)
+        region_b = re.search(r"saved region (\S+)", line_b).group(1)
+        for page, own, other in ((a, region_a, region_b), (b, region_b, region_a)):
+            page.wait_for_function("id => document.querySelector('#region-list').innerText.includes(id)", arg=own,
+                                   timeout=30_000)
+            assert other not in page.inner_text("#region-list")
+        for page in (c, d):
+            text = page.inner_text("#region-list")
+            assert region_a not in text and region_b not in text
+        for page in pages:
+            assert "Traceback" not in page.inner_text("body")
+        assert not errors, errors[:5]
+    except Exception:
+        for i, p in enumerate(pages):
+            bu.save_artifacts(p, f"isolation-page-{'abcd'[i]}", ARTIFACTS, hosted_server if i == 0 else None)
+        raise
+    finally:
+        for ctx in contexts:
+            ctx.close()
