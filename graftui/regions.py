@@ -104,12 +104,18 @@ def with_patch(pair, record: RegionRecord) -> RegionRecord:
 def atomic_write(path: str | Path, write) -> Path:
     """Write through a temporary file in the same folder, then rename: never a half-written file."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    except OSError as err:
+        raise OSError(err.errno, f"cannot write '{path}': {err.strerror}") from None
     os.close(fd)
     try:
         write(tmp)
         os.replace(tmp, path)
+    except OSError as err:  # name the file asked for, never the temporary one
+        Path(tmp).unlink(missing_ok=True)
+        raise OSError(err.errno, f"cannot write '{path}': {err.strerror or err}") from None
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

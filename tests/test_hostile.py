@@ -364,6 +364,23 @@ def test_outputs_are_never_overwritten_or_written_half(files, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["precious.txt"]
 
 
+def test_a_failed_write_names_the_users_file_not_a_temporary_one(tmp_path):
+    from graftui.errors import message
+    from graftui.regions import atomic_write
+
+    target = tmp_path / "region.safetensors"
+
+    def disk_full(tmp):
+        Path(tmp).write_bytes(b"half")
+        raise OSError(28, "No space left on device", tmp)
+
+    with pytest.raises(OSError) as caught:
+        atomic_write(target, disk_full)
+    line = message(caught.value)
+    assert f"cannot write '{target}'" in line and "No space left" in line and ".region.safetensors." not in line
+    assert list(tmp_path.iterdir()) == []  # nothing half-written left behind
+
+
 # -- sessions: jobs, quotas, expiry --------------------------------------------------------------------
 def test_a_session_never_sees_or_cancels_another_sessions_jobs_and_quotas_hold(server, monkeypatch):
     """The isolation of jobs through the API: a blocked runner keeps session A's jobs queued while B tries."""

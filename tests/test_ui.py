@@ -263,6 +263,44 @@ def test_hosted_mode_refuses_server_paths_but_not_its_own_uploads(home, monkeypa
     assert store.data_allow_local(str(uploaded)) and not store.data_allow_local(str(data))
 
 
+def test_hosted_sessions_own_their_files_and_jobs_and_share_a_read_only_gallery(home, monkeypatch, tmp_path):
+    from graftui import regions, settings
+    from graftui.errors import SessionError
+    from graftui.ui import store
+
+    monkeypatch.setenv("GRAFTUI_HOSTED", "1")
+    a, b = store.resume(""), store.resume("not-an-issued-id")
+    assert a != b and store.live_session(a) and store.live_session(b) and store.resume(a) == a
+    pair, _, _ = make_tiny_pair()
+    shared = regions.save(tiny_record(pair, k=10), store.gallery_dir() / "shared.safetensors")  # the server's own
+    data = tmp_path / "data.csv"
+    data.write_text("text,label\ngood,1\nbad,0\n")
+    with store.session(a):
+        mine = store.save_region(tiny_record(pair, k=20))
+        upload = store.save_upload(data)
+        job = store.runner().submit("localize", "writes a file", lambda ctx: {"at": str(settings.subdir("regions"))})
+        assert {(e.id, e.gallery) for e in store.list_regions()} == {(mine.stem, False), ("shared", True)}
+    assert store.runner().runner.wait(job.id, 30).result["at"] == str(store.sessions_dir() / a / "regions")  # the job's context
+    with store.session(b):
+        entries = store.list_regions()
+        assert [(e.id, e.gallery) for e in entries] == [("shared", True)] and "gallery" in entries[0].label
+        assert store.runner().jobs() == [] and store.upload_choices() == []
+        assert not store.is_managed(str(upload)) and not store.is_managed(str(mine))
+        with pytest.raises(regions.RegionError, match="gallery"):
+            store.delete_region("shared")
+        with pytest.raises(regions.RegionError, match="not saved here"):
+            store.delete_region(mine.stem)
+    with store.session(a):
+        assert store.is_managed(str(upload))
+        assert store.delete_region(mine.stem) == mine and not mine.exists()
+    with store.session(None):  # a request without a session reads and writes nothing of anyone's
+        with pytest.raises(SessionError, match="reload the page"):
+            store.regions_dir()
+        with pytest.raises(SessionError, match="reload the page"):
+            store.runner().submit("localize", "x", lambda ctx: {})
+    assert shared.exists()
+
+
 def test_uploads_are_capped_and_typed(home, monkeypatch, tmp_path):
     from graftui import settings
     from graftui.ui import store
