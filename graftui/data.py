@@ -319,8 +319,12 @@ def check_reference(ref: str, *, allow_local: bool = True) -> str:
     return _resolve(ref, allow_local)[0]
 
 
-def _first_sentence(exc: BaseException, limit: int = 300) -> str:
+def _first_sentence(exc: BaseException, limit: int = 300, hide: Path | None = None) -> str:
+    """The start of a library's error; ``hide``: a file whose folder is the server's business, named by its name."""
     text = " ".join(str(exc).split()) or type(exc).__name__
+    if hide is not None:
+        for form in {str(hide), str(Path(hide).resolve())}:
+            text = text.replace(form, hide.name)
     text = text.split(" Example of usage")[0]
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
@@ -367,7 +371,7 @@ def _read_csv(path: Path) -> Any:
     except UnicodeDecodeError:
         raise DataError(f"'{path.name}' is not UTF-8 text") from None
     except (pd.errors.ParserError, ValueError) as exc:
-        raise DataError(f"could not read '{path.name}' as {path.suffix[1:].upper()}: {_first_sentence(exc)}") from None
+        raise DataError(f"could not read '{path.name}' as {path.suffix[1:].upper()}: {_first_sentence(exc, hide=path)}") from None
 
 
 def _read_json(path: Path) -> Any:
@@ -412,7 +416,7 @@ def _read_parquet(path: Path) -> tuple[Any, dict[str, tuple[str, ...]]]:
     try:
         table = pq.read_table(path)
     except Exception as exc:  # noqa: BLE001 - pyarrow raises several unrelated types for bad files
-        raise DataError(f"could not read '{path.name}' as Parquet: {_first_sentence(exc)}") from None
+        raise DataError(f"could not read '{path.name}' as Parquet: {_first_sentence(exc, hide=path)}") from None
     names: dict[str, tuple[str, ...]] = {}
     if table.schema.metadata and b"huggingface" in table.schema.metadata:
         import datasets

@@ -47,6 +47,7 @@ def cli_refuses(args, needle: str) -> str:
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("graftui: error: "), err
     assert needle.lower() in lines[0].lower(), (needle, lines[0])
+    print(f"[hostile] CLI {' '.join(map(str, args))[:80]} → {lines[0]}")
     return lines[0]
 
 
@@ -71,7 +72,9 @@ class Server:
         with urllib.request.urlopen(f"{self.url}gradio_api/call{api}/{event}", timeout=60) as resp:
             stream = resp.read().decode()
         assert "event: error" in stream and "Traceback" not in stream, stream
-        return next(line for line in stream.splitlines() if line.startswith("data:"))[5:].strip()
+        line = next(line for line in stream.splitlines() if line.startswith("data:"))[5:].strip()
+        print(f"[hostile] app {api} (raw request) → (Gradio) {line[:160]}")
+        return line
 
     def session(self) -> str:
         _, sid = self.call("/on_load", "")
@@ -87,6 +90,7 @@ class Server:
         except AppError as err:
             text = str(err)
             assert "Traceback" not in text and needle.lower() in text.lower(), (needle, text)
+            print(f"[hostile] app {api} → (Gradio) {text.splitlines()[0][:160]}")
             return text.splitlines()[0]
         outs = out if isinstance(out, (tuple, list)) else (out,)
         warnings = [o for o in outs if isinstance(o, str) and o.startswith(WARN)]
@@ -94,6 +98,7 @@ class Server:
         line = warnings[0]
         assert "\n" not in line.strip() and "Traceback" not in line, line
         assert needle.lower() in line.lower(), (needle, line)
+        print(f"[hostile] app {api} → {line}")
         return line
 
 
@@ -220,7 +225,8 @@ def test_hosted_tasks_never_name_a_server_path(server, task, needle):
 
 # -- uploads -----------------------------------------------------------------------------------------
 @pytest.mark.parametrize("name, needle", [
-    ("empty", "empty"), ("latin1", "utf-8"), ("broken", "jsonl"), ("fake", "parquet"), ("pickle", "utf-8"),
+    ("empty", "empty"), ("latin1", "utf-8"), ("broken", "jsonl"), ("fake", "as parquet: could not open parquet input source 'fake.parquet'"),
+    ("pickle", "utf-8"),
     ("header", "a header alone is not a dataset"),
 ])
 def test_a_refused_upload_is_deleted_and_never_offered(server, files, name, needle):

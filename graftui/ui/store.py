@@ -121,7 +121,7 @@ class Jobs:
                 raise SessionError(f"you already have {mine} job(s) waiting or running (the limit is "
                                    f"{settings.SESSION_JOBS}); wait for one to finish, or cancel it on the Jobs list")
             if len(active) >= settings.MAX_JOBS:
-                raise SessionError(f"the server is busy ({len(active)} jobs waiting or running); try again in a few minutes")
+                raise SessionError(f"the server is busy ({len(active)} job(s) waiting or running); try again in a few minutes")
             check_disk()
         return self.runner.submit(kind, title, fn, params, owner=None if server else self.owner)
 
@@ -253,7 +253,7 @@ def check_disk(extra_mb: float = 0.0) -> None:
         return
     used = folder_mb(settings.workspace()) + extra_mb
     if used > settings.SESSION_MB:
-        raise SessionError(f"your workspace holds {used:,.0f} MB, over this server's {settings.SESSION_MB:,.0f} MB; "
+        raise SessionError(f"your workspace holds {used:,.3g} MB, over this server's {settings.SESSION_MB:,.3g} MB; "
                            "delete regions you no longer need (Regions tab), then try again")
 
 
