@@ -634,7 +634,7 @@ def build_app() -> gr.Blocks:
 
         prompt_inputs = [prompt_head, prompt_template, prompt_words]
         on(check_btn.click, on_check, [base_dd, ft_dd, loc_budget, task_dd, text_col, pair_col, label_col, *prompt_inputs],
-                        [counts_df, pair_md, status, loc_budget_md, prompt_acc])
+           [counts_df, pair_md, status, loc_budget_md, prompt_acc])
 
         @safe
         def on_preview(finetuned, task, text, pair, label, head, template, words):
@@ -706,8 +706,8 @@ def build_app() -> gr.Blocks:
             return submitted(job), picker_for(("finetune", "prepare"), "latest fine-tuning job", job), actions.job_status_line(job)
 
         on(ftn_run.click, on_finetune, [ftn_base, task_dd, text_col, pair_col, label_col, ftn_opt, ftn_lr, ftn_l1, ftn_epochs, ftn_n,
-                                    *prompt_inputs],
-                      [status, ftn_job, ftn_status])
+           *prompt_inputs],
+           [status, ftn_job, ftn_status])
 
         # ---------------------------------------------------------------- Localize
         def on_budget(log_s, base, finetuned):
@@ -727,7 +727,7 @@ def build_app() -> gr.Blocks:
             return submitted(job), picker_for(("localize",), "latest localize job", job), actions.job_status_line(job)
 
         on(loc_run.click, on_localize, [base_dd, ft_dd, task_dd, text_col, pair_col, label_col, loc_method, loc_budget, loc_steps, loc_epc,
-                                    loc_lr, *prompt_inputs], [status, loc_job, loc_status])
+           loc_lr, *prompt_inputs], [status, loc_job, loc_status])
 
         def cancel_shown(kinds):
             @safe
@@ -761,8 +761,8 @@ def build_app() -> gr.Blocks:
             return submitted(job), picker_for(("sweep",), "latest sweep", job), actions.job_status_line(job)
 
         on(swp_run.click, on_sweep, [base_dd, ft_dd, task_dd, text_col, pair_col, label_col, swp_budgets, loc_steps, loc_epc, loc_lr, cmp_n,
-                                 *prompt_inputs],
-                      [status, swp_job, swp_status])
+           *prompt_inputs],
+           [status, swp_job, swp_status])
 
         # ---------------------------------------------------------------- Anatomy
         @safe
