@@ -256,3 +256,20 @@ def test_corrupt_upload_gives_a_clear_message(page):
     assert "Traceback" not in body
     assert "internal error" not in body
     assert not STATE.get("page_errors"), f"JavaScript errors on the page: {STATE['page_errors'][:5]}"
+
+
+# -- g. ------------------------------------------------------------------------------------------
+def test_deleting_a_region_clears_it_from_every_picker_and_polling_goes_on(page):
+    first, second = _need("region1"), _need("region2")
+    bu.open_tab(page, "regions")
+    bu.choose(page, "regions-select", second)
+    page.click("#region-delete")
+    page.wait_for_function("id => document.querySelector('#status-message').innerText.includes('Deleted region ' + id)",
+                           arg=second, timeout=30_000)
+    page.wait_for_function("id => !document.querySelector('#region-list').innerText.includes(id)", arg=second,
+                           timeout=30_000)
+    bu.open_tab(page, "compose")  # it still held both regions: the next poll leaves only the first
+    page.wait_for_function("([a, b]) => { const t = document.querySelector('#compose-regions').innerText; "
+                           "return t.includes(a) && !t.includes(b); }", arg=[first, second], timeout=30_000)
+    assert not bu.text(page, "#compose-status").startswith("Error"), bu.text(page, "#compose-status")
+    assert "⚠️" not in bu.text(page, "#status-message")

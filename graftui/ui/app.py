@@ -426,7 +426,8 @@ def build_app() -> gr.Blocks:
             with gr.Tab("Compare", elem_id="tab-compare") as compare_tab:
                 gr.Markdown(INTRO["Compare"])
                 with gr.Row():
-                    cmp_regions = gr.Dropdown(store.region_choices(), multiselect=True, label="Regions to evaluate (same fine-tuned model)",
+                    cmp_regions = gr.Dropdown(store.region_choices(), allow_custom_value=True, multiselect=True,
+                                              label="Regions to evaluate (same fine-tuned model)",
                                               elem_id="compare-regions")
                     cmp_n = gr.Number(d["test_examples"], precision=0, label="Test examples per task", elem_id="compare-n")
                     cmp_base = gr.Checkbox(True, label="Add top-movement and random regions of the same k", elem_id="compare-baselines")
@@ -455,7 +456,7 @@ def build_app() -> gr.Blocks:
             with gr.Tab("Anatomy", elem_id="tab-anatomy") as anatomy_tab:
                 gr.Markdown(INTRO["Anatomy"])
                 with gr.Row():
-                    ana_region = gr.Dropdown(store.region_choices(), label="Region", elem_id="anatomy-region")
+                    ana_region = gr.Dropdown(store.region_choices(), allow_custom_value=True, label="Region", elem_id="anatomy-region")
                     ana_mode = gr.Radio([("counts", "counts"), ("density", "density")], value="counts", label="Colour by",
                                         elem_id="anatomy-mode")
                 ana_md = gr.Markdown("", elem_id="anatomy-summary")
@@ -469,7 +470,7 @@ def build_app() -> gr.Blocks:
             with gr.Tab("Compose", elem_id="tab-compose") as compose_tab:
                 gr.Markdown(INTRO["Compose"])
                 with gr.Row():
-                    cmp_sel = gr.Dropdown(store.region_choices(), multiselect=True, label="Regions to compose (one base model)",
+                    cmp_sel = gr.Dropdown(store.region_choices(), allow_custom_value=True, multiselect=True, label="Regions to compose (one base model)",
                                           elem_id="compose-regions")
                     cps_measure = gr.Radio([("|γi ∩ γj| / |γj|", "overlap"), ("IoU", "iou")], value="overlap",
                                            label="Overlap measure", elem_id="compose-measure")
@@ -512,7 +513,7 @@ def build_app() -> gr.Blocks:
                                         label="Union of the group, before and after purification", elem_id="lab-union-table")
                 gr.Markdown("### WiSE: interpolating towards the fine-tuned model and the graft")
                 with gr.Row():
-                    ws_region = gr.Dropdown(store.region_choices(), label="Region γ", elem_id="lab-wise-region")
+                    ws_region = gr.Dropdown(store.region_choices(), allow_custom_value=True, label="Region γ", elem_id="lab-wise-region")
                     ws_alphas = gr.Textbox(", ".join(f"{a:g}" for a in WiseRequest().alphas), label="α values",
                                            elem_id="lab-wise-alphas")
                     ws_n = gr.Number(d["test_examples"], precision=0, label="Test examples per task", elem_id="lab-wise-n")
@@ -520,7 +521,7 @@ def build_app() -> gr.Blocks:
                 ws_plot = gr.Plot(figures.wise_curves([]), elem_id="lab-wise-plot")
                 gr.Markdown("### Re-training the region from θ_pre, against BitFit (Table 1)")
                 with gr.Row():
-                    rt_region = gr.Dropdown(store.region_choices(), label="Region γ", elem_id="lab-retrain-region")
+                    rt_region = gr.Dropdown(store.region_choices(), allow_custom_value=True, label="Region γ", elem_id="lab-retrain-region")
                     rt_epochs = gr.Number(d["ft_epochs"], precision=0, label="Epochs", elem_id="lab-retrain-epochs")
                     rt_train = gr.Number(d["ft_train_examples"], precision=0, label="Training examples (0 = all)",
                                          elem_id="lab-retrain-train")
@@ -556,7 +557,7 @@ def build_app() -> gr.Blocks:
             with gr.Tab("Regions", elem_id="tab-regions") as regions_tab:
                 gr.Markdown(INTRO["Regions"])
                 with gr.Row():
-                    reg_sel = gr.Dropdown(store.region_choices(), label="Saved region", elem_id="regions-select")
+                    reg_sel = gr.Dropdown(store.region_choices(), allow_custom_value=True, label="Saved region", elem_id="regions-select")
                 with gr.Row():
                     reg_dl = gr.DownloadButton("Download skill patch (.safetensors)", value=None, elem_id="region-download")
                     reg_dl_idx = gr.DownloadButton("Download region indices only (.safetensors)", value=None,
@@ -582,7 +583,8 @@ def build_app() -> gr.Blocks:
             jobs_df = gr.Dataframe(actions.job_rows(store.runner()), interactive=False, wrap=True, elem_id="jobs-table",
                                    column_widths=["15%", "7%", "31%", "8%", "7%", "7%", "25%"])
             with gr.Row():
-                job_sel = gr.Dropdown(actions.job_choices(store.runner()), label="Job", elem_id="jobs-select")
+                job_sel = gr.Dropdown(actions.job_choices(store.runner()), label="Job", elem_id="jobs-select",
+                                      allow_custom_value=True)  # see job_controls
                 job_cancel = gr.Button("Cancel selected job", variant="stop", elem_id="jobs-cancel", scale=0)
             job_md = gr.Markdown("", elem_id="jobs-detail")
             with gr.Accordion("Request of the selected job (re-run it with `graftui run FILE`)", open=False):
@@ -908,9 +910,13 @@ def build_app() -> gr.Blocks:
             if rsig != last_regions:
                 choices = [(e.label, e.id) for e in entries]
                 for picker, value in zip(region_pickers, picked):
+                    # a region deleted meanwhile leaves the picker; an empty picker gets the newest region(s)
+                    kept = [v for v in value or [] if v in rsig] if picker.multiselect else (value if value in rsig else None)
                     fill = default_selection(entries, picker is cmp_sel)
-                    if value or not fill:  # keep the user's choice; fill an empty picker with the newest region(s)
+                    if kept == value and (value or not fill):
                         out.append(gr.update(choices=choices))
+                    elif kept or not fill:
+                        out.append(gr.update(choices=choices, value=kept))
                     else:
                         out.append(gr.update(choices=choices, value=fill if picker.multiselect else fill[0]))
                 out.append(region_list_rows())
@@ -1060,7 +1066,11 @@ def job_controls(label: str, prefix: str, latest_label: str):
     """A Run button, a picker of this kind's jobs and their status line: ``#prefix-run``, ``-job``, ``-status``."""
     with gr.Row():
         run = gr.Button(label, variant="primary", elem_id=f"{prefix}-run", scale=0)
-        job = gr.Dropdown([(latest_label, "")], value="", label="Show job", elem_id=f"{prefix}-job")
+        # A job picker takes any value: its choices change on every poll, and a poll that lists the jobs just before
+        # a new one is submitted could otherwise leave the new job's id "not in the choices", and Gradio would then
+        # refuse every later poll. The id is only ever looked up among the session's own jobs.
+        job = gr.Dropdown([(latest_label, "")], value="", label="Show job", elem_id=f"{prefix}-job",
+                          allow_custom_value=True)
     return run, job, gr.Markdown("", elem_id=f"{prefix}-status")
 
 
