@@ -257,7 +257,7 @@ def test_hosted_mode_refuses_server_paths_but_not_its_own_uploads(home, monkeypa
     with pytest.raises(DataError, match="disabled"):
         store.allow_local_for([], [str(data)])
     assert store.allow_local_for(["minilm", "org/model"], ["movies"]) is False
-    uploaded = store.save_upload(data)
+    uploaded, _ = store.save_upload(data)
     assert uploaded.parent.parent == store.uploads_dir() and uploaded.name == "data.csv"  # split names come from file names
     assert store.allow_local_for(["org/model"], [str(uploaded)]) is True
     assert store.data_allow_local(str(uploaded)) and not store.data_allow_local(str(data))
@@ -277,7 +277,7 @@ def test_hosted_sessions_own_their_files_and_jobs_and_share_a_read_only_gallery(
     data.write_text("text,label\ngood,1\nbad,0\n")
     with store.session(a):
         mine = store.save_region(tiny_record(pair, k=20))
-        upload = store.save_upload(data)
+        upload, _ = store.save_upload(data)
         job = store.runner().submit("localize", "writes a file", lambda ctx: {"at": str(settings.subdir("regions"))})
         assert {(e.id, e.gallery) for e in store.list_regions()} == {(mine.stem, False), ("shared", True)}
     assert store.runner().runner.wait(job.id, 30).result["at"] == str(store.sessions_dir() / a / "regions")  # the job's context

@@ -913,12 +913,12 @@ def build_app() -> gr.Blocks:
                     # a region deleted meanwhile leaves the picker; an empty picker gets the newest region(s)
                     kept = [v for v in value or [] if v in rsig] if picker.multiselect else (value if value in rsig else None)
                     fill = default_selection(entries, picker is cmp_sel)
-                    if kept == value and (value or not fill):
-                        out.append(gr.update(choices=choices))
-                    elif kept or not fill:
+                    if not kept and fill:
+                        out.append(gr.update(choices=choices, value=fill if picker.multiselect else fill[0]))
+                    elif kept != value:
                         out.append(gr.update(choices=choices, value=kept))
                     else:
-                        out.append(gr.update(choices=choices, value=fill if picker.multiselect else fill[0]))
+                        out.append(gr.update(choices=choices))
                 out.append(region_list_rows())
             else:
                 out += [gr.skip() for _ in region_pickers] + [gr.skip()]
@@ -958,10 +958,8 @@ def build_app() -> gr.Blocks:
             if not picked:
                 raise ValueError("pick a job to cancel")
             runner = store.runner()
+            ok = runner.cancel(picked)  # refuses a job that is not this page's own
             job = runner.get(picked)
-            ok = runner.cancel(picked)
-            if job is None:
-                raise ValueError(f"no job {picked}")
             return f"Cancel requested for **{job.title}**." if ok else f"**{job.title}** has already finished ({job.status})."
 
         on(job_cancel.click, on_job_cancel, [job_sel], [status])

@@ -94,11 +94,6 @@ class Jobs:
     def wait(self, job_id: str, timeout: float | None = None):
         return self.runner.wait(job_id, timeout) if self.get(job_id) else None
 
-    def job_dir(self, job_id: str) -> Path:
-        if self.get(job_id) is None:
-            raise SessionError(f"no job {job_id} here")
-        return self.runner.job_dir(job_id)
-
     def cancel(self, job_id: str) -> bool:
         """Cancel one of this session's jobs (False when it has finished already)."""
         job = self.get(job_id)
@@ -205,7 +200,7 @@ def browser_secret() -> str:
     from ..regions import atomic_write
 
     secret = secrets.token_hex(32)
-    atomic_write(path, lambda tmp: (Path(tmp).write_text(secret), os.chmod(tmp, 0o600)))
+    atomic_write(path, lambda tmp: Path(tmp).write_text(secret))  # mkstemp's file is owner-only
     return path.read_text().strip()
 
 
@@ -343,13 +338,18 @@ def read_region_header(path: Path) -> RegionEntry | None:
     return RegionEntry(path.stem, path, header.get("kind", "region"), meta)
 
 
+def own_dir(folder) -> Path | None:
+    """``folder()`` of the current workspace, or None on a page without a live session."""
+    try:
+        return folder()
+    except SessionError:
+        return None
+
+
 def region_dirs() -> list[tuple[Path, bool]]:
     """Where regions are listed from, as (folder, is gallery): the workspace's own folder, and on a hosted
     server the gallery after it (a page without a live session sees the gallery only)."""
-    try:
-        own = [(regions_dir(), False)]
-    except SessionError:
-        own = []
+    own = [(d, False) for d in [own_dir(regions_dir)] if d is not None]
     if settings.hosted() and gallery_dir().resolve() not in {p.resolve() for p, _ in own}:
         own.append((gallery_dir(), True))
     return own
@@ -441,9 +441,8 @@ def list_checkpoints() -> list[dict]:
 
     default = default_checkpoint().resolve()
     out = []
-    try:
-        own = checkpoints_dir()
-    except SessionError:
+    own = own_dir(checkpoints_dir)
+    if own is None:
         return []
     for path in sorted(own.iterdir(), key=lambda p: p.stat().st_mtime, reverse=True):
         if path.name.startswith(".") or not (path / "config.json").is_file() or path.resolve() == default:
@@ -507,11 +506,8 @@ def is_managed(ref: str) -> bool:
         path = Path(ref).expanduser().resolve()
     except (OSError, RuntimeError, ValueError):
         return False
-    try:
-        roots = [checkpoints_dir(), uploads_dir()]
-    except SessionError:
-        roots = []
-    for root in roots + [settings.shared("checkpoints")]:
+    roots = [own_dir(checkpoints_dir), own_dir(uploads_dir), settings.shared("checkpoints")]
+    for root in filter(None, roots):
         root = root.resolve()
         if path != root and path.is_relative_to(root) and path.exists():
             return True
@@ -609,7 +605,7 @@ def save_upload(path: str | Path, read=None):
     """Copy an uploaded dataset into the workspace's uploads under a content-derived name.
 
     ``read(dest)`` checks it there (the column preview); a file it refuses is deleted again, so a
-    refused upload is never offered as a task. Returns ``dest``, or ``(dest, read(dest))``.
+    refused upload is never offered as a task. Returns ``(dest, read(dest))`` (None without ``read``).
     """
     src = check_upload(path, DATA_SUFFIXES)
     check_disk(src.stat().st_size / 2**20)
@@ -620,23 +616,21 @@ def save_upload(path: str | Path, read=None):
     # one folder per content hash keeps the file's own name, which the data loader reads split names from
     dest = uploads_dir() / digest.hexdigest()[:12] / f"{safe_name(src.stem, 60)}{src.suffix.lower()}"
     if dest.exists():
-        return dest if read is None else (dest, read(dest))
+        return dest, read(dest) if read else None
     dest.parent.mkdir(parents=True, exist_ok=True)
     shutil.copyfile(src, dest)
-    if read is None:
-        return dest
     try:
-        return dest, read(dest)
+        return dest, read(dest) if read else None
     except BaseException:
         shutil.rmtree(dest.parent, ignore_errors=True)
         raise
 
 
 def upload_choices() -> list[tuple[str, str]]:
-    try:
-        files = sorted(uploads_dir().glob("*/*"), key=lambda p: p.stat().st_mtime, reverse=True)
-    except SessionError:
+    own = own_dir(uploads_dir)
+    if own is None:
         return []
+    files = sorted(own.glob("*/*"), key=lambda p: p.stat().st_mtime, reverse=True)
     return [(f"uploaded: {p.name} ({p.parent.name[:6]})", str(p)) for p in files if p.suffix.lower() in DATA_SUFFIXES]
 
 
