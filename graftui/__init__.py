@@ -13,9 +13,9 @@ Every verb takes its request's fields as keywords (or a ready request) and retur
 __version__ = "0.2.0"
 
 _VERBS = ("finetune", "localize", "evaluate", "sweep", "anatomy", "compose", "export", "multitask", "wise", "retrain", "continual",
-          "reproduce")
+          "reproduce", "push")
 _TYPES = ("FinetuneRequest", "LocalizeRequest", "EvaluateRequest", "SweepRequest", "AnatomyRequest",
-          "ComposeRequest", "ExportRequest", "MultitaskRequest", "WiseRequest", "RetrainRequest", "ContinualRequest", "ReproduceRequest", "LearnConfig", "FinetuneConfig")
+          "ComposeRequest", "ExportRequest", "MultitaskRequest", "WiseRequest", "RetrainRequest", "ContinualRequest", "ReproduceRequest", "PushRequest", "LearnConfig", "FinetuneConfig")
 __all__ = [*_VERBS, *_TYPES, "run", "run_file", "load_region", "GraftuiError", "__version__"]
 
 

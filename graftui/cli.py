@@ -18,6 +18,7 @@ import logging
 import os
 import re
 import sys
+import textwrap
 import warnings
 from dataclasses import fields
 from typing import Sequence
@@ -223,6 +224,12 @@ def render_export(doc: dict) -> str:
     ])
 
 
+def render_push(doc: dict) -> str:
+    where = doc["url"] or f"{doc['out']}  (written here only; nothing was pushed)"
+    return pairs_table([("repository", doc["repo"]), ("pushed" if doc["url"] else "written to", where),
+                        ("files", ", ".join(doc["files"])), ("time", f"{doc['seconds']:.1f} s")])
+
+
 def _matrix(title: str, names: list[str], rows: list[list[float]], fmt=lambda x: _num(x, 2)) -> str:
     return table([title, *names], [[name, *(fmt(x) for x in row)] for name, row in zip(names, rows)])
 
@@ -319,7 +326,7 @@ def render_reproduce(doc: dict) -> str:
 RENDER = {"finetune": render_finetune, "localize": render_localize, "evaluate": render_evaluate,
           "sweep": render_sweep, "anatomy": render_anatomy, "compose": render_compose, "export": render_export,
           "multitask": render_multitask, "wise": render_wise, "retrain": render_retrain,
-          "continual": render_continual, "reproduce": render_reproduce}
+          "continual": render_continual, "reproduce": render_reproduce, "push": render_push}
 
 
 # -- options from request fields ----------------------------------------------------------------------
@@ -440,6 +447,9 @@ class Terminal:
             self._bar = None
 
     def emit(self, doc: dict, text: str) -> None:
+        """The result: JSON, or the verb's table followed by its card (what the numbers say)."""
+        if not self.json and doc.get("card"):
+            text += "\n\n" + "\n".join(textwrap.fill(line, 110, subsequent_indent="  ") for line in doc["card"])
         print(json.dumps(doc, indent=2) if self.json else text)
 
 
@@ -535,7 +545,8 @@ SUMMARY = {"finetune": "make a fine-tuned checkpoint (SGD or AdamW + ℓ1)",
            "wise": "WiSE-FT and WiSE-graft curves along α, in and out of distribution",
            "retrain": "train only the region from θ_pre (and BitFit), against FT and the graft",
            "continual": "forget-free continual learning with regions, against sequential fine-tuning",
-           "reproduce": "every experiment on the offline default, in one report (resumes where it stopped)"}
+           "reproduce": "every experiment on the offline default, in one report (resumes where it stopped)",
+           "push": "push a skill patch or grafted checkpoint to the Hugging Face Hub, with a model card"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -551,7 +562,8 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show the full traceback on errors")
     report = _Parser(add_help=False)
     report.add_argument("--report", metavar="FILE", help="also write the result, with its request, as JSON "
-                        "('graftui run FILE' makes it again)")
+                        "('graftui run FILE' makes it again); FILE.zip writes a report bundle: README, request, "
+                        "tables as CSV and JSON, figures as HTML")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for verb, cls in REQUESTS.items():
         p = sub.add_parser(verb, parents=[common, report], help=SUMMARY[verb], description=cls.__doc__)

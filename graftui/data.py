@@ -711,7 +711,8 @@ def kshot(split: Split, k: int, seed: int) -> Split:
         raise DataError("cannot draw k-shot examples from an empty split")
     short = sorted(c for c, m in counts.items() if m < k)
     if short:
-        raise DataError(f"k={k} is too large: class {short[0]} has only {counts[short[0]]} examples in this split")
+        raise DataError(f"{k} examples per class is too many: class {short[0]} has only {counts[short[0]]} examples in "
+                        "this split; ask for fewer examples per class")
     order = list(range(len(split)))
     random.Random(seed).shuffle(order)
     taken = dict.fromkeys(counts, 0)

@@ -37,7 +37,7 @@ from .requests import (
     ComposeRequest, EvaluateRequest, ExportRequest, FinetuneRequest, LoadOptions, LocalizeRequest, Request, SweepRequest,
     default_checkpoint_dir, from_dict,
 )
-from . import scoring
+from . import card, method, scoring, sets
 
 Progress = Callable[[dict], None]
 
@@ -188,16 +188,39 @@ def latest_region() -> Path:
     return files[-1]
 
 
-def labels_for(paths) -> list[str]:
-    """Distinct display names for region files: their stems, numbered where they collide."""
+def labels_for(paths, records=None) -> list[str]:
+    """Distinct display names for region files: their stems, numbered where they collide; with the
+    records, runs of one method and k also carry the settings in which they differ."""
     out: list[str] = []
-    for p in paths:
+    for i, p in enumerate(paths):
         name = Path(p).stem or str(p)
-        candidate, i = name, 2
+        if records:
+            me = records[i].meta
+            twins = [r.meta for r in records if r is not records[i] and r.meta.get("method") == me.get("method")
+                     and r.size == records[i].size]
+            mine = regions.settings_of(me)
+            differ = [x for x in mine if any(x not in regions.settings_of(t) for t in twins)]
+            if differ:
+                name += f" ({', '.join(differ)})"
+        candidate, n = name, 2
         while candidate in out:
-            candidate, i = f"{name} ({i})", i + 1
+            candidate, n = f"{name} ({n})", n + 1
         out.append(candidate)
     return out
+
+
+def same_regions(labels, records) -> list[str]:
+    """A note for each pair of inputs that hold one region (copies of one file, or one result twice)."""
+    seen: dict[str, str] = {}
+    notes = []
+    for label, record in zip(labels, records):
+        d = regions.digest(record.indices)
+        if d in seen:
+            notes.append(f"'{label}' is the same region as '{seen[d]}' (content id #{d}): their rows are equal by "
+                         "construction")
+        else:
+            seen[d] = label
+    return notes
 
 
 def merged_shapes(records) -> dict:
@@ -278,7 +301,12 @@ class Result:
         return set()
 
     def save(self, path) -> Path:
-        """A JSON report with the request that made it: ``graftui run`` makes it again."""
+        """A JSON report with the request that made it (``graftui run`` makes it again); a ``.zip``
+        path gets the report bundle (bundle.py: README, tables as CSV/JSON, figures as HTML)."""
+        if str(path).lower().endswith(".zip"):
+            from . import bundle
+
+            return bundle.write(self.request.as_dict(), self.as_dict(), path)
         doc = {"graftui_version": __version__, "request": self.request.as_dict(), "result": self.as_dict()}
         return regions.atomic_write(Path(path).expanduser(), lambda tmp: Path(tmp).write_text(json.dumps(doc, indent=2)))
 
@@ -302,6 +330,13 @@ class FinetuneResult(Result):
     test_accuracy: float = 0.0
     test_examples: int = 0
     config: dict = field(default_factory=dict)
+    chance_accuracy: float | None = None  # the most frequent class's share of the test split
+
+    def as_dict(self) -> dict:
+        out = super().as_dict()
+        out["test_accuracy_ci"] = card.wilson(self.test_accuracy, self.test_examples)
+        out["card"] = card.finetune_card(out)
+        return out
 
 
 def finetune(req: FinetuneRequest, progress: Progress | None = None, cancel=None, guard: Guard = LOCAL) -> FinetuneResult:
@@ -341,9 +376,11 @@ def finetune(req: FinetuneRequest, progress: Progress | None = None, cancel=None
     checkpoint = SimpleNamespace(model=model.eval().to(settings.device()), tokenizer=tokenizer)
     probs, labels = scoring.predict(checkpoint, task, "test", req.test_examples)
     accuracy, n = scoring.metrics.accuracy(probs, labels), len(labels)
+    chance = float(labels.bincount().max()) / n if n else None  # always answering the most frequent class
     notes = [f"fine-tuned through its prompt: {tokenizer.prompt.describe()}"] if getattr(tokenizer, "prompt", None) else []
     finish(progress)
-    return FinetuneResult(req, notes, time.time() - start, str(out), reused, task.name, accuracy, n, config.as_dict())
+    return FinetuneResult(req, notes, time.time() - start, str(out), reused, task.name, accuracy, n, config.as_dict(),
+                          chance)
 
 
 # -- localize --------------------------------------------------------------------------------------
@@ -388,6 +425,7 @@ class LocalizeResult(Result):
             "biases": a.bias_count,
             "meta": json.loads(json.dumps(r.meta, default=_plain)),
         })
+        out["card"] = card.localize_card(out)
         return out
 
 
@@ -487,6 +525,9 @@ def localize(req: LocalizeRequest, progress: Progress | None = None, cancel=None
     if progress:
         progress({"stage": f"budget k = {k:,}", "k": k})
     region, meta = find_region(req, pair, task, k, notes, progress, cancel)
+    if req.method == "learned":  # it starts from top-movement: how far did mask learning move it?
+        start_region = method.base_region(pair.pre, pair.ft, list(pair.graftable), k)
+        meta["top_movement_overlap"] = sets.overlap(start_region, region)
     meta.update({"request": req.as_dict(), "notes": notes, "seconds": round(time.time() - start, 3)})
     record = regions.make_record(pair, region, meta)
     if not req.region_only:
@@ -511,12 +552,11 @@ class EvaluateResult(Result):
     base: str = ""
     finetuned: str | None = None
     regions: dict = field(default_factory=dict)
+    card: list[str] = field(default_factory=list)  # the result in sentences (card.py)
 
 
 def _merge_patches(records, labels):
     """One patch holding every given patch's values, so each graft is exact on one pair."""
-    from . import sets
-
     sources = {r.meta.get("finetuned_sha256") or r.meta.get("finetuned") for r in records}
     if len(sources) > 1:
         raise RegionError("the patches come from different fine-tuned models; give --finetuned, or evaluate them one "
@@ -544,10 +584,10 @@ def evaluate(req: EvaluateRequest, progress: Progress | None = None, cancel=None
     req.validate()
     start = time.time()
     records = [load_region(p) for p in req.regions]
-    labels = labels_for(req.regions)
+    labels = labels_for(req.regions, records)
     merged_shapes(records)
     first = records[0].meta if records else {}
-    notes: list[str] = []
+    notes: list[str] = same_regions(labels, records)
     base = req.base or first.get("base") or DEFAULT_BASE
     task_ref = req.task or first.get("task") or DEFAULT_TASK
     spec = req.data_spec() if (req.task or not records) else recorded_spec(records[0])
@@ -594,16 +634,28 @@ def evaluate(req: EvaluateRequest, progress: Progress | None = None, cancel=None
         except RegionError as err:
             raise RegionError(f"'{path}': {err}") from None
     models = {label: record.indices for label, record in zip(labels, records)}
+    kinds = {label: record.meta.get("method") for label, record in zip(labels, records)}
+    start_overlap = {label: r.meta["top_movement_overlap"] for label, r in zip(labels, records)
+                     if isinstance(r.meta.get("top_movement_overlap"), (int, float))}
     if req.baselines:
         budgets = sorted({r.size for r in records}) or [Budget(sparsity=req.sparsity).resolve(pair.counts()["graftable"])]
         for k in budgets:
             if progress:
                 progress({"stage": f"building baselines at k = {k:,}"})
             for label, region in scoring.baseline_regions(pair, k, seed=req.seed).items():
+                name = next(n for n in ("top-movement", "random") if get_method(n).label == label)
                 label = f"{label} k={k:,}" if len(budgets) > 1 else label
-                models[f"{label} (baseline)" if label in models else label] = region
+                label = f"{label} (baseline)" if label in models else label
+                models[label], kinds[label] = region, name
+                if name == "top-movement":
+                    for own, record in zip(labels, records):
+                        if record.size == k and record.meta.get("method") == "learned":
+                            start_overlap.setdefault(own, sets.overlap(region, record.indices))
     comparison = scoring.compare(pair, task, models, ood=oods, n=req.n, seed=req.seed, progress=progress, cancel=cancel)
     result = comparison.as_dict()
+    for row in result["rows"]:
+        row["method"] = kinds.get(row["model"])
+    card.annotate(result["rows"])
     if from_patch:
         ft_name = f"{scoring.FT_LABEL} (from patch)"
         for row in result["rows"]:
@@ -612,9 +664,10 @@ def evaluate(req: EvaluateRequest, progress: Progress | None = None, cancel=None
         for table in (result["reliability"], result["histogram"]):
             table[ft_name] = table.pop(scoring.FT_LABEL)
     finish(progress)
+    lines = card.evaluate_card(result["rows"], graftable=pair.counts()["graftable"], start_overlap=start_overlap)
     return EvaluateResult(req, notes, time.time() - start, **result, base=base,
                           finetuned=None if from_patch else finetuned,
-                          regions={label: str(p) for label, p in zip(labels, req.regions)})
+                          regions={label: str(p) for label, p in zip(labels, req.regions)}, card=lines)
 
 
 def _default_spec():
@@ -632,6 +685,13 @@ class SweepResult(Result):
     ft_ood: dict = field(default_factory=dict)  # OOD task -> the fine-tuned model's accuracy
     task: str = ""
     ood: list[str] = field(default_factory=list)
+    body_accuracy: float | None = None  # the pre-trained body with the fine-tuned head (the empty region)
+    n_test: int = 0
+
+    def as_dict(self) -> dict:
+        out = super().as_dict()
+        out["card"] = card.sweep_card(out)
+        return out
 
 
 def sweep(req: SweepRequest, progress: Progress | None = None, cancel=None, guard: Guard = LOCAL) -> SweepResult:
@@ -658,6 +718,7 @@ def sweep(req: SweepRequest, progress: Progress | None = None, cancel=None, guar
             return own, {o.name: scoring.metrics.accuracy(*scoring.predict(pair, o, "test", req.n)) for o in oods}
 
     ft, ft_ood = score(None)
+    bare, _ = score({})
     graftable = pair.counts()["graftable"]
     rows = []
     sparsities = sorted(set(req.sparsities))
@@ -671,12 +732,14 @@ def sweep(req: SweepRequest, progress: Progress | None = None, cancel=None, guar
                                   method=name, sparsity=s)
             region, _ = find_region(one, pair, task, k, notes, cancel=cancel)
             own, ood = score(region)
-            rows.append({"method": name, "sparsity": s, "k": region_size(region), "accuracy": own.accuracy,
-                         "ece": own.ece, "ood": ood, "ft_accuracy": ft.accuracy,
-                         "retained": own.accuracy / ft.accuracy if ft.accuracy else None})
+            rows.append({"method": name, "sparsity": s, "k": region_size(region), "n": own.n, "accuracy": own.accuracy,
+                         "accuracy_ci": card.wilson(own.accuracy, own.n), "ece": own.ece,
+                         "calibration": card.calibration(own.accuracy, own.mean_confidence), "ood": ood,
+                         "ft_accuracy": ft.accuracy, "retained": own.accuracy / ft.accuracy if ft.accuracy else None,
+                         "gain_recovered": card.gain_recovered(own.accuracy, ft.accuracy, bare.accuracy)})
     finish(progress)
     return SweepResult(req, list(dict.fromkeys(notes)), time.time() - start, rows, ft.accuracy, ft.ece, ft_ood, task.name,
-                       [o.name for o in oods])
+                       [o.name for o in oods], bare.accuracy, ft.n)
 
 
 # -- anatomy -------------------------------------------------------------------------------------
@@ -732,6 +795,16 @@ class ComposeResult(Result):
         """The overlap matrix as sets.overlap_matrix returns it."""
         return {k: getattr(self, k) for k in ("names", "sizes", "intersection_counts", "overlap", "iou")}
 
+    def as_dict(self) -> dict:
+        out = super().as_dict()
+        for row in out["rows"]:
+            row["accuracy_ci"] = card.wilson(row["accuracy"], row["n"])
+            row.setdefault("gain_recovered", None)  # the fine-tuned models are not scored here
+        # |γi ∩ γj| / |γj| expected for random regions of these sizes: |γi| / N
+        out["chance_overlap"] = [[card.chance_overlap(si, self.graftable_params) for _ in self.sizes] for si in self.sizes]
+        out["card"] = card.compose_card(out)
+        return out
+
 
 class _LazyBase:
     """Pre-trained tensors by name, loaded only if averaging overlapping patch values needs them."""
@@ -772,12 +845,10 @@ def _as_patch(record: RegionRecord, guard: Guard, progress=None, cancel=None) ->
 
 def compose(req: ComposeRequest, progress: Progress | None = None, cancel=None, guard: Guard = LOCAL) -> ComposeResult:
     """Overlap and union of regions; with ``evaluate``, the union graft scored on every region's task."""
-    from . import sets
-
     req.validate()
     start = time.time()
     records = [load_region(p) for p in req.regions]
-    names = labels_for(req.regions)
+    names = labels_for(req.regions, records)
     shapes = merged_shapes(records)
     bases = {r.meta.get("base") for r in records}
     base = req.base or (next(iter(bases)) if len(bases) == 1 else None) or DEFAULT_BASE
@@ -836,7 +907,7 @@ def compose(req: ComposeRequest, progress: Progress | None = None, cancel=None, 
         regions.save(record, out)
         written = {"path": str(out), "kind": "patch" if record.is_patch else "region", "k": record.size}
     finish(progress)
-    return ComposeResult(req, [], time.time() - start, names, list(req.regions),
+    return ComposeResult(req, same_regions(names, records), time.time() - start, names, list(req.regions),
                          ["patch" if r.is_patch else "region" for r in records], matrix["sizes"],
                          matrix["intersection_counts"], matrix["overlap"], matrix["iou"], union_size, graftable, report,
                          rows, written)
@@ -889,7 +960,7 @@ def export(req: ExportRequest, progress: Progress | None = None, cancel=None, gu
 # -- one entry point for every verb ----------------------------------------------------------------
 FLOWS: dict[str, Callable] = {"finetune": finetune, "localize": localize, "evaluate": evaluate, "sweep": sweep,
                               "anatomy": anatomy, "compose": compose, "export": export}
-from . import experiments, reproduction  # noqa: E402,F401  (add the paper's experiments and the report to FLOWS)
+from . import experiments, hub, reproduction  # noqa: E402,F401  (add the paper's experiments, the Hub push and the report to FLOWS)
 
 
 def run(req: Request, progress: Progress | None = None, cancel=None, guard: Guard = LOCAL) -> Result:

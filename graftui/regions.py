@@ -15,6 +15,7 @@ A patch rebuilds the graft bit-exactly from the base alone: base + patch = θ_pr
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -122,6 +123,36 @@ def atomic_write(path: str | Path, write) -> Path:
     return path
 
 
+def digest(indices: Region) -> str:
+    """A short id of a region's parameter set (not of its file): the same region has the same id."""
+    h = hashlib.sha256()
+    for name in sorted(indices):
+        idx = indices[name].reshape(-1)
+        if idx.numel():
+            h.update(name.encode() + b"\0" + idx.to(torch.int64).cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:8]
+
+
+def settings_of(meta: dict) -> list[str]:
+    """The settings that tell two runs of one method apart: steps, examples, learning rate, seed; sources of a union."""
+    learn = meta.get("learn") if isinstance(meta.get("learn"), dict) else None
+    out = []
+    if learn:
+        lr = learn.get("lr")
+        out += [f"{learn.get('steps')} steps", f"{meta.get('train_examples', '?')} examples",
+                f"lr {lr:g}" if isinstance(lr, (int, float)) else "lr ?", f"seed {learn.get('seed')}"]
+    if meta.get("method") == "union" and isinstance(meta.get("sources"), list):
+        out.append(f"union of {len(meta['sources'])}")
+    return out
+
+
+def describe(meta: dict) -> str:
+    """A region in one line: task · method · k · its settings."""
+    k = meta.get("k")
+    return " · ".join([str(meta.get("task", "?")), str(meta.get("method", "?")),
+                       f"k={k:,}" if isinstance(k, int) else "k=?", *settings_of(meta)])
+
+
 def save(record: RegionRecord, path: str | Path) -> Path:
     from safetensors.torch import save_file
 
@@ -137,6 +168,7 @@ def save(record: RegionRecord, path: str | Path) -> Path:
         "kind": "patch" if record.is_patch else "region",
         "shapes": json.dumps({n: list(s) for n, s in record.shapes.items()}),
         "meta": json.dumps(record.meta, default=str),
+        "region_digest": digest(record.indices),
     }
     if not tensors:  # safetensors needs one tensor; an empty region is still a valid answer
         tensors["empty"] = torch.zeros(0, dtype=torch.int64)
@@ -245,7 +277,11 @@ def check_fits(record: RegionRecord, pair) -> None:
             if name not in dict(pair.model.named_parameters()):
                 raise RegionError(f"the patch's head tensor {name} is not in this model")
             if tuple(value.shape) != tuple(pair.param(name).shape):
-                raise RegionError(f"the patch's head tensor {name} has the wrong shape for this model")
+                raise RegionError(
+                    f"the patch carries the head of '{record.meta.get('finetuned', '?')}' (task "
+                    f"'{record.meta.get('task', '?')}', {name} of shape {list(value.shape)}), which does not fit this "
+                    f"model's {list(pair.param(name).shape)}: use it with the base model "
+                    f"'{record.meta.get('base', '?')}' and a task with the same labels")
 
 
 def _first_line(err: Exception) -> str:

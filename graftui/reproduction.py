@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from . import __version__, regions, settings
+from . import __version__, card, regions, settings
 from .errors import Cancelled
 from .flows import FLOWS, LOCAL, Guard, Progress, Result, finish
 from .requests import (
@@ -266,11 +266,6 @@ def _ratio(a, b):
     return None if a is None or not b else a / b
 
 
-def _gain(graft, ft, bare):
-    """Share of the fine-tuning gain the graft recovers: (graft − bare) / (FT − bare)."""
-    return None if None in (graft, ft, bare) or ft == bare else (graft - bare) / (ft - bare)
-
-
 MIN_GAIN = 0.02  # a fine-tune that gains less over the bare body than this did not learn the task
 METHOD_ORDER = ["learned", "top-movement", "random"]
 EVALUATED_AS = {"Top movement": "top-movement", "Random": "random"}  # baseline labels of the evaluate step
@@ -329,7 +324,7 @@ def build_report(scale: Scale, R: dict, log: list[dict], seconds: float) -> dict
                      "top_movement": (_row(rows, "Top movement") or {}).get("accuracy"),
                      "random": (_row(rows, "Random") or {}).get("accuracy")},
         "retained": _ratio(graft["accuracy"], ft["accuracy"]),
-        "gain_recovered": _gain(graft["accuracy"], ft["accuracy"], bare["accuracy"]),
+        "gain_recovered": card.gain_recovered(graft["accuracy"], ft["accuracy"], bare["accuracy"]),
         "ood_transfer": ood,
         "rows": rows,
         "sweep": {"ft_accuracy": sweep["ft_accuracy"], "ft_ece": sweep.get("ft_ece"), "ft_ood": sweep.get("ft_ood", {}),

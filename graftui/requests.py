@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 import typing
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
@@ -677,6 +678,38 @@ class ExportRequest(LoadFields):
         check_out_dir(self.out)
         self.check_loading()
 
+
+@_register
+@dataclass
+class PushRequest(LoadFields):
+    """Push a skill patch, or the grafted checkpoint, to the Hugging Face Hub with a generated model card.
+
+    The token is the usual one (HF_TOKEN, or `hf auth login`); graftui never stores it.
+    """
+
+    verb: ClassVar[str] = "push"
+    writes: ClassVar[bool] = True
+    repo: str | None = arg(None, "Hub repository to create or update, as owner/name", metavar="ID")
+    region: str | None = arg(None, "skill patch to push (default: the newest in $GRAFTUI_HOME/regions)", metavar="FILE")
+    what: str = arg("patch", "patch: the skill patch file (small; needs the base model to apply); checkpoint: the "
+                    "grafted model as a normal Hugging Face checkpoint", choices=("patch", "checkpoint"))
+    base: str | None = arg(None, H_BASE + " (default: the region's own)", metavar="REF", group="models")
+    finetuned: str | None = arg(None, "fine-tuned model; scores FT in the card, and is needed for a region without "
+                                "values", metavar="REF", group="models")
+    n: int | None = arg(500, "test examples to score the graft on for the card's metrics (0: no metrics)", metavar="N")
+    private: bool = arg(False, "create the repository as private")
+    out: str | None = arg(None, "write the files that would be pushed (card included) to this new folder and stop: "
+                          "no network", metavar="DIR")
+
+    def check(self) -> None:
+        if not self.repo or not re.fullmatch(r"[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*", self.repo):
+            raise RequestError(f"--repo must be owner/name, e.g. you/movies-skill-patch (got {self.repo!r})")
+        if self.region is not None:
+            check_region_file(self.region)
+        if self.n is not None and self.n < 0:
+            raise RequestError("--n must be 0 (no metrics) or more")
+        check_out_dir(self.out)
+        self.check_loading()
 
 
 # -- the paper's experiments (flows in experiments.py) ------------------------------------------------------

@@ -144,6 +144,7 @@ def compare(
                 "accuracy": m.accuracy,
                 "f1": m.f1,
                 "ece": m.ece,
+                "confidence": m.mean_confidence,
                 "agreement_with_ft": metrics.agreement(probs, reference),
                 "region_size": _size(models[label]) if label in models else None,
             })
@@ -208,7 +209,7 @@ def union_of(records: list[RegionRecord], names: list[str], pre, resolve: str = 
 def _row(task: Task, head: str, model: str, probs, labels, size: int | None) -> dict:
     m = metrics.metrics(probs, labels)
     return {"task": task.name, "head": head, "model": model, "n": m.n, "accuracy": m.accuracy, "f1": m.f1,
-            "ece": m.ece, "region_size": size}
+            "ece": m.ece, "confidence": m.mean_confidence, "region_size": size}
 
 
 def evaluate_on_pair(pair, task: Task, own: RegionRecord, own_name: str, union_idx, union_val, *, n=None,

@@ -5,6 +5,7 @@ Usage::
     .venv/bin/python scripts/screenshot.py                    # small-data mode, a temporary GRAFTUI_HOME
     .venv/bin/python scripts/screenshot.py --home ~/.graftui  # reuse a home (its default fine-tune, if built)
     .venv/bin/python scripts/screenshot.py --full --tab localize
+    .venv/bin/python scripts/screenshot.py --tab compare --width 1400 --height 1000 --out assets/compare.png
 
 Needs Debian's Chromium (``apt-get install -y chromium``) and the dev requirements (Playwright).
 The first run in a fresh home also builds the default fine-tuned model (about a minute in
@@ -56,8 +57,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--home", type=Path, help="GRAFTUI_HOME to use (default: a temporary folder)")
     parser.add_argument("--out", type=Path, default=REPO / "assets" / "screenshot.png")
     parser.add_argument("--full", action="store_true", help="the full defaults instead of small-data mode (GRAFTUI_FAST)")
-    parser.add_argument("--tab", choices=["anatomy", "localize"], default="anatomy",
-                        help="anatomy: the page from the top with the region's heatmap (default); localize: the live mask-learning plot")
+    parser.add_argument("--tab", choices=["anatomy", "localize", "compare"], default="anatomy",
+                        help="anatomy: the page from the top with the region's heatmap (default); localize: the live "
+                             "mask-learning plot; compare: the region evaluated, its result card and the Compare table")
     parser.add_argument("--width", type=int, default=1280)
     parser.add_argument("--height", type=int, default=840)
     parser.add_argument("--timeout", type=float, default=900, help="seconds to wait for the localization (default 900)")
@@ -82,7 +84,17 @@ def main(argv: list[str] | None = None) -> None:
                 print(re.sub(r"\*\*", "", line.strip()))
                 if "failed" in line:
                     raise SystemExit("the localization failed; see the status above")
-                if args.tab == "anatomy":
+                if args.tab == "compare":
+                    bu.open_tab(page, "compare")
+                    page.wait_for_function("() => document.querySelector('#compare-regions').innerText.includes('k=')",
+                                           timeout=30_000)
+                    page.click("#compare-run")
+                    time.sleep(2)  # the status line follows the new job
+                    line = wait_done(page, "#compare-status", args.timeout)
+                    print(re.sub(r"\*\*", "", line.strip()))
+                    page.wait_for_selector("#compare-table [role=row].virtual-row", timeout=30_000)
+                    target = "#compare-status"
+                elif args.tab == "anatomy":
                     bu.open_tab(page, "anatomy")
                     page.wait_for_selector("#anatomy-heatmap .heatmaplayer", timeout=30_000)
                     target = None  # the page from its top: title, tabs and the heatmap

@@ -123,6 +123,7 @@ def test_localize_runs_and_its_region_is_listed(page):
     line, took = bu.run_job(page, "#localize-run", "#localize-status", "localize-job", timeout_s=FIRST_JOB_S)
     print(f"[browser] first localization (waits for the default fine-tune): {took:.1f} s")
     assert "· done" in line, f"localization did not finish: {line}"
+    assert "lies outside the top-movement region it started from" in line, f"no result card: {line}"
     region = _region_id(line)
     k = int(re.search(r"k = ([\d,]+)", line).group(1).replace(",", ""))
     STATE["region1"], STATE["k1"] = region, k
@@ -140,6 +141,10 @@ def test_compare_shows_finetuned_and_the_graft(page):
     line, took = bu.run_job(page, "#compare-run", "#compare-status", "compare-job", timeout_s=JOB_S)
     print(f"[browser] comparison: {took:.1f} s")
     assert "· done" in line, f"comparison did not finish: {line}"
+    # the result card under the job's line says what the table means
+    assert re.search(r"keeps \d+ % of the fine-tuned accuracy and recovers -?\d+ % of the fine-tuning gain", line), line
+    assert "over a random region of the same size" in line and "Calibration:" in line, line
+    STATE["compare_job"] = re.search(r"\[(\S+?)\]", line).group(1)
     page.wait_for_function("() => document.querySelectorAll('#compare-table [role=row].virtual-row').length >= 2",
                            timeout=30_000)
     models = [r[0] for r in bu.table_rows(page, "compare-table") if r]
@@ -205,12 +210,36 @@ def test_two_regions_compose(page):
     line, took = bu.run_job(page, "#compose-run", "#compose-status", "compose-job", timeout_s=JOB_S)
     print(f"[browser] composition: {took:.1f} s")
     assert "· done" in line, f"composition did not finish: {line}"
+    assert re.search(r"two random regions of these sizes would share [\d.]+ % \([\d,]+× chance\)", line), line
     page.wait_for_function("() => document.querySelectorAll('#compose-table [role=row].virtual-row').length >= 1",
                            timeout=30_000)
     rows = [r for r in bu.table_rows(page, "compose-table") if r]
     assert rows and all(r[0] == "movies" for r in rows), rows
     models = {r[2] for r in rows}
     assert {"region alone", "union graft"} <= models, rows
+
+
+def test_report_bundle_of_a_job_downloads(page, tmp_path):
+    import json
+    import zipfile
+
+    job = _need("compare_job")
+    bu.choose(page, "jobs-select", f"[{job}]")
+    page.click("#jobs-bundle")
+    link = page.locator("#jobs-bundle-file a").first
+    link.wait_for(state="visible", timeout=60_000)
+    with page.expect_download(timeout=60_000) as info:
+        link.click()
+    path = tmp_path / info.value.suggested_filename
+    info.value.save_as(path)
+    assert path.name == f"report-{job}.zip", path.name
+    with zipfile.ZipFile(path) as zf:
+        names = zf.namelist()
+        root = names[0].split("/")[0]
+        assert {f"{root}/README.md", f"{root}/request.json", f"{root}/tables/rows.csv",
+                f"{root}/figures/reliability.html"} <= set(names), names
+        assert json.loads(zf.read(f"{root}/request.json"))["verb"] == "evaluate"
+        assert "keeps" in zf.read(f"{root}/README.md").decode()
 
 
 # -- e. ------------------------------------------------------------------------------------------

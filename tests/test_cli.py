@@ -8,6 +8,7 @@ installed console script to prove it works.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import dataclasses
 import io
 import json
@@ -170,6 +171,7 @@ def test_finetune_default_folder_is_per_recipe_and_reused(ft_dir, home):
     code, out, err = run_cli("finetune", *FT_ARGS, "--test-examples", "32")
     assert code == 0, err
     assert str(expected) in out and "reused" in out and "test accuracy" in out
+    assert "Held-out accuracy" in out and "chance (the most frequent class) is" in out
     shutil.rmtree(expected)
 
 
@@ -230,6 +232,18 @@ def test_evaluate_regions_with_baselines_in_and_out_of_distribution(ft_dir, lear
     # top-movement at the same k is the same region as the file written by `localize --method top-movement`
     assert rows[("Top movement", "amazon")]["accuracy"] == rows[("top", "amazon")]["accuracy"]
     assert "reliability" in doc and set(doc["reliability"]) >= {"learned", "fine-tuned"}
+    # the result card's readings, on every graft row, for scripts to rely on
+    for (model, task), r in rows.items():
+        lo, hi = r["accuracy_ci"]
+        assert lo <= r["accuracy"] <= hi and hi - lo > 0.05  # 64 examples: a wide interval
+        if model not in ("fine-tuned", "pre-trained body + FT head"):
+            ft, bare = rows[("fine-tuned", task)]["accuracy"], rows[("pre-trained body + FT head", task)]["accuracy"]
+            assert r["gain_recovered"] == (pytest.approx((r["accuracy"] - bare) / (ft - bare)) if ft != bare else None)
+            assert r["ft_kept"] == pytest.approx(r["accuracy"] / ft)
+    learned_row = rows[("learned", "movies")]
+    assert learned_row["vs_random"] == pytest.approx(learned_row["accuracy"] - rows[("Random", "movies")]["accuracy"])
+    assert rows[("Random", "movies")]["vs_random"] is None and rows[("Random", "movies")]["method"] == "random"
+    assert any("keeps" in line and "'learned'" in line and "over a random region" in line for line in doc["card"])
 
     # with no --finetuned the region's own pair and task are used
     own = run_json("evaluate", "--region", learned[0], "--no-ood", "--n", "64")
@@ -249,7 +263,8 @@ def test_evaluate_regions_with_baselines_in_and_out_of_distribution(ft_dir, lear
     assert code == 0, err
     header = out.splitlines()[0].split()
     assert header[:3] == ["model", "task", "dist"] and "accuracy" in header and "ECE" in header
-    assert len([line for line in out.splitlines() if " movies " in line or " tweets " in line]) == 6
+    table_lines = out.split("\n\n")[0].splitlines()  # the card's sentences follow the table
+    assert len([line for line in table_lines if " movies " in line or " tweets " in line]) == 6
     for word in ("OOD", "learned", "3,000", "pre-trained body + FT head"):
         assert word in out
 
@@ -295,6 +310,9 @@ def test_compose_overlap_and_union_patch(learned, top, ft_params, tmp_path):
                               "--resolve", "first")
     assert code == 0, err
     assert "IoU" in text and f"union: {2 * K - shared:,}" in text and "skill patch" in text
+    chance = K / doc["graftable_params"]
+    assert doc["chance_overlap"][0][1] == pytest.approx(chance)
+    assert f"would share {100 * chance:.3f} %" in text  # the card: overlap against what chance gives
     union = regions.load(out)
     assert union.is_patch and union.size == 2 * K - shared and union.meta["method"] == "union"
     for name, idx in union.indices.items():
@@ -360,10 +378,99 @@ def test_sweep_table(ft_dir):
     ks = {r["sparsity"]: r["k"] for r in doc["rows"]}
     assert ks[1e-2] == pytest.approx(10 * ks[1e-3], abs=10)
     assert all(0 <= r["accuracy"] <= 1 and r["ft_accuracy"] == doc["ft_accuracy"] for r in doc["rows"])
+    for r in doc["rows"]:
+        assert r["accuracy_ci"][0] <= r["accuracy"] <= r["accuracy_ci"][1] and r["n"] == 32
+        assert r["gain_recovered"] == pytest.approx((r["accuracy"] - doc["body_accuracy"])
+                                                    / (doc["ft_accuracy"] - doc["body_accuracy"]))
+    assert any(line.startswith("top-movement:") for line in doc["card"])
     code, out, err = run_cli("sweep", "--finetuned", ft_dir, "--methods", "top-movement", "--sparsities", "1e-3",
                              "--n", "8")
     assert code == 0, err
     assert out.splitlines()[0].split() == ["sparsity", "k", "top-movement"] and "fine-tuned" in out
+
+
+def test_report_bundle_holds_request_tables_figures_and_readme(learned, ft_dir, tmp_path):
+    import zipfile
+
+    out = tmp_path / "cmp.zip"
+    code, text, err = run_cli("evaluate", "--finetuned", ft_dir, "--region", learned[0], "--ood", "amazon", "--n", "32",
+                              "--baselines", "--report", out)
+    assert code == 0, err
+    with zipfile.ZipFile(out) as zf:
+        names = set(zf.namelist())
+        assert {"cmp/README.md", "cmp/request.json", "cmp/result.json", "cmp/tables/rows.csv", "cmp/tables/rows.json",
+                "cmp/figures/reliability.html", "cmp/figures/confidence.html", "cmp/figures/plotly.min.js"} <= names
+        request = json.loads(zf.read("cmp/request.json"))
+        result = json.loads(zf.read("cmp/result.json"))
+        rows = zf.read("cmp/tables/rows.csv").decode().splitlines()
+        readme = zf.read("cmp/README.md").decode()
+    assert request["verb"] == "evaluate" and request["n"] == 32 and request["regions"] == [str(learned[0])]
+    header = rows[0].split(",")
+    assert {"accuracy_ci_lo", "accuracy_ci_hi", "gain_recovered"} <= set(header) and len(rows) == 1 + len(result["rows"])
+    assert hashlib.sha256(Path(learned[0]).read_bytes()).hexdigest() in readme
+    assert result["card"][0] in readme and "graftui run request.json" in readme
+    # the bundle's request makes the same result again
+    again = flows.run(flows.read_request(_unzipped(out, tmp_path) / "cmp" / "request.json"))
+    assert [r["accuracy"] for r in again.as_dict()["rows"]] == [r["accuracy"] for r in result["rows"]]
+
+
+def _unzipped(archive, folder):
+    import zipfile
+
+    with zipfile.ZipFile(archive) as zf:
+        zf.extractall(folder / "unzipped")
+    return folder / "unzipped"
+
+
+def test_push_builds_card_files_and_commit_without_storing_the_token(learned, ft_dir, tmp_path, monkeypatch):
+    import huggingface_hub
+
+    calls = {}
+    monkeypatch.setenv("HF_TOKEN", "hf_secret_token_for_the_test")
+    monkeypatch.setattr(huggingface_hub.HfApi, "create_repo",
+                        lambda self, repo_id, **kw: calls.setdefault("repo", (repo_id, kw)))
+
+    def create_commit(self, repo_id, operations, **kw):
+        calls["commit"] = (repo_id, [(op.path_in_repo, Path(op.path_or_fileobj).read_bytes()) for op in operations], kw)
+        return huggingface_hub.CommitInfo(commit_url=f"https://huggingface.co/{repo_id}/commit/abc", commit_message="m",
+                                          commit_description="", oid="abc")
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "create_commit", create_commit)
+    doc = run_json("push", "--repo", "someone/movies-skill", "--region", learned[0], "--finetuned", ft_dir, "--n", "16")
+    assert calls["repo"] == ("someone/movies-skill", {"private": False, "exist_ok": True})
+    repo, files, kw = calls["commit"]
+    files = dict(files)
+    assert repo == "someone/movies-skill" and set(files) == {"README.md", "request.json", "skill_patch.safetensors"}
+    assert files["skill_patch.safetensors"] == Path(learned[0]).read_bytes()
+    card = files["README.md"].decode()
+    record = regions.load(learned[0])
+    assert card.startswith("---\n") and "graftui" in card.split("---")[1]  # YAML metadata first
+    for needle in (f"k = {K:,}", "fine-tuned model", "| task | `movies` |", "graftui run request.json", "## Metrics",
+                   "| fine-tuned | movies | 16 |"):
+        assert needle in card, needle
+    assert json.loads(files["request.json"]) == record.meta["request"]
+    assert all(b"hf_secret_token_for_the_test" not in body for body in files.values())
+    assert doc["url"].endswith("/commit/abc")
+
+    # --out writes the same files and stops before the network
+    calls.clear()
+    out = tmp_path / "staged"
+    code, text, err = run_cli("push", "--repo", "someone/movies-skill", "--region", learned[0], "--n", "0", "--out", out)
+    assert code == 0, err
+    assert not calls
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "request.json", "skill_patch.safetensors"]
+    assert "## Metrics" not in (out / "README.md").read_text() and "nothing was pushed" in text
+    assert_one_line_error(*run_cli("push", "--repo", "not a repo", "--region", learned[0]), "--repo", "owner/name")
+
+
+def test_push_is_refused_on_a_hosted_server(learned, monkeypatch):
+    from graftui import hub, settings
+    from graftui.errors import RequestError
+    from graftui.requests import PushRequest
+
+    monkeypatch.setattr(settings, "hosted", lambda: True)
+    with pytest.raises(RequestError, match="shared server"):
+        hub.push(PushRequest(repo="someone/x", region=str(learned[0])))
 
 
 # -- bad input: exit 2, one line naming the problem, no traceback, no model loaded -----------------

@@ -119,7 +119,7 @@ def test_kshot_exact_deterministic_and_nested():
 
 def test_kshot_rejects_too_large_k():
     split = Split(("a", "b", "c", "d"), (0, 0, 0, 1))
-    with pytest.raises(DataError, match=r"k=2 is too large: class 1 has only 1"):
+    with pytest.raises(DataError, match=r"2 examples per class is too many: class 1 has only 1"):
         kshot(split, 2, seed=0)
     with pytest.raises(DataError, match="at least 1"):
         kshot(split, 0, seed=0)

@@ -82,7 +82,14 @@ def job_status_line(job: Job | None) -> str:
         text += f"\n\nNote: {note}"
     if result.get("name") and job.kind == "finetune":
         text += f" · checkpoint **{result['name']}** is now in the model pickers"
+    if job.status == "done" and result.get("card"):
+        text += "\n\n" + card_markdown(result["card"])
     return text
+
+
+def card_markdown(lines: list[str]) -> str:
+    """The result card (graftui.card) as a quoted block under the job's line."""
+    return "\n>\n".join(f"> {line}" for line in lines)
 
 
 # -- requests from widgets --------------------------------------------------------------------------
@@ -269,7 +276,8 @@ def submit_localize(runner, *, base: str, finetuned: str, task: str, columns: di
                               examples_per_class=whole(examples_per_class), lr=float(lr or 0))
 
     def saved(result, doc) -> dict:
-        return {"region": Path(result.path).stem, "k": result.k, "notes": result.notes, "summary": result.record.summary()}
+        return {"region": Path(result.path).stem, "k": result.k, "notes": result.notes, "summary": result.record.summary(),
+                "card": doc.get("card") or []}
 
     title = (f"Localize '{store.short_ref(task)}' in {store.short_ref(finetuned)} · {get_method(method).label} · "
              f"sparsity {request.sparsity:.1e}")
@@ -441,6 +449,20 @@ def request_file(job: Job | None) -> Path | None:
     if not path.exists():
         atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(job.params, indent=2)))
     return path
+
+
+def report_bundle(job: Job | None) -> str:
+    """The report bundle (bundle.py) of a finished job, written once into this session's downloads."""
+    from .. import bundle
+
+    if job is None:
+        raise ValueError("pick a job in the list above first")
+    if job.status != "done" or not job.result or "verb" not in (job.params or {}):
+        raise ValueError(f"'{job.title}' has no result to report ({job.status}); pick a finished job")
+    path = store.downloads_dir() / f"report-{job.id}.zip"
+    if not path.exists():
+        bundle.write(job.params, job.result, path)
+    return str(path)
 
 
 def anatomy_of(region_id: str):

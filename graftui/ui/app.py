@@ -108,12 +108,16 @@ def guarded(status, toast: bool = True):
 
 
 # -- small pure helpers (tested without a browser) -------------------------------------------------
-REGION_LIST_COLUMNS = ["id", "task", "method", "k (params)", "share of graftable", "fine-tuned model", "created (UTC)"]
+REGION_LIST_COLUMNS = ["id", "task", "method", "k (params)", "share of graftable", "settings", "content id",
+                       "fine-tuned model", "created (UTC)"]
 
 
 def region_list_rows() -> pd.DataFrame:
-    rows = []
-    for e in store.list_regions():
+    from ..regions import settings_of
+
+    rows, entries = [], store.list_regions()
+    digests = [e.digest for e in entries]
+    for e in entries:
         m = e.meta
         frac = m.get("fraction_of_graftable")
         rows.append({
@@ -122,6 +126,8 @@ def region_list_rows() -> pd.DataFrame:
             "method": m.get("method", ""),
             "k (params)": f"{m['k']:,}" if isinstance(m.get("k"), int) else "",
             "share of graftable": f"{frac:.3%}" if isinstance(frac, (int, float)) else "",
+            "settings": " · ".join(settings_of(m)),
+            "content id": f"#{e.digest}" + (" (same as another)" if digests.count(e.digest) > 1 else ""),
             "fine-tuned model": store.short_ref(m.get("finetuned", "")),
             "created (UTC)": m.get("created", ""),
         })
@@ -590,6 +596,10 @@ def build_app() -> gr.Blocks:
             with gr.Accordion("Request of the selected job (re-run it with `graftui run FILE`)", open=False):
                 job_req = gr.Code("", language="json", interactive=False, elem_id="jobs-request")
                 job_req_dl = gr.DownloadButton("Download request (JSON)", value=None, elem_id="jobs-request-download")
+            with gr.Row():
+                job_bundle = gr.Button("Make report bundle of the selected job", elem_id="jobs-bundle", scale=0)
+                job_bundle_file = gr.File(label="Report bundle (.zip: README, request, tables as CSV and JSON, figures)",
+                                          interactive=False, elem_id="jobs-bundle-file")
 
         timer = gr.Timer(POLL_SECONDS)  # one event per tick refreshes every live list and panel
         poll = Poll()
@@ -972,6 +982,12 @@ def build_app() -> gr.Blocks:
             return text if job else "", gr.update(value=str(path) if path else None), gr.skip()
 
         on(job_sel.change, on_job_pick, [job_sel], [job_req, job_req_dl, status])
+
+        @safe
+        def on_job_bundle(picked):
+            return actions.report_bundle(store.runner().get(picked) if picked else None), gr.skip()
+
+        on(job_bundle.click, on_job_bundle, [job_sel], [job_bundle_file, status])
 
         def panel(kinds, picker, status_md, outputs, render, latest_label, fixed_state=None):
             """Poll the picked job of ``kinds`` (or the latest one) and re-render only when it changed."""

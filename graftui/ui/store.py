@@ -300,6 +300,7 @@ class RegionEntry:
     kind: str
     meta: dict
     gallery: bool = False  # the server's, shown to every session, never deleted from a page
+    digest: str = ""  # of the parameter set (regions.digest): two files of one region share it
 
     @property
     def k(self) -> int | None:
@@ -307,14 +308,11 @@ class RegionEntry:
 
     @property
     def label(self) -> str:
-        m = self.meta
-        k = m.get("k")
-        frac = m.get("fraction_of_graftable")
-        size = f"k={k:,}" if isinstance(k, int) else "k=?"
-        if isinstance(frac, (int, float)):
-            size += f" ({frac:.3%} of graftable)"
-        parts = [str(m.get("task", "?")), str(m.get("method", "?")), size, short_ref(m.get("finetuned", "?"))]
-        return " · ".join(parts + ["gallery"] * self.gallery) + f"  [{self.id}]"
+        """Method, k and the settings that tell runs apart, the model, and the content id."""
+        from ..regions import describe
+
+        parts = [describe(self.meta), short_ref(self.meta.get("finetuned", "?"))]
+        return " · ".join(parts + ["gallery"] * self.gallery) + f"  #{self.digest}  [{self.id}]"
 
 
 def short_ref(ref: str) -> str:
@@ -335,7 +333,28 @@ def read_region_header(path: Path) -> RegionEntry | None:
         return None
     if "graftui_format" not in header or not isinstance(meta, dict):
         return None
-    return RegionEntry(path.stem, path, header.get("kind", "region"), meta)
+    return RegionEntry(path.stem, path, header.get("kind", "region"), meta, digest=header.get("region_digest")
+                       or _old_digest(path))
+
+
+_DIGESTS: dict[tuple, str] = {}
+
+
+def _old_digest(path: Path) -> str:
+    """The content id of a file written before ids were recorded (read once per file version)."""
+    from safetensors import safe_open
+
+    from ..regions import digest
+
+    stat = path.stat()
+    key = (str(path), stat.st_mtime_ns, stat.st_size)
+    if key not in _DIGESTS:
+        try:
+            with safe_open(str(path), framework="pt") as fh:
+                _DIGESTS[key] = digest({k[4:]: fh.get_tensor(k) for k in fh.keys() if k.startswith("idx/")})
+        except Exception:  # noqa: BLE001 - unreadable: no id
+            _DIGESTS[key] = "?"
+    return _DIGESTS[key]
 
 
 def own_dir(folder) -> Path | None:
@@ -364,7 +383,7 @@ def list_regions() -> list[RegionEntry]:
                 continue
             entry = read_region_header(path)
             if entry is not None:
-                entries.append(RegionEntry(entry.id, entry.path, entry.kind, entry.meta, gallery))
+                entries.append(RegionEntry(entry.id, entry.path, entry.kind, entry.meta, gallery, entry.digest))
                 seen.add(path.stem)
     return sorted(entries, key=lambda e: (e.meta.get("created", ""), e.path.stat().st_mtime), reverse=True)
 

@@ -1,0 +1,173 @@
+"""A report bundle: one zip with what a result needs to be read, checked and made again.
+
+``README.md`` (the result card, the command that re-makes it, file and model hashes, versions),
+``request.json`` (``graftui run request.json`` re-runs it), ``result.json``, every table as CSV and
+JSON under ``tables/``, and every figure as interactive HTML under ``figures/`` (one shared
+``plotly.min.js``, so the bundle opens offline).
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import tempfile
+import zipfile
+from pathlib import Path
+
+from . import __version__
+from .regions import atomic_write
+
+
+def _flat(row: dict) -> dict:
+    """One CSV row: nested mappings become ``key.sub`` columns, an interval ``key_lo``/``key_hi``."""
+    out = {}
+    for key, value in row.items():
+        if isinstance(value, dict):
+            out.update({f"{key}.{k}": v for k, v in value.items()})
+        elif isinstance(value, (list, tuple)) and len(value) == 2 and key.endswith("_ci"):
+            out[f"{key}_lo"], out[f"{key}_hi"] = value
+        elif isinstance(value, (list, tuple)):
+            out[key] = json.dumps(value)
+        else:
+            out[key] = value
+    return out
+
+
+def _csv(rows: list[dict]) -> str:
+    flat = [_flat(r) for r in rows]
+    columns = list(dict.fromkeys(k for r in flat for k in r))
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, columns, lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(flat)
+    return buf.getvalue()
+
+
+def _matrix_rows(names, matrix, what: str) -> list[dict]:
+    return [{what: a, **{b: matrix[i][j] for j, b in enumerate(names)}} for i, a in enumerate(names)]
+
+
+def tables(verb: str, result: dict) -> dict[str, list[dict]]:
+    """The result's tables by name, as lists of rows."""
+    out = {}
+    if isinstance(result.get("rows"), list) and result["rows"] and isinstance(result["rows"][0], dict):
+        out["rows"] = result["rows"]
+    names = result.get("names") or result.get("tasks")
+    for key in ("overlap", "iou", "intersection_counts", "chance_overlap", "relative_gain"):
+        if names and isinstance(result.get(key), list) and len(result[key]) == len(names):
+            out[key] = _matrix_rows(names, result[key], "region" if key != "relative_gain" else "region \\ task")
+    if verb == "finetune" and "test_accuracy" in result:
+        out["test"] = [{k: result.get(k) for k in ("task", "test_accuracy", "test_accuracy_ci", "test_examples",
+                                                   "chance_accuracy")}]
+    return out
+
+
+def figures(verb: str, result: dict) -> dict:
+    """The result's plotly figures by name (the app draws the same ones)."""
+    from .ui import figures as fig
+
+    out = {}
+    if result.get("reliability"):
+        out["reliability"] = fig.reliability_diagram(result["reliability"], result.get("task", ""))
+    if result.get("histogram"):
+        out["confidence"] = fig.confidence_histogram(result["histogram"], result.get("task", ""))
+    if verb == "sweep" and result.get("rows"):
+        out["sweep"] = fig.sweep_figure(result["rows"], result.get("task", ""))
+    if verb == "compose" and result.get("names"):
+        out["overlap"] = fig.overlap_heatmap({k: result[k] for k in ("names", "sizes", "intersection_counts", "overlap",
+                                                                     "iou")})
+    if verb == "multitask" and result.get("tasks"):
+        out["gain"] = fig.gain_heatmap(result)
+    if verb == "wise" and result.get("rows"):
+        out["wise"] = fig.wise_curves(result["rows"])
+    if verb == "continual" and result.get("tasks"):
+        out["continual"] = fig.continual_curves(result)
+    return out
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _input_files(request: dict) -> list[Path]:
+    found = []
+    for key in ("region", "regions"):
+        value = request.get(key)
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, str) and Path(item).is_file():
+                found.append(Path(item))
+    return found
+
+
+def _header_meta(path: Path) -> dict:
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as fh:
+            meta = json.loads((fh.metadata() or {}).get("meta", "{}"))
+        return meta if isinstance(meta, dict) else {}
+    except Exception:  # noqa: BLE001 - not a region file: no hashes to report
+        return {}
+
+
+def readme(request: dict, result: dict, version: str) -> str:
+    import torch
+    import transformers
+
+    verb = request.get("verb", "?")
+    lines = [f"# graftui {verb}", ""]
+    if result.get("card"):
+        lines += [*(f"- {line}" for line in result["card"]), ""]
+    for note in result.get("notes") or []:
+        lines.append(f"Note: {note}\n")
+    lines += ["## Make it again", "", "```", "graftui run request.json", "```", "",
+              "`request.json` holds every setting of the request (defaults included); with the same seed and "
+              "inputs the numbers come out the same.", "", "## Inputs", ""]
+    for path in _input_files(request):
+        lines.append(f"- `{path.name}`: sha256 `{sha256(path)}`")
+    for key in ("base", "finetuned", "task"):
+        if request.get(key):
+            lines.append(f"- {key}: `{request[key]}`")
+    metas = [result.get("meta") or {}] + [_header_meta(p) for p in _input_files(request)]
+    for key in ("base_sha256", "finetuned_sha256"):
+        for value in dict.fromkeys(m.get(key) for m in metas if m.get(key)):
+            lines.append(f"- {key.replace('_sha256', '')} model (sha256 of its weights): `{value}`")
+    lines += ["", "## Files", "", "- `result.json`: the result as `--json` prints it",
+              "- `tables/*.csv`, `tables/*.json`: every table", "- `figures/*.html`: every figure (interactive; "
+              "the camera icon saves a PNG)", "", "## Versions", "",
+              f"graftui {version}, torch {torch.__version__}, transformers {transformers.__version__}", ""]
+    return "\n".join(lines)
+
+
+def write(request: dict, result: dict, path, version: str = __version__) -> Path:
+    """Write the bundle of one result (``request`` as ``Request.as_dict()`` gives it) to ``path`` (.zip)."""
+    path = Path(path).expanduser()
+    verb = request.get("verb", "result")
+    with tempfile.TemporaryDirectory(prefix="graftui-bundle-") as tmp:
+        root = Path(tmp)
+        (root / "tables").mkdir()
+        for name, rows in tables(verb, result).items():
+            (root / "tables" / f"{name}.csv").write_text(_csv(rows))
+            (root / "tables" / f"{name}.json").write_text(json.dumps(rows, indent=2))
+        made = figures(verb, result)
+        if made:
+            (root / "figures").mkdir()
+            for name, figure in made.items():
+                figure.write_html(root / "figures" / f"{name}.html", include_plotlyjs="directory", full_html=True)
+        (root / "request.json").write_text(json.dumps(request, indent=2))
+        (root / "result.json").write_text(json.dumps(result, indent=2))
+        (root / "README.md").write_text(readme(request, result, version))
+
+        def pack(target):
+            with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as zf:
+                for file in sorted(root.rglob("*")):
+                    if file.is_file():
+                        zf.write(file, f"{path.stem}/{file.relative_to(root)}")
+
+        return atomic_write(path, pack)

@@ -1,0 +1,248 @@
+"""Result cards: what a table of numbers says, in a sentence or two.
+
+Every graft row gets the same readings wherever it is shown (the app, the CLI's text and ``--json``):
+
+- ``accuracy_ci``: the 95 % Wilson interval of its accuracy on ``n`` test examples;
+- ``ft_kept``: graft accuracy / fine-tuned accuracy;
+- ``gain_recovered``: (graft − bare) / (FT − bare), "bare" being the pre-trained body with the
+  fine-tuned head (the empty region): the share of what fine-tuning gained that the region brings
+  back (the single-task form of the paper's Eq. 5);
+- ``calibration``: over- or under-confident (mean confidence above or below accuracy) or calibrated;
+- ``vs_random`` / ``vs_top_movement``: accuracy over the baseline region of the same size.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .lab import relative_gain
+
+Z95 = 1.959963984540054
+CALIBRATED = 0.02  # |mean confidence − accuracy| up to this reads as calibrated
+SAME_AS_START = 0.8  # a learned region sharing more than this with its top-movement start barely moved
+FT_LABEL, BODY_LABEL = "fine-tuned", "pre-trained body + FT head"
+
+
+def wilson(accuracy: float, n: int, z: float = Z95) -> list[float] | None:
+    """The Wilson score interval of a proportion: honest at 12 examples and at 100 %, unlike p ± z·se."""
+    if not n:
+        return None
+    centre = (accuracy + z * z / (2 * n)) / (1 + z * z / n)
+    half = z / (1 + z * z / n) * math.sqrt(accuracy * (1 - accuracy) / n + z * z / (4 * n * n))
+    return [max(0.0, centre - half), min(1.0, centre + half)]
+
+
+def gain_recovered(graft: float | None, ft: float | None, bare: float | None) -> float | None:
+    """(graft − bare) / (FT − bare); None when fine-tuning gained nothing over the bare body."""
+    if None in (graft, ft, bare):
+        return None
+    return relative_gain(graft, bare, ft)
+
+
+def calibration(accuracy: float, confidence: float | None) -> str | None:
+    if confidence is None:
+        return None
+    gap = confidence - accuracy
+    return "calibrated" if abs(gap) <= CALIBRATED else ("over-confident" if gap > 0 else "under-confident")
+
+
+def chance_overlap(size_i: int, graftable: int) -> float:
+    """E|γi ∩ γj| / |γj| for γi drawn at random: |γi| / N, whatever γj is."""
+    return size_i / graftable if graftable else 0.0
+
+
+# -- rows ------------------------------------------------------------------------------------------
+def _is_ft(row) -> bool:
+    return str(row["model"]).startswith(FT_LABEL)
+
+
+def annotate(rows: list[dict]) -> list[dict]:
+    """Add the readings above to the rows of a comparison (in place; also returned).
+
+    Rows are grouped by task; the fine-tuned and bare rows of a task are its references; a row's
+    ``method`` ("random", "top-movement", …) marks baselines, matched to grafts by region size.
+    """
+    for row in rows:
+        row["accuracy_ci"] = wilson(row["accuracy"], row["n"])
+        row["calibration"] = calibration(row["accuracy"], row.get("confidence"))
+    for task in dict.fromkeys(r["task"] for r in rows):
+        group = [r for r in rows if r["task"] == task]
+        ft = next((r["accuracy"] for r in group if _is_ft(r)), None)
+        bare = next((r["accuracy"] for r in group if r["model"] == BODY_LABEL), None)
+        baselines = {(r.get("method"), r.get("region_size")): r["accuracy"] for r in group}
+        for r in group:
+            if _is_ft(r) or r["model"] == BODY_LABEL:
+                continue
+            r["ft_kept"] = r["accuracy"] / ft if ft else None
+            r["gain_recovered"] = gain_recovered(r["accuracy"], ft, bare)
+            for method, key in (("random", "vs_random"), ("top-movement", "vs_top_movement")):
+                other = baselines.get((method, r.get("region_size")))
+                r[key] = None if other is None or r.get("method") == method else r["accuracy"] - other
+    return rows
+
+
+# -- sentences -------------------------------------------------------------------------------------
+def pct(x: float | None, digits: int = 0) -> str:
+    return "–" if x is None else f"{100 * x:.{digits}f} %"
+
+
+def pts(x: float) -> str:
+    return f"{100 * x:+.1f} pts"
+
+
+def interval(row) -> str:
+    ci = row.get("accuracy_ci")
+    return "" if not ci else f" [{100 * ci[0]:.1f}–{100 * ci[1]:.1f} %, n = {row['n']:,}]"
+
+
+def _size(k: int | None, graftable: int | None) -> str:
+    if k is None:
+        return ""
+    return f" (k = {k:,}" + (f", {pct(k / graftable, 3)} of the graftable set)" if graftable else ")")
+
+
+def graft_sentence(row: dict, ft_row: dict | None, graftable: int | None = None) -> str:
+    """One graft in words: FT accuracy kept, gain recovered, baselines, calibration."""
+    text = (f"The graft '{row['model']}'{_size(row.get('region_size'), graftable)} scores {pct(row['accuracy'], 1)}"
+            f"{interval(row)} on {row['task']}")
+    if row.get("ft_kept") is not None:
+        text += f": it keeps {pct(row['ft_kept'])} of the fine-tuned accuracy"
+    if row.get("gain_recovered") is not None:
+        text += f" and recovers {pct(row['gain_recovered'])} of the fine-tuning gain ((graft − bare) / (FT − bare))"
+    extra = [f"{pts(row[key])} over a {name} region of the same size"
+             for key, name in (("vs_random", "random"), ("vs_top_movement", "top-movement")) if row.get(key) is not None]
+    if extra:
+        text += "; " + ", ".join(extra)
+    text += "."
+    if row.get("calibration") and row.get("confidence") is not None:
+        text += (f" Calibration: {row['calibration']} (mean confidence {pct(row['confidence'], 1)} for an accuracy of "
+                 f"{pct(row['accuracy'], 1)}; ECE {row['ece']:.3f}")
+        if ft_row is not None:
+            text += f" vs the fine-tuned model's {ft_row['ece']:.3f}, {ft_row.get('calibration') or '?'}"
+        text += ")."
+    return text
+
+
+def _small_test(rows) -> str | None:
+    ns = [r["n"] for r in rows if r.get("n")]
+    if ns and min(ns) < 200:
+        n = min(ns)
+        half = (wilson(0.5, n)[1] - wilson(0.5, n)[0]) / 2
+        return (f"With {n:,} test examples an accuracy is known only to about ±{100 * half:.0f} pts (95 %): "
+                "differences smaller than that are noise; score more examples (n) to separate them.")
+    return None
+
+
+def evaluate_card(rows: list[dict], *, graftable: int | None = None, start_overlap: dict | None = None) -> list[str]:
+    """Sentences for a comparison: each in-distribution graft, its OOD transfer, and warnings."""
+    tasks = list(dict.fromkeys(r["task"] for r in rows))
+    if not tasks:
+        return []
+    own = [r for r in rows if r["task"] == tasks[0]]
+    ft_row = next((r for r in own if _is_ft(r)), None)
+    grafts = [r for r in own if not _is_ft(r) and r["model"] != BODY_LABEL]
+    lines = []
+    bare = next((r for r in own if r["model"] == BODY_LABEL), None)
+    if ft_row and bare:
+        lines.append(f"Fine-tuned: {pct(ft_row['accuracy'], 1)}{interval(ft_row)}; the bare pre-trained body with its head: "
+                     f"{pct(bare['accuracy'], 1)}; fine-tuning gained {pts(ft_row['accuracy'] - bare['accuracy'])}.")
+        if ft_row["accuracy"] - bare["accuracy"] < 0.02:
+            lines.append("Fine-tuning gained almost nothing on this task, so no region can show a gain: check the "
+                         "fine-tuned model first.")
+    for row in grafts:
+        if row.get("method") in ("random", "top-movement") and any(r.get("method") not in ("random", "top-movement")
+                                                                 for r in grafts):
+            continue  # baselines are read through the grafts they are compared with
+        sentence = graft_sentence(row, ft_row, graftable)
+        ood = [r for r in rows if r["model"] == row["model"] and r["task"] != tasks[0]]
+        if ood:
+            parts = []
+            for r in ood:
+                ft_ood = next((x for x in rows if x["task"] == r["task"] and _is_ft(x)), None)
+                delta = "" if ft_ood is None else f" ({pts(r['accuracy'] - ft_ood['accuracy'])} vs FT)"
+                parts.append(f"{r['task']} {pct(r['accuracy'], 1)}{delta}")
+            sentence += " Out of distribution: " + ", ".join(parts) + "."
+        share = (start_overlap or {}).get(row["model"])
+        if share is not None and share > SAME_AS_START:
+            sentence += (f" Only {pct(1 - share, 1)} of it lies outside the top-movement region it started from: "
+                         "mask learning barely moved it, so it stays close to top-movement; more steps, a larger "
+                         "learning rate or more training examples let it move.")
+        lines.append(sentence)
+    small = _small_test(own)
+    if small:
+        lines.append(small)
+    return lines
+
+
+def sweep_card(doc: dict) -> list[str]:
+    """Sentences for a sparsity sweep: the smallest budget keeping 95 % of FT per method, and the gaps."""
+    rows, ft = doc["rows"], doc.get("ft_accuracy")
+    if not rows or not ft:
+        return []
+    lines = [f"Fine-tuned: {pct(ft, 1)} on {doc['task']}" + (f"; bare body {pct(doc['body_accuracy'], 1)}."
+                                                            if doc.get("body_accuracy") is not None else ".")]
+    for m in dict.fromkeys(r["method"] for r in rows):
+        mine = sorted((r for r in rows if r["method"] == m), key=lambda r: r["sparsity"])
+        good = next((r for r in mine if r["accuracy"] >= 0.95 * ft), None)
+        best = max(mine, key=lambda r: r["accuracy"])
+        lines.append(f"{m}: " + (f"keeps ≥ 95 % of FT from sparsity {good['sparsity']:g} (k = {good['k']:,}, "
+                                 f"{pct(good['accuracy'], 1)})" if good else
+                                 f"never keeps 95 % of FT here; at best {pct(best['accuracy'] / ft)} of it, at sparsity "
+                                 f"{best['sparsity']:g}") + ".")
+    by = {(r["method"], r["sparsity"]): r for r in rows}
+    gaps = [(s, by[("learned", s)]["accuracy"] - by[("top-movement", s)]["accuracy"])
+            for (m, s) in by if m == "learned" and ("top-movement", s) in by]
+    if gaps:
+        lines.append("learned − top-movement: " + ", ".join(f"{pts(g)} at {s:g}" for s, g in sorted(gaps)) + ".")
+    small = _small_test([{"n": doc.get("n_test")}] if doc.get("n_test") else [])
+    if small:
+        lines.append(small)
+    return lines
+
+
+def compose_card(doc: dict) -> list[str]:
+    """Overlaps against what chance gives, and what the union graft does to each task."""
+    names, sizes, over, graftable = doc["names"], doc["sizes"], doc["overlap"], doc.get("graftable_params")
+    lines = []
+    for i in range(len(names)):
+        for j in range(i + 1, len(names)):
+            # a random γi holds |γi| / N of any γj: the ratio to chance is the same in both directions
+            chance = chance_overlap(sizes[i], graftable) if graftable else None
+            ratio = f" ({over[i][j] / chance:,.0f}× chance)" if chance else ""
+            both = (f"{pct(over[i][j], 1)} of '{names[j]}'" if sizes[i] == sizes[j] else
+                    f"{pct(over[i][j], 1)} of '{names[j]}' and {pct(over[j][i], 1)} of '{names[i]}'")
+            lines.append(f"'{names[i]}' and '{names[j]}' share {both}; two random regions of these sizes would share "
+                         f"{pct(chance, 3)}{ratio}.")
+    for task in dict.fromkeys(r["task"] for r in doc.get("rows") or []):
+        by = {r["model"]: r for r in doc["rows"] if r["task"] == task}
+        alone, union = by.get("region alone"), by.get("union graft")
+        if alone and union:
+            lines.append(f"On {task}: the union graft scores {pct(union['accuracy'], 1)}{interval(union)}, "
+                         f"{pts(union['accuracy'] - alone['accuracy'])} against the task's own region alone.")
+    return lines
+
+
+def localize_card(doc: dict) -> list[str]:
+    """What was found, and whether mask learning moved away from its start."""
+    lines = [f"Region of {doc['k']:,} parameters ({pct(doc['fraction_of_graftable'], 3)} of the graftable set), by "
+             f"{doc['method']}; evaluate it (Compare, or graftui evaluate) to see what it keeps."]
+    share = (doc.get("meta") or {}).get("top_movement_overlap")
+    if share is not None:
+        lines.append(f"{pct(1 - share, 1)} of it lies outside the top-movement region it started from"
+                     + (": mask learning barely moved it; more steps, a larger learning rate or more examples let it move."
+                        if share > SAME_AS_START else "."))
+    return lines
+
+
+def finetune_card(doc: dict) -> list[str]:
+    acc, n, chance = doc.get("test_accuracy"), doc.get("test_examples"), doc.get("chance_accuracy")
+    if not n:
+        return []
+    line = f"Held-out accuracy {pct(acc, 1)}{interval({'accuracy_ci': wilson(acc, n), 'n': n})}"
+    if chance is not None:
+        line += f"; chance (the most frequent class) is {pct(chance, 1)}"
+        ci = wilson(acc, n)
+        if ci[0] <= chance + 0.05:
+            line += (". Warning: this model is barely above chance, so there is little skill to localize; "
+                     "train longer or with a larger learning rate")
+    return [line + "."]

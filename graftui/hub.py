@@ -1,0 +1,135 @@
+"""Push a skill patch or a grafted checkpoint to the Hugging Face Hub, with a model card.
+
+Everything up to the network call is built locally and can be looked at first (``--out DIR``):
+the files, the card (``huggingface_hub.ModelCard``: base model, fine-tuned model, task, budget,
+metrics, and ``graftui run request.json`` to make the region again) and the commit operations.
+The token is ``huggingface_hub``'s own (``HF_TOKEN`` or a login); graftui neither asks for nor
+stores it, and a hosted server refuses to push with its own.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import __version__, card, regions, settings
+from .errors import RequestError
+from .flows import FLOWS, LOCAL, Guard, Progress, Result, finish, latest_region, load_region, recorded_request
+from .requests import EvaluateRequest, ExportRequest, PushRequest
+
+PATCH_FILE = "skill_patch.safetensors"
+
+
+@dataclass
+class PushResult(Result):
+    repo: str = ""
+    url: str | None = None  # of the commit; None when only written to --out
+    out: str | None = None
+    files: list[str] = field(default_factory=list)
+    card_text: str = ""
+
+
+def model_card(req: PushRequest, record, metrics: list[dict], region_file: str):
+    """The repository's README: YAML metadata (ModelCardData) and a body that says what the files are."""
+    from huggingface_hub import ModelCard, ModelCardData
+
+    m = record.meta
+    base, finetuned, task = req.base or m.get("base"), m.get("finetuned"), m.get("task")
+    data = ModelCardData(base_model=base if base and "/" in str(base) and not Path(str(base)).exists() else None,
+                         library_name="transformers" if req.what == "checkpoint" else None,
+                         tags=["graftui", "skill-localization", "model-grafting"])
+    frac = m.get("fraction_of_graftable")
+    lines = [f"# {req.repo.split('/')[-1]}", "",
+             ("A **skill patch**" if req.what == "patch" else "A **grafted checkpoint**")
+             + f" made with graftui {__version__}: the graft θ̄(γ) = θ_pre + γ ⊙ (θ_ft − θ_pre) of a region γ of "
+             f"{record.size:,} parameters" + (f" ({100 * frac:.3f} % of the graftable set)" if frac else "")
+             + " (Panigrahi et al., *Task-Specific Skill Localization in Fine-tuned Language Models*, ICML 2023).",
+             "", "| | |", "|---|---|",
+             f"| base model | `{base}` |", f"| fine-tuned model | `{finetuned}` |", f"| task | `{task}` |",
+             f"| method | {m.get('method')} |", f"| budget | {m.get('budget') or f'k = {record.size:,}'} |",
+             f"| region | {card.pct(frac, 3) if frac else ''} · k = {record.size:,} · content id "
+             f"`#{regions.digest(record.indices)}` |", ""]
+    if metrics:
+        lines += ["## Metrics", "", "| model | task | n | accuracy (95 % interval) | ECE | share of FT gain |",
+                  "|---|---|---|---|---|---|"]
+        for r in metrics:
+            ci = r.get("accuracy_ci") or [None, None]
+            lines.append(f"| {r['model']} | {r['task']} | {r['n']:,} | {r['accuracy']:.3f} "
+                         f"({ci[0]:.3f}–{ci[1]:.3f}) | {r['ece']:.3f} | {card.pct(r.get('gain_recovered'))} |")
+        lines.append("")
+    lines += ["## Use", ""]
+    if req.what == "patch":
+        lines += ["```bash", f"graftui export --region {PATCH_FILE}  # θ_pre + the patch, as a normal checkpoint",
+                  f"graftui evaluate --region {PATCH_FILE}", "```"]
+    else:
+        lines += ["A normal Hugging Face checkpoint: load it with `AutoModel…from_pretrained`."]
+    lines += ["", "## Make it again", "", "`request.json` holds the request that made the region:", "",
+              "```bash", "graftui run request.json", "```", "", f"Region file: `{region_file}`.", ""]
+    return ModelCard(f"---\n{data.to_yaml()}\n---\n\n" + "\n".join(lines))
+
+
+def operations(folder: Path) -> list:
+    """One CommitOperationAdd per file of ``folder``, at its path relative to the folder."""
+    from huggingface_hub import CommitOperationAdd
+
+    return [CommitOperationAdd(path_in_repo=str(f.relative_to(folder)), path_or_fileobj=str(f))
+            for f in sorted(folder.rglob("*")) if f.is_file()]
+
+
+def push(req: PushRequest, progress: Progress | None = None, cancel=None, guard: Guard = LOCAL) -> PushResult:
+    """Build the files and the card, then (unless ``out`` is given) create the repo and commit them."""
+    req.validate()
+    start = time.time()
+    if settings.hosted() and req.out is None:
+        raise RequestError("pushing to the Hub is not offered on a shared server (it would use the server's token); "
+                           "download the skill patch and push it from your machine")
+    path = req.region or str(latest_region())
+    record = load_region(path)
+    notes: list[str] = []
+    metrics: list[dict] = []
+    if req.n:
+        if progress:
+            progress({"stage": "scoring the graft for the card", "fraction": 0.1})
+        scored = FLOWS["evaluate"](EvaluateRequest(regions=[path], base=req.base, finetuned=req.finetuned, n=req.n,
+                                                   ood=[], head=req.head, template=req.template,
+                                                   label_words=req.label_words, dtype=req.dtype),
+                                   progress=None, cancel=cancel, guard=guard)
+        metrics, notes = scored.rows, list(scored.notes)
+    with tempfile.TemporaryDirectory(prefix="graftui-push-") as tmp:
+        folder = Path(tmp) / "repo"
+        if req.what == "checkpoint":
+            if progress:
+                progress({"stage": "writing the grafted checkpoint", "fraction": 0.5})
+            FLOWS["export"](ExportRequest(region=path, base=req.base, finetuned=req.finetuned, out=str(folder),
+                                          head=req.head, template=req.template, label_words=req.label_words,
+                                          dtype=req.dtype), cancel=cancel, guard=guard)
+        else:
+            folder.mkdir()
+            shutil.copyfile(path, folder / PATCH_FILE)
+        made = recorded_request(record)
+        (folder / "request.json").write_text(json.dumps(made or {"note": "the region records no request"}, indent=2))
+        text = str(model_card(req, record, metrics, Path(path).name))
+        (folder / "README.md").write_text(text)
+        files = [str(f.relative_to(folder)) for f in sorted(folder.rglob("*")) if f.is_file()]
+        url = None
+        if req.out is not None:
+            shutil.copytree(folder, Path(req.out).expanduser(), dirs_exist_ok=True)
+        else:
+            from huggingface_hub import HfApi
+
+            if progress:
+                progress({"stage": f"pushing {len(files)} files to {req.repo}", "fraction": 0.8})
+            api = HfApi()  # the token comes from HF_TOKEN or the login cache, as for every Hub tool
+            api.create_repo(req.repo, private=req.private, exist_ok=True)
+            info = api.create_commit(req.repo, operations(folder),
+                                     commit_message=f"graftui {__version__}: {req.what} of {Path(path).name}")
+            url = getattr(info, "commit_url", None) or str(info)
+    finish(progress)
+    return PushResult(req, notes, time.time() - start, req.repo, url, req.out, files, text)
+
+
+FLOWS["push"] = push

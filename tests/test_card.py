@@ -1,0 +1,79 @@
+"""The result card's numbers: exact on hand-made rows, and sentences that say what the rows say."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from graftui import card
+
+FT, BODY = "fine-tuned", "pre-trained body + FT head"
+
+
+def test_wilson_interval_known_values():
+    z2 = card.Z95 ** 2
+    assert card.wilson(0.0, 10) == pytest.approx([0.0, z2 / (10 + z2)])  # 0 of 10: upper bound 0.2775
+    assert card.wilson(1.0, 12)[1] == 1.0 and card.wilson(1.0, 12)[0] == pytest.approx(12 / (12 + z2))
+    lo, hi = card.wilson(0.5, 100)
+    half = card.Z95 / (1 + z2 / 100) * math.sqrt(0.25 / 100 + z2 / 40_000)  # centred at 0.5 by symmetry
+    assert (lo, hi) == pytest.approx((0.5 - half, 0.5 + half))
+    assert card.wilson(0.7, 0) is None
+    # more examples, a narrower interval
+    assert (lambda a, b: a[1] - a[0] > b[1] - b[0])(card.wilson(0.8, 50), card.wilson(0.8, 500))
+
+
+def test_gain_recovered_and_chance_overlap():
+    assert card.gain_recovered(0.75, 0.80, 0.60) == pytest.approx(0.75)
+    assert card.gain_recovered(0.60, 0.60, 0.60) is None  # fine-tuning gained nothing: no share to speak of
+    assert card.chance_overlap(10, 10_000) == 0.001
+
+
+def rows(n=400):
+    def row(model, acc, task="movies", size=None, method=None, conf=None, ece=0.05):
+        return {"model": model, "task": task, "distribution": "in" if task == "movies" else "OOD", "n": n,
+                "accuracy": acc, "f1": acc, "ece": ece, "confidence": acc if conf is None else conf,
+                "region_size": size, "method": method}
+
+    return [row(FT, 0.80, conf=0.90), row(BODY, 0.60), row("mine", 0.76, size=100, method="learned", conf=0.60),
+            row("Top movement", 0.70, size=100, method="top-movement"), row("Random", 0.61, size=100, method="random"),
+            row(FT, 0.82, task="amazon"), row(BODY, 0.58, task="amazon"), row("mine", 0.79, task="amazon", size=100)]
+
+
+def test_annotate_rows():
+    out = {(r["model"], r["task"]): r for r in card.annotate(rows())}
+    mine = out[("mine", "movies")]
+    assert mine["ft_kept"] == pytest.approx(0.95) and mine["gain_recovered"] == pytest.approx(0.8)
+    assert mine["vs_random"] == pytest.approx(0.15) and mine["vs_top_movement"] == pytest.approx(0.06)
+    assert mine["calibration"] == "under-confident" and out[(FT, "movies")]["calibration"] == "over-confident"
+    assert out[("Random", "movies")]["vs_random"] is None  # a baseline is not compared with itself
+    assert out[("mine", "amazon")]["gain_recovered"] == pytest.approx((0.79 - 0.58) / (0.82 - 0.58))
+    assert "gain_recovered" not in out[(FT, "movies")] and out[(FT, "movies")]["accuracy_ci"] == card.wilson(0.8, 400)
+
+
+def test_evaluate_card_sentences():
+    lines = card.evaluate_card(card.annotate(rows()), graftable=100_000, start_overlap={"mine": 0.9})
+    text = " ".join(lines)
+    assert "fine-tuning gained +20.0 pts" in text
+    assert "keeps 95 % of the fine-tuned accuracy and recovers 80 % of the fine-tuning gain" in text
+    assert "+15.0 pts over a random region" in text and "+6.0 pts over a top-movement region" in text
+    assert "under-confident" in text and "amazon 79.0 % (-3.0 pts vs FT)" in text
+    assert "barely moved" in text  # 90 % of the learned region is still its top-movement start
+    assert "'Random'" not in text  # baselines are read through the graft they are compared with
+    assert "±" not in text  # 400 examples: no small-test warning
+    assert "±25 pts" in " ".join(card.evaluate_card(card.annotate(rows(n=12))))
+
+
+def test_compose_card_against_chance():
+    doc = {"names": ["a", "b"], "sizes": [100, 100], "overlap": [[1.0, 0.1], [0.1, 1.0]], "graftable_params": 100_000,
+           "rows": []}
+    text = " ".join(card.compose_card(doc))
+    assert "'a' and 'b' share 10.0 % of 'b';" in text and "would share 0.100 % (100× chance)" in text
+    doc.update(sizes=[100, 400], overlap=[[1.0, 0.05], [0.2, 1.0]])
+    text = " ".join(card.compose_card(doc))
+    assert "share 5.0 % of 'b' and 20.0 % of 'a'" in text and "(50× chance)" in text  # 5 % vs |γa| / N = 0.1 %
+
+
+def test_finetune_card_warns_near_chance():
+    assert "barely above chance" in card.finetune_card({"test_accuracy": 0.44, "test_examples": 200, "chance_accuracy": 0.40})[0]
+    assert "barely above chance" not in card.finetune_card({"test_accuracy": 0.85, "test_examples": 200, "chance_accuracy": 0.5})[0]
