@@ -6,7 +6,7 @@ Every graft row gets the same readings wherever it is shown (the app, the CLI's 
 - ``ft_kept``: graft accuracy / fine-tuned accuracy;
 - ``gain_recovered``: (graft − bare) / (FT − bare), "bare" being the pre-trained body with the
   fine-tuned head (the empty region): the share of what fine-tuning gained that the region brings
-  back (the single-task form of the paper's Eq. 5);
+  back (the single-task form of the paper's Eq. 5); None where fine-tuning gained nothing;
 - ``calibration``: over- or under-confident (mean confidence above or below accuracy) or calibrated;
 - ``vs_random`` / ``vs_top_movement``: accuracy over the baseline region of the same size.
 """
@@ -33,8 +33,9 @@ def wilson(accuracy: float, n: int, z: float = Z95) -> list[float] | None:
 
 
 def gain_recovered(graft: float | None, ft: float | None, bare: float | None) -> float | None:
-    """(graft − bare) / (FT − bare); None when fine-tuning gained nothing over the bare body."""
-    if None in (graft, ft, bare):
+    """(graft − bare) / (FT − bare); None when fine-tuning gained nothing over the bare body (often so out
+    of distribution), where a share of the gain has no meaning."""
+    if None in (graft, ft, bare) or ft <= bare:
         return None
     return relative_gain(graft, bare, ft)
 

@@ -467,8 +467,9 @@ def kshot_batches(pair: ModelPair, task: Task, req, notes: list[str], seed_offse
 def ood_tasks(req, task_ref: str, task: Task, guard: Guard, notes: list[str]) -> list[Task]:
     """The request's out-of-distribution tasks, in ``task``'s label space (a note for each mapping by position)."""
     out = []
+    mapping = req.label_map()
     for ref in req.ood_tasks(task_ref):
-        other, note = scoring.align_labels(task, get_task(ref, _default_spec(), guard))
+        other, note = scoring.align_labels(task, get_task(ref, _default_spec(), guard), mapping)
         out.append(other)
         if note:
             notes.append(note)

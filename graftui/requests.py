@@ -551,9 +551,47 @@ class LocalizeRequest(LoadFields, GraftableFields, LearnFields, TaskFields, Pair
         check_out_file(self.out, self.overwrite)
 
 
+def parse_label_map(text: str | None) -> dict[str, str] | None:
+    """'0=negative, 1=positive' → {'0': 'negative', '1': 'positive'}; None when not given."""
+    if text is None or not str(text).strip():
+        return None
+    out = {}
+    for part in str(text).split(","):
+        old, sep, new = part.partition("=")
+        if not sep or not old.strip() or not new.strip():
+            raise RequestError(f"--ood-labels: '{part.strip()}' is not old=new; write e.g. 0=negative,1=positive")
+        if old.strip() in out:
+            raise RequestError(f"--ood-labels: label '{old.strip()}' is mapped twice")
+        out[old.strip()] = new.strip()
+    return out
+
+
+@dataclass
+class OodFields(Request):
+    """Out-of-distribution tasks, read in the in-distribution task's label space."""
+
+    ood: list[str] | None = arg(None, "out-of-distribution tasks (default for sentiment tasks: the other two of movies, "
+                                "amazon, tweets); integer labels 0…n−1 map by position", metavar="TASK", list="repeat")
+    no_ood: bool = arg(False, "skip out-of-distribution tasks")
+    ood_labels: str | None = arg(None, "how the OOD tasks' labels map onto the task's, as old=new pairs, e.g. "
+                                 "'0=negative,1=positive' or '1=negative,2=negative,4=positive,5=positive' (default: "
+                                 "equal names, or integer labels by position)", metavar="MAP")
+
+    def ood_tasks(self, task: str) -> list[str]:
+        if self.no_ood:
+            return []
+        if self.ood is not None:
+            return [t for t in dict.fromkeys(self.ood) if t != task]
+        key = str(task).strip().lower()
+        return [t for t in SENTIMENT_TASKS if t != key] if key in SENTIMENT_TASKS else []
+
+    def label_map(self) -> dict[str, str] | None:
+        return parse_label_map(self.ood_labels)
+
+
 @_register
 @dataclass
-class EvaluateRequest(LoadFields, TaskFields):
+class EvaluateRequest(LoadFields, OodFields, TaskFields):
     """Accuracy, F1, ECE and agreement with FT, in and out of distribution, for FT, the bare body and grafts."""
 
     verb: ClassVar[str] = "evaluate"
@@ -563,9 +601,6 @@ class EvaluateRequest(LoadFields, TaskFields):
     finetuned: str | None = arg(None, H_FT + " (default: the regions' own; rebuilt from the patches when it "
                                 "cannot be loaded)", metavar="REF", group="models")
     task: str | None = arg(None, H_TASK + " (default: the regions' own, else movies)", metavar="REF", group="data")
-    ood: list[str] | None = arg(None, "out-of-distribution tasks; integer labels 0…n−1 map by position (default for "
-                                "sentiment tasks: the other two of movies, amazon, tweets)", metavar="TASK", list="repeat")
-    no_ood: bool = arg(False, "skip out-of-distribution tasks")
     baselines: bool = arg(False, "add top-movement and random regions of each region's size")
     sparsity: float = arg(DEFAULT_SPARSITY, "baseline budget when no region is given", metavar="F")
     n: int | None = arg(None, "test examples per task (default all)", metavar="N")
@@ -576,20 +611,13 @@ class EvaluateRequest(LoadFields, TaskFields):
             check_region_file(path)
         check_sparsity(self.sparsity)
         check_at_least_one("n", self.n)
+        self.label_map()
         self.check_loading()
-
-    def ood_tasks(self, task: str) -> list[str]:
-        if self.no_ood:
-            return []
-        if self.ood is not None:
-            return [t for t in dict.fromkeys(self.ood) if t != task]
-        key = str(task).strip().lower()
-        return [t for t in SENTIMENT_TASKS if t != key] if key in SENTIMENT_TASKS else []
 
 
 @_register
 @dataclass
-class SweepRequest(LoadFields, GraftableFields, LearnFields, TaskFields, PairFields):
+class SweepRequest(LoadFields, GraftableFields, LearnFields, OodFields, TaskFields, PairFields):
     """Localize at several budgets with several methods and test each graft (accuracy against region size)."""
 
     verb: ClassVar[str] = "sweep"
@@ -597,12 +625,7 @@ class SweepRequest(LoadFields, GraftableFields, LearnFields, TaskFields, PairFie
                                   list="comma")
     methods: list[str] = arg(["learned", "top-movement", "random"], "localization methods", metavar="LIST",
                              list="comma")
-    ood: list[str] | None = arg(None, "out-of-distribution tasks scored at every budget (default for sentiment tasks: "
-                                "the other two of movies, amazon, tweets)", metavar="TASK", list="repeat")
-    no_ood: bool = arg(False, "skip out-of-distribution tasks")
     n: int | None = arg(None, "test examples per task (default all)", metavar="N")
-
-    ood_tasks = EvaluateRequest.ood_tasks
 
     def check(self) -> None:
         if not self.sparsities:
@@ -611,6 +634,7 @@ class SweepRequest(LoadFields, GraftableFields, LearnFields, TaskFields, PairFie
             check_sparsity(s)
         check_methods(self.methods)
         check_at_least_one("n", self.n)
+        self.label_map()
         self.check_learning()
         self.check_modules()
         self.check_loading(learning=True)
@@ -755,7 +779,7 @@ class MultitaskRequest(RecipeFields, LearnFields):
 
 
 @dataclass
-class RegionStudyFields(TaskFields):
+class RegionStudyFields(OodFields, TaskFields):
     """One region studied on its own pair and task (the defaults are the region's own), in and out of distribution."""
 
     region: str | None = arg(None, "region or skill patch γ (default: the newest in $GRAFTUI_HOME/regions)",
@@ -763,17 +787,13 @@ class RegionStudyFields(TaskFields):
     base: str | None = arg(None, H_BASE + " (default: the region's own)", metavar="REF", group="models")
     finetuned: str | None = arg(None, H_FT + " (default: the region's own)", metavar="REF", group="models")
     task: str | None = arg(None, H_TASK + " (default: the region's own)", metavar="REF", group="data")
-    ood: list[str] | None = arg(None, "out-of-distribution tasks (default for sentiment tasks: the other two of movies, "
-                                "amazon, tweets)", metavar="TASK", list="repeat")
-    no_ood: bool = arg(False, "skip out-of-distribution tasks")
     n: int | None = arg(None, "test examples per task (default all)", metavar="N")
 
     def check_region(self) -> None:
         if self.region is not None:
             check_region_file(self.region)
         check_at_least_one("n", self.n)
-
-    ood_tasks = EvaluateRequest.ood_tasks
+        self.label_map()
 
 
 @_register

@@ -41,12 +41,30 @@ def _integer_names(names) -> bool:
     return tuple(names) == tuple(str(i) for i in range(len(names)))
 
 
-def align_labels(task: Task, other: Task) -> tuple[Task, str | None]:
-    """``other`` in ``task``'s label space, and a note when labels were matched by position.
+def remap_labels(task: Task, other: Task, mapping: dict[str, str]) -> tuple[Task, str]:
+    """``other`` relabelled by ``mapping`` (its label name → one of ``task``'s; several may share one)."""
+    missing = [name for name in other.label_names if name not in mapping]
+    wrong = [mapping[name] for name in other.label_names if name in mapping and mapping[name] not in task.label_names]
+    if missing or wrong:
+        problem = (f"labels {missing} of '{other.name}' are not mapped" if missing else
+                   f"{wrong} are not labels of '{task.name}' {list(task.label_names)}")
+        raise DataError(f"the OOD label mapping does not fit: {problem}; map every label of '{other.name}' "
+                        f"{list(other.label_names)} to one of {list(task.label_names)}")
+    new_id = [task.label_names.index(mapping[name]) for name in other.label_names]
+    splits = {name: replace(split, labels=tuple(new_id[y] for y in split.labels)) for name, split in other.splits.items()}
+    pairs = ", ".join(f"{a} → {mapping[a]}" for a in other.label_names)
+    return replace(other, label_names=task.label_names, splits=splits), f"labels of '{other.name}' mapped as asked: {pairs}"
+
+
+def align_labels(task: Task, other: Task, mapping: dict[str, str] | None = None) -> tuple[Task, str | None]:
+    """``other`` in ``task``'s label space, and a note when labels were matched by position or mapping.
 
     Names must agree, except that integer labels 0…n−1 on either side map by position onto the
-    other side's names (a CSV with 0/1 labels against a task with negative/positive).
+    other side's names (a CSV with 0/1 labels against a task with negative/positive); ``mapping``
+    (old name → new name, e.g. from ``--ood-labels``) says it explicitly and wins.
     """
+    if mapping and any(name in mapping for name in other.label_names):  # a mapping may serve several OOD tasks
+        return remap_labels(task, other, mapping)
     if tuple(other.label_names) == tuple(task.label_names):
         return other, None
     if len(other.label_names) == len(task.label_names) and (
@@ -57,7 +75,8 @@ def align_labels(task: Task, other: Task) -> tuple[Task, str | None]:
         return replace(other, label_names=task.label_names), note
     raise DataError(
         f"OOD task '{other.name}' has labels {list(other.label_names)}, not those of '{task.name}' "
-        f"{list(task.label_names)}; pick OOD tasks with the same labels (integer labels 0…n−1 map by position)"
+        f"{list(task.label_names)}; pick OOD tasks with the same labels, or map them (--ood-labels 'a=negative,b=positive'; "
+        "integer labels 0…n−1 map by position)"
     )
 
 

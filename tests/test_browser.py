@@ -150,6 +150,24 @@ def test_compare_shows_finetuned_and_the_graft(page):
     models = [r[0] for r in bu.table_rows(page, "compare-table") if r]
     assert "fine-tuned" in models, models
     assert region in models and "Top movement" in models, models
+    # every row is in the table, none behind an inner scroll: 5 models × (movies + 2 OOD tasks) at 1400×1000
+    assert len(models) == 15, models
+    page.set_viewport_size({"width": 1400, "height": 1000})
+    last = page.locator("#compare-table [role=row].virtual-row").last
+    last.scroll_into_view_if_needed()
+    assert last.is_visible()
+    hidden = page.evaluate("""() => { const t = document.querySelector('#compare-table');
+        const rows = [...t.querySelectorAll('[role=row].virtual-row')], last = rows[rows.length - 1];
+        const box = last.getBoundingClientRect();
+        for (let e = last.parentElement; e && e !== t.parentElement; e = e.parentElement) {
+            if (e.scrollHeight > e.clientHeight + 2 && getComputedStyle(e).overflowY !== 'visible'
+                && e.getBoundingClientRect().bottom < box.bottom - 1) return e.className || e.tagName; }
+        return null; }""")
+    assert not hidden, f"the last row of the Compare table is clipped by an inner scroll ({hidden})"
+    header_lines = page.evaluate("() => Math.max(...[...document.querySelectorAll('#compare-table th')].map("
+                                 "h => Math.round(h.getBoundingClientRect().height / parseFloat(getComputedStyle(h).lineHeight || 20))))")
+    assert header_lines <= 3, f"headers wrap to {header_lines} lines"
+    page.set_viewport_size(bu.VIEWPORT)
     assert bu.plotly_trace_types(page, "compare-reliability"), "the reliability diagram is not drawn"
 
 
@@ -301,3 +319,59 @@ def test_deleting_a_region_clears_it_from_every_picker_and_polling_goes_on(page)
                            "return t.includes(a) && !t.includes(b); }", arg=[first, second], timeout=30_000)
     assert not bu.text(page, "#compose-status").startswith("Error"), bu.text(page, "#compose-status")
     assert "⚠️" not in bu.text(page, "#status-message")
+
+
+# -- h. ------------------------------------------------------------------------------------------
+def test_an_uploaded_file_is_an_ood_task_with_a_label_mapping(page):
+    """A CSV with 0/1 labels, uploaded on the Models tab, is offered as an OOD task; a mapping that
+    swaps its labels is previewed beside the field and used by the comparison."""
+    from graftui.data import load_task
+
+    first = _need("region1")
+    amazon = load_task("amazon").splits["test"]
+    rows = "\n".join(f"{t.replace(',', ' ')},{y}" for t, y in zip(amazon.texts[:60], amazon.labels[:60]))
+    bu.open_tab(page, "models")
+    page.click("text=Upload a dataset")
+    page.set_input_files("#models-data-upload input[type=file]",
+                         files=[{"name": "mine.csv", "mimeType": "text/csv", "buffer": f"text,label\n{rows}\n".encode()}])
+    page.wait_for_function("() => document.querySelector('#models-data-info').innerText.includes('mine.csv')",
+                           timeout=30_000)
+    bu.choose(page, "models-task", "movies:")  # the upload became the task; back to movies, the file stays listed
+    assert any("mine.csv" in o for o in bu.dropdown_options(page, "models-ood"))
+    page.click("#models-ood input")
+    page.keyboard.type("mine")  # filter the list down to the upload
+    option = page.locator("ul[role=listbox] li", has_text="mine.csv").first
+    option.wait_for(state="visible", timeout=30_000)
+    option.click()
+    page.keyboard.press("Escape")
+    page.fill("#models-ood-labels textarea, #models-ood-labels input", "0=positive, 1=negative")
+    page.press("#models-ood-labels textarea, #models-ood-labels input", "Enter")
+    page.wait_for_function("() => document.querySelector('#models-ood-info').innerText.includes('mapped as asked')",
+                           timeout=30_000)
+    info = bu.text(page, "#models-ood-info")
+    assert "0 → positive, 1 → negative" in info and "⚠️" not in info, info
+
+    bu.open_tab(page, "compare")
+    if first not in bu.text(page, "#compare-regions"):
+        bu.choose(page, "compare-regions", first)
+    page.fill("#compare-n input", "32")
+    line, _ = bu.run_job(page, "#compare-run", "#compare-status", "compare-job", timeout_s=JOB_S)
+    assert "· done" in line and "mapped as asked" in line, line
+    tasks = {r[1] for r in bu.table_rows(page, "compare-table") if r}
+    assert any("mine.csv" in t for t in tasks), tasks
+
+
+def test_a_reload_keeps_the_form_and_the_uploaded_task(page, server):
+    """After a reload the page shows the same pair, task, OOD tasks (the uploaded file among them), mapping and settings."""
+    bu.open_tab(page, "localize")
+    page.fill("#localize-steps input", "7")
+    page.press("#localize-steps input", "Tab")
+    time.sleep(1.5)  # the browser stores the form on change
+    bu.wait_usable(page, server.url, timeout_s=90)  # a new load of the page, in the same browser
+    page.wait_for_function("() => document.querySelector('#models-ood').innerText.includes('mine.csv')", timeout=30_000)
+    assert page.input_value("#models-ood-labels textarea, #models-ood-labels input") == "0=positive, 1=negative"
+    assert "movies" in page.input_value("#models-task input")
+    page.wait_for_function("() => document.querySelector('#models-ood-info').innerText.includes('mine.csv')",
+                           timeout=30_000)  # the preview beside the mapping is made again
+    bu.open_tab(page, "localize")
+    assert page.input_value("#localize-steps input") == "7"

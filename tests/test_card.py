@@ -26,6 +26,7 @@ def test_wilson_interval_known_values():
 def test_gain_recovered_and_chance_overlap():
     assert card.gain_recovered(0.75, 0.80, 0.60) == pytest.approx(0.75)
     assert card.gain_recovered(0.60, 0.60, 0.60) is None  # fine-tuning gained nothing: no share to speak of
+    assert card.gain_recovered(0.55, 0.45, 0.50) is None  # nor when it lost (out of distribution, often)
     assert card.chance_overlap(10, 10_000) == 0.001
 
 
@@ -77,3 +78,30 @@ def test_compose_card_against_chance():
 def test_finetune_card_warns_near_chance():
     assert "barely above chance" in card.finetune_card({"test_accuracy": 0.44, "test_examples": 200, "chance_accuracy": 0.40})[0]
     assert "barely above chance" not in card.finetune_card({"test_accuracy": 0.85, "test_examples": 200, "chance_accuracy": 0.5})[0]
+
+
+def test_ood_label_mapping_relabels_exactly():
+    from graftui.data import Split, Task
+    from graftui.errors import DataError, RequestError
+    from graftui.requests import parse_label_map
+    from graftui.scoring import align_labels
+
+    split = Split(texts=("a", "b", "c", "d"), labels=(0, 1, 2, 3))
+    stars = Task("stars", ("1", "2", "4", "5"), {"train": split, "validation": split, "test": split}, "hand-made")
+    two = Split(texts=("a", "b"), labels=(0, 1))
+    sentiment = Task("movies", ("negative", "positive"), {"train": two, "validation": two, "test": two}, "hand-made")
+    mapping = parse_label_map(" 1=negative, 2=negative,4=positive ,5=positive")
+    mapped, note = align_labels(sentiment, stars, mapping)
+    assert mapped.label_names == ("negative", "positive") and mapped.splits["test"].labels == (0, 0, 1, 1)
+    assert note.endswith("1 → negative, 2 → negative, 4 → positive, 5 → positive")
+    # a mapping for another OOD task leaves this one to the default rule; a partial one is refused
+    same, note = align_labels(sentiment, sentiment, mapping)
+    assert same is sentiment and note is None
+    with pytest.raises(DataError, match=r"labels \['5'\] of 'stars' are not mapped"):
+        align_labels(sentiment, stars, {"1": "negative", "2": "negative", "4": "positive"})
+    with pytest.raises(DataError, match="'great'"):
+        align_labels(sentiment, stars, {**mapping, "5": "great"})
+    assert parse_label_map("") is None
+    for bad in ("0", "0=", "=x", "0=a,0=b"):
+        with pytest.raises(RequestError, match="--ood-labels"):
+            parse_label_map(bad)

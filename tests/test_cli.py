@@ -238,7 +238,7 @@ def test_evaluate_regions_with_baselines_in_and_out_of_distribution(ft_dir, lear
         assert lo <= r["accuracy"] <= hi and hi - lo > 0.05  # 64 examples: a wide interval
         if model not in ("fine-tuned", "pre-trained body + FT head"):
             ft, bare = rows[("fine-tuned", task)]["accuracy"], rows[("pre-trained body + FT head", task)]["accuracy"]
-            assert r["gain_recovered"] == (pytest.approx((r["accuracy"] - bare) / (ft - bare)) if ft != bare else None)
+            assert r["gain_recovered"] == (pytest.approx((r["accuracy"] - bare) / (ft - bare)) if ft > bare else None)
             assert r["ft_kept"] == pytest.approx(r["accuracy"] / ft)
     learned_row = rows[("learned", "movies")]
     assert learned_row["vs_random"] == pytest.approx(learned_row["accuracy"] - rows[("Random", "movies")]["accuracy"])
@@ -380,8 +380,8 @@ def test_sweep_table(ft_dir):
     assert all(0 <= r["accuracy"] <= 1 and r["ft_accuracy"] == doc["ft_accuracy"] for r in doc["rows"])
     for r in doc["rows"]:
         assert r["accuracy_ci"][0] <= r["accuracy"] <= r["accuracy_ci"][1] and r["n"] == 32
-        assert r["gain_recovered"] == pytest.approx((r["accuracy"] - doc["body_accuracy"])
-                                                    / (doc["ft_accuracy"] - doc["body_accuracy"]))
+        gap = doc["ft_accuracy"] - doc["body_accuracy"]
+        assert r["gain_recovered"] == (pytest.approx((r["accuracy"] - doc["body_accuracy"]) / gap) if gap > 0 else None)
     assert any(line.startswith("top-movement:") for line in doc["card"])
     code, out, err = run_cli("sweep", "--finetuned", ft_dir, "--methods", "top-movement", "--sparsities", "1e-3",
                              "--n", "8")
@@ -646,6 +646,15 @@ def test_an_ood_file_with_integer_labels_maps_onto_named_labels(ft_dir, tmp_path
     by_task = lambda d: {r["model"]: r["accuracy"] for r in d["rows"] if r["distribution"] == "OOD"}  # noqa: E731
     assert set(by_task(doc)) == set(by_task(named))
     assert_one_line_error(*run_cli("evaluate", "--finetuned", ft_dir, "--ood", "bbc", "--n", "8"), "bbc", "same labels")
+    # an explicit mapping wins: swapping the labels turns every OOD hit into a miss
+    swapped = run_json("evaluate", "--finetuned", ft_dir, "--task", "movies", "--ood", ood, "--n", "16",
+                       "--ood-labels", "0=positive,1=negative")
+    assert "mapped as asked: 0 → positive, 1 → negative" in swapped["notes"][0]
+    for model, acc in by_task(swapped).items():
+        assert acc == pytest.approx(1 - by_task(doc)[model])
+    assert_one_line_error(*run_cli("evaluate", "--finetuned", ft_dir, "--ood", ood, "--n", "8", "--ood-labels", "0=good"),
+                          "not mapped", "'1'")
+    assert_one_line_error(*run_cli("evaluate", "--ood-labels", "0:negative"), "--ood-labels", "old=new")
 
 
 @pytest.mark.parametrize("content, needles", [

@@ -309,10 +309,34 @@ def _paths(region_ids: list[str], at_least: int = 1) -> list[str]:
     return [str(store.region_path(rid)) for rid in region_ids]
 
 
-def submit_compare(runner, *, region_ids: list[str], ood: list[str], n, baselines: bool) -> Job:
+def ood_preview(task: str, columns: dict, ood: list[str], mapping: str | None) -> str:
+    """How each OOD task will be read against the task: its test size and its labels' mapping, or why not."""
+    from ..requests import parse_label_map
+    from ..scoring import align_labels
+
+    if not ood:
+        return "No OOD task: results score the in-distribution task only."
+    labels = parse_label_map(mapping)
+    main = load_task_checked(task, columns)
+    lines = []
+    for ref in ood:
+        name = store.short_ref(ref)
+        try:
+            other = load_task_checked(ref, {})
+            _, note = align_labels(main, other, labels)
+            lines.append(f"✓ **{name}**: {len(other.splits['test']):,} test examples; "
+                         + (note or f"same labels as {main.name} ({', '.join(main.label_names)})"))
+        except Exception as err:  # noqa: BLE001 - each task says what is wrong with it
+            lines.append(f"⚠️ **{name}**: {err}")
+    return "\n\n".join(lines)
+
+
+def submit_compare(runner, *, region_ids: list[str], ood: list[str], n, baselines: bool, ood_labels: str | None = None
+                   ) -> Job:
     from ..requests import EvaluateRequest
 
-    request = EvaluateRequest(regions=_paths(region_ids), ood=list(ood or []), n=whole(n), baselines=bool(baselines))
+    request = EvaluateRequest(regions=_paths(region_ids), ood=list(ood or []), n=whole(n), baselines=bool(baselines),
+                              ood_labels=(ood_labels or "").strip() or None)
     title = f"Compare {len(region_ids)} region(s)" + (f" + {len(ood)} OOD task(s)" if ood else "")
     return submit(runner, request, title, kind="compare")
 
@@ -334,12 +358,12 @@ def parse_budgets(text: str) -> list[float]:
 
 
 def submit_sweep(runner, *, base: str, finetuned: str, task: str, columns: dict, budgets: str, steps,
-                 examples_per_class, lr, n) -> Job:
+                 examples_per_class, lr, n, ood: list[str] | None = None, ood_labels: str | None = None) -> Job:
     from ..requests import SweepRequest
 
     request = SweepRequest(base=base, finetuned=finetuned, task=task, **columns, sparsities=parse_budgets(budgets),
                            steps=whole(steps) or 0, examples_per_class=whole(examples_per_class), lr=float(lr or 0),
-                           n=whole(n))
+                           n=whole(n), ood=None if ood is None else list(ood), ood_labels=(ood_labels or "").strip() or None)
     title = (f"Sparsity sweep on '{store.short_ref(task)}' ({len(request.sparsities)} budgets × "
              f"{len(request.methods)} methods)")
     return submit(runner, request, title)
@@ -481,26 +505,34 @@ def _num(v, digits: int = 3) -> str:
     return "" if v is None else f"{v:.{digits}f}"
 
 
-COMPARE_COLUMNS = ["model", "task", "distribution", "test examples", "accuracy ↑", "F1 ↑ (positive class; macro if > 2)",
-                   "ECE ↓ (10 bins)", "agreement with FT", "Δ accuracy vs FT", "region size (params)"]
+COMPARE_COLUMNS = ["model", "task", "dist.", "n", "accuracy ↑ [95 % CI]", "share of FT gain", "Δ vs FT", "F1 ↑", "ECE ↓",
+                   "calibration", "agree w/ FT", "k (params)"]
+COMPARE_WIDTHS = ["20%", "7%", "5%", "5%", "12%", "7%", "8%", "6%", "6%", "10%", "7%", "7%"]  # fits 1280 px
 
 
 def compare_table(result: dict) -> pd.DataFrame:
+    """One row per (model, task), short headers; the note under the table says what each column is."""
+    from ..card import wilson
+
     rows = result.get("rows") or []
     ft = {r["task"]: r["accuracy"] for r in rows if r["model"] == "fine-tuned"}
     out = []
     for r in rows:
+        ci = r.get("accuracy_ci") or wilson(r["accuracy"], r["n"])
+        size = r.get("region_size")
         out.append({
             "model": r["model"],
             "task": r["task"],
-            "distribution": "in-distribution" if r["distribution"] == "in" else "OOD",
-            "test examples": r["n"],
-            "accuracy ↑": _pct(r["accuracy"]),
-            "F1 ↑ (positive class; macro if > 2)": _num(r["f1"]),
-            "ECE ↓ (10 bins)": _num(r["ece"]),
-            "agreement with FT": _pct(r["agreement_with_ft"]),
-            "Δ accuracy vs FT": "" if r["task"] not in ft else f"{100 * (r['accuracy'] - ft[r['task']]):+.1f} pts",
-            "region size (params)": "full model" if r["model"] == "fine-tuned" else ("0 (no body change)" if r["region_size"] is None else f"{r['region_size']:,}"),
+            "dist.": "ID" if r["distribution"] == "in" else "OOD",
+            "n": f"{r['n']:,}",
+            "accuracy ↑ [95 % CI]": _pct(r["accuracy"]) + (f" [{100 * ci[0]:.0f}–{100 * ci[1]:.0f}]" if ci else ""),
+            "share of FT gain": _pct(r.get("gain_recovered")),
+            "Δ vs FT": "" if r["task"] not in ft else f"{100 * (r['accuracy'] - ft[r['task']]):+.1f} pts",
+            "F1 ↑": _num(r["f1"]),
+            "ECE ↓": _num(r["ece"]),
+            "calibration": r.get("calibration") or "",
+            "agree w/ FT": _pct(r.get("agreement_with_ft")),
+            "k (params)": "full model" if r["model"].startswith("fine-tuned") else ("0" if size is None else f"{size:,}"),
         })
     return pd.DataFrame(out, columns=COMPARE_COLUMNS)
 

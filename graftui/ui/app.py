@@ -108,6 +108,15 @@ def guarded(status, toast: bool = True):
 
 
 # -- small pure helpers (tested without a browser) -------------------------------------------------
+TABLE_HEIGHT = 4000  # px: result tables show every row; the page scrolls, not the table
+CSS = """
+/* headers wrap between words, never inside one; a wide table scrolls sideways instead of clipping */
+.gradio-container table th, .gradio-container table th * { word-break: normal !important; overflow-wrap: normal !important;
+                                                          hyphens: none; }
+.gradio-container .table-wrap { overflow-x: auto !important; }
+"""
+
+
 REGION_LIST_COLUMNS = ["id", "task", "method", "k (params)", "share of graftable", "settings", "content id",
                        "fine-tuned model", "created (UTC)"]
 
@@ -157,7 +166,7 @@ def task_choices() -> list[tuple[str, str]]:
 def ood_choices() -> list[tuple[str, str]]:
     from ..data import OFFLINE_TASKS
 
-    return [(name, name) for name in OFFLINE_TASKS]
+    return [(name, name) for name in OFFLINE_TASKS] + store.upload_choices()
 
 
 def default_selection(entries, several: bool) -> list[str]:
@@ -192,8 +201,11 @@ def render_compare(job) -> list:
         return [empty, figures.empty_figure(msg), figures.empty_figure(msg), ""]
     res = job.result
     note = f"In-distribution task: **{res['task']}**; OOD tasks: **{', '.join(res['ood']) or 'none'}**. "
-    note += ("Accuracy and agreement are shares of the test examples; ECE is the expected calibration error over "
-             "10 equal-width confidence bins (lower is better); Δ is the accuracy difference to the fine-tuned model on the same task.")
+    note += ("Accuracy and agreement (with the fine-tuned model's predictions) are shares of the n test examples, with a "
+             "95 % Wilson interval; share of FT gain = (graft − bare) / (FT − bare), bare being the pre-trained body with "
+             "the fine-tuned head (k = 0); Δ is the accuracy difference to the fine-tuned model on the same task; F1 of "
+             "the positive class (macro if more than two); ECE is the expected calibration error over 10 equal-width "
+             "confidence bins (lower is better); calibration compares mean confidence with accuracy.")
     if res.get("notes"):
         note += "\n\n" + "\n\n".join(f"Note: {n}" for n in res["notes"])
     return [actions.compare_table(res), figures.reliability_diagram(res["reliability"], res["task"]),
@@ -363,7 +375,13 @@ def build_app() -> gr.Blocks:
                     task_dd = gr.Dropdown(task_choices(), value="movies", allow_custom_value=True, label="Task (in-distribution)",
                                           info="offline task, an uploaded file or a Hugging Face dataset id", elem_id="models-task")
                     ood_dd = gr.Dropdown(ood_choices(), value=ood_default, multiselect=True, allow_custom_value=True,
-                                         label="Out-of-distribution tasks (same labels)", elem_id="models-ood")
+                                         label="Out-of-distribution tasks", info="offline tasks and uploaded files",
+                                         elem_id="models-ood")
+                with gr.Row():
+                    ood_map = gr.Textbox("", label="OOD label mapping (optional)", placeholder="0=negative, 1=positive",
+                                         info="old=new pairs; default: equal names, integer labels 0…n−1 by position",
+                                         elem_id="models-ood-labels")
+                    ood_md = gr.Markdown("", elem_id="models-ood-info")
                 with gr.Accordion("Upload a dataset (CSV, TSV, JSONL, JSON, Parquet)", open=False):
                     gr.Markdown(f"Uploads up to {settings.MAX_UPLOAD_MB:g} MB. Pick which column holds the text, the optional "
                                 "second text (for pair tasks) and the label; a single file is split into train / validation / test with a fixed seed.")
@@ -443,6 +461,7 @@ def build_app() -> gr.Blocks:
                     cmp_job = gr.Dropdown([("latest comparison", "")], value="", label="Show job", elem_id="compare-job")
                 cmp_status = gr.Markdown("", elem_id="compare-status")
                 cmp_table = gr.Dataframe(pd.DataFrame(columns=actions.COMPARE_COLUMNS), interactive=False, wrap=True,
+                                         max_height=TABLE_HEIGHT, column_widths=actions.COMPARE_WIDTHS,
                                          label="Fine-tuned vs grafts vs baselines", elem_id="compare-table")
                 cmp_note = gr.Markdown("", elem_id="compare-note")
                 with gr.Row():
@@ -456,7 +475,7 @@ def build_app() -> gr.Blocks:
                     swp_job = gr.Dropdown([("latest sweep", "")], value="", label="Show job", elem_id="sweep-job")
                 swp_status = gr.Markdown("", elem_id="sweep-status")
                 swp_plot = gr.Plot(figures.empty_figure("Run a sparsity sweep to see accuracy against budget."), elem_id="sweep-plot")
-                swp_table = gr.Dataframe(pd.DataFrame(columns=actions.SWEEP_COLUMNS), interactive=False, elem_id="sweep-table")
+                swp_table = gr.Dataframe(max_height=TABLE_HEIGHT, value=pd.DataFrame(columns=actions.SWEEP_COLUMNS), interactive=False, elem_id="sweep-table")
 
             # ---------------------------------------------------------------- Anatomy
             with gr.Tab("Anatomy", elem_id="tab-anatomy") as anatomy_tab:
@@ -469,7 +488,7 @@ def build_app() -> gr.Blocks:
                 ana_heat = gr.Plot(figures.empty_figure("Pick a region."), elem_id="anatomy-heatmap")
                 with gr.Row():
                     ana_bars = gr.Plot(figures.empty_figure("Pick a region."), elem_id="anatomy-bars")
-                    ana_kinds = gr.Dataframe(pd.DataFrame(columns=actions.WEIGHT_BIAS_COLUMNS), interactive=False,
+                    ana_kinds = gr.Dataframe(max_height=TABLE_HEIGHT, value=pd.DataFrame(columns=actions.WEIGHT_BIAS_COLUMNS), interactive=False,
                                              label="Weights vs biases", elem_id="anatomy-kinds")
 
             # ---------------------------------------------------------------- Compose
@@ -481,7 +500,7 @@ def build_app() -> gr.Blocks:
                     cps_measure = gr.Radio([("|γi ∩ γj| / |γj|", "overlap"), ("IoU", "iou")], value="overlap",
                                            label="Overlap measure", elem_id="compose-measure")
                 cps_heat = gr.Plot(figures.empty_figure("Pick two or more regions to compare their overlap."), elem_id="compose-overlap")
-                cps_pairs = gr.Dataframe(actions.overlap_summary(None), interactive=False, label="Shared parameters per pair",
+                cps_pairs = gr.Dataframe(max_height=TABLE_HEIGHT, value=actions.overlap_summary(None), interactive=False, label="Shared parameters per pair",
                                          elem_id="compose-overlap-table")
                 with gr.Row():
                     cps_resolve = gr.Radio([("mean of movements", "mean"), ("first region wins", "first"), ("last region wins", "last")],
@@ -489,7 +508,7 @@ def build_app() -> gr.Blocks:
                     cps_n = gr.Number(d["test_examples"], precision=0, label="Test examples per task", elem_id="compose-n")
                 cps_run, cps_job, cps_status = job_controls("Build union and evaluate", "compose", "latest composition")
                 cps_report = gr.Markdown("", elem_id="compose-report")
-                cps_table = gr.Dataframe(pd.DataFrame(columns=actions.COMPOSE_COLUMNS), interactive=False,
+                cps_table = gr.Dataframe(max_height=TABLE_HEIGHT, value=pd.DataFrame(columns=actions.COMPOSE_COLUMNS), interactive=False,
                                          label="Each task with its own head: region alone vs union graft vs bare body", elem_id="compose-table")
 
             # ---------------------------------------------------------------- Laboratory
@@ -515,7 +534,7 @@ def build_app() -> gr.Blocks:
                     mt_overlap = gr.Plot(figures.empty_figure("Run the experiment to fill this."), elem_id="lab-overlap")
                     mt_gain = gr.Plot(figures.gain_heatmap({}), elem_id="lab-gain")
                 mt_note = gr.Markdown("", elem_id="lab-multitask-note")
-                mt_table = gr.Dataframe(pd.DataFrame(columns=MULTITASK_COLUMNS), interactive=False,
+                mt_table = gr.Dataframe(max_height=TABLE_HEIGHT, value=pd.DataFrame(columns=MULTITASK_COLUMNS), interactive=False,
                                         label="Union of the group, before and after purification", elem_id="lab-union-table")
                 gr.Markdown("### WiSE: interpolating towards the fine-tuned model and the graft")
                 with gr.Row():
@@ -533,7 +552,7 @@ def build_app() -> gr.Blocks:
                                          elem_id="lab-retrain-train")
                     rt_n = gr.Number(d["test_examples"], precision=0, label="Test examples per task", elem_id="lab-retrain-n")
                 rt_run, rt_job, rt_status = job_controls("Re-train region and BitFit", "lab-retrain", "latest re-training")
-                rt_table = gr.Dataframe(pd.DataFrame(columns=actions.COMPARE_COLUMNS), interactive=False, wrap=True,
+                rt_table = gr.Dataframe(max_height=TABLE_HEIGHT, column_widths=actions.COMPARE_WIDTHS, value=pd.DataFrame(columns=actions.COMPARE_COLUMNS), interactive=False, wrap=True,
                                         label="Fine-tuned, graft, re-trained graft and BitFit", elem_id="lab-retrain-table")
                 rt_rel = gr.Plot(figures.empty_figure("Run the re-training to fill this."), elem_id="lab-retrain-reliability")
                 gr.Markdown("### Forget-free continual learning (§5.2)")
@@ -545,7 +564,7 @@ def build_app() -> gr.Blocks:
                     cl_n = gr.Number(d["test_examples"], precision=0, label="Test examples per task", elem_id="lab-continual-n")
                 cl_run, cl_job, cl_status = job_controls("Run continual learning", "lab-continual", "latest continual run")
                 cl_plot = gr.Plot(figures.continual_curves({}), elem_id="lab-continual-plot")
-                cl_table = gr.Dataframe(pd.DataFrame(columns=CONTINUAL_COLUMNS), interactive=False,
+                cl_table = gr.Dataframe(max_height=TABLE_HEIGHT, value=pd.DataFrame(columns=CONTINUAL_COLUMNS), interactive=False,
                                         label="Accuracy on each task after each stage", elem_id="lab-continual-table")
                 gr.Markdown("### Every experiment in one report (`graftui reproduce`)\n"
                             "Runs all of the above on the offline default, one after another, and writes a report with "
@@ -626,7 +645,46 @@ def build_app() -> gr.Blocks:
                         f"{settings.SESSION_IDLE_HOURS:g} h after your last visit.")
             return msg, session
 
-        demo.load(on_load, [sid], [status, sid])
+        loaded = demo.load(on_load, [sid], [status, sid])
+
+        # ---------------------------------------------------------------- the form, across reloads
+        # The browser keeps the form's values (pair, task, OOD tasks and mapping, columns, prompt, settings);
+        # a reload puts them back once the session is known, so an uploaded task is among the choices again.
+        form = gr.BrowserState({}, storage_key="graftui-form")
+        kept = {"base": base_dd, "finetuned": ft_dd, "task": task_dd, "ood": ood_dd, "ood_labels": ood_map,
+                "text_column": text_col, "pair_column": pair_col, "label_column": label_col, "head": prompt_head,
+                "template": prompt_template, "label_words": prompt_words, "method": loc_method, "log_sparsity": loc_budget,
+                "steps": loc_steps, "examples_per_class": loc_epc, "mask_lr": loc_lr, "n": cmp_n, "baselines": cmp_base,
+                "sweep_budgets": swp_budgets, "ft_optimizer": ftn_opt, "ft_lr": ftn_lr, "ft_epochs": ftn_epochs,
+                "ft_examples": ftn_n}
+        columns_kept = {"text_column", "pair_column", "label_column"}
+
+        def remember(*values):
+            return dict(zip(kept, values))
+
+        gr.on([c.change for c in kept.values()], remember, list(kept.values()), [form], show_progress="hidden",
+              queue=False)
+
+        def restore(saved):
+            saved = saved if isinstance(saved, dict) else {}
+            out = []
+            for key, comp in kept.items():
+                value = saved.get(key)
+                if key not in saved or value is None:
+                    out.append(gr.skip())
+                elif key == "task":
+                    out.append(gr.update(choices=task_choices(), value=value))
+                elif key == "ood":
+                    out.append(gr.update(choices=ood_choices(), value=[v for v in value if isinstance(v, str)]
+                                         if isinstance(value, list) else []))
+                elif key in columns_kept:  # a column of an uploaded file: offered again with its value
+                    names = dict.fromkeys([*(c[1] for c in comp.choices), str(value)])
+                    out.append(gr.update(choices=[(n, n) for n in names], value=str(value)))
+                else:
+                    out.append(gr.update(value=value))
+            return out
+
+        on(loaded.then, restore, [form], list(kept.values()), show_progress="hidden")
 
         # ---------------------------------------------------------------- Models
         @safe
@@ -663,7 +721,7 @@ def build_app() -> gr.Blocks:
             from ..data import preview
 
             if not file:
-                return gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip(), gr.skip()
+                return (gr.skip(),) * 8
             def read(path):  # a file refused here is deleted again by save_upload
                 info = preview(str(path), allow_local=True)
                 rows = sum(info["splits"].values())
@@ -677,14 +735,22 @@ def build_app() -> gr.Blocks:
             splits = ", ".join(f"{k}: {v:,} rows" for k, v in info["splits"].items())
             md = f"Read **{path.name}** ({splits}). Check the guessed columns, then press **Check column mapping**."
             return (
-                gr.update(choices=task_choices(), value=str(path)),
+                gr.update(choices=task_choices(), value=str(path)), gr.update(choices=ood_choices()),
                 gr.update(choices=["(guess)", *cols], value=guess.text_column or "(guess)"),
                 gr.update(choices=["(none)", *cols], value=guess.pair_column or "(none)"),
                 gr.update(choices=["(guess)", *cols], value=guess.label_column or "(guess)"),
                 frame, md, f"✓ Read {path.name}.",
             )
 
-        on(data_file.upload, on_data_upload, [data_file], [task_dd, text_col, pair_col, label_col, data_preview, mapping_md, status])
+        on(data_file.upload, on_data_upload, [data_file], [task_dd, ood_dd, text_col, pair_col, label_col, data_preview,
+                                                           mapping_md, status])
+
+        @guarded(ood_md, toast=False)  # the message stays beside the mapping that caused it
+        def on_ood(task, text, pair, label, ood, mapping):
+            return actions.ood_preview(task, columns(task, text, pair, label), ood or [], mapping)
+
+        for event in (ood_dd.change, ood_map.submit, ood_map.blur, task_dd.change):
+            on(event, on_ood, [task_dd, text_col, pair_col, label_col, ood_dd, ood_map], [ood_md], show_progress="hidden")
 
         @safe
         def on_check_mapping(task, text, pair, label):
@@ -758,22 +824,24 @@ def build_app() -> gr.Blocks:
 
         # ---------------------------------------------------------------- Compare
         @safe
-        def on_compare(region_ids, ood, n, baselines):
-            job = actions.submit_compare(store.runner(), region_ids=region_ids or [], ood=ood or [], n=n, baselines=baselines)
+        def on_compare(region_ids, ood, mapping, n, baselines):
+            job = actions.submit_compare(store.runner(), region_ids=region_ids or [], ood=ood or [], n=n, baselines=baselines,
+                                         ood_labels=mapping)
             return submitted(job), picker_for(("compare",), "latest comparison", job), actions.job_status_line(job)
 
-        on(cmp_run.click, on_compare, [cmp_regions, ood_dd, cmp_n, cmp_base], [status, cmp_job, cmp_status])
+        on(cmp_run.click, on_compare, [cmp_regions, ood_dd, ood_map, cmp_n, cmp_base], [status, cmp_job, cmp_status])
 
         @safe
-        def on_sweep(base, finetuned, task, text, pair, label, budgets, steps, epc, lr, n, head, template, words):
+        def on_sweep(base, finetuned, task, text, pair, label, budgets, steps, epc, lr, n, head, template, words, ood,
+                     mapping):
             job = actions.submit_sweep(store.runner(), base=base, finetuned=finetuned, task=task,
                                        columns={**columns(task, text, pair, label),
                                                 **actions.prompt_fields(head, template, words)}, budgets=budgets, steps=steps, examples_per_class=epc,
-                                       lr=lr, n=n)
+                                       lr=lr, n=n, ood=ood or [], ood_labels=mapping)
             return submitted(job), picker_for(("sweep",), "latest sweep", job), actions.job_status_line(job)
 
         on(swp_run.click, on_sweep, [base_dd, ft_dd, task_dd, text_col, pair_col, label_col, swp_budgets, loc_steps, loc_epc, loc_lr, cmp_n,
-           *prompt_inputs],
+           *prompt_inputs, ood_dd, ood_map],
            [status, swp_job, swp_status])
 
         # ---------------------------------------------------------------- Anatomy
@@ -1161,7 +1229,7 @@ def launch_options() -> dict:
     """How the server is launched: the folders it may serve, the upload cap, and Gradio's own refusals
     (a non-number in a slider, a file path no page uploaded) shown as their message, not a bare error."""
     max_size = f"{int(settings.MAX_UPLOAD_MB)}mb" if settings.hosted() else None
-    return {"allowed_paths": store.served_dirs(), "max_file_size": max_size, "show_error": True}
+    return {"allowed_paths": store.served_dirs(), "max_file_size": max_size, "show_error": True, "css": CSS}
 
 
 def launch(host: str = "127.0.0.1", port: int = 7860, share: bool = False, **kwargs):
