@@ -58,6 +58,11 @@ def tables(verb: str, result: dict) -> dict[str, list[dict]]:
     for key in ("overlap", "iou", "intersection_counts", "chance_overlap", "relative_gain"):
         if names and isinstance(result.get(key), list) and len(result[key]) == len(names):
             out[key] = _matrix_rows(names, result[key], "region" if key != "relative_gain" else "region \\ task")
+    side = result.get("side_by_side")
+    if side:
+        out["side_by_side_modules"] = [{"module": m, **{n: side["module_share"][n][j] for n in side["names"]}}
+                                       for j, m in enumerate(side["module_labels"])]
+        out["side_by_side_overlap"] = _matrix_rows(side["names"], side["overlap"], "region")
     if verb == "finetune" and "test_accuracy" in result:
         out["test"] = [{k: result.get(k) for k in ("task", "test_accuracy", "test_accuracy_ci", "test_examples",
                                                    "chance_accuracy")}]
@@ -73,6 +78,8 @@ def figures(verb: str, result: dict) -> dict:
         out["reliability"] = fig.reliability_diagram(result["reliability"], result.get("task", ""))
     if result.get("histogram"):
         out["confidence"] = fig.confidence_histogram(result["histogram"], result.get("task", ""))
+    if result.get("side_by_side"):
+        out["side_by_side"] = fig.side_by_side(result["side_by_side"])
     if verb == "sweep" and result.get("rows"):
         out["sweep"] = fig.sweep_figure(result["rows"], result.get("task", ""))
     if verb == "compose" and result.get("names"):

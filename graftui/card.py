@@ -7,7 +7,8 @@ Every graft row gets the same readings wherever it is shown (the app, the CLI's 
 - ``gain_recovered``: (graft − bare) / (FT − bare), "bare" being the pre-trained body with the
   fine-tuned head (the empty region): the share of what fine-tuning gained that the region brings
   back (the single-task form of the paper's Eq. 5); None where fine-tuning gained nothing;
-- ``calibration``: over- or under-confident (mean confidence above or below accuracy) or calibrated;
+- ``calibration``: over- or under-confident (mean confidence above or below accuracy), or balanced
+  (within 2 points; the ECE can still be large when bins err both ways);
 - ``vs_random`` / ``vs_top_movement``: accuracy over the baseline region of the same size.
 """
 
@@ -18,7 +19,7 @@ import math
 from .lab import relative_gain
 
 Z95 = 1.959963984540054
-CALIBRATED = 0.02  # |mean confidence − accuracy| up to this reads as calibrated
+BALANCED = 0.02  # |mean confidence − accuracy| up to this: neither over- nor under-confident on the whole
 SAME_AS_START = 0.8  # a learned region sharing more than this with its top-movement start barely moved
 FT_LABEL, BODY_LABEL = "fine-tuned", "pre-trained body + FT head"
 
@@ -44,7 +45,7 @@ def calibration(accuracy: float, confidence: float | None) -> str | None:
     if confidence is None:
         return None
     gap = confidence - accuracy
-    return "calibrated" if abs(gap) <= CALIBRATED else ("over-confident" if gap > 0 else "under-confident")
+    return "balanced" if abs(gap) <= BALANCED else ("over-confident" if gap > 0 else "under-confident")
 
 
 def chance_overlap(size_i: int, graftable: int) -> float:

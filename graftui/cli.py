@@ -124,7 +124,15 @@ def render_evaluate(doc: dict) -> str:
              _num(r["agreement_with_ft"]), _count(r["region_size"])] for r in doc["rows"]]
     text = table(["model", "task", "dist", "n", "accuracy", "F1", "ECE", "agree w/ FT", "k"], rows, "lllrrrrrr")
     ft = next(r["model"] for r in doc["rows"]) if doc["rows"] else "fine-tuned"
-    return "\n".join([text, "", f"'{BODY_LABEL}' is the graft of the empty region; agreement is with the {ft} model."])
+    parts = [text, "", f"'{BODY_LABEL}' is the graft of the empty region; agreement is with the {ft} model."]
+    side = doc.get("side_by_side")
+    if side:
+        names = side["names"]
+        parts += ["", table(["region", "settings"], [[n, side["settings"][n]] for n in names], "ll"), "",
+                  _matrix(r"overlap |γi∩γj|/|γj|", names, side["overlap"], _pct), "",
+                  table(["share of region", *names], [[m, *(_pct(side["module_share"][n][j]) for n in names)]
+                                                      for j, m in enumerate(side["module_labels"])])]
+    return "\n".join(parts)
 
 
 def render_sweep(doc: dict) -> str:

@@ -209,6 +209,22 @@ def labels_for(paths, records=None) -> list[str]:
     return out
 
 
+def side_by_side(labels, records) -> dict:
+    """Several runs next to each other: their settings, overlap matrix and where each lies (per module type
+    and per layer, as shares of the region), so their anatomy can be read as a difference."""
+    matrix = sets.overlap_matrix({label: r.indices for label, r in zip(labels, records)})
+    anatomies = [count_anatomy(r.indices, r.shapes) for r in records]
+    modules = list(dict.fromkeys(m for a in anatomies for m in a.modules))
+    layers = list(dict.fromkeys(layer for a in anatomies for layer in a.layers))
+    return {**matrix,
+            "settings": {label: regions.describe(r.meta) for label, r in zip(labels, records)},
+            "modules": modules, "module_labels": [MODULE_LABELS.get(m, m) for m in modules], "layers": layers,
+            "module_share": {label: [a.by_module.get(m, 0) / max(r.size, 1) for m in modules]
+                             for label, a, r in zip(labels, anatomies, records)},
+            "layer_share": {label: [dict(zip(a.layers, a.by_layer)).get(layer, 0) / max(r.size, 1) for layer in layers]
+                            for label, a, r in zip(labels, anatomies, records)}}
+
+
 def same_regions(labels, records) -> list[str]:
     """A note for each pair of inputs that hold one region (copies of one file, or one result twice)."""
     seen: dict[str, str] = {}
@@ -554,6 +570,7 @@ class EvaluateResult(Result):
     finetuned: str | None = None
     regions: dict = field(default_factory=dict)
     card: list[str] = field(default_factory=list)  # the result in sentences (card.py)
+    side_by_side: dict | None = None  # two or more regions: their overlap and where each lies (side_by_side)
 
 
 def _merge_patches(records, labels):
@@ -664,11 +681,15 @@ def evaluate(req: EvaluateRequest, progress: Progress | None = None, cancel=None
                 row["model"] = ft_name
         for table in (result["reliability"], result["histogram"]):
             table[ft_name] = table.pop(scoring.FT_LABEL)
+    side = side_by_side(labels, records) if len(records) > 1 else None
     finish(progress)
     lines = card.evaluate_card(result["rows"], graftable=pair.counts()["graftable"], start_overlap=start_overlap)
+    if side:
+        lines += card.compose_card({**side, "graftable_params": pair.counts()["graftable"], "rows": []})
     return EvaluateResult(req, notes, time.time() - start, **result, base=base,
                           finetuned=None if from_patch else finetuned,
-                          regions={label: str(p) for label, p in zip(labels, req.regions)}, card=lines)
+                          regions={label: str(p) for label, p in zip(labels, req.regions)}, card=lines,
+                          side_by_side=side)
 
 
 def _default_spec():

@@ -244,6 +244,13 @@ def test_evaluate_regions_with_baselines_in_and_out_of_distribution(ft_dir, lear
     assert learned_row["vs_random"] == pytest.approx(learned_row["accuracy"] - rows[("Random", "movies")]["accuracy"])
     assert rows[("Random", "movies")]["vs_random"] is None and rows[("Random", "movies")]["method"] == "random"
     assert any("keeps" in line and "'learned'" in line and "over a random region" in line for line in doc["card"])
+    # two runs side by side: their overlap (as compose computes it) and where each lies
+    side = doc["side_by_side"]
+    composed = run_json("compose", "--region", learned[0], "--region", top[0])
+    assert side["names"] == ["learned", "top"] and side["overlap"] == composed["overlap"]
+    for name in side["names"]:
+        assert sum(side["module_share"][name]) == pytest.approx(1.0) and sum(side["layer_share"][name]) == pytest.approx(1.0)
+    assert "steps" in side["settings"]["learned"] and side["settings"]["top"].endswith(f"k={K:,}")
 
     # with no --finetuned the region's own pair and task are used
     own = run_json("evaluate", "--region", learned[0], "--no-ood", "--n", "64")
@@ -389,25 +396,27 @@ def test_sweep_table(ft_dir):
     assert out.splitlines()[0].split() == ["sparsity", "k", "top-movement"] and "fine-tuned" in out
 
 
-def test_report_bundle_holds_request_tables_figures_and_readme(learned, ft_dir, tmp_path):
+def test_report_bundle_holds_request_tables_figures_and_readme(learned, top, ft_dir, tmp_path):
     import zipfile
 
     out = tmp_path / "cmp.zip"
-    code, text, err = run_cli("evaluate", "--finetuned", ft_dir, "--region", learned[0], "--ood", "amazon", "--n", "32",
-                              "--baselines", "--report", out)
+    code, text, err = run_cli("evaluate", "--finetuned", ft_dir, "--region", learned[0], "--region", top[0], "--ood",
+                              "amazon", "--n", "32", "--baselines", "--report", out)
     assert code == 0, err
     with zipfile.ZipFile(out) as zf:
         names = set(zf.namelist())
         assert {"cmp/README.md", "cmp/request.json", "cmp/result.json", "cmp/tables/rows.csv", "cmp/tables/rows.json",
-                "cmp/figures/reliability.html", "cmp/figures/confidence.html", "cmp/figures/plotly.min.js"} <= names
+                "cmp/figures/reliability.html", "cmp/figures/confidence.html", "cmp/figures/plotly.min.js",
+                "cmp/figures/side_by_side.html", "cmp/tables/side_by_side_modules.csv"} <= names
         request = json.loads(zf.read("cmp/request.json"))
         result = json.loads(zf.read("cmp/result.json"))
         rows = zf.read("cmp/tables/rows.csv").decode().splitlines()
         readme = zf.read("cmp/README.md").decode()
-    assert request["verb"] == "evaluate" and request["n"] == 32 and request["regions"] == [str(learned[0])]
+    assert request["verb"] == "evaluate" and request["n"] == 32 and request["regions"] == [str(learned[0]), str(top[0])]
     header = rows[0].split(",")
     assert {"accuracy_ci_lo", "accuracy_ci_hi", "gain_recovered"} <= set(header) and len(rows) == 1 + len(result["rows"])
-    assert hashlib.sha256(Path(learned[0]).read_bytes()).hexdigest() in readme
+    for path in (learned[0], top[0]):
+        assert hashlib.sha256(Path(path).read_bytes()).hexdigest() in readme
     assert result["card"][0] in readme and "graftui run request.json" in readme
     # the bundle's request makes the same result again
     again = flows.run(flows.read_request(_unzipped(out, tmp_path) / "cmp" / "request.json"))

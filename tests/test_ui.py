@@ -540,7 +540,7 @@ def test_localize_compare_compose_export_jobs_end_to_end(home, tiny_checkpoints)
     assert set(ids) == {learned.result["region"], other.result["region"]}
 
     cmp = finish(actions.submit_compare(runner, region_ids=[learned.result["region"]], ood=["amazon"], n=16, baselines=True))
-    table, rel, hist, note = app.render_compare(cmp)
+    table, rel, hist, note, side = app.render_compare(cmp)
     assert set(table["model"]) >= {"fine-tuned", "pre-trained body + FT head", "Top movement", "Random", learned.result["region"]}
     assert set(table["task"]) == {"movies", "amazon"}
     bad = runner.wait(actions.submit_compare(runner, region_ids=[learned.result["region"]], ood=["bbc"], n=16,
@@ -603,3 +603,21 @@ def test_a_running_jobs_figures_are_throttled_but_never_left_stale():
     assert panel_changes(s, lst, job, (2,), True, 3 * T)[2] is False  # drawn once, not again
     done = ("j1", "done")
     assert panel_changes(s, ("listing", "done"), done, (3,), False, T + 1.0)[:3] == (True, True, True)  # stops: at once
+
+
+def test_a_shown_job_puts_its_own_settings_into_the_form():
+    import math
+    from types import SimpleNamespace
+
+    from graftui.ui import app
+
+    job = SimpleNamespace(params={"verb": "localize", "method": "random", "sparsity": 1e-3, "k": None, "steps": 7,
+                                  "examples_per_class": 16, "lr": 0.5})
+    method, budget, steps, epc, lr = app.job_form("localize", job)
+    assert method["value"] == "random" and budget["value"] == pytest.approx(math.log10(1e-3)) and steps["value"] == 7
+    assert epc["value"] == 16 and lr["value"] == 0.5
+    regions, n, baselines = app.job_form("compare", SimpleNamespace(params={"verb": "evaluate", "regions": ["/x/a.safetensors"],
+                                                                             "n": None, "baselines": True}))
+    assert regions["value"] == ["a"] and n == app.gr.skip() and baselines["value"] is True
+    # the prepare job has no request: the form is left as it is
+    assert all(u == app.gr.skip() for u in app.job_form("finetune", SimpleNamespace(params={"kind": "prepare"})))

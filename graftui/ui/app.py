@@ -9,6 +9,7 @@ it, so a reloaded page sees running and finished jobs. Every handler is wrapped 
 
 from __future__ import annotations
 
+import math
 import functools
 import json
 import logging
@@ -82,10 +83,12 @@ def friendly_message(err: BaseException) -> str:
     return message(err)
 
 
-def guarded(status, toast: bool = True):
-    """Decorator: run a handler; on any exception show a warning and put the message in ``status``.
+def guarded(status, toast: bool = True, beside=None):
+    """Decorator: run a handler; on any exception show a warning and put the message in ``status``,
+    and in ``beside`` too (the message line next to the control that failed, which also loses
+    whatever it said before, so no stale "✓" stays).
 
-    The handler's outputs must include ``status``; on failure only ``status`` is updated
+    The handler's outputs must include ``status`` (and ``beside``); on failure only they are updated
     (Gradio's dict return), every other output keeps its value. Polling handlers pass
     ``toast=False`` so a persistent problem does not raise a toast every second.
     """
@@ -100,7 +103,7 @@ def guarded(status, toast: bool = True):
                 message = friendly_message(err)
                 if toast:
                     gr.Warning(message)
-                return {status: f"⚠️ {message}"}
+                return {status: f"⚠️ {message}", **({beside: f"⚠️ {message}"} if beside is not None else {})}
 
         return run
 
@@ -198,7 +201,7 @@ def render_compare(job) -> list:
     empty = pd.DataFrame(columns=actions.COMPARE_COLUMNS)
     if job is None or not job.result:
         msg = "Run a comparison to fill this." if job is None else "Results appear when the job is done."
-        return [empty, figures.empty_figure(msg), figures.empty_figure(msg), ""]
+        return [empty, figures.empty_figure(msg), figures.empty_figure(msg), "", figures.side_by_side(None)]
     res = job.result
     note = f"In-distribution task: **{res['task']}**; OOD tasks: **{', '.join(res['ood']) or 'none'}**. "
     note += ("Accuracy and agreement (with the fine-tuned model's predictions) are shares of the n test examples, with a "
@@ -209,7 +212,7 @@ def render_compare(job) -> list:
     if res.get("notes"):
         note += "\n\n" + "\n\n".join(f"Note: {n}" for n in res["notes"])
     return [actions.compare_table(res), figures.reliability_diagram(res["reliability"], res["task"]),
-            figures.confidence_histogram(res["histogram"], res["task"]), note]
+            figures.confidence_histogram(res["histogram"], res["task"]), note, figures.side_by_side(res.get("side_by_side"))]
 
 
 def render_sweep(job) -> list:
@@ -464,6 +467,7 @@ def build_app() -> gr.Blocks:
                                          max_height=TABLE_HEIGHT, column_widths=actions.COMPARE_WIDTHS,
                                          label="Fine-tuned vs grafts vs baselines", elem_id="compare-table")
                 cmp_note = gr.Markdown("", elem_id="compare-note")
+                cmp_side = gr.Plot(figures.side_by_side(None), elem_id="compare-side-by-side")
                 with gr.Row():
                     cmp_rel = gr.Plot(figures.empty_figure("Run a comparison to see the reliability diagram."), elem_id="compare-reliability")
                     cmp_hist = gr.Plot(figures.empty_figure("Run a comparison to see the confidence histogram."), elem_id="compare-histogram")
@@ -687,7 +691,7 @@ def build_app() -> gr.Blocks:
         on(loaded.then, restore, [form], list(kept.values()), show_progress="hidden")
 
         # ---------------------------------------------------------------- Models
-        @safe
+        @guarded(status, beside=pair_md)
         def on_check(base, finetuned, log_s, task, text, pair, label, head, template, words):
             desc = actions.check_pair(base, finetuned, actions.prompt_fields(head, template, words), task,
                                       columns(task, text, pair, label))
@@ -706,7 +710,7 @@ def build_app() -> gr.Blocks:
         on(check_btn.click, on_check, [base_dd, ft_dd, loc_budget, task_dd, text_col, pair_col, label_col, *prompt_inputs],
            [counts_df, pair_md, status, loc_budget_md, prompt_acc])
 
-        @safe
+        @guarded(status, beside=preview_md)
         def on_preview(finetuned, task, text, pair, label, head, template, words):
             p = actions.preview_prompt(finetuned, task, columns(task, text, pair, label),
                                        actions.prompt_fields(head, template, words))
@@ -716,7 +720,7 @@ def build_app() -> gr.Blocks:
 
         on(preview_btn.click, on_preview, [ft_dd, task_dd, text_col, pair_col, label_col, *prompt_inputs], [preview_md, status])
 
-        @safe
+        @guarded(status, beside=mapping_md)
         def on_data_upload(file):
             from ..data import preview
 
@@ -752,7 +756,7 @@ def build_app() -> gr.Blocks:
         for event in (ood_dd.change, ood_map.submit, ood_map.blur, task_dd.change):
             on(event, on_ood, [task_dd, text_col, pair_col, label_col, ood_dd, ood_map], [ood_md], show_progress="hidden")
 
-        @safe
+        @guarded(status, beside=mapping_md)
         def on_check_mapping(task, text, pair, label):
             t = actions.load_task_checked(task, columns(task, text, pair, label))
             sizes = ", ".join(f"{k} {len(s):,}" for k, s in t.splits.items())
@@ -775,7 +779,7 @@ def build_app() -> gr.Blocks:
 
         on(task_dd.change, on_task, [task_dd], [ftn_task_md], show_progress="hidden")
 
-        @safe
+        @guarded(status, beside=ftn_status)
         def on_finetune(base, task, text, pair, label, opt, lr, l1, epochs, n, head, template, words):
             job = actions.submit_finetune(store.runner(), base=base, task=task,
                                           columns={**columns(task, text, pair, label),
@@ -796,7 +800,7 @@ def build_app() -> gr.Blocks:
 
         on(loc_method.change, safe(lambda m: (method_info(m), gr.skip())), [loc_method], [loc_method_md, status])
 
-        @safe
+        @guarded(status, beside=loc_status)
         def on_localize(base, finetuned, task, text, pair, label, method, log_s, steps, epc, lr, head, template, words):
             job = actions.submit_localize(store.runner(), base=base, finetuned=finetuned, task=task,
                                           columns={**columns(task, text, pair, label),
@@ -823,15 +827,26 @@ def build_app() -> gr.Blocks:
         on(ftn_cancel.click, cancel_shown(("finetune", "prepare")), [ftn_job], [status])
 
         # ---------------------------------------------------------------- Compare
-        @safe
+        @guarded(status, beside=cmp_status)
         def on_compare(region_ids, ood, mapping, n, baselines):
             job = actions.submit_compare(store.runner(), region_ids=region_ids or [], ood=ood or [], n=n, baselines=baselines,
                                          ood_labels=mapping)
             return submitted(job), picker_for(("compare",), "latest comparison", job), actions.job_status_line(job)
 
+        def shows(kind, picker, widgets):
+            """A picked job puts its own settings into the form above it ("latest" leaves the form alone)."""
+            def fill(picked):
+                return [*job_form(kind, store.runner().get(picked) if picked else None), gr.skip()]
+
+            on(picker.input, quiet(fill), [picker], [*widgets, status], show_progress="hidden")
+
+        shows("localize", loc_job, [loc_method, loc_budget, loc_steps, loc_epc, loc_lr])
+        shows("compare", cmp_job, [cmp_regions, cmp_n, cmp_base])
+        shows("finetune", ftn_job, [ftn_opt, ftn_lr, ftn_epochs, ftn_n])
+
         on(cmp_run.click, on_compare, [cmp_regions, ood_dd, ood_map, cmp_n, cmp_base], [status, cmp_job, cmp_status])
 
-        @safe
+        @guarded(status, beside=swp_status)
         def on_sweep(base, finetuned, task, text, pair, label, budgets, steps, epc, lr, n, head, template, words, ood,
                      mapping):
             job = actions.submit_sweep(store.runner(), base=base, finetuned=finetuned, task=task,
@@ -845,7 +860,7 @@ def build_app() -> gr.Blocks:
            [status, swp_job, swp_status])
 
         # ---------------------------------------------------------------- Anatomy
-        @safe
+        @guarded(status, beside=ana_md)
         def on_anatomy(region_id, mode):
             if not region_id:
                 return gr.skip(), gr.skip(), gr.skip(), "Pick a region (run **Localize** first if the list is empty).", gr.skip()
@@ -866,7 +881,7 @@ def build_app() -> gr.Blocks:
         for ev in (cmp_sel.change, cps_measure.change, compose_tab.select):
             on(ev, on_overlap, [cmp_sel, cps_measure], [cps_heat, cps_pairs, status])
 
-        @safe
+        @guarded(status, beside=cps_status)
         def on_compose(region_ids, resolve, n):
             job = actions.submit_compose(store.runner(), region_ids=region_ids or [], resolve=resolve, n=n)
             return submitted(job), picker_for(("compose",), "latest composition", job), actions.job_status_line(job)
@@ -874,7 +889,7 @@ def build_app() -> gr.Blocks:
         on(cps_run.click, on_compose, [cmp_sel, cps_resolve, cps_n], [status, cps_job, cps_status])
 
         # ---------------------------------------------------------------- Laboratory
-        @safe
+        @guarded(status, beside=mt_status)
         def on_multitask(tasks, group, log_s, start, steps, purify, n):
             job = actions.submit_multitask(store.runner(), tasks=tasks, group=group, log_sparsity=log_s, start=start,
                                            steps=steps, purify_steps=purify, examples_per_class=d["examples_per_class"], n=n)
@@ -882,21 +897,21 @@ def build_app() -> gr.Blocks:
 
         on(mt_run.click, on_multitask, [mt_tasks, mt_group, mt_budget, mt_start, mt_steps, mt_purify, mt_n], [status, mt_job, mt_status])
 
-        @safe
+        @guarded(status, beside=ws_status)
         def on_wise(region_id, alphas, n):
             job = actions.submit_wise(store.runner(), region_id=region_id, alphas=alphas, ood=[], n=n)
             return submitted(job), picker_for(("wise",), "latest WiSE run", job), actions.job_status_line(job)
 
         on(ws_run.click, on_wise, [ws_region, ws_alphas, ws_n], [status, ws_job, ws_status])
 
-        @safe
+        @guarded(status, beside=rt_status)
         def on_retrain(region_id, epochs, train, n):
             job = actions.submit_retrain(store.runner(), region_id=region_id, epochs=epochs, train_examples=train, n=n)
             return submitted(job), picker_for(("retrain",), "latest re-training", job), actions.job_status_line(job)
 
         on(rt_run.click, on_retrain, [rt_region, rt_epochs, rt_train, rt_n], [status, rt_job, rt_status])
 
-        @safe
+        @guarded(status, beside=cl_status)
         def on_continual(tasks, log_s, n):
             job = actions.submit_continual(store.runner(), tasks=tasks, log_sparsity=log_s, steps=d["steps"],
                                            examples_per_class=d["examples_per_class"], n=n)
@@ -904,7 +919,7 @@ def build_app() -> gr.Blocks:
 
         on(cl_run.click, on_continual, [cl_tasks, cl_budget, cl_n], [status, cl_job, cl_status])
 
-        @safe
+        @guarded(status, beside=rp_status)
         def on_reproduce(quick):
             job = actions.submit_reproduce(store.runner(), quick=quick)
             return submitted(job), picker_for(("reproduce",), "latest report", job), actions.job_status_line(job)
@@ -924,7 +939,7 @@ def build_app() -> gr.Blocks:
         on(reg_sel.change, on_region_select, [reg_sel], [reg_dl, reg_dl_idx, reg_meta, status])
         on(regions_tab.select, on_region_select, [reg_sel], [reg_dl, reg_dl_idx, reg_meta, status])
 
-        @safe
+        @guarded(status, beside=reg_export_status)
         def on_export(region_id):
             job = actions.submit_export(store.runner(), region_id=region_id)
             return submitted(job), job.id, actions.job_status_line(job)
@@ -939,7 +954,7 @@ def build_app() -> gr.Blocks:
         export_job = gr.State("")
         on(reg_export.click, on_export, [reg_sel], [status, export_job, reg_export_status])
 
-        @safe
+        @guarded(status, beside=reg_up_md)
         def on_region_upload(file):
             from .. import regions
 
@@ -955,7 +970,7 @@ def build_app() -> gr.Blocks:
 
         on(reg_up.upload, on_region_upload, [reg_up], [reg_up_md, reg_up_meta, status])
 
-        @safe
+        @guarded(status, beside=reg_up_md)
         def on_region_apply(file, base, finetuned):
             from .. import flows, regions
 
@@ -1088,7 +1103,7 @@ def build_app() -> gr.Blocks:
             "localize": [panel(("localize",), loc_job, loc_status, [loc_plot], render_localize, "latest localize job")],
             "finetune": [panel(("finetune", "prepare"), ftn_job, ftn_status, [ftn_plot], render_finetune, "latest fine-tuning job")],
             "compare": [
-                panel(("compare",), cmp_job, cmp_status, [cmp_table, cmp_rel, cmp_hist, cmp_note], render_compare, "latest comparison"),
+                panel(("compare",), cmp_job, cmp_status, [cmp_table, cmp_rel, cmp_hist, cmp_note, cmp_side], render_compare, "latest comparison"),
                 panel(("sweep",), swp_job, swp_status, [swp_plot, swp_table], render_sweep, "latest sweep"),
             ],
             "compose": [panel(("compose",), cps_job, cps_status, [cps_report, cps_table], render_compose, "latest composition")],
@@ -1119,6 +1134,26 @@ def build_app() -> gr.Blocks:
 
 def submitted(job) -> str:
     return f"Submitted **{job.title}** (job {job.id}); it runs in the background, see its progress below."
+
+
+JOB_FORMS = {  # which request field fills which widget when a panel shows a job (None: the widget's own value)
+    "localize": ["method", ("sparsity", lambda v: math.log10(v) if v else None), "steps", "examples_per_class", "lr"],
+    "compare": [("regions", lambda v: [Path(p).stem for p in v or []] or None), "n", "baselines"],
+    "finetune": ["optimizer", "lr", "epochs", "train_examples"],
+}
+
+
+def job_form(kind: str, job) -> list:
+    """Updates that put a shown job's own settings back into its form (a job without a request: none)."""
+    out = []
+    for spec in JOB_FORMS[kind]:
+        key, convert = spec if isinstance(spec, tuple) else (spec, None)
+        params = (job.params or {}) if job is not None else {}
+        value = params.get(key)
+        if convert is not None and value is not None:
+            value = convert(value)
+        out.append(gr.skip() if "verb" not in params or value is None else gr.update(value=value))
+    return out
 
 
 def picker_for(kinds: tuple[str, ...], latest_label: str, job):

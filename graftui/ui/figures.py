@@ -222,6 +222,31 @@ def module_bars(anat, title: str = "") -> go.Figure:
     return _layout(fig, title or "Region parameters per module type", height=360)
 
 
+def side_by_side(side: dict | None) -> go.Figure:
+    """Runs next to each other: where each region lies (share per module type) and how much they overlap."""
+    if not side:
+        return empty_figure("Pick two or more regions to see them side by side: where each lies and their overlap.")
+    names = side["names"]
+    fig = make_subplots(rows=1, cols=2, column_widths=[0.62, 0.38], horizontal_spacing=0.12,
+                        subplot_titles=("Share of each region per module type", "Overlap |γi ∩ γj| / |γj|"))
+    for i, name in enumerate(names):
+        fig.add_trace(go.Bar(x=side["module_labels"], y=side["module_share"][name], name=name,
+                             marker_color=PALETTE[i % len(PALETTE)], hovertext=side["settings"][name],
+                             hovertemplate="<b>%{x}</b><br>%{y:.1%} of the region<br>%{hovertext}<extra>" + name + "</extra>"),
+                      row=1, col=1)
+    short = [f"#{i + 1}" for i in range(len(names))]
+    fig.add_trace(go.Heatmap(z=side["overlap"], x=short, y=short, zmin=0, zmax=1, colorscale="Reds", showscale=False,
+                             text=[[f"{v:.0%}" for v in row] for row in side["overlap"]], texttemplate="%{text}",
+                             customdata=[[[names[i], names[j]] for j in range(len(names))] for i in range(len(names))],
+                             hovertemplate="γi = %{customdata[0]}<br>γj = %{customdata[1]}<br>%{z:.1%}<extra></extra>"),
+                  row=1, col=2)
+    fig.update_yaxes(tickformat=".0%", row=1, col=1)
+    fig.update_yaxes(autorange="reversed", row=1, col=2)
+    fig.update_layout(barmode="group")
+    title = "Runs side by side: " + ", ".join(f"{s} = {n}" for s, n in zip(short, names))
+    return _layout(fig, title, height=420)
+
+
 # -- composition ---------------------------------------------------------------------------------
 def overlap_heatmap(matrix: dict, which: str = "overlap") -> go.Figure:
     """``compose.overlap_matrix`` as a heatmap: |γi ∩ γj| / |γj| (paper Fig. 8a) or IoU."""
