@@ -21,6 +21,7 @@ import sys
 import textwrap
 import warnings
 from dataclasses import fields
+from pathlib import Path
 from typing import Sequence
 
 from . import __version__
@@ -150,7 +151,9 @@ def render_sweep(doc: dict) -> str:
         table(["sparsity", "k", *methods], body),
         f"\ntest accuracy on {doc['task']}; fine-tuned: {_num(doc['ft_accuracy'])}  ({doc['seconds']:.1f} s)\n",
         table(["model", "sparsity", "k", "accuracy", "ECE", *(f"OOD {o}" for o in oods)], detail,
-              "llr" + "r" * (2 + len(oods)))])
+              "llr" + "r" * (2 + len(oods))),
+        *([f"\nregions kept in {Path(kept[0]).parent}:", *(f"  {Path(p).name}" for p in kept)]
+          if (kept := [r["region"] for r in doc["rows"] if r.get("region")]) else [])])
 
 
 def render_anatomy(doc: dict) -> str:

@@ -520,6 +520,16 @@ def find_region(req, pair: ModelPair, task: Task | None, k: int, notes: list[str
     return region, meta
 
 
+def region_record(req: LocalizeRequest, pair, region, meta: dict, notes: list[str], seconds: float) -> RegionRecord:
+    """What a region file holds: the region, its settings and the request that re-makes it (and its patch)."""
+    if req.method == "learned":  # it starts from top-movement: how far did mask learning move it?
+        start_region = method.base_region(pair.pre, pair.ft, list(pair.graftable), region_size(region))
+        meta["top_movement_overlap"] = sets.overlap(start_region, region)
+    meta.update({"request": req.as_dict(), "notes": list(notes), "seconds": round(seconds, 3)})
+    record = regions.make_record(pair, region, meta)
+    return record if req.region_only else regions.with_patch(pair, record)
+
+
 def localize(req: LocalizeRequest, progress: Progress | None = None, cancel=None, guard: Guard = LOCAL) -> LocalizeResult:
     """Find the region of ``req.finetuned`` that carries ``req.task``, and save it."""
     req.validate()
@@ -542,13 +552,7 @@ def localize(req: LocalizeRequest, progress: Progress | None = None, cancel=None
     if progress:
         progress({"stage": f"budget k = {k:,}", "k": k})
     region, meta = find_region(req, pair, task, k, notes, progress, cancel)
-    if req.method == "learned":  # it starts from top-movement: how far did mask learning move it?
-        start_region = method.base_region(pair.pre, pair.ft, list(pair.graftable), k)
-        meta["top_movement_overlap"] = sets.overlap(start_region, region)
-    meta.update({"request": req.as_dict(), "notes": notes, "seconds": round(time.time() - start, 3)})
-    record = regions.make_record(pair, region, meta)
-    if not req.region_only:
-        record = regions.with_patch(pair, record)
+    record = region_record(req, pair, region, meta, notes, time.time() - start)
     out = Path(req.out).expanduser() if req.out else new_path(
         settings.subdir("regions"), f"{short_ref(req.task)}-{req.method}-k{record.size}", ".safetensors")
     world = data_parallel()
@@ -752,9 +756,15 @@ def sweep(req: SweepRequest, progress: Progress | None = None, cancel=None, guar
                 progress({"stage": f"{name} at sparsity {s:g}", "fraction": (i * len(methods) + j) / total})
             one = LocalizeRequest(**{f.name: getattr(req, f.name) for f in fields(LocalizeRequest) if hasattr(req, f.name)},
                                   method=name, sparsity=s)
-            region, _ = find_region(one, pair, task, k, notes, cancel=cancel)
+            began = time.time()
+            region, meta = find_region(one, pair, task, k, notes, cancel=cancel)
+            kept = None
+            if req.keep:  # the region as a file that `graftui run` re-makes, like one from localize
+                kept = new_path(Path(req.keep).expanduser(), f"{short_ref(req.task)}-{name}-k{region_size(region)}",
+                                ".safetensors")
+                regions.save(region_record(one, pair, region, meta, [], time.time() - began), kept)
             own, ood = score(region)
-            rows.append({"method": name, "sparsity": s, "k": region_size(region), "n": own.n, "accuracy": own.accuracy,
+            rows.append({"method": name, "region": None if kept is None else str(kept), "sparsity": s, "k": region_size(region), "n": own.n, "accuracy": own.accuracy,
                          "accuracy_ci": card.wilson(own.accuracy, own.n), "ece": own.ece,
                          "calibration": card.calibration(own.accuracy, own.mean_confidence), "ood": ood,
                          "ft_accuracy": ft.accuracy, "retained": own.accuracy / ft.accuracy if ft.accuracy else None,

@@ -626,8 +626,12 @@ class SweepRequest(LoadFields, GraftableFields, LearnFields, OodFields, TaskFiel
     methods: list[str] = arg(["learned", "top-movement", "random"], "localization methods", metavar="LIST",
                              list="comma")
     n: int | None = arg(None, "test examples per task (default all)", metavar="N")
+    keep: str | None = arg(None, "folder to save every swept region in, as from localize (default: keep none)",
+                           metavar="DIR")
 
     def check(self) -> None:
+        if self.keep is not None and Path(self.keep).expanduser().exists() and not Path(self.keep).expanduser().is_dir():
+            raise RequestError(f"--keep '{self.keep}' is a file; give a folder for the swept regions")
         if not self.sparsities:
             raise RequestError("--sparsities: give at least one value")
         for s in self.sparsities:

@@ -235,6 +235,32 @@ def test_two_regions_compose(page):
     assert rows and all(r[0] == "movies" for r in rows), rows
     models = {r[2] for r in rows}
     assert {"region alone", "union graft"} <= models, rows
+    job = bu.job_id_from_status(page)  # the banner names the job and, once it has ended, says so
+    page.wait_for_function(f"() => document.querySelector('#status-message').innerText.includes('{job}) ended: done')",
+                           timeout=30_000)
+    assert "Submitted" not in bu.text(page, "#status-message")
+
+
+def test_a_result_panel_downloads_its_own_tables_and_figures(page, tmp_path):
+    import csv
+    import io
+    import zipfile
+
+    _need("region2")  # the composition of test d
+    bu.open_tab(page, "compose")
+    page.click("#compose-report")
+    link = page.locator("#compose-report-file a").first
+    link.wait_for(state="visible", timeout=60_000)
+    with page.expect_download(timeout=60_000) as info:
+        link.click()
+    path = tmp_path / info.value.suggested_filename
+    info.value.save_as(path)
+    with zipfile.ZipFile(path) as zf:
+        root = zf.namelist()[0].split("/")[0]
+        names = set(zf.namelist())
+        assert {f"{root}/tables/overlap.csv", f"{root}/tables/overlap.json", f"{root}/figures/overlap.html"} <= names, names
+        overlap = list(csv.DictReader(io.StringIO(zf.read(f"{root}/tables/overlap.csv").decode())))
+    assert len(overlap) == 2 and all(float(row[row["region"]]) == 1.0 for row in overlap), overlap
 
 
 def test_report_bundle_of_a_job_downloads(page, tmp_path):

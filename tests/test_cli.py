@@ -390,10 +390,29 @@ def test_sweep_table(ft_dir):
         gap = doc["ft_accuracy"] - doc["body_accuracy"]
         assert r["gain_recovered"] == (pytest.approx((r["accuracy"] - doc["body_accuracy"]) / gap) if gap > 0 else None)
     assert any(line.startswith("top-movement:") for line in doc["card"])
+    assert all(r["region"] is None for r in doc["rows"])  # nothing kept unless asked
     code, out, err = run_cli("sweep", "--finetuned", ft_dir, "--methods", "top-movement", "--sparsities", "1e-3",
                              "--n", "8")
     assert code == 0, err
     assert out.splitlines()[0].split() == ["sparsity", "k", "top-movement"] and "fine-tuned" in out
+
+
+def test_sweep_keeps_its_regions_as_files_that_score_and_rerun_alike(ft_dir, tmp_path):
+    kept = tmp_path / "kept"
+    doc = run_json("sweep", "--finetuned", ft_dir, "--methods", "top-movement", "--sparsities", "1e-3", "--n", "16",
+                   "--no-ood", "--keep", kept)
+    (row,) = doc["rows"]
+    path = Path(row["region"])
+    assert path.parent == kept and path.suffix == ".safetensors"
+    record = regions.load(path)
+    assert record.size == row["k"] and record.meta["method"] == "top-movement" and record.is_patch
+    again = run_json("evaluate", "--finetuned", ft_dir, "--region", path, "--n", "16", "--no-ood")
+    assert [r["accuracy"] for r in again["rows"] if r.get("method") == "top-movement"] == [row["accuracy"]]
+    rerun = run_json("run", path, "--out", tmp_path / "again.safetensors")
+    assert regions.digest(regions.load(rerun["path"]).indices) == regions.digest(record.indices)
+    (tmp_path / "afile").write_text("x")
+    code, _, err = run_cli("sweep", "--finetuned", ft_dir, "--keep", tmp_path / "afile")
+    assert code == 2 and "--keep" in err and "Traceback" not in err
 
 
 def test_report_bundle_holds_request_tables_figures_and_readme(learned, top, ft_dir, tmp_path):

@@ -205,8 +205,8 @@ def test_poll_runs_every_part_in_one_event_and_a_failing_part_keeps_its_outputs(
     poll.add(lambda x, y: (x * y, "ok"), [a, b], [d, a])
     timer = Timer()
     poll.wire(timer, status, sid)
-    assert timer.outputs == [b, c, d, a, status] and timer.inputs == [sid, a, a, a, b]
-    out = timer.fn("", 2, 2, 3, 4)  # the session id first
+    assert timer.outputs == [b, c, d, a, status] and timer.inputs == [sid, status, a, a, a, b]
+    out = timer.fn("", "", 2, 2, 3, 4)  # the session id and the banner first
     assert out[0] == 3 and out[2:4] == (12, "ok")
     assert isinstance(out[1], type(gr.skip())) and out[4].startswith("⚠️ internal error (ZeroDivisionError")
     clash = Poll()
@@ -214,6 +214,22 @@ def test_poll_runs_every_part_in_one_event_and_a_failing_part_keeps_its_outputs(
     clash.add(lambda: (2,), [], [b])
     with pytest.raises(ValueError, match="same component"):
         clash.wire(Timer(), status, sid)
+
+
+def test_the_submitted_banner_is_replaced_once_its_job_has_ended(home):
+    import threading
+
+    from graftui.ui import actions, store
+
+    release = threading.Event()
+    job = store.runner().submit("localize", "waits", lambda ctx: release.wait(30) and {})
+    banner = actions.submitted_line(job)
+    assert actions.settled_banner(banner) is None  # still queued or running: the banner stays
+    assert actions.settled_banner("⚠️ something else") is None and actions.settled_banner(None) is None
+    release.set()
+    store.runner().runner.wait(job.id, 30)
+    settled = actions.settled_banner(banner)
+    assert settled is not None and "Submitted" not in settled and f"(job {job.id}) ended: done" in settled
 
 
 def test_the_page_polls_with_one_timer_event_and_hidden_panels_stay_untouched(home, monkeypatch):

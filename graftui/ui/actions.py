@@ -8,6 +8,7 @@ tables are built from job results only, so they can be rebuilt after a reload or
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import threading
 import time
@@ -78,6 +79,9 @@ def job_status_line(job: Job | None) -> str:
     result = job.result or {}
     if result.get("region") and job.kind in ("localize", "compose"):
         text += f" · saved region **{result['region']}**" + (f" (k = {result['k']:,})" if result.get("k") else "")
+    kept = [Path(r["region"]).stem for r in result.get("rows") or [] if job.kind == "sweep" and r.get("region")]
+    if kept:
+        text += f" · kept {len(kept)} regions: " + ", ".join(f"**{name}**" for name in kept)
     for note in result.get("notes") or []:
         text += f"\n\nNote: {note}"
     if result.get("name") and job.kind == "finetune":
@@ -85,6 +89,24 @@ def job_status_line(job: Job | None) -> str:
     if job.status == "done" and result.get("card"):
         text += "\n\n" + card_markdown(result["card"])
     return text
+
+
+def submitted_line(job: Job) -> str:
+    """The banner after a submission; ``settled_banner`` replaces it when the job ends."""
+    return f"Submitted **{job.title}** (job {job.id}); it runs in the background, see its progress below."
+
+
+_SUBMITTED = re.compile(r"Submitted \*\*.*\*\* \(job ([^)\s]+)\)", re.S)
+
+
+def settled_banner(banner) -> str | None:
+    """The banner once the job it announces has ended, or ``None`` while it runs (or it announces none)."""
+    m = _SUBMITTED.match(banner or "")
+    job = store.runner().get(m.group(1)) if m else None
+    if job is None or job.status not in FINISHED:
+        return None
+    took = f" in {_duration(job)}" if job.duration is not None else ""
+    return f"**{job.title}** (job {job.id}) ended: {job.status}{took}. Its result is in its tab."
 
 
 def card_markdown(lines: list[str]) -> str:
@@ -358,12 +380,14 @@ def parse_budgets(text: str) -> list[float]:
 
 
 def submit_sweep(runner, *, base: str, finetuned: str, task: str, columns: dict, budgets: str, steps,
-                 examples_per_class, lr, n, ood: list[str] | None = None, ood_labels: str | None = None) -> Job:
+                 examples_per_class, lr, n, ood: list[str] | None = None, ood_labels: str | None = None,
+                 keep: bool = False) -> Job:
     from ..requests import SweepRequest
 
     request = SweepRequest(base=base, finetuned=finetuned, task=task, **columns, sparsities=parse_budgets(budgets),
                            steps=whole(steps) or 0, examples_per_class=whole(examples_per_class), lr=float(lr or 0),
-                           n=whole(n), ood=None if ood is None else list(ood), ood_labels=(ood_labels or "").strip() or None)
+                           n=whole(n), ood=None if ood is None else list(ood), ood_labels=(ood_labels or "").strip() or None,
+                           keep=str(store.regions_dir()) if keep else None)
     title = (f"Sparsity sweep on '{store.short_ref(task)}' ({len(request.sparsities)} budgets × "
              f"{len(request.methods)} methods)")
     return submit(runner, request, title)

@@ -444,6 +444,7 @@ def build_app() -> gr.Blocks:
                     loc_cancel = gr.Button("Cancel", variant="stop", elem_id="localize-cancel", scale=0)
                     loc_job = gr.Dropdown([("latest localize job", "")], value="", label="Show job", elem_id="localize-job")
                 loc_status = gr.Markdown("", elem_id="localize-status")
+                reports = [report_controls("localize", loc_job, ("localize",))]
                 loc_plot = gr.Plot(render_localize(None)[0], label="Mask learning, live", elem_id="localize-plot")
                 gr.Markdown("### Saved regions\nEvery finished job is saved as a skill patch under "
                             f"`{store.regions_dir()}` and listed here, also after a restart.")
@@ -463,6 +464,7 @@ def build_app() -> gr.Blocks:
                     cmp_run = gr.Button("Evaluate", variant="primary", elem_id="compare-run", scale=0)
                     cmp_job = gr.Dropdown([("latest comparison", "")], value="", label="Show job", elem_id="compare-job")
                 cmp_status = gr.Markdown("", elem_id="compare-status")
+                reports.append(report_controls("compare", cmp_job, ("compare",)))
                 cmp_table = gr.Dataframe(pd.DataFrame(columns=actions.COMPARE_COLUMNS), interactive=False, wrap=True,
                                          max_height=TABLE_HEIGHT, column_widths=actions.COMPARE_WIDTHS,
                                          label="Fine-tuned vs grafts vs baselines", elem_id="compare-table")
@@ -475,9 +477,12 @@ def build_app() -> gr.Blocks:
                             "and task of the **Models** tab, with the mask settings of the **Localize** tab.")
                 with gr.Row():
                     swp_budgets = gr.Textbox(d["sweep_budgets"], label="Budgets (fractions of graftable parameters)", elem_id="sweep-budgets")
+                    swp_keep = gr.Checkbox(False, label="Keep the swept regions (saved with the others)", elem_id="sweep-keep",
+                                           scale=0)
                     swp_run = gr.Button("Run sparsity sweep", elem_id="sweep-run", scale=0)
                     swp_job = gr.Dropdown([("latest sweep", "")], value="", label="Show job", elem_id="sweep-job")
                 swp_status = gr.Markdown("", elem_id="sweep-status")
+                reports.append(report_controls("sweep", swp_job, ("sweep",)))
                 swp_plot = gr.Plot(figures.empty_figure("Run a sparsity sweep to see accuracy against budget."), elem_id="sweep-plot")
                 swp_table = gr.Dataframe(max_height=TABLE_HEIGHT, value=pd.DataFrame(columns=actions.SWEEP_COLUMNS), interactive=False, elem_id="sweep-table")
 
@@ -511,6 +516,7 @@ def build_app() -> gr.Blocks:
                                            value="mean", label="Parameters claimed by several regions", elem_id="compose-resolve")
                     cps_n = gr.Number(d["test_examples"], precision=0, label="Test examples per task", elem_id="compose-n")
                 cps_run, cps_job, cps_status = job_controls("Build union and evaluate", "compose", "latest composition")
+                reports.append(report_controls("compose", cps_job, ("compose",)))
                 cps_report = gr.Markdown("", elem_id="compose-report")
                 cps_table = gr.Dataframe(max_height=TABLE_HEIGHT, value=pd.DataFrame(columns=actions.COMPOSE_COLUMNS), interactive=False,
                                          label="Each task with its own head: region alone vs union graft vs bare body", elem_id="compose-table")
@@ -534,6 +540,7 @@ def build_app() -> gr.Blocks:
                                           elem_id="lab-purify")
                     mt_n = gr.Number(d["test_examples"], precision=0, label="Test examples per task", elem_id="lab-n")
                 mt_run, mt_job, mt_status = job_controls("Run multi-task experiment", "lab-multitask", "latest multi-task run")
+                reports.append(report_controls("lab-multitask", mt_job, ("multitask",)))
                 with gr.Row():
                     mt_overlap = gr.Plot(figures.empty_figure("Run the experiment to fill this."), elem_id="lab-overlap")
                     mt_gain = gr.Plot(figures.gain_heatmap({}), elem_id="lab-gain")
@@ -547,6 +554,7 @@ def build_app() -> gr.Blocks:
                                            elem_id="lab-wise-alphas")
                     ws_n = gr.Number(d["test_examples"], precision=0, label="Test examples per task", elem_id="lab-wise-n")
                 ws_run, ws_job, ws_status = job_controls("Run WiSE", "lab-wise", "latest WiSE run")
+                reports.append(report_controls("lab-wise", ws_job, ("wise",)))
                 ws_plot = gr.Plot(figures.wise_curves([]), elem_id="lab-wise-plot")
                 gr.Markdown("### Re-training the region from θ_pre, against BitFit (Table 1)")
                 with gr.Row():
@@ -556,6 +564,7 @@ def build_app() -> gr.Blocks:
                                          elem_id="lab-retrain-train")
                     rt_n = gr.Number(d["test_examples"], precision=0, label="Test examples per task", elem_id="lab-retrain-n")
                 rt_run, rt_job, rt_status = job_controls("Re-train region and BitFit", "lab-retrain", "latest re-training")
+                reports.append(report_controls("lab-retrain", rt_job, ("retrain",)))
                 rt_table = gr.Dataframe(max_height=TABLE_HEIGHT, column_widths=actions.COMPARE_WIDTHS, value=pd.DataFrame(columns=actions.COMPARE_COLUMNS), interactive=False, wrap=True,
                                         label="Fine-tuned, graft, re-trained graft and BitFit", elem_id="lab-retrain-table")
                 rt_rel = gr.Plot(figures.empty_figure("Run the re-training to fill this."), elem_id="lab-retrain-reliability")
@@ -567,6 +576,7 @@ def build_app() -> gr.Blocks:
                                           elem_id="lab-continual-budget")
                     cl_n = gr.Number(d["test_examples"], precision=0, label="Test examples per task", elem_id="lab-continual-n")
                 cl_run, cl_job, cl_status = job_controls("Run continual learning", "lab-continual", "latest continual run")
+                reports.append(report_controls("lab-continual", cl_job, ("continual",)))
                 cl_plot = gr.Plot(figures.continual_curves({}), elem_id="lab-continual-plot")
                 cl_table = gr.Dataframe(max_height=TABLE_HEIGHT, value=pd.DataFrame(columns=CONTINUAL_COLUMNS), interactive=False,
                                         label="Accuracy on each task after each stage", elem_id="lab-continual-table")
@@ -848,15 +858,15 @@ def build_app() -> gr.Blocks:
 
         @guarded(status, beside=swp_status)
         def on_sweep(base, finetuned, task, text, pair, label, budgets, steps, epc, lr, n, head, template, words, ood,
-                     mapping):
+                     mapping, keep):
             job = actions.submit_sweep(store.runner(), base=base, finetuned=finetuned, task=task,
                                        columns={**columns(task, text, pair, label),
                                                 **actions.prompt_fields(head, template, words)}, budgets=budgets, steps=steps, examples_per_class=epc,
-                                       lr=lr, n=n, ood=ood or [], ood_labels=mapping)
+                                       lr=lr, n=n, ood=ood or [], ood_labels=mapping, keep=keep)
             return submitted(job), picker_for(("sweep",), "latest sweep", job), actions.job_status_line(job)
 
         on(swp_run.click, on_sweep, [base_dd, ft_dd, task_dd, text_col, pair_col, label_col, swp_budgets, loc_steps, loc_epc, loc_lr, cmp_n,
-           *prompt_inputs, ood_dd, ood_map],
+           *prompt_inputs, ood_dd, ood_map, swp_keep],
            [status, swp_job, swp_status])
 
         # ---------------------------------------------------------------- Anatomy
@@ -1072,6 +1082,15 @@ def build_app() -> gr.Blocks:
 
         on(job_bundle.click, on_job_bundle, [job_sel], [job_bundle_file, status])
 
+        for button, file, picker, kinds in reports:  # each result panel's own "tables and figures" download
+            @safe
+            def on_report(picked, kinds=kinds):
+                runner = store.runner()
+                job = runner.get(picked) if picked else actions.latest_job(runner, kinds)
+                return gr.update(value=actions.report_bundle(job), visible=True), gr.skip()
+
+            on(button.click, on_report, [picker], [file, status])
+
         def panel(kinds, picker, status_md, outputs, render, latest_label, fixed_state=None):
             """Poll the picked job of ``kinds`` (or the latest one) and re-render only when it changed."""
             sig_state = gr.State(None)
@@ -1133,7 +1152,7 @@ def build_app() -> gr.Blocks:
 
 
 def submitted(job) -> str:
-    return f"Submitted **{job.title}** (job {job.id}); it runs in the background, see its progress below."
+    return actions.submitted_line(job)
 
 
 JOB_FORMS = {  # which request field fills which widget when a panel shows a job (None: the widget's own value)
@@ -1191,6 +1210,15 @@ def job_controls(label: str, prefix: str, latest_label: str):
     return run, job, gr.Markdown("", elem_id=f"{prefix}-status")
 
 
+def report_controls(prefix: str, picker, kinds: tuple[str, ...]):
+    """A button that downloads the shown job's tables (CSV, JSON) and figures (HTML) as its report bundle."""
+    with gr.Row():
+        button = gr.Button("Download tables & figures (.zip)", size="sm", elem_id=f"{prefix}-report", scale=0)
+        file = gr.File(label="Report bundle: README, request, tables as CSV and JSON, figures as HTML",
+                       interactive=False, visible=False, elem_id=f"{prefix}-report-file")
+    return button, file, picker, kinds
+
+
 def _open_tab(tab: str, n: int):
     """A tab's select handler: remember it is open and reset its ``n`` panel signatures to None."""
 
@@ -1228,14 +1256,15 @@ class Poll:
         self.parts.append((fn, list(inputs), list(outputs)))
 
     def wire(self, timer, status, sid) -> None:
-        inputs = [sid, *(c for _, ins, _ in self.parts for c in ins)]
+        inputs = [sid, status, *(c for _, ins, _ in self.parts for c in ins)]
         outputs = [c for _, _, outs in self.parts for c in outs]
         if len(set(map(id, outputs))) != len(outputs):
             raise ValueError("two polled parts update the same component")
 
         @in_session
-        def tick(*values):
-            out, at, problem = [], 0, gr.skip()
+        def tick(banner, *values):
+            settled = actions.settled_banner(banner)  # "Submitted…" once its job has ended
+            out, at, problem = [], 0, gr.skip() if settled is None else settled
             for fn, ins, outs in self.parts:
                 try:
                     got = tuple(fn(*values[at:at + len(ins)]))
