@@ -109,9 +109,13 @@ def graft_sentence(row: dict, ft_row: dict | None, graftable: int | None = None)
             f"{interval(row)} on {row['task']}")
     if row.get("ft_kept") is not None:
         text += f": it keeps {pct(row['ft_kept'])} of the fine-tuned accuracy"
-    if row.get("gain_recovered") is not None:
-        text += f" and recovers {pct(row['gain_recovered'])} of the fine-tuning gain ((graft − bare) / (FT − bare))"
-    extra = [f"{pts(row[key])} over a {name} region of the same size"
+    gain = row.get("gain_recovered")
+    if gain is not None and gain >= 0:
+        text += f" and recovers {pct(gain)} of the fine-tuning gain ((graft − bare) / (FT − bare))"
+    elif gain is not None:
+        text += f" but scores below the bare pre-trained body ({pct(gain)} of the fine-tuning gain)"
+    extra = [f"{pts(row[key])} over a {name} region of the same size" if row[key] >= 0 else
+             f"{100 * -row[key]:.1f} pts below a {name} region of the same size"
              for key, name in (("vs_random", "random"), ("vs_top_movement", "top-movement")) if row.get(key) is not None]
     if extra:
         text += "; " + ", ".join(extra)
@@ -120,7 +124,9 @@ def graft_sentence(row: dict, ft_row: dict | None, graftable: int | None = None)
         text += (f" Calibration: {row['calibration']} (mean confidence {pct(row['confidence'], 1)} for an accuracy of "
                  f"{pct(row['accuracy'], 1)}; ECE {row['ece']:.3f}")
         if ft_row is not None:
-            text += f" vs the fine-tuned model's {ft_row['ece']:.3f}, {ft_row.get('calibration') or '?'}"
+            text += f" vs the fine-tuned model's {ft_row['ece']:.3f}"
+            if ft_row.get("calibration"):
+                text += f", itself {ft_row['calibration']}"
         text += ")."
     return text
 

@@ -63,6 +63,15 @@ def test_evaluate_card_sentences():
     assert "'Random'" not in text  # baselines are read through the graft they are compared with
     assert "±" not in text  # 400 examples: no small-test warning
     assert "±25 pts" in " ".join(card.evaluate_card(card.annotate(rows(n=12))))
+    assert "vs the fine-tuned model's 0.050, itself over-confident" in text
+
+
+def test_a_graft_below_its_baselines_and_the_bare_body_is_said_so():
+    worse = [r if r["model"] != "mine" or r["task"] != "movies" else {**r, "accuracy": 0.55} for r in rows()]
+    text = " ".join(card.evaluate_card(card.annotate(worse)))
+    assert "but scores below the bare pre-trained body (-25 % of the fine-tuning gain)" in text
+    assert "6.0 pts below a random region" in text and "15.0 pts below a top-movement region" in text
+    assert "recovers -" not in text and "-6.0 pts over" not in text
 
 
 def test_compose_card_against_chance():

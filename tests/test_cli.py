@@ -243,7 +243,8 @@ def test_evaluate_regions_with_baselines_in_and_out_of_distribution(ft_dir, lear
     learned_row = rows[("learned", "movies")]
     assert learned_row["vs_random"] == pytest.approx(learned_row["accuracy"] - rows[("Random", "movies")]["accuracy"])
     assert rows[("Random", "movies")]["vs_random"] is None and rows[("Random", "movies")]["method"] == "random"
-    assert any("keeps" in line and "'learned'" in line and "over a random region" in line for line in doc["card"])
+    assert any("keeps" in line and "'learned'" in line and re.search(r"pts (over|below) a random region", line)
+               for line in doc["card"])
     # two runs side by side: their overlap (as compose computes it) and where each lies
     side = doc["side_by_side"]
     composed = run_json("compose", "--region", learned[0], "--region", top[0])

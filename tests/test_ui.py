@@ -487,6 +487,29 @@ def test_app_builds_with_the_named_tabs_and_stable_element_ids(home, monkeypatch
         assert needed in ids, needed
 
 
+@pytest.mark.parametrize("fast", ["1", ""])
+def test_the_forms_defaults_submit_as_they_stand(monkeypatch, fast):
+    """Run pressed on an untouched form is a job, in either mode (not a refusal of the form's own defaults)."""
+    from graftui.ui import actions, store
+
+    monkeypatch.setenv("GRAFTUI_FAST", fast)
+    d = store.defaults()
+    jobs = []
+
+    class Runner:
+        def submit(self, kind, title, fn, params=None, owner=None):
+            jobs.append((kind, params))
+
+    box = {k: 0 if v is None else v for k, v in d.items()}  # what the page sends: a number box shows None as 0
+    pair = {"base": "minilm", "finetuned": "minilm-movies", "task": "movies", "columns": {}}
+    actions.submit_localize(Runner(), **pair, method="learned", log_sparsity=box["log_sparsity"], steps=box["steps"],
+                            examples_per_class=box["examples_per_class"], lr=box["mask_lr"])
+    actions.submit_sweep(Runner(), **pair, budgets=box["sweep_budgets"], steps=box["steps"],
+                         examples_per_class=box["examples_per_class"], lr=box["mask_lr"], n=box["test_examples"])
+    assert [kind for kind, _ in jobs] == ["localize", "sweep"]
+    assert jobs[0][1]["examples_per_class"] == (16 if fast else None)
+
+
 def test_fast_mode_lowers_defaults(monkeypatch):
     from graftui.ui import store
 
@@ -495,8 +518,16 @@ def test_fast_mode_lowers_defaults(monkeypatch):
     assert (d["steps"], d["examples_per_class"], d["test_examples"]) == (10, 16, 64)
     monkeypatch.delenv("GRAFTUI_FAST")
     full = store.defaults()
-    assert (full["steps"], full["examples_per_class"], full["mask_lr"]) == (40, None, 0.02)  # the library's (None: up to 256)
+    assert (full["steps"], full["examples_per_class"], full["mask_lr"]) == (40, 256, 0.02)
     assert full["ft_lr"] == 0.003
+    # a number box cannot show "unset" (an empty one reads 0, which the request refuses): every default is a number,
+    # and the k-shot box's default stands for the library's default, "up to 256, all there are when fewer"
+    assert all(isinstance(v, (int, float)) for k, v in full.items() if k != "sweep_budgets"), full
+    from graftui.requests import LocalizeRequest
+    from graftui.ui import actions
+
+    assert actions.per_class(full["examples_per_class"]) is LocalizeRequest.defaults()["examples_per_class"] is None
+    assert actions.per_class(16) == 16 and actions.per_class(0) == 0 and actions.per_class(None) is None
 
 
 # -- the app's jobs end to end, on a tiny saved pair -------------------------------------------------

@@ -134,6 +134,15 @@ def whole(value) -> int | None:
     return int(value)
 
 
+def per_class(value) -> int | None:
+    """The examples-per-class box: the default it shows (256) means the request's default, "up to 256,
+    all there are when a class has fewer", so a small data set works as from the CLI; another number is exact."""
+    from ..requests import DEFAULT_EXAMPLES_PER_CLASS
+
+    n = whole(value)
+    return None if n == DEFAULT_EXAMPLES_PER_CLASS else n
+
+
 def submit(runner, request, title: str, on_result=None, kind: str | None = None) -> Job:
     """Validate ``request`` now (a bad field is a one-line message, no job), then run its flow as a job.
 
@@ -295,7 +304,7 @@ def submit_localize(runner, *, base: str, finetuned: str, task: str, columns: di
 
     request = LocalizeRequest(base=base, finetuned=finetuned, task=task, **columns, method=method,
                               sparsity=10 ** float(log_sparsity), steps=whole(steps) or 0,
-                              examples_per_class=whole(examples_per_class), lr=float(lr or 0))
+                              examples_per_class=per_class(examples_per_class), lr=float(lr or 0))
 
     def saved(result, doc) -> dict:
         return {"region": Path(result.path).stem, "k": result.k, "notes": result.notes, "summary": result.record.summary(),
@@ -385,7 +394,7 @@ def submit_sweep(runner, *, base: str, finetuned: str, task: str, columns: dict,
     from ..requests import SweepRequest
 
     request = SweepRequest(base=base, finetuned=finetuned, task=task, **columns, sparsities=parse_budgets(budgets),
-                           steps=whole(steps) or 0, examples_per_class=whole(examples_per_class), lr=float(lr or 0),
+                           steps=whole(steps) or 0, examples_per_class=per_class(examples_per_class), lr=float(lr or 0),
                            n=whole(n), ood=None if ood is None else list(ood), ood_labels=(ood_labels or "").strip() or None,
                            keep=str(store.regions_dir()) if keep else None)
     title = (f"Sparsity sweep on '{store.short_ref(task)}' ({len(request.sparsities)} budgets × "
@@ -425,7 +434,7 @@ def submit_multitask(runner, *, tasks: list[str], group: list[str], log_sparsity
     request = MultitaskRequest(tasks=list(tasks or []), group=list(group) if group else None,
                                sparsity=10 ** float(log_sparsity), start=start, steps=whole(steps) or 0,
                                purify_steps=whole(purify_steps) if purify_steps is not None else 0,
-                               examples_per_class=whole(examples_per_class), n=whole(n))
+                               examples_per_class=per_class(examples_per_class), n=whole(n))
     title = f"Multi-task regions of {', '.join(request.tasks)} · sparsity {request.sparsity:.1e}"
     return submit(runner, request, title)
 
@@ -461,7 +470,7 @@ def submit_continual(runner, *, tasks: list[str], log_sparsity: float, steps, ex
     from ..requests import ContinualRequest
 
     request = ContinualRequest(tasks=list(tasks or []), sparsity=10 ** float(log_sparsity), steps=whole(steps) or 0,
-                               examples_per_class=whole(examples_per_class), n=whole(n))
+                               examples_per_class=per_class(examples_per_class), n=whole(n))
     return submit(runner, request, f"Continual learning of {' → '.join(request.tasks)}")
 
 

@@ -21,7 +21,7 @@ import pandas as pd
 
 from .. import settings
 from ..data import OFFLINE_TASKS
-from ..requests import HEADS, ContinualRequest, MultitaskRequest, WiseRequest
+from ..requests import DEFAULT_EXAMPLES_PER_CLASS, HEADS, ContinualRequest, MultitaskRequest, WiseRequest
 from . import actions, figures, store
 
 OFFLINE_TASK_NAMES = list(OFFLINE_TASKS)
@@ -313,7 +313,7 @@ def anatomy_outputs(region_id: str, mode: str) -> list:
 # -- the app -------------------------------------------------------------------------------------
 def build_app() -> gr.Blocks:
     from ..data import OFFLINE_TASKS
-    from ..requests import DEFAULT_BASE, DEFAULT_FINETUNED, INTERACTIVE, LR_FOR, LocalizeRequest
+    from ..requests import DEFAULT_BASE, DEFAULT_FINETUNED, INTERACTIVE, LR_FOR
 
     d = store.defaults()
     hosted = settings.hosted()
@@ -437,7 +437,9 @@ def build_app() -> gr.Blocks:
                 with gr.Row():
                     loc_steps = gr.Number(d["steps"], precision=0, label="Mask steps", elem_id="localize-steps")
                     loc_epc = gr.Number(d["examples_per_class"], precision=0, label="Training examples per class",
-                                        info=LocalizeRequest.help("examples_per_class"), elem_id="localize-examples")
+                                        info=f"k-shot sample for mask learning; {DEFAULT_EXAMPLES_PER_CLASS} (the default) takes all "
+                                             "there are when a class has fewer, another number is used exactly",
+                                        elem_id="localize-examples")
                     loc_lr = gr.Number(d["mask_lr"], label="Mask learning rate (logit units per step)", elem_id="localize-lr")
                 with gr.Row():
                     loc_run = gr.Button("Run", variant="primary", elem_id="localize-run", scale=0)
@@ -1213,7 +1215,8 @@ def job_controls(label: str, prefix: str, latest_label: str):
 def report_controls(prefix: str, picker, kinds: tuple[str, ...]):
     """A button that downloads the shown job's tables (CSV, JSON) and figures (HTML) as its report bundle."""
     with gr.Row():
-        button = gr.Button("Download tables & figures (.zip)", size="sm", elem_id=f"{prefix}-report", scale=0)
+        button = gr.Button("Download tables & figures (.zip)", size="sm", elem_id=f"{prefix}-report", scale=0,
+                           min_width=260)
         file = gr.File(label="Report bundle: README, request, tables as CSV and JSON, figures as HTML",
                        interactive=False, visible=False, elem_id=f"{prefix}-report-file")
     return button, file, picker, kinds

@@ -36,16 +36,16 @@ fast = settings.fast
 
 
 def defaults() -> dict:
-    """What the widgets start with: the requests' own defaults (GRAFTUI_FAST ones in that mode)."""
+    """What the widgets start with: the requests' own defaults (GRAFTUI_FAST ones in that mode), all numbers."""
     import math
 
-    from ..requests import INTERACTIVE, EvaluateRequest, FinetuneRequest, LocalizeRequest, SweepRequest
+    from ..requests import DEFAULT_EXAMPLES_PER_CLASS, INTERACTIVE, EvaluateRequest, FinetuneRequest, LocalizeRequest, SweepRequest
 
     loc, ft, ev = LocalizeRequest.defaults(), FinetuneRequest.defaults(), EvaluateRequest.defaults()
     recipe = FinetuneRequest(**ft).recipe()
     return {
         "steps": loc["steps"],
-        "examples_per_class": loc["examples_per_class"],
+        "examples_per_class": loc["examples_per_class"] or DEFAULT_EXAMPLES_PER_CLASS,  # a number box shows no "unset"
         "test_examples": ev["n"] or INTERACTIVE["n"],
         "log_sparsity": math.log10(loc["sparsity"]),
         "mask_lr": loc["lr"],
