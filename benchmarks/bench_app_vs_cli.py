@@ -54,13 +54,14 @@ t0 = time.monotonic()
 from graftui.training import ensure_default_finetuned
 path = ensure_default_finetuned()
 from graftui.models import DEFAULT_BASE, DEFAULT_FINETUNED
+from graftui.ui.actions import per_class
 from graftui.ui.store import defaults
 d = defaults()
 print(json.dumps({
     "checkpoint": str(path), "seconds": time.monotonic() - t0,
     "base": DEFAULT_BASE, "finetuned": DEFAULT_FINETUNED, "task": "movies", "method": "learned",
     "sparsity": 10 ** float(d["log_sparsity"]), "steps": int(d["steps"]),
-    "examples_per_class": d["examples_per_class"], "lr": float(d["mask_lr"]),
+    "examples_per_class": per_class(d["examples_per_class"]), "lr": float(d["mask_lr"]),  # the request's, as the app sends it
 }))
 """
 
@@ -228,7 +229,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"default fine-tuned checkpoint ready (untimed, {settings['seconds']:.0f} s): {settings['checkpoint']}")
         print(f"localization: {settings['base']} → {settings['finetuned']}, task {settings['task']}, "
               f"{settings['method']}, sparsity {settings['sparsity']:g}, {settings['steps']} steps, "
-              f"{settings['examples_per_class']} examples per class, mask lr {settings['lr']:g}", flush=True)
+              f"{settings['examples_per_class'] or 'default (up to 256)'} examples per class, mask lr {settings['lr']:g}",
+              flush=True)
 
         cli_runs, app_runs, diffs = [], [], []
         for i in range(args.repeats):
