@@ -764,7 +764,8 @@ def sweep(req: SweepRequest, progress: Progress | None = None, cancel=None, guar
                                 ".safetensors")
                 regions.save(region_record(one, pair, region, meta, [], time.time() - began), kept)
             own, ood = score(region)
-            rows.append({"method": name, "region": None if kept is None else str(kept), "sparsity": s, "k": region_size(region), "n": own.n, "accuracy": own.accuracy,
+            rows.append({"method": name, "region": None if kept is None else str(kept), "sparsity": s,
+                         "k": region_size(region), "n": own.n, "accuracy": own.accuracy,
                          "accuracy_ci": card.wilson(own.accuracy, own.n), "ece": own.ece,
                          "calibration": card.calibration(own.accuracy, own.mean_confidence), "ood": ood,
                          "ft_accuracy": ft.accuracy, "retained": own.accuracy / ft.accuracy if ft.accuracy else None,

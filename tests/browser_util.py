@@ -200,6 +200,18 @@ def run_job(page, button: str, status: str, picker: str, timeout_s: float = 300.
     raise AssertionError(f"job {job_id} ({button}) not finished after {timeout_s:.0f} s; last status {last!r}")
 
 
+def download_made_file(page, button: str, file_elem: str, folder):
+    """Press ``button``, wait for the file it makes to be offered in ``#file_elem``, download it into ``folder``."""
+    page.click(button)
+    link = page.locator(f"#{file_elem} a").first
+    link.wait_for(state="visible", timeout=60_000)
+    with page.expect_download(timeout=60_000) as info:
+        link.click()
+    path = folder / info.value.suggested_filename
+    info.value.save_as(path)
+    return path
+
+
 def dropdown_options(page, elem_id: str) -> list[str]:
     """The option texts a Gradio dropdown offers (opened, read, closed again)."""
     page.click(f"#{elem_id} input")

@@ -248,13 +248,7 @@ def test_a_result_panel_downloads_its_own_tables_and_figures(page, tmp_path):
 
     _need("region2")  # the composition of test d
     bu.open_tab(page, "compose")
-    page.click("#compose-report")
-    link = page.locator("#compose-report-file a").first
-    link.wait_for(state="visible", timeout=60_000)
-    with page.expect_download(timeout=60_000) as info:
-        link.click()
-    path = tmp_path / info.value.suggested_filename
-    info.value.save_as(path)
+    path = bu.download_made_file(page, "#compose-report", "compose-report-file", tmp_path)
     with zipfile.ZipFile(path) as zf:
         root = zf.namelist()[0].split("/")[0]
         names = set(zf.namelist())
@@ -269,13 +263,7 @@ def test_report_bundle_of_a_job_downloads(page, tmp_path):
 
     job = _need("compare_job")
     bu.choose(page, "jobs-select", f"[{job}]")
-    page.click("#jobs-bundle")
-    link = page.locator("#jobs-bundle-file a").first
-    link.wait_for(state="visible", timeout=60_000)
-    with page.expect_download(timeout=60_000) as info:
-        link.click()
-    path = tmp_path / info.value.suggested_filename
-    info.value.save_as(path)
+    path = bu.download_made_file(page, "#jobs-bundle", "jobs-bundle-file", tmp_path)
     assert path.name == f"report-{job}.zip", path.name
     with zipfile.ZipFile(path) as zf:
         names = zf.namelist()
