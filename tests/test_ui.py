@@ -101,6 +101,13 @@ def test_sweep_figure_uses_log_budget_axis_and_ft_reference():
     assert fig.layout.xaxis.type == "log"
     assert [t.name for t in fig.data] == ["learned", "random"]
     assert any("fine-tuned model: 90.0%" in (a.text or "") for a in fig.layout.annotations)
+    # two methods that agree must both stay visible: their own dash and symbol
+    assert fig.data[0].line.dash != fig.data[1].line.dash and fig.data[0].marker.symbol != fig.data[1].marker.symbol
+    assert fig.data[0].error_y.array is None  # rows without intervals: no bars
+    for r in rows:
+        r["accuracy_ci"] = (r["accuracy"] - 0.05, r["accuracy"] + 0.02)
+    bars = figures.sweep_figure(rows).data[0].error_y
+    assert list(bars.array) == pytest.approx([0.02, 0.02]) and list(bars.arrayminus) == pytest.approx([0.05, 0.05])
 
 
 def test_overlap_heatmap_from_overlap_matrix():

@@ -153,17 +153,26 @@ def confidence_histogram(histogram: dict[str, list[dict]], task: str = "") -> go
     return _layout(fig, f"Confidence histogram{where}", height=470).update_layout(margin={"b": 130})
 
 
+SWEEP_DASHES = ("solid", "dash", "dot", "dashdot")
+SWEEP_SYMBOLS = ("circle", "square", "diamond", "triangle-up")
+
+
 def sweep_figure(rows: list[dict], task: str = "") -> go.Figure:
-    """Test accuracy against region budget (log x) per method, with fine-tuned accuracy for reference."""
+    """Test accuracy (95 % interval bars) against region budget (log x) per method, with fine-tuned accuracy for reference."""
     if not rows:
         return empty_figure("Run a sparsity sweep to see accuracy against budget.")
     fig = go.Figure()
     methods = list(dict.fromkeys(r["method"] for r in rows))
     for i, name in enumerate(methods):
         pts = sorted((r for r in rows if r["method"] == name), key=lambda r: r["sparsity"])
-        fig.add_trace(go.Scatter(
+        cis = [r.get("accuracy_ci") for r in pts]
+        error = None if not all(cis) else {"type": "data", "symmetric": False, "thickness": 1, "width": 4,
+                                           "array": [ci[1] - r["accuracy"] for ci, r in zip(cis, pts)],
+                                           "arrayminus": [r["accuracy"] - ci[0] for ci, r in zip(cis, pts)]}
+        fig.add_trace(go.Scatter(  # each method its own dash and symbol: methods that agree stay visible, one over another
             x=[r["sparsity"] for r in pts], y=[r["accuracy"] for r in pts], mode="lines+markers", name=name,
-            line={"color": PALETTE[i % len(PALETTE)]},
+            line={"color": PALETTE[i % len(PALETTE)], "dash": SWEEP_DASHES[i % len(SWEEP_DASHES)]},
+            marker={"symbol": SWEEP_SYMBOLS[i % len(SWEEP_SYMBOLS)], "size": 11 - 2 * (i % 3)}, error_y=error,
             customdata=[[r["k"], r.get("retained"), r.get("ece")] for r in pts],
             hovertemplate=(f"<b>{name}</b><br>sparsity %{{x:.0e}} (k = %{{customdata[0]:,}})<br>accuracy %{{y:.1%}}"
                            "<br>retained %{customdata[1]:.1%} of FT accuracy<br>ECE %{customdata[2]:.3f}<extra></extra>"),
