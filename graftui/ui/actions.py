@@ -64,6 +64,11 @@ def latest_job(runner, kinds: tuple[str, ...]) -> Job | None:
     return jobs[0] if jobs else None
 
 
+def shown_job(runner, picked: str, kinds: tuple[str, ...]) -> Job | None:
+    """The job a panel shows: the picked one, or ("" picked) the latest of its kinds."""
+    return runner.get(picked) if picked else latest_job(runner, kinds)
+
+
 def job_status_line(job: Job | None) -> str:
     """One Markdown line about a job, with its error text when it failed (never a traceback)."""
     if job is None:

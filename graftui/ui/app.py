@@ -827,7 +827,7 @@ def build_app() -> gr.Blocks:
             @safe
             def run(picked):
                 runner = store.runner()
-                job = runner.get(picked) if picked else actions.latest_job(runner, kinds)
+                job = actions.shown_job(runner, picked, kinds)
                 if job is None:
                     return "Nothing to cancel."
                 ok = runner.cancel(job.id)
@@ -1088,7 +1088,7 @@ def build_app() -> gr.Blocks:
             @safe
             def on_report(picked, kinds=kinds):
                 runner = store.runner()
-                job = runner.get(picked) if picked else actions.latest_job(runner, kinds)
+                job = actions.shown_job(runner, picked, kinds)
                 return gr.update(value=actions.report_bundle(job), visible=True), gr.skip()
 
             on(button.click, on_report, [picker], [file, status])
@@ -1099,7 +1099,7 @@ def build_app() -> gr.Blocks:
 
             def tick(picked, last):
                 runner = store.runner()
-                job = runner.get(picked) if picked else actions.latest_job(runner, kinds)
+                job = actions.shown_job(runner, picked, kinds)
                 listing = tuple((j.id, j.status) for j in runner.jobs() if j.kind in kinds)
                 shown = None if job is None else (job.id, job.status)
                 line = None if job is None else (len(job.progress), round(job.fraction, 3), job.message)
