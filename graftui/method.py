@@ -140,12 +140,13 @@ def base_region(pre: dict[str, torch.Tensor], ft: dict[str, torch.Tensor], names
 
 # -- Eq. 2 -------------------------------------------------------------------------------------
 def initial_logits(
-    base: Region, shapes: dict[str, tuple[int, ...]], bias: float, device: torch.device | str = "cpu"
+    base: Region, shapes: dict[str, tuple[int, ...]], bias: float, device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
 ) -> dict[str, torch.Tensor]:
     """ℓ = +bias on γ_base and −bias elsewhere, i.e. S = −bias everywhere (σ(S) ≈ 0)."""
     logits = {}
     for name, shape in shapes.items():
-        ell = torch.full((math.prod(shape),), -bias, dtype=torch.float32, device=device)
+        ell = torch.full((math.prod(shape),), -bias, dtype=dtype, device=device)
         if name in base:
             ell[base[name].to(device)] = bias
         logits[name] = ell.view(shape)
@@ -203,7 +204,8 @@ def _cycle(make_batches: Callable[[int], Iterable[dict]]) -> Iterator[dict]:
 class MaskLearner:
     """Eq. 3 one step at a time, on the working model's graftable parameters.
 
-    Holds only the region logits ℓ (one float per graftable parameter; two more for Adam).
+    Holds only the region logits ℓ (one value per graftable parameter, in ``config.logit_dtype``;
+    two float32 more for Adam).
     The working parameters are overwritten while learning and put back to θ_pre by ``finish``.
     """
 
@@ -219,6 +221,8 @@ class MaskLearner:
     ):
         if config.optimizer not in {"normalized", "adam", "sgd"}:
             raise ValueError(f"unknown optimizer '{config.optimizer}' (use normalized, adam or sgd)")
+        if config.logit_dtype not in {"float32", "float16", "bfloat16"}:
+            raise ValueError(f"unknown logit dtype '{config.logit_dtype}' (use float32, float16 or bfloat16)")
         self.model, self.params, self.pre, self.ft, self.k, self.config = model, params, pre, ft, k, config
         self.names = list(params)
         self.device = params[self.names[0]].device
@@ -226,9 +230,10 @@ class MaskLearner:
         # γ_base: top-movement by default; the paper's multi-task runs start from ∅ (App. C.2),
         # purification from a union of regions
         self.base = base_region(pre, ft, self.names, k) if start is None else start
-        self.logits = initial_logits(self.base, shapes, config.sigmoid_bias, self.device)
+        self.logits = initial_logits(self.base, shapes, config.sigmoid_bias, self.device, getattr(torch, config.logit_dtype))
         self.count = sum(l.numel() for l in self.logits.values())
-        self.adam = {n: (torch.zeros_like(l), torch.zeros_like(l)) for n, l in self.logits.items()} if config.optimizer == "adam" else None
+        self.adam = {n: (torch.zeros_like(l, dtype=torch.float32), torch.zeros_like(l, dtype=torch.float32))
+                     for n, l in self.logits.items()} if config.optimizer == "adam" else None  # g² underflows in 16 bits
         self.steps_done = 0
         trainable = {id(p) for p in params.values()}
         self._saved_flags = {n: p.requires_grad for n, p in model.named_parameters()}
@@ -244,14 +249,14 @@ class MaskLearner:
         batch = {key: value.to(self.device) for key, value in batch.items()}
         hard_k = self.k if self.config.forward == "hard" else None
         need_peak = self.config.optimizer == "normalized" and self.config.norm == "max"
-        out, sq = logit_gradient(self.model, self.params, self.pre, self.ft, self.logits, batch, hard_k, need_peak)
+        out, grads, sq = logit_gradient(self.model, self.params, self.pre, self.ft, self.logits, batch, hard_k, need_peak)
         loss = out.loss.detach()
         if world is not None:  # ∇_ℓ of the global batch's mean loss, the same in every process
-            sq, loss = world.reduce([self.params[n] for n in self.names], share, loss, need_peak)
+            sq, loss = world.reduce([grads[n] for n in self.names], share, loss, need_peak)
         with torch.no_grad():
             scale = _step_scale(self.config, sq, self.count)
             for n in self.names:
-                g = self.params[n].grad
+                g = grads[n]
                 if self.adam is not None:
                     m, v = self.adam[n]
                     m.mul_(0.9).add_(g, alpha=0.1)
@@ -260,7 +265,6 @@ class MaskLearner:
                     self.logits[n].addcdiv_(m, denom, value=-self.config.lr / (1 - 0.9**self.steps_done))
                 else:
                     self.logits[n].sub_(g, alpha=scale)
-                self.params[n].grad = None
             size = sum(int((l > 0).sum()) for l in self.logits.values())
             kept = sum(int((self.logits[n].view(-1)[i.to(self.device)] > 0).sum()) for n, i in self.base.items())
             accuracy = float(out.accuracy) if hasattr(out, "accuracy") else \
@@ -294,19 +298,19 @@ class DataParallel:
         mine = torch.arange(rows)[self.rank::self.size]
         return {k: v[mine] for k, v in batch.items()}, mine.numel() / rows
 
-    def reduce(self, params, share: float, loss: torch.Tensor, need_peak: bool):
+    def reduce(self, grads, share: float, loss: torch.Tensor, need_peak: bool):
         import torch.distributed as dist
 
         sq = torch.zeros((), dtype=torch.float64)
         peak = torch.zeros((), dtype=torch.float32)
         with torch.no_grad():
-            for p in params:
-                p.grad.mul_(share)
-                dist.all_reduce(p.grad)
-                flat = p.grad.view(-1).float()
+            for g in grads:
+                g.mul_(share)
+                dist.all_reduce(g)
+                flat = g.view(-1).float()
                 sq += torch.dot(flat, flat).double().cpu()
                 if need_peak:
-                    peak = torch.maximum(peak, p.grad.abs().max().float().cpu())
+                    peak = torch.maximum(peak, g.abs().max().float().cpu())
             total = (loss * share).reshape(1).float()
             dist.all_reduce(total)
         return (sq, peak), total[0]
@@ -367,38 +371,79 @@ def logit_gradient(
     hard_k: int | None = None,
     need_peak: bool = True,
 ):
-    """One forward/backward of the relaxed graft; leaves ∇_ℓ L in each ``params[n].grad``.
+    """One forward/backward of the relaxed graft; returns the output, ∇_ℓ L per tensor and its size.
 
     With ``hard_k`` the forward pass uses the binarised region (top-k of ℓ) instead of σ(ℓ),
     and the gradient passes straight through to ℓ.
-    Returns the model output and the gradient's size: (Σ(∇_ℓ L)², max |∇_ℓ L|); the max only when
-    ``need_peak`` (the "max" norm), since it costs one more pass over every graftable parameter.
+
+    No full gradient is ever held: as soon as a tensor's ∇_θ L is complete (a post-accumulate-grad
+    hook) it becomes ∇_ℓ L and is written over that tensor's working values, which the backward
+    pass no longer needs and the next step rewrites anyway. So the returned gradients are the
+    working parameters' own storage (in the model's dtype), and mask learning holds the working
+    copy, θ_pre, θ_ft and ℓ, plus one tensor's gradient at a time.
+    The size is (Σ(∇_ℓ L)², max |∇_ℓ L|); the max only when ``need_peak`` (the "max" norm).
     """
+    scratch = _Scratch(max(p.numel() for p in params.values()))
     with torch.no_grad():  # θ ← θ_pre + σ(ℓ) ⊙ δ
         hard = region_to_mask(top_k(logits, hard_k), {n: tuple(l.shape) for n, l in logits.items()}) if hard_k else None
         for n, p in params.items():
             if hard is not None:
                 torch.where(hard[n].to(p.device), ft[n], pre[n], out=p.data)
-            else:
-                torch.lerp(pre[n], ft[n], relaxed(logits[n]).to(p.dtype), out=p.data)  # ℓ stays float32
+            else:  # σ(ℓ) in ℓ's precision, rounded to the model's dtype
+                torch.lerp(pre[n], ft[n], torch.sigmoid(logits[n], out=scratch.take(0, p)), out=p.data)
             p.grad = None
-    out = model(**batch)
-    out.loss.backward()
-    sq = torch.zeros((), dtype=torch.float64, device=out.loss.device)
-    peak = torch.zeros((), dtype=torch.float32, device=out.loss.device)
+    names = {id(p): n for n, p in params.items()}
+    squares: dict[str, torch.Tensor] = {}
+    peaks: dict[str, torch.Tensor] = {}
+
+    @torch.no_grad()
+    def to_logit_gradient(p: torch.nn.Parameter) -> None:  # chain rule through Eq. 1 and 2: ∇_θ L ⊙ δ ⊙ σ'(ℓ)
+        n = names[id(p)]
+        s = torch.sigmoid(logits[n], out=scratch.take(0, logits[n]))  # again, rather than held through the backward pass
+        s.addcmul_(s, s, value=-1)  # σ(1 − σ) in place
+        g = torch.mul(p.grad, torch.sub(ft[n], pre[n], out=scratch.take(1, p)), out=p.data).mul_(s)
+        p.grad = None
+        flat = g.view(-1).float()
+        squares[n] = torch.dot(flat, flat).double()  # one pass, no float64 copy of the gradient
+        if need_peak:
+            peaks[n] = g.abs().max().float()
+
+    hooks = [p.register_post_accumulate_grad_hook(to_logit_gradient) for p in params.values()]
+    try:
+        out = model(**batch)
+        out.loss.backward()
+    finally:
+        for hook in hooks:
+            hook.remove()
+    device = out.loss.device
+    sq = torch.zeros((), dtype=torch.float64, device=device)
+    peak = torch.zeros((), dtype=torch.float32, device=device)
     with torch.no_grad():
-        for n, p in params.items():  # chain rule through Eq. 1 and 2: ∇_θ L ⊙ δ ⊙ σ'(ℓ)
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-            s = relaxed(logits[n])  # computed again rather than held through the backward pass (memory)
-            s.addcmul_(s, s, value=-1)  # σ(1 − σ) in place
-            g = p.grad.mul_(ft[n] - pre[n]).mul_(s)
-            del s
-            flat = g.view(-1).float()
-            sq += torch.dot(flat, flat).double()  # one pass, no float64 copy of the gradient
+        for n, p in params.items():  # summed in a fixed order, whatever order the backward pass took
+            if n not in squares:  # the loss does not depend on this tensor
+                p.data.zero_()
+                continue
+            sq += squares[n]
             if need_peak:
-                peak = torch.maximum(peak, g.abs().max().float())
-    return out, (sq, peak)
+                peak = torch.maximum(peak, peaks[n])
+    return out, {n: p.data for n, p in params.items()}, (sq, peak)
+
+
+class _Scratch:
+    """Buffers the size of the largest tensor, reused by every tensor's temporaries (σ(ℓ), δ).
+
+    Without them each step allocates and frees a few temporaries per tensor, and those of large
+    tensors come as fresh zeroed pages from the operating system every time.
+    """
+
+    def __init__(self, numel: int):
+        self.numel, self.buffers = numel, {}
+
+    def take(self, slot: int, like: torch.Tensor) -> torch.Tensor:
+        key = (slot, like.dtype, like.device)
+        if key not in self.buffers:
+            self.buffers[key] = torch.empty(self.numel, dtype=like.dtype, device=like.device)
+        return self.buffers[key][: like.numel()].view(like.shape)
 
 
 def _step_scale(config: LearnConfig, size: tuple[torch.Tensor, torch.Tensor], count: int) -> float:

@@ -63,11 +63,15 @@ class LearnConfig:
     forward: str = "relaxed"  # "relaxed" (Eq. 2) or "hard": the binarised region, straight-through
     sigmoid_bias: float = 3.0  # S starts at −bias: σ(S) ≈ 0.047
     binarise: str = "topk"  # "topk" | "round"
+    logit_dtype: str = "float32"  # precision of ℓ: float16 or bfloat16 halve its memory (one value per graftable parameter)
     batch_size: int = 16
     seed: int = 0
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+LOGIT_DTYPES = ("float32", "float16", "bfloat16")
 
 
 # -- how checkpoints are read ----------------------------------------------------------------------------
@@ -348,10 +352,13 @@ class LearnFields(Request):
                         choices=("topk", "round"), group="mask learning (method 'learned')")
     seed: int = arg(LearnConfig.seed, "seed of the k-shot sample, the batches and the random baseline", metavar="N",
                     group="mask learning (method 'learned')")
+    logit_dtype: str = arg(LearnConfig.logit_dtype, "precision of the region logits (one per graftable parameter): float16 "
+                           "or bfloat16 halve their memory, for models near the machine's limit",
+                           choices=LOGIT_DTYPES, group="mask learning (method 'learned')")
 
     def learn_config(self) -> LearnConfig:
         return LearnConfig(steps=self.steps, lr=float(self.lr), optimizer=self.optimizer, batch_size=self.batch_size,
-                           binarise=self.binarise, seed=self.seed)
+                           binarise=self.binarise, seed=self.seed, logit_dtype=self.logit_dtype)
 
     def check_learning(self) -> None:
         check_at_least_one("steps", self.steps)

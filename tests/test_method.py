@@ -81,8 +81,9 @@ def test_logit_gradient_matches_autograd_through_the_relaxation(tiny_pair):
     gen = torch.Generator().manual_seed(3)
     logits = {n: torch.randn(p.shape, generator=gen) for n, p in params.items()}
     batch = next(iter(random_batches()(0)))
-    out, (sq, peak) = method.logit_gradient(pair.model, params, pair.pre, pair.ft, logits, batch)
-    ours = {n: params[n].grad.clone() for n in params}
+    out, grads, (sq, peak) = method.logit_gradient(pair.model, params, pair.pre, pair.ft, logits, batch)
+    ours = {n: grads[n].clone() for n in params}
+    assert all(params[n].grad is None for n in params)  # consumed as it was made: no full gradient is left
 
     leaves = {n: l.clone().requires_grad_(True) for n, l in logits.items()}
     theta = {n: pair.pre[n] + torch.sigmoid(leaves[n]) * (pair.ft[n] - pair.pre[n]) for n in params}
@@ -93,6 +94,41 @@ def test_logit_gradient_matches_autograd_through_the_relaxation(tiny_pair):
         assert torch.allclose(ours[n], g, rtol=1e-4, atol=1e-9), n
     assert float(sq) == pytest.approx(sum(float(g.double().pow(2).sum()) for g in grads), rel=1e-4)
     assert float(peak) == pytest.approx(max(float(g.abs().max()) for g in grads), rel=1e-4)
+
+
+def test_no_full_gradient_is_held_during_the_backward_pass(tiny_pair):
+    """Each tensor's gradient is turned into ∇_ℓ and dropped as soon as it is complete (memory)."""
+    pair, _, _ = tiny_pair
+    params = {n: pair.param(n) for n in pair.graftable}
+    logits = method.initial_logits({}, {n: tuple(p.shape) for n, p in params.items()}, bias=3.0)
+    alive = []
+    # registered first, so each fires before graftui's own hook consumes that tensor's gradient
+    hooks = [p.register_post_accumulate_grad_hook(lambda _: alive.append(sum(q.grad is not None for q in params.values())))
+             for p in params.values()]
+    try:
+        method.logit_gradient(pair.model, params, pair.pre, pair.ft, logits, next(iter(random_batches()(0))))
+    finally:
+        for h in hooks:
+            h.remove()
+    assert len(alive) == len(params) and max(alive) == 1
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_sixteen_bit_logits_keep_the_budget_and_find_nearly_the_same_region(tiny_pair, dtype):
+    pair, _, _ = tiny_pair
+    params = {n: pair.param(n) for n in pair.graftable}
+    before = {n: p.detach().clone() for n, p in params.items()}
+    found = {}
+    for logit_dtype in ("float32", dtype):
+        config = LearnConfig(steps=5, lr=0.5, logit_dtype=logit_dtype)
+        found[logit_dtype], logits = method.learn_region(pair.model, params, pair.pre, pair.ft, 200, random_batches(), config)
+        assert all(l.dtype == getattr(torch, logit_dtype) for l in logits.values())
+        assert method.region_size(found[logit_dtype]) == 200
+    assert all(torch.equal(params[n].detach(), before[n]) for n in params)
+    shared = sum(len(set(found["float32"].get(n, torch.tensor([])).tolist()) & set(i.tolist())) for n, i in found[dtype].items())
+    assert shared >= 0.8 * 200  # the steps are far larger than 16-bit rounding
+    with pytest.raises(ValueError, match="logit dtype"):
+        method.MaskLearner(pair.model, params, pair.pre, pair.ft, 10, LearnConfig(logit_dtype="int8"))
 
 
 @pytest.mark.parametrize("optimizer, forward", [("normalized", "relaxed"), ("adam", "relaxed"), ("sgd", "relaxed"), ("normalized", "hard")])
