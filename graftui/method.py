@@ -423,9 +423,9 @@ def logit_gradient(
             if n not in squares:  # the loss does not depend on this tensor
                 p.data.zero_()
                 continue
-            sq += squares[n]
+            sq += squares[n].to(device)  # a device map may spread the tensors over devices
             if need_peak:
-                peak = torch.maximum(peak, peaks[n])
+                peak = torch.maximum(peak, peaks[n].to(device))
     return out, {n: p.data for n, p in params.items()}, (sq, peak)
 
 
