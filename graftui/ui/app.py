@@ -1299,7 +1299,22 @@ def launch_options() -> dict:
     return {"allowed_paths": store.served_dirs(), "max_file_size": max_size, "show_error": True, "css": CSS}
 
 
+QUEUE_IDLE_SECONDS = 0.05
+
+
+def quiet_queue(demo) -> None:
+    """Let Gradio's idle queue loop wake every 50 ms instead of every 1 ms.
+
+    Its 1,000 wake-ups a second took 0.04 of a core on an idle server (0.07 → 0.03 measured) and the
+    interpreter lock between a running job's torch calls; the cost is up to 50 ms before a queued event starts.
+    """
+    queue = getattr(demo, "_queue", None)
+    if queue is not None and getattr(queue, "sleep_when_free", 0) < QUEUE_IDLE_SECONDS:
+        queue.sleep_when_free = QUEUE_IDLE_SECONDS
+
+
 def launch(host: str = "127.0.0.1", port: int = 7860, share: bool = False, **kwargs):
     demo = build_app()
     demo.queue(default_concurrency_limit=4)
+    quiet_queue(demo)
     return demo.launch(server_name=host, server_port=port, share=share, **{**launch_options(), **kwargs})
