@@ -14,13 +14,16 @@ from __future__ import annotations
 import argparse
 import time
 
-CONFIGS = {  # LearnConfig fields that differ from the defaults
+CONFIGS = {  # LearnConfig fields that differ from the defaults; "examples_per_class" and "start" ("empty": γ_base = ∅) too
     "default": {},
     "hard": {"forward": "hard"},
     "bias6": {"sigmoid_bias": 6.0},
     "hard-bias6": {"forward": "hard", "sigmoid_bias": 6.0},
     "steps80": {"steps": 80},
     "lr0.05": {"lr": 0.05},
+    "empty": {"start": "empty"},
+    "batch64": {"batch_size": 64, "steps": 20},
+    "data1024": {"batch_size": 64, "steps": 20, "examples_per_class": 1024},
 }
 
 
@@ -54,11 +57,12 @@ def main() -> None:
 
     settings.configure_torch()
     task = load_task("movies")
-    held_out = independent_split(task, args.n, DEFAULT_RECIPE.train_examples, DEFAULT_EXAMPLES_PER_CLASS)
+    names = args.configs.split(",")
+    most = max(CONFIGS[name].get("examples_per_class", DEFAULT_EXAMPLES_PER_CLASS) for name in names)
+    held_out = independent_split(task, args.n, DEFAULT_RECIPE.train_examples, most)  # unseen by every config
     splits = {"test": task.splits["test"], "independent": held_out}
     pair = flows.get_pair(args.base, args.finetuned, GraftableSpec(), flows.LOCAL)
     params = {n: pair.param(n) for n in pair.graftable}
-    train = kshot(task.splits["train"], DEFAULT_EXAMPLES_PER_CLASS, 0)
 
     def score(context) -> dict:
         out = {}
@@ -78,14 +82,18 @@ def main() -> None:
         print(f"{s:>9g} {k:>7,} {'top-move':>11} {top['test']:>6.3f} {top['test'] / ft['test']:>5.0%} {'':>7} "
               f"{top['independent']:>6.3f} {top['independent'] / ft['independent']:>5.0%}")
         base_seconds = None
-        for name in args.configs.split(","):
-            config = replace(LearnConfig(), **CONFIGS[name])
+        for name in names:
+            fields = dict(CONFIGS[name])
+            per_class, origin = fields.pop("examples_per_class", DEFAULT_EXAMPLES_PER_CLASS), fields.pop("start", None)
+            config = replace(LearnConfig(), **fields)
+            train = kshot(task.splits["train"], per_class, 0)
 
-            def make_batches(epoch: int, config=config):
+            def make_batches(epoch: int, config=config, train=train):
                 return batches(pair.tokenizer, train, config.batch_size, task.max_length, shuffle_seed=config.seed + epoch)
 
             start = time.perf_counter()
-            region, _ = learn_region(pair.model, params, pair.pre, pair.ft, k, make_batches, config)
+            region, _ = learn_region(pair.model, params, pair.pre, pair.ft, k, make_batches, config,
+                                     start={} if origin == "empty" else None)
             seconds = time.perf_counter() - start
             base_seconds = base_seconds or seconds
             got = score(pair.grafted(region))
