@@ -254,16 +254,18 @@ def test_the_page_polls_with_one_timer_event_and_hidden_panels_stay_untouched(ho
 
 
 
-def test_the_queue_loop_idles_at_fifty_milliseconds(home, monkeypatch):
-    """Gradio's queue wakes every 1 ms when free; the app slows that loop, and only that one."""
+def test_the_launched_queue_loop_idles_at_fifty_milliseconds(home, monkeypatch):
+    """Gradio's queue wakes every 1 ms when free; the app's launch slows that loop to 50 ms."""
+    import gradio as gr
+
     from graftui.ui import app, store
 
     monkeypatch.setattr(store, "default_ready", lambda key=None: True)
-    demo = app.build_app()
-    demo.queue(default_concurrency_limit=4)
-    assert demo._queue.sleep_when_free < app.QUEUE_IDLE_SECONDS  # still Gradio's own default: the hook has work
-    app.quiet_queue(demo)
+    assert gr.Blocks().queue()._queue.sleep_when_free < app.QUEUE_IDLE_SECONDS  # Gradio's own default: work to do
+    monkeypatch.setattr(gr.Blocks, "launch", lambda demo, **kwargs: demo)  # the server itself is not started
+    demo = app.launch(port=0)
     assert demo._queue.sleep_when_free == app.QUEUE_IDLE_SECONDS
+
 
 def test_friendly_message_keeps_quotes_and_names_internal_errors():
     from graftui.regions import RegionError

@@ -1305,8 +1305,8 @@ QUEUE_IDLE_SECONDS = 0.05
 def quiet_queue(demo) -> None:
     """Let Gradio's idle queue loop wake every 50 ms instead of every 1 ms.
 
-    Its 1,000 wake-ups a second took 0.04 of a core on an idle server (0.07 → 0.03 measured) and the
-    interpreter lock between a running job's torch calls; the cost is up to 50 ms before a queued event starts.
+    Its 1,000 wake-ups a second took 0.04 of a core on an idle server (0.07 → 0.03 measured) and compete for
+    the interpreter lock with a running job; the cost is up to 50 ms before a queued event starts.
     """
     queue = getattr(demo, "_queue", None)
     if queue is not None and getattr(queue, "sleep_when_free", 0) < QUEUE_IDLE_SECONDS:
