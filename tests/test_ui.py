@@ -205,22 +205,51 @@ def test_poll_runs_every_part_in_one_event_and_a_failing_part_keeps_its_outputs(
         def tick(self, fn, inputs, outputs, **kw):
             self.fn, self.inputs, self.outputs = fn, inputs, outputs
 
-    a, b, c, d, status, sid = (object() for _ in range(6))
+    a, b, c, d, e, status, sid = (object() for _ in range(7))
     poll = Poll()
     poll.add(lambda x: (x + 1,), [a], [b])
     poll.add(lambda x: 1 / 0, [a], [c])
     poll.add(lambda x, y: (x * y, "ok"), [a, b], [d, a])
-    timer = Timer()
-    poll.wire(timer, status, sid)
+    poll.add(lambda x: (gr.skip(),), [a], [e], tab="other")
+    timer, other = Timer(), Timer()
+    poll.wire({"one": timer, "other": other}, status, sid)
     assert timer.outputs == [b, c, d, a, status] and timer.inputs == [sid, status, a, a, a, b]
+    assert other.outputs == [b, c, d, a, e, status]
     out = timer.fn("", "", 2, 2, 3, 4)  # the session id and the banner first
     assert out[0] == 3 and out[2:4] == (12, "ok")
     assert isinstance(out[1], type(gr.skip())) and out[4].startswith("⚠️ internal error (ZeroDivisionError")
+    quiet = Poll()
+    quiet.add(lambda x: (gr.skip(), gr.skip()), [a], [b, c])
+    quiet.wire({"one": timer}, status, sid)
+    assert timer.fn("", "", 1) == gr.skip()  # nothing new: one skip for all outputs (Gradio's cheap path)
     clash = Poll()
     clash.add(lambda: (1,), [], [b])
     clash.add(lambda: (2,), [], [b])
     with pytest.raises(ValueError, match="same component"):
-        clash.wire(Timer(), status, sid)
+        clash.wire({"one": Timer()}, status, sid)
+    with pytest.raises(ValueError, match="no timer for the tab 'other'"):
+        poll.wire({"one": Timer()}, status, sid)
+
+
+def test_poll_writes_a_state_back_only_when_its_value_changed():
+    """Gradio rebuilds the config of every State an event writes; an unchanged one is skipped."""
+    import gradio as gr
+
+    from graftui.ui.app import Poll
+
+    class Timer:
+        def tick(self, fn, inputs, outputs, **kw):
+            self.fn = fn
+
+    sig, shown = gr.State(None), object()
+    poll = Poll()
+    poll.add(lambda last: ("drawn" if last != ("a", 1) else gr.skip(), ("a", 1)), [sig], [shown, sig])
+    timer = Timer()
+    poll.wire({"one": timer}, object(), object())
+    first = timer.fn("", "", None)
+    assert first[:2] == ("drawn", ("a", 1))
+    assert timer.fn("", "", ("a", 1)) == gr.skip()  # unchanged: nothing written at all
+    assert timer.fn("", "", ("b", 2))[1] == ("a", 1)
 
 
 def test_the_submitted_banner_is_replaced_once_its_job_has_ended(home):
@@ -239,23 +268,40 @@ def test_the_submitted_banner_is_replaced_once_its_job_has_ended(home):
     assert settled is not None and "Submitted" not in settled and f"(job {job.id}) ended: done" in settled
 
 
-def test_the_page_polls_with_one_timer_event_and_hidden_panels_stay_untouched(home, monkeypatch):
+def test_each_tab_polls_with_its_own_timer_and_only_the_open_one_ticks(home, monkeypatch):
+    """One tick event per tab; its outputs are that tab's panels and the lists every tab shows."""
     import gradio as gr
 
     from graftui.ui import app, store
 
     monkeypatch.setattr(store, "default_ready", lambda key=None: True)
     demo = app.build_app()
+    by_id = {b.elem_id: b for b in demo.blocks.values() if getattr(b, "elem_id", None)}
     timers = [b for b in demo.blocks.values() if isinstance(b, gr.Timer)]
-    ticks = [fn for fn in demo.fns.values() if any(t[0] == timers[0]._id and t[1] == "tick" for t in fn.targets)]
-    assert len(timers) == 1 and len(ticks) == 1
-    hidden = app._when_shown("localize", lambda picked, last: ("drawn",), 1)
-    assert hidden("compare", None, None) == (gr.skip(),) and hidden("localize", None, None) == ("drawn",)
+    assert len(timers) == 8 and [t.active for t in timers].count(True) == 1  # the first tab's
 
+    def tick_outputs(timer):
+        fns = [fn for fn in demo.fns.values() if any(t[0] == timer._id and t[1] == "tick" for t in fn.targets)]
+        assert len(fns) == 1
+        return {getattr(o, "elem_id", None) for o in fns[0].outputs}
+
+    outputs = [tick_outputs(t) for t in timers]
+    shared = set.intersection(*outputs)
+    assert {"jobs-table", "status-message", "region-list"} <= shared
+    localize = next(o for o in outputs if "localize-status" in o)
+    assert "compare-status" not in localize and "lab-wise-status" not in localize
+    assert sum("localize-status" in o for o in outputs) == 1
+
+    tab = by_id["tab-compare"]
+    select = next(fn for fn in demo.fns.values() if any(t[0] == tab._id and t[1] == "select" for t in fn.targets))
+    returned = select.fn(None)  # the session id, then no inputs
+    flags = [r.active for r in returned if isinstance(r, gr.Timer)]
+    assert flags.count(True) == 1 and len(flags) == 8
+    assert by_id.get("compare-status") is not None
 
 
 def test_the_launched_queue_loop_idles_at_fifty_milliseconds(home, monkeypatch):
-    """Gradio's queue wakes every 1 ms when free; the app's launch slows that loop to 50 ms."""
+    """Gradio's queue wakes every 1 ms when free and sums its history after every event; launch slows both."""
     import gradio as gr
 
     from graftui.ui import app, store
@@ -265,6 +311,8 @@ def test_the_launched_queue_loop_idles_at_fifty_milliseconds(home, monkeypatch):
     monkeypatch.setattr(gr.Blocks, "launch", lambda demo, **kwargs: demo)  # the server itself is not started
     demo = app.launch(port=0)
     assert demo._queue.sleep_when_free == app.QUEUE_IDLE_SECONDS
+    assert gr.Blocks().queue()._queue.ANAYLTICS_CACHE_FREQUENCY < app.ANALYTICS_EVERY_EVENTS  # Gradio: after every event
+    assert demo._queue.ANAYLTICS_CACHE_FREQUENCY == app.ANALYTICS_EVERY_EVENTS
 
 
 def test_friendly_message_keeps_quotes_and_names_internal_errors():

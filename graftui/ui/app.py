@@ -636,9 +636,7 @@ def build_app() -> gr.Blocks:
                 job_bundle_file = gr.File(label="Report bundle (.zip: README, request, tables as CSV and JSON, figures)",
                                           interactive=False, elem_id="jobs-bundle-file")
 
-        timer = gr.Timer(POLL_SECONDS)  # one event per tick refreshes every live list and panel
         poll = Poll()
-        shown_tab = gr.State("models")  # the page's open tab: only its panels are refreshed
         region_sig = gr.State(None)
         ckpt_sig = gr.State(None)
         jobs_sig = gr.State(None)
@@ -1140,14 +1138,16 @@ def build_app() -> gr.Blocks:
         }
         for name, parts in panels.items():
             for _, polled, inputs, outs, picker in parts:
-                poll.add(_when_shown(name, polled, len(outs)), [shown_tab, *inputs], outs)
+                poll.add(polled, inputs, outs, tab=name)
                 if picker is not None:  # picking a job shows it at once
                     on(picker.change, quiet(lambda picked, fn=polled: (*fn(picked, None), gr.skip())), [picker], [*outs, status])
-        for name, tab in (("models", models_tab), ("finetune", finetune_tab), ("localize", localize_tab), ("compare", compare_tab),
-                          ("anatomy", anatomy_tab), ("compose", compose_tab), ("lab", lab_tab), ("regions", regions_tab)):
+        tabs = {"models": models_tab, "finetune": finetune_tab, "localize": localize_tab, "compare": compare_tab,
+                "anatomy": anatomy_tab, "compose": compose_tab, "lab": lab_tab, "regions": regions_tab}
+        timers = {name: gr.Timer(POLL_SECONDS, active=name == "models") for name in tabs}  # the first tab is open
+        for name, tab in tabs.items():
             sigs = [part[0] for part in panels.get(name, [])]
-            on(tab.select, _open_tab(name, len(sigs)), None, [shown_tab, *sigs], show_progress="hidden")
-        poll.wire(timer, status, sid)
+            on(tab.select, _open_tab(name, sigs, timers), None, [*sigs, *timers.values()], show_progress="hidden")
+        poll.wire(timers, status, sid)
 
 
     return demo
@@ -1222,63 +1222,86 @@ def report_controls(prefix: str, picker, kinds: tuple[str, ...]):
     return button, file, picker, kinds
 
 
-def _open_tab(tab: str, n: int):
-    """A tab's select handler: remember it is open and reset its ``n`` panel signatures to None."""
+def _open_tab(tab: str, sigs: list, timers: dict):
+    """A tab's select handler: poll with its timer alone, and forget what its panels last drew (a plot
+    updated while its tab was hidden is drawn only at its next update, so the next tick draws them again)."""
 
     def opened():
-        return (tab, *[None] * n) if n else tab
+        return (*[None] * len(sigs), *[gr.Timer(active=name == tab) for name in timers])
 
     return opened
 
 
-def _when_shown(tab: str, tick, n_out: int):
-    """A panel's tick that keeps every output while its tab is not the open one."""
-
-    def polled(shown, *args):
-        if shown != tab:
-            return tuple(gr.skip() for _ in range(n_out))
-        return tick(*args)
-
-    return polled
-
-
 class Poll:
-    """Every live list and panel, refreshed by one timer event per tick.
+    """Every live list and panel, refreshed by one event per tick of the open tab's timer.
 
-    Each event costs the browser a request, a reply and a pass over the components it may
-    update, and on a small machine that is taken from the job being watched: one event per
-    tick instead of one per panel, and hidden panels skipped. A part whose refresh fails
-    keeps its outputs and reports in the status line; the others go on.
+    Each event costs the browser a request, a reply and a pass over the components it may update, and
+    Gradio rebuilds the config of every output it is given, ``gr.skip()`` included (about 1.5 ms each,
+    measured); on a small machine that is taken from the job being watched. So: one event per tick, from
+    the open tab's own timer, whose outputs are that tab's panels and the lists shown on every tab; a
+    tick with nothing new answers with one skip, and a State is written back only when it changed. A
+    part whose refresh fails keeps its outputs and reports in the status line; the others go on.
     """
 
     def __init__(self):
         self.parts: list[tuple] = []
 
-    def add(self, fn, inputs: list, outputs: list) -> None:
-        """``fn(*inputs)`` returns one value (or ``gr.skip()``) per output."""
-        self.parts.append((fn, list(inputs), list(outputs)))
+    def add(self, fn, inputs: list, outputs: list, tab: str | None = None) -> None:
+        """``fn(*inputs)`` returns one value (or ``gr.skip()``) per output; polled on ``tab`` only, or on every tab."""
+        self.parts.append((fn, list(inputs), list(outputs), tab))
 
-    def wire(self, timer, status, sid) -> None:
-        inputs = [sid, status, *(c for _, ins, _ in self.parts for c in ins)]
-        outputs = [c for _, _, outs in self.parts for c in outs]
+    def wire(self, timers: dict, status, sid) -> None:
+        """Each tab's timer ticks the parts of that tab and those of every tab."""
+        for part in self.parts:
+            if part[3] is not None and part[3] not in timers:
+                raise ValueError(f"no timer for the tab '{part[3]}'")
+        for name, timer in timers.items():
+            self._wire([p[:3] for p in self.parts if p[3] in (None, name)], timer, status, sid)
+
+    @staticmethod
+    def _wire(parts: list, timer, status, sid) -> None:
+        inputs = [sid, status, *(c for _, ins, _ in parts for c in ins)]
+        outputs = [c for _, _, outs in parts for c in outs]
         if len(set(map(id, outputs))) != len(outputs):
             raise ValueError("two polled parts update the same component")
+
+        # (input position, output position) of each State a part reads and writes back
+        kept = [[(i, j) for j, c in enumerate(outs) if isinstance(c, gr.State) for i, x in enumerate(ins) if x is c]
+                for _, ins, outs in parts]
 
         @in_session
         def tick(banner, *values):
             settled = actions.settled_banner(banner)  # "Submitted…" once its job has ended
             out, at, problem = [], 0, gr.skip() if settled is None else settled
-            for fn, ins, outs in self.parts:
+            for (fn, ins, outs), states in zip(parts, kept):
+                mine = values[at:at + len(ins)]
                 try:
-                    got = tuple(fn(*values[at:at + len(ins)]))
+                    got = list(fn(*mine))
                 except Exception as err:  # noqa: BLE001 - one failing panel must not stop the others
                     log.warning("polling %s failed", getattr(fn, "__name__", "panel"), exc_info=True)
-                    got, problem = tuple(gr.skip() for _ in outs), f"⚠️ {friendly_message(err)}"
+                    got, problem = [gr.skip() for _ in outs], f"⚠️ {friendly_message(err)}"
+                for i, j in states:
+                    if _same(got[j], mine[i]):
+                        got[j] = gr.skip()
                 out += got
                 at += len(ins)
-            return (*out, problem)
+            out.append(problem)
+            return gr.skip() if all(_skipped(v) for v in out) else tuple(out)
 
         timer.tick(tick, inputs, [*outputs, status], show_progress="hidden")
+
+
+def _skipped(value) -> bool:
+    return isinstance(value, dict) and value == {"__type__": "update"}
+
+
+def _same(new, old) -> bool:
+    """Whether a State's new value is its old one. Gradio re-builds the config of every State an event
+    writes, even with an unchanged value: about 4 ms each, a dozen per tick, held back when unchanged."""
+    try:
+        return bool(new == old)
+    except Exception:  # noqa: BLE001 - values that do not compare (arrays) are written
+        return False
 
 
 def in_session(fn):
@@ -1300,17 +1323,25 @@ def launch_options() -> dict:
 
 
 QUEUE_IDLE_SECONDS = 0.05
+ANALYTICS_EVERY_EVENTS = 200
 
 
 def quiet_queue(demo) -> None:
-    """Let Gradio's idle queue loop wake every 50 ms instead of every 1 ms.
+    """Take Gradio's queue's own costs off a running job's cores.
 
-    Its 1,000 wake-ups a second took 0.04 of a core on an idle server (0.07 → 0.03 measured) and compete for
-    the interpreter lock with a running job; the cost is up to 50 ms before a queued event starts.
+    Its idle loop wakes every 50 ms instead of every 1 ms: 1,000 wake-ups a second took 0.04 of a core
+    on an idle server (0.07 → 0.03 measured) and compete for the interpreter lock with a running job;
+    the cost is up to 50 ms before a queued event starts. Its monitoring summary (a pandas table of up
+    to 10,000 past events) is rebuilt every 200 events instead of after every one: 6 ms per poll on a
+    fresh server, 28 ms once the history is full (measured), for a page no one opens by default.
     """
     queue = getattr(demo, "_queue", None)
-    if queue is not None and getattr(queue, "sleep_when_free", 0) < QUEUE_IDLE_SECONDS:
+    if queue is None:
+        return
+    if getattr(queue, "sleep_when_free", 0) < QUEUE_IDLE_SECONDS:
         queue.sleep_when_free = QUEUE_IDLE_SECONDS
+    if getattr(queue, "ANAYLTICS_CACHE_FREQUENCY", ANALYTICS_EVERY_EVENTS) < ANALYTICS_EVERY_EVENTS:  # Gradio's spelling
+        queue.ANAYLTICS_CACHE_FREQUENCY = ANALYTICS_EVERY_EVENTS
 
 
 def launch(host: str = "127.0.0.1", port: int = 7860, share: bool = False, **kwargs):
