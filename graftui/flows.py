@@ -387,7 +387,7 @@ def finetune(req: FinetuneRequest, progress: Progress | None = None, cancel=None
         progress({"stage": "testing", "fraction": 0.99})
     from types import SimpleNamespace
 
-    model, tokenizer, _ = training.load_trainable(str(out), task.label_names, LoadOptions(head=options.head,
+    model, tokenizer, _, _ = training.load_trainable(str(out), task.label_names, LoadOptions(head=options.head,
                                                                                           dtype=options.dtype))
     checkpoint = SimpleNamespace(model=model.eval().to(settings.device()), tokenizer=tokenizer)
     probs, labels = scoring.predict(checkpoint, task, "test", req.test_examples)

@@ -21,7 +21,7 @@ from . import __version__, card, regions, settings
 from .errors import Cancelled
 from .flows import FLOWS, LOCAL, Guard, Progress, Result, finish
 from .requests import (
-    DEFAULT_MULTITASK_TASKS, DEFAULT_SPARSITY, DEFAULT_TASK, ContinualRequest, EvaluateRequest, FinetuneRequest,
+    ADAMW_L1, DEFAULT_MULTITASK_TASKS, DEFAULT_SPARSITY, DEFAULT_TASK, ContinualRequest, EvaluateRequest, FinetuneRequest,
     MANIFEST, LocalizeRequest, MultitaskRequest, ReproduceRequest, RetrainRequest, SweepRequest, WiseRequest,
     check_out_dir, command_line,
 )
@@ -45,7 +45,7 @@ class Scale:
 
 
 FULL = Scale("full", {}, None, (1e-5, 1e-4, 3e-4, 1e-2), tuple(round(0.1 * i, 1) for i in range(11)),
-             DEFAULT_MULTITASK_TASKS, (("AdamW", "adamw", 0.0), ("AdamW + ℓ1", "adamw", 1e-3)), None,
+             DEFAULT_MULTITASK_TASKS, (("AdamW", "adamw", 0.0), ("AdamW + ℓ1", "adamw", ADAMW_L1)), None,
              {"finetune": 210, "sweep": 360, "localize": 40, "evaluate": 60, "wise": 240, "retrain": 420,
               "multitask": 960, "continual": 1500, "optimizer-finetune": 210, "optimizer-sweep": 240})
 QUICK = Scale("quick", {"lr": 0.015, "epochs": 1, "train_examples": 1000}, 300, (1e-4,), (0.0, 0.5, 1.0),
@@ -157,7 +157,11 @@ def _saved(path: Path, request) -> dict | None:
         doc = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    if not isinstance(doc, dict) or doc.get("request") != json.loads(json.dumps(request.as_dict())):
+    if not isinstance(doc, dict) or not isinstance(doc.get("request"), dict):
+        return None
+    # a field added to the request since the step was saved counts as its default: that is what ran then
+    saved = {**json.loads(json.dumps(type(request).defaults())), **doc["request"]}
+    if saved != json.loads(json.dumps(request.as_dict())):
         return None
     result = doc.get("result") or {}
     written = [result.get(key) for key in ("path", "out", "checkpoint")]

@@ -111,7 +111,7 @@ class FinetuneConfig:
     lr: float = 0.003  # SGD at 0.05 diverged on the default pair; AdamW wants ~3e-5
     momentum: float = 0.9
     weight_decay: float = 1e-4
-    l1: float = 0.0  # AdamW only: coefficient of ‖θ − θ_pre‖₁ (mean over trainable parameters)
+    l1: float = 0.0  # AdamW only: λ of λ·‖θ − θ_pre‖₁, summed over the body's trainable parameters (the paper's code)
     epochs: int = 2
     batch_size: int = 16
     train_examples: int | None = 2000  # a stratified subsample keeps CPU runs short; None = all
@@ -168,7 +168,11 @@ def default_checkpoint_dir(key: str = DEFAULT_FINETUNED, config: FinetuneConfig 
 
 
 # -- what the app proposes where the library's default would take minutes ---------------------------
-INTERACTIVE = {"n": 500, "l1": 1e-3}  # l1: what the app proposes when AdamW is picked
+# λ of AdamW + ℓ1, measured on the default pair (movies, test n = 1,000): 3e-5 keeps FT (0.837 vs 0.827
+# without ℓ1) and lifts the 0.1 % top-movement graft 0.587 → 0.651; 1e-4 localizes more (0.708) but costs
+# FT (0.723); 1e-3 and up leave the model at chance.
+ADAMW_L1 = 3e-5
+INTERACTIVE = {"n": 500, "l1": ADAMW_L1}  # l1: what the app proposes when AdamW is picked
 FAST = {"steps": 10, "examples_per_class": 16, "n": 64, "epochs": 1, "train_examples": 64,
         "sparsities": [1e-4, 1e-3]}  # GRAFTUI_FAST: tests and demos
 

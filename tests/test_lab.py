@@ -323,3 +323,45 @@ def test_fine_tuning_with_a_frozen_head_keeps_the_new_head_at_its_initialisation
     free = training.finetune(tiny_multitask["base"], movies, FinetuneConfig(lr=0.05, epochs=1, train_examples=32, batch_size=16,
                                                                             seed=3), tmp_path / "free")
     assert not torch.equal(load_file(str(free / "model.safetensors"))["classifier.weight"], init.classifier.weight)
+
+
+def test_the_l1_penalty_adds_lambda_sign_of_the_movement_to_the_gradient():
+    """λ·Σ|θ − θ_pre| contributes λ·sign(θ − θ_pre) per parameter, summed, not averaged over the parameters."""
+    from graftui.training import l1_pull
+
+    anchor = torch.tensor([0.0, 1.0, 2.0, 3.0])
+    theta = torch.tensor([0.5, 1.0, 1.0, 3.25], requires_grad=True)
+    theta.grad = torch.tensor([0.1, 0.2, 0.3, 0.4])
+    untouched = torch.zeros(3, requires_grad=True)  # no gradient yet: gets the pull alone
+    l1_pull([(theta, anchor), (untouched, torch.ones(3))], 0.01)
+    assert torch.allclose(theta.grad, torch.tensor([0.11, 0.2, 0.29, 0.41]))
+    assert torch.equal(untouched.grad, torch.full((3,), -0.01))
+    assert torch.equal(theta.detach(), torch.tensor([0.5, 1.0, 1.0, 3.25]))
+
+
+def test_adamw_with_l1_keeps_the_body_near_the_base_but_lets_the_new_head_train(tiny_multitask, tmp_path):
+    from pathlib import Path
+
+    from safetensors.torch import load_file
+
+    from graftui import training
+    from graftui.data import load_task
+    from graftui.requests import FinetuneConfig
+
+    from graftui.models import load_classifier
+
+    movies = load_task("movies")
+    base = load_file(str(Path(tiny_multitask["base"]) / "model.safetensors"))
+    torch.manual_seed(3)
+    head = load_classifier(tiny_multitask["base"], label_names=movies.label_names)[0].classifier.weight.detach()
+    moved = {}
+    for l1 in (0.0, 1.0):
+        recipe = FinetuneConfig(optimizer="adamw", lr=1e-2, epochs=2, train_examples=128, batch_size=16, l1=l1, seed=3)
+        out = load_file(str(training.finetune(tiny_multitask["base"], movies, recipe, tmp_path / f"l1-{l1:g}") / "model.safetensors"))
+        body = [n for n in out if n.startswith("bert.encoder")]
+        moved[l1] = sum(float((out[n] - base[n.removeprefix("bert.")]).abs().sum()) for n in body) / sum(out[n].numel() for n in body)
+        moved[f"head-{l1:g}"] = float((out["classifier.weight"] - head).abs().mean())
+    # a λ far above the task gradient pins the body within about one AdamW step (lr) of θ_pre
+    assert moved[1.0] < 0.25 * moved[0.0] and moved[1.0] < 1e-2
+    # the new head is not pulled toward an initialisation it has no reason to keep
+    assert moved["head-1"] > 0.5 * moved["head-0"] > 0

@@ -193,3 +193,19 @@ def test_a_resumed_run_reruns_every_step_after_a_missing_one(reduced_run, tmp_pa
     (out / "reproduce.json").write_text('{"mode": "quick"}')
     with pytest.raises(RequestError, match="holds a quick reproduce run, not a tiny one"):
         graftui.reproduce(out=str(out))
+
+
+def test_a_saved_step_from_before_a_request_field_existed_is_reused_at_that_fields_default(tmp_path):
+    """A field added to a request later counts as its default in a saved step; another value is a new request."""
+    from graftui.reproduction import _saved
+    from graftui.requests import LocalizeRequest
+
+    request = LocalizeRequest(task="movies", sparsity=0.001)
+    old = {k: v for k, v in json.loads(json.dumps(request.as_dict())).items() if k != "logit_dtype"}
+    path = tmp_path / "localize.json"
+    path.write_text(json.dumps({"request": old, "result": {"k": 7}}))
+    assert _saved(path, request) == {"k": 7}
+    path.write_text(json.dumps({"request": {**old, "logit_dtype": "float16"}, "result": {"k": 7}}))
+    assert _saved(path, request) is None
+    path.write_text(json.dumps({"request": {**old, "sparsity": 0.01}, "result": {"k": 7}}))
+    assert _saved(path, request) is None
