@@ -70,15 +70,13 @@ def finetune(
                                                        freeze_head=config.freeze_head)
     model.to(device)
     frozen = GraftableSpec(include_embeddings=False)
-    trainable = []
+    trainable, anchors = [], []  # anchors: (θ, θ_pre) of the body, for the ℓ1 penalty (l1_pull)
     for name, p in model.named_parameters():
         p.requires_grad_(name not in fixed and not (config.freeze_embeddings and not frozen.admits(name)))
         if p.requires_grad:
             trainable.append(p)
-    # ℓ1 on the body's movement, as a sum (the paper's code): λ·Σ|θ − θ_pre|, whose gradient λ·sign(θ − θ_pre)
-    # is added per parameter. A new head has no θ_pre worth staying near and is left out.
-    body = {id(p) for n, p in model.named_parameters() if n not in new_head}
-    anchors = [(p, p.detach().clone()) for p in trainable if id(p) in body] if config.l1 else []
+            if config.l1 and name not in new_head:  # a new head has no θ_pre worth staying near
+                anchors.append((p, p.detach().clone()))
     opt = optimizer(trainable, config)
     train = task.splits["train"]
     if config.train_examples:
@@ -141,7 +139,8 @@ def load_trainable(base_ref: str, labels, options: LoadOptions, *, allow_local: 
     kind = pair_kind(base_ref, options, allow_local=allow_local)
     model, tokenizer, new = load_reader(base_ref, kind, labels, replace(options, device_map=None), allow_local=allow_local)
     if getattr(tokenizer, "prompt", None) is not None:
-        return model, tokenizer, model.head_names(), model.head_names()
+        head = model.head_names()
+        return model, tokenizer, head, head
     return model, tokenizer, new if freeze_head else set(), new
 
 

@@ -346,9 +346,8 @@ def test_adamw_with_l1_keeps_the_body_near_the_base_but_lets_the_new_head_train(
 
     from graftui import training
     from graftui.data import load_task
-    from graftui.requests import FinetuneConfig
-
     from graftui.models import load_classifier
+    from graftui.requests import FinetuneConfig
 
     movies = load_task("movies")
     base = load_file(str(Path(tiny_multitask["base"]) / "model.safetensors"))

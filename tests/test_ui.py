@@ -295,9 +295,10 @@ def test_each_tab_polls_with_its_own_timer_and_only_the_open_one_ticks(home, mon
     tab = by_id["tab-compare"]
     select = next(fn for fn in demo.fns.values() if any(t[0] == tab._id and t[1] == "select" for t in fn.targets))
     returned = select.fn(None)  # the session id, then no inputs
-    flags = [r.active for r in returned if isinstance(r, gr.Timer)]
-    assert flags.count(True) == 1 and len(flags) == 8
-    assert by_id.get("compare-status") is not None
+    flags = [(out, r.active) for out, r in zip(select.outputs, returned) if isinstance(r, gr.Timer)]
+    active = [out for out, on in flags if on]
+    assert len(flags) == 8 and len(active) == 1
+    assert "compare-status" in tick_outputs(active[0])  # the opened tab's own timer
 
 
 def test_the_launched_queue_loop_idles_at_fifty_milliseconds(home, monkeypatch):
