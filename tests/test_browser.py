@@ -25,6 +25,15 @@ ARTIFACTS = bu.REPO / "test-artifacts"
 FIRST_JOB_S = 300  # the first job waits for the default fine-tune, built in the background on first page load
 JOB_S = 240
 
+# Counts the animation frames the page's scripts ask the browser for, and those Gradio's status
+# tracker asks for itself (installed before any script of the page).
+COUNT_FRAMES = """(() => { const frame = window.requestAnimationFrame.bind(window); window.__frames = [0, 0];
+  window.requestAnimationFrame = (callback) => {
+    window.__frames[0] += 1;
+    if ((new Error().stack || "").includes("statustracker")) window.__frames[1] += 1;
+    return frame(callback);
+  }; })();"""
+
 # What the tests hand on to each other (the page and server too, for the failure artifacts).
 STATE: dict = {}
 
@@ -68,6 +77,7 @@ def browser():
 @pytest.fixture(scope="module")
 def page(browser, server):
     context = browser.new_context(viewport=bu.VIEWPORT, accept_downloads=True)
+    context.add_init_script(COUNT_FRAMES)  # before every script of the page, the app's own included
     pg = context.new_page()
     errors: list[str] = []
     pg.on("pageerror", lambda err: errors.append(str(err)))
@@ -115,6 +125,19 @@ def test_page_loads_with_all_its_tabs(page):
     assert names == TABS
     status = bu.text(page, "#status-message")
     assert "⚠️" not in status and "Traceback" not in status, status
+
+
+def test_an_open_page_does_not_redraw_on_every_frame(page):
+    """Gradio's status tracker asks for a frame 60 times a second as long as the page is open (its
+    loading tracker is never stopped); the page script holds those requests to four a second."""
+    time.sleep(2.0)  # the page's first drawing is over
+    first = page.evaluate("window.__frames")
+    time.sleep(4.0)
+    last = page.evaluate("window.__frames")
+    every, tracker = ((b - a) / 4.0 for a, b in zip(first, last))
+    print(f"[browser] animation frames asked for by an open page: {every:.1f} a second, {tracker:.1f} by the status tracker")
+    assert tracker < 5, f"the status tracker asks for {tracker:.0f} frames a second (60 for each pending event without the page script)"
+    assert every < 60, f"{every:.0f} animation frames a second on an open page"
 
 
 # -- b. ------------------------------------------------------------------------------------------

@@ -449,6 +449,15 @@ def test_disk_quota_and_idle_expiry(server, files, monkeypatch):
     assert fresh != old and store.live_session(fresh)
 
 
+def test_the_served_page_runs_the_page_script_before_gradios_modules(server):
+    import urllib.request
+
+    from graftui.ui import pagescript
+
+    html = urllib.request.urlopen(server.url, timeout=30).read().decode()
+    assert 0 < html.index(pagescript.SCRIPT) < html.index('<script type="module"')
+
+
 def test_the_dockerfile_runs_hosted_as_uid_1000_outside_its_source():
     """The container's hosted defaults, read from the Dockerfile itself (no Docker engine needed)."""
     import re

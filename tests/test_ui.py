@@ -316,6 +316,39 @@ def test_the_launched_queue_loop_idles_at_fifty_milliseconds(home, monkeypatch):
     assert demo._queue.ANAYLTICS_CACHE_FREQUENCY == app.ANALYTICS_EVERY_EVENTS
 
 
+def test_the_page_script_comes_first_in_every_html_page_and_nothing_else_changes():
+    """Gradio's modules keep their own requestAnimationFrame: the script must precede them, in the served HTML."""
+    from starlette.applications import Starlette
+    from starlette.responses import HTMLResponse, JSONResponse, StreamingResponse
+    from starlette.routing import Route
+    from starlette.testclient import TestClient
+
+    from graftui.ui import app as ui_app, pagescript
+
+    async def page(request):
+        return HTMLResponse('<html><head><script type="module" src="x.js"></script></head><body>é</body></html>')
+
+    async def data(request):
+        return JSONResponse({"a": "<head>"})
+
+    async def stream(request):
+        async def parts():
+            yield b"<html><head>"
+            yield b"</head></html>"
+        return StreamingResponse(parts(), media_type="text/html")
+
+    middleware = ui_app.launch_options()["app_kwargs"]["middleware"]  # what launch serves the app with
+    site = Starlette(routes=[Route("/", page, methods=["GET", "POST"]), Route("/data", data), Route("/stream", stream)],
+                     middleware=middleware)
+    client = TestClient(site)
+    got = client.get("/")
+    assert got.text == '<html><head>' + pagescript.SCRIPT + '<script type="module" src="x.js"></script></head><body>é</body></html>'
+    assert int(got.headers["content-length"]) == len(got.content)
+    assert client.get("/stream").text == "<html><head>" + pagescript.SCRIPT + "</head></html>"
+    assert client.get("/data").json() == {"a": "<head>"}  # not a page: untouched
+    assert pagescript.SCRIPT not in client.post("/").text
+
+
 def test_friendly_message_keeps_quotes_and_names_internal_errors():
     from graftui.regions import RegionError
     from graftui.ui.app import friendly_message

@@ -22,7 +22,7 @@ import pandas as pd
 from .. import settings
 from ..data import OFFLINE_TASKS
 from ..requests import DEFAULT_EXAMPLES_PER_CLASS, HEADS, ContinualRequest, MultitaskRequest, WiseRequest
-from . import actions, figures, store
+from . import actions, figures, pagescript, store
 
 OFFLINE_TASK_NAMES = list(OFFLINE_TASKS)
 
@@ -1317,9 +1317,11 @@ def in_session(fn):
 
 def launch_options() -> dict:
     """How the server is launched: the folders it may serve, the upload cap, and Gradio's own refusals
-    (a non-number in a slider, a file path no page uploaded) shown as their message, not a bare error."""
+    (a non-number in a slider, a file path no page uploaded) shown as their message, not a bare error, and
+    the page's early script (``pagescript``)."""
     max_size = f"{int(settings.MAX_UPLOAD_MB)}mb" if settings.hosted() else None
-    return {"allowed_paths": store.served_dirs(), "max_file_size": max_size, "show_error": True, "css": CSS}
+    return {"allowed_paths": store.served_dirs(), "max_file_size": max_size, "show_error": True, "css": CSS,
+            "app_kwargs": pagescript.app_kwargs()}
 
 
 QUEUE_IDLE_SECONDS = 0.05
