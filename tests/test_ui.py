@@ -573,6 +573,22 @@ def test_compose_report_text_names_the_rule_and_the_shared_count():
 
 
 # -- the page --------------------------------------------------------------------------------------
+def test_every_job_picker_takes_a_job_its_choices_do_not_list_yet(home, monkeypatch):
+    """A poll may list the jobs just before a new one is submitted; were the new id refused, every later
+    poll would fail and the page would never show that job end."""
+    import gradio as gr
+
+    from graftui.ui import app, store
+
+    monkeypatch.setattr(store, "default_ready", lambda key=None: True)
+    demo = app.build_app()
+    pickers = [b for b in demo.blocks.values() if isinstance(b, gr.Dropdown) and b.label in ("Show job", "Job")]
+    ids = {b.elem_id for b in pickers}
+    assert {"finetune-job", "localize-job", "compare-job", "sweep-job", "jobs-select"} <= ids and len(ids) >= 8, ids
+    for picker in pickers:
+        assert picker.preprocess("20991231-235959-abcdef") == "20991231-235959-abcdef", picker.elem_id
+
+
 def test_app_builds_with_the_named_tabs_and_stable_element_ids(home, monkeypatch):
     import gradio as gr
 

@@ -419,7 +419,7 @@ def build_app() -> gr.Blocks:
                 with gr.Row():
                     ftn_run = gr.Button("Fine-tune", variant="primary", elem_id="finetune-run", scale=0)
                     ftn_cancel = gr.Button("Cancel", variant="stop", elem_id="finetune-cancel", scale=0)
-                    ftn_job = gr.Dropdown([("latest fine-tuning job", "")], value="", label="Show job", elem_id="finetune-job")
+                    ftn_job = job_picker("latest fine-tuning job", "finetune")
                 ftn_status = gr.Markdown("", elem_id="finetune-status")
                 ftn_plot = gr.Plot(render_finetune(None)[0], label="Training curves", elem_id="finetune-plot")
 
@@ -444,7 +444,7 @@ def build_app() -> gr.Blocks:
                 with gr.Row():
                     loc_run = gr.Button("Run", variant="primary", elem_id="localize-run", scale=0)
                     loc_cancel = gr.Button("Cancel", variant="stop", elem_id="localize-cancel", scale=0)
-                    loc_job = gr.Dropdown([("latest localize job", "")], value="", label="Show job", elem_id="localize-job")
+                    loc_job = job_picker("latest localize job", "localize")
                 loc_status = gr.Markdown("", elem_id="localize-status")
                 reports = [report_controls("localize", loc_job, ("localize",))]
                 loc_plot = gr.Plot(render_localize(None)[0], label="Mask learning, live", elem_id="localize-plot")
@@ -464,7 +464,7 @@ def build_app() -> gr.Blocks:
                 gr.Markdown("The in-distribution task is the one each region was learned on; OOD tasks come from the **Models** tab.")
                 with gr.Row():
                     cmp_run = gr.Button("Evaluate", variant="primary", elem_id="compare-run", scale=0)
-                    cmp_job = gr.Dropdown([("latest comparison", "")], value="", label="Show job", elem_id="compare-job")
+                    cmp_job = job_picker("latest comparison", "compare")
                 cmp_status = gr.Markdown("", elem_id="compare-status")
                 reports.append(report_controls("compare", cmp_job, ("compare",)))
                 cmp_table = gr.Dataframe(pd.DataFrame(columns=actions.COMPARE_COLUMNS), interactive=False, wrap=True,
@@ -482,7 +482,7 @@ def build_app() -> gr.Blocks:
                     swp_keep = gr.Checkbox(False, label="Keep the swept regions (saved with the others)", elem_id="sweep-keep",
                                            scale=0)
                     swp_run = gr.Button("Run sparsity sweep", elem_id="sweep-run", scale=0)
-                    swp_job = gr.Dropdown([("latest sweep", "")], value="", label="Show job", elem_id="sweep-job")
+                    swp_job = job_picker("latest sweep", "sweep")
                 swp_status = gr.Markdown("", elem_id="sweep-status")
                 reports.append(report_controls("sweep", swp_job, ("sweep",)))
                 swp_plot = gr.Plot(figures.empty_figure("Run a sparsity sweep to see accuracy against budget."), elem_id="sweep-plot")
@@ -625,7 +625,7 @@ def build_app() -> gr.Blocks:
                                    column_widths=["15%", "7%", "31%", "8%", "7%", "7%", "25%"])
             with gr.Row():
                 job_sel = gr.Dropdown(actions.job_choices(store.runner()), label="Job", elem_id="jobs-select",
-                                      allow_custom_value=True)  # see job_controls
+                                      allow_custom_value=True)  # see job_picker
                 job_cancel = gr.Button("Cancel selected job", variant="stop", elem_id="jobs-cancel", scale=0)
             job_md = gr.Markdown("", elem_id="jobs-detail")
             with gr.Accordion("Request of the selected job (re-run it with `graftui run FILE`)", open=False):
@@ -1204,12 +1204,19 @@ def job_controls(label: str, prefix: str, latest_label: str):
     """A Run button, a picker of this kind's jobs and their status line: ``#prefix-run``, ``-job``, ``-status``."""
     with gr.Row():
         run = gr.Button(label, variant="primary", elem_id=f"{prefix}-run", scale=0)
-        # A job picker takes any value: its choices change on every poll, and a poll that lists the jobs just before
-        # a new one is submitted could otherwise leave the new job's id "not in the choices", and Gradio would then
-        # refuse every later poll. The id is only ever looked up among the session's own jobs.
-        job = gr.Dropdown([(latest_label, "")], value="", label="Show job", elem_id=f"{prefix}-job",
-                          allow_custom_value=True)
+        job = job_picker(latest_label, prefix)
     return run, job, gr.Markdown("", elem_id=f"{prefix}-status")
+
+
+def job_picker(latest_label: str, prefix: str):
+    """A picker of one kind's jobs, ``#prefix-job``, first offering the latest one.
+
+    It takes any value: its choices change on every poll, and a poll that lists the jobs just before
+    a new one is submitted would otherwise leave the new job's id "not in the choices", and Gradio
+    would then refuse every later poll, so the page would never show that job end. The id is only
+    ever looked up among the session's own jobs.
+    """
+    return gr.Dropdown([(latest_label, "")], value="", label="Show job", elem_id=f"{prefix}-job", allow_custom_value=True)
 
 
 def report_controls(prefix: str, picker, kinds: tuple[str, ...]):
