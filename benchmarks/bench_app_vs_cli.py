@@ -171,7 +171,8 @@ def click_and_wait(page, home: Path, timeout: float) -> tuple[dict, float, float
     clicked = time.time()
     page.click("#localize-run")
     job = read_job(home, before, timeout)
-    while time.time() - clicked < timeout:
+    line, shown_by = "", time.time() + 60  # the page polls every 2 s: a minute means it stopped following
+    while time.time() < shown_by:
         line = bu.text(page, "#localize-status")
         if f"[{job['id']}]" in line and ("· done" in line or "failed" in line or "cancelled" in line):
             return job, clicked, time.time() - clicked
