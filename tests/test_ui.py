@@ -316,8 +316,10 @@ def test_the_launched_queue_loop_idles_at_fifty_milliseconds(home, monkeypatch):
     assert demo._queue.ANAYLTICS_CACHE_FREQUENCY == app.ANALYTICS_EVERY_EVENTS
 
 
-def test_the_page_script_comes_first_in_every_html_page_and_nothing_else_changes():
+def test_the_page_script_comes_first_in_the_apps_pages_and_nothing_else_changes(home):
     """Gradio's modules keep their own requestAnimationFrame: the script must precede them, in the served HTML."""
+    import asyncio
+
     from starlette.applications import Starlette
     from starlette.responses import HTMLResponse, JSONResponse, StreamingResponse
     from starlette.routing import Route
@@ -325,8 +327,13 @@ def test_the_page_script_comes_first_in_every_html_page_and_nothing_else_changes
 
     from graftui.ui import app as ui_app, pagescript
 
+    html = '<html><head><script type="module" src="x.js"></script></head><body>é</body></html>'
+
     async def page(request):
-        return HTMLResponse('<html><head><script type="module" src="x.js"></script></head><body>é</body></html>')
+        return HTMLResponse(html)
+
+    async def missing(request):
+        return HTMLResponse(html, status_code=404)
 
     async def data(request):
         return JSONResponse({"a": "<head>"})
@@ -337,16 +344,31 @@ def test_the_page_script_comes_first_in_every_html_page_and_nothing_else_changes
             yield b"</head></html>"
         return StreamingResponse(parts(), media_type="text/html")
 
-    middleware = ui_app.launch_options()["app_kwargs"]["middleware"]  # what launch serves the app with
-    site = Starlette(routes=[Route("/", page, methods=["GET", "POST"]), Route("/data", data), Route("/stream", stream)],
-                     middleware=middleware)
+    options = ui_app.launch_options()  # what launch serves the app with
+    assert options["ssr_mode"] is False  # the page comes from this server, through the middleware
+    site = Starlette(routes=[Route("/", page, methods=["GET", "POST"]), Route("/data", data), Route("/stream", stream),
+                             Route("/missing", missing), Route("/gradio_api/file=report.html", page)],
+                     middleware=options["app_kwargs"]["middleware"])
     client = TestClient(site)
     got = client.get("/")
-    assert got.text == '<html><head>' + pagescript.SCRIPT + '<script type="module" src="x.js"></script></head><body>é</body></html>'
+    assert got.text == html.replace("<head>", "<head>" + pagescript.SCRIPT)
     assert int(got.headers["content-length"]) == len(got.content)
     assert client.get("/stream").text == "<html><head>" + pagescript.SCRIPT + "</head></html>"
     assert client.get("/data").json() == {"a": "<head>"}  # not a page: untouched
-    assert pagescript.SCRIPT not in client.post("/").text
+    for untouched in (client.post("/"), client.get("/missing"), client.get("/gradio_api/file=report.html")):
+        assert untouched.text == html  # another method, an error page, a served file: as they were
+
+    sent = []  # a server's extension message while a page is held: the held start goes first, unchanged
+
+    async def extension_app(scope, receive, send):
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/html")]})
+        await send({"type": "http.response.pathsend", "path": "/tmp/page.html"})
+
+    async def record(message):
+        sent.append(message)
+
+    asyncio.run(pagescript.EarlyScript(extension_app)({"type": "http", "method": "GET", "path": "/"}, None, record))
+    assert [m["type"] for m in sent] == ["http.response.start", "http.response.pathsend"]
 
 
 def test_friendly_message_keeps_quotes_and_names_internal_errors():

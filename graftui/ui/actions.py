@@ -65,8 +65,11 @@ def latest_job(runner, kinds: tuple[str, ...]) -> Job | None:
 
 
 def shown_job(runner, picked: str, kinds: tuple[str, ...]) -> Job | None:
-    """The job a panel shows: the picked one, or ("" picked) the latest of its kinds."""
-    return runner.get(picked) if picked else latest_job(runner, kinds)
+    """The job a panel shows: the picked one if it is of the panel's kinds, or ("" picked) the latest of them."""
+    if not picked:
+        return latest_job(runner, kinds)
+    job = runner.get(picked)
+    return job if job is not None and job.kind in kinds else None
 
 
 def job_status_line(job: Job | None) -> str:

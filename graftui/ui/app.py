@@ -1325,10 +1325,11 @@ def in_session(fn):
 def launch_options() -> dict:
     """How the server is launched: the folders it may serve, the upload cap, and Gradio's own refusals
     (a non-number in a slider, a file path no page uploaded) shown as their message, not a bare error, and
-    the page's early script (``pagescript``)."""
+    the page's early script (``pagescript``), which needs the page served by this server, not rendered by
+    Gradio's Node server (``ssr_mode``)."""
     max_size = f"{int(settings.MAX_UPLOAD_MB)}mb" if settings.hosted() else None
     return {"allowed_paths": store.served_dirs(), "max_file_size": max_size, "show_error": True, "css": CSS,
-            "app_kwargs": pagescript.app_kwargs()}
+            "app_kwargs": pagescript.app_kwargs(), "ssr_mode": False}
 
 
 QUEUE_IDLE_SECONDS = 0.05

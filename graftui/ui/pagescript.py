@@ -1,16 +1,17 @@
-"""A script the page runs before Gradio's own: it slows Gradio's elapsed-time counters to four frames a second.
+"""A script the page runs before Gradio's own: it holds Gradio's status-tracker frames to four a second.
 
 Gradio's status tracker counts the seconds of a pending event on every animation frame, and the
 tracker shown while the page loads is removed while still pending, so its loop never stops: an
-open page draws 60 frames a second for as long as it is open. Measured on the Localize tab in
-headless Chromium: 0.08–0.12 of a core with nothing to show (0.03 without the loop), 0.20–0.23 of
-a core while a localization runs (0.15–0.17 without it) — taken from the job on a small machine.
+open page asks for 60 frames a second for as long as it is open. Measured in headless Chromium on
+the Localize tab: an idle page took 0.20 of a core before and 0.12–0.14 with this script (0.08–0.12
+before and 0.03 with it when the page's polling is off); a page watching a localization took
+0.20–0.23 before and 0.15–0.17 with it — taken from the job on a small machine.
 
 The script must run before Gradio's modules, which keep their own reference to
 ``requestAnimationFrame``; ``gr.Blocks(head=…)`` is added after they load, so the script is put at
-the top of the served page's ``<head>`` by a small ASGI middleware instead. It only delays the
-frames the status tracker asks for (recognised by its module in the call stack); every other
-animation is untouched, and a counter still ticks, four times a second.
+the top of the served page's ``<head>`` by a small ASGI middleware instead. It delays the frames
+asked for from within the status tracker's module (its elapsed-time counter, its loading spinner's
+first step); every other frame is asked for as before. A held frame can still be cancelled.
 """
 
 from __future__ import annotations
@@ -20,26 +21,39 @@ FRAME_DELAY_MS = 250
 SCRIPT = f"""<script>
 (() => {{
   const frame = window.requestAnimationFrame.bind(window);
+  const cancel = window.cancelAnimationFrame.bind(window);
+  const held = new Map();
+  let last = 0;
   window.requestAnimationFrame = (callback) => {{
-    if ((new Error().stack || "").includes("statustracker")) {{
-      setTimeout(() => frame(callback), {FRAME_DELAY_MS});
-      return 0;  /* cancelAnimationFrame(0) does nothing; the tracker never cancels */
-    }}
-    return frame(callback);
+    if (!(new Error().stack || "").includes("statustracker")) return frame(callback);
+    const id = --last;  /* negative: never one of the browser's own ids */
+    held.set(id, setTimeout(function graftuiHeldFrame() {{
+      held.set(id, -frame((time) => {{ held.delete(id); callback(time); }}));  /* negative: a frame, not a timer */
+    }}, {FRAME_DELAY_MS}));
+    return id;
+  }};
+  window.cancelAnimationFrame = (id) => {{
+    if (!held.has(id)) return cancel(id);
+    const pending = held.get(id);
+    held.delete(id);
+    return pending < 0 ? cancel(-pending) : clearTimeout(pending);
   }};
 }})();
 </script>"""
 
+# Gradio's own routes that may return HTML files (uploads, served folders, its static assets): left untouched.
+PASS_THROUGH = ("/gradio_api/", "/file=", "/static/", "/assets/", "/proxy=", "/custom_component/")
+
 
 class EarlyScript:
-    """ASGI middleware: ``script`` right after ``<head>`` in every HTML page the app serves."""
+    """ASGI middleware: ``script`` right after ``<head>`` in the app's own pages (GET, 200, HTML)."""
 
     def __init__(self, app, script: str = SCRIPT):
         self.app = app
         self.tag = script.encode()
 
     async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope.get("method") != "GET":
+        if scope["type"] != "http" or scope.get("method") != "GET" or any(p in scope.get("path", "") for p in PASS_THROUGH):
             await self.app(scope, receive, send)
             return
         start, chunks = None, []
@@ -48,7 +62,8 @@ class EarlyScript:
             nonlocal start
             if message["type"] == "http.response.start":
                 headers = {k.lower(): v for k, v in message.get("headers", [])}
-                if headers.get(b"content-type", b"").startswith(b"text/html") and b"content-encoding" not in headers:
+                if message.get("status") == 200 and headers.get(b"content-type", b"").startswith(b"text/html") \
+                        and b"content-encoding" not in headers:
                     start = message  # held until the whole page is here
                     return
             elif start is not None and message["type"] == "http.response.body":
@@ -60,6 +75,12 @@ class EarlyScript:
                 await send({**start, "headers": [*headers, (b"content-length", str(len(body)).encode())]})
                 await send({"type": "http.response.body", "body": body})
                 return
+            elif start is not None:  # something other than a body (a server's file-sending extension): stop holding
+                held, start = start, None
+                await send(held)
+                for chunk in chunks:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                chunks.clear()
             await send(message)
 
         await self.app(scope, receive, forward)
