@@ -165,26 +165,28 @@ def read_job(home: Path, before: set[str], timeout: float, page=None) -> dict:
         time.sleep(0.25)
 
 
-def click_and_wait(page, home: Path, timeout: float, on_click) -> tuple[dict, float, float, float]:
-    """Click Run once the page takes a click; wait for the job on disk, then for the page to show it done.
-
-    Returns (job, time of the click, tab opened → Run takes a click, click → '· done' shown) in
-    seconds. Opening the tab first loads Plotly and draws the tab, about 2 s in which the page does
-    not take a click: a user who clicks at once waits that long too. It is measured and shown apart,
-    since the CLI has no such step; the ratio starts at the click. ``on_click()`` runs just before it.
-    """
-    before = job_ids(home)
+def settle(page) -> float:
+    """Seconds until the Localize tab's Run button takes a click. Opening the tab first loads Plotly
+    and draws the tab, about 2 s that a user who clicks at once waits too; the CLI has no such step,
+    so it is shown apart and the ratio starts at the click."""
     opened = time.time()
     page.click("#localize-run", trial=True)  # waits until the button would take the click
+    return time.time() - opened
+
+
+def click_and_wait(page, home: Path, timeout: float) -> tuple[dict, float, float]:
+    """Click Run; wait for the job on disk, then for the page to show it done.
+
+    Returns (job, time of the click, click → '· done' shown in seconds)."""
+    before = job_ids(home)
     clicked = time.time()
-    on_click()
     page.click("#localize-run")
     job = read_job(home, before, timeout, page)
     line, shown_by = "", time.time() + 60  # the page polls every 2 s: a minute means it stopped following
     while time.time() < shown_by:
         line = bu.text(page, "#localize-status")
-        if f"[{job['id']}]" in line and ("· done" in line or "failed" in line or "cancelled" in line):
-            return job, clicked, clicked - opened, time.time() - clicked
+        if bu.shows_ended(line, job["id"]):
+            return job, clicked, time.time() - clicked
         time.sleep(0.1)
     raise RuntimeError(f"the page did not show job {job['id']} finished within a minute; last status {line.strip()!r}")
 
@@ -202,12 +204,9 @@ def run_app(home: Path, fast: bool, index: int, timeout: float) -> dict:
             bu.wait_usable(page, server.url, timeout_s=120)
             usable = server.since_start()
             bu.open_tab(page, "localize")
-            cpu0 = {}
-
-            def on_click():
-                cpu0.update(server=process_cpu(server.proc.pid), browser=browser_cpu())
-
-            job, clicked, settle, took = click_and_wait(page, home, timeout, on_click)
+            settled = settle(page)
+            cpu0, browser0 = process_cpu(server.proc.pid), browser_cpu()
+            job, clicked, took = click_and_wait(page, home, timeout)
             cpu1, browser1 = process_cpu(server.proc.pid), browser_cpu()
             if job.get("status") != "done":
                 raise RuntimeError(f"the app's localization did not finish: {job.get('status')} {job.get('error')}")
@@ -221,8 +220,8 @@ def run_app(home: Path, fast: bool, index: int, timeout: float) -> dict:
             browser.close()
     return {
         "http_200_s": server.http_ready_s, "usable_s": usable, "click_done_s": took,
-        "cpu_s": cpu1 - cpu0["server"] if cpu0["server"] is not None and cpu1 is not None else None,
-        "browser_cpu_s": browser1 - cpu0["browser"], "settle_s": settle,
+        "cpu_s": cpu1 - cpu0 if cpu0 is not None and cpu1 is not None else None,
+        "browser_cpu_s": browser1 - browser0, "settle_s": settled,
         "job_s": job["finished"] - job["started"], "submit_latency_s": job["started"] - clicked,
         "display_latency_s": clicked + took - job["finished"], "params": job.get("params", {}),
         "k": (job.get("result") or {}).get("k"),

@@ -169,6 +169,11 @@ def job_id_from_status(page) -> str | None:
     return m.group(1) if m else None
 
 
+def shows_ended(line: str, job_id: str) -> bool:
+    """Whether a status line says that job ``job_id`` has ended (a line about another job never passes)."""
+    return f"[{job_id}]" in line and ("· done" in line or "failed" in line or "cancelled" in line)
+
+
 def run_job(page, button: str, status: str, picker: str, timeout_s: float = 300.0) -> tuple[str, float]:
     """Press ``button``, then wait until the job it submitted is shown finished in ``status``.
 
@@ -193,8 +198,7 @@ def run_job(page, button: str, status: str, picker: str, timeout_s: float = 300.
     while time.monotonic() - t0 < timeout_s:
         shown = page.input_value(f"#{picker} input") if page.query_selector(f"#{picker} input") else ""
         last = text(page, status)
-        # the status line names its job: a line about the previous job never passes for this one
-        if job_id in shown and f"[{job_id}]" in last and ("· done" in last or "failed" in last or "cancelled" in last):
+        if job_id in shown and shows_ended(last, job_id):
             return last, time.monotonic() - t0
         time.sleep(0.5)
     raise AssertionError(f"job {job_id} ({button}) not finished after {timeout_s:.0f} s; last status {last!r}")

@@ -60,7 +60,7 @@ def _wait_done(page, job: str, timeout_s: float) -> str:
     line = ""
     while time.monotonic() < deadline:
         line = bu.text(page, "#localize-status")
-        if f"[{job}]" in line and ("· done" in line or "failed" in line or "cancelled" in line):
+        if bu.shows_ended(line, job):
             return line
         time.sleep(0.5)
     raise AssertionError(f"job {job} not finished after {timeout_s:.0f} s: {line!r}")
