@@ -182,8 +182,8 @@ class StepReport:
     steps: int
     loss: float
     accuracy: float
-    region_size: int  # parameters with γ(S) ≥ 0.5
-    swapped: int  # of those, how many lie outside γ_base
+    region_size: int | None  # parameters with γ(S) ≥ 0.5 (None when the step was not counted)
+    swapped: int | None  # of those, how many lie outside γ_base
 
 
 ProgressFn = Callable[[StepReport], None]
@@ -241,7 +241,8 @@ class MaskLearner:
             p.requires_grad_(id(p) in trainable)
         model.eval()  # no dropout: the mask, not noise, should explain the loss
 
-    def step(self, batch: dict[str, torch.Tensor]) -> StepReport:
+    def step(self, batch: dict[str, torch.Tensor], count: bool = True) -> StepReport:
+        """One step of Eq. 3; ``count=False`` skips counting the region (a pass over every logit)."""
         self.steps_done += 1
         world = data_parallel()
         if world is not None:  # every process gets the same global batch and keeps its own rows
@@ -265,11 +266,15 @@ class MaskLearner:
                     self.logits[n].addcdiv_(m, denom, value=-self.config.lr / (1 - 0.9**self.steps_done))
                 else:
                     self.logits[n].sub_(g, alpha=scale)
-            size = sum(int((l > 0).sum()) for l in self.logits.values())
-            kept = sum(int((self.logits[n].view(-1)[i.to(self.device)] > 0).sum()) for n, i in self.base.items())
+            size = kept = None
+            if count:  # count_nonzero: a bool .sum() widens every element to int64, 6× slower
+                size = sum(int(torch.count_nonzero(l > 0)) for l in self.logits.values())
+                kept = sum(int(torch.count_nonzero(self.logits[n].view(-1)[i.to(self.device)] > 0))
+                           for n, i in self.base.items())
             accuracy = float(out.accuracy) if hasattr(out, "accuracy") else \
                 float((out.logits.argmax(-1) == batch["labels"]).float().mean())
-        return StepReport(self.steps_done, self.config.steps, float(loss), accuracy, size, size - kept)
+        return StepReport(self.steps_done, self.config.steps, float(loss), accuracy, size,
+                          None if size is None else size - kept)
 
     def finish(self) -> Region:
         """Restore the working model and binarise (Eq. 4)."""
@@ -353,7 +358,7 @@ def learn_region(
         for _ in range(config.steps):
             if cancel is not None and cancel.is_set():
                 raise Cancelled("mask learning cancelled")
-            report = learner.step(next(batches))
+            report = learner.step(next(batches), count=progress is not None)
             if progress is not None:
                 progress(report)
     finally:
@@ -400,8 +405,8 @@ def logit_gradient(
     def to_logit_gradient(p: torch.nn.Parameter) -> None:  # chain rule through Eq. 1 and 2: ∇_θ L ⊙ δ ⊙ σ'(ℓ)
         n = names[id(p)]
         s = torch.sigmoid(logits[n], out=scratch.take(0, logits[n]))  # again, rather than held through the backward pass
-        s.addcmul_(s, s, value=-1)  # σ(1 − σ) in place
-        g = torch.mul(p.grad, torch.sub(ft[n], pre[n], out=scratch.take(1, p)), out=p.data).mul_(s)
+        g = torch.mul(p.grad, torch.sub(ft[n], pre[n], out=scratch.take(1, p)), out=p.data)
+        torch.ops.aten.sigmoid_backward.grad_input(g, s, grad_input=g)  # g ⊙ σ(1 − σ) in one pass
         p.grad = None
         flat = g.view(-1).float()
         squares[n] = torch.dot(flat, flat).double()  # one pass, no float64 copy of the gradient

@@ -154,6 +154,29 @@ def test_learn_region_keeps_budget_and_restores_the_model(tiny_pair, optimizer, 
         assert moved > 0  # the mask did learn something
 
 
+def test_step_reports_count_the_region_and_an_uncounted_step_learns_the_same(tiny_pair):
+    """region_size = #{ℓ > 0} and swapped = those outside γ_base; count=False changes nothing but the report."""
+    pair, _, _ = tiny_pair
+    params = {n: pair.param(n) for n in pair.graftable}
+    batch = next(iter(random_batches()(0)))
+    final = {}
+    for count in (True, False):
+        learner = method.MaskLearner(pair.model, params, pair.pre, pair.ft, 50, LearnConfig(lr=2.0))
+        for _ in range(3):
+            report = learner.step(batch, count=count)
+        learner.finish()
+        final[count] = learner.logits
+        if count:
+            positive = {n: (l.reshape(-1) > 0).nonzero().squeeze(1) for n, l in learner.logits.items()}
+            size = sum(int(i.numel()) for i in positive.values())
+            inside = sum(int(torch.isin(positive[n], i).sum()) for n, i in learner.base.items())
+            assert report.region_size == size and report.swapped == size - inside
+            assert report.swapped > 0  # a step of 2.0 moves some of the region out of γ_base
+        else:
+            assert report.region_size is None and report.swapped is None
+    assert all(torch.equal(final[True][n], final[False][n]) for n in final[True])
+
+
 def test_learned_region_lowers_the_task_loss(tiny_pair):
     """On data the fine-tuned model fits, learning should beat γ_base at the same k."""
     pair, _, _ = tiny_pair
