@@ -60,10 +60,12 @@ def bench_speed(pair, batch, repeats: int) -> dict:
         if i >= 2:
             plain.append(t_plain)
             mask.append(t_mask)
+    paired = sorted(m / p for m, p in zip(mask, plain))  # each round's two steps share the machine's state
     return {
         "plain_ms": 1000 * statistics.median(plain),
         "mask_ms": 1000 * statistics.median(mask),
         "ratio": statistics.median(mask) / statistics.median(plain),
+        "paired": (statistics.median(paired), paired[len(paired) // 4], paired[(3 * len(paired)) // 4]),
     }
 
 
@@ -174,6 +176,7 @@ def main() -> None:
     speed = bench_speed(pair, batch, args.repeats)
     print(f"1. mask step {speed['mask_ms']:.1f} ms vs plain forward+backward {speed['plain_ms']:.1f} ms "
           f"-> ratio {speed['ratio']:.2f}x (target <= 1.05x)")
+    print("   per-round ratios: median {:.2f}x, quartiles {:.2f}x to {:.2f}x".format(*speed["paired"]))
     acc = accounting(pair)
     rss = measure_rss(finetuned)
     print(f"2. extra memory, tensor accounting: {acc['total']:.2f} fp32 copies of the graftable set "
