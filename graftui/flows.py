@@ -506,7 +506,7 @@ def find_region(req, pair: ModelPair, task: Task | None, k: int, notes: list[str
             progress({"stage": "mask learning", "k": k, **asdict(report)})
 
     region, _ = run_method(pair, Budget(k=k), req.method, make_batches=make_batches, config=config,
-                           progress=on_step, cancel=cancel)
+                           progress=on_step if progress else None, cancel=cancel)  # no one to report to: no count
     meta = {
         "method": req.method,
         "task": req.task,

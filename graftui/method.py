@@ -241,8 +241,8 @@ class MaskLearner:
             p.requires_grad_(id(p) in trainable)
         model.eval()  # no dropout: the mask, not noise, should explain the loss
 
-    def step(self, batch: dict[str, torch.Tensor], count: bool = True) -> StepReport:
-        """One step of Eq. 3; ``count=False`` skips counting the region (a pass over every logit)."""
+    def step(self, batch: dict[str, torch.Tensor], count_region: bool = True) -> StepReport:
+        """One step of Eq. 3; ``count_region=False`` skips counting the region (a pass over every logit)."""
         self.steps_done += 1
         world = data_parallel()
         if world is not None:  # every process gets the same global batch and keeps its own rows
@@ -267,7 +267,7 @@ class MaskLearner:
                 else:
                     self.logits[n].sub_(g, alpha=scale)
             size = kept = None
-            if count:  # count_nonzero: a bool .sum() widens every element to int64, 6× slower
+            if count_region:  # count_nonzero: a bool .sum() widens every element to int64, 6× slower
                 size = sum(int(torch.count_nonzero(l > 0)) for l in self.logits.values())
                 kept = sum(int(torch.count_nonzero(self.logits[n].view(-1)[i.to(self.device)] > 0))
                            for n, i in self.base.items())
@@ -358,7 +358,7 @@ def learn_region(
         for _ in range(config.steps):
             if cancel is not None and cancel.is_set():
                 raise Cancelled("mask learning cancelled")
-            report = learner.step(next(batches), count=progress is not None)
+            report = learner.step(next(batches), count_region=progress is not None)
             if progress is not None:
                 progress(report)
     finally:

@@ -155,7 +155,7 @@ def test_learn_region_keeps_budget_and_restores_the_model(tiny_pair, optimizer, 
 
 
 def test_step_reports_count_the_region_and_an_uncounted_step_learns_the_same(tiny_pair):
-    """region_size = #{ℓ > 0} and swapped = those outside γ_base; count=False changes nothing but the report."""
+    """region_size = #{ℓ > 0} and swapped = those outside γ_base; count_region=False changes only the report."""
     pair, _, _ = tiny_pair
     params = {n: pair.param(n) for n in pair.graftable}
     batch = next(iter(random_batches()(0)))
@@ -163,7 +163,7 @@ def test_step_reports_count_the_region_and_an_uncounted_step_learns_the_same(tin
     for count in (True, False):
         learner = method.MaskLearner(pair.model, params, pair.pre, pair.ft, 50, LearnConfig(lr=2.0))
         for _ in range(3):
-            report = learner.step(batch, count=count)
+            report = learner.step(batch, count_region=count)
         learner.finish()
         final[count] = learner.logits
         if count:
@@ -175,6 +175,11 @@ def test_step_reports_count_the_region_and_an_uncounted_step_learns_the_same(tin
         else:
             assert report.region_size is None and report.swapped is None
     assert all(torch.equal(final[True][n], final[False][n]) for n in final[True])
+    reports, config = [], LearnConfig(steps=3, lr=2.0)  # learn_region counts exactly when someone is told
+    shown, _ = method.learn_region(pair.model, params, pair.pre, pair.ft, 50, random_batches(), config, progress=reports.append)
+    silent, _ = method.learn_region(pair.model, params, pair.pre, pair.ft, 50, random_batches(), config)
+    assert [type(r.region_size) for r in reports] == [int] * 3
+    assert shown.keys() == silent.keys() and all(torch.equal(shown[n], silent[n]) for n in shown)
 
 
 def test_learned_region_lowers_the_task_loss(tiny_pair):
