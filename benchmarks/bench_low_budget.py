@@ -91,9 +91,8 @@ def main() -> None:
             data = fields.pop("data", "train")
             if data not in ("train", "test"):
                 raise SystemExit(f"config '{name}': data must be 'train' or 'test', got '{data}'")
-            on_test = data == "test"
             config = replace(LearnConfig(), **fields)
-            train = task.splits["test"] if on_test else kshot(task.splits["train"], per_class, 0)
+            train = task.splits["test"] if data == "test" else kshot(task.splits["train"], per_class, 0)
 
             def make_batches(epoch: int, config=config, train=train):
                 return batches(pair.tokenizer, train, config.batch_size, task.max_length, shuffle_seed=config.seed + epoch)

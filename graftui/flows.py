@@ -502,8 +502,7 @@ def find_region(req, pair: ModelPair, task: Task | None, k: int, notes: list[str
         make_batches, n_train = kshot_batches(pair, task, req, notes)
 
     def on_step(report) -> None:
-        if progress:
-            progress({"stage": "mask learning", "k": k, **asdict(report)})
+        progress({"stage": "mask learning", "k": k, **asdict(report)})
 
     region, _ = run_method(pair, Budget(k=k), req.method, make_batches=make_batches, config=config,
                            progress=on_step if progress else None, cancel=cancel)  # no one to report to: no count
