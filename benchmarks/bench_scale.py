@@ -1,13 +1,14 @@
 """Mask learning as models grow: peak memory in units of the model and time per step, side by side.
 
     .venv/bin/python benchmarks/bench_scale.py [--sizes 20m,60m,150m,400m,1b] [--steps 3] [--device cpu]
-        [--dtype float32|bfloat16] [--logit-dtype float32|float16|bfloat16]
+        [--dtype float32|bfloat16] [--logit-dtype float32|float16|bfloat16] [--memory lean|fast]
 
 For each size, a Llama pair is built from a config (random weights; the 'fine-tuned' copy is the
 base plus heavy-tailed noise in the body), and two child processes run on the same batches:
 
 * ``plain``: one model, ordinary forward+backward (every body parameter gets a gradient);
-* ``mask``: the pair (working model, θ_pre, θ_ft) and the region logits, ``--steps`` mask steps.
+* ``mask``: the pair (working model, θ_pre, θ_ft) and the region logits, ``--steps`` mask steps
+  (memory "lean" by default, the mode the memory target is about; "fast" holds σ(ℓ) and δ too).
 
 Printed per size: parameters, the model's size in its dtype (the unit), and in that unit the peak
 resident memory of each child while it steps (the high-water mark is reset once the models are
@@ -53,7 +54,7 @@ def batches(steps: int):
         yield {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids[:, 0] % 2}
 
 
-def child(mode: str, size: str, steps: int, device: str, dtype: str, logit_dtype: str) -> None:
+def child(mode: str, size: str, steps: int, device: str, dtype: str, logit_dtype: str, memory: str) -> None:
     from graftui.models import GraftableSpec, ModelPair
     from graftui.method import MaskLearner
     from graftui.requests import LearnConfig
@@ -88,7 +89,8 @@ def child(mode: str, size: str, steps: int, device: str, dtype: str, logit_dtype
         k = max(1, pair.counts()["graftable"] // 1000)
         loaded = _peak()
         _reset_peak()
-        learner = MaskLearner(pair.model, params, pair.pre, pair.ft, k, LearnConfig(steps=steps, logit_dtype=logit_dtype))
+        learner = MaskLearner(pair.model, params, pair.pre, pair.ft, k, LearnConfig(steps=steps, logit_dtype=logit_dtype,
+                                                                                        memory=memory))
         for batch in batches(steps):
             start = time.perf_counter()
             learner.step(batch)
@@ -115,7 +117,8 @@ def _reset_peak() -> None:
 
 def run_child(mode: str, size: str, args) -> dict:
     done = subprocess.run([sys.executable, __file__, "--child", mode, "--sizes", size, "--steps", str(args.steps),
-                           "--device", args.device, "--dtype", args.dtype, "--logit-dtype", args.logit_dtype],
+                           "--device", args.device, "--dtype", args.dtype, "--logit-dtype", args.logit_dtype,
+                           "--memory", args.memory],
                           capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"{mode} {size} failed:\n{done.stderr[-2000:]}")
@@ -129,13 +132,14 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     parser.add_argument("--logit-dtype", default="float32", choices=("float32", "float16", "bfloat16"))
+    parser.add_argument("--memory", default="lean", choices=("lean", "fast"))
     parser.add_argument("--child", choices=("plain", "mask"))
     args = parser.parse_args()
     if args.child:
-        child(args.child, args.sizes, args.steps, args.device, args.dtype, args.logit_dtype)
+        child(args.child, args.sizes, args.steps, args.device, args.dtype, args.logit_dtype, args.memory)
         return
     print(f"batch {BATCH} x {SEQ} tokens, {args.steps} steps per child, device {args.device}, "
-          f"{torch.get_num_threads()} threads, model {args.dtype}, logits {args.logit_dtype}")
+          f"{torch.get_num_threads()} threads, model {args.dtype}, logits {args.logit_dtype}, memory {args.memory}")
     print(f"{'size':>5} {'params':>12} {'unit GB':>8} {'plain peak':>11} {'mask peak':>10} {'mask load':>10} "
           f"{'plain s':>8} {'mask s':>8} {'ratio':>6}   (peaks in units of the model in its dtype)")
     for size in args.sizes.split(","):

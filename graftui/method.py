@@ -204,8 +204,8 @@ def _cycle(make_batches: Callable[[int], Iterable[dict]]) -> Iterator[dict]:
 class MaskLearner:
     """Eq. 3 one step at a time, on the working model's graftable parameters.
 
-    Holds only the region logits ℓ (one value per graftable parameter, in ``config.logit_dtype``;
-    two float32 more for Adam).
+    Holds the region logits ℓ (one value per graftable parameter, in ``config.logit_dtype``;
+    two float32 more for Adam) and, when ``config.memory`` allows it, σ(ℓ) and δ (see ``Held``).
     The working parameters are overwritten while learning and put back to θ_pre by ``finish``.
     """
 
@@ -223,6 +223,8 @@ class MaskLearner:
             raise ValueError(f"unknown optimizer '{config.optimizer}' (use normalized, adam or sgd)")
         if config.logit_dtype not in {"float32", "float16", "bfloat16"}:
             raise ValueError(f"unknown logit dtype '{config.logit_dtype}' (use float32, float16 or bfloat16)")
+        if config.memory not in {"auto", "fast", "lean"}:
+            raise ValueError(f"unknown memory mode '{config.memory}' (use auto, fast or lean)")
         self.model, self.params, self.pre, self.ft, self.k, self.config = model, params, pre, ft, k, config
         self.names = list(params)
         self.device = params[self.names[0]].device
@@ -232,6 +234,7 @@ class MaskLearner:
         self.base = base_region(pre, ft, self.names, k) if start is None else start
         self.logits = initial_logits(self.base, shapes, config.sigmoid_bias, self.device, getattr(torch, config.logit_dtype))
         self.count = sum(l.numel() for l in self.logits.values())
+        self.held = Held.make(params, pre, ft, self.logits) if _holds(config.memory, params, self.logits) else None
         self.adam = {n: (torch.zeros_like(l, dtype=torch.float32), torch.zeros_like(l, dtype=torch.float32))
                      for n, l in self.logits.items()} if config.optimizer == "adam" else None  # g² underflows in 16 bits
         self.steps_done = 0
@@ -250,7 +253,8 @@ class MaskLearner:
         batch = {key: value.to(self.device) for key, value in batch.items()}
         hard_k = self.k if self.config.forward == "hard" else None
         need_peak = self.config.optimizer == "normalized" and self.config.norm == "max"
-        out, grads, sq = logit_gradient(self.model, self.params, self.pre, self.ft, self.logits, batch, hard_k, need_peak)
+        out, grads, sq = logit_gradient(self.model, self.params, self.pre, self.ft, self.logits, batch, hard_k, need_peak,
+                                        self.held)
         loss = out.loss.detach()
         if world is not None:  # ∇_ℓ of the global batch's mean loss, the same in every process
             sq, loss = world.reduce([grads[n] for n in self.names], share, loss, need_peak)
@@ -375,6 +379,7 @@ def logit_gradient(
     batch: dict[str, torch.Tensor],
     hard_k: int | None = None,
     need_peak: bool = True,
+    held: Held | None = None,
 ):
     """One forward/backward of the relaxed graft; returns the output, ∇_ℓ L per tensor and its size.
 
@@ -385,7 +390,8 @@ def logit_gradient(
     hook) it becomes ∇_ℓ L and is written over that tensor's working values, which the backward
     pass no longer needs and the next step rewrites anyway. So the returned gradients are the
     working parameters' own storage (in the model's dtype), and mask learning holds the working
-    copy, θ_pre, θ_ft and ℓ, plus one tensor's gradient at a time.
+    copy, θ_pre, θ_ft and ℓ, plus one tensor's gradient at a time. With ``held`` the hook reads
+    σ(ℓ) and δ from there instead of computing them again: the same values, two passes fewer.
     The size is (Σ(∇_ℓ L)², max |∇_ℓ L|); the max only when ``need_peak`` (the "max" norm).
     """
     scratch = _Scratch(max(p.numel() for p in params.values()))
@@ -394,8 +400,12 @@ def logit_gradient(
         for n, p in params.items():
             if hard is not None:
                 torch.where(hard[n].to(p.device), ft[n], pre[n], out=p.data)
+                if held is not None:
+                    torch.sigmoid(logits[n], out=held.sigma[n])
             else:  # σ(ℓ) in ℓ's precision, rounded to the model's dtype
-                torch.lerp(pre[n], ft[n], torch.sigmoid(logits[n], out=scratch.take(0, p)), out=p.data)
+                s = torch.sigmoid(logits[n], out=held.sigma[n] if held else scratch.take(0, logits[n]))
+                w = s if s.dtype == p.dtype else scratch.take(1, p).copy_(s)
+                torch.lerp(pre[n], ft[n], w, out=p.data)
             p.grad = None
     names = {id(p): n for n, p in params.items()}
     squares: dict[str, torch.Tensor] = {}
@@ -404,8 +414,12 @@ def logit_gradient(
     @torch.no_grad()
     def to_logit_gradient(p: torch.nn.Parameter) -> None:  # chain rule through Eq. 1 and 2: ∇_θ L ⊙ δ ⊙ σ'(ℓ)
         n = names[id(p)]
-        s = torch.sigmoid(logits[n], out=scratch.take(0, logits[n]))  # again, rather than held through the backward pass
-        g = torch.mul(p.grad, torch.sub(ft[n], pre[n], out=scratch.take(1, p)), out=p.data)
+        if held is not None:
+            s, d = held.sigma[n], held.delta[n]
+        else:  # again, rather than held through the backward pass
+            s = torch.sigmoid(logits[n], out=scratch.take(0, logits[n]))
+            d = torch.sub(ft[n], pre[n], out=scratch.take(1, p))
+        g = torch.mul(p.grad, d, out=p.data)
         torch.ops.aten.sigmoid_backward.grad_input(g, s, grad_input=g)  # g ⊙ σ(1 − σ) in one pass
         p.grad = None
         flat = g.view(-1).float()
@@ -432,6 +446,53 @@ def logit_gradient(
             if need_peak:
                 peak = torch.maximum(peak, peaks[n].to(device))
     return out, {n: p.data for n, p in params.items()}, (sq, peak)
+
+
+@dataclass
+class Held:
+    """σ(ℓ) and δ kept for the whole of mask learning, so that each step computes σ once and δ never.
+
+    Two more copies of the graftable set (σ in ℓ's dtype, δ in the model's): cheap for small models,
+    so memory "auto" holds them when they take at most a quarter of the memory free on each device.
+    The values are those the lean path computes, so both paths learn the same region.
+    """
+
+    sigma: dict[str, torch.Tensor]
+    delta: dict[str, torch.Tensor]
+
+    @staticmethod
+    def make(params, pre, ft, logits) -> Held:
+        with torch.no_grad():
+            return Held({n: torch.empty_like(logits[n]) for n in params}, {n: torch.sub(ft[n], pre[n]) for n in params})
+
+
+def _holds(memory: str, params: dict[str, torch.nn.Parameter], logits: dict[str, torch.Tensor]) -> bool:
+    if memory != "auto":
+        return memory == "fast"
+    need: dict[torch.device, int] = {}
+    for n, p in params.items():
+        need[p.device] = need.get(p.device, 0) + p.numel() * (p.element_size() + logits[n].element_size())
+    return all(4 * bytes_ <= _free_memory(device) for device, bytes_ in need.items())
+
+
+def _free_memory(device: torch.device) -> int:
+    """Bytes that can still be allocated on ``device`` (on CPU: available memory, within a cgroup's limit)."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    if device.type != "cpu":
+        return 0  # unknown accelerator: stay lean
+    free = 0
+    try:
+        with open("/proc/meminfo") as fh:
+            free = next(int(line.split()[1]) * 1024 for line in fh if line.startswith("MemAvailable:"))
+        with open("/sys/fs/cgroup/memory.max") as fh:
+            limit = fh.read().strip()
+        if limit != "max":
+            with open("/sys/fs/cgroup/memory.current") as fh:
+                free = min(free, int(limit) - int(fh.read()))
+    except (OSError, ValueError, StopIteration):
+        pass
+    return free
 
 
 class _Scratch:

@@ -64,6 +64,7 @@ class LearnConfig:
     sigmoid_bias: float = 3.0  # S starts at −bias: σ(S) ≈ 0.047
     binarise: str = "topk"  # "topk" | "round"
     logit_dtype: str = "float32"  # precision of ℓ: float16 or bfloat16 halve its memory (one value per graftable parameter)
+    memory: str = "auto"  # "fast" keeps σ(ℓ) and δ between passes (two more copies), "lean" recomputes them; same region
     batch_size: int = 16
     seed: int = 0
 
@@ -72,6 +73,7 @@ class LearnConfig:
 
 
 LOGIT_DTYPES = ("float32", "float16", "bfloat16")
+MEMORY_MODES = ("auto", "fast", "lean")
 
 
 # -- how checkpoints are read ----------------------------------------------------------------------------
@@ -359,10 +361,13 @@ class LearnFields(Request):
     logit_dtype: str = arg(LearnConfig.logit_dtype, "precision of the region logits (one per graftable parameter): float16 "
                            "or bfloat16 halve their memory, for models near the machine's limit",
                            choices=LOGIT_DTYPES, group="mask learning (method 'learned')")
+    memory: str = arg(LearnConfig.memory, "fast keeps σ(ℓ) and δ through each step (two more copies of the graftable set, "
+                      "fewer passes), lean recomputes them, auto is fast when they fit in a quarter of the free memory; "
+                      "the region is the same", choices=MEMORY_MODES, group="mask learning (method 'learned')")
 
     def learn_config(self) -> LearnConfig:
         return LearnConfig(steps=self.steps, lr=float(self.lr), optimizer=self.optimizer, batch_size=self.batch_size,
-                           binarise=self.binarise, seed=self.seed, logit_dtype=self.logit_dtype)
+                           binarise=self.binarise, seed=self.seed, logit_dtype=self.logit_dtype, memory=self.memory)
 
     def check_learning(self) -> None:
         check_at_least_one("steps", self.steps)

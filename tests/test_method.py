@@ -276,3 +276,47 @@ def test_data_parallel_mask_learning_gives_the_single_process_region(tmp_path):
         torch.testing.assert_close(a["logits"][n], b["logits"][n], rtol=0, atol=1e-5)
     assert a["region"].keys() == b["region"].keys() and all(torch.equal(a["region"][n], b["region"][n]) for n in a["region"])
     assert any(not torch.equal(l, l.sign() * 3.0) for l in a["logits"].values())  # the logits did move
+
+
+@pytest.mark.parametrize("logit_dtype, optimizer, forward", [
+    ("float32", "normalized", "relaxed"), ("float16", "normalized", "relaxed"), ("bfloat16", "adam", "relaxed"),
+    ("float32", "sgd", "hard")])
+def test_fast_and_lean_memory_learn_the_same_logits_bit_for_bit(tiny_pair, logit_dtype, optimizer, forward):
+    """Holding σ(ℓ) and δ is a speed choice only: the held values are the ones the lean path recomputes."""
+    pair, _, _ = tiny_pair
+    params = {n: pair.param(n) for n in pair.graftable}
+    found = {}
+    for memory in ("fast", "lean"):
+        config = LearnConfig(steps=4, lr=0.5 if optimizer != "sgd" else 1e3, optimizer=optimizer, forward=forward,
+                             logit_dtype=logit_dtype, memory=memory)
+        learner = method.MaskLearner(pair.model, params, pair.pre, pair.ft, 150, config)
+        assert (learner.held is not None) == (memory == "fast")
+        for batch in random_batches(n_batches=4)(0):
+            learner.step(batch)
+        found[memory] = (learner.finish(), learner.logits)
+    (fast_region, fast), (lean_region, lean) = found["fast"], found["lean"]
+    assert any(not torch.equal(l, method.initial_logits(method.base_region(pair.pre, pair.ft, list(params), 150),
+                                                        {n: tuple(l.shape)}, 3.0, dtype=l.dtype)[n])
+               for n, l in lean.items())  # the steps moved the logits
+    assert all(torch.equal(fast[n], lean[n]) for n in params)
+    assert fast_region.keys() == lean_region.keys() and all(torch.equal(fast_region[n], lean_region[n]) for n in fast_region)
+
+
+def test_auto_memory_holds_sigma_and_delta_only_when_they_fit(tiny_pair, monkeypatch):
+    with open("/proc/meminfo") as fh:
+        total = next(int(line.split()[1]) * 1024 for line in fh if line.startswith("MemTotal:"))
+    assert 0 < method._free_memory(torch.device("cpu")) <= total
+    pair, _, _ = tiny_pair
+    params = {n: pair.param(n) for n in pair.graftable}
+    need = sum(p.numel() for p in params.values()) * (4 + 2)  # δ in float32, σ in float16
+    for free, holds in ((4 * need, True), (4 * need - 1, False), (0, False)):
+        monkeypatch.setattr(method, "_free_memory", lambda device, free=free: free)
+        learner = method.MaskLearner(pair.model, params, pair.pre, pair.ft, 10, LearnConfig(logit_dtype="float16"))
+        assert (learner.held is not None) == holds
+        learner.finish()
+    monkeypatch.setattr(method, "_free_memory", lambda device: 0)
+    learner = method.MaskLearner(pair.model, params, pair.pre, pair.ft, 10, LearnConfig(memory="fast"))
+    assert learner.held is not None  # an explicit choice is obeyed
+    learner.finish()
+    with pytest.raises(ValueError, match="memory mode"):
+        method.MaskLearner(pair.model, params, pair.pre, pair.ft, 10, LearnConfig(memory="tiny"))
