@@ -282,6 +282,7 @@ class MaskLearner:
 
     def finish(self) -> Region:
         """Restore the working model and binarise (Eq. 4)."""
+        self.held = None  # binarising may need the room
         with torch.no_grad():
             for n in self.names:
                 self.params[n].data.copy_(self.pre[n])
@@ -462,8 +463,9 @@ class Held:
 
     @staticmethod
     def make(params, pre, ft, logits) -> Held:
-        with torch.no_grad():
-            return Held({n: torch.empty_like(logits[n]) for n in params}, {n: torch.sub(ft[n], pre[n]) for n in params})
+        with torch.no_grad():  # written now, so that their pages are not first touched inside a step
+            return Held({n: torch.sigmoid(logits[n]) for n in params},
+                        {n: torch.sub(ft[n], pre[n], out=torch.empty_like(params[n])) for n in params})
 
 
 def _holds(memory: str, params: dict[str, torch.nn.Parameter], logits: dict[str, torch.Tensor]) -> bool:
@@ -476,23 +478,53 @@ def _holds(memory: str, params: dict[str, torch.nn.Parameter], logits: dict[str,
 
 
 def _free_memory(device: torch.device) -> int:
-    """Bytes that can still be allocated on ``device`` (on CPU: available memory, within a cgroup's limit)."""
+    """Bytes that can still be allocated on ``device``; 0 where that is unknown (then "auto" stays lean).
+
+    On CPU: the system's available memory, or less where the process's cgroup (v2 or v1) sets a
+    limit; page cache the kernel can drop (inactive files) counts as free, as in MemAvailable.
+    """
     if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
+        reusable = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        return torch.cuda.mem_get_info(device)[0] + reusable
     if device.type != "cpu":
-        return 0  # unknown accelerator: stay lean
-    free = 0
+        return 0
     try:
         with open("/proc/meminfo") as fh:
             free = next(int(line.split()[1]) * 1024 for line in fh if line.startswith("MemAvailable:"))
-        with open("/sys/fs/cgroup/memory.max") as fh:
-            limit = fh.read().strip()
-        if limit != "max":
-            with open("/sys/fs/cgroup/memory.current") as fh:
-                free = min(free, int(limit) - int(fh.read()))
     except (OSError, ValueError, StopIteration):
-        pass
-    return free
+        return 0
+    for limit in _cgroup_room():
+        free = min(free, limit)
+    return max(free, 0)
+
+
+def _cgroup_room(proc: str = "/proc/self/cgroup", mounts: str = "/sys/fs/cgroup") -> Iterator[int]:
+    """Room left under the memory limits of this process's cgroups (none where there is no limit)."""
+    try:
+        with open(proc) as fh:
+            lines = [line.strip().split(":", 2) for line in fh if line.count(":") >= 2]
+    except OSError:
+        return
+    for _, controllers, path in lines:
+        if controllers == "":  # v2: limit, usage, and "inactive_file" in memory.stat
+            files, root = ("memory.max", "memory.current", "inactive_file"), mounts
+        elif "memory" in controllers.split(","):
+            files, root = ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file"), f"{mounts}/memory"
+        else:
+            continue
+        for folder in dict.fromkeys([f"{root}{path}".rstrip("/"), root]):  # a container may not mount the named path
+            try:
+                with open(f"{folder}/{files[0]}") as fh:
+                    limit = fh.read().strip()
+                with open(f"{folder}/{files[1]}") as fh:
+                    used = int(fh.read())
+                with open(f"{folder}/memory.stat") as fh:
+                    cache = next((int(line.split()[1]) for line in fh if line.split()[0] == files[2]), 0)
+            except (OSError, ValueError, IndexError):
+                continue
+            if limit.isdigit() and int(limit) < 1 << 60:  # v1 says "no limit" with a huge number, v2 with "max"
+                yield int(limit) - used + cache
+            break
 
 
 class _Scratch:

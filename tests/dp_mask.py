@@ -1,7 +1,7 @@
 """Mask learning on the tiny pair, as one process or as several (run by ``torch.distributed.run``).
 
-    python tests/dp_mask.py OUT.pt             # one process, the whole batch
-    python -m torch.distributed.run --nproc-per-node 2 tests/dp_mask.py OUT.pt
+    python tests/dp_mask.py OUT.pt [MEMORY]    # one process, the whole batch
+    python -m torch.distributed.run --nproc-per-node 2 tests/dp_mask.py OUT.pt [MEMORY]
 
 Rank 0 (or the single process) saves the region and the final logits to OUT.pt.
 """
@@ -22,6 +22,6 @@ torch.set_num_threads(1)
 pair, _, _ = make_tiny_pair()
 params = {n: pair.param(n) for n in pair.graftable}
 region, logits = learn_region(pair.model, params, pair.pre, pair.ft, 200, random_batches(batch_size=7),
-                              LearnConfig(steps=4, lr=0.05))
+                              LearnConfig(steps=4, lr=0.05, memory=sys.argv[2] if len(sys.argv) > 2 else "auto"))
 if int(os.environ.get("RANK", "0")) == 0:
     torch.save({"region": region, "logits": logits}, sys.argv[1])

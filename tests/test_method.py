@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 
 import pytest
@@ -260,7 +261,7 @@ def test_data_parallel_mask_learning_gives_the_single_process_region(tmp_path):
 
     script = str(Path(__file__).with_name("dp_mask.py"))
     env = {k: v for k, v in __import__("os").environ.items() if k not in {"RANK", "WORLD_SIZE", "LOCAL_RANK"}}
-    one = subprocess.run([sys.executable, script, str(tmp_path / "one.pt")], capture_output=True, text=True, env=env,
+    one = subprocess.run([sys.executable, script, str(tmp_path / "one.pt"), "fast"], capture_output=True, text=True, env=env,
                          timeout=300)
     assert one.returncode == 0, one.stderr[-2000:]
     import socket
@@ -269,7 +270,7 @@ def test_data_parallel_mask_learning_gives_the_single_process_region(tmp_path):
         sock.bind(("127.0.0.1", 0))
         port = str(sock.getsockname()[1])
     two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr",
-                          "127.0.0.1", "--master-port", port, script, str(tmp_path / "two.pt")], capture_output=True, text=True, env=env, timeout=300)
+                          "127.0.0.1", "--master-port", port, script, str(tmp_path / "two.pt"), "lean"], capture_output=True, text=True, env=env, timeout=300)
     assert two.returncode == 0, two.stderr[-2000:]
     a, b = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
     for n in a["logits"]:
@@ -280,7 +281,7 @@ def test_data_parallel_mask_learning_gives_the_single_process_region(tmp_path):
 
 @pytest.mark.parametrize("logit_dtype, optimizer, forward", [
     ("float32", "normalized", "relaxed"), ("float16", "normalized", "relaxed"), ("bfloat16", "adam", "relaxed"),
-    ("float32", "sgd", "hard")])
+    ("float32", "sgd", "hard"), ("float16", "normalized", "hard")])
 def test_fast_and_lean_memory_learn_the_same_logits_bit_for_bit(tiny_pair, logit_dtype, optimizer, forward):
     """Holding σ(ℓ) and δ is a speed choice only: the held values are the ones the lean path recomputes."""
     pair, _, _ = tiny_pair
@@ -302,6 +303,7 @@ def test_fast_and_lean_memory_learn_the_same_logits_bit_for_bit(tiny_pair, logit
     assert fast_region.keys() == lean_region.keys() and all(torch.equal(fast_region[n], lean_region[n]) for n in fast_region)
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/meminfo"), reason="reads Linux's memory figures")
 def test_auto_memory_holds_sigma_and_delta_only_when_they_fit(tiny_pair, monkeypatch):
     with open("/proc/meminfo") as fh:
         total = next(int(line.split()[1]) * 1024 for line in fh if line.startswith("MemTotal:"))
@@ -320,3 +322,22 @@ def test_auto_memory_holds_sigma_and_delta_only_when_they_fit(tiny_pair, monkeyp
     learner.finish()
     with pytest.raises(ValueError, match="memory mode"):
         method.MaskLearner(pair.model, params, pair.pre, pair.ft, 10, LearnConfig(memory="tiny"))
+
+
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_cgroup_room_is_the_limit_less_what_cannot_be_dropped(tmp_path, version):
+    proc = tmp_path / "cgroup"
+    if version == "v2":
+        proc.write_text("0::/job\n")
+        folder, names = tmp_path / "job", ("memory.max", "memory.current", "inactive_file")
+    else:
+        proc.write_text("9:cpu:/job\n4:memory:/job\n")
+        folder, names = tmp_path / "memory" / "job", ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file")
+    folder.mkdir(parents=True)
+    (folder / names[0]).write_text("1000000\n")
+    (folder / names[1]).write_text("600000\n")
+    (folder / "memory.stat").write_text(f"anon 5\n{names[2]} 100000\nactive_file 7\n")
+    assert list(method._cgroup_room(str(proc), str(tmp_path))) == [500000]
+    (folder / names[0]).write_text("max\n" if version == "v2" else f"{2**63 - 4096}\n")  # no limit
+    assert list(method._cgroup_room(str(proc), str(tmp_path))) == []
+    assert list(method._cgroup_room(str(tmp_path / "absent"), str(tmp_path))) == []
