@@ -519,7 +519,7 @@ def _cgroup_room(proc: str = "/proc/self/cgroup", mounts: str = "/sys/fs/cgroup"
                 with open(f"{folder}/{files[1]}") as fh:
                     used = int(fh.read())
                 with open(f"{folder}/memory.stat") as fh:
-                    cache = next((int(line.split()[1]) for line in fh if line.split()[0] == files[2]), 0)
+                    cache = next((int(line.split()[1]) for line in fh if line.startswith(files[2] + " ")), 0)
             except (OSError, ValueError, IndexError):
                 continue
             if limit.isdigit() and int(limit) < 1 << 60:  # v1 says "no limit" with a huge number, v2 with "max"

@@ -336,7 +336,7 @@ def test_cgroup_room_is_the_limit_less_what_cannot_be_dropped(tmp_path, version)
     folder.mkdir(parents=True)
     (folder / names[0]).write_text("1000000\n")
     (folder / names[1]).write_text("600000\n")
-    (folder / "memory.stat").write_text(f"anon 5\n{names[2]} 100000\nactive_file 7\n")
+    (folder / "memory.stat").write_text(f"anon 5\n\nactive_file 7\n{names[2]} 100000\n")
     assert list(method._cgroup_room(str(proc), str(tmp_path))) == [500000]
     (folder / names[0]).write_text("max\n" if version == "v2" else f"{2**63 - 4096}\n")  # no limit
     assert list(method._cgroup_room(str(proc), str(tmp_path))) == []
