@@ -36,7 +36,7 @@ from typing import Callable, Iterable, Iterator
 import torch
 
 from .errors import Cancelled
-from .requests import LearnConfig
+from .requests import LOGIT_DTYPES, MEMORY_MODES, LearnConfig
 
 Region = dict[str, torch.Tensor]  # parameter name -> sorted flat indices inside the region
 
@@ -221,10 +221,10 @@ class MaskLearner:
     ):
         if config.optimizer not in {"normalized", "adam", "sgd"}:
             raise ValueError(f"unknown optimizer '{config.optimizer}' (use normalized, adam or sgd)")
-        if config.logit_dtype not in {"float32", "float16", "bfloat16"}:
-            raise ValueError(f"unknown logit dtype '{config.logit_dtype}' (use float32, float16 or bfloat16)")
-        if config.memory not in {"auto", "fast", "lean"}:
-            raise ValueError(f"unknown memory mode '{config.memory}' (use auto, fast or lean)")
+        if config.logit_dtype not in LOGIT_DTYPES:
+            raise ValueError(f"unknown logit dtype '{config.logit_dtype}' (use {', '.join(LOGIT_DTYPES)})")
+        if config.memory not in MEMORY_MODES:
+            raise ValueError(f"unknown memory mode '{config.memory}' (use {', '.join(MEMORY_MODES)})")
         self.model, self.params, self.pre, self.ft, self.k, self.config = model, params, pre, ft, k, config
         self.names = list(params)
         self.device = params[self.names[0]].device
