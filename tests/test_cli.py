@@ -537,6 +537,7 @@ def bad_files(tmp_path):
         (["localize", "--task", "moviez"], ["moviez", "movies"]),
         (["localize", "--modules", "query,attention"], ["attention"]),
         (["localize", "--examples-per-class", "100000"], ["100000"]),
+        (["localize", "--memory", "tiny"], ["--memory", "tiny", "lean"]),
         (["run", "{missing}"], ["nope.safetensors"]),
         (["run", "{csv}"], ["reviews.csv", "JSON"]),
         (["evaluate", "--ood", "bbc", "--task", "{csv}"], ["bbc", "same labels"]),

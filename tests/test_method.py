@@ -320,6 +320,10 @@ def test_auto_memory_holds_sigma_and_delta_only_when_they_fit(tiny_pair, monkeyp
     learner = method.MaskLearner(pair.model, params, pair.pre, pair.ft, 10, LearnConfig(memory="fast"))
     assert learner.held is not None  # an explicit choice is obeyed
     learner.finish()
+    assert learner.held is None  # the copies are let go before binarising
+    from graftui.requests import LocalizeRequest
+
+    assert LocalizeRequest(memory="lean").learn_config().memory == "lean"  # the request's choice reaches the learner
     with pytest.raises(ValueError, match="memory mode"):
         method.MaskLearner(pair.model, params, pair.pre, pair.ft, 10, LearnConfig(memory="tiny"))
 
