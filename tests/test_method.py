@@ -225,8 +225,8 @@ def test_region_mask_round_trip():
     assert set(back) == {"a", "b"} and back["a"].tolist() == [0, 5] and back["b"].tolist() == [1]
 
 
-def test_top_k_equals_the_whole_sort_on_either_path_ties_included():
-    """Per-tensor candidates (small k) and the concatenated sort (large k) give the same exact region."""
+def test_top_k_equals_the_whole_sort_ties_included():
+    """However often the candidate pool is cut back (small k: at every tensor; large k: never), the region is exact."""
     gen = torch.Generator().manual_seed(3)
 
     def reference(scores, k):  # one sort of everything; ties to the earliest positions
@@ -345,3 +345,4 @@ def test_cgroup_room_is_the_limit_less_what_cannot_be_dropped(tmp_path, version)
     (folder / names[0]).write_text("max\n" if version == "v2" else f"{2**63 - 4096}\n")  # no limit
     assert list(method._cgroup_room(str(proc), str(tmp_path))) == []
     assert list(method._cgroup_room(str(tmp_path / "absent"), str(tmp_path))) == []
+
