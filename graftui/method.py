@@ -36,7 +36,7 @@ from typing import Callable, Iterable, Iterator
 
 import torch
 
-from .errors import Cancelled
+from .errors import Cancelled, ModelError
 from .requests import LOGIT_DTYPES, MEMORY_MODES, LearnConfig
 
 Region = dict[str, torch.Tensor]  # parameter name -> sorted flat indices inside the region
@@ -239,6 +239,8 @@ class MaskLearner:
             raise ValueError(f"unknown logit dtype '{config.logit_dtype}' (use {', '.join(LOGIT_DTYPES)})")
         if config.memory not in MEMORY_MODES:
             raise ValueError(f"unknown memory mode '{config.memory}' (use {', '.join(MEMORY_MODES)})")
+        if config.checkpoint_every < 0:
+            raise ValueError(f"checkpoint_every must be 0 (none) or a layer count >= 1, got {config.checkpoint_every}")
         self.model, self.params, self.pre, self.ft, self.k, self.config = model, params, pre, ft, k, config
         self.names = list(params)
         self.device = params[self.names[0]].device
@@ -253,6 +255,7 @@ class MaskLearner:
                      for n, l in self.logits.items()} if config.optimizer == "adam" else None  # g² underflows in 16 bits
         self.steps_done = 0
         model.eval()  # no dropout: the mask, not noise, should explain the loss
+        self._uncheckpoint = _checkpoint_layers(model, config.checkpoint_every) if config.checkpoint_every else None
         trainable = {id(p) for p in params.values()}
         self._saved_flags = {n: p.requires_grad for n, p in model.named_parameters()}
         for p in model.parameters():  # gradients only where a mask can act
@@ -298,6 +301,9 @@ class MaskLearner:
     def finish(self) -> Region:
         """Restore the working model and binarise (Eq. 4)."""
         self.held = None  # binarising may need the room
+        if self._uncheckpoint is not None:
+            self._uncheckpoint()
+            self._uncheckpoint = None
         with torch.no_grad():
             for n in self.names:
                 self.params[n].data.copy_(self.pre[n])
@@ -540,6 +546,43 @@ def _cgroup_room(proc: str = "/proc/self/cgroup", mounts: str = "/sys/fs/cgroup"
             if limit.isdigit() and int(limit) < 1 << 60:  # v1 says "no limit" with a huge number, v2 with "max"
                 yield int(limit) - used + cache
             break
+
+
+def _checkpoint_layers(model: torch.nn.Module, every: int) -> Callable[[], None]:
+    """Checkpoint every ``every``-th layer: its activations are recomputed in the backward pass, not kept.
+
+    Activations are what mask learning holds beyond its four copies of the graftable set; this
+    trades them for one more forward pass of the checkpointed layers. The layers are transformers'
+    own checkpointable ones, found anywhere in ``model`` (a prompt or a joint loss wraps the
+    transformers model). A layer checkpoints only while it is in training mode, so only the layer
+    modules themselves are switched and the dropout inside them stays off. The gradients are those
+    of the plain pass (the recomputation repeats the same operations), so the region is the same.
+    Returns the undo.
+    """
+    from functools import partial
+
+    from torch.utils.checkpoint import checkpoint
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+    if not layers:
+        raise ModelError(f"{type(model).__name__} has no layers transformers can checkpoint; "
+                         "learn without --checkpoint-every")
+    for i, layer in enumerate(layers):
+        layer._gradient_checkpointing_func = partial(checkpoint, use_reentrant=False)  # re-entrant ones drop frozen-input grads
+        layer.gradient_checkpointing = layer.training = i % every == 0
+    # a key/value cache is not wanted in a training pass, and a replayed layer would write to it twice
+    configs = {id(c): c for c in (getattr(m, "config", None) for m in model.modules()) if getattr(c, "use_cache", False)}
+    for config in configs.values():
+        config.use_cache = False
+
+    def undo() -> None:
+        for layer in layers:
+            layer.gradient_checkpointing = layer.training = False
+        for config in configs.values():
+            config.use_cache = True
+
+    return undo
 
 
 def _return_freed_memory() -> None:

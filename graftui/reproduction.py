@@ -162,7 +162,7 @@ def _saved(path: Path, request) -> dict | None:
     # a field added to the request since the step was saved counts as its default: that is what ran then
     saved = {**json.loads(json.dumps(type(request).defaults())), **doc["request"]}
     asked = json.loads(json.dumps(request.as_dict()))
-    speed_only = {"memory"}  # changes how fast a step runs, not what it finds
+    speed_only = {"memory", "checkpoint_every"}  # change how fast a step runs, not what it finds
     if {k: v for k, v in saved.items() if k not in speed_only} != {k: v for k, v in asked.items() if k not in speed_only}:
         return None
     result = doc.get("result") or {}

@@ -65,6 +65,7 @@ class LearnConfig:
     binarise: str = "topk"  # "topk" | "round"
     logit_dtype: str = "float32"  # precision of ℓ: float16 or bfloat16 halve its memory (one value per graftable parameter)
     memory: str = "auto"  # "fast" keeps σ(ℓ) and δ between passes (two more copies), "lean" recomputes them; same region
+    checkpoint_every: int = 0  # recompute every n-th layer's activations in the backward pass (0: keep them all); same region
     batch_size: int = 16
     seed: int = 0
 
@@ -364,10 +365,15 @@ class LearnFields(Request):
     memory: str = arg(LearnConfig.memory, "fast keeps σ(ℓ) and δ through each step (two more copies of the graftable set, "
                       "fewer passes), lean recomputes them, auto is fast when they fit in a quarter of the free memory; "
                       "the region is the same", choices=MEMORY_MODES, group="mask learning (method 'learned')")
+    checkpoint_every: int = arg(LearnConfig.checkpoint_every, "recompute the activations of every N-th layer in the "
+                                "backward pass instead of keeping them (1: every layer; 0: none): less memory for up to "
+                                "one more forward pass per step; the region is the same", metavar="N",
+                                group="mask learning (method 'learned')")
 
     def learn_config(self) -> LearnConfig:
         return LearnConfig(steps=self.steps, lr=float(self.lr), optimizer=self.optimizer, batch_size=self.batch_size,
-                           binarise=self.binarise, seed=self.seed, logit_dtype=self.logit_dtype, memory=self.memory)
+                           binarise=self.binarise, seed=self.seed, logit_dtype=self.logit_dtype, memory=self.memory,
+                           checkpoint_every=self.checkpoint_every)
 
     def check_learning(self) -> None:
         check_at_least_one("steps", self.steps)
@@ -375,6 +381,9 @@ class LearnFields(Request):
             raise RequestError(f"--lr must be a positive number, got {self.lr}")
         check_at_least_one("batch_size", self.batch_size)
         check_at_least_one("examples_per_class", self.examples_per_class)
+        if self.checkpoint_every < 0:
+            raise RequestError(f"--checkpoint-every must be 0 (keep all activations) or a layer count N >= 1, "
+                               f"got {self.checkpoint_every}")
 
 
 @dataclass

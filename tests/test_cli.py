@@ -538,6 +538,8 @@ def bad_files(tmp_path):
         (["localize", "--modules", "query,attention"], ["attention"]),
         (["localize", "--examples-per-class", "100000"], ["100000"]),
         (["localize", "--memory", "tiny"], ["--memory", "tiny", "lean"]),
+        (["localize", "--checkpoint-every", "-1"], ["--checkpoint-every", "-1"]),
+        (["localize", "--checkpoint-every", "all"], ["--checkpoint-every", "all"]),
         (["run", "{missing}"], ["nope.safetensors"]),
         (["run", "{csv}"], ["reviews.csv", "JSON"]),
         (["evaluate", "--ood", "bbc", "--task", "{csv}"], ["bbc", "same labels"]),

@@ -346,3 +346,65 @@ def test_cgroup_room_is_the_limit_less_what_cannot_be_dropped(tmp_path, version)
     assert list(method._cgroup_room(str(proc), str(tmp_path))) == []
     assert list(method._cgroup_room(str(tmp_path / "absent"), str(tmp_path))) == []
 
+
+LAYERS = {"gpt2": lambda lm: lm.transformer.h, "llama": lambda lm: lm.model.layers, "bert-mlm": lambda lm: lm.bert.encoder.layer}
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "bert-mlm"])
+def test_checkpointed_layers_keep_no_activations_replay_and_learn_the_same_logits_bit_for_bit(arch):
+    """Checkpointing trades a layer's activations for a replay of its forward; the gradients, so the logits, stay."""
+    from lm_util import make_lm
+
+    found, saved = {}, {}
+    for every in (0, 1, 2):
+        lm, moved = make_lm(arch, 40), make_lm(arch, 40, seed=1)
+        layers = list(LAYERS[arch](lm))
+        body = {n: p for n, p in lm.named_parameters() if ".h." in n or ".layers." in n or ".layer." in n}
+        moved = dict(moved.named_parameters())
+        pre, ft = {n: p.detach().clone() for n, p in body.items()}, {n: moved[n].detach().clone() for n in body}
+        replays = []
+        for i, layer in enumerate(layers):  # the feed-forward block runs once per forward, again per replay
+            ffn = getattr(layer, "mlp", None) or layer.intermediate
+            ffn.forward = (lambda f, i: lambda *a, **k: (replays.append(i), f(*a, **k))[1])(ffn.forward, i)
+        use_cache = lm.config.use_cache
+        learner = method.MaskLearner(lm, body, pre, ft, 200, LearnConfig(steps=3, lr=0.5, memory="lean",
+                                                                       checkpoint_every=every))
+        gen, kept = torch.Generator().manual_seed(0), []
+        pack = lambda t: (kept.append(t.numel() * t.element_size()), t)[1]  # noqa: E731 — saved for the backward pass
+        for step in range(3):
+            ids = torch.randint(3, 40, (4, 10), generator=gen)
+            replays.clear()
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                learner.step({"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids})
+            assert replays == list(range(len(layers))) + [i for i in reversed(range(len(layers))) if every and i % every == 0]
+        saved[every] = sum(kept)
+        found[every] = learner.finish(), learner.logits
+        assert not any(layer.training or layer.gradient_checkpointing for layer in layers)  # put back as found
+        assert lm.config.use_cache == use_cache
+    assert saved[1] < saved[0] / 4  # the activations are (nearly all) the layers', and checkpointed layers keep none
+    assert saved[1] < saved[2] < saved[0]  # every 2nd layer: in between
+    (region, logits), start = found[0], method.initial_logits(method.base_region(pre, ft, list(body), 200),
+                                                              {n: tuple(p.shape) for n, p in body.items()}, 3.0)
+    assert any(not torch.equal(logits[n], start[n]) for n in body)  # the steps moved the logits
+    for every in (1, 2):
+        assert all(torch.equal(found[every][1][n], logits[n]) for n in body)
+        assert found[every][0].keys() == region.keys() and all(torch.equal(found[every][0][n], region[n]) for n in region)
+
+
+def test_checkpointing_is_asked_for_through_the_request_and_refused_where_no_layer_can_be_checkpointed(tiny_pair):
+    from graftui.errors import ModelError, RequestError
+    from graftui.requests import LocalizeRequest
+
+    assert LocalizeRequest(checkpoint_every=2).learn_config().checkpoint_every == 2
+    with pytest.raises(RequestError, match="--checkpoint-every"):
+        LocalizeRequest(checkpoint_every=-1).check_learning()
+    pair, _, _ = tiny_pair
+    params = {n: pair.param(n) for n in pair.graftable}
+    flat = torch.nn.Sequential(torch.nn.Linear(3, 3))
+    flags = {n: p.requires_grad for n, p in pair.model.named_parameters()}
+    with pytest.raises(ModelError, match="--checkpoint-every"):
+        method.MaskLearner(flat, {"0.weight": flat[0].weight}, {"0.weight": flat[0].weight.detach().clone()},
+                           {"0.weight": flat[0].weight.detach() + 1}, 1, LearnConfig(checkpoint_every=1))
+    learner = method.MaskLearner(pair.model, params, pair.pre, pair.ft, 10, LearnConfig(checkpoint_every=1))
+    learner.finish()
+    assert {n: p.requires_grad for n, p in pair.model.named_parameters()} == flags
