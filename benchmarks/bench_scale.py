@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/bench_scale.py [--sizes 20m,60m,150m,400m,1b] [--steps 3] [--device cpu]
         [--dtype float32|bfloat16] [--logit-dtype float32|float16|bfloat16] [--memory lean|fast]
+        [--checkpoint-every N]
 
 For each size, a Llama pair is built from a config (random weights; the 'fine-tuned' copy is the
 base plus heavy-tailed noise in the body), and two child processes run on the same batches:
@@ -16,6 +17,10 @@ built; target for mask learning ≤ 4.5: working copy, θ_pre, θ_ft and the log
 gradient) and the mask child's peak while loading; then the median mask step over the median plain
 step (target ≤ 1.10×). Peaks are whole-process figures, Python and torch included, so small models
 read high.
+
+With ``--checkpoint-every N`` the mask child recomputes every N-th layer's activations in the
+backward pass, and a third child times the plain step checkpointed the same way: the ratio to it
+is mask learning's own cost, the ratio to the plain step is what the memory costs in time.
 """
 
 from __future__ import annotations
@@ -54,9 +59,10 @@ def batches(steps: int):
         yield {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids[:, 0] % 2}
 
 
-def child(mode: str, size: str, steps: int, device: str, dtype: str, logit_dtype: str, memory: str) -> None:
+def child(mode: str, size: str, steps: int, device: str, dtype: str, logit_dtype: str, memory: str,
+          checkpoint_every: int) -> None:
     from graftui.models import GraftableSpec, ModelPair
-    from graftui.method import MaskLearner
+    from graftui.method import MaskLearner, _checkpoint_layers
     from graftui.requests import LearnConfig
 
     model = build(size, dtype)
@@ -65,6 +71,8 @@ def child(mode: str, size: str, steps: int, device: str, dtype: str, logit_dtype
     times = []
     if mode == "plain":
         model.to(device)
+        if checkpoint_every:
+            _checkpoint_layers(model, checkpoint_every)
         loaded = _peak()
         _reset_peak()
         for batch in batches(steps):
@@ -89,8 +97,8 @@ def child(mode: str, size: str, steps: int, device: str, dtype: str, logit_dtype
         k = max(1, pair.counts()["graftable"] // 1000)
         loaded = _peak()
         _reset_peak()
-        learner = MaskLearner(pair.model, params, pair.pre, pair.ft, k, LearnConfig(steps=steps, logit_dtype=logit_dtype,
-                                                                                        memory=memory))
+        learner = MaskLearner(pair.model, params, pair.pre, pair.ft, k, LearnConfig(
+            steps=steps, logit_dtype=logit_dtype, memory=memory, checkpoint_every=checkpoint_every))
         for batch in batches(steps):
             start = time.perf_counter()
             learner.step(batch)
@@ -115,10 +123,10 @@ def _reset_peak() -> None:
         fh.write("5")
 
 
-def run_child(mode: str, size: str, args) -> dict:
+def run_child(mode: str, size: str, args, checkpoint_every: int) -> dict:
     done = subprocess.run([sys.executable, __file__, "--child", mode, "--sizes", size, "--steps", str(args.steps),
                            "--device", args.device, "--dtype", args.dtype, "--logit-dtype", args.logit_dtype,
-                           "--memory", args.memory],
+                           "--memory", args.memory, "--checkpoint-every", str(checkpoint_every)],
                           capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"{mode} {size} failed:\n{done.stderr[-2000:]}")
@@ -133,23 +141,33 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     parser.add_argument("--logit-dtype", default="float32", choices=("float32", "float16", "bfloat16"))
     parser.add_argument("--memory", default="lean", choices=("lean", "fast"))
+    parser.add_argument("--checkpoint-every", type=int, default=0,
+                        help="mask learning recomputes every N-th layer's activations (0: none)")
     parser.add_argument("--child", choices=("plain", "mask"))
     args = parser.parse_args()
     if args.child:
-        child(args.child, args.sizes, args.steps, args.device, args.dtype, args.logit_dtype, args.memory)
+        child(args.child, args.sizes, args.steps, args.device, args.dtype, args.logit_dtype, args.memory,
+              args.checkpoint_every)
         return
+    every = args.checkpoint_every
     print(f"batch {BATCH} x {SEQ} tokens, {args.steps} steps per child, device {args.device}, "
-          f"{torch.get_num_threads()} threads, model {args.dtype}, logits {args.logit_dtype}, memory {args.memory}")
+          f"{torch.get_num_threads()} threads, model {args.dtype}, logits {args.logit_dtype}, memory {args.memory}, "
+          f"checkpoint every {every or '-'}")
     print(f"{'size':>5} {'params':>12} {'unit GB':>8} {'plain peak':>11} {'mask peak':>10} {'mask load':>10} "
-          f"{'plain s':>8} {'mask s':>8} {'ratio':>6}   (peaks in units of the model in its dtype)")
+          f"{'plain s':>8} {'mask s':>8} {'ratio':>6}" + (f" {'ckpt s':>8} {'ratio':>6}" if every else "")
+          + "   (peaks in units of the model in its dtype)")
     for size in args.sizes.split(","):
-        plain = run_child("plain", size, args)
-        mask = run_child("mask", size, args)
+        plain = run_child("plain", size, args, 0)
+        mask = run_child("mask", size, args, every)
         unit = plain["unit"]
         key = "gpu_peak" if args.device.startswith("cuda") else "peak"
-        print(f"{size:>5} {plain['params']:>12,} {unit / 1e9:>8.2f} {plain[key] / unit:>10.2f}x {mask[key] / unit:>9.2f}x "
-              f"{mask['loaded'] / unit:>9.2f}x {plain['step_s']:>8.2f} {mask['step_s']:>8.2f} "
-              f"{mask['step_s'] / plain['step_s']:>5.2f}x", flush=True)
+        line = (f"{size:>5} {plain['params']:>12,} {unit / 1e9:>8.2f} {plain[key] / unit:>10.2f}x {mask[key] / unit:>9.2f}x "
+                f"{mask['loaded'] / unit:>9.2f}x {plain['step_s']:>8.2f} {mask['step_s']:>8.2f} "
+                f"{mask['step_s'] / plain['step_s']:>5.2f}x")
+        if every:  # the plain step checkpointed alike: what mask learning itself adds
+            checkpointed = run_child("plain", size, args, every)
+            line += f" {checkpointed['step_s']:>8.2f} {mask['step_s'] / checkpointed['step_s']:>5.2f}x"
+        print(line, flush=True)
     print("targets: mask peak <= 4.5x (working copy, θ_pre, θ_ft, logits; no full gradient), ratio <= 1.10")
 
 
