@@ -568,6 +568,7 @@ def _checkpoint_layers(model: torch.nn.Module, every: int) -> Callable[[], None]
     if not layers:
         raise ModelError(f"{type(model).__name__} has no layers transformers can checkpoint; "
                          "learn without --checkpoint-every")
+    before = [(layer.gradient_checkpointing, layer.__dict__.get("_gradient_checkpointing_func")) for layer in layers]
     for i, layer in enumerate(layers):
         layer._gradient_checkpointing_func = partial(checkpoint, use_reentrant=False)  # re-entrant ones drop frozen-input grads
         layer.gradient_checkpointing = layer.training = i % every == 0
@@ -576,9 +577,11 @@ def _checkpoint_layers(model: torch.nn.Module, every: int) -> Callable[[], None]
     for config in configs.values():
         config.use_cache = False
 
-    def undo() -> None:
-        for layer in layers:
-            layer.gradient_checkpointing = layer.training = False
+    def undo() -> None:  # as it was, in eval mode
+        for layer, (flag, func) in zip(layers, before):
+            layer.gradient_checkpointing, layer.training = flag, False
+            if func is not None:
+                layer._gradient_checkpointing_func = func
         for config in configs.values():
             config.use_cache = True
 
