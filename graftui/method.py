@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import sys
 import threading
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
@@ -111,6 +112,9 @@ def _kth_largest(scores, names, k: int) -> torch.Tensor:
     pool, held, floor, limit = [], 0, None, 2 * k
     for name in names:
         flat = scores[name].detach().reshape(-1).float().cpu()
+        if bool(flat.isnan().any()):
+            raise ModelError(f"'{name}' has NaN scores, so no region can be ranked: the checkpoint holds NaN weights, "
+                             "or mask learning diverged (try float32 logits or a smaller --lr)")
         part = flat if floor is None else flat[flat > floor]
         pool.append(part)
         held += part.numel()
@@ -241,6 +245,7 @@ class MaskLearner:
             raise ValueError(f"unknown memory mode '{config.memory}' (use {', '.join(MEMORY_MODES)})")
         if config.checkpoint_every < 0:
             raise ValueError(f"checkpoint_every must be 0 (none) or a layer count >= 1, got {config.checkpoint_every}")
+        layers = _checkpointable_layers(model) if config.checkpoint_every else None  # refused before any work
         self.model, self.params, self.pre, self.ft, self.k, self.config = model, params, pre, ft, k, config
         self.names = list(params)
         self.device = params[self.names[0]].device
@@ -255,12 +260,12 @@ class MaskLearner:
                      for n, l in self.logits.items()} if config.optimizer == "adam" else None  # g² underflows in 16 bits
         self.steps_done = 0
         model.eval()  # no dropout: the mask, not noise, should explain the loss
-        self._uncheckpoint = _checkpoint_layers(model, config.checkpoint_every) if config.checkpoint_every else None
         trainable = {id(p) for p in params.values()}
         self._saved_flags = {n: p.requires_grad for n, p in model.named_parameters()}
         for p in model.parameters():  # gradients only where a mask can act
             p.requires_grad_(id(p) in trainable)
         _return_freed_memory()  # what ranking the movement used is free again
+        self._uncheckpoint = _checkpoint_layers(model, layers, config.checkpoint_every) if layers else None
 
     def step(self, batch: dict[str, torch.Tensor], count_region: bool = True) -> StepReport:
         """One step of Eq. 3; ``count_region=False`` skips counting the region (a pass over every logit)."""
@@ -548,40 +553,51 @@ def _cgroup_room(proc: str = "/proc/self/cgroup", mounts: str = "/sys/fs/cgroup"
             break
 
 
-def _checkpoint_layers(model: torch.nn.Module, every: int) -> Callable[[], None]:
-    """Checkpoint every ``every``-th layer: its activations are recomputed in the backward pass, not kept.
-
-    Activations are what mask learning holds beyond its four copies of the graftable set; this
-    trades them for one more forward pass of the checkpointed layers. The layers are transformers'
-    own checkpointable ones, found anywhere in ``model`` (a prompt or a joint loss wraps the
-    transformers model). A layer checkpoints only while it is in training mode, so only the layer
-    modules themselves are switched and the dropout inside them stays off. The gradients are those
-    of the plain pass (the recomputation repeats the same operations), so the region is the same.
-    Returns the undo.
-    """
-    from functools import partial
-
-    from torch.utils.checkpoint import checkpoint
+def _checkpointable_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """transformers' repeated layers, found anywhere in ``model`` (a prompt or a joint loss wraps the model)."""
     from transformers.modeling_layers import GradientCheckpointingLayer
 
     layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
     if not layers:
         raise ModelError(f"{type(model).__name__} has no layers transformers can checkpoint; "
                          "learn without --checkpoint-every")
-    before = [(layer.gradient_checkpointing, layer.__dict__.get("_gradient_checkpointing_func")) for layer in layers]
-    for i, layer in enumerate(layers):
-        layer._gradient_checkpointing_func = partial(checkpoint, use_reentrant=False)  # re-entrant ones drop frozen-input grads
-        layer.gradient_checkpointing = layer.training = i % every == 0
-    # a key/value cache is not wanted in a training pass, and a replayed layer would write to it twice
+    return layers
+
+
+def _checkpoint_layers(model: torch.nn.Module, layers: list[torch.nn.Module], every: int) -> Callable[[], None]:
+    """Checkpoint every ``every``-th layer: its activations are recomputed in the backward pass, not kept.
+
+    Activations are what mask learning holds beyond its four copies of the graftable set; this
+    trades them for one more forward pass of the checkpointed layers. Each chosen layer's forward
+    is wrapped here rather than by transformers, which checkpoints only layers in training mode:
+    many layers call dropout with their own training flag, and the mask, not noise, must explain
+    the loss. The recomputation repeats the same operations, so the gradients and the region are
+    those of the plain pass. Returns the undo.
+    """
+    from functools import partial
+
+    from torch.utils.checkpoint import checkpoint
+
+    def replayed(forward, *args, **kwargs):
+        for cache in ("past_key_values", "layer_past"):  # a replayed layer would write its cache twice
+            if kwargs.get(cache) is not None:
+                kwargs[cache] = None
+        return checkpoint(forward, *args, use_reentrant=False, **kwargs)  # re-entrant ones drop frozen-input grads
+
+    chosen = layers[::every]
+    before = [layer.__dict__.get("forward") for layer in chosen]  # accelerate's device hooks live there
+    for layer in chosen:
+        layer.forward = partial(replayed, layer.forward)
     configs = {id(c): c for c in (getattr(m, "config", None) for m in model.modules()) if getattr(c, "use_cache", False)}
-    for config in configs.values():
+    for config in configs.values():  # no key/value cache in a training pass
         config.use_cache = False
 
-    def undo() -> None:  # as it was, in eval mode
-        for layer, (flag, func) in zip(layers, before):
-            layer.gradient_checkpointing, layer.training = flag, False
-            if func is not None:
-                layer._gradient_checkpointing_func = func
+    def undo() -> None:
+        for layer, forward in zip(chosen, before):
+            if forward is None:
+                del layer.forward
+            else:
+                layer.forward = forward
         for config in configs.values():
             config.use_cache = True
 
@@ -595,9 +611,11 @@ def _return_freed_memory() -> None:
     for reuse (0.2–0.3 model sizes at 1 B parameters, varying from run to run), where it would
     stay resident on top of everything mask learning holds. Trimming once takes tens of milliseconds.
     """
+    if not sys.platform.startswith("linux"):
+        return
     try:
         ctypes.CDLL(None).malloc_trim(0)
-    except (AttributeError, OSError):
+    except Exception:  # not glibc (musl has no malloc_trim): nothing to hand back this way
         pass
 
 

@@ -347,24 +347,34 @@ def test_cgroup_room_is_the_limit_less_what_cannot_be_dropped(tmp_path, version)
     assert list(method._cgroup_room(str(tmp_path / "absent"), str(tmp_path))) == []
 
 
-LAYERS = {"gpt2": lambda lm: lm.transformer.h, "llama": lambda lm: lm.model.layers, "bert-mlm": lambda lm: lm.bert.encoder.layer}
-
-
-@pytest.mark.parametrize("arch", ["gpt2", "llama", "bert-mlm"])
-def test_checkpointed_layers_keep_no_activations_replay_and_learn_the_same_logits_bit_for_bit(arch):
-    """Checkpointing trades a layer's activations for a replay of its forward; the gradients, so the logits, stay."""
+def _lm_with_layers(arch: str, seed: int = 0):
+    """A tiny LM, its layers and each layer's feed-forward block; OPT calls dropout (p = 0.1) with the layer's own flag."""
     from lm_util import make_lm
 
+    if arch != "opt":
+        lm = make_lm(arch, 40, seed)
+        layers = {"gpt2": lambda: lm.transformer.h, "llama": lambda: lm.model.layers,
+                  "bert-mlm": lambda: lm.bert.encoder.layer}[arch]()
+        return lm, list(layers), [getattr(layer, "mlp", None) or layer.intermediate for layer in layers]
+    from transformers import OPTConfig, OPTForCausalLM
+
+    torch.manual_seed(seed)
+    lm = OPTForCausalLM(OPTConfig(vocab_size=40, hidden_size=32, num_hidden_layers=2, ffn_dim=64, num_attention_heads=4,
+                                  max_position_embeddings=64, word_embed_proj_dim=32, dropout=0.1, pad_token_id=1))
+    return lm, list(lm.model.decoder.layers), [layer.fc1 for layer in lm.model.decoder.layers]
+
+
+@pytest.mark.parametrize("arch", ["gpt2", "llama", "bert-mlm", "opt"])
+def test_checkpointed_layers_keep_no_activations_replay_and_learn_the_same_logits_bit_for_bit(arch):
+    """Checkpointing trades a layer's activations for a replay of its forward; the gradients, so the logits, stay."""
     found, saved = {}, {}
     for every in (0, 1, 2):
-        lm, moved = make_lm(arch, 40), make_lm(arch, 40, seed=1)
-        layers = list(LAYERS[arch](lm))
+        lm, layers, ffns = _lm_with_layers(arch)
+        moved = dict(_lm_with_layers(arch, seed=1)[0].named_parameters())
         body = {n: p for n, p in lm.named_parameters() if ".h." in n or ".layers." in n or ".layer." in n}
-        moved = dict(moved.named_parameters())
         pre, ft = {n: p.detach().clone() for n, p in body.items()}, {n: moved[n].detach().clone() for n in body}
         replays = []
-        for i, layer in enumerate(layers):  # the feed-forward block runs once per forward, again per replay
-            ffn = getattr(layer, "mlp", None) or layer.intermediate
+        for i, ffn in enumerate(ffns):  # the feed-forward block runs once per forward, again per replay
             ffn.forward = (lambda f, i: lambda *a, **k: (replays.append(i), f(*a, **k))[1])(ffn.forward, i)
         use_cache = lm.config.use_cache
         learner = method.MaskLearner(lm, body, pre, ft, 200, LearnConfig(steps=3, lr=0.5, memory="lean",
@@ -379,8 +389,10 @@ def test_checkpointed_layers_keep_no_activations_replay_and_learn_the_same_logit
             assert replays == list(range(len(layers))) + [i for i in reversed(range(len(layers))) if every and i % every == 0]
         saved[every] = sum(kept)
         found[every] = learner.finish(), learner.logits
-        assert not any(layer.training or layer.gradient_checkpointing for layer in layers)  # put back as found
-        assert lm.config.use_cache == use_cache
+        assert not any("forward" in layer.__dict__ for layer in layers) and lm.config.use_cache == use_cache
+        replays.clear()
+        lm(input_ids=ids, labels=ids).loss.backward()
+        assert replays == list(range(len(layers)))  # put back: no more replays
     assert saved[1] < saved[0] / 4  # the activations are (nearly all) the layers', and checkpointed layers keep none
     assert saved[1] < saved[2] < saved[0]  # every 2nd layer: in between
     (region, logits), start = found[0], method.initial_logits(method.base_region(pre, ft, list(body), 200),
@@ -400,11 +412,25 @@ def test_checkpointing_is_asked_for_through_the_request_and_refused_where_no_lay
         LocalizeRequest(checkpoint_every=-1).check_learning()
     pair, _, _ = tiny_pair
     params = {n: pair.param(n) for n in pair.graftable}
-    flat = torch.nn.Sequential(torch.nn.Linear(3, 3))
+    flat = torch.nn.Sequential(torch.nn.Linear(3, 3)).train()
+    weight = flat[0].weight
+    with pytest.raises(ModelError, match="--checkpoint-every"):  # refused before anything is changed
+        method.MaskLearner(flat, {"0.weight": weight}, {"0.weight": weight.detach().clone()},
+                           {"0.weight": weight.detach() + 1}, 1, LearnConfig(checkpoint_every=1))
+    assert flat.training and weight.requires_grad
     flags = {n: p.requires_grad for n, p in pair.model.named_parameters()}
-    with pytest.raises(ModelError, match="--checkpoint-every"):
-        method.MaskLearner(flat, {"0.weight": flat[0].weight}, {"0.weight": flat[0].weight.detach().clone()},
-                           {"0.weight": flat[0].weight.detach() + 1}, 1, LearnConfig(checkpoint_every=1))
+    layers = list(pair.model.bert.encoder.layer)
+    hooked = layers[1].forward = lambda *a, **k: type(layers[1]).forward(layers[1], *a, **k)  # as a device hook would be
     learner = method.MaskLearner(pair.model, params, pair.pre, pair.ft, 10, LearnConfig(checkpoint_every=1))
+    assert all("forward" in layer.__dict__ for layer in layers) and layers[1].forward is not hooked
     learner.finish()
     assert {n: p.requires_grad for n, p in pair.model.named_parameters()} == flags
+    assert "forward" not in layers[0].__dict__ and layers[1].forward is hooked  # each layer's forward as it was
+    del layers[1].forward
+
+
+def test_nan_scores_are_refused_by_name():
+    from graftui.errors import ModelError
+
+    with pytest.raises(ModelError, match="'b' has NaN scores"):
+        method.top_k({"a": torch.ones(4), "b": torch.tensor([1.0, float("nan")])}, 2)
