@@ -109,6 +109,9 @@ def _kth_largest(scores, names, k: int) -> torch.Tensor:
     above its own k-th largest whenever it has doubled (and passed 2k). Equal scores, the bane of
     saturated logits, enter only while they can matter.
     """
+    def kth(values: torch.Tensor) -> torch.Tensor:
+        return torch.kthvalue(values, values.numel() - k + 1).values
+
     pool, held, floor, limit = [], 0, None, 2 * k
     for name in names:
         flat = scores[name].detach().reshape(-1).float().cpu()
@@ -120,11 +123,10 @@ def _kth_largest(scores, names, k: int) -> torch.Tensor:
         held += part.numel()
         if held >= limit:
             merged = torch.cat(pool)
-            floor = torch.kthvalue(merged, merged.numel() - k + 1).values
+            floor = kth(merged)
             kept = merged[merged >= floor]  # more than k only where scores tie at the floor
             pool, held, limit = [kept], kept.numel(), max(2 * k, 2 * kept.numel())
-    merged = torch.cat(pool)
-    return torch.kthvalue(merged, merged.numel() - k + 1).values
+    return kth(torch.cat(pool))
 
 
 class _Movement:
