@@ -160,15 +160,26 @@ def base_region(pre: dict[str, torch.Tensor], ft: dict[str, torch.Tensor], names
 
 # -- Eq. 2 -------------------------------------------------------------------------------------
 def initial_logits(
-    base: Region, shapes: dict[str, tuple[int, ...]], bias: float, device: torch.device | str = "cpu",
-    dtype: torch.dtype = torch.float32,
+    base: Region, shapes: dict[str, tuple[int, ...]], bias: float,
+    device: torch.device | str | dict[str, torch.device] = "cpu", dtype: torch.dtype = torch.float32,
 ) -> dict[str, torch.Tensor]:
-    """ℓ = +bias on γ_base and −bias elsewhere, i.e. S = −bias everywhere (σ(S) ≈ 0)."""
-    logits = {}
+    """ℓ = +bias on γ_base and −bias elsewhere, i.e. S = −bias everywhere (σ(S) ≈ 0).
+
+    ``device`` is one device or one per tensor. The logits on a device are views into one buffer,
+    so the region is counted in a few passes over it rather than a few per tensor.
+    """
+    where = {n: torch.device(device[n] if isinstance(device, dict) else device) for n in shapes}
+    sizes: dict[torch.device, int] = {}
     for name, shape in shapes.items():
-        ell = torch.full((math.prod(shape),), -bias, dtype=dtype, device=device)
+        sizes[where[name]] = sizes.get(where[name], 0) + math.prod(shape)
+    flat = {d: torch.full((size,), -bias, dtype=dtype, device=d) for d, size in sizes.items()}
+    logits, used = {}, dict.fromkeys(flat, 0)
+    for name, shape in shapes.items():
+        d, size = where[name], math.prod(shape)
+        ell = flat[d][used[d]: used[d] + size]
+        used[d] += size
         if name in base:
-            ell[base[name].to(device)] = bias
+            ell[base[name].to(d)] = bias
         logits[name] = ell.view(shape)
     return logits
 
@@ -189,6 +200,33 @@ def binarise(logits: dict[str, torch.Tensor], k: int, rule: str = "topk") -> Reg
             return {n: i for n, i in rounded.items() if i.numel()}
         return top_k(logits, k)  # the budget is a promise: rounding that overshoots is cut to k
     raise ValueError(f"unknown binarisation rule '{rule}' (use 'topk' or 'round')")
+
+
+class RegionCounter:
+    """Counts #{ℓ > 0}, the size of the rounded region, and how many of those lie in ``base``.
+
+    Reads the buffers the logits are views of (``initial_logits``) a chunk at a time through one
+    reused bool buffer (a fresh bool copy of every tensor costs page faults at scale), and the
+    base's positions in them, found once, in one gather.
+    """
+
+    def __init__(self, logits: dict[str, torch.Tensor], base: Region):
+        roots = {id(l._base if l._base is not None else l): l._base if l._base is not None else l for l in logits.values()}
+        self.buffers = [b.view(-1) for b in roots.values()]
+        where: dict[int, list[torch.Tensor]] = {}
+        for name, idx in base.items():
+            ell = logits[name]
+            root = id(ell._base if ell._base is not None else ell)
+            where.setdefault(root, []).append(idx.to(ell.device) + ell.storage_offset())
+        self.base = [(roots[r].view(-1), torch.cat(i)) for r, i in where.items()]
+
+    def __call__(self, scratch: _Scratch) -> tuple[int, int]:
+        size = 0
+        for flat in self.buffers:
+            for c in _chunks(flat.numel()):
+                size += torch.count_nonzero(torch.gt(flat[c], 0, out=scratch.take(2, flat[c], torch.bool)))
+        kept = sum(torch.count_nonzero(flat[idx] > 0) for flat, idx in self.base)
+        return int(size), int(kept)
 
 
 # -- Eq. 3 -------------------------------------------------------------------------------------
@@ -255,8 +293,11 @@ class MaskLearner:
         # γ_base: top-movement by default; the paper's multi-task runs start from ∅ (App. C.2),
         # purification from a union of regions
         self.base = base_region(pre, ft, self.names, k) if start is None else start
-        self.logits = initial_logits(self.base, shapes, config.sigmoid_bias, self.device, getattr(torch, config.logit_dtype))
+        self.logits = initial_logits(self.base, shapes, config.sigmoid_bias, {n: params[n].device for n in self.names},
+                                     getattr(torch, config.logit_dtype))
         self.count = sum(l.numel() for l in self.logits.values())
+        self.scratch = _Scratch(min(CHUNK, self.count))  # reused by every step
+        self.counter = RegionCounter(self.logits, self.base)
         self.held = Held.make(params, pre, ft, self.logits) if _holds(config.memory, params, self.logits) else None
         self.adam = {n: (torch.zeros_like(l, dtype=torch.float32), torch.zeros_like(l, dtype=torch.float32))
                      for n, l in self.logits.items()} if config.optimizer == "adam" else None  # g² underflows in 16 bits
@@ -279,7 +320,7 @@ class MaskLearner:
         hard_k = self.k if self.config.forward == "hard" else None
         need_peak = self.config.optimizer == "normalized" and self.config.norm == "max"
         out, grads, sq = logit_gradient(self.model, self.params, self.pre, self.ft, self.logits, batch, hard_k, need_peak,
-                                        self.held)
+                                        self.held, self.scratch)
         loss = out.loss.detach()
         if world is not None:  # ∇_ℓ of the global batch's mean loss, the same in every process
             sq, loss = world.reduce([grads[n] for n in self.names], share, loss, need_peak)
@@ -295,11 +336,7 @@ class MaskLearner:
                     self.logits[n].addcdiv_(m, denom, value=-self.config.lr / (1 - 0.9**self.steps_done))
                 else:
                     self.logits[n].sub_(g, alpha=scale)
-            size = kept = None
-            if count_region:  # count_nonzero: a bool .sum() widens every element to int64, 6× slower
-                size = sum(int(torch.count_nonzero(l > 0)) for l in self.logits.values())
-                kept = sum(int(torch.count_nonzero(self.logits[n].view(-1)[i.to(self.device)] > 0))
-                           for n, i in self.base.items())
+            size, kept = self.counter(self.scratch) if count_region else (None, None)
             accuracy = float(out.accuracy) if hasattr(out, "accuracy") else \
                 float((out.logits.argmax(-1) == batch["labels"]).float().mean())
         return StepReport(self.steps_done, self.config.steps, float(loss), accuracy, size,
@@ -409,6 +446,7 @@ def logit_gradient(
     hard_k: int | None = None,
     need_peak: bool = True,
     held: Held | None = None,
+    scratch: _Scratch | None = None,
 ):
     """One forward/backward of the relaxed graft; returns the output, ∇_ℓ L per tensor and its size.
 
@@ -422,19 +460,27 @@ def logit_gradient(
     copy, θ_pre, θ_ft and ℓ, plus one tensor's gradient at a time. With ``held`` the hook reads
     σ(ℓ) and δ from there instead of computing them again: the same values, two passes fewer.
     The size is (Σ(∇_ℓ L)², max |∇_ℓ L|); the max only when ``need_peak`` (the "max" norm).
+
+    Every element-wise pass goes through a tensor ``CHUNK`` values at a time, the same chunks in
+    both memory modes (σ of a slice can differ from a slice of σ in the last bit).
     """
-    scratch = _Scratch(max(p.numel() for p in params.values()))
+    scratch = scratch or _Scratch(min(CHUNK, max(p.numel() for p in params.values())))
     with torch.no_grad():  # θ ← θ_pre + σ(ℓ) ⊙ δ
         hard = region_to_mask(top_k(logits, hard_k), {n: tuple(l.shape) for n, l in logits.items()}) if hard_k else None
         for n, p in params.items():
+            ell, work = logits[n].reshape(-1), p.data.view(-1)
             if hard is not None:
                 torch.where(hard[n].to(p.device), ft[n], pre[n], out=p.data)
                 if held is not None:
-                    torch.sigmoid(logits[n], out=held.sigma[n])
-            else:  # σ(ℓ) in ℓ's precision, rounded to the model's dtype
-                s = torch.sigmoid(logits[n], out=held.sigma[n] if held else scratch.take(0, logits[n]))
-                w = s if s.dtype == p.dtype else scratch.take(1, p).copy_(s)
-                torch.lerp(pre[n], ft[n], w, out=p.data)
+                    for c in _chunks(ell.numel()):
+                        torch.sigmoid(ell[c], out=held.sigma[n].view(-1)[c])
+                p.grad = None
+                continue
+            lo, hi = pre[n].reshape(-1), ft[n].reshape(-1)
+            for c in _chunks(ell.numel()):  # σ(ℓ) in ℓ's precision, rounded to the model's dtype
+                s = torch.sigmoid(ell[c], out=held.sigma[n].view(-1)[c] if held else scratch.take(0, ell[c]))
+                w = s if s.dtype == p.dtype else scratch.take(1, work[c]).copy_(s)
+                torch.lerp(lo[c], hi[c], w, out=work[c])
             p.grad = None
     names = {id(p): n for n, p in params.items()}
     squares: dict[str, torch.Tensor] = {}
@@ -443,18 +489,23 @@ def logit_gradient(
     @torch.no_grad()
     def to_logit_gradient(p: torch.nn.Parameter) -> None:  # chain rule through Eq. 1 and 2: ∇_θ L ⊙ δ ⊙ σ'(ℓ)
         n = names[id(p)]
-        if held is not None:
-            s, d = held.sigma[n], held.delta[n]
-        else:  # again, rather than held through the backward pass
-            s = torch.sigmoid(logits[n], out=scratch.take(0, logits[n]))
-            d = torch.sub(ft[n], pre[n], out=scratch.take(1, p))
-        g = torch.mul(p.grad, d, out=p.data)
-        torch.ops.aten.sigmoid_backward.grad_input(g, s, grad_input=g)  # g ⊙ σ(1 − σ) in one pass
+        grad, work, ell = p.grad.reshape(-1), p.data.view(-1), logits[n].reshape(-1)
+        sq = None
+        for c in _chunks(work.numel()):
+            if held is not None:
+                s, d = held.sigma[n].view(-1)[c], held.delta[n].view(-1)[c]
+            else:  # again, rather than held through the backward pass
+                s = torch.sigmoid(ell[c], out=scratch.take(0, ell[c]))
+                d = torch.sub(ft[n].reshape(-1)[c], pre[n].reshape(-1)[c], out=scratch.take(1, work[c]))
+            g = torch.mul(grad[c], d, out=work[c])
+            torch.ops.aten.sigmoid_backward.grad_input(g, s, grad_input=g)  # g ⊙ σ(1 − σ) in one pass
+            flat = g.float()
+            part = torch.dot(flat, flat).double()  # one pass, no float64 copy of the gradient
+            sq = part if sq is None else sq + part
         p.grad = None
-        flat = g.view(-1).float()
-        squares[n] = torch.dot(flat, flat).double()  # one pass, no float64 copy of the gradient
+        squares[n] = sq
         if need_peak:
-            peaks[n] = g.abs().max().float()
+            peaks[n] = work.abs().max().float()
 
     hooks = [p.register_post_accumulate_grad_hook(to_logit_gradient) for p in params.values()]
     try:
@@ -621,8 +672,18 @@ def _return_freed_memory() -> None:
         pass
 
 
+CHUNK = 1 << 20  # values per slice of an element-wise pass: its temporaries stay in cache, and small
+
+
+_WHOLE = (slice(None),)
+
+
+def _chunks(numel: int) -> Iterable[slice]:
+    return _WHOLE if numel <= CHUNK else [slice(i, min(i + CHUNK, numel)) for i in range(0, numel, CHUNK)]
+
+
 class _Scratch:
-    """Buffers the size of the largest tensor, reused by every tensor's temporaries (σ(ℓ), δ).
+    """Buffers of one chunk, reused by every tensor's temporaries (σ(ℓ), δ, the region count).
 
     Without them each step allocates and frees a few temporaries per tensor, and those of large
     tensors come as fresh zeroed pages from the operating system every time.
@@ -631,10 +692,10 @@ class _Scratch:
     def __init__(self, numel: int):
         self.numel, self.buffers = numel, {}
 
-    def take(self, slot: int, like: torch.Tensor) -> torch.Tensor:
-        key = (slot, like.dtype, like.device)
+    def take(self, slot: int, like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+        key = (slot, dtype or like.dtype, like.device)
         if key not in self.buffers:
-            self.buffers[key] = torch.empty(self.numel, dtype=like.dtype, device=like.device)
+            self.buffers[key] = torch.empty(self.numel, dtype=key[1], device=like.device)
         return self.buffers[key][: like.numel()].view(like.shape)
 
 

@@ -76,7 +76,11 @@ def test_binarise_round_never_exceeds_budget():
         method.binarise(logits, 2, "nearest")
 
 
-def test_logit_gradient_matches_autograd_through_the_relaxation(tiny_pair):
+@pytest.mark.parametrize("chunk", [None, 37])
+def test_logit_gradient_matches_autograd_through_the_relaxation(tiny_pair, monkeypatch, chunk):
+    """Also when every element-wise pass goes through the tensors in many slices (odd-sized, with a ragged last one)."""
+    if chunk:
+        monkeypatch.setattr(method, "CHUNK", chunk)
     pair, _, _ = tiny_pair
     params = {n: pair.param(n) for n in pair.graftable}
     gen = torch.Generator().manual_seed(3)
@@ -155,8 +159,11 @@ def test_learn_region_keeps_budget_and_restores_the_model(tiny_pair, optimizer, 
         assert moved > 0  # the mask did learn something
 
 
-def test_step_reports_count_the_region_and_an_uncounted_step_learns_the_same(tiny_pair):
+@pytest.mark.parametrize("chunk", [None, 37])
+def test_step_reports_count_the_region_and_an_uncounted_step_learns_the_same(tiny_pair, monkeypatch, chunk):
     """region_size = #{ℓ > 0} and swapped = those outside γ_base; count_region=False changes only the report."""
+    if chunk:  # the count goes through the logits' buffer in slices
+        monkeypatch.setattr(method, "CHUNK", chunk)
     pair, _, _ = tiny_pair
     params = {n: pair.param(n) for n in pair.graftable}
     batch = next(iter(random_batches()(0)))
@@ -301,6 +308,33 @@ def test_fast_and_lean_memory_learn_the_same_logits_bit_for_bit(tiny_pair, logit
                for n, l in lean.items())  # the steps moved the logits
     assert all(torch.equal(fast[n], lean[n]) for n in params)
     assert fast_region.keys() == lean_region.keys() and all(torch.equal(fast_region[n], lean_region[n]) for n in fast_region)
+
+
+def test_sliced_passes_learn_what_whole_tensor_passes_learn(tiny_pair, monkeypatch):
+    """Slicing the element-wise passes (large tensors) changes rounding only: same region, logits within float error,
+    and the two memory modes still agree bit for bit, because both slice alike."""
+    pair, _, _ = tiny_pair
+    params = {n: pair.param(n) for n in pair.graftable}
+    assert max(p.numel() for p in params.values()) > 4 * 37  # several slices per tensor
+    found = {}
+    for chunk, memory in ((method.CHUNK, "lean"), (37, "lean"), (37, "fast")):
+        monkeypatch.setattr(method, "CHUNK", chunk)
+        found[chunk, memory] = method.learn_region(pair.model, params, pair.pre, pair.ft, 150, random_batches(),
+                                                   LearnConfig(steps=4, lr=0.5, memory=memory))
+    (whole, ell), (sliced, ell_sliced), (fast, ell_fast) = found.values()
+    assert all(torch.equal(ell_sliced[n], ell_fast[n]) for n in params)
+    assert all(torch.equal(sliced[n], fast[n]) for n in sliced) and sliced.keys() == fast.keys()
+    assert any(not torch.equal(ell[n], ell[n].sign() * 3.0) for n in params)  # the logits moved
+    for n in params:
+        torch.testing.assert_close(ell_sliced[n], ell[n], rtol=1e-5, atol=1e-5)
+    assert whole.keys() == sliced.keys() and all(torch.equal(whole[n], sliced[n]) for n in whole)
+
+
+def test_logits_of_a_device_are_views_of_one_buffer():
+    logits = method.initial_logits({"b": torch.tensor([1])}, {"a": (2, 3), "b": (4,)}, bias=2.0,
+                                   device={"a": "cpu", "b": "cpu"})
+    assert logits["a"]._base is logits["b"]._base and logits["a"]._base.numel() == 10
+    assert logits["b"].tolist() == [-2.0, 2.0, -2.0, -2.0]
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/meminfo"), reason="reads Linux's memory figures")
