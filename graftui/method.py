@@ -205,20 +205,24 @@ def binarise(logits: dict[str, torch.Tensor], k: int, rule: str = "topk") -> Reg
 class RegionCounter:
     """Counts #{ℓ > 0}, the size of the rounded region, and how many of those lie in ``base``.
 
-    Reads the buffers the logits are views of (``initial_logits``) a chunk at a time through one
-    reused bool buffer (a fresh bool copy of every tensor costs page faults at scale), and the
-    base's positions in them, found once, in one gather.
+    Reads the buffer the logits of a device are views of (``initial_logits``) a chunk at a time,
+    through one reused bool buffer (a fresh bool copy of every tensor costs page faults at scale),
+    and the base's positions in it, found once, in one gather. Logits that are not such views are
+    read one by one.
     """
 
     def __init__(self, logits: dict[str, torch.Tensor], base: Region):
-        roots = {id(l._base if l._base is not None else l): l._base if l._base is not None else l for l in logits.values()}
-        self.buffers = [b.view(-1) for b in roots.values()]
+        def root(t: torch.Tensor) -> torch.Tensor:  # the buffer t was cut from, where the logits fill it
+            whole = t if t._base is None else t._base
+            return whole if sum(l.numel() for l in logits.values() if l._base is whole) == whole.numel() else t
+
+        roots = {id(root(l)): root(l).view(-1) for l in logits.values()}
         where: dict[int, list[torch.Tensor]] = {}
         for name, idx in base.items():
             ell = logits[name]
-            root = id(ell._base if ell._base is not None else ell)
-            where.setdefault(root, []).append(idx.to(ell.device) + ell.storage_offset())
-        self.base = [(roots[r].view(-1), torch.cat(i)) for r, i in where.items()]
+            where.setdefault(id(root(ell)), []).append(idx.to(ell.device) + ell.storage_offset() - root(ell).storage_offset())
+        self.buffers = list(roots.values())
+        self.base = [(roots[r], torch.cat(i)) for r, i in where.items()]
 
     def __call__(self, scratch: _Scratch) -> tuple[int, int]:
         size = 0
@@ -296,7 +300,7 @@ class MaskLearner:
         self.logits = initial_logits(self.base, shapes, config.sigmoid_bias, {n: params[n].device for n in self.names},
                                      getattr(torch, config.logit_dtype))
         self.count = sum(l.numel() for l in self.logits.values())
-        self.scratch = _Scratch(min(CHUNK, self.count))  # reused by every step
+        self.scratch = _Scratch()  # reused by every step
         self.counter = RegionCounter(self.logits, self.base)
         self.held = Held.make(params, pre, ft, self.logits) if _holds(config.memory, params, self.logits) else None
         self.adam = {n: (torch.zeros_like(l, dtype=torch.float32), torch.zeros_like(l, dtype=torch.float32))
@@ -464,7 +468,7 @@ def logit_gradient(
     Every element-wise pass goes through a tensor ``CHUNK`` values at a time, the same chunks in
     both memory modes (σ of a slice can differ from a slice of σ in the last bit).
     """
-    scratch = scratch or _Scratch(min(CHUNK, max(p.numel() for p in params.values())))
+    scratch = scratch or _Scratch()
     with torch.no_grad():  # θ ← θ_pre + σ(ℓ) ⊙ δ
         hard = region_to_mask(top_k(logits, hard_k), {n: tuple(l.shape) for n, l in logits.items()}) if hard_k else None
         for n, p in params.items():
@@ -683,19 +687,20 @@ def _chunks(numel: int) -> Iterable[slice]:
 
 
 class _Scratch:
-    """Buffers of one chunk, reused by every tensor's temporaries (σ(ℓ), δ, the region count).
+    """Buffers reused by every tensor's temporaries (σ(ℓ), δ, the region count), each as large as
+    the largest slice it has served (at most one chunk).
 
     Without them each step allocates and frees a few temporaries per tensor, and those of large
     tensors come as fresh zeroed pages from the operating system every time.
     """
 
-    def __init__(self, numel: int):
-        self.numel, self.buffers = numel, {}
+    def __init__(self):
+        self.buffers: dict[tuple, torch.Tensor] = {}
 
     def take(self, slot: int, like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
         key = (slot, dtype or like.dtype, like.device)
-        if key not in self.buffers:
-            self.buffers[key] = torch.empty(self.numel, dtype=key[1], device=like.device)
+        if key not in self.buffers or self.buffers[key].numel() < like.numel():
+            self.buffers[key] = torch.empty(like.numel(), dtype=key[1], device=like.device)
         return self.buffers[key][: like.numel()].view(like.shape)
 
 

@@ -330,6 +330,18 @@ def test_sliced_passes_learn_what_whole_tensor_passes_learn(tiny_pair, monkeypat
     assert whole.keys() == sliced.keys() and all(torch.equal(whole[n], sliced[n]) for n in whole)
 
 
+def test_region_counter_reads_one_buffer_or_the_tensors_themselves(monkeypatch):
+    monkeypatch.setattr(method, "CHUNK", 3)  # the buffer is read in slices
+    logits = method.initial_logits({"a": torch.tensor([0, 4])}, {"a": (2, 3), "b": (4,)}, bias=1.0)
+    logits["b"][1:3] = 0.5  # a, b: + - - - + -, - + + -
+    counter = method.RegionCounter(logits, {"a": torch.tensor([0, 4]), "b": torch.tensor([0, 2])})
+    assert len(counter.buffers) == 1 and counter(method._Scratch()) == (4, 3)
+    outer = torch.tensor([9.0, 1.0, -1.0, 9.0, 2.0, 0.0, 9.0])  # views that leave parts of their buffer out
+    cut = {"a": outer[1:3], "b": outer[4:6].view(2, 1)}
+    counter = method.RegionCounter(cut, {"a": torch.tensor([0, 1]), "b": torch.tensor([1])})
+    assert len(counter.buffers) == 2 and counter(method._Scratch()) == (2, 1)
+
+
 def test_logits_of_a_device_are_views_of_one_buffer():
     logits = method.initial_logits({"b": torch.tensor([1])}, {"a": (2, 3), "b": (4,)}, bias=2.0,
                                    device={"a": "cpu", "b": "cpu"})
