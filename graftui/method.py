@@ -225,12 +225,14 @@ class RegionCounter:
         self.base = [(roots[r], torch.cat(i)) for r, i in where.items()]
 
     def __call__(self, scratch: _Scratch) -> tuple[int, int]:
-        size = 0  # count_nonzero: a bool .sum() widens every element to int64, 6× slower
-        for flat in self.buffers:
-            for c in _chunks(flat.numel()):
-                size += torch.count_nonzero(torch.gt(flat[c], 0, out=scratch.take(2, flat[c], torch.bool)))
-        kept = sum(torch.count_nonzero(flat[idx] > 0) for flat, idx in self.base)
-        return int(size), int(kept)
+        size = 0
+        for flat in self.buffers:  # one buffer per device: each count is read on its own device
+            here = 0  # count_nonzero: a bool .sum() widens every element to int64, 6× slower
+            for c in _chunks(flat):
+                here += torch.count_nonzero(torch.gt(flat[c], 0, out=scratch.take(2, flat[c], torch.bool)))
+            size += int(here)
+        kept = sum(int(torch.count_nonzero(flat[idx] > 0)) for flat, idx in self.base)
+        return size, kept
 
 
 # -- Eq. 3 -------------------------------------------------------------------------------------
@@ -465,8 +467,8 @@ def logit_gradient(
     σ(ℓ) and δ from there instead of computing them again: the same values, two passes fewer.
     The size is (Σ(∇_ℓ L)², max |∇_ℓ L|); the max only when ``need_peak`` (the "max" norm).
 
-    Every element-wise pass goes through a tensor ``CHUNK`` values at a time, the same chunks in
-    both memory modes (σ of a slice can differ from a slice of σ in the last bit).
+    On CPU every element-wise pass goes through a tensor ``CHUNK`` values at a time, the same
+    chunks in both memory modes (σ of a slice can differ from a slice of σ in the last bit).
     """
     scratch = scratch or _Scratch()
     with torch.no_grad():  # θ ← θ_pre + σ(ℓ) ⊙ δ
@@ -476,12 +478,12 @@ def logit_gradient(
             if hard is not None:
                 torch.where(hard[n].to(p.device), ft[n], pre[n], out=p.data)
                 if held is not None:
-                    for c in _chunks(ell.numel()):
+                    for c in _chunks(ell):
                         torch.sigmoid(ell[c], out=held.sigma[n].view(-1)[c])
                 p.grad = None
                 continue
             lo, hi = pre[n].reshape(-1), ft[n].reshape(-1)
-            for c in _chunks(ell.numel()):  # σ(ℓ) in ℓ's precision, rounded to the model's dtype
+            for c in _chunks(ell):  # σ(ℓ) in ℓ's precision, rounded to the model's dtype
                 s = torch.sigmoid(ell[c], out=held.sigma[n].view(-1)[c] if held else scratch.take(0, ell[c]))
                 w = s if s.dtype == p.dtype else scratch.take(1, work[c]).copy_(s)
                 torch.lerp(lo[c], hi[c], w, out=work[c])
@@ -494,22 +496,27 @@ def logit_gradient(
     def to_logit_gradient(p: torch.nn.Parameter) -> None:  # chain rule through Eq. 1 and 2: ∇_θ L ⊙ δ ⊙ σ'(ℓ)
         n = names[id(p)]
         grad, work, ell = p.grad.reshape(-1), p.data.view(-1), logits[n].reshape(-1)
-        sq = None
-        for c in _chunks(work.numel()):
+        lo, hi = pre[n].reshape(-1), ft[n].reshape(-1)
+        sq = peak = None
+        for c in _chunks(work):
             if held is not None:
                 s, d = held.sigma[n].view(-1)[c], held.delta[n].view(-1)[c]
             else:  # again, rather than held through the backward pass
                 s = torch.sigmoid(ell[c], out=scratch.take(0, ell[c]))
-                d = torch.sub(ft[n].reshape(-1)[c], pre[n].reshape(-1)[c], out=scratch.take(1, work[c]))
+                d = torch.sub(hi[c], lo[c], out=scratch.take(1, work[c]))
             g = torch.mul(grad[c], d, out=work[c])
             torch.ops.aten.sigmoid_backward.grad_input(g, s, grad_input=g)  # g ⊙ σ(1 − σ) in one pass
             flat = g.float()
             part = torch.dot(flat, flat).double()  # one pass, no float64 copy of the gradient
             sq = part if sq is None else sq + part
+            if need_peak:  # max |g| without a copy of |g|
+                least, most = torch.aminmax(flat)
+                part = torch.maximum(-least, most)
+                peak = part if peak is None else torch.maximum(peak, part)
         p.grad = None
         squares[n] = sq
         if need_peak:
-            peaks[n] = work.abs().max().float()
+            peaks[n] = peak.float()
 
     hooks = [p.register_post_accumulate_grad_hook(to_logit_gradient) for p in params.values()]
     try:
@@ -676,14 +683,17 @@ def _return_freed_memory() -> None:
         pass
 
 
-CHUNK = 1 << 20  # values per slice of an element-wise pass: its temporaries stay in cache, and small
+CHUNK = 1 << 20  # values per slice of an element-wise pass on CPU: its temporaries stay in cache, and small
 
 
 _WHOLE = (slice(None),)
 
 
-def _chunks(numel: int) -> Iterable[slice]:
-    return _WHOLE if numel <= CHUNK else [slice(i, min(i + CHUNK, numel)) for i in range(0, numel, CHUNK)]
+def _chunks(flat: torch.Tensor) -> Iterable[slice]:
+    """Slices of a CPU pass over ``flat``; a GPU has no page faults to spare and pays per kernel launch, so it
+    gets the whole tensor."""
+    n = flat.numel()
+    return _WHOLE if n <= CHUNK or flat.device.type != "cpu" else [slice(i, min(i + CHUNK, n)) for i in range(0, n, CHUNK)]
 
 
 class _Scratch:

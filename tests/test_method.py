@@ -310,9 +310,10 @@ def test_fast_and_lean_memory_learn_the_same_logits_bit_for_bit(tiny_pair, logit
     assert fast_region.keys() == lean_region.keys() and all(torch.equal(fast_region[n], lean_region[n]) for n in fast_region)
 
 
-def test_sliced_passes_learn_what_whole_tensor_passes_learn(tiny_pair, monkeypatch):
-    """Slicing the element-wise passes (large tensors) changes rounding only: same region, logits within float error,
-    and the two memory modes still agree bit for bit, because both slice alike."""
+@pytest.mark.parametrize("forward", ["relaxed", "hard"])
+def test_sliced_passes_learn_what_whole_tensor_passes_learn(tiny_pair, monkeypatch, forward):
+    """Slicing the element-wise passes (large tensors on CPU) changes rounding only: logits within float error,
+    nearly the same region, and the two memory modes still agree bit for bit, because both slice alike."""
     pair, _, _ = tiny_pair
     params = {n: pair.param(n) for n in pair.graftable}
     assert max(p.numel() for p in params.values()) > 4 * 37  # several slices per tensor
@@ -320,14 +321,15 @@ def test_sliced_passes_learn_what_whole_tensor_passes_learn(tiny_pair, monkeypat
     for chunk, memory in ((method.CHUNK, "lean"), (37, "lean"), (37, "fast")):
         monkeypatch.setattr(method, "CHUNK", chunk)
         found[chunk, memory] = method.learn_region(pair.model, params, pair.pre, pair.ft, 150, random_batches(),
-                                                   LearnConfig(steps=4, lr=0.5, memory=memory))
+                                                   LearnConfig(steps=4, lr=0.5, memory=memory, forward=forward))
     (whole, ell), (sliced, ell_sliced), (fast, ell_fast) = found.values()
     assert all(torch.equal(ell_sliced[n], ell_fast[n]) for n in params)
     assert all(torch.equal(sliced[n], fast[n]) for n in sliced) and sliced.keys() == fast.keys()
     assert any(not torch.equal(ell[n], ell[n].sign() * 3.0) for n in params)  # the logits moved
     for n in params:
         torch.testing.assert_close(ell_sliced[n], ell[n], rtol=1e-5, atol=1e-5)
-    assert whole.keys() == sliced.keys() and all(torch.equal(whole[n], sliced[n]) for n in whole)
+    shared = sum(len(set(whole[n].tolist()) & set(i.tolist())) for n, i in sliced.items() if n in whole)
+    assert shared >= 147  # of 150: a last-bit difference can only swap logits tied at the threshold
 
 
 def test_region_counter_reads_one_buffer_or_the_tensors_themselves(monkeypatch):
