@@ -212,15 +212,16 @@ class RegionCounter:
     """
 
     def __init__(self, logits: dict[str, torch.Tensor], base: Region):
-        def root(t: torch.Tensor) -> torch.Tensor:  # the buffer t was cut from, where the logits fill it
-            whole = t if t._base is None else t._base
-            return whole if sum(l.numel() for l in logits.values() if l._base is whole) == whole.numel() else t
-
-        roots = {id(root(l)): root(l).view(-1) for l in logits.values()}
+        cut = {n: l if l._base is None else l._base for n, l in logits.items()}  # the buffer each was cut from
+        filled: dict[int, int] = {}
+        for n, l in logits.items():
+            filled[id(cut[n])] = filled.get(id(cut[n]), 0) + l.numel()
+        root = {n: cut[n] if filled[id(cut[n])] == cut[n].numel() else l for n, l in logits.items()}
+        roots = {id(r): r.view(-1) for r in root.values()}
         where: dict[int, list[torch.Tensor]] = {}
         for name, idx in base.items():
-            ell = logits[name]
-            where.setdefault(id(root(ell)), []).append(idx.to(ell.device) + ell.storage_offset() - root(ell).storage_offset())
+            offset = logits[name].storage_offset() - root[name].storage_offset()
+            where.setdefault(id(root[name]), []).append(idx.to(root[name].device) + offset)
         self.buffers = list(roots.values())
         self.base = [(roots[r], torch.cat(i)) for r, i in where.items()]
 
