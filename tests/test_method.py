@@ -344,6 +344,13 @@ def test_region_counter_reads_one_buffer_or_the_tensors_themselves(monkeypatch):
     assert len(counter.buffers) == 2 and counter(method._Scratch()) == (2, 1)
 
 
+def test_only_cpu_passes_are_sliced(monkeypatch):
+    """A GPU pays per kernel launch and has no page faults to save: its passes take the whole tensor."""
+    monkeypatch.setattr(method, "CHUNK", 4)
+    assert [(c.start, c.stop) for c in method._chunks(torch.empty(10))] == [(0, 4), (4, 8), (8, 10)]
+    assert method._chunks(torch.empty(4)) == method._chunks(torch.empty(10, device="meta")) == (slice(None),)
+
+
 def test_logits_of_a_device_are_views_of_one_buffer():
     logits = method.initial_logits({"b": torch.tensor([1])}, {"a": (2, 3), "b": (4,)}, bias=2.0,
                                    device={"a": "cpu", "b": "cpu"})
