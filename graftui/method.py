@@ -475,7 +475,7 @@ def logit_gradient(
     with torch.no_grad():  # θ ← θ_pre + σ(ℓ) ⊙ δ
         hard = region_to_mask(top_k(logits, hard_k), {n: tuple(l.shape) for n, l in logits.items()}) if hard_k else None
         for n, p in params.items():
-            ell, work = logits[n].reshape(-1), p.data.view(-1)
+            ell = logits[n].reshape(-1)
             if hard is not None:
                 torch.where(hard[n].to(p.device), ft[n], pre[n], out=p.data)
                 if held is not None:
@@ -483,7 +483,7 @@ def logit_gradient(
                         torch.sigmoid(ell[c], out=held.sigma[n].view(-1)[c])
                 p.grad = None
                 continue
-            lo, hi = pre[n].reshape(-1), ft[n].reshape(-1)
+            work, lo, hi = p.data.view(-1), pre[n].reshape(-1), ft[n].reshape(-1)
             for c in _chunks(ell):  # σ(ℓ) in ℓ's precision, rounded to the model's dtype
                 s = torch.sigmoid(ell[c], out=held.sigma[n].view(-1)[c] if held else scratch.take(0, ell[c]))
                 w = s if s.dtype == p.dtype else scratch.take(1, work[c]).copy_(s)
@@ -691,15 +691,15 @@ _WHOLE = (slice(None),)
 
 
 def _chunks(flat: torch.Tensor) -> Iterable[slice]:
-    """Slices of a CPU pass over ``flat``; a GPU has no page faults to spare and pays per kernel launch, so it
-    gets the whole tensor."""
+    """Slices of a CPU pass over ``flat``; a GPU pass takes the whole tensor (a GPU pays per kernel launch
+    and its caching allocator takes no fresh pages)."""
     n = flat.numel()
     return _WHOLE if n <= CHUNK or flat.device.type != "cpu" else [slice(i, min(i + CHUNK, n)) for i in range(0, n, CHUNK)]
 
 
 class _Scratch:
     """Buffers reused by every tensor's temporaries (σ(ℓ), δ, the region count), each as large as
-    the largest slice it has served (at most one chunk).
+    the largest slice it has served (at most one chunk on CPU).
 
     Without them each step allocates and frees a few temporaries per tensor, and those of large
     tensors come as fresh zeroed pages from the operating system every time.
