@@ -57,7 +57,7 @@ import json, time
 t0 = time.monotonic()
 from graftui.training import ensure_default_finetuned
 path = ensure_default_finetuned()
-from graftui.models import DEFAULT_BASE, DEFAULT_FINETUNED
+from graftui.config import DEFAULT_BASE, DEFAULT_FINETUNED
 from graftui.ui.actions import per_class
 from graftui.ui.store import defaults
 d = defaults()

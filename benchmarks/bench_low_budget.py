@@ -54,7 +54,7 @@ def main() -> None:
     from graftui import flows, metrics, scoring, settings
     from graftui.data import batches, kshot, load_task
     from graftui.method import LearnConfig, learn_region
-    from graftui.methods import Budget
+    from graftui.config import Budget
     from graftui.models import GraftableSpec
     from graftui.requests import DEFAULT_EXAMPLES_PER_CLASS, DEFAULT_RECIPE
 
@@ -81,7 +81,7 @@ def main() -> None:
           f"{'vs top':>7} {'seconds':>8} {'time×':>6}")
     for s in [float(x) for x in args.sparsities.split(",")]:
         k = Budget(sparsity=s).resolve(pair.counts()["graftable"])
-        top = score(pair.grafted(scoring.baseline_regions(pair, k, ("top-movement",))["Top movement"]))
+        top = score(pair.grafted(scoring.baseline_regions(pair, k, ("top-movement",))["top-movement"]))
         print(f"{s:>9g} {k:>7,} {'top-move':>11} {top['test']:>6.3f} {top['test'] / ft['test']:>5.0%} {'':>7} "
               f"{top['independent']:>6.3f} {top['independent'] / ft['independent']:>5.0%}")
         base_seconds = None

@@ -7,55 +7,62 @@ Every verb takes its request's fields as keywords (or a ready request) and retur
     result.k, result.region, result.save("region.safetensors")
     graftui.evaluate(regions=[result.path], baselines=True).rows
 
-``progress`` (a callable taking a dict) and ``cancel`` (a threading.Event) are optional.
+``progress`` (a callable taking a dict) and ``cancel`` (a threading.Event) are optional. The verbs
+and their request types come from the verb registry (``graftui.flows.VERBS``), loaded on first use
+so that ``import graftui`` stays cheap.
 """
 
-__version__ = "0.2.0"
+from importlib import import_module
+from pathlib import Path
 
-_VERBS = ("finetune", "localize", "evaluate", "sweep", "anatomy", "compose", "export", "multitask", "wise", "retrain", "continual",
-          "reproduce", "push")
-_TYPES = ("FinetuneRequest", "LocalizeRequest", "EvaluateRequest", "SweepRequest", "AnatomyRequest",
-          "ComposeRequest", "ExportRequest", "MultitaskRequest", "WiseRequest", "RetrainRequest", "ContinualRequest", "ReproduceRequest", "PushRequest", "LearnConfig", "FinetuneConfig")
-__all__ = [*_VERBS, *_TYPES, "run", "run_file", "load_region", "GraftuiError", "__version__"]
+from .version import __version__  # noqa: F401  (graftui.__version__)
+
+_HERE = Path(__file__).parent
+_SUBMODULES = {p.stem for p in _HERE.glob("*.py")} | {p.name for p in _HERE.iterdir() if (p / "__init__.py").exists()}
+_TYPES = ("LearnConfig", "FinetuneConfig", "LoadOptions", "GraftableSpec", "Budget")  # value types (graftui.config)
 
 
-def _verb(name: str):
+def _verb(entry):
     def call(request=None, /, *, progress=None, cancel=None, **fields):
-        from . import flows, requests
-
-        cls = requests.REQUESTS[name]
         if request is None:
-            request = cls(**{**cls.defaults(), **fields})
+            request = entry.request.make(**fields)
         elif fields:
             request = request.replace(**fields)
-        return flows.FLOWS[name](request, progress=progress, cancel=cancel)
+        return entry.flow(request, progress=progress, cancel=cancel)
 
-    call.__name__ = call.__qualname__ = name
+    call.__name__ = call.__qualname__ = entry.name
+    call.__doc__ = entry.request.__doc__
     return call
 
 
-def __getattr__(attr: str):  # lazy: `import graftui` stays cheap, torch loads on first use
-    if attr in _VERBS:
-        from . import requests
+def _module(name: str):
+    return import_module(f"{__name__}.{name}")  # not ``from . import``: that would ask __getattr__ again
 
-        fn = _verb(attr)
-        fn.__doc__ = requests.REQUESTS[attr].__doc__
-        globals()[attr] = fn
-        return fn
-    if attr in _TYPES:
-        from . import requests
 
-        return getattr(requests, attr)
-    if attr in ("run", "run_file"):
-        from . import flows
+def __getattr__(attr: str):  # lazy (PEP 562): torch and the models load on first use, not on import
+    if attr.startswith("_") or attr in _SUBMODULES:  # a submodule not imported yet: the import system's to load
+        raise AttributeError(f"module 'graftui' has no attribute {attr!r}")
+    flows = _module("flows")
+    requests = {v.request.__name__: v.request for v in flows.VERBS.values()}
+    if attr in flows.VERBS:
+        value = _verb(flows.VERBS[attr])
+    elif attr in requests:
+        value = requests[attr]
+    elif attr in _TYPES:
+        value = getattr(_module("config"), attr)
+    elif attr in ("run", "run_file"):
+        value = getattr(flows, attr)
+    elif attr == "load_region":
+        value = _module("regions").load
+    elif attr == "GraftuiError":
+        value = _module("errors").GraftuiError
+    else:
+        raise AttributeError(f"module 'graftui' has no attribute {attr!r}")
+    globals()[attr] = value
+    return value
 
-        return getattr(flows, attr)
-    if attr == "load_region":
-        from .regions import load
 
-        return load
-    if attr == "GraftuiError":
-        from .errors import GraftuiError
-
-        return GraftuiError
-    raise AttributeError(f"module 'graftui' has no attribute {attr!r}")
+def __dir__():
+    flows = _module("flows")
+    return sorted({*globals(), *flows.VERBS, *(v.request.__name__ for v in flows.VERBS.values()), *_TYPES,
+                   "run", "run_file", "load_region", "GraftuiError"})

@@ -16,8 +16,9 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from . import __version__
-from .regions import atomic_write
+from . import figures as fig
+from .paths import atomic_write
+from .version import __version__
 
 
 def _flat(row: dict) -> dict:
@@ -71,8 +72,6 @@ def tables(verb: str, result: dict) -> dict[str, list[dict]]:
 
 def figures(verb: str, result: dict) -> dict:
     """The result's plotly figures by name (the app draws the same ones)."""
-    from .ui import figures as fig
-
     out = {}
     if result.get("reliability"):
         out["reliability"] = fig.reliability_diagram(result["reliability"], result.get("task", ""))

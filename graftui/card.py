@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import math
 
-from .lab import relative_gain
+from .config import BODY_LABEL, FT_LABEL
+from .experiments import relative_gain
+from .formatting import pct as _pct, pts
 
 Z95 = 1.959963984540054
 BALANCED = 0.02  # |mean confidence − accuracy| up to this: neither over- nor under-confident on the whole
 SAME_AS_START = 0.8  # a learned region sharing more than this with its top-movement start barely moved
-FT_LABEL, BODY_LABEL = "fine-tuned", "pre-trained body + FT head"
 
 
 def wilson(accuracy: float, n: int, z: float = Z95) -> list[float] | None:
@@ -85,11 +86,8 @@ def annotate(rows: list[dict]) -> list[dict]:
 
 # -- sentences -------------------------------------------------------------------------------------
 def pct(x: float | None, digits: int = 0) -> str:
-    return "–" if x is None else f"{100 * x:.{digits}f} %"
-
-
-def pts(x: float) -> str:
-    return f"{100 * x:+.1f} pts"
+    """A share in a sentence: "95 %"."""
+    return _pct(x, digits, spaced=True)
 
 
 def interval(row) -> str:

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .errors import DataError
+from .paths import DATA_SUFFIXES
 
 if TYPE_CHECKING:
     import torch
@@ -258,7 +259,7 @@ def _head(table: Any, n: int) -> list[dict]:
     return table.select(range(min(n, len(table)))).to_list()
 
 
-_FILE_SUFFIXES = (".csv", ".tsv", ".jsonl", ".json", ".parquet")
+_FILE_SUFFIXES = DATA_SUFFIXES
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
 _SPLIT_ALIASES = {
     "train": ("train", "training"),

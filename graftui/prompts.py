@@ -22,10 +22,9 @@ from pathlib import Path
 
 import torch
 
+from .config import LM_KINDS, kind_of_architecture
 from .errors import ModelError
 
-KINDS = ("classifier", "causal-lm", "masked-lm")
-LM_KINDS = ("causal-lm", "masked-lm")
 SCORINGS = ("first", "all")
 DEFAULT_TEMPLATES = {"causal-lm": "{text} It was", "masked-lm": "{text} It was {mask}."}
 PROMPT_FILE = "graftui_prompt.json"  # beside a checkpoint graftui fine-tuned with a prompt
@@ -33,18 +32,8 @@ _FIELDS = {"text", "text_pair", "mask"}
 
 
 def kind_of(config) -> str:
-    """What a checkpoint is, from its config: a sequence classifier, a causal LM or a masked LM.
-
-    A bare encoder (no head at all, e.g. MiniLM) is a classifier whose head is new.
-    """
-    architectures = list(getattr(config, "architectures", None) or [])
-    if any(a.endswith("ForSequenceClassification") for a in architectures):
-        return "classifier"
-    if any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in architectures):
-        return "causal-lm"
-    if any(a.endswith("ForMaskedLM") for a in architectures):
-        return "masked-lm"
-    return "classifier"
+    """What a checkpoint is, from its config's architectures (config.kind_of_architecture)."""
+    return kind_of_architecture(getattr(config, "architectures", None))
 
 
 # -- the prompt --------------------------------------------------------------------------------------

@@ -7,8 +7,9 @@ Layout of a file (all tensors little-endian, as safetensors writes them):
     head/<param>  float32       parameters only the fine-tuned model has    (skill patch only)
 
 and string metadata ``graftui_format`` (version), ``kind`` (``region`` | ``patch``), ``shapes``
-(JSON: every graftable parameter's shape) and ``meta`` (JSON: references, hashes, task, method,
-budget, counts, hyper-parameters, library version, time).
+(JSON: every graftable parameter's shape), ``region_digest`` (the content id of the indices) and
+``meta`` (JSON of :class:`RegionMeta`: references, hashes, task, method, budget, counts,
+hyper-parameters, the request, library version, time).
 
 A patch rebuilds the graft bit-exactly from the base alone: base + patch = θ_pre + γ⊙δ.
 """
@@ -18,31 +19,226 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
-import tempfile
 import time
-from dataclasses import dataclass, field
+from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 import torch
 
-from . import __version__
+from .config import HEADS, GraftableSpec, LoadOptions
+from .data import DataSpec
 from .errors import RegionError
 from .method import Region, region_size
+from .models import ModelPair, architecture, load_reader, pair_kind
+from .paths import atomic_dir, atomic_write
+from .version import __version__
 
 FORMAT_VERSION = "1"
 MAX_FILE_BYTES = 2 << 30  # a region file larger than this is not one we wrote
+MAX_LABELS = 10_000
 
 
+# -- what a region file says about itself ---------------------------------------------------------
+_TYPES: dict[str, tuple] = {}  # field -> the JSON types its value may have (filled below from the annotations)
+
+
+@dataclass
+class RegionMeta(MutableMapping):
+    """The one schema of a region file's ``meta``: where the region came from, what it is, how it was made.
+
+    Written by :func:`make_record` (the one writer) and read back by :meth:`from_dict`, which checks
+    every field's type (region files are untrusted); the typed readers below (:func:`recorded_options`,
+    :func:`recorded_labels`, …) turn it into what the library uses. It also reads like the JSON
+    mapping it is stored as (``meta["task"]``), and keys it does not know are kept in ``extra`` so a
+    file from a newer graftui loses nothing.
+    """
+
+    # the pair
+    base: str | None = None
+    finetuned: str | None = None
+    base_sha256: str | None = None
+    finetuned_sha256: str | None = None  # sha256 of the fine-tuned weights the region (and a patch's values) came from
+    architecture: str | None = None
+    labels: list | None = None
+    loading: dict | None = None  # how the pair was read (LoadFields names): its prompt, reused by later verbs
+    prompt: dict | None = None  # prompts.Prompt.as_dict() of a language model
+    # the region
+    method: str | None = None
+    task: str | None = None
+    k: int | None = None
+    graftable_params: int | None = None
+    total_params: int | None = None
+    fraction_of_graftable: float | None = None
+    fraction_of_all: float | None = None
+    budget: str | None = None
+    budget_k: int | None = None
+    sparsity: float | None = None
+    train_examples: int | None = None
+    learn: dict | None = None  # LearnConfig.as_dict() of a learned region
+    graftable_spec: dict | None = None  # GraftableSpec.as_dict() the region was learned over
+    top_movement_overlap: float | None = None  # share of a learned region inside the top-movement region it started from
+    # how it was made
+    request: dict | None = None  # the request that makes it again (graftui run FILE)
+    notes: list | None = None
+    seconds: float | None = None
+    library_version: str | None = None
+    created: str | None = None
+    format: str = FORMAT_VERSION
+    # regions of a multi-task model (§5.1)
+    start: str | None = None
+    multitask_checkpoint: str | None = None
+    group: list | None = None
+    # a union of regions (compose)
+    sources: list | None = None
+    source_methods: list | None = None
+    resolve: str | None = None
+    overlap_params: int | None = None
+    # a region uploaded in the app and checked against a pair
+    original_base: str | None = None
+    original_finetuned: str | None = None
+    uploaded_as: str | None = None
+    export_request: dict | None = None  # the export that wrote a checkpoint from it
+    data_spec: dict | None = None  # the data columns, in files written before requests recorded them
+    extra: dict = field(default_factory=dict)  # keys this version does not know
+
+    # -- the JSON mapping -------------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, data, file: str = "the region file") -> "RegionMeta":
+        """The schema from a header's JSON; a field of the wrong type is a RegionError naming it."""
+        if isinstance(data, RegionMeta):
+            return data
+        if not isinstance(data, Mapping):
+            raise RegionError(f"'{file}' has unreadable metadata (not a JSON object)")
+        known, extra = {}, {}
+        for key, value in data.items():
+            if key not in _TYPES:
+                extra[str(key)] = value
+            elif value is not None and not (isinstance(value, _TYPES[key]) and not (
+                    isinstance(value, bool) and bool not in _TYPES[key])):
+                raise RegionError(f"'{file}' has a malformed '{key}' in its metadata ({type(value).__name__}): "
+                                  "a damaged or edited header")
+            else:
+                known[key] = value
+        return cls(**known, extra=extra)
+
+    def as_dict(self) -> dict:
+        """The JSON object written into the file: every field that is set, and the unknown keys."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
+        return {**{k: v for k, v in out.items() if v is not None}, **self.extra}
+
+    def __getitem__(self, key: str):
+        if key in _TYPES:
+            value = getattr(self, key)
+            if value is None:
+                raise KeyError(key)
+            return value
+        return self.extra[key]
+
+    def __setitem__(self, key: str, value) -> None:
+        if key in _TYPES:
+            setattr(self, key, value)
+        else:
+            self.extra[key] = value
+
+    def __delitem__(self, key: str) -> None:
+        if key in _TYPES:
+            if getattr(self, key) is None:
+                raise KeyError(key)
+            setattr(self, key, None)
+        else:
+            del self.extra[key]
+
+    def __iter__(self):
+        return iter(self.as_dict())
+
+    def __len__(self) -> int:
+        return len(self.as_dict())
+
+
+_TYPES.update({f.name: {"str": (str,), "int": (int,), "float": (int, float), "list": (list,), "dict": (dict,)}[
+    str(f.type).split(" ")[0].split("[")[0]] for f in fields(RegionMeta) if f.name != "extra"})
+
+
+# -- typed readers --------------------------------------------------------------------------------
+def recorded_options(meta, **overrides) -> LoadOptions:
+    """The LoadOptions a region was made with (its prompt), with ``overrides`` on top.
+
+    Only the prompt is read (dtype and placement are the reader's), and only values of the right kind.
+    """
+    meta = RegionMeta.from_dict(meta)
+    loading = meta.loading or {}
+    known = {"head", "template", "label_words", "label_scoring"}
+    values = {k: v for k, v in loading.items() if k in known and isinstance(v, str)}
+    if values.get("head") not in HEADS:
+        values.pop("head", None)
+    return LoadOptions(**{**values, **{k: v for k, v in overrides.items() if v is not None}})
+
+
+def recorded_labels(meta) -> tuple[str, ...] | None:
+    """A region's recorded label names: a list of strings, or a RegionError (region files are untrusted)."""
+    labels = meta.get("labels") if isinstance(meta, Mapping) else None
+    if labels is None or labels == []:
+        return None
+    if not isinstance(labels, list) or not all(isinstance(x, str) for x in labels) or len(labels) > MAX_LABELS:
+        raise RegionError("the region file's 'labels' are not a list of label names")
+    return tuple(labels)
+
+
+def recorded_spec(meta) -> GraftableSpec | None:
+    """The graftable set a region was learned over, when it recorded one."""
+    return GraftableSpec.from_dict(RegionMeta.from_dict(meta).graftable_spec)
+
+
+def recorded_columns(meta) -> DataSpec:
+    """The data columns a region's own task was read with (its request's, else an older file's data_spec)."""
+    meta = RegionMeta.from_dict(meta)
+    request, old = meta.request or {}, meta.data_spec or {}
+
+    def pick(key):
+        value = request.get(key) or old.get(key)
+        return value if isinstance(value, str) else None
+
+    return DataSpec(config=pick("config"), text_column=pick("text_column"), pair_column=pick("pair_column"),
+                    label_column=pick("label_column"))
+
+
+def settings_of(meta) -> list[str]:
+    """The settings that tell two runs of one method apart: steps, examples, learning rate, seed; sources of a union."""
+    meta = RegionMeta.from_dict(meta)
+    learn, out = meta.learn, []
+    if learn:
+        lr = learn.get("lr")
+        examples = "?" if meta.train_examples is None else meta.train_examples
+        out += [f"{learn.get('steps')} steps", f"{examples} examples",
+                f"lr {lr:g}" if isinstance(lr, (int, float)) else "lr ?", f"seed {learn.get('seed')}"]
+    if meta.method == "union" and meta.sources is not None:
+        out.append(f"union of {len(meta.sources)}")
+    return out
+
+
+def describe(meta) -> str:
+    """A region in one line: task · method · k · its settings."""
+    meta = RegionMeta.from_dict(meta)
+    k = meta.k
+    return " · ".join([str(meta.task or "?"), str(meta.method or "?"), f"k={k:,}" if isinstance(k, int) else "k=?",
+                       *settings_of(meta)])
+
+
+# -- a region and its record ------------------------------------------------------------------------
 @dataclass
 class RegionRecord:
     """A region with everything needed to reproduce, inspect and re-apply it."""
 
     indices: Region
     shapes: dict[str, tuple[int, ...]]  # all graftable parameters, not only those in the region
-    meta: dict = field(default_factory=dict)
+    meta: RegionMeta = field(default_factory=RegionMeta)
     values: dict[str, torch.Tensor] | None = None  # fine-tuned values at ``indices`` (patch)
     head: dict[str, torch.Tensor] | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.meta, RegionMeta):
+            self.meta = RegionMeta.from_dict(dict(self.meta or {}))
 
     @property
     def size(self) -> int:
@@ -56,71 +252,64 @@ class RegionRecord:
     def is_patch(self) -> bool:
         return self.values is not None
 
+    @property
+    def kind(self) -> str:
+        return "patch" if self.is_patch else "region"
+
     def summary(self) -> dict:
+        m = self.meta
         return {
-            "kind": "patch" if self.is_patch else "region",
+            "kind": self.kind,
             "size": self.size,
             "graftable": self.graftable,
             "fraction_of_graftable": self.size / max(self.graftable, 1),
             "tensors": len(self.indices),
-            **{k: v for k, v in self.meta.items() if k in {"method", "base", "finetuned", "task", "k", "budget"}},
+            **{k: getattr(m, k) for k in ("method", "base", "finetuned", "task", "k", "budget") if getattr(m, k) is not None},
         }
 
 
-def make_record(pair, indices: Region, meta: dict) -> RegionRecord:
-    """Attach shapes and the standard metadata of ``pair`` to a region."""
-    from .models import architecture
-
+def make_record(pair, indices: Region, fields_: dict | None = None) -> RegionRecord:
+    """The one writer of a region's record: ``pair``'s standard metadata, then ``fields_`` (RegionMeta fields)."""
     counts = pair.counts()
-    full = {
-        "format": FORMAT_VERSION,
-        "base": pair.base_ref,
-        "finetuned": pair.finetuned_ref,
-        "base_sha256": pair.hashes.get("base"),
-        "finetuned_sha256": pair.hashes.get("finetuned"),
-        "labels": list(pair.label_names),
-        "architecture": architecture(pair.model),
-        "loading": pair.loading_record(),
-        "prompt": pair.prompt.as_dict() if pair.prompt else None,
-        "k": region_size(indices),
-        "graftable_params": counts["graftable"],
-        "total_params": counts["total"],
-        "fraction_of_graftable": region_size(indices) / max(counts["graftable"], 1),
-        "fraction_of_all": region_size(indices) / max(counts["total"], 1),
-        "library_version": __version__,
-        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
-    full.update(meta)
-    return RegionRecord(indices={n: i.cpu() for n, i in indices.items()}, shapes=pair.shapes, meta=full)
+    meta = RegionMeta(
+        base=pair.base_ref, finetuned=pair.finetuned_ref, base_sha256=pair.hashes.get("base"),
+        finetuned_sha256=pair.hashes.get("finetuned"), labels=list(pair.label_names), architecture=architecture(pair.model),
+        loading=pair.loading_record(), prompt=pair.prompt.as_dict() if pair.prompt else None,
+        k=region_size(indices), graftable_params=counts["graftable"], total_params=counts["total"],
+        fraction_of_graftable=region_size(indices) / max(counts["graftable"], 1),
+        fraction_of_all=region_size(indices) / max(counts["total"], 1),
+        library_version=__version__, created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    )
+    for key, value in (fields_ or {}).items():
+        if key not in _TYPES:
+            raise TypeError(f"a region record has no field '{key}'")
+        setattr(meta, key, value)
+    return RegionRecord(indices={n: i.cpu() for n, i in indices.items()}, shapes=pair.shapes, meta=meta)
+
+
+PAIR_FIELDS = ("base", "finetuned", "base_sha256", "finetuned_sha256", "architecture", "labels", "loading", "prompt",
+               "total_params", "graftable_spec")  # what a region made from others keeps of its source's record
+
+
+def derived_record(source: RegionMeta, indices: Region, shapes: dict, fields_: dict, values=None, head=None) -> RegionRecord:
+    """A record made from other regions (a union): ``source``'s pair, the counts of ``indices``, then ``fields_``."""
+    size, graftable = region_size(indices), sum(math.prod(s) for s in shapes.values())
+    meta = RegionMeta(**{key: getattr(source, key) for key in PAIR_FIELDS}, k=size, graftable_params=graftable,
+                      fraction_of_graftable=size / max(graftable, 1), library_version=__version__,
+                      created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    meta.fraction_of_all = size / meta.total_params if meta.total_params else None
+    for key, value in fields_.items():
+        if key not in _TYPES:
+            raise TypeError(f"a region record has no field '{key}'")
+        setattr(meta, key, value)
+    return RegionRecord(indices, shapes, meta, values, head)
 
 
 def with_patch(pair, record: RegionRecord) -> RegionRecord:
     """The same region carrying the fine-tuned values and the head: a self-contained skill patch."""
     values = {n: pair.ft[n].reshape(-1)[i.to(pair.ft[n].device)].detach().cpu().clone() for n, i in record.indices.items()}
     head = {n: pair.param(n).detach().cpu().clone() for n in pair.head}
-    return RegionRecord(record.indices, record.shapes, dict(record.meta), values, head)
-
-
-# -- writing -----------------------------------------------------------------------------------
-def atomic_write(path: str | Path, write) -> Path:
-    """Write through a temporary file in the same folder, then rename: never a half-written file."""
-    path = Path(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    except OSError as err:
-        raise OSError(err.errno, f"cannot write '{path}': {err.strerror}") from None
-    os.close(fd)
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except OSError as err:  # name the file asked for, never the temporary one
-        Path(tmp).unlink(missing_ok=True)
-        raise OSError(err.errno, f"cannot write '{path}': {err.strerror or err}") from None
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return RegionRecord(record.indices, record.shapes, replace(record.meta, extra=dict(record.meta.extra)), values, head)
 
 
 def digest(indices: Region) -> str:
@@ -131,26 +320,6 @@ def digest(indices: Region) -> str:
         if idx.numel():
             h.update(name.encode() + b"\0" + idx.to(torch.int64).cpu().contiguous().numpy().tobytes())
     return h.hexdigest()[:8]
-
-
-def settings_of(meta: dict) -> list[str]:
-    """The settings that tell two runs of one method apart: steps, examples, learning rate, seed; sources of a union."""
-    learn = meta.get("learn") if isinstance(meta.get("learn"), dict) else None
-    out = []
-    if learn:
-        lr = learn.get("lr")
-        out += [f"{learn.get('steps')} steps", f"{meta.get('train_examples', '?')} examples",
-                f"lr {lr:g}" if isinstance(lr, (int, float)) else "lr ?", f"seed {learn.get('seed')}"]
-    if meta.get("method") == "union" and isinstance(meta.get("sources"), list):
-        out.append(f"union of {len(meta['sources'])}")
-    return out
-
-
-def describe(meta: dict) -> str:
-    """A region in one line: task · method · k · its settings."""
-    k = meta.get("k")
-    return " · ".join([str(meta.get("task", "?")), str(meta.get("method", "?")),
-                       f"k={k:,}" if isinstance(k, int) else "k=?", *settings_of(meta)])
 
 
 def save(record: RegionRecord, path: str | Path) -> Path:
@@ -167,7 +336,7 @@ def save(record: RegionRecord, path: str | Path) -> Path:
         "graftui_format": FORMAT_VERSION,
         "kind": "patch" if record.is_patch else "region",
         "shapes": json.dumps({n: list(s) for n, s in record.shapes.items()}),
-        "meta": json.dumps(record.meta, default=str),
+        "meta": json.dumps(record.meta.as_dict(), default=str),
         "region_digest": digest(record.indices),
     }
     if not tensors:  # safetensors needs one tensor; an empty region is still a valid answer
@@ -201,8 +370,7 @@ def load(path: str | Path) -> RegionRecord:
         meta = json.loads(metadata.get("meta", "{}"))
     except (ValueError, TypeError, AttributeError) as err:
         raise RegionError(f"'{path.name}' has unreadable metadata ({_first_line(err)})") from err
-    if not isinstance(meta, dict):
-        raise RegionError(f"'{path.name}' has unreadable metadata (not a JSON object)")
+    meta = RegionMeta.from_dict(meta, path.name)
     kind = metadata.get("kind", "region")
     indices, values, head = {}, {}, {}
     for key, tensor in tensors.items():
@@ -231,10 +399,54 @@ def load(path: str | Path) -> RegionRecord:
     return record
 
 
+@dataclass(frozen=True)
+class RegionHeader:
+    """What a region file says about itself, read without its tensors (for listings)."""
+
+    path: Path
+    kind: str  # "region" | "patch"
+    meta: RegionMeta
+    digest: str  # content id of the indices (digest)
+
+
+_DIGESTS: dict[tuple, str] = {}
+
+
+def read_header(path: str | Path) -> RegionHeader | None:
+    """The header of a region file; None when the file is not a readable graftui region."""
+    from safetensors import safe_open
+
+    path = Path(path)
+    try:
+        with safe_open(str(path), framework="pt") as fh:
+            header = fh.metadata() or {}
+        meta = RegionMeta.from_dict(json.loads(header.get("meta", "{}")), path.name)
+    except Exception:  # noqa: BLE001 - an unreadable or forged file is simply not one of ours
+        return None
+    if "graftui_format" not in header:
+        return None
+    return RegionHeader(path, header.get("kind", "region"), meta, header.get("region_digest") or _old_digest(path))
+
+
+def _old_digest(path: Path) -> str:
+    """The content id of a file written before ids were recorded (read once per file version)."""
+    from safetensors import safe_open
+
+    stat = path.stat()
+    key = (str(path), stat.st_mtime_ns, stat.st_size)
+    if key not in _DIGESTS:
+        try:
+            with safe_open(str(path), framework="pt") as fh:
+                _DIGESTS[key] = digest({k[4:]: fh.get_tensor(k) for k in fh.keys() if k.startswith("idx/")})
+        except Exception:  # noqa: BLE001 - unreadable: no id
+            _DIGESTS[key] = "?"
+    return _DIGESTS[key]
+
+
 MAX_GRAFTABLE = 10**13  # far beyond any model; a header claiming more is forged
 
 
-def _check_totals(file: str, shapes: dict, meta: dict, indices: dict) -> None:
+def _check_totals(file: str, shapes: dict, meta: RegionMeta, indices: dict) -> None:
     """The header's totals must be the tensors' own: shapes of real sizes, and the recorded k and graftable
     count equal to what the indices and shapes hold (an inflated header would fake anatomy totals)."""
     if any(d < 1 for shape in shapes.values() for d in shape):
@@ -278,10 +490,10 @@ def check_fits(record: RegionRecord, pair) -> None:
                 raise RegionError(f"the patch's head tensor {name} is not in this model")
             if tuple(value.shape) != tuple(pair.param(name).shape):
                 raise RegionError(
-                    f"the patch carries the head of '{record.meta.get('finetuned', '?')}' (task "
-                    f"'{record.meta.get('task', '?')}', {name} of shape {list(value.shape)}), which does not fit this "
+                    f"the patch carries the head of '{record.meta.finetuned or '?'}' (task "
+                    f"'{record.meta.task or '?'}', {name} of shape {list(value.shape)}), which does not fit this "
                     f"model's {list(pair.param(name).shape)}: use it with the base model "
-                    f"'{record.meta.get('base', '?')}' and a task with the same labels")
+                    f"'{record.meta.base or '?'}' and a task with the same labels")
 
 
 def _first_line(err: Exception) -> str:
@@ -290,33 +502,8 @@ def _first_line(err: Exception) -> str:
 
 
 # -- a pair from a patch, and export -------------------------------------------------------------
-def recorded_options(meta: dict, **overrides):
-    """The LoadOptions a region was made with (its prompt), with ``overrides`` on top."""
-    from .requests import HEADS, LoadOptions
-
-    loading = meta.get("loading") if isinstance(meta.get("loading"), dict) else {}
-
-    known = {"head", "template", "label_words", "label_scoring"}  # the prompt; dtype and placement are the reader's
-    values = {k: v for k, v in loading.items() if k in known and isinstance(v, str)}
-    if values.get("head") not in HEADS:
-        values.pop("head", None)
-    return LoadOptions(**{**values, **{k: v for k, v in overrides.items() if v is not None}})
-
-
-def recorded_labels(meta: dict) -> tuple[str, ...] | None:
-    """A region's recorded label names: a list of strings, or a RegionError (region files are untrusted)."""
-    labels = meta.get("labels")
-    if labels is None or labels == []:
-        return None
-    if not isinstance(labels, list) or not all(isinstance(x, str) for x in labels) or len(labels) > 10_000:
-        raise RegionError("the region file's 'labels' are not a list of label names")
-    return tuple(labels)
-
-
 def pair_from_patch(base_ref: str, record: RegionRecord, options=None, **load_kwargs):
     """Base + patch as a ModelPair whose 'fine-tuned' values are the patch (exact inside the region)."""
-    from .models import GraftableSpec, ModelPair, load_reader, pair_kind
-
     if not record.is_patch:
         raise RegionError("this file is a region without values: give the fine-tuned checkpoint too, or a skill patch")
     options = options or recorded_options(record.meta)
@@ -342,34 +529,24 @@ def pair_from_patch(base_ref: str, record: RegionRecord, options=None, **load_kw
                 raise RegionError(f"the patch was made for {name} of shape {list(record.shapes[name])}")
             params[name].data.view(-1)[idx] = record.values[name].to(params[name].dtype)
     pair = ModelPair.from_models(base, finetuned, tokenizer, head_names, spec, base_ref,
-                                 f"patch:{record.meta.get('finetuned', '?')}", labels, fixed)
+                                 f"patch:{record.meta.finetuned or '?'}", labels, fixed)
     pair.prompt, pair.options = prompt, options
     missing = set(record.shapes) - set(pair.graftable)
     if missing:
         raise RegionError(f"the patch expects graftable tensors this base lacks (first: {sorted(missing)[0]})")
-    pair.hashes = {"base": None, "finetuned": record.meta.get("finetuned_sha256")}
+    pair.hashes = {"base": None, "finetuned": record.meta.finetuned_sha256}
     return pair
 
 
 def export_graft(pair, record: RegionRecord, out_dir: str | Path) -> Path:
     """Write θ_pre + γ⊙δ as a normal Hugging Face checkpoint directory (safetensors)."""
-    import shutil
-
     out_dir = Path(out_dir)
     if out_dir.exists() and any(out_dir.iterdir()):
         raise RegionError(f"'{out_dir}' exists and is not empty; choose a new folder")
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    tmp.chmod(0o755)  # mkdtemp makes it private; a checkpoint is an ordinary folder
-    try:
+    with atomic_dir(out_dir) as tmp:
         with pair.grafted(record.indices) as model:
             model.save_pretrained(tmp, safe_serialization=True)
         pair.tokenizer.save_pretrained(tmp)
-        (tmp / "graftui_region.json").write_text(json.dumps({**record.meta, "size": record.size}, indent=2, default=str))
-        if out_dir.exists():
-            out_dir.rmdir()
-        os.replace(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        (tmp / "graftui_region.json").write_text(json.dumps({**record.meta.as_dict(), "size": record.size}, indent=2,
+                                                            default=str))
     return out_dir

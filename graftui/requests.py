@@ -6,44 +6,39 @@ set is loaded. The CLI generates its options from these fields, the app fills th
 from its widgets, notebooks call ``graftui.localize(sparsity=0.01, ...)``, and every file graftui
 writes embeds ``request.as_dict()`` so that ``graftui run FILE`` can make it again.
 
-This module imports no model code (``models`` imports it), so it is cheap and cycle-free.
+Requests sit above the library's core (they read the method registry and the data columns) and
+below the verbs: ``graftui.flows`` registers each request class with its flow.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
+import os
 import re
+import shlex
 import typing
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import ClassVar
 
-from . import __version__, settings
+from . import settings
+from .config import (
+    DEFAULT_BASE, DEFAULT_EXAMPLES_PER_CLASS, DEFAULT_FINETUNED, DEFAULT_MULTITASK_TASKS, DEFAULT_RECIPE,
+    DEFAULT_SPARSITY, DEFAULT_TASK, DTYPES, FAST, HEADS, LOGIT_DTYPES, LR_FOR, MEMORY_MODES, MODULE_TYPES, BINARISE_RULES,
+    MASK_OPTIMIZERS, SENTIMENT_TASKS, Budget, FinetuneConfig, GraftableSpec, LearnConfig, LoadOptions, default_recipe,
+)
+from .data import DataSpec
 from .errors import RequestError
-
-# -- the offline defaults --------------------------------------------------------------------------
-DEFAULT_BASE = "minilm"
-DEFAULT_FINETUNED = "minilm-movies"
-DEFAULT_TASK = "movies"
-DEFAULT_FINETUNED_REFS = {  # built on first use, then cached
-    DEFAULT_FINETUNED: (DEFAULT_BASE, DEFAULT_TASK),
-    "smollm2-movies": ("smollm2", DEFAULT_TASK),  # prompt-based fine-tuning of a causal LM (the paper's main setting)
-}
-SENTIMENT_TASKS = ("movies", "amazon", "tweets")  # one label space: each is out of distribution for the others
-DEFAULT_MULTITASK_TASKS = ("movies", "amazon", "bbc")  # a similar pair (two sentiment tasks) and a dissimilar task
-DEFAULT_SPARSITY = 1e-3
-DEFAULT_EXAMPLES_PER_CLASS = 256  # k-shot examples for mask learning; fewer overfit the mask (measured)
-METHOD_NAMES = ("learned", "top-movement", "random", "bias-only", "magnitude")  # checked against the registry in tests
-MODULE_TYPES = ("query", "key", "value", "attn_out", "ffn_in", "ffn_out", "layernorm", "other")
+from .localizers import METHODS
+from .sets import RESOLVE_MODES
 
 
 def arg(default, help: str, **cli):
     """A request field: its default, the help text every front end shows, and CLI hints.
 
-    CLI hints: ``flag`` (option name), ``metavar``, ``choices``, ``list`` ("repeat": one value
-    per option, "comma": comma-separated), ``cli=False`` (not an option).
+    CLI hints: ``flag`` (option name), ``metavar``, ``choices`` (a tuple, or a function that returns
+    one when the choices are a registry's), ``list`` ("repeat": one value per option, "comma":
+    comma-separated), ``cli=False`` (not an option).
     """
     meta = {"help": help, **cli}
     if isinstance(default, (list, dict)):
@@ -51,144 +46,7 @@ def arg(default, help: str, **cli):
     return field(default=default, metadata=meta)
 
 
-# -- mask learning -------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class LearnConfig:
-    """Hyper-parameters of mask learning (method.MaskLearner). Defaults work across models (measured)."""
-
-    steps: int = 40
-    lr: float = 0.02  # RMS step in logit units for "normalized"; per-coordinate for "adam"; raw η for "sgd"
-    optimizer: str = "normalized"  # "normalized" | "adam" | "sgd" (the paper's)
-    norm: str = "rms"  # what "normalized" divides by: "rms" or "max" of ∇_ℓ over the graftable set
-    forward: str = "relaxed"  # "relaxed" (Eq. 2) or "hard": the binarised region, straight-through
-    sigmoid_bias: float = 3.0  # S starts at −bias: σ(S) ≈ 0.047
-    binarise: str = "topk"  # "topk" | "round"
-    logit_dtype: str = "float32"  # precision of ℓ: float16 or bfloat16 halve its memory (one value per graftable parameter)
-    memory: str = "auto"  # "fast" keeps σ(ℓ) and δ between passes (two more copies), "lean" recomputes them; same region
-    checkpoint_every: int = 0  # recompute every n-th layer's activations in the backward pass (0: keep them all); same region
-    batch_size: int = 16
-    seed: int = 0
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-
-LOGIT_DTYPES = ("float32", "float16", "bfloat16")
-MEMORY_MODES = ("auto", "fast", "lean")
-
-
-# -- how checkpoints are read ----------------------------------------------------------------------------
-DTYPES = ("float32", "bfloat16", "float16", "auto")
-HEADS = ("auto", "classifier", "causal-lm", "masked-lm")
-
-
-@dataclass(frozen=True)
-class LoadOptions:
-    """How a pair is read: as which kind of model, with which prompt, in which dtype and placement.
-
-    ``head`` "auto" reads the checkpoint's own kind: a sequence classifier as one, a causal or masked
-    LM through a template and label words (prompts.py). What is not given comes from the
-    fine-tuned checkpoint's recorded prompt, then from the defaults.
-    """
-
-    head: str = "auto"
-    template: str | None = None
-    label_words: str | None = None
-    label_scoring: str = "first"
-    dtype: str = "float32"
-    device_map: str | None = None
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-    def prompted(self) -> bool:
-        return bool(self.template or self.label_words or self.label_scoring != "first")
-
-
-# -- fine-tuning recipes -----------------------------------------------------------------------------
-@dataclass(frozen=True)
-class FinetuneConfig:
-    """Hyper-parameters of fine-tuning; the defaults are the paper's SGD recipe (§3.2)."""
-
-    optimizer: str = "sgd"  # "sgd" (paper) | "adamw"
-    lr: float = 0.003  # SGD at 0.05 diverged on the default pair; AdamW wants ~3e-5
-    momentum: float = 0.9
-    weight_decay: float = 1e-4
-    l1: float = 0.0  # AdamW only: λ of λ·‖θ − θ_pre‖₁, summed over the body's trainable parameters (the paper's code)
-    epochs: int = 2
-    batch_size: int = 16
-    train_examples: int | None = 2000  # a stratified subsample keeps CPU runs short; None = all
-    freeze_embeddings: bool = True
-    freeze_head: bool = False  # keep a new classification head at its initialisation (the seed code's fixhead)
-    seed: int = 0
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-    def validate(self) -> None:
-        if self.optimizer not in LR_FOR:
-            raise RequestError(f"unknown optimizer '{self.optimizer}' (use sgd or adamw)")
-        if not (self.lr > 0 and math.isfinite(self.lr)):
-            raise RequestError(f"the learning rate must be a positive number, got {self.lr}")
-        if self.epochs < 1 or self.batch_size < 1:
-            raise RequestError("epochs and batch size must be at least 1")
-        if self.l1 and self.optimizer != "adamw":
-            raise RequestError("the ℓ1 movement penalty goes with AdamW (SGD needs none)")
-        if self.l1 < 0:
-            raise RequestError(f"the ℓ1 penalty cannot be negative, got {self.l1}")
-        if self.train_examples is not None and self.train_examples < 0:
-            raise RequestError(f"train examples must be 0 (all) or more, got {self.train_examples}")
-
-
-LR_FOR = {"sgd": 0.003, "adamw": 3e-5}  # default learning rate of each optimizer
-DEFAULT_RECIPE = FinetuneConfig()
-QUICK_RECIPE = FinetuneConfig(epochs=1, train_examples=256, lr=0.01)  # GRAFTUI_FAST: seconds, weaker
-
-
-def default_recipe() -> FinetuneConfig:
-    """The recipe of the default fine-tuned checkpoint (a quick one under GRAFTUI_FAST)."""
-    return QUICK_RECIPE if settings.fast() else DEFAULT_RECIPE
-
-
-# The causal-LM default: a short prompt-based fine-tune (each step is ~3.5 s on 2 CPU cores), the
-# label words of the paper's SST-2 prompt; the LM head and the embeddings stay fixed.
-SMOLLM2_RECIPE = FinetuneConfig(lr=0.003, epochs=1, train_examples=480)  # 0.01 diverged (measured)
-DEFAULT_LOADING = {"smollm2-movies": LoadOptions(template="{text} It was", label_words="negative= bad,positive= good")}
-
-
-def recipe_for(key: str) -> FinetuneConfig:
-    """The recipe of one default fine-tuned checkpoint."""
-    if key == "smollm2-movies" and not settings.fast():
-        return SMOLLM2_RECIPE
-    return default_recipe()
-
-
-def default_checkpoint_dir(key: str = DEFAULT_FINETUNED, config: FinetuneConfig | None = None) -> Path:
-    """Cache folder of a default fine-tuned checkpoint; its name changes with the recipe."""
-    config = config or recipe_for(key)
-    digest = hashlib.sha256(json.dumps([key, config.as_dict(), __version__.split(".")[0]]).encode()).hexdigest()[:8]
-    return settings.shared("checkpoints") / f"{key}-{digest}"
-
-
-# -- what the app proposes where the library's default would take minutes ---------------------------
-# λ of AdamW + ℓ1, measured on the default pair (movies, test n = 1,000): 3e-5 keeps FT (0.837 vs 0.827
-# without ℓ1) and lifts the 0.1 % top-movement graft 0.587 → 0.651; 1e-4 localizes more (0.708) but costs
-# FT (0.723); 1e-3 and up leave the model at chance.
-ADAMW_L1 = 3e-5
-INTERACTIVE = {"n": 500, "l1": ADAMW_L1}  # l1: what the app proposes when AdamW is picked
-FAST = {"steps": 10, "examples_per_class": 16, "n": 64, "epochs": 1, "train_examples": 64,
-        "sparsities": [1e-4, 1e-3]}  # GRAFTUI_FAST: tests and demos
-
-
 # -- the request base --------------------------------------------------------------------------------
-REQUESTS: dict[str, type["Request"]] = {}
-
-
-def _register(cls):
-    REQUESTS[cls.verb] = cls
-    return cls
-
-
 @dataclass
 class Request:
     verb: ClassVar[str] = ""
@@ -207,7 +65,7 @@ class Request:
                 raise RequestError(f"{_name(f.name)} must be a whole number, got {value!r}")
             if kind is float and (isinstance(value, bool) or not isinstance(value, (int, float))):
                 raise RequestError(f"{_name(f.name)} must be a number, got {value!r}")
-            choices = f.metadata.get("choices")
+            choices = choices_of(type(self), f.name)
             if choices and value not in choices and not isinstance(value, list):
                 raise RequestError(f"unknown {f.name.replace('_', ' ')} '{value}'; choose from {', '.join(choices)}")
         self.check()
@@ -236,6 +94,34 @@ class Request:
                 out[f.name] = FAST[f.name]
         return out
 
+    @classmethod
+    def make(cls, **given) -> "Request":
+        """A request with every field not given at its default (GRAFTUI_FAST's where that mode is on):
+        how the CLI, the app, the Python API and every derived request build one."""
+        return cls(**{**cls.defaults(), **given})
+
+
+def derive(cls: type[Request], source: Request, **changes) -> Request:
+    """A request of another verb made from ``source``: every field of the field groups both requests
+    share (learning, loading, graftable set, task, pair …) is carried over, then ``changes`` apply.
+
+    Verbs that run other verbs (a sweep's localizations, continual's, push's evaluation) build them
+    here, so a setting that ``source`` accepts is never dropped on the way.
+    """
+    return cls.make(**{**{name: getattr(source, name) for name in shared_fields(cls, type(source))}, **changes})
+
+
+def shared_fields(a: type[Request], b: type[Request]) -> list[str]:
+    """The fields of the field groups (``*Fields`` classes) that ``a`` and ``b`` both inherit."""
+    groups = [g for g in a.__mro__ if g in b.__mro__ and g.__name__.endswith("Fields")]
+    return list(dict.fromkeys(f.name for g in groups for f in fields(g)))
+
+
+def choices_of(cls, name: str) -> tuple | None:
+    """The values a field accepts, when it has a fixed set (a registry's are read when asked)."""
+    choices = next(f.metadata.get("choices") for f in fields(cls) if f.name == name)
+    return tuple(choices()) if callable(choices) else choices
+
 
 def _hints(cls) -> dict:
     return typing.get_type_hints(cls)
@@ -255,24 +141,36 @@ def _kind(cls, name: str):
     return list if typing.get_origin(base) is list else base
 
 
+def element_kind(cls, name: str):
+    """The type of one element of a list field (str, int or float)."""
+    hint = _hints(cls)[name]
+    for arg in (hint, *typing.get_args(hint)):
+        if typing.get_origin(arg) is list:
+            return typing.get_args(arg)[0]
+    return str
+
+
 def _name(field_name: str) -> str:
     return "--" + field_name.replace("_", "-")
 
 
-def from_dict(data: dict) -> Request:
-    """A request from its dict (a config file, or the record inside a file graftui wrote)."""
-    if not isinstance(data, dict):
-        raise RequestError("a request is a mapping with a 'verb' and the verb's fields")
-    data = dict(data)
-    verb = data.pop("verb", None)
-    if verb not in REQUESTS:
-        raise RequestError(f"unknown verb {verb!r}; choose from {', '.join(REQUESTS)}")
-    cls = REQUESTS[verb]
-    known = {f.name for f in fields(cls)}
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise RequestError(f"'{verb}' has no field {unknown[0]!r}; its fields are {', '.join(sorted(known))}")
-    return cls(**data)
+def parse_list(text, kind=float, plural: str = "values", singular: str = "value", example: str = "1e-4, 1e-3") -> list:
+    """'1e-5, 1e-4; 0.001' -> [1e-05, 0.0001, 0.001] (numbers, or names with ``kind`` str), in the order given.
+
+    The one reader of a list typed as text, for the CLI's comma lists and the app's text boxes alike;
+    the request checks the values' range.
+    """
+    parts = [p.strip() for p in str(text if text is not None else "").replace(";", ",").split(",") if p.strip()]
+    if not parts:
+        raise RequestError(f"give at least one {singular}, e.g. {example}")
+    out = []
+    for part in parts:
+        try:
+            out.append(kind(part))
+        except ValueError:
+            what = "whole number" if kind is int else "number"
+            raise RequestError(f"'{part}' is not a {what}; write {plural} like {example}") from None
+    return out
 
 
 # -- field groups (help text written once) -------------------------------------------------------------
@@ -335,9 +233,7 @@ class TaskFields(Request):
     label_column: str | None = arg(None, "column holding the label (guessed if omitted)", metavar="NAME", group="data")
     config: str | None = arg(None, "Hugging Face dataset config name", metavar="NAME", group="data")
 
-    def data_spec(self):
-        from .data import DataSpec
-
+    def data_spec(self) -> DataSpec:
         return DataSpec(config=self.config, text_column=self.text_column, pair_column=self.pair_column,
                         label_column=self.label_column)
 
@@ -350,13 +246,13 @@ class LearnFields(Request):
     lr: float = arg(LearnConfig.lr, "step size (logit units for 'normalized' and 'adam'; the raw η for 'sgd')", metavar="F",
                     group="mask learning (method 'learned')")
     optimizer: str = arg(LearnConfig.optimizer, "normalized (RMS-scaled steps), adam, or sgd (the paper's)",
-                         choices=("normalized", "adam", "sgd"), group="mask learning (method 'learned')")
+                         choices=MASK_OPTIMIZERS, group="mask learning (method 'learned')")
     batch_size: int = arg(LearnConfig.batch_size, "examples per mask step", metavar="N", group="mask learning (method 'learned')")
     examples_per_class: int | None = arg(
         None, f"k-shot training examples per class (default: {DEFAULT_EXAMPLES_PER_CLASS}, or all there are when a "
         "class has fewer)", metavar="N", group="mask learning (method 'learned')")
     binarise: str = arg(LearnConfig.binarise, "topk (exact budget) or round (the paper's 0.5 rule, capped at k)",
-                        choices=("topk", "round"), group="mask learning (method 'learned')")
+                        choices=BINARISE_RULES, group="mask learning (method 'learned')")
     seed: int = arg(LearnConfig.seed, "seed of the k-shot sample, the batches and the random baseline", metavar="N",
                     group="mask learning (method 'learned')")
     logit_dtype: str = arg(LearnConfig.logit_dtype, "precision of the region logits (one per graftable parameter): float16 "
@@ -393,9 +289,7 @@ class GraftableFields(Request):
     modules: list[str] | None = arg(None, f"only these module types ({', '.join(MODULE_TYPES)})", metavar="LIST",
                                     list="comma", choices=MODULE_TYPES, group="graftable parameters")
 
-    def graftable_spec(self):
-        from .models import GraftableSpec
-
+    def graftable_spec(self) -> GraftableSpec:
         return GraftableSpec(include_embeddings=self.include_embeddings,
                              modules=tuple(self.modules) if self.modules else None)
 
@@ -419,8 +313,6 @@ class RecipeFields(Request):
                                      f"{DEFAULT_RECIPE.train_examples}; 0 = all)", metavar="N", group="training")
 
     def recipe(self, seed: int | None = None) -> FinetuneConfig:
-        from dataclasses import replace
-
         default = default_recipe()
         return replace(default, lr=default.lr if self.ft_lr is None else self.ft_lr,
                        epochs=default.epochs if self.epochs is None else self.epochs,
@@ -454,8 +346,6 @@ def check_sparsity(value: float) -> None:
 
 def check_out_file(out: str | None, overwrite: bool = False) -> None:
     """A file to write: not a folder, not an existing file unless asked, in a folder this process can write."""
-    import os
-
     if out is None:
         return
     path = Path(out).expanduser()
@@ -487,8 +377,6 @@ def check_region_file(path: str) -> None:
 
 
 def check_methods(names) -> None:
-    from .methods import METHODS
-
     if not names:
         raise RequestError("give at least one localization method")
     for name in names:
@@ -497,7 +385,17 @@ def check_methods(names) -> None:
 
 
 # -- the verbs -------------------------------------------------------------------------------------------
-@_register
+@dataclass
+class PairRequest(LoadFields, TaskFields, PairFields):
+    """Load a pair and say what it is: architecture, labels, parameter counts and, for a language model, what it
+    reads for the task's first training example and each label word's tokens."""
+
+    verb: ClassVar[str] = "pair"
+
+    def check(self) -> None:
+        self.check_loading()
+
+
 @dataclass
 class FinetuneRequest(LoadFields, TaskFields):
     """Fine-tune a base model on a task and write a Hugging Face checkpoint folder."""
@@ -543,14 +441,14 @@ class FinetuneRequest(LoadFields, TaskFields):
         self.check_loading()
 
 
-@_register
 @dataclass
 class LocalizeRequest(LoadFields, GraftableFields, LearnFields, TaskFields, PairFields):
     """Find the k parameters of the fine-tuned model that carry the task's skill."""
 
     verb: ClassVar[str] = "localize"
     writes: ClassVar[bool] = True
-    method: str = arg("learned", "localization method (see 'graftui methods')", choices=METHOD_NAMES, group="region")
+    method: str = arg("learned", "localization method (see 'graftui methods')", choices=lambda: tuple(METHODS),
+                 group="region")
     sparsity: float = arg(DEFAULT_SPARSITY, "region size as a fraction of the graftable parameters, in (0, 1]",
                           metavar="F", group="region")
     k: int | None = arg(None, "region size as a number of parameters (overrides --sparsity)", metavar="N", group="region")
@@ -558,9 +456,7 @@ class LocalizeRequest(LoadFields, GraftableFields, LearnFields, TaskFields, Pair
     out: str | None = arg(None, "region file (default: a new file in $GRAFTUI_HOME/regions)", metavar="FILE")
     overwrite: bool = arg(False, "replace --out if it exists (refused otherwise)")
 
-    def budget(self):
-        from .methods import Budget
-
+    def budget(self) -> Budget:
         return Budget(k=self.k) if self.k is not None else Budget(sparsity=self.sparsity)
 
     def check(self) -> None:
@@ -614,7 +510,6 @@ class OodFields(Request):
         return parse_label_map(self.ood_labels)
 
 
-@_register
 @dataclass
 class EvaluateRequest(LoadFields, OodFields, TaskFields):
     """Accuracy, F1, ECE and agreement with FT, in and out of distribution, for FT, the bare body and grafts."""
@@ -640,7 +535,6 @@ class EvaluateRequest(LoadFields, OodFields, TaskFields):
         self.check_loading()
 
 
-@_register
 @dataclass
 class SweepRequest(LoadFields, GraftableFields, LearnFields, OodFields, TaskFields, PairFields):
     """Localize at several budgets with several methods and test each graft (accuracy against region size)."""
@@ -669,7 +563,6 @@ class SweepRequest(LoadFields, GraftableFields, LearnFields, OodFields, TaskFiel
         self.check_loading(learning=True)
 
 
-@_register
 @dataclass
 class AnatomyRequest(Request):
     """Count a region's parameters per layer and module type, with densities."""
@@ -684,7 +577,6 @@ class AnatomyRequest(Request):
             check_region_file(self.region)
 
 
-@_register
 @dataclass
 class ComposeRequest(Request):
     """Overlap of regions and their union; with --evaluate, the union graft scored on every region's task."""
@@ -694,7 +586,7 @@ class ComposeRequest(Request):
     regions: list[str] = arg([], "region or skill patch (give two or more)", flag="--region", metavar="FILE",
                              list="repeat")
     resolve: str = arg("mean", "value where patches overlap: mean of their movements, first or last",
-                       choices=("mean", "first", "last"))
+                       choices=RESOLVE_MODES)
     base: str | None = arg(None, H_BASE + " (default: the regions' own)", metavar="REF")
     evaluate: bool = arg(False, "score each task alone, in the union graft and on the bare body (with its own head)")
     n: int | None = arg(None, "test examples per task when evaluating (default all)", metavar="N")
@@ -711,7 +603,6 @@ class ComposeRequest(Request):
         check_out_file(self.out, self.overwrite)
 
 
-@_register
 @dataclass
 class ExportRequest(LoadFields):
     """Write θ_pre + γ⊙(θ_ft − θ_pre) as a normal Hugging Face checkpoint folder."""
@@ -732,7 +623,6 @@ class ExportRequest(LoadFields):
         self.check_loading()
 
 
-@_register
 @dataclass
 class PushRequest(LoadFields):
     """Push a skill patch, or the grafted checkpoint, to the Hugging Face Hub with a generated model card.
@@ -766,7 +656,6 @@ class PushRequest(LoadFields):
 
 
 # -- the paper's experiments (flows in experiments.py) ------------------------------------------------------
-@_register
 @dataclass
 class MultitaskRequest(RecipeFields, LearnFields):
     """One model fine-tuned on several tasks: each task's region, their overlap, the skill transfer of
@@ -825,7 +714,6 @@ class RegionStudyFields(OodFields, TaskFields):
         self.label_map()
 
 
-@_register
 @dataclass
 class WiseRequest(RegionStudyFields):
     """WiSE curves (Fig. 7): θ_pre + α·δ and θ_pre + α·γ⊙δ for α from 0 to 1, in and out of distribution."""
@@ -843,7 +731,6 @@ class WiseRequest(RegionStudyFields):
                 raise RequestError(f"--alphas: every α must be in [0, 1], got {a}")
 
 
-@_register
 @dataclass
 class RetrainRequest(RecipeFields, RegionStudyFields):
     """Re-train only a region's parameters from θ_pre with the fine-tuning recipe (Table 1), against the
@@ -858,7 +745,6 @@ class RetrainRequest(RecipeFields, RegionStudyFields):
         self.check_recipe()
 
 
-@_register
 @dataclass
 class ContinualRequest(RecipeFields, LearnFields):
     """Forget-free continual learning (§5.2): task t_n trains only γ_{t_n} minus the earlier regions, and each
@@ -887,7 +773,6 @@ class ContinualRequest(RecipeFields, LearnFields):
 MANIFEST = "reproduce.json"  # marks a report folder that `graftui reproduce` wrote, and with which scale
 
 
-@_register
 @dataclass
 class ReproduceRequest(Request):
     """The paper's experiments on the offline default, one after another, in one report (report.md, report.json,
@@ -910,8 +795,6 @@ class ReproduceRequest(Request):
 
 def command_line(request: Request) -> str:
     """The ``graftui`` command that makes ``request``: its verb and every field that differs from the default."""
-    import shlex
-
     def text(value) -> str:
         return repr(value) if isinstance(value, float) else str(value)
 

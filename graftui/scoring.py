@@ -16,16 +16,13 @@ from typing import Callable, Iterator
 import torch
 
 from . import method, metrics, sets
+from .config import BODY_LABEL, FT_LABEL, Budget, LearnConfig
 from .data import Task, batches, subsample
 from .errors import Cancelled, DataError, RegionError
-from .methods import Budget, get_method, run_method
-from .method import LearnConfig
+from .localizers import run_method
 from .regions import RegionRecord
 
 Progress = Callable[[dict], None]
-
-FT_LABEL = "fine-tuned"
-BODY_LABEL = "pre-trained body + FT head"
 ALONE, UNION, BODY = "region alone", "union graft", "pre-trained body + its head"
 
 
@@ -94,13 +91,6 @@ def predict(pair, task: Task, split: str, n: int | None, batch_size: int = 64, s
     back = torch.empty(len(order), dtype=torch.long)
     back[torch.tensor(order)] = torch.arange(len(order))
     return probs[back], labels[back]
-
-
-def accuracy_of(pair, task: Task, region=None, *, n: int | None = None, split: str = "test") -> float:
-    """Test accuracy of θ̄(region), or of the fine-tuned model when ``region`` is None."""
-    with (pair.finetuned() if region is None else pair.grafted(region)):
-        probs, labels = predict(pair, task, split, n)
-    return metrics.accuracy(probs, labels)
 
 
 @dataclass
@@ -179,12 +169,8 @@ def _size(model) -> int:
 
 
 def baseline_regions(pair, k: int, names: tuple[str, ...] = ("top-movement", "random"), seed: int = 0) -> dict:
-    """Data-free baselines at the same budget, for side-by-side comparison."""
-    out = {}
-    for name in names:
-        region, _ = run_method(pair, Budget(k=k), name, config=LearnConfig(seed=seed))
-        out[get_method(name).label] = region
-    return out
+    """Data-free baselines at the same budget, for side-by-side comparison: {method name: region}."""
+    return {name: run_method(pair, Budget(k=k), name, config=LearnConfig(seed=seed))[0] for name in names}
 
 
 # -- union grafts ----------------------------------------------------------------------------------------
@@ -208,7 +194,7 @@ def check_composable(records: list[RegionRecord]) -> None:
     for r in records:
         if not r.is_patch:
             raise RegionError("composition needs skill patches (regions with their fine-tuned values)")
-    bases = {r.meta.get("base") for r in records}
+    bases = {r.meta.base for r in records}
     if len(bases) > 1:
         raise RegionError(f"the regions come from different base models ({', '.join(sorted(map(str, bases)))}); "
                           "compose needs one base")

@@ -7,21 +7,24 @@ that a tiny region captures; AdamW spreads movement thin unless ‖θ − θ_pre
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
+import random
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
 import torch
 
-from . import __version__, settings
-from .data import batches, subsample
+from . import settings
+from .config import (
+    DEFAULT_FINETUNED_REFS, DEFAULT_LOADING, FinetuneConfig, GraftableSpec, LoadOptions, default_checkpoint_dir, recipe_for,
+)
+from .data import Split, Task, batches, load_task, subsample
 from .errors import Cancelled, ModelError
-from .models import DEFAULT_FINETUNED_REFS, GraftableSpec, load_classifier, load_reader, load_tokenizer, pair_kind
-from .requests import FinetuneConfig, LoadOptions, default_checkpoint_dir, default_recipe
+from .models import load_classifier, load_reader, load_tokenizer, pair_kind
+from .paths import atomic_dir, slug
+from .version import __version__
 
 
 def optimizer(params: list, config: FinetuneConfig) -> torch.optim.Optimizer:
@@ -29,6 +32,23 @@ def optimizer(params: list, config: FinetuneConfig) -> torch.optim.Optimizer:
     if config.optimizer == "sgd":
         return torch.optim.SGD(params, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
     return torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+
+
+def training_split(task: Task, recipe: FinetuneConfig) -> Split:
+    """The examples a recipe trains on: its stratified subsample of the task's training split (or all)."""
+    train = task.splits["train"]
+    return subsample(train, recipe.train_examples, recipe.seed) if recipe.train_examples else train
+
+
+def recipe_batches(tokenizer, task: Task, recipe: FinetuneConfig):
+    """A recipe's training stream over :func:`training_split`, reshuffled per epoch:
+    ``(make_batches(epoch), steps of the whole recipe, examples per epoch)``."""
+    train = training_split(task, recipe)
+
+    def make_batches(epoch: int):
+        return batches(tokenizer, train, recipe.batch_size, task.max_length, shuffle_seed=recipe.seed + epoch)
+
+    return make_batches, -(-len(train) // recipe.batch_size) * recipe.epochs, len(train)
 
 
 @dataclass(frozen=True)
@@ -78,16 +98,12 @@ def finetune(
             if config.l1 and name not in new_head:  # a new head has no θ_pre worth staying near
                 anchors.append((p, p.detach().clone()))
     opt = optimizer(trainable, config)
-    train = task.splits["train"]
-    if config.train_examples:
-        train = subsample(train, config.train_examples, config.seed)
-    steps_per_epoch = -(-len(train) // config.batch_size)
-    total = steps_per_epoch * config.epochs
+    make_batches, total, n_train = recipe_batches(tokenizer, task, config)
     step = 0
     model.train()
     for epoch in range(config.epochs):
         correct = seen = 0
-        for batch in batches(tokenizer, train, config.batch_size, task.max_length, shuffle_seed=config.seed + epoch):
+        for batch in make_batches(epoch):
             if cancel is not None and cancel.is_set():
                 raise Cancelled("fine-tuning cancelled")
             batch = {k: v.to(device) for k, v in batch.items()}
@@ -108,7 +124,7 @@ def finetune(
         "task": task.name,
         "task_source": task.source,
         "labels": list(task.label_names),
-        "train_examples": len(train),
+        "train_examples": n_train,
         "config": config.as_dict(),
         "prompt": tokenizer.prompt.as_dict() if getattr(tokenizer, "prompt", None) else None,
         "request": request,
@@ -134,8 +150,6 @@ def load_trainable(base_ref: str, labels, options: LoadOptions, *, allow_local: 
     A language model's own head is always fixed (the paper's prompt-based fine-tuning); a new
     classification head is fixed only when asked (``freeze_head``).
     """
-    from dataclasses import replace
-
     kind = pair_kind(base_ref, options, allow_local=allow_local)
     model, tokenizer, new = load_reader(base_ref, kind, labels, replace(options, device_map=None), allow_local=allow_local)
     if getattr(tokenizer, "prompt", None) is not None:
@@ -150,10 +164,7 @@ def _save(out_dir: Path, models: list[tuple[str | None, torch.nn.Module]], token
     Everything is written aside and renamed: an interrupted run never leaves a half checkpoint.
     """
     record = {**record, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    tmp.chmod(0o755)  # mkdtemp makes it private; a checkpoint is an ordinary folder
-    try:
+    with atomic_dir(out_dir) as tmp:
         for sub, model in models:
             folder = tmp / sub if sub else tmp
             model.save_pretrained(folder, safe_serialization=True)
@@ -161,12 +172,6 @@ def _save(out_dir: Path, models: list[tuple[str | None, torch.nn.Module]], token
             (folder / "graftui_record.json").write_text(json.dumps({**record, "task": sub or record.get("task")}, indent=2))
         if sub is not None:
             (tmp / "graftui_record.json").write_text(json.dumps(record, indent=2))
-        if out_dir.exists():
-            out_dir.rmdir()
-        tmp.replace(out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def finetune_multitask(
@@ -188,10 +193,6 @@ def finetune_multitask(
     (localize, evaluate, compose …) reads the multi-task model through one task's head.
     ``train_examples`` is per task; tasks are drawn in proportion to their number of batches.
     """
-    import random
-
-    from .flows import slug
-
     config.validate()
     out_dir = Path(out_dir)
     if out_dir.exists() and any(out_dir.iterdir()):
@@ -218,15 +219,14 @@ def finetune_multitask(
                 seen_ids.add(id(p))
                 trainable.append(p)
     opt = optimizer(trainable, config)
-    trains = [subsample(t.splits["train"], config.train_examples, config.seed) if config.train_examples
-              else t.splits["train"] for t in tasks]
-    per_epoch = [-(-len(tr) // config.batch_size) for tr in trains]
+    streams_of = [recipe_batches(tokenizer, t, config) for t in tasks]
+    per_epoch = [steps // config.epochs for _, steps, _ in streams_of]
     total = sum(per_epoch) * config.epochs
 
     def stream(i: int):
         epoch = 0
         while True:
-            yield from batches(tokenizer, trains[i], config.batch_size, tasks[i].max_length, shuffle_seed=config.seed + epoch)
+            yield from streams_of[i][0](epoch)
             epoch += 1
 
     streams = [stream(i) for i in range(len(tasks))]
@@ -254,7 +254,7 @@ def finetune_multitask(
         "tasks": [t.name for t in tasks],
         "task_sources": [t.source for t in tasks],
         "labels": {t.name: list(t.label_names) for t in tasks},
-        "train_examples": {t.name: len(tr) for t, tr in zip(tasks, trains)},
+        "train_examples": {t.name: n for t, (_, _, n) in zip(tasks, streams_of)},
         "config": config.as_dict(),
         "request": request,
     })
@@ -262,25 +262,6 @@ def finetune_multitask(
 
 
 _default_lock = threading.Lock()
-DEFAULT_MULTITASK = "minilm-multitask"
-
-
-def ensure_default_multitask(
-    *,
-    progress: Callable[[FinetuneProgress], None] | None = None,
-    cancel: threading.Event | None = None,
-) -> Path:
-    """The offline default multi-task model (movies, amazon, bbc on MiniLM), built on first need."""
-    from .data import load_task
-    from .requests import DEFAULT_BASE, DEFAULT_MULTITASK_TASKS
-
-    out = default_checkpoint_dir(DEFAULT_MULTITASK)
-    with _default_lock:
-        if (out / "graftui_record.json").exists():
-            return out
-        return finetune_multitask(DEFAULT_BASE, [load_task(t) for t in DEFAULT_MULTITASK_TASKS], default_recipe(), out,
-                                  progress=progress, cancel=cancel,
-                                  request={"verb": "multitask", "base": DEFAULT_BASE, "tasks": list(DEFAULT_MULTITASK_TASKS)})
 
 
 def ensure_default_finetuned(
@@ -290,12 +271,8 @@ def ensure_default_finetuned(
     cancel: threading.Event | None = None,
 ) -> Path:
     """Build the default fine-tuned checkpoint on first need; later calls reuse it."""
-    from .data import load_task
-
     if key not in DEFAULT_FINETUNED_REFS:
         raise ModelError(f"'{key}' is not a default fine-tuned model; those are {', '.join(DEFAULT_FINETUNED_REFS)}")
-    from .requests import DEFAULT_LOADING, recipe_for
-
     base_ref, task_ref = DEFAULT_FINETUNED_REFS[key]
     out = default_checkpoint_dir(key)
     options = DEFAULT_LOADING.get(key, LoadOptions())

@@ -49,6 +49,11 @@ def make_tiny_pair(seed: int = 0, spec=None):
     return pair, base, pristine_ft
 
 
+def mask_to_region(masks: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The region (sorted flat indices per tensor) of boolean masks: the inverse of method.region_to_mask."""
+    return {n: m.reshape(-1).nonzero().squeeze(1) for n, m in masks.items() if bool(m.any())}
+
+
 @pytest.fixture
 def tiny_pair():
     return make_tiny_pair()

@@ -42,9 +42,9 @@ def test_the_readme_example_runs_as_written(tmp_path, monkeypatch, capsys):
 
 def test_the_api_offers_every_verb_and_the_request_types():
     import graftui
-    from graftui.requests import REQUESTS
+    from graftui.flows import VERBS
 
-    for verb, cls in REQUESTS.items():
+    for verb, cls in ((name, v.request) for name, v in VERBS.items()):
         assert callable(getattr(graftui, verb)) and getattr(graftui, verb).__doc__ == cls.__doc__
         assert getattr(graftui, cls.__name__) is cls
     with pytest.raises(graftui.GraftuiError, match="sparsity"):

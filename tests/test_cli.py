@@ -24,7 +24,7 @@ import torch
 from safetensors.torch import load_file
 
 from graftui import __version__, cli, flows, regions
-from graftui.requests import default_checkpoint_dir, default_recipe as default_config
+from graftui.config import default_checkpoint_dir, default_recipe as default_config
 
 from conftest import MINILM_DIR, make_tiny_bert
 
@@ -493,7 +493,8 @@ def test_push_builds_card_files_and_commit_without_storing_the_token(learned, ft
 
 
 def test_push_is_refused_on_a_hosted_server(learned, monkeypatch):
-    from graftui import hub, settings
+    from graftui import settings
+    from graftui.flows import hub
     from graftui.errors import RequestError
     from graftui.requests import PushRequest
 

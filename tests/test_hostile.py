@@ -149,7 +149,7 @@ def files(tmp_path_factory):
     f.update({p.stem: p for p in d.iterdir()})
 
     pair, _, _ = make_tiny_pair()
-    from graftui.methods import Budget, run_method
+    from graftui.localizers import Budget, run_method
 
     region, _ = run_method(pair, Budget(k=20), "top-movement")
     record = regions.with_patch(pair, regions.make_record(pair, region, {"method": "top-movement", "task": "movies"}))

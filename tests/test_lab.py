@@ -9,8 +9,9 @@ import shutil
 import pytest
 import torch
 
-from conftest import MINILM_DIR, make_tiny_pair, random_batches
-from graftui import lab, method, sets
+from conftest import MINILM_DIR, make_tiny_pair, mask_to_region, random_batches
+from graftui import experiments, method, sets
+from graftui.config import GraftableSpec
 
 
 def region(**parts) -> dict:
@@ -19,13 +20,21 @@ def region(**parts) -> dict:
 
 # -- Eq. 5, overlap, continual ---------------------------------------------------------------------
 def test_relative_gain_is_eq5_and_none_without_a_gain():
-    assert lab.relative_gain(0.8, 0.5, 0.9) == pytest.approx(0.75)
-    assert lab.relative_gain(0.5, 0.5, 0.9) == 0.0 and lab.relative_gain(0.9, 0.5, 0.9) == 1.0
-    assert lab.relative_gain(0.4, 0.5, 0.9) == pytest.approx(-0.25)  # worse than the bare body
-    assert lab.relative_gain(0.7, 0.6, 0.6) is None
-    assert lab.gain_matrix([[0.9, 0.6], [0.7, 0.8]], [0.5, 0.6], [0.9, 0.8]) == [
+    assert experiments.relative_gain(0.8, 0.5, 0.9) == pytest.approx(0.75)
+    assert experiments.relative_gain(0.5, 0.5, 0.9) == 0.0 and experiments.relative_gain(0.9, 0.5, 0.9) == 1.0
+    assert experiments.relative_gain(0.4, 0.5, 0.9) == pytest.approx(-0.25)  # worse than the bare body
+    assert experiments.relative_gain(0.7, 0.6, 0.6) is None
+    assert experiments.gain_matrix([[0.9, 0.6], [0.7, 0.8]], [0.5, 0.6], [0.9, 0.8]) == [
         [pytest.approx(1.0), pytest.approx(0.0)], [pytest.approx(0.5), pytest.approx(1.0)]]
 
+
+
+def accuracy_of(pair, task, region, n: int) -> float:
+    """Test accuracy of θ̄(region), or of the fine-tuned model when ``region`` is None."""
+    from graftui import metrics, scoring
+
+    with (pair.finetuned() if region is None else pair.grafted(region)):
+        return metrics.accuracy(*scoring.predict(pair, task, "test", n))
 
 def test_overlap_of_hand_made_regions_is_intersection_over_the_column_region():
     a = region(w=[0, 1, 2, 3], b=[0])  # 5 parameters
@@ -38,9 +47,9 @@ def test_overlap_of_hand_made_regions_is_intersection_over_the_column_region():
 def test_continual_task_trains_only_what_no_earlier_region_holds():
     earlier = [region(w=[0, 1, 2]), region(w=[5], b=[1])]
     new = region(w=[1, 2, 3, 5, 9], b=[0, 1], v=[4])
-    part = lab.new_part(new, earlier)
+    part = experiments.new_part(new, earlier)
     assert {n: i.tolist() for n, i in part.items()} == {"w": [3, 9], "b": [0], "v": [4]}
-    assert lab.new_part(new, []) == new
+    assert experiments.new_part(new, []) == new
     assert sets._intersection_count(part, sets.union(*earlier)) == 0
     assert method.region_size(sets.union(part, *earlier)) == method.region_size(sets.union(new, *earlier))
 
@@ -71,7 +80,7 @@ def test_wise_ends_are_the_base_and_the_fine_tuned_model_bit_for_bit(tiny_pair):
         assert torch.equal(got[outside], pair.pre[name].view(-1)[outside])
     assert all(torch.equal(pair.param(n), pair.pre[n]) for n in names)  # restored
     with pytest.raises(ValueError, match="α must be in"):
-        lab.wise(pair.pre[names[0]], pair.ft[names[0]], 1.5)
+        method.wise(pair.pre[names[0]], pair.ft[names[0]], 1.5)
 
 
 # -- graft re-training --------------------------------------------------------------------------------
@@ -92,7 +101,7 @@ def test_retraining_moves_only_the_region_and_leaves_the_model_at_the_base():
                 leaks.append((step, n))
 
     recipe = FinetuneConfig(lr=0.5, epochs=2, batch_size=8, weight_decay=0.1)
-    values = lab.retrain_inside(pair.model, params, pair.pre, gamma, random_batches(), recipe, check)
+    values = experiments.retrain_inside(pair.model, params, pair.pre, gamma, random_batches(), recipe, check)
     assert not leaks
     assert set(values) == set(gamma) and all(values[n].shape == gamma[n].shape for n in gamma)
     moved = sum(int((values[n] != pair.pre[n].view(-1)[gamma[n]]).sum()) for n in gamma)
@@ -110,7 +119,7 @@ def test_mask_learning_starts_from_the_given_region():
     empty.finish()
     start = region(**{pair.graftable[0]: [0, 3], pair.graftable[2]: [1]})
     learner = method.MaskLearner(pair.model, params, pair.pre, pair.ft, 3, method.LearnConfig(), start=start)
-    assert method.mask_to_region({n: ell > 0 for n, ell in learner.logits.items()}).keys() == start.keys()
+    assert mask_to_region({n: ell > 0 for n, ell in learner.logits.items()}).keys() == start.keys()
     assert sum(int((ell > 0).sum()) for ell in learner.logits.values()) == 3
     learner.finish()
 
@@ -191,7 +200,7 @@ def test_multitask_flow_matrices_agree_with_the_region_files_and_eq5(tiny_multit
     assert res["overlap"] == again["overlap"] and res["intersection_counts"] == again["intersection_counts"]
     for i in range(3):
         for j in range(3):
-            want = lab.relative_gain(res["scores"][i][j], res["p_zero"][j], res["p_one"][j])
+            want = experiments.relative_gain(res["scores"][i][j], res["p_zero"][j], res["p_one"][j])
             assert res["relative_gain"][i][j] == (pytest.approx(want) if want is not None else None)
     union = sets.union(found["movies"].indices, found["amazon"].indices)
     assert res["union"]["size"] == method.region_size(union) and res["union"]["group"] == ["movies", "amazon"]
@@ -199,10 +208,10 @@ def test_multitask_flow_matrices_agree_with_the_region_files_and_eq5(tiny_multit
     assert purified.size == res["purified"]["size"] == res["union"]["size"]  # top-k keeps the union's size
     # P_1 and a graft's score are the plain accuracies of that task's pair
     pair = flows.load_pair(tiny_multitask["base"], f"{tiny_multitask['checkpoint']}/bbc",
-                           flows.GraftableSpec(names=tuple(found["bbc"].shapes)))
+                           GraftableSpec(names=tuple(found["bbc"].shapes)))
     bbc = load_task("bbc")
-    assert res["p_one"][2] == scoring.accuracy_of(pair, bbc, None, n=48)
-    assert res["scores"][0][2] == scoring.accuracy_of(pair, bbc, found["movies"].indices, n=48)
+    assert res["p_one"][2] == accuracy_of(pair, bbc, None, n=48)
+    assert res["scores"][0][2] == accuracy_of(pair, bbc, found["movies"].indices, n=48)
     assert found["movies"].meta["request"]["verb"] == "multitask"
 
 
@@ -298,7 +307,7 @@ def test_continual_forget_free_keeps_every_earlier_task_exactly_and_trains_only_
     assert res["forgetting"]["sequential"][0] == seq[0][0] - seq[1][0]
     gammas = [regions.load(res["regions"][t]).indices for t in ("movies", "bbc")]
     assert res["trained"]["forget-free"] == [method.region_size(gammas[0]),
-                                             method.region_size(lab.new_part(gammas[1], gammas[:1]))]
+                                             method.region_size(experiments.new_part(gammas[1], gammas[:1]))]
     assert res["trained"]["sequential"][0] == regions.load(res["regions"]["movies"]).graftable
     assert len(res["finetuned_accuracy"]) == 2 and all(0 <= a <= 1 for a in res["finetuned_accuracy"])
 

@@ -12,7 +12,7 @@ from torch.func import functional_call
 from graftui import method
 from graftui.method import Cancelled, LearnConfig
 
-from conftest import random_batches
+from conftest import mask_to_region, random_batches
 
 
 def test_graft_is_pre_plus_gamma_delta_bit_exactly():
@@ -228,7 +228,7 @@ def test_region_mask_round_trip():
     shapes = {"a": (2, 3), "b": (4,), "c": (2,)}
     masks = method.region_to_mask(region, shapes)
     assert masks["a"].shape == (2, 3) and int(masks["c"].sum()) == 0
-    back = method.mask_to_region(masks)
+    back = mask_to_region(masks)
     assert set(back) == {"a", "b"} and back["a"].tolist() == [0, 5] and back["b"].tolist() == [1]
 
 

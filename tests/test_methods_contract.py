@@ -15,8 +15,9 @@ import torch
 from conftest import make_tiny_pair, random_batches
 from graftui import method
 from graftui.errors import Cancelled
-from graftui.methods import METHODS, Budget, run_method
-from graftui.requests import METHOD_NAMES, LearnConfig
+from graftui.config import Budget, LearnConfig
+from graftui.localizers import METHODS, run_method
+from graftui.requests import LocalizeRequest, choices_of
 
 K = 200
 
@@ -32,7 +33,7 @@ def snapshot(pair) -> dict[str, torch.Tensor]:
 
 
 def test_the_request_names_every_registered_method():
-    assert tuple(METHODS) == METHOD_NAMES
+    assert choices_of(LocalizeRequest, "method") == tuple(METHODS)
 
 
 @pytest.mark.parametrize("name", list(METHODS))

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from graftui import flows, regions
+from graftui.config import LoadOptions
 from graftui.errors import GraftuiError, ModelError
 from graftui.prompts import Prompt, PromptClassifier, PromptTokenizer, check_template, make_prompt, parse_label_words
 from graftui.requests import EvaluateRequest, FinetuneRequest, LocalizeRequest
@@ -138,7 +139,7 @@ def test_all_token_scoring_is_the_log_probability_of_the_whole_word(tmp_path):
 def test_the_lm_head_and_embeddings_stay_out_of_regions(arch, lm_root):
     root, pairs, task = lm_root
     base, ft = pairs[arch]
-    pair = flows.load_pair(str(base), str(ft), options=flows.LoadOptions(template=TEMPLATES[arch], label_words=WORDS),
+    pair = flows.load_pair(str(base), str(ft), options=LoadOptions(template=TEMPLATES[arch], label_words=WORDS),
                            labels=("negative", "positive"))
     assert pair.prompt.kind == ("masked-lm" if arch == "bert-mlm" else "causal-lm")
     assert not any("embed" in n or n.startswith(("lm_head", "cls.")) or "wte" in n or "wpe" in n for n in pair.graftable)
@@ -234,7 +235,7 @@ def test_sharded_checkpoints_and_a_chosen_dtype_load(lm_root, tmp_path):
     for f in ("tokenizer.json", "tokenizer_config.json"):
         (sharded / f).write_bytes((ft / f).read_bytes())
     assert (sharded / "model.safetensors.index.json").exists()
-    options = flows.LoadOptions(label_words=WORDS)
+    options = LoadOptions(label_words=WORDS)
     one = flows.load_pair(str(base), str(ft), options=options, labels=("negative", "positive"))
     two = flows.load_pair(str(base), str(sharded), options=options, labels=("negative", "positive"))
     assert all(torch.equal(one.ft[n], two.ft[n]) for n in one.ft)
@@ -251,7 +252,7 @@ def test_hostile_prompt_fields_in_a_region_file_are_ignored_or_refused(lm_root, 
     assert options.head == "auto" and options.dtype == "float32" and options.template is None
     with pytest.raises(GraftuiError):
         flows.load_pair(str(pairs["gpt2"][0]), str(pairs["gpt2"][1]),
-                        options=flows.LoadOptions(template="{text} {mask}"), labels=("negative", "positive"))
+                        options=LoadOptions(template="{text} {mask}"), labels=("negative", "positive"))
 
 
 def test_prompt_record_round_trips():
@@ -264,7 +265,7 @@ def test_prompt_record_round_trips():
 def test_a_device_map_places_the_pair(lm_root):
     root, pairs, task = lm_root
     base, ft = pairs["gpt2"]
-    pair = flows.load_pair(str(base), str(ft), options=flows.LoadOptions(label_words=WORDS, device_map="auto"),
+    pair = flows.load_pair(str(base), str(ft), options=LoadOptions(label_words=WORDS, device_map="auto"),
                            labels=("negative", "positive"))
     assert pair.device.type in {"cpu", "cuda"} and pair.prompt.words == (" bad", " good")
 
@@ -331,7 +332,7 @@ def test_reviewed_edges_pairs_masks_labels_dtypes_and_experiments(lm_root, tmp_p
         flows.run(MultitaskRequest(base=str(pairs["gpt2"][0]), tasks=["movies", "amazon"]))
     with pytest.raises(ModelError, match="sequence classifier"):
         actions.preview_prompt("minilm-movies", "movies", {}, actions.prompt_fields())
-    from graftui.cli import _auto_class
+    from graftui.flows.text import _auto_class
 
     assert _auto_class("LlamaForCausalLM") == "AutoModelForCausalLM" and _auto_class("BertForMaskedLM") == "AutoModelForMaskedLM"
 

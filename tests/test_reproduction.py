@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from graftui import reproduction as rep
+from graftui.flows import reproduction as rep
 from graftui.errors import Cancelled
 from graftui.requests import (
     ContinualRequest, EvaluateRequest, FinetuneRequest, LocalizeRequest, MultitaskRequest, ReproduceRequest,
@@ -197,7 +197,7 @@ def test_a_resumed_run_reruns_every_step_after_a_missing_one(reduced_run, tmp_pa
 
 def test_a_saved_step_from_before_a_request_field_existed_is_reused_at_that_fields_default(tmp_path):
     """A field added to a request later counts as its default in a saved step; another value is a new request."""
-    from graftui.reproduction import _saved
+    from graftui.flows.reproduction import _saved
     from graftui.requests import LocalizeRequest
 
     request = LocalizeRequest(task="movies", sparsity=0.001)

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from conftest import make_tiny_pair
+from graftui import hosted
 
 
 @pytest.fixture
@@ -25,7 +26,7 @@ def home(tmp_path, monkeypatch):
 
 def tiny_record(pair, k: int = 20, method: str = "top-movement", task: str = "movies"):
     from graftui import regions
-    from graftui.methods import Budget, run_method
+    from graftui.localizers import Budget, run_method
 
     region, _ = run_method(pair, Budget(k=k), method)
     record = regions.make_record(pair, region, {"method": method, "task": task})
@@ -35,7 +36,7 @@ def tiny_record(pair, k: int = 20, method: str = "top-movement", task: str = "mo
 # -- figures ---------------------------------------------------------------------------------------
 def test_anatomy_heatmap_shows_counts_or_density_with_exact_hover():
     from graftui.layout import anatomy
-    from graftui.ui import figures
+    from graftui import figures
 
     shapes = {
         "bert.encoder.layer.0.attention.self.query.weight": (4, 4),
@@ -63,7 +64,7 @@ def test_anatomy_heatmap_shows_counts_or_density_with_exact_hover():
 
 
 def test_localize_progress_plots_every_step_and_the_budget_line():
-    from graftui.ui import figures
+    from graftui import figures
 
     progress = [{"stage": "loading models"}] + [
         {"step": i, "steps": 3, "loss": 1.0 / i, "accuracy": 0.5 + 0.1 * i, "region_size": 100 + i} for i in (1, 2, 3)
@@ -78,7 +79,7 @@ def test_localize_progress_plots_every_step_and_the_budget_line():
 
 
 def test_calibration_figures_skip_empty_bins_and_label_axes():
-    from graftui.ui import figures
+    from graftui import figures
 
     bins = [{"lo": b / 10, "hi": (b + 1) / 10, "count": 0, "accuracy": None, "confidence": None, "gap": None} for b in range(10)]
     bins[9] = {"lo": 0.9, "hi": 1.0, "count": 5, "accuracy": 0.8, "confidence": 0.95, "gap": 0.15}
@@ -90,7 +91,7 @@ def test_calibration_figures_skip_empty_bins_and_label_axes():
 
 
 def test_sweep_figure_uses_log_budget_axis_and_ft_reference():
-    from graftui.ui import figures
+    from graftui import figures
 
     rows = [
         {"method": m, "sparsity": s, "k": int(s * 1e6), "accuracy": a, "ece": 0.1, "ft_accuracy": 0.9, "retained": a / 0.9}
@@ -112,7 +113,7 @@ def test_sweep_figure_uses_log_budget_axis_and_ft_reference():
 
 def test_overlap_heatmap_from_overlap_matrix():
     from graftui.sets import overlap_matrix
-    from graftui.ui import figures
+    from graftui import figures
 
     m = overlap_matrix({"a": {"w": torch.tensor([0, 1, 2, 3])}, "b": {"w": torch.tensor([3, 4])}})
     fig = figures.overlap_heatmap(m)
@@ -390,18 +391,18 @@ def test_hosted_mode_refuses_server_paths_but_not_its_own_uploads(home, monkeypa
     (outside / "config.json").write_text("{}")
     data = tmp_path / "data.csv"
     data.write_text("text,label\ngood,1\nbad,0\n")
-    assert store.allow_local_for([str(outside)], [str(data)]) is True  # locally anything goes
+    assert hosted.allow_local_for([str(outside)], [str(data)]) is True  # locally anything goes
 
     monkeypatch.setenv("GRAFTUI_HOSTED", "1")
     with pytest.raises(ModelError, match="local paths are not allowed"):
-        store.allow_local_for([str(outside)])
+        hosted.allow_local_for([str(outside)])
     with pytest.raises(DataError, match="disabled"):
-        store.allow_local_for([], [str(data)])
-    assert store.allow_local_for(["minilm", "org/model"], ["movies"]) is False
-    uploaded, _ = store.save_upload(data)
+        hosted.allow_local_for([], [str(data)])
+    assert hosted.allow_local_for(["minilm", "org/model"], ["movies"]) is False
+    uploaded, _ = hosted.save_upload(data)
     assert uploaded.parent.parent == store.uploads_dir() and uploaded.name == "data.csv"  # split names come from file names
-    assert store.allow_local_for(["org/model"], [str(uploaded)]) is True
-    assert store.data_allow_local(str(uploaded)) and not store.data_allow_local(str(data))
+    assert hosted.allow_local_for(["org/model"], [str(uploaded)]) is True
+    assert hosted.is_managed(str(uploaded)) and not hosted.is_managed(str(data))
 
 
 def test_hosted_sessions_own_their_files_and_jobs_and_share_a_read_only_gallery(home, monkeypatch, tmp_path):
@@ -418,7 +419,7 @@ def test_hosted_sessions_own_their_files_and_jobs_and_share_a_read_only_gallery(
     data.write_text("text,label\ngood,1\nbad,0\n")
     with store.session(a):
         mine = store.save_region(tiny_record(pair, k=20))
-        upload, _ = store.save_upload(data)
+        upload, _ = hosted.save_upload(data)
         job = store.runner().submit("localize", "writes a file", lambda ctx: {"at": str(settings.subdir("regions"))})
         assert {(e.id, e.gallery) for e in store.list_regions()} == {(mine.stem, False), ("shared", True)}
     assert store.runner().runner.wait(job.id, 30).result["at"] == str(store.sessions_dir() / a / "regions")  # the job's context
@@ -426,13 +427,13 @@ def test_hosted_sessions_own_their_files_and_jobs_and_share_a_read_only_gallery(
         entries = store.list_regions()
         assert [(e.id, e.gallery) for e in entries] == [("shared", True)] and "gallery" in entries[0].label
         assert store.runner().jobs() == [] and store.upload_choices() == []
-        assert not store.is_managed(str(upload)) and not store.is_managed(str(mine))
+        assert not hosted.is_managed(str(upload)) and not hosted.is_managed(str(mine))
         with pytest.raises(regions.RegionError, match="gallery"):
             store.delete_region("shared")
         with pytest.raises(regions.RegionError, match="not saved here"):
             store.delete_region(mine.stem)
     with store.session(a):
-        assert store.is_managed(str(upload))
+        assert hosted.is_managed(str(upload))
         assert store.delete_region(mine.stem) == mine and not mine.exists()
     with store.session(None):  # a request without a session reads and writes nothing of anyone's
         with pytest.raises(SessionError, match="reload the page"):
@@ -450,9 +451,9 @@ def test_uploads_are_capped_and_typed(home, monkeypatch, tmp_path):
     big.write_bytes(b"x" * 3000)
     monkeypatch.setattr(settings, "MAX_UPLOAD_MB", 0.001)
     with pytest.raises(ValueError, match="limited to"):
-        store.save_upload(big)
+        hosted.save_upload(big)
     with pytest.raises(ValueError, match="accepted file types"):
-        store.check_upload(tmp_path / "model.pkl", (".safetensors",))
+        hosted.check_upload(tmp_path / "model.pkl", (".safetensors",))
 
 
 # -- regions store and tables ----------------------------------------------------------------------

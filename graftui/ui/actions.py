@@ -16,7 +16,23 @@ from pathlib import Path
 
 import pandas as pd
 
+from .. import bundle, flows
+from ..card import wilson
+from ..config import DEFAULT_BASE, DEFAULT_EXAMPLES_PER_CLASS, DEFAULT_FINETUNED, Budget, GraftableSpec, is_default_finetuned
+from ..data import OFFLINE_TASKS
+from ..errors import ModelError, RegionError
+from ..hosted import safe_name
+from ..formatting import num, pct
 from ..jobs import FINISHED, QUEUED, RUNNING, Job
+from ..localizers import get_method
+from ..paths import atomic_write, new_path, short_ref
+from ..regions import RegionRecord, save
+from ..requests import (
+    AnatomyRequest, ComposeRequest, ContinualRequest, EvaluateRequest, ExportRequest, FinetuneRequest, LocalizeRequest,
+    MultitaskRequest, PairRequest, ReproduceRequest, RetrainRequest, SweepRequest, TaskFields, WiseRequest, parse_label_map,
+    parse_list,
+)
+from ..scoring import align_labels
 from . import store
 
 # -- jobs table ----------------------------------------------------------------------------------
@@ -76,8 +92,8 @@ def job_status_line(job: Job | None) -> str:
     """One Markdown line about a job, with its error text when it failed (never a traceback)."""
     if job is None:
         return "No job yet."
-    pct = f" — {100 * job.fraction:.0f} %" if job.status == RUNNING else ""
-    text = f"**{job.title}** [{job.id}] · {job.status}{pct}"
+    running = f" — {100 * job.fraction:.0f} %" if job.status == RUNNING else ""
+    text = f"**{job.title}** [{job.id}] · {job.status}{running}"
     if job.status == "failed":
         return text + f"\n\n⚠️ {job.error}"
     if job.message and job.message not in {job.status, "done"}:
@@ -126,7 +142,6 @@ def card_markdown(lines: list[str]) -> str:
 def data_columns(task: str, text=None, pair=None, label=None) -> dict:
     """The column fields of a request from the mapping widgets; offline tasks have their own columns,
     so a mapping left over from an uploaded file is not sent with them."""
-    from ..data import OFFLINE_TASKS
 
     if str(task).strip().lower() in OFFLINE_TASKS:
         return {}
@@ -145,7 +160,6 @@ def whole(value) -> int | None:
 def per_class(value) -> int | None:
     """The examples-per-class box: the default it shows (256) means the request's default, "up to 256,
     all there are when a class has fewer", so a small data set works as from the CLI; another number is exact."""
-    from ..requests import DEFAULT_EXAMPLES_PER_CLASS
 
     n = whole(value)
     return None if n == DEFAULT_EXAMPLES_PER_CLASS else n
@@ -156,7 +170,6 @@ def submit(runner, request, title: str, on_result=None, kind: str | None = None)
 
     The job's params are the request, so any result shows, and re-runs from, what made it.
     """
-    from .. import flows
 
     request.validate()
 
@@ -174,65 +187,35 @@ def prompt_fields(head=None, template=None, label_words=None) -> dict:
     return {"head": head or "auto", "template": clean(template), "label_words": clean(label_words)}
 
 
+def pair_request(base: str, finetuned: str, prompt: dict | None = None, task: str | None = None,
+                 columns: dict | None = None) -> PairRequest:
+    """The Models tab's widgets as a request of the ``pair`` verb (an empty task: the default one)."""
+    return PairRequest.make(base=base, finetuned=finetuned, **({"task": task} if task else {}), **(columns or {}),
+                            **(prompt or {}))
+
+
 def check_pair(base: str, finetuned: str, prompt: dict | None = None, task: str | None = None,
                columns: dict | None = None) -> dict:
-    """Load (or reuse) the pair and describe it; a clear error when the two do not pair.
+    """Load (or reuse) the pair and describe it (flows.pair); a clear error when the two do not pair.
 
-    A language model is read through the prompt widgets, with the task's labels ordering its label words.
+    A default fine-tuned model is built by a job, never by this button: until it is, the check says so.
     """
-    from .. import flows
-    from ..models import GraftableSpec, ModelError
-    from ..requests import LoadFields
-
-    if flows.is_default_finetuned(finetuned) and not store.default_ready(finetuned):
-        if finetuned.strip().lower() == flows.DEFAULT_FINETUNED:
+    if is_default_finetuned(finetuned) and not store.default_ready(finetuned):
+        if finetuned.strip().lower() == DEFAULT_FINETUNED:
             raise ModelError(f"'{finetuned}' is still being prepared: follow the 'Prepare default model' job below, then "
                              "check again")
         raise ModelError(f"'{finetuned}' is built on first use: start a localization with it (the job builds it first, "
                          "a few minutes on a CPU), then check again")
-    request = LoadFields(**(prompt or {}))
-    request.check_loading()
-    options = request.load_options()
-    guard = store.guard()
-    labels = None
-    if flows.is_default_finetuned(finetuned) or flows.pair_kind(finetuned, options, allow_local=guard.allow_local(
-            models=[finetuned])) != "classifier":
-        labels = load_task_checked(task, columns or {}).label_names if task else None
-    return flows.get_pair(base, finetuned, GraftableSpec(), guard, options=options, labels=labels).describe()
+    return flows.pair(pair_request(base, finetuned, prompt, task, columns), guard=store.guard()).pair
 
 
 def preview_prompt(finetuned: str, task: str, columns: dict, prompt: dict) -> dict:
     """What a language model reads for the task's first training example, and each label word's tokens."""
-    from .. import flows
-    from ..models import ModelError, prompt_tokenizer
-    from ..requests import LoadFields
-
-    from ..requests import DEFAULT_FINETUNED_REFS, DEFAULT_LOADING
-
-    request = LoadFields(**prompt)
-    request.check_loading()
-    guard = store.guard()
-    key = str(finetuned).strip().lower()
-    if key in DEFAULT_FINETUNED_REFS:  # maybe not built yet: its base has the same tokenizer, its prompt is known
-        finetuned = DEFAULT_FINETUNED_REFS[key][0]
-        options = request.load_options(DEFAULT_LOADING.get(key))
-    else:
-        options = request.load_options()
-    allow = guard.allow_local(models=[finetuned])
-    kind = flows.pair_kind(finetuned, options, allow_local=allow)
-    if kind == "classifier":
-        raise ModelError(f"'{store.short_ref(finetuned)}' is a sequence classifier: it reads the text as it is, no prompt")
-    t = load_task_checked(task, columns)
-    tokenizer = prompt_tokenizer(finetuned, kind, t.label_names, options, allow_local=allow)
-    train = t.splits["train"]
-    return {**tokenizer.preview(train.texts[0], train.pairs[0] if train.pairs else None, t.max_length),
-            "describe": tokenizer.prompt.describe(), "kind": kind}
+    return flows.preview_prompt(pair_request(DEFAULT_BASE, finetuned, prompt, task, columns), store.guard())
 
 
 def load_task_checked(ref: str, columns: dict):
     """A task read as the flows read it (hosted checks and row cap included)."""
-    from .. import flows
-    from ..requests import TaskFields
 
     return flows.get_task(ref, TaskFields(task=ref, **columns).data_spec(), store.guard())
 
@@ -246,10 +229,8 @@ COUNT_ROWS = [
 
 
 def share(x: float) -> str:
-    """A fraction as a percentage with enough digits to stay non-zero (0.0034%, not 0.00%)."""
-    if x == 0 or x >= 0.01:
-        return f"{x:.2%}"
-    return f"{100 * x:.2g}%"
+    """A share of the total in the counts table: two decimals, or as many as keep it non-zero (0.0034%)."""
+    return pct(x, 2) if x == 0 or x >= 0.01 else pct(x)
 
 
 def counts_table(counts: dict | None) -> pd.DataFrame:
@@ -267,7 +248,6 @@ def budget_text(log_sparsity: float, counts: dict | None) -> str:
     """What a budget slider position means: the sparsity, and k when the graftable count is known."""
     s = 10 ** float(log_sparsity)
     if counts and counts.get("graftable"):
-        from ..methods import Budget
 
         g = int(counts["graftable"])
         k = Budget(sparsity=s).resolve(g)
@@ -283,7 +263,6 @@ _prepare_lock = threading.Lock()
 
 def submit_prepare(runner) -> Job | None:
     """Build the default fine-tuned model once, as a visible job; None when it is already cached."""
-    from ..requests import DEFAULT_BASE, DEFAULT_FINETUNED
 
     if store.default_ready():
         return None
@@ -293,8 +272,6 @@ def submit_prepare(runner) -> Job | None:
                 return job
 
         def fn(ctx) -> dict:
-            from .. import flows
-            from ..models import GraftableSpec
 
             flows.ensure_models([DEFAULT_FINETUNED], progress=ctx.report, cancel=ctx.cancel)
             ctx.report({"stage": "checking the pair", "fraction": 0.99})
@@ -307,8 +284,6 @@ def submit_prepare(runner) -> Job | None:
 
 def submit_localize(runner, *, base: str, finetuned: str, task: str, columns: dict, method: str, log_sparsity: float,
                     steps, examples_per_class, lr) -> Job:
-    from ..methods import get_method
-    from ..requests import LocalizeRequest
 
     request = LocalizeRequest(base=base, finetuned=finetuned, task=task, **columns, method=method,
                               sparsity=10 ** float(log_sparsity), steps=whole(steps) or 0,
@@ -318,16 +293,15 @@ def submit_localize(runner, *, base: str, finetuned: str, task: str, columns: di
         return {"region": Path(result.path).stem, "k": result.k, "notes": result.notes, "summary": result.record.summary(),
                 "card": doc.get("card") or []}
 
-    title = (f"Localize '{store.short_ref(task)}' in {store.short_ref(finetuned)} · {get_method(method).label} · "
+    title = (f"Localize '{short_ref(task)}' in {short_ref(finetuned)} · {get_method(method).label} · "
              f"sparsity {request.sparsity:.1e}")
     return submit(runner, request, title, saved)
 
 
 def submit_finetune(runner, *, base: str, task: str, columns: dict, optimizer: str, lr, epochs, train_examples,
                     l1) -> Job:
-    from ..requests import FinetuneRequest
 
-    name = store.safe_name(f"{store.short_ref(base)}-{store.short_ref(task)}-{optimizer}-{time.strftime('%Y%m%d-%H%M%S')}")
+    name = safe_name(f"{short_ref(base)}-{short_ref(task)}-{optimizer}-{time.strftime('%Y%m%d-%H%M%S')}")
     request = FinetuneRequest(base=base, task=task, **columns, optimizer=optimizer, lr=float(lr or 0), epochs=whole(epochs),
                               train_examples=int(train_examples or 0), l1=float(l1 or 0.0) if optimizer == "adamw" else 0.0,
                               out=str(store.checkpoints_dir() / name))
@@ -335,12 +309,11 @@ def submit_finetune(runner, *, base: str, task: str, columns: dict, optimizer: s
     def made(result, doc) -> dict:
         return {**doc, "checkpoint": result.out, "name": name}
 
-    title = f"Fine-tune {store.short_ref(base)} on '{store.short_ref(task)}' · {optimizer} lr {float(lr or 0):g} · {whole(epochs)} epoch(s)"
+    title = f"Fine-tune {short_ref(base)} on '{short_ref(task)}' · {optimizer} lr {float(lr or 0):g} · {whole(epochs)} epoch(s)"
     return submit(runner, request, title, made)
 
 
 def _paths(region_ids: list[str], at_least: int = 1) -> list[str]:
-    from ..regions import RegionError
 
     if len(region_ids or []) < at_least:
         raise RegionError("pick at least one region (run Localize first if the list is empty)" if at_least == 1
@@ -350,8 +323,6 @@ def _paths(region_ids: list[str], at_least: int = 1) -> list[str]:
 
 def ood_preview(task: str, columns: dict, ood: list[str], mapping: str | None) -> str:
     """How each OOD task will be read against the task: its test size and its labels' mapping, or why not."""
-    from ..requests import parse_label_map
-    from ..scoring import align_labels
 
     if not ood:
         return "No OOD task: results score the in-distribution task only."
@@ -359,7 +330,7 @@ def ood_preview(task: str, columns: dict, ood: list[str], mapping: str | None) -
     main = load_task_checked(task, columns)
     lines = []
     for ref in ood:
-        name = store.short_ref(ref)
+        name = short_ref(ref)
         try:
             other = load_task_checked(ref, {})
             _, note = align_labels(main, other, labels)
@@ -372,7 +343,6 @@ def ood_preview(task: str, columns: dict, ood: list[str], mapping: str | None) -
 
 def submit_compare(runner, *, region_ids: list[str], ood: list[str], n, baselines: bool, ood_labels: str | None = None
                    ) -> Job:
-    from ..requests import EvaluateRequest
 
     request = EvaluateRequest(regions=_paths(region_ids), ood=list(ood or []), n=whole(n), baselines=bool(baselines),
                               ood_labels=(ood_labels or "").strip() or None)
@@ -382,49 +352,33 @@ def submit_compare(runner, *, region_ids: list[str], ood: list[str], n, baseline
 
 def parse_budgets(text: str) -> list[float]:
     """'1e-5, 1e-4, 0.001' -> sorted numbers (the request checks their range)."""
-    out = []
-    for part in str(text).replace(";", ",").split(","):
-        part = part.strip()
-        if not part:
-            continue
-        try:
-            out.append(float(part))
-        except ValueError:
-            raise ValueError(f"'{part}' is not a number; write budgets like 1e-4, 1e-3, 1e-2") from None
-    if not out:
-        raise ValueError("give at least one budget, e.g. 1e-4, 1e-3")
-    return sorted(set(out))
+    return sorted(set(parse_list(text, float, "budgets", "budget", "1e-4, 1e-3, 1e-2")))
 
 
 def submit_sweep(runner, *, base: str, finetuned: str, task: str, columns: dict, budgets: str, steps,
                  examples_per_class, lr, n, ood: list[str] | None = None, ood_labels: str | None = None,
                  keep: bool = False) -> Job:
-    from ..requests import SweepRequest
 
     request = SweepRequest(base=base, finetuned=finetuned, task=task, **columns, sparsities=parse_budgets(budgets),
                            steps=whole(steps) or 0, examples_per_class=per_class(examples_per_class), lr=float(lr or 0),
                            n=whole(n), ood=None if ood is None else list(ood), ood_labels=(ood_labels or "").strip() or None,
                            keep=str(store.regions_dir()) if keep else None)
-    title = (f"Sparsity sweep on '{store.short_ref(task)}' ({len(request.sparsities)} budgets × "
+    title = (f"Sparsity sweep on '{short_ref(task)}' ({len(request.sparsities)} budgets × "
              f"{len(request.methods)} methods)")
     return submit(runner, request, title)
 
 
 def overlap_for(region_ids: list[str]) -> dict:
     """The overlap matrix of the selected regions (compose without evaluation: cheap, no models)."""
-    from .. import flows
-    from ..requests import ComposeRequest
 
     return flows.compose(ComposeRequest(regions=_paths(region_ids, 2))).matrix()
 
 
 def submit_compose(runner, *, region_ids: list[str], resolve: str, n) -> Job:
-    from ..requests import ComposeRequest
 
-    from .. import flows
 
     paths = _paths(region_ids, 2)
-    out = flows.new_path(store.regions_dir(), "union", ".safetensors")
+    out = new_path(store.regions_dir(), "union", ".safetensors")
     request = ComposeRequest(regions=paths, resolve=resolve, evaluate=True, n=whole(n), out=str(out))
 
     def saved(result, doc) -> dict:
@@ -437,7 +391,6 @@ def submit_compose(runner, *, region_ids: list[str], resolve: str, n) -> Job:
 def submit_multitask(runner, *, tasks: list[str], group: list[str], log_sparsity: float, start: str, steps,
                      purify_steps, examples_per_class, n) -> Job:
     """The multi-task experiment on the offline default multi-task model (built on first need)."""
-    from ..requests import MultitaskRequest
 
     request = MultitaskRequest(tasks=list(tasks or []), group=list(group) if group else None,
                                sparsity=10 ** float(log_sparsity), start=start, steps=whole(steps) or 0,
@@ -449,17 +402,10 @@ def submit_multitask(runner, *, tasks: list[str], group: list[str], log_sparsity
 
 def parse_alphas(text: str) -> list[float]:
     """'0, 0.25, 0.5' -> numbers (the request checks they lie in [0, 1])."""
-    try:
-        values = [float(part) for part in str(text).replace(";", ",").split(",") if part.strip()]
-    except ValueError:
-        raise ValueError(f"'{text}' is not a list of numbers; write α values like 0, 0.5, 1") from None
-    if not values:
-        raise ValueError("give at least one α, e.g. 0, 0.5, 1")
-    return sorted(set(values))
+    return sorted(set(parse_list(text, float, "α values", "α", "0, 0.5, 1")))
 
 
 def submit_wise(runner, *, region_id: str, alphas: str, ood: list[str], n) -> Job:
-    from ..requests import WiseRequest
 
     request = WiseRequest(region=_paths([region_id] if region_id else [])[0], alphas=parse_alphas(alphas),
                           ood=list(ood) if ood else None, n=whole(n))
@@ -467,7 +413,6 @@ def submit_wise(runner, *, region_id: str, alphas: str, ood: list[str], n) -> Jo
 
 
 def submit_retrain(runner, *, region_id: str, epochs, train_examples, n) -> Job:
-    from ..requests import RetrainRequest
 
     request = RetrainRequest(region=_paths([region_id] if region_id else [])[0], epochs=whole(epochs),
                              train_examples=None if train_examples is None else int(train_examples), n=whole(n))
@@ -475,7 +420,6 @@ def submit_retrain(runner, *, region_id: str, epochs, train_examples, n) -> Job:
 
 
 def submit_continual(runner, *, tasks: list[str], log_sparsity: float, steps, examples_per_class, n) -> Job:
-    from ..requests import ContinualRequest
 
     request = ContinualRequest(tasks=list(tasks or []), sparsity=10 ** float(log_sparsity), steps=whole(steps) or 0,
                                examples_per_class=per_class(examples_per_class), n=whole(n))
@@ -483,17 +427,14 @@ def submit_continual(runner, *, tasks: list[str], log_sparsity: float, steps, ex
 
 
 def submit_reproduce(runner, *, quick: bool) -> Job:
-    from ..requests import ReproduceRequest
 
     request = ReproduceRequest(quick=bool(quick))
     return submit(runner, request, f"Every experiment, one report ({'quick' if request.quick else 'full'} run)")
 
 
 def submit_export(runner, *, region_id: str) -> Job:
-    from .. import flows
-    from ..requests import ExportRequest
 
-    folder = flows.new_path(store.downloads_dir(), f"{region_id}-graft")
+    folder = new_path(store.downloads_dir(), f"{region_id}-graft")
     request = ExportRequest(region=str(store.region_path(region_id)), out=str(folder))
 
     def zipped(result, doc) -> dict:
@@ -506,7 +447,6 @@ def submit_export(runner, *, region_id: str) -> Job:
 
 def request_file(job: Job | None) -> Path | None:
     """The request that made a job, as a JSON config (``graftui run`` takes it); None for jobs without one."""
-    from ..regions import atomic_write
 
     if job is None or "verb" not in (job.params or {}):
         return None
@@ -518,7 +458,6 @@ def request_file(job: Job | None) -> Path | None:
 
 def report_bundle(job: Job | None) -> str:
     """The report bundle (bundle.py) of a finished job, written once into this session's downloads."""
-    from .. import bundle
 
     if job is None:
         raise ValueError("pick a job in the list above first")
@@ -531,19 +470,17 @@ def report_bundle(job: Job | None) -> str:
 
 
 def anatomy_of(region_id: str):
-    from .. import flows
-    from ..requests import AnatomyRequest
 
     return flows.anatomy(AnatomyRequest(region=str(store.region_path(region_id))))
 
 
 # -- result tables ------------------------------------------------------------------------------
 def _pct(v) -> str:
-    return "" if v is None else f"{v:.1%}"
+    return pct(v, 1, missing="")
 
 
 def _num(v, digits: int = 3) -> str:
-    return "" if v is None else f"{v:.{digits}f}"
+    return num(v, digits, missing="")
 
 
 COMPARE_COLUMNS = ["model", "task", "dist.", "n", "accuracy ↑ [95 % CI]", "share of FT gain", "Δ vs FT", "F1 ↑", "ECE ↓",
@@ -553,7 +490,6 @@ COMPARE_WIDTHS = ["20%", "7%", "5%", "5%", "12%", "7%", "8%", "6%", "6%", "10%",
 
 def compare_table(result: dict) -> pd.DataFrame:
     """One row per (model, task), short headers; the note under the table says what each column is."""
-    from ..card import wilson
 
     rows = result.get("rows") or []
     ft = {r["task"]: r["accuracy"] for r in rows if r["model"] == "fine-tuned"}
@@ -691,7 +627,6 @@ def region_meta_table(record) -> pd.DataFrame:
 
 def region_only_file(region_id: str):
     """A region file without values (indices only) next to the downloads; written once."""
-    from ..regions import RegionRecord, save
 
     path = store.downloads_dir() / f"{region_id}-region.safetensors"
     if not path.exists():

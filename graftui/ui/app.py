@@ -19,10 +19,16 @@ from pathlib import Path
 import gradio as gr
 import pandas as pd
 
-from .. import settings
-from ..data import OFFLINE_TASKS
-from ..requests import DEFAULT_EXAMPLES_PER_CLASS, HEADS, ContinualRequest, MultitaskRequest, WiseRequest
-from . import actions, figures, pagescript, store
+from .. import figures, flows, regions, settings
+from ..config import DEFAULT_BASE, DEFAULT_EXAMPLES_PER_CLASS, DEFAULT_FINETUNED, HEADS, INTERACTIVE, LR_FOR
+from ..data import OFFLINE_TASKS, preview
+from ..errors import message
+from ..hosted import check_rows, check_upload, safe_name, save_upload
+from ..localizers import METHODS, get_method
+from ..paths import short_ref
+from ..regions import settings_of
+from ..requests import ContinualRequest, MultitaskRequest, WiseRequest
+from . import actions, pagescript, store
 
 OFFLINE_TASK_NAMES = list(OFFLINE_TASKS)
 
@@ -76,7 +82,6 @@ INTRO = {
 # -- error handling ----------------------------------------------------------------------------
 def friendly_message(err: BaseException) -> str:
     """One line a person can act on (graftui.errors.message); the traceback goes to the server log only."""
-    from ..errors import message
 
     if isinstance(err, gr.Error):
         return str(err.message)
@@ -125,29 +130,27 @@ REGION_LIST_COLUMNS = ["id", "task", "method", "k (params)", "share of graftable
 
 
 def region_list_rows() -> pd.DataFrame:
-    from ..regions import settings_of
 
     rows, entries = [], store.list_regions()
     digests = [e.digest for e in entries]
     for e in entries:
         m = e.meta
-        frac = m.get("fraction_of_graftable")
+        frac = m.fraction_of_graftable
         rows.append({
             "id": e.id,
-            "task": store.short_ref(m.get("task", "")),
-            "method": m.get("method", ""),
-            "k (params)": f"{m['k']:,}" if isinstance(m.get("k"), int) else "",
+            "task": short_ref(m.task or ""),
+            "method": m.method or "",
+            "k (params)": f"{m.k:,}" if m.k is not None else "",
             "share of graftable": f"{frac:.3%}" if isinstance(frac, (int, float)) else "",
             "settings": " · ".join(settings_of(m)),
             "content id": f"#{e.digest}" + (" (same as another)" if digests.count(e.digest) > 1 else ""),
-            "fine-tuned model": store.short_ref(m.get("finetuned", "")),
-            "created (UTC)": m.get("created", ""),
+            "fine-tuned model": short_ref(m.finetuned or ""),
+            "created (UTC)": m.created or "",
         })
     return pd.DataFrame(rows, columns=REGION_LIST_COLUMNS)
 
 
 def method_info(name: str) -> str:
-    from ..methods import get_method
 
     info = get_method(name)
     data = "uses training examples" if info.needs_data else "data-free"
@@ -155,19 +158,16 @@ def method_info(name: str) -> str:
 
 
 def method_choices() -> list[tuple[str, str]]:
-    from ..methods import METHODS
 
     return [(m.label, name) for name, m in METHODS.items()]
 
 
 def task_choices() -> list[tuple[str, str]]:
-    from ..data import OFFLINE_TASKS
 
     return [(f"{name}: {desc}", name) for name, desc in OFFLINE_TASKS.items()] + store.upload_choices()
 
 
 def ood_choices() -> list[tuple[str, str]]:
-    from ..data import OFFLINE_TASKS
 
     return [(name, name) for name in OFFLINE_TASKS] + store.upload_choices()
 
@@ -178,8 +178,8 @@ def default_selection(entries, several: bool) -> list[str]:
         return []
     if not several:
         return [entries[0].id]
-    base = entries[0].meta.get("base")
-    return [e.id for e in entries if e.meta.get("base") == base][:3]
+    base = entries[0].meta.base
+    return [e.id for e in entries if e.meta.base == base][:3]
 
 
 def render_localize(job) -> list:
@@ -220,7 +220,7 @@ def render_sweep(job) -> list:
         msg = "Run a sweep to fill this." if job is None else "The curve appears when the sweep is done."
         return [figures.empty_figure(msg), pd.DataFrame(columns=actions.SWEEP_COLUMNS)]
     rows = job.result["rows"]
-    return [figures.sweep_figure(rows, store.short_ref(job.result.get("task", ""))), actions.sweep_table(rows)]
+    return [figures.sweep_figure(rows, short_ref(job.result.get("task", ""))), actions.sweep_table(rows)]
 
 
 def render_compose(job) -> list:
@@ -243,7 +243,7 @@ def render_multitask(job) -> list:
         for task, gain, acc in zip(res["tasks"], u.get("relative_gain", []), u.get("accuracy", [])):
             rows.append({"region": f"{label} of {', '.join(u['group'])}", "size": f"{u['size']:,}", "task": task,
                          "relative gain": "–" if gain is None else f"{gain:.3f}", "accuracy": f"{acc:.3f}"})
-    note = (f"Multi-task model `{store.short_ref(res['checkpoint'])}`; every region has k = **{res['k']:,}** parameters. "
+    note = (f"Multi-task model `{short_ref(res['checkpoint'])}`; every region has k = **{res['k']:,}** parameters. "
             "Relative gain 1 means the graft recovers all of what multi-task fine-tuning gained on that task, 0 none of it.")
     if res.get("notes"):
         note += "\n\n" + "\n\n".join(f"Note: {n}" for n in res["notes"])
@@ -305,15 +305,13 @@ def anatomy_outputs(region_id: str, mode: str) -> list:
     record, anat = result.record, result.anatomy
     m = record.meta
     summary = (f"Region **{region_id}**: k = **{record.size:,}** of {record.graftable:,} graftable parameters "
-               f"({record.size / max(record.graftable, 1):.4%}); method {m.get('method', '?')}, task {m.get('task', '?')}, "
-               f"fine-tuned model {store.short_ref(m.get('finetuned', '?'))}.")
+               f"({record.size / max(record.graftable, 1):.4%}); method {m.method or '?'}, task {m.task or '?'}, "
+               f"fine-tuned model {short_ref(m.finetuned or '?')}.")
     return [figures.anatomy_heatmap(anat, mode), figures.module_bars(anat), actions.weight_bias_table(anat), summary]
 
 
 # -- the app -------------------------------------------------------------------------------------
 def build_app() -> gr.Blocks:
-    from ..data import OFFLINE_TASKS
-    from ..requests import DEFAULT_BASE, DEFAULT_FINETUNED, INTERACTIVE, LR_FOR
 
     d = store.defaults()
     hosted = settings.hosted()
@@ -711,7 +709,7 @@ def build_app() -> gr.Blocks:
                     + ", ".join(f"{lab} → `{w!r}`" for lab, w in zip(desc["prompt"]["labels"], desc["prompt"]["words"]))
                     + (" (chosen from the label names)" if desc["prompt"]["chosen"] else "")
                     + "; its own LM head and the embeddings stay fixed")
-            info = (f"✓ **{desc['architecture']}** pair: base `{store.short_ref(base)}`, fine-tuned `{store.short_ref(finetuned)}`, "
+            info = (f"✓ **{desc['architecture']}** pair: base `{short_ref(base)}`, fine-tuned `{short_ref(finetuned)}`, "
                     f"labels {', '.join(desc['labels'])}; {desc['graftable_tensors']} graftable tensors, {read}.")
             return (actions.counts_table(counts), info, "✓ Pair checked.", actions.budget_text(log_s, counts),
                     gr.update(open=True) if desc["prompt"] is not None else gr.skip())
@@ -732,18 +730,16 @@ def build_app() -> gr.Blocks:
 
         @guarded(status, beside=mapping_md)
         def on_data_upload(file):
-            from ..data import preview
 
             if not file:
                 return (gr.skip(),) * 8
             def read(path):  # a file refused here is deleted again by save_upload
                 info = preview(str(path), allow_local=True)
                 rows = sum(info["splits"].values())
-                if hosted and rows > settings.MAX_DATASET_ROWS:
-                    raise ValueError(f"'{path.name}' has {rows:,} rows; this server takes at most {settings.MAX_DATASET_ROWS:,}")
+                check_rows(path.name, rows)
                 return info
 
-            path, info = store.save_upload(file, read)
+            path, info = save_upload(file, read)
             cols, guess = info["columns"], info["guess"]
             frame = pd.DataFrame(info["rows"])
             splits = ", ".join(f"{k}: {v:,} rows" for k, v in info["splits"].items())
@@ -785,7 +781,7 @@ def build_app() -> gr.Blocks:
         on(ftn_opt.change, on_optimizer, [ftn_opt], [ftn_lr, ftn_l1])
 
         def on_task(task):
-            return f"Task: **{store.short_ref(task) or '?'}**, as chosen on the **Models** tab (its column mapping too)."
+            return f"Task: **{short_ref(task) or '?'}**, as chosen on the **Models** tab (its column mapping too)."
 
         on(task_dd.change, on_task, [task_dd], [ftn_task_md], show_progress="hidden")
 
@@ -966,11 +962,10 @@ def build_app() -> gr.Blocks:
 
         @guarded(status, beside=reg_up_md)
         def on_region_upload(file):
-            from .. import regions
 
             if not file:
                 return "", actions.region_meta_table(None), gr.skip()
-            path = store.check_upload(file, (".safetensors",))
+            path = check_upload(file, (".safetensors",))
             record = regions.load(path)  # validates format, metadata and every index
             s = record.summary()
             md = (f"✓ **{path.name}** is a valid graftui {s['kind']}: k = {s['size']:,} of {s['graftable']:,} graftable parameters "
@@ -982,22 +977,21 @@ def build_app() -> gr.Blocks:
 
         @guarded(status, beside=reg_up_md)
         def on_region_apply(file, base, finetuned):
-            from .. import flows, regions
 
             if not file:
                 raise ValueError("upload a region file first")
-            path = store.check_upload(file, (".safetensors",))
+            path = check_upload(file, (".safetensors",))
             record = regions.load(path)
             actions.check_pair(base, finetuned)
             pair = flows.pair_for_regions(base, finetuned, [record], store.guard())
             regions.check_fits(record, pair)
             meta = record.meta
-            meta.setdefault("original_base", meta.get("base"))
-            meta.setdefault("original_finetuned", meta.get("finetuned"))
-            meta.update({"base": base, "finetuned": finetuned, "uploaded_as": path.name})
-            meta.setdefault("method", "uploaded")
-            saved = store.save_region(record, stem=f"uploaded-{store.safe_name(path.stem, 30)}")
-            return (f"✓ Fits the current pair ({store.short_ref(base)} → {store.short_ref(finetuned)}); saved as **{saved.stem}** "
+            meta.original_base = meta.original_base or meta.base
+            meta.original_finetuned = meta.original_finetuned or meta.finetuned
+            meta.base, meta.finetuned, meta.uploaded_as = base, finetuned, path.name
+            meta.method = meta.method or "uploaded"
+            saved = store.save_region(record, stem=f"uploaded-{safe_name(path.stem, 30)}")
+            return (f"✓ Fits the current pair ({short_ref(base)} → {short_ref(finetuned)}); saved as **{saved.stem}** "
                     "and listed in every region picker."), f"✓ Added region {saved.stem}."
 
         on(reg_apply.click, on_region_apply, [reg_up, base_dd, ft_dd], [reg_up_md, status])

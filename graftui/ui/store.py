@@ -14,8 +14,8 @@ workspace, ``$GRAFTUI_HOME``, and every job is yours.
 
 from __future__ import annotations
 
-import hashlib
 import json
+import math
 import os
 import re
 import secrets
@@ -26,8 +26,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import settings
-from ..errors import SessionError
+from .. import hosted, regions, settings
+from ..config import DEFAULT_BASE, DEFAULT_EXAMPLES_PER_CLASS, DEFAULT_FINETUNED_REFS, INTERACTIVE, default_checkpoint_dir
+from ..errors import RegionError, SessionError
+from ..hosted import check_disk, own_dir
+
+from ..jobs import QUEUED, RUNNING, JobRunner
+from ..models import checkpoint_record
+from ..paths import DATA_SUFFIXES, atomic_write, new_path, short_ref
+from ..requests import EvaluateRequest, FinetuneRequest, LocalizeRequest, SweepRequest
 
 # -- defaults ------------------------------------------------------------------------------------
 
@@ -37,10 +44,6 @@ fast = settings.fast
 
 def defaults() -> dict:
     """What the widgets start with: the requests' own defaults (GRAFTUI_FAST ones in that mode), all numbers."""
-    import math
-
-    from ..requests import DEFAULT_EXAMPLES_PER_CLASS, INTERACTIVE, EvaluateRequest, FinetuneRequest, LocalizeRequest, SweepRequest
-
     loc, ft, ev = LocalizeRequest.defaults(), FinetuneRequest.defaults(), EvaluateRequest.defaults()
     recipe = FinetuneRequest(**ft).recipe()
     return {
@@ -67,8 +70,6 @@ def runner() -> "Jobs":
     global _runner
     with _runner_lock:
         if _runner is None:
-            from ..jobs import JobRunner
-
             settings.configure_torch()
             _runner = JobRunner(settings.shared("jobs"))
     return Jobs(_runner, session_id())
@@ -108,8 +109,6 @@ class Jobs:
         if settings.hosted() and not server:
             if self.owner is None:
                 settings.workspace()  # raises: no live session
-            from ..jobs import QUEUED, RUNNING
-
             active = [j for j in self.runner.jobs() if j.status in (QUEUED, RUNNING)]
             mine = sum(j.owner == self.owner for j in active)
             if mine >= settings.SESSION_JOBS:
@@ -197,8 +196,6 @@ def browser_secret() -> str:
         return path.read_text().strip()
     except OSError:
         pass
-    from ..regions import atomic_write
-
     secret = secrets.token_hex(32)
     atomic_write(path, lambda tmp: Path(tmp).write_text(secret))  # mkstemp's file is owner-only
     return path.read_text().strip()
@@ -215,8 +212,6 @@ def _touch(path: Path) -> None:
 
 def expire_sessions(now: float | None = None) -> list[str]:
     """Remove workspaces idle for longer than GRAFTUI_SESSION_IDLE_HOURS whose jobs have all finished."""
-    from ..jobs import QUEUED, RUNNING
-
     now = now or time.time()
     busy = {j.owner for j in (_runner.jobs() if _runner else []) if j.status in (QUEUED, RUNNING)}
     removed = []
@@ -229,27 +224,6 @@ def expire_sessions(now: float | None = None) -> list[str]:
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path.name)
     return removed
-
-
-def folder_mb(path: Path) -> float:
-    total = 0
-    for root, _, files in os.walk(path):
-        for name in files:
-            try:
-                total += os.lstat(os.path.join(root, name)).st_size
-            except OSError:
-                pass
-    return total / 2**20
-
-
-def check_disk(extra_mb: float = 0.0) -> None:
-    """Hosted: refuse new work once the session's workspace holds GRAFTUI_SESSION_MB."""
-    if not settings.hosted():
-        return
-    used = folder_mb(settings.workspace()) + extra_mb
-    if used > settings.SESSION_MB:
-        raise SessionError(f"your workspace holds {used:,.3g} MB, over this server's {settings.SESSION_MB:,.3g} MB; "
-                           "delete regions you no longer need (Regions tab), then try again")
 
 
 # -- folders -------------------------------------------------------------------------------------
@@ -282,14 +256,6 @@ def served_dirs() -> list[str]:
     return [str(regions_dir()), str(downloads_dir()), str(settings.subdir("reports"))]
 
 
-_SAFE = re.compile(r"[^A-Za-z0-9._-]+")
-
-
-def safe_name(text: str, limit: int = 60) -> str:
-    name = _SAFE.sub("-", str(text)).strip("-.")[:limit]
-    return name or "item"
-
-
 # -- regions -------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class RegionEntry:
@@ -298,77 +264,31 @@ class RegionEntry:
     id: str
     path: Path
     kind: str
-    meta: dict
+    meta: regions.RegionMeta
     gallery: bool = False  # the server's, shown to every session, never deleted from a page
     digest: str = ""  # of the parameter set (regions.digest): two files of one region share it
 
     @property
     def k(self) -> int | None:
-        return self.meta.get("k")
+        return self.meta.k
 
     @property
     def label(self) -> str:
         """Method, k and the settings that tell runs apart, the model, and the content id."""
-        from ..regions import describe
-
-        parts = [describe(self.meta), short_ref(self.meta.get("finetuned", "?"))]
+        parts = [regions.describe(self.meta), short_ref(self.meta.finetuned or "?")]
         return " · ".join(parts + ["gallery"] * self.gallery) + f"  #{self.digest}  [{self.id}]"
 
 
-def short_ref(ref: str) -> str:
-    from ..flows import short_ref as short
-
-    return short(ref)
-
-
-def read_region_header(path: Path) -> RegionEntry | None:
+def read_region_header(path: Path, gallery: bool = False) -> RegionEntry | None:
     """Metadata of a region file without loading its tensors; None when it is not one of ours."""
-    from safetensors import safe_open
-
-    try:
-        with safe_open(str(path), framework="pt") as fh:
-            header = fh.metadata() or {}
-        meta = json.loads(header.get("meta", "{}"))
-    except Exception:  # noqa: BLE001 - an unreadable file is simply not listed
-        return None
-    if "graftui_format" not in header or not isinstance(meta, dict):
-        return None
-    return RegionEntry(path.stem, path, header.get("kind", "region"), meta, digest=header.get("region_digest")
-                       or _old_digest(path))
-
-
-_DIGESTS: dict[tuple, str] = {}
-
-
-def _old_digest(path: Path) -> str:
-    """The content id of a file written before ids were recorded (read once per file version)."""
-    from safetensors import safe_open
-
-    from ..regions import digest
-
-    stat = path.stat()
-    key = (str(path), stat.st_mtime_ns, stat.st_size)
-    if key not in _DIGESTS:
-        try:
-            with safe_open(str(path), framework="pt") as fh:
-                _DIGESTS[key] = digest({k[4:]: fh.get_tensor(k) for k in fh.keys() if k.startswith("idx/")})
-        except Exception:  # noqa: BLE001 - unreadable: no id
-            _DIGESTS[key] = "?"
-    return _DIGESTS[key]
-
-
-def own_dir(folder) -> Path | None:
-    """``folder()`` of the current workspace, or None on a page without a live session."""
-    try:
-        return folder()
-    except SessionError:
-        return None
+    header = regions.read_header(path)
+    return None if header is None else RegionEntry(path.stem, path, header.kind, header.meta, gallery, header.digest)
 
 
 def region_dirs() -> list[tuple[Path, bool]]:
     """Where regions are listed from, as (folder, is gallery): the workspace's own folder, and on a hosted
     server the gallery after it (a page without a live session sees the gallery only)."""
-    own = [(d, False) for d in [own_dir(regions_dir)] if d is not None]
+    own = [(d, False) for d in [own_dir("regions")] if d is not None]
     if settings.hosted() and gallery_dir().resolve() not in {p.resolve() for p, _ in own}:
         own.append((gallery_dir(), True))
     return own
@@ -381,11 +301,11 @@ def list_regions() -> list[RegionEntry]:
         for path in folder.glob("*.safetensors"):
             if path.name.startswith(".") or path.stem in seen:
                 continue
-            entry = read_region_header(path)
+            entry = read_region_header(path, gallery)
             if entry is not None:
-                entries.append(RegionEntry(entry.id, entry.path, entry.kind, entry.meta, gallery, entry.digest))
+                entries.append(entry)
                 seen.add(path.stem)
-    return sorted(entries, key=lambda e: (e.meta.get("created", ""), e.path.stat().st_mtime), reverse=True)
+    return sorted(entries, key=lambda e: (e.meta.created or "", e.path.stat().st_mtime), reverse=True)
 
 
 def region_choices() -> list[tuple[str, str]]:
@@ -397,8 +317,6 @@ _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 def region_path(region_id: str) -> Path:
     """The file of a saved region; refuses anything that is not a plain id in the regions folder."""
-    from ..regions import RegionError
-
     region_id = (region_id or "").strip()
     if not region_id:
         raise RegionError("no region selected: pick one from the list (or run Localize first)")
@@ -414,8 +332,6 @@ def region_path(region_id: str) -> Path:
 
 def delete_region(region_id: str) -> Path:
     """Remove one of the workspace's own regions (never a gallery one); returns the removed path."""
-    from ..regions import RegionError
-
     path = region_path(region_id)
     if path.parent.resolve() != regions_dir().resolve():
         raise RegionError(f"'{region_id}' belongs to the server's gallery; it cannot be deleted from a page")
@@ -424,31 +340,23 @@ def delete_region(region_id: str) -> Path:
 
 
 def load_region(region_id: str):
-    from .. import regions
-
     return regions.load(region_path(region_id))
 
 
 def save_region(record, stem: str | None = None) -> Path:
     """Save a region or skill patch under a new, readable id; returns its path."""
-    from .. import flows, regions
-
     m = record.meta
-    stem = stem or f"{short_ref(m.get('task', 'task'))}-{m.get('method', 'region')}-k{record.size}"
-    return regions.save(record, flows.new_path(regions_dir(), stem, ".safetensors"))
+    stem = stem or f"{short_ref(m.task or 'task')}-{m.method or 'region'}-k{record.size}"
+    return regions.save(record, new_path(regions_dir(), stem, ".safetensors"))
 
 
 # -- checkpoints ---------------------------------------------------------------------------------
 def default_checkpoint():
-    from ..requests import default_checkpoint_dir
-
     return default_checkpoint_dir()
 
 
 def default_ready(key: str | None = None) -> bool:
     """Whether a default fine-tuned model (minilm-movies unless ``key`` says) is already built and cached."""
-    from ..requests import default_checkpoint_dir
-
     if key is None:
         return (default_checkpoint() / "config.json").exists()
     return (default_checkpoint_dir(key.strip().lower()) / "config.json").exists()
@@ -456,11 +364,9 @@ def default_ready(key: str | None = None) -> bool:
 
 def list_checkpoints() -> list[dict]:
     """Fine-tuned checkpoints under GRAFTUI_HOME/checkpoints (the cached default is 'minilm-movies')."""
-    from ..models import checkpoint_record
-
     default = default_checkpoint().resolve()
     out = []
-    own = own_dir(checkpoints_dir)
+    own = own_dir("checkpoints")
     if own is None:
         return []
     for path in sorted(own.iterdir(), key=lambda p: p.stat().st_mtime, reverse=True):
@@ -473,8 +379,6 @@ def list_checkpoints() -> list[dict]:
 
 def checkpoint_choices(include_base: bool = False) -> list[tuple[str, str]]:
     """Dropdown choices: the offline default (base or fine-tuned), then checkpoints made here."""
-    from ..requests import DEFAULT_BASE, DEFAULT_FINETUNED_REFS
-
     if include_base:
         choices = [(f"{DEFAULT_BASE} (offline base model)", DEFAULT_BASE),
                    ("smollm2 (offline causal LM, read through a prompt)", "smollm2")]
@@ -503,8 +407,6 @@ def remember_counts(base: str, finetuned: str, counts: dict) -> None:
         except (OSError, ValueError):
             data = {}
         data[f"{base}|{finetuned}"] = {k: int(v) for k, v in counts.items()}
-        from ..regions import atomic_write
-
         atomic_write(_counts_file(), lambda tmp: Path(tmp).write_text(json.dumps(data, indent=1)))
 
 
@@ -515,138 +417,8 @@ def known_counts(base: str, finetuned: str) -> dict | None:
         return None
 
 
-# -- what a hosted server lets through -----------------------------------------------------------
-def is_managed(ref: str) -> bool:
-    """A path this server wrote for this workspace (a checkpoint fine-tuned here, a dataset uploaded here), or
-    one of the server's default checkpoints; on a hosted server never another session's file."""
-    if not ref:
-        return False
-    try:
-        path = Path(ref).expanduser().resolve()
-    except (OSError, RuntimeError, ValueError):
-        return False
-    roots = [own_dir(checkpoints_dir), own_dir(uploads_dir), settings.shared("checkpoints")]
-    for root in filter(None, roots):
-        root = root.resolve()
-        if path != root and path.is_relative_to(root) and path.exists():
-            return True
-    return False
-
-
-def data_allow_local(ref: str) -> bool:
-    """allow_local for loading one dataset: always locally; on a hosted server only our uploads."""
-    return not settings.hosted() or is_managed(ref)
-
-
-def check_task_ref(ref: str) -> None:
-    """Refuse, on a hosted server, a dataset reference that names a server path it did not write."""
-    if settings.hosted() and not is_managed(ref):
-        from .. import data
-
-        data.check_reference(str(ref), allow_local=False)
-
-
-def allow_local_for(models: list[str] = (), tasks: list[str] = ()) -> bool:
-    """allow_local for a flow that loads ``models`` and ``tasks`` together.
-
-    Locally: True. Hosted: every reference must be a Hub id, an offline default, or a path this
-    server wrote itself; anything else raises the library's own clear error. True is returned
-    only when such a managed path is actually needed.
-    """
-    if not settings.hosted():
-        return True
-    from ..models import resolve
-
-    needs_local = False
-    for ref in models:
-        if is_managed(ref):
-            needs_local = True
-        else:
-            resolve(ref, allow_local=False)
-    for ref in tasks:
-        if is_managed(ref):
-            needs_local = True
-        else:
-            check_task_ref(ref)
-    return needs_local
-
-
-def check_model_size(ref: str) -> None:
-    """On a hosted server, refuse a checkpoint over MAX_MODEL_PARAMS before loading it (when known)."""
-    if not settings.hosted():
-        return
-    from ..models import ModelError
-
-    path = Path(str(ref)).expanduser()
-    total = None
-    if is_managed(str(path)) and path.is_dir():
-        total = safetensors_params(path)
-    if total is not None and total > settings.MAX_MODEL_PARAMS:
-        raise ModelError(
-            f"'{short_ref(ref)}' has {total:,} parameters; this server takes at most {settings.MAX_MODEL_PARAMS:,}"
-        )
-
-
-def safetensors_params(folder: Path) -> int | None:
-    """Parameter count from the safetensors headers of a checkpoint folder (no tensor is read)."""
-    from safetensors import safe_open
-
-    files = sorted(Path(folder).glob("*.safetensors"))
-    if not files:
-        return None
-    total = 0
-    for f in files:
-        with safe_open(str(f), framework="pt") as fh:
-            for key in fh.keys():
-                shape = fh.get_slice(key).get_shape()
-                n = 1
-                for d in shape:
-                    n *= int(d)
-                total += n
-    return total
-
-
-def check_upload(path: str | Path, allowed: tuple[str, ...]) -> Path:
-    """An uploaded file: the right kind by name and within MAX_UPLOAD_MB, or a clear error."""
-    path = Path(path)
-    if path.suffix.lower() not in allowed:
-        raise ValueError(f"'{path.name}' is not one of the accepted file types ({', '.join(allowed)})")
-    size_mb = path.stat().st_size / 2**20
-    if size_mb > settings.MAX_UPLOAD_MB:
-        raise ValueError(f"'{path.name}' is {size_mb:.1f} MB; uploads are limited to {settings.MAX_UPLOAD_MB:g} MB")
-    return path
-
-
-DATA_SUFFIXES = (".csv", ".tsv", ".jsonl", ".json", ".parquet")
-
-
-def save_upload(path: str | Path, read=None):
-    """Copy an uploaded dataset into the workspace's uploads under a content-derived name.
-
-    ``read(dest)`` checks it there (the column preview); a file it refuses is deleted again, so a
-    refused upload is never offered as a task. Returns ``(dest, read(dest))`` (None without ``read``).
-    """
-    src = check_upload(path, DATA_SUFFIXES)
-    check_disk(src.stat().st_size / 2**20)
-    digest = hashlib.sha256()
-    with open(src, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    # one folder per content hash keeps the file's own name, which the data loader reads split names from
-    dest = uploads_dir() / digest.hexdigest()[:12] / f"{safe_name(src.stem, 60)}{src.suffix.lower()}"
-    if dest.exists():
-        return dest, read(dest) if read else None
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(src, dest)
-    try:
-        return dest, read(dest) if read else None
-    except BaseException:
-        shutil.rmtree(dest.parent, ignore_errors=True)
-        raise
-
-
 def upload_choices() -> list[tuple[str, str]]:
-    own = own_dir(uploads_dir)
+    own = own_dir("uploads")
     if own is None:
         return []
     files = sorted(own.glob("*/*"), key=lambda p: p.stat().st_mtime, reverse=True)
@@ -654,36 +426,15 @@ def upload_choices() -> list[tuple[str, str]]:
 
 
 # -- the guard every flow of the app runs under ------------------------------------------------------
-def guard():
-    """What the app's flows may read: everything locally; on a hosted server only Hub ids, offline
-    defaults and the files this server wrote, within the size caps. Every pair loaded also leaves
-    its parameter counts for the budget text next to the slider."""
-    from ..flows import Guard
+class AppGuard(hosted.HostedGuard):
+    """The hosted guard (graftui.hosted), which also leaves each pair's parameter counts for the budget text."""
 
-    class AppGuard(Guard):
-        def allow_local(self, models=(), tasks=()) -> bool:
-            for ref in models:
-                check_model_size(ref)
-            return allow_local_for(list(models), list(tasks))
+    def checked_pair(self, pair):
+        pair = super().checked_pair(pair)
+        remember_counts(pair.base_ref, pair.finetuned_ref, pair.counts())
+        return pair
 
-        def checked_task(self, task):
-            from ..data import DataError
 
-            rows = sum(len(s) for s in task.splits.values())
-            if settings.hosted() and rows > settings.MAX_DATASET_ROWS:
-                raise DataError(f"'{task.name}' has {rows:,} rows; this server takes at most {settings.MAX_DATASET_ROWS:,}")
-            return task
-
-        def checked_pair(self, pair):
-            from ..flows import clear_cache
-            from ..models import ModelError
-
-            counts = pair.counts()
-            if settings.hosted() and counts["total"] > settings.MAX_MODEL_PARAMS:
-                clear_cache()
-                raise ModelError(f"this pair has {counts['total']:,} parameters; this server takes at most "
-                                 f"{settings.MAX_MODEL_PARAMS:,}")
-            remember_counts(pair.base_ref, pair.finetuned_ref, counts)
-            return pair
-
+def guard() -> AppGuard:
+    """What the app's flows may read (graftui.hosted); every pair loaded leaves its counts for the budget slider."""
     return AppGuard()

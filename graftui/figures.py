@@ -5,10 +5,11 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ..layout import MODULE_LABELS
+from .config import BODY_LABEL, FT_LABEL
+from .layout import MODULE_LABELS
 
 PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#17becf"]
-MODEL_COLOURS = {"fine-tuned": "#1f77b4", "pre-trained body + FT head": "#7f7f7f"}
+MODEL_COLOURS = {FT_LABEL: "#1f77b4", BODY_LABEL: "#7f7f7f"}
 
 
 def _layout(fig: go.Figure, title: str, height: int = 380) -> go.Figure:

@@ -1,5 +1,7 @@
 """One registry for localization methods: the learned region of the paper and its baselines.
 
+(The mathematics of the learned region is ``method.py``; this module names the methods and runs one.)
+
 Every method answers the same question with the same budget: which k graftable parameters
 carry the skill? A method is a function ``(MethodContext) -> Region`` registered under a name;
 the CLI, the app and the sweep all look methods up here.
@@ -7,7 +9,6 @@ the CLI, the app and the sweep all look methods up here.
 
 from __future__ import annotations
 
-import math
 import threading
 from dataclasses import dataclass, field
 from typing import Callable
@@ -15,31 +16,9 @@ from typing import Callable
 import torch
 
 from . import method
+from .config import Budget, LearnConfig
 from .errors import BudgetError
-from .method import LearnConfig, ProgressFn, Region
-
-
-@dataclass(frozen=True)
-class Budget:
-    """A region budget: a fraction of the graftable parameters, or a count k."""
-
-    sparsity: float | None = None
-    k: int | None = None
-
-    def resolve(self, graftable: int) -> int:
-        if (self.sparsity is None) == (self.k is None):
-            raise BudgetError("give exactly one of sparsity or k")
-        if self.k is not None:
-            if int(self.k) < 1 or int(self.k) > graftable:
-                raise BudgetError(f"k must be between 1 and {graftable:,} (the graftable parameters), got {self.k}")
-            return int(self.k)
-        s = float(self.sparsity)
-        if not math.isfinite(s) or s <= 0 or s > 1:
-            raise BudgetError(f"sparsity must be in (0, 1], a fraction of the graftable parameters; got {self.sparsity}")
-        return max(1, min(graftable, int(round(s * graftable))))
-
-    def describe(self) -> str:
-        return f"k={self.k:,}" if self.k is not None else f"sparsity={self.sparsity:g}"
+from .method import ProgressFn, Region
 
 
 @dataclass

@@ -16,10 +16,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import __version__, card, regions, settings
-from .errors import RequestError
-from .flows import FLOWS, LOCAL, Guard, Progress, Result, finish, latest_region, load_region, recorded_request
-from .requests import EvaluateRequest, ExportRequest, PushRequest
+from .. import card, regions, settings
+from ..errors import RequestError
+from ..requests import EvaluateRequest, ExportRequest, PushRequest, derive
+from ..version import __version__
+from . import text
+from .common import LOCAL, Guard, Progress, Result, finish, latest_region, load_region
+from .regionfiles import export
+from .registry import verb
+from .single import evaluate
 
 PATCH_FILE = "skill_patch.safetensors"
 
@@ -38,11 +43,11 @@ def model_card(req: PushRequest, record, metrics: list[dict], region_file: str):
     from huggingface_hub import ModelCard, ModelCardData
 
     m = record.meta
-    base, finetuned, task = req.base or m.get("base"), m.get("finetuned"), m.get("task")
+    base, finetuned, task = req.base or m.base, m.finetuned, m.task
     data = ModelCardData(base_model=base if base and "/" in str(base) and not Path(str(base)).exists() else None,
                          library_name="transformers" if req.what == "checkpoint" else None,
                          tags=["graftui", "skill-localization", "model-grafting"])
-    frac = m.get("fraction_of_graftable")
+    frac = m.fraction_of_graftable
     lines = [f"# {req.repo.split('/')[-1]}", "",
              ("A **skill patch**" if req.what == "patch" else "A **grafted checkpoint**")
              + f" made with graftui {__version__}: the graft θ̄(γ) = θ_pre + γ ⊙ (θ_ft − θ_pre) of a region γ of "
@@ -50,7 +55,7 @@ def model_card(req: PushRequest, record, metrics: list[dict], region_file: str):
              + " (Panigrahi et al., *Task-Specific Skill Localization in Fine-tuned Language Models*, ICML 2023).",
              "", "| | |", "|---|---|",
              f"| base model | `{base}` |", f"| fine-tuned model | `{finetuned}` |", f"| task | `{task}` |",
-             f"| method | {m.get('method')} |", f"| budget | {m.get('budget') or f'k = {record.size:,}'} |",
+             f"| method | {m.method} |", f"| budget | {m.budget or f'k = {record.size:,}'} |",
              f"| region | {card.pct(frac, 3) if frac else ''} · k = {record.size:,} · content id "
              f"`#{regions.digest(record.indices)}` |", ""]
     if metrics:
@@ -80,6 +85,7 @@ def operations(folder: Path) -> list:
             for f in sorted(folder.rglob("*")) if f.is_file()]
 
 
+@verb(PushRequest, "push a skill patch or grafted checkpoint to the Hugging Face Hub, with a model card", text.push)
 def push(req: PushRequest, progress: Progress | None = None, cancel=None, guard: Guard = LOCAL) -> PushResult:
     """Build the files and the card, then (unless ``out`` is given) create the repo and commit them."""
     req.validate()
@@ -94,23 +100,20 @@ def push(req: PushRequest, progress: Progress | None = None, cancel=None, guard:
     if req.n:
         if progress:
             progress({"stage": "scoring the graft for the card", "fraction": 0.1})
-        scored = FLOWS["evaluate"](EvaluateRequest(regions=[path], base=req.base, finetuned=req.finetuned, n=req.n,
-                                                   ood=[], head=req.head, template=req.template,
-                                                   label_words=req.label_words, dtype=req.dtype),
-                                   progress=None, cancel=cancel, guard=guard)
+        scored = evaluate(derive(EvaluateRequest, req, regions=[path], base=req.base, finetuned=req.finetuned, n=req.n,
+                                 ood=[]), progress=None, cancel=cancel, guard=guard)
         metrics, notes = scored.rows, list(scored.notes)
     with tempfile.TemporaryDirectory(prefix="graftui-push-") as tmp:
         folder = Path(tmp) / "repo"
         if req.what == "checkpoint":
             if progress:
                 progress({"stage": "writing the grafted checkpoint", "fraction": 0.5})
-            FLOWS["export"](ExportRequest(region=path, base=req.base, finetuned=req.finetuned, out=str(folder),
-                                          head=req.head, template=req.template, label_words=req.label_words,
-                                          dtype=req.dtype), cancel=cancel, guard=guard)
+            export(derive(ExportRequest, req, region=path, base=req.base, finetuned=req.finetuned, out=str(folder)),
+                   cancel=cancel, guard=guard)
         else:
             folder.mkdir()
             shutil.copyfile(path, folder / PATCH_FILE)
-        made = recorded_request(record)
+        made = record.meta.request
         (folder / "request.json").write_text(json.dumps(made or {"note": "the region records no request"}, indent=2))
         text = str(model_card(req, record, metrics, Path(path).name))
         (folder / "README.md").write_text(text)
@@ -131,5 +134,3 @@ def push(req: PushRequest, progress: Progress | None = None, cancel=None, guard:
     finish(progress)
     return PushResult(req, notes, time.time() - start, req.repo, url, req.out, files, text)
 
-
-FLOWS["push"] = push

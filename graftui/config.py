@@ -1,0 +1,261 @@
+"""Value types and defaults: every number graftui starts from, written once.
+
+How a region is learned (:class:`LearnConfig`), how a pair is read (:class:`LoadOptions`), how a
+model is fine-tuned (:class:`FinetuneConfig` and the recipes), which parameters a region may hold
+(:class:`GraftableSpec`), how large it may be (:class:`Budget`), and the offline defaults the
+verbs fall back on. Plain frozen dataclasses and constants: no model, no data set, no torch, so
+everything above (the maths, the requests, the front ends) reads its defaults from here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from . import settings
+from .errors import BudgetError, RequestError
+from .layout import MODULE_TYPES, param_role  # noqa: F401  (MODULE_TYPES: the module types regions are read by)
+from .version import __version__
+
+# -- the offline defaults --------------------------------------------------------------------------
+DEFAULT_BASE = "minilm"
+DEFAULT_FINETUNED = "minilm-movies"
+DEFAULT_TASK = "movies"
+DEFAULT_FINETUNED_REFS = {  # built on first use, then cached
+    DEFAULT_FINETUNED: (DEFAULT_BASE, DEFAULT_TASK),
+    "smollm2-movies": ("smollm2", DEFAULT_TASK),  # prompt-based fine-tuning of a causal LM (the paper's main setting)
+}
+SENTIMENT_TASKS = ("movies", "amazon", "tweets")  # one label space: each is out of distribution for the others
+DEFAULT_MULTITASK_TASKS = ("movies", "amazon", "bbc")  # a similar pair (two sentiment tasks) and a dissimilar task
+DEFAULT_MULTITASK = "minilm-multitask"  # cache key of the default multi-task fine-tune
+DEFAULT_SPARSITY = 1e-3
+DEFAULT_EXAMPLES_PER_CLASS = 256  # k-shot examples for mask learning; fewer overfit the mask (measured)
+# the two reference models of every comparison: θ_ft, and θ_pre with the fine-tuned head (the empty region)
+FT_LABEL, BODY_LABEL = "fine-tuned", "pre-trained body + FT head"
+
+
+# -- mask learning -------------------------------------------------------------------------------------
+LOGIT_DTYPES = ("float32", "float16", "bfloat16")
+MEMORY_MODES = ("auto", "fast", "lean")
+MASK_OPTIMIZERS = ("normalized", "adam", "sgd")
+BINARISE_RULES = ("topk", "round")
+
+
+@dataclass(frozen=True)
+class LearnConfig:
+    """Hyper-parameters of mask learning (method.MaskLearner). Defaults work across models (measured)."""
+
+    steps: int = 40
+    lr: float = 0.02  # RMS step in logit units for "normalized"; per-coordinate for "adam"; raw η for "sgd"
+    optimizer: str = "normalized"  # "normalized" | "adam" | "sgd" (the paper's)
+    norm: str = "rms"  # what "normalized" divides by: "rms" or "max" of ∇_ℓ over the graftable set
+    forward: str = "relaxed"  # "relaxed" (Eq. 2) or "hard": the binarised region, straight-through
+    sigmoid_bias: float = 3.0  # S starts at −bias: σ(S) ≈ 0.047
+    binarise: str = "topk"  # "topk" | "round"
+    logit_dtype: str = "float32"  # precision of ℓ: float16 or bfloat16 halve its memory (one value per graftable parameter)
+    memory: str = "auto"  # "fast" keeps σ(ℓ) and δ between passes (two more copies), "lean" recomputes them; same region
+    checkpoint_every: int = 0  # recompute every n-th layer's activations in the backward pass (0: keep them all); same region
+    batch_size: int = 16
+    seed: int = 0
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+# -- how checkpoints are read ----------------------------------------------------------------------------
+KINDS = ("classifier", "causal-lm", "masked-lm")  # what a checkpoint is read as
+LM_KINDS = ("causal-lm", "masked-lm")
+HEADS = ("auto", *KINDS)  # "auto": the checkpoint's own kind
+DTYPES = ("float32", "bfloat16", "float16", "auto")
+
+
+def kind_of_architecture(architectures) -> str:
+    """What a checkpoint is, from the class names in its config: a sequence classifier, a causal LM or a masked LM.
+
+    A bare encoder (no head at all, e.g. MiniLM) is a classifier whose head is new.
+    """
+    names = [str(a) for a in (architectures or [])]
+    if any(a.endswith("ForSequenceClassification") for a in names):
+        return "classifier"
+    if any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in names):
+        return "causal-lm"
+    if any(a.endswith("ForMaskedLM") for a in names):
+        return "masked-lm"
+    return "classifier"
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """How a pair is read: as which kind of model, with which prompt, in which dtype and placement.
+
+    ``head`` "auto" reads the checkpoint's own kind: a sequence classifier as one, a causal or masked
+    LM through a template and label words (prompts.py). What is not given comes from the
+    fine-tuned checkpoint's recorded prompt, then from the defaults.
+    """
+
+    head: str = "auto"
+    template: str | None = None
+    label_words: str | None = None
+    label_scoring: str = "first"
+    dtype: str = "float32"
+    device_map: str | None = None
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def prompted(self) -> bool:
+        return bool(self.template or self.label_words or self.label_scoring != "first")
+
+    def reading(self) -> dict:
+        """What changes the model a checkpoint is read as (not where it is placed)."""
+        return {k: v for k, v in self.as_dict().items() if k != "device_map"}
+
+
+# -- fine-tuning recipes -----------------------------------------------------------------------------
+LR_FOR = {"sgd": 0.003, "adamw": 3e-5}  # default learning rate of each optimizer
+
+
+@dataclass(frozen=True)
+class FinetuneConfig:
+    """Hyper-parameters of fine-tuning; the defaults are the paper's SGD recipe (§3.2)."""
+
+    optimizer: str = "sgd"  # "sgd" (paper) | "adamw"
+    lr: float = LR_FOR["sgd"]  # SGD at 0.05 diverged on the default pair; AdamW wants ~3e-5
+    momentum: float = 0.9
+    weight_decay: float = 1e-4
+    l1: float = 0.0  # AdamW only: λ of λ·‖θ − θ_pre‖₁, summed over the body's trainable parameters (the paper's code)
+    epochs: int = 2
+    batch_size: int = 16
+    train_examples: int | None = 2000  # a stratified subsample keeps CPU runs short; None = all
+    freeze_embeddings: bool = True
+    freeze_head: bool = False  # keep a new classification head at its initialisation (the seed code's fixhead)
+    seed: int = 0
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    def validate(self) -> None:
+        if self.optimizer not in LR_FOR:
+            raise RequestError(f"unknown optimizer '{self.optimizer}' (use sgd or adamw)")
+        if not (self.lr > 0 and math.isfinite(self.lr)):
+            raise RequestError(f"the learning rate must be a positive number, got {self.lr}")
+        if self.epochs < 1 or self.batch_size < 1:
+            raise RequestError("epochs and batch size must be at least 1")
+        if self.l1 and self.optimizer != "adamw":
+            raise RequestError("the ℓ1 movement penalty goes with AdamW (SGD needs none)")
+        if self.l1 < 0:
+            raise RequestError(f"the ℓ1 penalty cannot be negative, got {self.l1}")
+        if self.train_examples is not None and self.train_examples < 0:
+            raise RequestError(f"train examples must be 0 (all) or more, got {self.train_examples}")
+
+
+DEFAULT_RECIPE = FinetuneConfig()
+QUICK_RECIPE = FinetuneConfig(epochs=1, train_examples=256, lr=0.01)  # GRAFTUI_FAST: seconds, weaker
+
+
+def default_recipe() -> FinetuneConfig:
+    """The recipe of the default fine-tuned checkpoint (a quick one under GRAFTUI_FAST)."""
+    return QUICK_RECIPE if settings.fast() else DEFAULT_RECIPE
+
+
+# The causal-LM default: a short prompt-based fine-tune (each step is ~3.5 s on 2 CPU cores), the
+# label words of the paper's SST-2 prompt; the LM head and the embeddings stay fixed.
+SMOLLM2_RECIPE = FinetuneConfig(lr=0.003, epochs=1, train_examples=480)  # 0.01 diverged (measured)
+DEFAULT_LOADING = {"smollm2-movies": LoadOptions(template="{text} It was", label_words="negative= bad,positive= good")}
+
+
+def recipe_for(key: str) -> FinetuneConfig:
+    """The recipe of one default fine-tuned checkpoint."""
+    if key == "smollm2-movies" and not settings.fast():
+        return SMOLLM2_RECIPE
+    return default_recipe()
+
+
+def default_checkpoint_dir(key: str = DEFAULT_FINETUNED, config: FinetuneConfig | None = None) -> Path:
+    """Cache folder of a default fine-tuned checkpoint; its name changes with the recipe."""
+    config = config or recipe_for(key)
+    digest = hashlib.sha256(json.dumps([key, config.as_dict(), __version__.split(".")[0]]).encode()).hexdigest()[:8]
+    return settings.shared("checkpoints") / f"{key}-{digest}"
+
+
+def is_default_finetuned(ref: str | None) -> bool:
+    """Whether ``ref`` names a default fine-tuned checkpoint (built on first use)."""
+    return (ref or "").strip().lower() in DEFAULT_FINETUNED_REFS
+
+
+# -- what the app proposes where the library's default would take minutes ---------------------------
+# λ of AdamW + ℓ1, measured on the default pair (movies, test n = 1,000): 3e-5 keeps FT (0.837 vs 0.827
+# without ℓ1) and lifts the 0.1 % top-movement graft 0.587 → 0.651; 1e-4 localizes more (0.708) but costs
+# FT (0.723); 1e-3 and up leave the model at chance.
+ADAMW_L1 = 3e-5
+INTERACTIVE = {"n": 500, "l1": ADAMW_L1}  # l1: what the app proposes when AdamW is picked
+FAST = {"steps": 10, "examples_per_class": 16, "n": 64, "epochs": 1, "train_examples": 64,
+        "sparsities": [1e-4, 1e-3]}  # GRAFTUI_FAST: tests and demos
+
+
+# -- which parameters a region may hold ---------------------------------------------------------------
+# Parameters the paper freezes while fine-tuning; excluded from regions unless asked for.
+_EMBEDDING = re.compile(r"(^|\.)(embeddings|embed_tokens|embed_positions|wte|wpe)(\.|$)")
+
+
+@dataclass(frozen=True)
+class GraftableSpec:
+    """Which shared parameters may be in a region. Default: all but the embeddings."""
+
+    include_embeddings: bool = False
+    modules: tuple[str, ...] | None = None  # anatomy module types, e.g. ("ffn_in", "ffn_out")
+    names: tuple[str, ...] | None = None  # an explicit list (e.g. the tensors a saved region covers)
+
+    def admits(self, name: str) -> bool:
+        if self.names is not None and name not in self.names:
+            return False
+        if not self.include_embeddings and _EMBEDDING.search(name):
+            return False
+        if self.modules is not None:
+            return param_role(name).module in self.modules
+        return True
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data) -> "GraftableSpec | None":
+        """The spec a region file recorded; None when the record is not one (region files are untrusted)."""
+        if not isinstance(data, dict):
+            return None
+        try:
+            names = data.get("names")
+            modules = data.get("modules")
+            return cls(include_embeddings=bool(data.get("include_embeddings", False)),
+                       modules=tuple(str(m) for m in modules) if modules else None,
+                       names=tuple(str(n) for n in names) if names else None)
+        except TypeError:
+            return None
+
+
+# -- how large a region may be -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Budget:
+    """A region budget: a fraction of the graftable parameters, or a count k."""
+
+    sparsity: float | None = None
+    k: int | None = None
+
+    def resolve(self, graftable: int) -> int:
+        if (self.sparsity is None) == (self.k is None):
+            raise BudgetError("give exactly one of sparsity or k")
+        if self.k is not None:
+            if int(self.k) < 1 or int(self.k) > graftable:
+                raise BudgetError(f"k must be between 1 and {graftable:,} (the graftable parameters), got {self.k}")
+            return int(self.k)
+        s = float(self.sparsity)
+        if not math.isfinite(s) or s <= 0 or s > 1:
+            raise BudgetError(f"sparsity must be in (0, 1], a fraction of the graftable parameters; got {self.sparsity}")
+        return max(1, min(graftable, int(round(s * graftable))))
+
+    def describe(self) -> str:
+        return f"k={self.k:,}" if self.k is not None else f"sparsity={self.sparsity:g}"

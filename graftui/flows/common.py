@@ -1,0 +1,339 @@
+"""What every verb shares: the guard, the pair cache, tasks and pairs, region files, and ``Result``.
+
+A flow is ``flow(request, progress=None, cancel=None, guard=LOCAL) -> Result``: it validates its
+request, loads what it needs (models through a small cache, since the app switches between regions
+constantly), reports progress as dicts (``stage``, ``fraction``, and ``step``/``steps`` for plots),
+honours ``cancel`` between steps, and returns a typed result with ``as_dict()``. Every file a flow
+writes embeds its request and the library version, so ``graftui run FILE`` can make it again.
+
+A :class:`Guard` says what a flow may read: locally everything, on a hosted server only Hub ids,
+offline defaults and the files the server wrote itself (``graftui.hosted``).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from .. import bundle, regions, sets, settings, training
+from ..config import (
+    DEFAULT_EXAMPLES_PER_CLASS, DEFAULT_FINETUNED_REFS, GraftableSpec, LoadOptions, default_checkpoint_dir,
+    is_default_finetuned,
+)
+from ..data import OFFLINE_TASKS, DataSpec, Task, batches, kshot, load_task
+from ..errors import DataError, ModelError, RegionError, RequestError
+from ..layout import MODULE_LABELS, anatomy as count_anatomy
+from ..models import ModelPair, pair_kind, resolve
+from ..paths import atomic_write, short_ref
+from ..regions import RegionRecord
+from ..requests import Request
+from ..scoring import align_labels
+from ..version import __version__
+
+Progress = Callable[[dict], None]
+
+
+# -- what a flow may read ------------------------------------------------------------------------
+class Guard:
+    """Locally, a flow may read any model, data set and file; a hosted server narrows this."""
+
+    def allow_local(self, models=(), tasks=()) -> bool:
+        """Whether local paths may be loaded for ``models`` and ``tasks`` (raise to refuse one)."""
+        return True
+
+    def checked_task(self, task: Task) -> Task:
+        return task
+
+    def checked_pair(self, pair: ModelPair) -> ModelPair:
+        return pair
+
+
+LOCAL = Guard()
+
+
+# -- shared steps --------------------------------------------------------------------------------
+_pairs: "OrderedDict[tuple, ModelPair]" = OrderedDict()
+_pairs_lock = threading.Lock()
+PAIR_CACHE_SIZE = 2
+
+
+def load_pair(base: str, finetuned: str, spec: GraftableSpec = GraftableSpec(), *, options: LoadOptions = LoadOptions(),
+              labels=None, allow_local: bool = True) -> ModelPair:
+    """A ModelPair, from a small cache: the working model is always left at pre body + FT head."""
+    labels = tuple(labels) if labels else None
+    if labels and pair_kind(finetuned, options, allow_local=allow_local) == "classifier":
+        labels = None  # a classifier has its own labels: one cache entry whatever the task
+    key = (base, finetuned, spec, options, labels, allow_local)
+    with _pairs_lock:
+        if key in _pairs:
+            _pairs.move_to_end(key)
+            return _pairs[key]
+    pair = ModelPair.load(base, finetuned, spec, options=options, labels=labels, allow_local=allow_local)
+    if not options.device_map:  # a device map has placed the model already
+        pair.to(settings.device())
+    with _pairs_lock:
+        _pairs[key] = pair
+        while len(_pairs) > PAIR_CACHE_SIZE:
+            _pairs.popitem(last=False)
+    return pair
+
+
+def clear_cache() -> None:
+    with _pairs_lock:
+        _pairs.clear()
+
+
+def check_model_ref(ref: str) -> None:
+    """Fail early on a reference that names nothing; the default fine-tuned model is built later."""
+    if not is_default_finetuned(ref):
+        resolve(ref)
+
+
+def ensure_models(refs, progress: Progress | None = None, cancel=None) -> None:
+    """Build a default fine-tuned checkpoint named in ``refs`` on first use (a visible stage)."""
+    for ref in refs:
+        key = (ref or "").strip().lower()
+        if key in DEFAULT_FINETUNED_REFS and not (default_checkpoint_dir(key) / "config.json").exists():
+            def step(p, key=key):
+                if progress:
+                    progress({"stage": f"building the default fine-tuned model '{key}' (first use)",
+                              "fraction": p.step / max(p.steps, 1)})
+
+            training.ensure_default_finetuned(key, progress=step, cancel=cancel)
+
+
+def get_task(ref: str, spec, guard: Guard) -> Task:
+    """A task; column options given for an offline task must name its own columns (text, label)."""
+    if str(ref).strip().lower() in OFFLINE_TASKS:
+        for name, allowed in (("text_column", "text"), ("label_column", "label"), ("pair_column", None)):
+            column = getattr(spec, name)
+            if column is not None and column != allowed:
+                raise DataError(f"column '{column}' ({name}) not found in the offline task '{ref}'; "
+                                "its columns are text, label")
+    return guard.checked_task(load_task(ref, spec, allow_local=guard.allow_local(tasks=[ref])))
+
+
+def get_pair(base: str, finetuned: str, spec: GraftableSpec, guard: Guard, progress=None, cancel=None,
+             options: LoadOptions = LoadOptions(), labels=None) -> ModelPair:
+    """The pair, read as ``options`` say; ``labels`` (the task's) order a language model's label words."""
+    allow = guard.allow_local(models=[base, finetuned])
+    ensure_models([finetuned], progress, cancel)
+    if progress:
+        progress({"stage": f"loading {short_ref(base)} and {short_ref(finetuned)}"})
+    return guard.checked_pair(load_pair(base, finetuned, spec, options=options, labels=labels, allow_local=allow))
+
+
+def needs_task_labels(finetuned: str, options: LoadOptions, guard: Guard) -> bool:
+    """Whether reading the pair needs the task's labels: a language model matches its label words to them,
+    a classifier has its own. A default fine-tuned model is read as its base is (it may not be built yet)."""
+    ref = DEFAULT_FINETUNED_REFS.get((finetuned or "").strip().lower(), (finetuned,))[0]
+    return pair_kind(ref, options, allow_local=guard.allow_local(models=[ref])) != "classifier"
+
+
+def prompt_notes(pair: ModelPair) -> list[str]:
+    """A note saying which prompt a language model was read with, when graftui chose its label words."""
+    if pair.prompt is not None and pair.prompt.chosen:
+        return [f"no label words given: {pair.prompt.describe()} (give --label-words to choose others)"]
+    return []
+
+
+def load_region(path: str) -> RegionRecord:
+    try:
+        return regions.load(Path(path).expanduser())
+    except RegionError as err:
+        text = str(err)
+        raise RegionError(text if str(Path(path).name) in text else f"'{path}': {text}") from None
+
+
+def latest_region() -> Path:
+    folder = settings.subdir("regions")
+    files = sorted(folder.glob("*.safetensors"), key=lambda f: f.stat().st_mtime)
+    if not files:
+        raise RequestError(f"no region given and none in {folder}; run 'graftui localize' first")
+    return files[-1]
+
+
+def labels_for(paths, records=None) -> list[str]:
+    """Distinct display names for region files: their stems, numbered where they collide; with the
+    records, runs of one method and k also carry the settings in which they differ."""
+    out: list[str] = []
+    for i, p in enumerate(paths):
+        name = Path(p).stem or str(p)
+        if records:
+            me = records[i].meta
+            twins = [r.meta for r in records if r is not records[i] and r.meta.method == me.method
+                     and r.size == records[i].size]
+            mine = regions.settings_of(me)
+            differ = [x for x in mine if any(x not in regions.settings_of(t) for t in twins)]
+            if differ:
+                name += f" ({', '.join(differ)})"
+        candidate, n = name, 2
+        while candidate in out:
+            candidate, n = f"{name} ({n})", n + 1
+        out.append(candidate)
+    return out
+
+
+def side_by_side(labels, records) -> dict:
+    """Several runs next to each other: their settings, overlap matrix and where each lies (per module type
+    and per layer, as shares of the region), so their anatomy can be read as a difference."""
+    matrix = sets.overlap_matrix({label: r.indices for label, r in zip(labels, records)})
+    anatomies = [count_anatomy(r.indices, r.shapes) for r in records]
+    modules = list(dict.fromkeys(m for a in anatomies for m in a.modules))
+    layers = list(dict.fromkeys(layer for a in anatomies for layer in a.layers))
+    return {**matrix,
+            "settings": {label: regions.describe(r.meta) for label, r in zip(labels, records)},
+            "modules": modules, "module_labels": [MODULE_LABELS.get(m, m) for m in modules], "layers": layers,
+            "module_share": {label: [a.by_module.get(m, 0) / max(r.size, 1) for m in modules]
+                             for label, a, r in zip(labels, anatomies, records)},
+            "layer_share": {label: [dict(zip(a.layers, a.by_layer)).get(layer, 0) / max(r.size, 1) for layer in layers]
+                            for label, a, r in zip(labels, anatomies, records)}}
+
+
+def same_regions(labels, records) -> list[str]:
+    """A note for each pair of inputs that hold one region (copies of one file, or one result twice)."""
+    seen: dict[str, str] = {}
+    notes = []
+    for label, record in zip(labels, records):
+        d = regions.digest(record.indices)
+        if d in seen:
+            notes.append(f"'{label}' is the same region as '{seen[d]}' (content id #{d}): their rows are equal by "
+                         "construction")
+        else:
+            seen[d] = label
+    return notes
+
+
+def merged_shapes(records) -> dict:
+    shapes: dict = {}
+    for record in records:
+        for name, shape in record.shapes.items():
+            shape = tuple(shape)
+            if name in shapes and shapes[name] != shape:
+                raise RegionError(f"the regions were made for different models: {name} has shape {list(shapes[name])} "
+                                  f"in one and {list(shape)} in another")
+            shapes[name] = shape
+    return shapes
+
+
+def region_spec(records) -> list[GraftableSpec]:
+    """Graftable sets to try for these regions: the one recorded by localize (it matches a cached
+    pair), then the exact tensor names of the files."""
+    exact = GraftableSpec(include_embeddings=True, names=tuple(merged_shapes(records)))
+    recorded = [regions.recorded_spec(r.meta) for r in records]
+    if recorded and recorded[0] is not None and all(spec == recorded[0] for spec in recorded):
+        return [recorded[0], exact]
+    return [exact]
+
+
+def pair_for_regions(base, finetuned, records, guard: Guard, progress=None, cancel=None,
+                     options: LoadOptions | None = None) -> ModelPair:
+    """The pair whose graftable tensors are exactly those the regions were made over, read with their prompt."""
+    specs = region_spec(records)
+    options = options or regions.recorded_options(records[0].meta)
+    labels = regions.recorded_labels(records[0].meta)
+    pair = get_pair(base, finetuned, specs[0], guard, progress, cancel, options, labels)
+    if len(specs) > 1 and set(pair.graftable) != set(merged_shapes(records)):
+        pair = get_pair(base, finetuned, specs[1], guard, progress, cancel, options, labels)
+    return pair
+
+
+def finish(progress: Progress | None) -> None:
+    if progress:
+        progress({"stage": "done", "fraction": 1.0})
+
+
+# -- results ---------------------------------------------------------------------------------------
+@dataclass
+class Result:
+    request: Request
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def as_dict(self) -> dict:
+        out = {k: v for k, v in self.__dict__.items() if k not in self._private()}
+        out["request"] = self.request.as_dict()
+        return json.loads(json.dumps(out, default=plain))
+
+    def _private(self) -> set[str]:
+        return set()
+
+    def save(self, path) -> Path:
+        """A JSON report with the request that made it (``graftui run`` makes it again); a ``.zip``
+        path gets the report bundle (bundle.py: README, tables as CSV/JSON, figures as HTML)."""
+        if str(path).lower().endswith(".zip"):
+            return bundle.write(self.request.as_dict(), self.as_dict(), path)
+        doc = {"graftui_version": __version__, "request": self.request.as_dict(), "result": self.as_dict()}
+        return atomic_write(Path(path).expanduser(), lambda tmp: Path(tmp).write_text(json.dumps(doc, indent=2)))
+
+
+def plain(value):
+    """A value JSON can hold: paths as text, tuples and sets as lists, tensors as lists."""
+    if isinstance(value, Path):
+        return str(value)
+    if isinstance(value, (set, frozenset, tuple)):
+        return list(value)
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    return str(value)
+
+def examples_per_class(req, task: Task, notes: list[str]) -> int:
+    """The k-shot size: as asked (and checked), or by default up to 256, all there are when fewer."""
+    counts: dict[int, int] = {}
+    for y in task.splits["train"].labels:
+        counts[y] = counts.get(y, 0) + 1
+    if not counts:
+        raise DataError(f"task '{task.name}' has no training examples")
+    fewest = min(counts.values())
+    if req.examples_per_class is not None:
+        if req.examples_per_class > fewest:
+            short = min(counts, key=lambda c: counts[c])
+            raise DataError(f"--examples-per-class {req.examples_per_class} is too large for task '{task.name}': "
+                            f"class {task.label_names[short]} has only {fewest} training examples")
+        return req.examples_per_class
+    if fewest < DEFAULT_EXAMPLES_PER_CLASS:
+        notes.append(f"task '{task.name}' has only {fewest} training examples in its smallest class: mask learning "
+                     f"uses {fewest} per class (default {DEFAULT_EXAMPLES_PER_CLASS})")
+        return fewest
+    return DEFAULT_EXAMPLES_PER_CLASS
+
+
+def kshot_batches(pair: ModelPair, task: Task, req, notes: list[str], seed_offset: int = 0):
+    """Mask learning's data: the k-shot training sample of ``task`` and ``make_batches(epoch)`` over it."""
+    config = req.learn_config()
+    train = kshot(task.splits["train"], examples_per_class(req, task, notes), config.seed)
+
+    def make_batches(epoch: int):
+        return batches(pair.tokenizer, train, config.batch_size, task.max_length,
+                       shuffle_seed=config.seed + seed_offset + epoch)
+
+    return make_batches, len(train)
+
+
+def ood_tasks(req, task_ref: str, task: Task, guard: Guard, notes: list[str]) -> list[Task]:
+    """The request's out-of-distribution tasks, in ``task``'s label space (a note for each mapping by position)."""
+    out = []
+    mapping = req.label_map()
+    for ref in req.ood_tasks(task_ref):
+        other, note = align_labels(task, get_task(ref, DataSpec(), guard), mapping)
+        out.append(other)
+        if note:
+            notes.append(note)
+    return out
+
+
+def loadable(ref: str | None) -> bool:
+    """Whether a model reference can be loaded here (a default fine-tuned one is built when needed)."""
+    if not ref or is_default_finetuned(ref):
+        return bool(ref)
+    try:
+        resolve(ref)
+        return True
+    except ModelError:
+        return False
+
+

@@ -1,0 +1,495 @@
+"""The paper's experiments as verbs: multi-task regions with skill transfer (§5.1), WiSE curves (Fig. 7),
+re-training a region (Table 1) and forget-free continual learning (§5.2).
+
+Same contract as every flow: ``flow(request, progress, cancel, guard) -> result``. The maths (Eq. 5,
+re-training inside a region, set differences, the joint loss of purification) is ``experiments``;
+WiSE is ``method``; overlap and unions are ``sets``.
+
+The multi-task model is read through one task's head at a time: a multi-task fine-tune writes one
+ordinary checkpoint per task (the shared body with that task's head), so "the pre-trained body with
+the fine-tuned head" (P_0) and "the multi-task model" (P_1) of Eq. 5 are the two ends of that
+task's pair, and a region of any task grafts onto any task's pair (the body is the same).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import torch
+
+from .. import experiments, metrics, regions, scoring, sets, settings, training
+from ..config import (
+    DEFAULT_BASE, DEFAULT_MULTITASK, DEFAULT_MULTITASK_TASKS, Budget, GraftableSpec, default_checkpoint_dir,
+    is_default_finetuned,
+)
+from ..data import DataSpec
+from ..errors import Cancelled, ModelError, RegionError, RequestError
+from ..experiments import JointLoss
+from ..method import learn_region, region_size
+from ..models import checkpoint_kind, checkpoint_record, load_classifier
+from ..paths import new_path, short_ref, slug
+from ..requests import (
+    ContinualRequest, FinetuneRequest, LocalizeRequest, MultitaskRequest, RetrainRequest, WiseRequest, derive,
+)
+from . import text
+from .common import (
+    LOCAL, Guard, Progress, Result, check_model_ref, examples_per_class, finish, get_pair, get_task, kshot_batches,
+    latest_region, load_region, ood_tasks, pair_for_regions,
+)
+from .registry import verb
+from .single import finetune as run_finetune, localize as run_localize
+
+
+# -- multi-task ------------------------------------------------------------------------------------
+@dataclass
+class MultitaskResult(Result):
+    checkpoint: str = ""
+    tasks: list[str] = field(default_factory=list)
+    k: int = 0
+    regions: dict[str, str] = field(default_factory=dict)  # task -> region file
+    sizes: list[int] = field(default_factory=list)
+    overlap: list[list[float]] = field(default_factory=list)  # [i][j] = |γ_i ∩ γ_j| / |γ_j|
+    intersection_counts: list[list[int]] = field(default_factory=list)
+    p_zero: list[float] = field(default_factory=list)  # pre-trained body + task head, per task
+    p_one: list[float] = field(default_factory=list)  # the multi-task model, per task
+    scores: list[list[float]] = field(default_factory=list)  # [i][j] = accuracy of γ_i's graft on task j
+    relative_gain: list[list[float]] = field(default_factory=list)  # Eq. 5 of scores
+    union: dict = field(default_factory=dict)
+    purified: dict = field(default_factory=dict)
+
+
+def multitask_checkpoint(base: str, tasks: list[str], recipe=None) -> Path:
+    """Cache folder of the multi-task fine-tune of ``base`` on ``tasks`` with ``recipe`` (default: the default recipe)."""
+    key = "multitask-" + slug(short_ref(base)) + "-" + "-".join(slug(t) for t in tasks)
+    if base == DEFAULT_BASE and tuple(tasks) == DEFAULT_MULTITASK_TASKS:
+        key = DEFAULT_MULTITASK
+    return default_checkpoint_dir(key, recipe)
+
+
+def _ensure_checkpoint(req: MultitaskRequest, tasks, guard: Guard, progress, cancel) -> Path:
+    if req.checkpoint:
+        folder = Path(req.checkpoint).expanduser()
+        guard.allow_local(models=[str(folder)])
+    else:
+        folder = multitask_checkpoint(req.base, req.tasks, req.recipe())
+        if not (folder / "graftui_record.json").exists():
+            def step(p):
+                if progress:
+                    progress({"stage": f"multi-task fine-tuning of {short_ref(req.base)} (first use; batch of {p.task})",
+                              "fraction": 0.4 * p.step / max(p.steps, 1)})
+
+            training.finetune_multitask(req.base, tasks, req.recipe(), folder, progress=step, cancel=cancel,
+                                        allow_local=guard.allow_local(models=[req.base]),
+                                        request={**req.as_dict(), "checkpoint": None})
+    missing = [t.name for t in tasks if not (folder / slug(t.name) / "config.json").exists()]
+    if missing:
+        raise ModelError(f"'{folder}' has no checkpoint for task '{missing[0]}' (expected the sub-folder "
+                         f"'{slug(missing[0])}' that a multi-task fine-tune writes)")
+    made_from = (checkpoint_record(folder) or {}).get("base")
+    if made_from and made_from != req.base and Path(made_from).expanduser().resolve() != Path(req.base).expanduser().resolve():
+        raise RequestError(f"'{folder}' was fine-tuned from '{made_from}', not '{req.base}'; give --base {made_from}")
+    return folder
+
+
+def refuse_language_model(ref: str, what: str, guard: Guard) -> None:
+    """Experiments that train one classification head per task take sequence classifiers only (for now)."""
+    if is_default_finetuned(ref):
+        return
+    kind = checkpoint_kind(ref, allow_local=guard.allow_local(models=[ref]))
+    if kind != "classifier":
+        raise ModelError(f"{what} trains a classification head per task, and '{ref}' is a {kind.replace('-', ' ')}: "
+                         "use a sequence classifier or an encoder base (prompt-based training works in finetune, "
+                         "localize, evaluate, sweep and export)")
+
+
+@verb(MultitaskRequest, "regions of a multi-task model: overlap, skill transfer (Eq. 5), union, purification",
+      text.multitask)
+def multitask(req: MultitaskRequest, progress: Progress | None = None, cancel=None, guard: Guard = LOCAL) -> MultitaskResult:
+    """Regions of every task of one multi-task model, their overlap, Eq. 5, the union and its purification."""
+    req.validate()
+    start = time.time()
+    check_model_ref(req.base)
+    refuse_language_model(req.base, "the multi-task experiment", guard)
+    tasks = [get_task(t, DataSpec(), guard) for t in req.tasks]
+    notes: list[str] = []
+    for t in tasks:
+        examples_per_class(req, t, [])  # a bad k-shot size fails before any model is loaded
+    folder = _ensure_checkpoint(req, tasks, guard, progress, cancel)
+    refs = [str(folder / slug(t.name)) for t in tasks]
+    n = len(tasks)
+    out_dir = Path(req.out).expanduser() if req.out else settings.subdir("regions")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    config = req.learn_config()
+
+    def stage(what: str, fraction: float, **extra) -> None:
+        if cancel is not None and cancel.is_set():
+            raise Cancelled("multi-task experiment cancelled")
+        if progress:
+            progress({"stage": what, "fraction": 0.4 + 0.6 * fraction, **extra})
+
+    # Regions hold shared body parameters only, so that each one grafts onto every task's pair
+    # (a head is task-specific, and a base checkpoint may come with a head of its own).
+    first = get_pair(req.base, refs[0], GraftableSpec(), guard, progress, cancel)
+    prefix = first.model.base_model_prefix + "."
+    spec = GraftableSpec(names=tuple(name for name in first.graftable if name.startswith(prefix)))
+
+    # 1. each task's region, with its own loss and head (App. C.2)
+    found, paths, k = {}, {}, 0
+    for i, (name, task, ref) in enumerate(zip(req.tasks, tasks, refs)):
+        stage(f"region of '{name}' ({i + 1}/{n})", i / (n + 3))
+        pair = get_pair(req.base, ref, spec, guard, progress, cancel)
+        scoring.check_labels(pair, task)
+        k = Budget(sparsity=req.sparsity).resolve(pair.counts()["graftable"])
+        begin = {} if req.start == "empty" else None
+        params = {p: pair.param(p) for p in pair.graftable}
+        on_step = (lambda r, name=name, i=i: progress({
+            "stage": f"region of '{name}': mask step {r.step}/{r.steps}", "k": k, **asdict(r),
+            "fraction": 0.4 + 0.6 * (i + r.step / r.steps) / (n + 3)})) if progress else None
+        make_batches, _ = kshot_batches(pair, task, req, notes if i == 0 else [])
+        region, _ = learn_region(pair.model, params, pair.pre, pair.ft, k, make_batches,
+                                 config, on_step, cancel, start=begin)
+        found[name] = region
+        record = regions.make_record(pair, region, {
+            "method": "learned", "task": name, "budget": f"sparsity={req.sparsity:g}", "budget_k": k, "sparsity": req.sparsity,
+            "start": req.start, "multitask_checkpoint": str(folder), "learn": config.as_dict(), "request": req.as_dict(),
+            "graftable_spec": spec.as_dict(),
+        })
+        paths[name] = str(regions.save(regions.with_patch(pair, record), new_path(out_dir, f"multitask-{slug(name)}-k{k}", ".safetensors")))
+
+    # 2. the union of the group, and its purification on the group's joint loss
+    group = req.group or list(req.tasks)
+    union = sets.union(*(found[g] for g in group))
+    purified = None
+    if req.purify_steps:
+        stage(f"purifying the union of {', '.join(group)} ({req.purify_steps} steps on the joint loss)", n / (n + 3))
+        lead = req.tasks.index(group[0])
+        pair = get_pair(req.base, refs[lead], spec, guard, progress, cancel)
+        body = pair.model.base_model_prefix
+        heads = []
+        for g in group:
+            idx = req.tasks.index(g)
+            if idx == lead:
+                heads.append(pair.model)
+                continue
+            other, _ = load_classifier(refs[idx], allow_local=guard.allow_local(models=[refs[idx]]))
+            setattr(other, body, getattr(pair.model, body))  # the head of task g on the working body
+            heads.append(other.to(pair.device).eval())
+        joint = JointLoss(heads)
+        makers = [kshot_batches(pair, tasks[req.tasks.index(g)], req, [], seed_offset=j)[0] for j, g in enumerate(group)]
+
+        def joint_batches(epoch: int):
+            for parts in zip(*(make(epoch) for make in makers)):
+                yield {f"{j}:{key}": v for j, part in enumerate(parts) for key, v in part.items()}
+
+        params = {p: pair.param(p) for p in pair.graftable}
+        cfg = replace(config, steps=req.purify_steps)
+        on_step = (lambda r: progress({"stage": f"purifying: mask step {r.step}/{r.steps}", **asdict(r),
+                                       "fraction": 0.4 + 0.6 * (n + r.step / r.steps) / (n + 3)})) if progress else None
+        purified, _ = learn_region(joint, params, pair.pre, pair.ft, region_size(union), joint_batches, cfg, on_step, cancel,
+                                   start=union)
+        record = regions.make_record(pair, purified, {
+            "method": "purified union", "task": "+".join(group), "budget_k": region_size(union), "group": group,
+            "multitask_checkpoint": str(folder), "learn": cfg.as_dict(), "request": req.as_dict(),
+            "graftable_spec": spec.as_dict(),
+        })
+        paths["purified"] = str(regions.save(regions.with_patch(pair, record),
+                                             new_path(out_dir, f"multitask-purified-{'-'.join(slug(g) for g in group)}", ".safetensors")))
+
+    # 3. every region, the union and the purified union on every task (Eq. 5)
+    p_zero, p_one, scores = [0.0] * n, [0.0] * n, [[0.0] * n for _ in range(n)]
+    union_acc, purified_acc = [0.0] * n, [0.0] * n
+    for j, (task, ref) in enumerate(zip(tasks, refs)):
+        stage(f"scoring every region on '{req.tasks[j]}'", (n + 1 + j / n * 2) / (n + 3))
+        pair = get_pair(req.base, ref, spec, guard, progress, cancel)
+        acc = lambda: metrics.accuracy(*scoring.predict(pair, task, "test", req.n, seed=req.seed))  # noqa: E731
+        p_zero[j] = acc()
+        with pair.finetuned():
+            p_one[j] = acc()
+        for i, name in enumerate(req.tasks):
+            with pair.grafted(found[name]):
+                scores[i][j] = acc()
+        with pair.grafted(union):
+            union_acc[j] = acc()
+        if purified is not None:
+            with pair.grafted(purified):
+                purified_acc[j] = acc()
+    matrix = sets.overlap_matrix({name: found[name] for name in req.tasks})
+    gain = experiments.gain_matrix(scores, p_zero, p_one)
+    if any(p1 <= p0 for p0, p1 in zip(p_zero, p_one)):
+        notes.append("on some task the multi-task model is no better than its pre-trained body with the same head, so "
+                     "Eq. 5 has no gain to share there (shown as '-') or flips its sign")
+    finish(progress)
+    return MultitaskResult(
+        req, notes, time.time() - start, checkpoint=str(folder), tasks=list(req.tasks), k=k, regions=paths,
+        sizes=matrix["sizes"], overlap=matrix["overlap"], intersection_counts=matrix["intersection_counts"],
+        p_zero=p_zero, p_one=p_one, scores=scores, relative_gain=gain,
+        union={"group": group, "size": region_size(union), "accuracy": union_acc,
+               "relative_gain": [experiments.relative_gain(a, p0, p1) for a, p0, p1 in zip(union_acc, p_zero, p_one)]},
+        purified={} if purified is None else {
+            "group": group, "steps": req.purify_steps, "size": region_size(purified),
+            "kept_from_union": sets._intersection_count(purified, union), "accuracy": purified_acc,
+            "relative_gain": [experiments.relative_gain(a, p0, p1) for a, p0, p1 in zip(purified_acc, p_zero, p_one)]},
+    )
+
+
+# -- WiSE --------------------------------------------------------------------------------------------
+@dataclass
+class WiseResult(Result):
+    region: str = ""
+    k: int = 0
+    base: str = ""
+    finetuned: str = ""
+    task: str = ""
+    ood: list[str] = field(default_factory=list)
+    rows: list[dict] = field(default_factory=list)  # curve, alpha, task, distribution, n, accuracy, ece
+
+
+@verb(WiseRequest, "WiSE-FT and WiSE-graft curves along α, in and out of distribution", text.wise)
+def wise(req: WiseRequest, progress: Progress | None = None, cancel=None, guard: Guard = LOCAL) -> WiseResult:
+    """Accuracy and ECE of θ_pre + α·δ (WiSE-FT) and θ_pre + α·γ⊙δ (WiSE-graft) along α."""
+    req.validate()
+    start = time.time()
+    path, record, base, finetuned, task, oods, pair, notes = _region_setting(req, guard, progress, cancel)
+    alphas = sorted(set(float(a) for a in req.alphas))
+    curves = (("WiSE-FT", None), ("WiSE-graft", record.indices))
+    total, done, rows = len(alphas) * len(curves) * (1 + len(oods)), 0, []
+    for curve, region in curves:
+        for alpha in alphas:
+            with pair.interpolated(alpha, region):
+                for t in (task, *oods):
+                    if cancel is not None and cancel.is_set():
+                        raise Cancelled("WiSE curves cancelled")
+                    if progress:
+                        progress({"stage": f"{curve} α = {alpha:g} on {t.name}", "fraction": done / total})
+                    probs, labels = scoring.predict(pair, t, "test", req.n, seed=0)
+                    m = metrics.metrics(probs, labels)
+                    rows.append({"curve": curve, "alpha": alpha, "task": t.name, "distribution": "in" if t is task else "OOD",
+                                 "n": m.n, "accuracy": m.accuracy, "ece": m.ece})
+                    done += 1
+    finish(progress)
+    return WiseResult(req, notes, time.time() - start, region=path, k=record.size, base=base, finetuned=finetuned,
+                      task=task.name, ood=[o.name for o in oods], rows=rows)
+
+
+# -- graft re-training (Table 1) ------------------------------------------------------------------------
+RETRAINED, BITFIT = "re-trained graft", "BitFit (biases)"
+
+
+@dataclass
+class RetrainResult(Result):
+    region: str = ""
+    base: str = ""
+    finetuned: str = ""
+    recipe: dict = field(default_factory=dict)
+    trained: dict = field(default_factory=dict)  # model -> number of trained parameters
+    rows: list[dict] = field(default_factory=list)
+    reliability: dict = field(default_factory=dict)
+    histogram: dict = field(default_factory=dict)
+    task: str = ""
+    ood: list[str] = field(default_factory=list)
+
+
+def _region_setting(req, guard: Guard, progress, cancel):
+    """The region, its pair and tasks: what WiSE and re-training share (defaults are the region's own)."""
+    path = req.region or str(latest_region())
+    record = load_region(path)
+    meta = record.meta
+    base = req.base or meta.base or DEFAULT_BASE
+    finetuned = req.finetuned or meta.finetuned
+    if not finetuned:
+        raise ModelError("the region names no fine-tuned model; give --finetuned REF")
+    check_model_ref(base)
+    check_model_ref(finetuned)
+    task_ref = req.task or meta.task
+    if not task_ref:
+        raise RegionError("the region names no task; give --task")
+    task = get_task(task_ref, req.data_spec(), guard)
+    notes: list[str] = []
+    oods = ood_tasks(req, task_ref, task, guard, notes)
+    pair = pair_for_regions(base, finetuned, [record], guard, progress, cancel)
+    try:
+        regions.check_fits(record, pair)
+    except RegionError as err:
+        raise RegionError(f"'{path}': {err}") from None
+    scoring.check_labels(pair, task)
+    return str(path), record, base, finetuned, task, oods, pair, notes
+
+
+@verb(RetrainRequest, "train only the region from θ_pre (and BitFit), against FT and the graft", text.retrain)
+def retrain(req: RetrainRequest, progress: Progress | None = None, cancel=None, guard: Guard = LOCAL) -> RetrainResult:
+    """From θ_pre, train only γ (and, for BitFit, only the biases); score them beside FT and the graft."""
+    req.validate()
+    start = time.time()
+    path, record, base, finetuned, task, oods, pair, notes = _region_setting(req, guard, progress, cancel)
+    recipe = req.recipe(seed=req.seed)
+    make_batches, steps, _ = training.recipe_batches(pair.tokenizer, task, recipe)
+    jobs = [(RETRAINED, record.indices)]
+    if not req.no_bitfit:
+        biases = {n: torch.arange(pair.pre[n].numel()) for n in pair.graftable if n.endswith("bias")}
+        if biases:
+            jobs.append((BITFIT, biases))
+        else:
+            notes.append("the model has no graftable biases, so there is no BitFit baseline")
+    models, trained = {"graft": record.indices}, {"graft": record.size}
+    params = {n: pair.param(n) for n in pair.graftable}
+    for j, (label, region) in enumerate(jobs):
+        def step(i, loss, label=label, j=j):
+            if progress:
+                progress({"stage": f"training the {label}: step {i}/{steps}", "step": i, "steps": steps, "loss": loss,
+                          "fraction": 0.7 * (j + i / steps) / len(jobs)})
+
+        torch.manual_seed(recipe.seed)
+        values = experiments.retrain_inside(pair.model, params, pair.pre, region, make_batches, recipe, step, cancel)
+        models[label] = (region, values)
+        trained[label] = region_size(region)
+    comparison = scoring.compare(pair, task, models, ood=oods, n=req.n, seed=req.seed, cancel=cancel,
+                                 progress=(lambda d: progress({**d, "fraction": 0.7 + 0.3 * d.get("fraction", 0)}))
+                                 if progress else None)
+    finish(progress)
+    return RetrainResult(req, notes, time.time() - start, region=path, base=base, finetuned=finetuned,
+                         recipe=recipe.as_dict(), trained=trained, **comparison.as_dict())
+
+
+# -- forget-free continual learning (§5.2) -------------------------------------------------------------
+@dataclass
+class ContinualResult(Result):
+    tasks: list[str] = field(default_factory=list)
+    checkpoints: dict[str, str] = field(default_factory=dict)  # task -> its independent fine-tune
+    regions: dict[str, str] = field(default_factory=dict)  # task -> its region file
+    finetuned_accuracy: list[float] = field(default_factory=list)  # each independent fine-tune on its own task
+    trained: dict = field(default_factory=dict)  # arm -> parameters trained at each stage
+    # [stage i][task j] = accuracy on t_j after learning t_1 … t_i (None for j > i)
+    forget_free: list[list[float | None]] = field(default_factory=list)
+    sequential: list[list[float | None]] = field(default_factory=list)
+    forgetting: dict = field(default_factory=dict)  # arm -> [accuracy after its own stage − after the last], per task
+
+
+def _merge(patch: tuple[dict, dict], indices: dict, values: dict) -> tuple[dict, dict]:
+    """(indices, values) with more coordinates written in (they must be new to the patch)."""
+    idx, val = dict(patch[0]), dict(patch[1])
+    for name, i in indices.items():
+        if name in idx:
+            order = torch.argsort(torch.cat([idx[name], i]))
+            idx[name] = torch.cat([idx[name], i])[order]
+            val[name] = torch.cat([val[name], values[name]])[order]
+        else:
+            idx[name], val[name] = i, values[name]
+    return idx, val
+
+
+def _values_at(patch: tuple[dict, dict], indices: dict) -> dict:
+    """The patch's values at ``indices`` (sorted, and all held by the patch)."""
+    return {name: patch[1][name][sets._isin(patch[0][name], idx)] for name, idx in indices.items()}
+
+
+def _written(pre: dict, patch: tuple[dict, dict]) -> dict:
+    """θ_pre with a patch's values written in (tensors not in the patch are θ_pre itself)."""
+    out = dict(pre)
+    for name, idx in patch[0].items():
+        out[name] = pre[name].clone()
+        out[name].view(-1)[idx.to(pre[name].device)] = patch[1][name].to(pre[name].device)
+    return out
+
+
+@verb(ContinualRequest, "forget-free continual learning with regions, against sequential fine-tuning", text.continual)
+def continual(req: ContinualRequest, progress: Progress | None = None, cancel=None,
+              guard: Guard = LOCAL) -> ContinualResult:
+    """Learn t_1 … t_n one after another in two ways and score every earlier task after each stage.
+
+    Both arms use the same recipe, data and heads (each task's head from its independent fine-tune,
+    held fixed) and differ only in what they may train: forget-free trains γ_{t_n} \\ ∪_{i<n} γ_{t_i}
+    and infers t_i with ∪_{j≤i} γ_{t_j}; naive sequential trains the whole body (not the embeddings).
+    """
+    req.validate()
+    start = time.time()
+    check_model_ref(req.base)
+    refuse_language_model(req.base, "the continual-learning experiment", guard)
+    tasks = [get_task(t, DataSpec(), guard) for t in req.tasks]
+    n = len(tasks)
+    out_dir = Path(req.out).expanduser() if req.out else settings.subdir("regions")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    notes: list[str] = []
+    done = [0]
+    total = 2 * n + 2 * n  # fine-tunes and regions, then the stages of both arms
+
+    def stage(what: str, **extra) -> None:
+        if cancel is not None and cancel.is_set():
+            raise Cancelled("continual learning cancelled")
+        if progress:
+            progress({"stage": what, "fraction": done[0] / total, **extra})
+
+    # 1. each task's independent fine-tune (cached per recipe) and its region
+    recipe = req.recipe()
+    checkpoints, paths, gammas, ft_acc = {}, {}, [], []
+    for name in req.tasks:
+        stage(f"independent fine-tune on '{name}' (reused when built before)")
+        ft = run_finetune(FinetuneRequest.make(base=req.base, task=name, lr=recipe.lr, epochs=recipe.epochs,
+                                               train_examples=recipe.train_examples or 0, test_examples=req.n),
+                          cancel=cancel, guard=guard)
+        checkpoints[name], done[0] = ft.out, done[0] + 1
+        ft_acc.append(ft.test_accuracy)
+        stage(f"region of '{name}'")
+        loc = run_localize(derive(LocalizeRequest, req, base=req.base, finetuned=ft.out, task=name, sparsity=req.sparsity,
+                                  out=str(new_path(out_dir, f"continual-{slug(name)}", ".safetensors"))),
+                           cancel=cancel, guard=guard)
+        paths[name], done[0] = loc.path, done[0] + 1
+        gammas.append(loc.region)
+    spec = GraftableSpec(names=tuple(loc.record.shapes))  # the tensors every region was learned over
+
+    def pair_of(i: int):
+        return get_pair(req.base, checkpoints[req.tasks[i]], spec, guard, progress, cancel)
+
+    def train_stage(i: int, region: dict, begin: dict, arm: str) -> dict:
+        pair = pair_of(i)
+        make_batches, steps, _ = training.recipe_batches(pair.tokenizer, tasks[i], recipe)
+        on_step = (lambda s, loss: stage(f"{arm}: learning '{req.tasks[i]}' (stage {i + 1}/{n}), step {s}/{steps}",
+                                         step=s, steps=steps, loss=loss))
+        params = {p: pair.param(p) for p in pair.graftable}
+        everything = {p: torch.arange(pair.pre[p].numel()) for p in pair.graftable}
+        with scoring.grafted_values(pair, everything, {p: begin[p].reshape(-1) for p in pair.graftable}):
+            torch.manual_seed(recipe.seed)
+            return experiments.retrain_inside(pair.model, params, begin, region, make_batches, recipe, on_step, cancel)
+
+    def score(j: int, indices: dict, values: dict) -> float:
+        pair = pair_of(j)
+        with scoring.grafted_values(pair, indices, values):
+            return metrics.accuracy(*scoring.predict(pair, tasks[j], "test", req.n, seed=req.seed))
+
+    # 2. forget-free: stage i trains only its new part; task j is inferred with the patch of stage j
+    pre = pair_of(0).pre
+    patch: tuple[dict, dict] = ({}, {})
+    patches, forget_free, trained_ff = [], [[None] * n for _ in range(n)], []
+    for i in range(n):
+        new = experiments.new_part(gammas[i], gammas[:i])
+        trained_ff.append(region_size(new))
+        if new:
+            patch = _merge(patch, new, train_stage(i, new, _written(pre, patch), "forget-free"))
+        else:
+            notes.append(f"the region of '{req.tasks[i]}' lies inside the earlier ones: stage {i + 1} trains nothing")
+        patches.append(patch)
+        for j in range(i + 1):  # task j with ∪_{l≤j} γ_l, its values read from the current patch
+            stage(f"forget-free: scoring '{req.tasks[j]}' after stage {i + 1}")
+            forget_free[i][j] = score(j, patches[j][0], _values_at(patch, patches[j][0]))
+        done[0] += 1
+
+    # 3. naive sequential fine-tuning of the whole body, the same recipe and heads
+    body = {name: pre[name] for name in spec.names}
+    everything = {name: torch.arange(pre[name].numel()) for name in spec.names}
+    sequential = [[None] * n for _ in range(n)]
+    for i in range(n):
+        values = train_stage(i, everything, body, "sequential")
+        body = {name: values[name].view(pre[name].shape) for name in spec.names}
+        for j in range(i + 1):
+            stage(f"sequential: scoring '{req.tasks[j]}' after stage {i + 1}")
+            sequential[i][j] = score(j, everything, {name: body[name].reshape(-1) for name in spec.names})
+        done[0] += 1
+    finish(progress)
+    forgetting = {arm: [table[j][j] - table[n - 1][j] for j in range(n)]
+                  for arm, table in (("forget-free", forget_free), ("sequential", sequential))}
+    return ContinualResult(req, notes, time.time() - start, tasks=list(req.tasks), checkpoints=checkpoints, regions=paths,
+                           finetuned_accuracy=ft_acc,
+                           trained={"forget-free": trained_ff, "sequential": [sum(t.numel() for t in everything.values())] * n},
+                           forget_free=forget_free, sequential=sequential, forgetting=forgetting)
+

@@ -1,0 +1,127 @@
+"""One registry of verbs: each verb is registered once, with its request, its flow, its summary and its text.
+
+::
+
+    @verb(LocalizeRequest, "learn a skill region and write it as a skill patch", text.localize)
+    def localize(req, progress=None, cancel=None, guard=LOCAL) -> LocalizeResult: ...
+
+The CLI makes one subcommand per registered verb (options from the request's fields, help from
+the summary, output from the text renderer), ``import graftui`` one function, the app and
+``graftui run FILE`` look requests and flows up here. Adding a verb is one registration beside
+its flow.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Callable
+
+from ..errors import RequestError
+from ..formatting import pairs_table
+from ..requests import Request
+from .common import LOCAL, Guard, Progress, Result, load_region
+
+
+@dataclass(frozen=True)
+class Verb:
+    name: str
+    request: type[Request]
+    flow: Callable[..., Result]  # flow(request, progress=None, cancel=None, guard=LOCAL) -> Result
+    summary: str  # one line: the CLI's list of commands, the API's overview
+    text: Callable[[dict], str]  # the result (Result.as_dict()) as plain text
+
+
+VERBS: dict[str, Verb] = {}
+
+
+def plain_text(doc: dict) -> str:
+    """The result of a verb without a renderer of its own: its plain values, one per line."""
+    return pairs_table([(k, v) for k, v in doc.items() if isinstance(v, (str, int, float, bool)) and k != "seconds"])
+
+
+def verb(request: type[Request], summary: str, text: Callable[[dict], str] = plain_text):
+    """Decorator: register a flow as the verb of ``request`` (its name is ``request.verb``)."""
+
+    def register(flow):
+        name = request.verb
+        if not name:
+            raise ValueError(f"{request.__name__} names no verb")
+        if name in VERBS:
+            raise ValueError(f"a verb named '{name}' is already registered")
+        VERBS[name] = Verb(name, request, flow, summary, text)
+        return flow
+
+    return register
+
+
+def from_dict(data: dict) -> Request:
+    """A request from its dict (a config file, or the record inside a file graftui wrote)."""
+    if not isinstance(data, dict):
+        raise RequestError("a request is a mapping with a 'verb' and the verb's fields")
+    data = dict(data)
+    name = data.pop("verb", None)
+    if name not in VERBS:
+        raise RequestError(f"unknown verb {name!r}; choose from {', '.join(VERBS)}")
+    cls = VERBS[name].request
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise RequestError(f"'{name}' has no field {unknown[0]!r}; its fields are {', '.join(sorted(known))}")
+    return cls(**data)
+
+
+def run(req: Request, progress: Progress | None = None, cancel=None, guard: Guard = LOCAL) -> Result:
+    """Run any request with the flow of its verb."""
+    return VERBS[req.verb].flow(req, progress=progress, cancel=cancel, guard=guard)
+
+
+def read_request(path, out: str | None = None) -> Request:
+    """The request in a config (JSON or YAML), a report, a region file or a checkpoint folder.
+
+    A request read back from a file graftui wrote gets a new output place (``out``, or the
+    default), never the file it was read from.
+    """
+    p = Path(str(path)).expanduser()
+    if not p.exists():
+        raise RequestError(f"no file at '{path}'")
+    written = True
+    if p.is_dir():
+        record = p / "graftui_record.json"
+        if not record.exists():
+            raise RequestError(f"'{path}' is a folder without a graftui_record.json; give a config, report or region file")
+        data = json.loads(record.read_text()).get("request")
+    elif p.suffix.lower() == ".safetensors":
+        data = load_region(str(p)).meta.request
+    else:
+        try:
+            text = p.read_text()
+        except (OSError, UnicodeDecodeError) as err:
+            raise RequestError(f"cannot read '{path}': {err}") from None
+        try:
+            if p.suffix.lower() in {".yaml", ".yml"}:
+                import yaml
+
+                data = yaml.safe_load(text)
+            else:
+                data = json.loads(text)
+        except Exception as err:  # noqa: BLE001 - any parse error is the file's
+            raise RequestError(f"'{path}' is not valid {'YAML' if p.suffix.lower() in {'.yaml', '.yml'} else 'JSON'}: "
+                               f"{str(err).splitlines()[0]}") from None
+        written = isinstance(data, dict) and "request" in data
+        if written:
+            data = data["request"]
+    if not isinstance(data, dict):
+        raise RequestError(f"'{path}' holds no graftui request: a config is a mapping with a 'verb' and its fields "
+                           "(files graftui wrote hold theirs)")
+    request = from_dict(data)
+    if type(request).writes and (out is not None or written):
+        request = request.replace(out=out)
+    return request
+
+
+def run_file(path, out: str | None = None, progress: Progress | None = None, cancel=None,
+             guard: Guard = LOCAL) -> Result:
+    """``graftui run FILE``: run the request a file holds, again."""
+    return run(read_request(path, out), progress, cancel, guard)

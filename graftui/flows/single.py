@@ -1,0 +1,445 @@
+"""The single-task verbs: load a pair, fine-tune a model, find a region, score it, and sweep its size.
+
+Each is ``flow(request, progress=None, cancel=None, guard=LOCAL) -> Result`` (see ``common``), registered
+once with its request, summary and text (``registry.verb``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+
+from .. import card, method, regions, scoring, sets, settings, training
+from ..config import (
+    DEFAULT_BASE, DEFAULT_FINETUNED, DEFAULT_FINETUNED_REFS, DEFAULT_LOADING, DEFAULT_TASK, FT_LABEL, GraftableSpec,
+    LoadOptions, default_checkpoint_dir,
+)
+from ..data import Task
+from ..errors import ModelError, RegionError, RequestError
+from ..layout import MODULE_LABELS, anatomy as count_anatomy
+from ..localizers import Budget, get_method, run_method
+from ..method import data_parallel, region_size
+from ..models import ModelPair, pair_kind, prompt_tokenizer
+from ..paths import new_path, short_ref, slug
+from ..regions import RegionMeta, RegionRecord
+from ..requests import EvaluateRequest, FinetuneRequest, LocalizeRequest, PairRequest, SweepRequest, derive
+from . import text
+from .common import (
+    LOCAL, Guard, Progress, Result, check_model_ref, examples_per_class, finish, get_pair, get_task,
+    kshot_batches, labels_for, load_region, loadable, merged_shapes, needs_task_labels, ood_tasks, pair_for_regions,
+    plain, prompt_notes, same_regions, side_by_side,
+)
+from .registry import verb
+
+
+# -- finetune --------------------------------------------------------------------------------------
+@dataclass
+class FinetuneResult(Result):
+    out: str = ""
+    reused: bool = False
+    task: str = ""
+    test_accuracy: float = 0.0
+    test_examples: int = 0
+    config: dict = field(default_factory=dict)
+    chance_accuracy: float | None = None  # the most frequent class's share of the test split
+
+    def as_dict(self) -> dict:
+        out = super().as_dict()
+        out["test_accuracy_ci"] = card.wilson(self.test_accuracy, self.test_examples)
+        out["card"] = card.finetune_card(out)
+        return out
+
+
+@verb(FinetuneRequest, "make a fine-tuned checkpoint (SGD or AdamW + ℓ1)", text.finetune)
+def finetune(req: FinetuneRequest, progress: Progress | None = None, cancel=None, guard: Guard = LOCAL) -> FinetuneResult:
+    """Fine-tune ``req.base`` on ``req.task``; the default folder is per recipe and reused."""
+    req.validate()
+    start = time.time()
+    config = req.recipe()
+    check_model_ref(req.base)
+    task = get_task(req.task, req.data_spec(), guard)
+    allow = guard.allow_local(models=[req.base])
+    options = req.load_options()
+    reused = False
+    if req.out:
+        out = Path(req.out).expanduser()
+    else:
+        key = f"{slug(req.base)}-{slug(task.name)}"
+        if options.reading() != LoadOptions().reading():
+            key += "-" + hashlib.sha256(json.dumps(options.reading(), sort_keys=True).encode()).hexdigest()[:6]
+        out = default_checkpoint_dir(key, config)
+        reused = (out / "config.json").exists()
+    if not reused:
+        def step(p):
+            if progress:
+                progress({"stage": f"fine-tuning on {task.name}", **asdict(p)})
+
+        training.finetune(req.base, task, config, out, progress=step, cancel=cancel, allow_local=allow,
+                          request=req.as_dict(), options=options)
+    if progress:
+        progress({"stage": "testing", "fraction": 0.99})
+    model, tokenizer, _, _ = training.load_trainable(str(out), task.label_names, LoadOptions(head=options.head,
+                                                                                          dtype=options.dtype))
+    checkpoint = SimpleNamespace(model=model.eval().to(settings.device()), tokenizer=tokenizer)
+    probs, labels = scoring.predict(checkpoint, task, "test", req.test_examples)
+    accuracy, n = scoring.metrics.accuracy(probs, labels), len(labels)
+    chance = float(labels.bincount().max()) / n if n else None  # always answering the most frequent class
+    notes = [f"fine-tuned through its prompt: {tokenizer.prompt.describe()}"] if getattr(tokenizer, "prompt", None) else []
+    finish(progress)
+    return FinetuneResult(req, notes, time.time() - start, str(out), reused, task.name, accuracy, n, config.as_dict(),
+                          chance)
+
+
+# -- localize --------------------------------------------------------------------------------------
+@dataclass
+class LocalizeResult(Result):
+    path: str = ""
+    record: RegionRecord | None = None
+
+    @property
+    def k(self) -> int:
+        return self.record.size
+
+    @property
+    def region(self):
+        """The region γ as flat indices per graftable tensor."""
+        return self.record.indices
+
+    def save(self, path) -> Path:
+        """Write the region (or skill patch) to ``path``."""
+        return regions.save(self.record, Path(path).expanduser())
+
+    def _private(self) -> set[str]:
+        return {"record"}
+
+    def as_dict(self) -> dict:
+        out = super().as_dict()
+        r = self.record
+        a = count_anatomy(r.indices, r.shapes)
+        top = sorted(a.by_module.items(), key=lambda kv: -kv[1])[:3]
+        out.update({
+            "kind": r.kind,
+            "method": self.request.method,
+            "task": self.request.task,
+            "k": r.size,
+            "graftable_params": r.graftable,
+            "total_params": r.meta.total_params or r.graftable,
+            "fraction_of_graftable": r.size / max(r.graftable, 1),
+            "fraction_of_all": r.size / max(r.meta.total_params or r.graftable, 1),
+            "top_modules": [{"module": m, "label": MODULE_LABELS.get(m, m), "count": c, "share": c / max(r.size, 1)}
+                            for m, c in top if c],
+            "weights": a.weight_count,
+            "biases": a.bias_count,
+            "meta": json.loads(json.dumps(r.meta.as_dict(), default=plain)),
+        })
+        out["card"] = card.localize_card(out)
+        return out
+
+
+def find_region(req, pair: ModelPair, task: Task | None, k: int, notes: list[str], progress=None, cancel=None):
+    """Run ``req.method`` at budget k on ``pair``; returns the region and the record fields that say how."""
+    info = get_method(req.method)
+    config = req.learn_config()
+    make_batches, n_train = None, 0
+    if info.needs_data:
+        scoring.check_labels(pair, task)
+        make_batches, n_train = kshot_batches(pair, task, req, notes)
+
+    def on_step(report) -> None:
+        progress({"stage": "mask learning", "k": k, **asdict(report)})
+
+    region, _ = run_method(pair, Budget(k=k), req.method, make_batches=make_batches, config=config,
+                           progress=on_step if progress else None, cancel=cancel)  # no one to report to: no count
+    made = {"method": req.method, "task": req.task, "budget": req.budget().describe(), "budget_k": k,
+            "sparsity": req.sparsity if req.k is None else None, "train_examples": n_train,
+            "learn": config.as_dict() if info.needs_data else None, "graftable_spec": req.graftable_spec().as_dict()}
+    return region, made
+
+
+def region_record(req: LocalizeRequest, pair, region, made: dict, notes: list[str], seconds: float) -> RegionRecord:
+    """What a region file holds: the region, its settings and the request that re-makes it (and its patch)."""
+    if req.method == "learned":  # it starts from top-movement: how far did mask learning move it?
+        start_region = method.base_region(pair.pre, pair.ft, list(pair.graftable), region_size(region))
+        made = {**made, "top_movement_overlap": sets.overlap(start_region, region)}
+    record = regions.make_record(pair, region, {**made, "request": req.as_dict(), "notes": list(notes),
+                                                "seconds": round(seconds, 3)})
+    return record if req.region_only else regions.with_patch(pair, record)
+
+
+@verb(LocalizeRequest, "learn a skill region and write it as a skill patch", text.localize)
+def localize(req: LocalizeRequest, progress: Progress | None = None, cancel=None, guard: Guard = LOCAL) -> LocalizeResult:
+    """Find the region of ``req.finetuned`` that carries ``req.task``, and save it."""
+    req.validate()
+    start = time.time()
+    info = get_method(req.method)
+    for ref in (req.base, req.finetuned):
+        check_model_ref(ref)
+    options = req.load_options()
+    needs_task = info.needs_data or needs_task_labels(req.finetuned, options, guard)  # an LM's words follow the labels
+    task = get_task(req.task, req.data_spec(), guard) if needs_task else None
+    notes: list[str] = []
+    if info.needs_data:
+        examples_per_class(req, task, [])  # a bad k-shot size fails before any model is loaded
+    pair = get_pair(req.base, req.finetuned, req.graftable_spec(), guard, progress, cancel, options,
+                    task.label_names if task else None)
+    notes += prompt_notes(pair)
+    k = req.budget().resolve(pair.counts()["graftable"])
+    if progress:
+        progress({"stage": f"budget k = {k:,}", "k": k})
+    region, made = find_region(req, pair, task, k, notes, progress, cancel)
+    record = region_record(req, pair, region, made, notes, time.time() - start)
+    out = Path(req.out).expanduser() if req.out else new_path(
+        settings.subdir("regions"), f"{short_ref(req.task)}-{req.method}-k{record.size}", ".safetensors")
+    world = data_parallel()
+    if world is None or world.rank == 0:  # several processes learn one region; one writes it
+        regions.save(record, out)
+    finish(progress)
+    return LocalizeResult(req, notes, time.time() - start, str(out), record)
+
+
+# -- evaluate --------------------------------------------------------------------------------------
+@dataclass
+class EvaluateResult(Result):
+    rows: list[dict] = field(default_factory=list)
+    reliability: dict = field(default_factory=dict)
+    histogram: dict = field(default_factory=dict)
+    task: str = ""
+    ood: list[str] = field(default_factory=list)
+    base: str = ""
+    finetuned: str | None = None
+    regions: dict = field(default_factory=dict)
+    card: list[str] = field(default_factory=list)  # the result in sentences (card.py)
+    side_by_side: dict | None = None  # two or more regions: their overlap and where each lies (side_by_side)
+
+
+def _merge_patches(records, labels):
+    """One patch holding every given patch's values, so each graft is exact on one pair."""
+    sources = {r.meta.finetuned_sha256 or r.meta.finetuned for r in records}
+    if len(sources) > 1:
+        raise RegionError("the patches come from different fine-tuned models; give --finetuned, or evaluate them one "
+                          "at a time")
+    shapes = merged_shapes(records)
+    if len(records) == 1:
+        return records[0]
+    contributions = [sets.Contribution(label, r.indices, r.values) for label, r in zip(labels, records)]
+    indices, values, _ = sets.union_values(contributions, {}, "first")
+    return RegionRecord(indices, shapes, dict(records[0].meta), values, records[0].head)
+
+
+@verb(EvaluateRequest, "compare fine-tuned, pre-trained and grafted models", text.evaluate)
+def evaluate(req: EvaluateRequest, progress: Progress | None = None, cancel=None, guard: Guard = LOCAL) -> EvaluateResult:
+    """FT, the pre-trained body with FT's head and every region's graft, in and out of distribution."""
+    req.validate()
+    start = time.time()
+    records = [load_region(p) for p in req.regions]
+    labels = labels_for(req.regions, records)
+    merged_shapes(records)
+    first = records[0].meta if records else RegionMeta()
+    notes: list[str] = same_regions(labels, records)
+    base = req.base or first.base or DEFAULT_BASE
+    task_ref = req.task or first.task or DEFAULT_TASK
+    spec = req.data_spec() if (req.task or not records) else regions.recorded_columns(first)
+    finetuned = req.finetuned
+    from_patch = False
+    if finetuned is None:
+        recorded = {r.meta.finetuned for r in records}
+        if len(recorded) > 1 and not all(r.is_patch for r in records):
+            raise RegionError("the regions come from different fine-tuned models; give --finetuned, or evaluate them "
+                              "one at a time")
+        finetuned = recorded.pop() if len(recorded) == 1 else (None if records else DEFAULT_FINETUNED)
+        if not loadable(finetuned):
+            if not (records and all(r.is_patch for r in records)):
+                raise ModelError(f"the fine-tuned model '{finetuned}' the regions were made from cannot be loaded here; "
+                                 "give --finetuned REF")
+            from_patch = True
+    if from_patch and req.baselines:
+        raise RequestError("--baselines needs the fine-tuned checkpoint (--finetuned REF): a skill patch holds only "
+                           "its own region")
+    check_model_ref(base)
+    if not from_patch:
+        check_model_ref(finetuned)
+    task = get_task(task_ref, spec, guard)
+    oods = ood_tasks(req, task_ref, task, guard, notes)
+    options = req.load_options(regions.recorded_options(first) if records else None)
+    if from_patch:
+        if progress:
+            progress({"stage": f"loading {short_ref(base)} with the patch"})
+        pair = guard.checked_pair(regions.pair_from_patch(base, _merge_patches(records, labels), options,
+                                                          allow_local=guard.allow_local(models=[base])))
+        if not options.device_map:
+            pair.to(settings.device())
+        notes.append(f"the fine-tuned model '{first.finetuned}' cannot be loaded here: '{FT_LABEL}' is "
+                     "rebuilt from the patch (equal to the fine-tuned model inside the region only); give --finetuned "
+                     "for the real one")
+    elif records:
+        pair = pair_for_regions(base, finetuned, records, guard, progress, cancel, options)
+    else:
+        pair = get_pair(base, finetuned, GraftableSpec(), guard, progress, cancel, options, task.label_names)
+    notes += prompt_notes(pair)
+    for path, record in zip(req.regions, records):
+        try:
+            regions.check_fits(record, pair)
+        except RegionError as err:
+            raise RegionError(f"'{path}': {err}") from None
+    models = {label: record.indices for label, record in zip(labels, records)}
+    kinds = {label: record.meta.method for label, record in zip(labels, records)}
+    start_overlap = {label: r.meta.top_movement_overlap for label, r in zip(labels, records)
+                     if r.meta.top_movement_overlap is not None}
+    if req.baselines:
+        budgets = sorted({r.size for r in records}) or [Budget(sparsity=req.sparsity).resolve(pair.counts()["graftable"])]
+        for k in budgets:
+            if progress:
+                progress({"stage": f"building baselines at k = {k:,}"})
+            for name, region in scoring.baseline_regions(pair, k, seed=req.seed).items():
+                label = get_method(name).label
+                label = f"{label} k={k:,}" if len(budgets) > 1 else label
+                label = f"{label} (baseline)" if label in models else label
+                models[label], kinds[label] = region, name
+                if name == "top-movement":
+                    for own, record in zip(labels, records):
+                        if record.size == k and record.meta.method == "learned":
+                            start_overlap.setdefault(own, sets.overlap(region, record.indices))
+    comparison = scoring.compare(pair, task, models, ood=oods, n=req.n, seed=req.seed, progress=progress, cancel=cancel)
+    result = comparison.as_dict()
+    for row in result["rows"]:
+        row["method"] = kinds.get(row["model"])
+    card.annotate(result["rows"])
+    if from_patch:
+        ft_name = f"{FT_LABEL} (from patch)"
+        for row in result["rows"]:
+            if row["model"] == FT_LABEL:
+                row["model"] = ft_name
+        for table in (result["reliability"], result["histogram"]):
+            table[ft_name] = table.pop(FT_LABEL)
+    side = side_by_side(labels, records) if len(records) > 1 else None
+    finish(progress)
+    lines = card.evaluate_card(result["rows"], graftable=pair.counts()["graftable"], start_overlap=start_overlap)
+    if side:
+        lines += card.compose_card({**side, "graftable_params": pair.counts()["graftable"], "rows": []})
+    return EvaluateResult(req, notes, time.time() - start, **result, base=base,
+                          finetuned=None if from_patch else finetuned,
+                          regions={label: str(p) for label, p in zip(labels, req.regions)}, card=lines,
+                          side_by_side=side)
+
+
+# -- sweep ---------------------------------------------------------------------------------------
+@dataclass
+class SweepResult(Result):
+    rows: list[dict] = field(default_factory=list)
+    ft_accuracy: float | None = None
+    ft_ece: float | None = None
+    ft_ood: dict = field(default_factory=dict)  # OOD task -> the fine-tuned model's accuracy
+    task: str = ""
+    ood: list[str] = field(default_factory=list)
+    body_accuracy: float | None = None  # the pre-trained body with the fine-tuned head (the empty region)
+    n_test: int = 0
+
+    def as_dict(self) -> dict:
+        out = super().as_dict()
+        out["card"] = card.sweep_card(out)
+        return out
+
+
+@verb(SweepRequest, "accuracy against region size for several methods", text.sweep)
+def sweep(req: SweepRequest, progress: Progress | None = None, cancel=None, guard: Guard = LOCAL) -> SweepResult:
+    """Accuracy, ECE and OOD accuracy against budget for several methods (Fig. 2, Tables 6–7); writes no file."""
+    req.validate()
+    start = time.time()
+    for ref in (req.base, req.finetuned):
+        check_model_ref(ref)
+    task = get_task(req.task, req.data_spec(), guard)
+    notes: list[str] = []
+    oods = ood_tasks(req, req.task, task, guard, notes)
+    methods = list(dict.fromkeys(req.methods))
+    if any(get_method(m).needs_data for m in methods):
+        examples_per_class(req, task, [])
+    pair = get_pair(req.base, req.finetuned, req.graftable_spec(), guard, progress, cancel, req.load_options(),
+                    task.label_names)
+    scoring.check_labels(pair, task)
+    notes += prompt_notes(pair)
+
+    def score(region):
+        """(metrics in distribution, {OOD task: accuracy}) of a graft; ``None`` is the fine-tuned model."""
+        with (pair.finetuned() if region is None else pair.grafted(region)):
+            own = scoring.metrics.metrics(*scoring.predict(pair, task, "test", req.n))
+            return own, {o.name: scoring.metrics.accuracy(*scoring.predict(pair, o, "test", req.n)) for o in oods}
+
+    ft, ft_ood = score(None)
+    bare, _ = score({})
+    graftable = pair.counts()["graftable"]
+    rows = []
+    sparsities = sorted(set(req.sparsities))
+    total = len(sparsities) * len(methods)
+    for i, s in enumerate(sparsities):
+        k = Budget(sparsity=s).resolve(graftable)
+        for j, name in enumerate(methods):
+            if progress:
+                progress({"stage": f"{name} at sparsity {s:g}", "fraction": (i * len(methods) + j) / total})
+            one = derive(LocalizeRequest, req, method=name, sparsity=s)
+            began = time.time()
+            region, made = find_region(one, pair, task, k, notes, cancel=cancel)
+            kept = None
+            if req.keep:  # the region as a file that `graftui run` re-makes, like one from localize
+                kept = new_path(Path(req.keep).expanduser(), f"{short_ref(req.task)}-{name}-k{region_size(region)}",
+                                ".safetensors")
+                regions.save(region_record(one, pair, region, made, [], time.time() - began), kept)
+            own, ood = score(region)
+            rows.append({"method": name, "region": None if kept is None else str(kept), "sparsity": s,
+                         "k": region_size(region), "n": own.n, "accuracy": own.accuracy,
+                         "accuracy_ci": card.wilson(own.accuracy, own.n), "ece": own.ece,
+                         "calibration": card.calibration(own.accuracy, own.mean_confidence), "ood": ood,
+                         "ft_accuracy": ft.accuracy, "retained": own.accuracy / ft.accuracy if ft.accuracy else None,
+                         "gain_recovered": card.gain_recovered(own.accuracy, ft.accuracy, bare.accuracy)})
+    finish(progress)
+    return SweepResult(req, list(dict.fromkeys(notes)), time.time() - start, rows, ft.accuracy, ft.ece, ft_ood, task.name,
+                       [o.name for o in oods], bare.accuracy, ft.n)
+
+
+
+
+# -- pair ---------------------------------------------------------------------------------------
+@dataclass
+class PairResult(Result):
+    pair: dict = field(default_factory=dict)  # ModelPair.describe(): architecture, kind, prompt, labels, counts, hashes
+    preview: dict | None = None  # a language model's prompt on the task's first training example (preview_prompt)
+
+
+def preview_prompt(req: PairRequest, guard: Guard = LOCAL) -> dict:
+    """What a language model reads for the task's first training example, and each label word's tokens.
+
+    Only the tokenizer is loaded; a default fine-tuned model not built yet is read with its base's tokenizer
+    and its known prompt.
+    """
+    req.validate()
+    key = str(req.finetuned).strip().lower()
+    finetuned, recorded = req.finetuned, None
+    if key in DEFAULT_FINETUNED_REFS:
+        finetuned, recorded = DEFAULT_FINETUNED_REFS[key][0], DEFAULT_LOADING.get(key)
+    options = req.load_options(recorded)
+    allow = guard.allow_local(models=[finetuned])
+    kind = pair_kind(finetuned, options, allow_local=allow)
+    if kind == "classifier":
+        raise ModelError(f"'{short_ref(req.finetuned)}' is a sequence classifier: it reads the text as it is, no prompt")
+    task = get_task(req.task, req.data_spec(), guard)
+    tokenizer = prompt_tokenizer(finetuned, kind, task.label_names, options, allow_local=allow)
+    train = task.splits["train"]
+    return {**tokenizer.preview(train.texts[0], train.pairs[0] if train.pairs else None, task.max_length),
+            "describe": tokenizer.prompt.describe(), "kind": kind}
+
+
+@verb(PairRequest, "load a pair: its parameter counts, and how a language model reads the task", text.pair)
+def pair(req: PairRequest, progress: Progress | None = None, cancel=None, guard: Guard = LOCAL) -> PairResult:
+    """Load (or reuse) the pair and describe it; a clear error when the two do not pair."""
+    req.validate()
+    start = time.time()
+    options = req.load_options()
+    labels = get_task(req.task, req.data_spec(), guard).label_names if needs_task_labels(req.finetuned, options, guard) \
+        else None
+    loaded = get_pair(req.base, req.finetuned, GraftableSpec(), guard, progress, cancel, options, labels)
+    preview = preview_prompt(req, guard) if loaded.prompt is not None else None
+    finish(progress)
+    return PairResult(req, prompt_notes(loaded), time.time() - start, loaded.describe(), preview)

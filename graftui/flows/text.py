@@ -1,0 +1,283 @@
+"""Each verb's result as plain text: the tables the CLI prints (``--json`` prints the result itself).
+
+A renderer takes the result as ``Result.as_dict()`` gives it; the registry (``registry.verb``)
+pairs each verb with its renderer.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ..config import BODY_LABEL, FT_LABEL, kind_of_architecture
+from ..formatting import count as _count, num as _num, pairs_table, pct, table
+from ..layout import MODULE_LABELS
+from ..localizers import get_method
+
+
+def _pct(x) -> str:
+    return pct(x, missing="-")
+
+
+def finetune(doc: dict) -> str:
+    c = doc["config"]
+    return pairs_table([
+        ("checkpoint", doc["out"] + ("  (already built with this recipe; reused)" if doc["reused"] else "")),
+        ("base / task", f"{doc['request']['base']} / {doc['task']}"),
+        ("recipe", f"{c['optimizer']}, lr {c['lr']:g}, {c['epochs']} epoch(s), batch {c['batch_size']}"
+         + (f", l1 {c['l1']:g}" if c["l1"] else "") + f", {c['train_examples'] or 'all'} training examples"),
+        ("test accuracy", f"{doc['test_accuracy']:.3f}  (n={doc['test_examples']:,})"),
+        ("time", f"{doc['seconds']:.1f} s"),
+    ])
+
+
+def localize(doc: dict) -> str:
+    req, meta = doc["request"], doc["meta"]
+    info = get_method(req["method"])
+    detail = info.label
+    if info.needs_data:
+        detail += f", {req['steps']} steps on {meta.get('train_examples', 0):,} training examples"
+    return pairs_table([
+        ("wrote", f"{doc['path']}  ({'skill patch' if doc['kind'] == 'patch' else 'region'})"),
+        ("region", f"k = {doc['k']:,}  ({_pct(doc['fraction_of_graftable'])} of {doc['graftable_params']:,} graftable, "
+                   f"{_pct(doc['fraction_of_all'])} of {doc['total_params']:,} parameters)"),
+        ("method", detail),
+        ("time", f"{doc['seconds']:.1f} s"),
+        ("anatomy", "  ".join(f"{t['label']} {_pct(t['share'])}" for t in doc["top_modules"]) or "(empty region)"),
+        ("", f"weights {doc['weights']:,}, biases {doc['biases']:,}"),
+    ])
+
+
+def evaluate(doc: dict) -> str:
+    rows = [[r["model"], r["task"], r["distribution"], _count(r["n"]), _num(r["accuracy"]), _num(r["f1"]), _num(r["ece"]),
+             _num(r["agreement_with_ft"]), _count(r["region_size"])] for r in doc["rows"]]
+    text = table(["model", "task", "dist", "n", "accuracy", "F1", "ECE", "agree w/ FT", "k"], rows, "lllrrrrrr")
+    ft = next(r["model"] for r in doc["rows"]) if doc["rows"] else FT_LABEL
+    parts = [text, "", f"'{BODY_LABEL}' is the graft of the empty region; agreement is with the {ft} model."]
+    side = doc.get("side_by_side")
+    if side:
+        names = side["names"]
+        parts += ["", table(["region", "settings"], [[n, side["settings"][n]] for n in names], "ll"), "",
+                  _matrix(r"overlap |γi∩γj|/|γj|", names, side["overlap"], _pct), "",
+                  table(["share of region", *names], [[m, *(_pct(side["module_share"][n][j]) for n in names)]
+                                                      for j, m in enumerate(side["module_labels"])])]
+    return "\n".join(parts)
+
+
+def sweep(doc: dict) -> str:
+    methods = list(dict.fromkeys(doc["request"]["methods"]))
+    sparsities = sorted(set(doc["request"]["sparsities"]))
+    by = {(r["method"], r["sparsity"]): r for r in doc["rows"]}
+    body = [[f"{s:g}", "/".join(_count(k) for k in sorted({by[(m, s)]["k"] for m in methods if (m, s) in by})),
+             *[_num(by[(m, s)]["accuracy"]) if (m, s) in by else "-" for m in methods]] for s in sparsities]
+    oods = doc.get("ood") or []
+    detail = [[FT_LABEL, "", "", _num(doc["ft_accuracy"]), _num(doc.get("ft_ece")),
+               *(_num(doc["ft_ood"].get(o)) for o in oods)]]
+    detail += [[r["method"], f"{r['sparsity']:g}", _count(r["k"]), _num(r["accuracy"]), _num(r["ece"]),
+                *(_num(r["ood"].get(o)) for o in oods)] for r in doc["rows"]]
+    return "\n".join([
+        table(["sparsity", "k", *methods], body),
+        f"\ntest accuracy on {doc['task']}; fine-tuned: {_num(doc['ft_accuracy'])}  ({doc['seconds']:.1f} s)\n",
+        table(["model", "sparsity", "k", "accuracy", "ECE", *(f"OOD {o}" for o in oods)], detail,
+              "llr" + "r" * (2 + len(oods))),
+        *([f"\nregions kept in {Path(kept[0]).parent}:", *(f"  {Path(p).name}" for p in kept)]
+          if (kept := [r["region"] for r in doc["rows"] if r.get("region")]) else [])])
+
+
+def anatomy(doc: dict) -> str:
+    k, graftable, by = doc["k"], doc["graftable_params"], doc["by"]
+    density = lambda count, total: count / total if total else 0.0  # noqa: E731
+    layers, modules, totals, counts = doc["layers"], doc["modules"], doc["totals"], doc["counts"]
+    by_layer = [doc["by_layer"][layer] for layer in layers]
+    if by == "layer":
+        rows = [[layer, _count(by_layer[i]), _count(sum(totals[i])), _pct(density(by_layer[i], sum(totals[i]))),
+                 _pct(density(by_layer[i], k))] for i, layer in enumerate(layers)]
+        body = table(["layer", "in region", "graftable", "density", "share of region"], rows, "lrrrr")
+    elif by == "module":
+        rows = []
+        for j, m in enumerate(modules):
+            t, c = sum(row[j] for row in totals), doc["by_module"][m]
+            rows.append([MODULE_LABELS.get(m, m), _count(c), _count(t), _pct(density(c, t)), _pct(density(c, k))])
+        body = table(["module", "in region", "graftable", "density", "share of region"], rows, "lrrrr")
+    else:
+        headers = ["layer"] + [MODULE_LABELS.get(m, m) for m in modules] + ["all", "density"]
+        rows = [[layer, *[_count(c) if totals[i][j] else "" for j, c in enumerate(counts[i])], _count(by_layer[i]),
+                 _pct(density(by_layer[i], sum(totals[i])))] for i, layer in enumerate(layers)]
+        col_totals = [sum(row[j] for row in totals) for j in range(len(modules))]
+        rows.append(["all", *[_count(doc["by_module"][m]) for m in modules], _count(k), _pct(density(k, graftable))])
+        rows.append(["density", *[_pct(density(doc["by_module"][m], t)) for m, t in zip(modules, col_totals)],
+                     _pct(density(k, graftable)), ""])
+        body = table(headers, rows, "l" + "r" * (len(headers) - 1))
+        body += "\n\ncells hold the number of region parameters; density = in region / graftable"
+    w, b = doc["weights"], doc["biases"]
+    header = pairs_table([
+        ("region", f"{doc['path']}  ({doc['kind']})"),
+        ("size", f"k = {k:,}  ({_pct(doc['fraction_of_graftable'])} of {graftable:,} graftable)"),
+        ("weights", f"{w['count']:,} of {w['total']:,}  ({_pct(density(w['count'], w['total']))})"),
+        ("biases", f"{b['count']:,} of {b['total']:,}  ({_pct(density(b['count'], b['total']))})"),
+    ])
+    return header + "\n\n" + body
+
+
+def compose(doc: dict) -> str:
+    n = len(doc["names"])
+    ids = [f"#{i + 1}" for i in range(n)]
+    legend = table(["#", "region", "kind", "k"], [[ids[i], doc["names"][i], doc["kinds"][i], _count(doc["sizes"][i])]
+                                                 for i in range(n)], "llll")
+    over = table([r"overlap |γi∩γj|/|γj|"] + [f"j={x}" for x in ids],
+                 [[f"i={ids[i]}", *[_pct(doc["overlap"][i][j]) for j in range(n)]] for i in range(n)])
+    iou = table(["IoU"] + ids, [[ids[i], *[_num(doc["iou"][i][j]) for j in range(n)]] for i in range(n)])
+    parts = [legend, "", over, "", iou, "", f"union: {doc['union_size']:,} parameters"]
+    if doc["rows"]:
+        parts += ["", table(["task", "head", "model", "n", "accuracy", "Δ vs alone", "ECE", "k"],
+                            [[r["task"], r["head"], r["model"], _count(r["n"]), _num(r["accuracy"]),
+                              f"{100 * r['delta_vs_alone']:+.1f} pts", _num(r["ece"]), _count(r["region_size"])]
+                             for r in doc["rows"]], "llllrrrr")]
+    written = doc.get("written")
+    if written:
+        rule = doc["request"]["resolve"]
+        kind = ("skill patch, overlaps resolved by " + rule if written["kind"] == "patch"
+                else "region (not every input is a skill patch)")
+        parts.append(f"wrote {written['path']}  ({kind})")
+    return "\n".join(parts)
+
+
+AUTO_CLASSES = {"causal-lm": "AutoModelForCausalLM", "masked-lm": "AutoModelForMaskedLM",
+                "classifier": "AutoModelForSequenceClassification"}
+
+
+def _auto_class(architecture: str | None) -> str:
+    """The transformers Auto class that loads an exported checkpoint of this architecture."""
+    return AUTO_CLASSES[kind_of_architecture([architecture] if architecture else [])]
+
+
+def export(doc: dict) -> str:
+    return pairs_table([
+        ("wrote", doc["out"]),
+        ("graft", f"{doc['base']} + {doc['k']:,} parameters of {doc['request']['finetuned'] or 'the skill patch'} "
+                  f"({os.path.basename(doc['region'])})"),
+        ("load with", f"{_auto_class(doc.get('architecture'))}.from_pretrained('{doc['out']}')"),
+    ])
+
+
+def push(doc: dict) -> str:
+    where = doc["url"] or f"{doc['out']}  (written here only; nothing was pushed)"
+    return pairs_table([("repository", doc["repo"]), ("pushed" if doc["url"] else "written to", where),
+                        ("files", ", ".join(doc["files"])), ("time", f"{doc['seconds']:.1f} s")])
+
+
+def _matrix(title: str, names: list[str], rows: list[list[float]], fmt=lambda x: _num(x, 2)) -> str:
+    return table([title, *names], [[name, *(fmt(x) for x in row)] for name, row in zip(names, rows)])
+
+
+def multitask(doc: dict) -> str:
+    names = doc["tasks"]
+    parts = [
+        pairs_table([("multi-task model", doc["checkpoint"]),
+                     ("regions", f"k = {doc['k']:,} each, mask started from {doc['request']['start']}"),
+                     *[(f"  {t}", p) for t, p in doc["regions"].items()]]),
+        "",
+        "Overlap |γ_row ∩ γ_col| / |γ_col| (Fig. 8a):",
+        _matrix("region", names, doc["overlap"]),
+        "",
+        "Relative gain of the row's region on the column's task, Eq. 5 (Fig. 8b); accuracy in brackets:",
+        table(["region", *names], [[name, *(f"{_num(g, 2)} ({_num(a)})" for g, a in zip(gains, accs))]
+                                   for name, gains, accs in zip(names, doc["relative_gain"], doc["scores"])]),
+        table(["reference", *names], [["P_0 body + head", *(_num(x) for x in doc["p_zero"])],
+                                      ["P_1 multi-task", *(_num(x) for x in doc["p_one"])]]),
+    ]
+    for label, key in (("union", "union"), ("purified union", "purified")):
+        u = doc.get(key) or {}
+        if u:
+            size = f"{u['size']:,} parameters" + (f", {u['steps']} steps, {u['kept_from_union']:,} kept from the union"
+                                                   if key == "purified" else "")
+            parts += ["", f"{label.capitalize()} of {', '.join(u['group'])} ({size}):",
+                      table(["", *names], [["relative gain", *(_num(g, 2) for g in u["relative_gain"])],
+                                           ["accuracy", *(_num(a) for a in u["accuracy"])]])]
+    parts += [f"time {doc['seconds']:.1f} s"]
+    return "\n".join(parts)
+
+
+def wise(doc: dict) -> str:
+    tasks = [doc["task"], *doc["ood"]]
+    by = {(r["curve"], r["alpha"], r["task"]): r for r in doc["rows"]}
+    alphas = sorted({r["alpha"] for r in doc["rows"]})
+    heads = [f"{c} {t}" for c in ("FT", "graft") for t in tasks]
+    body = [[f"{a:g}", *(_num(by[(c, a, t)]["accuracy"]) for c in ("WiSE-FT", "WiSE-graft") for t in tasks)] for a in alphas]
+    return "\n".join([
+        f"θ_pre + α·δ (FT) and θ_pre + α·γ⊙δ (graft, k = {doc['k']:,} from {os.path.basename(doc['region'])}); "
+        f"accuracy on {doc['task']} (in distribution){' and ' + ', '.join(doc['ood']) if doc['ood'] else ''}:",
+        table(["α", *heads], body)])
+
+
+def retrain(doc: dict) -> str:
+    trained = doc["trained"]
+    rows = [[r["model"], r["task"], r["distribution"], _count(r["n"]), _num(r["accuracy"]), _num(r["ece"]),
+             _count(trained.get(r["model"])) if r["model"] in trained else ("all" if r["model"] == FT_LABEL else "0")]
+            for r in doc["rows"]]
+    c = doc["recipe"]
+    return "\n".join([
+        table(["model", "task", "dist", "n", "accuracy", "ECE", "trained params"], rows, "lllrrrr"), "",
+        f"Re-trained from θ_pre with the fine-tuned head fixed: {c['optimizer']}, lr {c['lr']:g}, {c['epochs']} epoch(s), "
+        f"{c['train_examples'] or 'all'} training examples; 'graft' takes the fine-tuned values inside the region."])
+
+
+def continual(doc: dict) -> str:
+    names = doc["tasks"]
+    parts = [pairs_table([(f"region of {t}", p) for t, p in doc["regions"].items()]), ""]
+    for arm, key in (("Forget-free (train γ_tn minus the earlier regions)", "forget_free"),
+                     ("Naive sequential fine-tuning (train the whole body)", "sequential")):
+        trained = doc["trained"]["forget-free" if key == "forget_free" else "sequential"]
+        rows = [[f"after {names[i]}", _count(trained[i]), *(_num(x) for x in doc[key][i])] for i in range(len(names))]
+        parts += [f"{arm}: accuracy on each task after each stage", table(["stage", "trained", *names], rows), ""]
+    parts.append(table(["forgetting (own stage − last)", *names],
+                       [[arm, *(_num(x) for x in doc["forgetting"][arm])] for arm in ("forget-free", "sequential")]))
+    parts.append(f"independent fine-tunes: {', '.join(f'{t} {a:.3f}' for t, a in zip(names, doc['finetuned_accuracy']))}; "
+                 f"time {doc['seconds']:.1f} s")
+    return "\n".join(parts)
+
+
+def reproduce(doc: dict) -> str:
+    r = doc["report"]
+    s, mt, cl = r["single_task"], r["multitask"], r["continual"]
+    lines = [
+        ("report", f"{doc['out']}/report.md  (and report.json, figures/)"),
+        ("steps", f"{len(r['steps'])}, {len(doc['reused'])} reused from an earlier run; {doc['seconds'] / 60:.1f} min"),
+        ("single task", f"graft k = {s['k']:,} keeps {_pct(s['retained'])} of FT accuracy "
+                        f"({_num(s['accuracy']['graft'])} vs {_num(s['accuracy']['ft'])})"),
+        *[(f"calibration, {c['setting'].split(' (')[0]}", f"ECE FT {_num(c['ft']['ece'])}, graft {_num(c['graft']['ece'])}")
+          for c in r["calibration"]["settings"]],
+        ("multi-task overlap", ", ".join(f"{mt['tasks'][i]}–{mt['tasks'][j]} {_pct(mt['overlap'][i][j])}"
+                                         for i in range(len(mt["tasks"])) for j in range(i + 1, len(mt["tasks"])))),
+        ("forgetting", "; ".join(f"{arm}: " + ", ".join(_num(x) for x in v) for arm, v in cl["forgetting"].items())),
+    ]
+    text = pairs_table(lines)
+    if r.get("problems"):
+        text += "\n\nproblems with this run:\n" + "\n".join(f"  - {x}" for x in r["problems"])
+    if r.get("did_not_reproduce"):
+        text += "\n\ndid not reproduce here:\n" + "\n".join(f"  - {x}" for x in r["did_not_reproduce"])
+    return text
+
+
+
+
+def pair(doc: dict) -> str:
+    d = doc["pair"]
+    if d.get("prompt"):
+        p = d["prompt"]
+        read = (f"a {d['kind']} read through its prompt '{p['template']}', label words "
+                + ", ".join(f"{label} → {word!r}" for label, word in zip(p["labels"], p["words"]))
+                + (" (chosen from the label names)" if p.get("chosen") else "") + "; its own LM head and the embeddings "
+                "stay fixed")
+    else:
+        read = f"a classifier; head: {', '.join(d['head_tensors']) or 'none'}"
+    lines = [("pair", f"{d['base']} → {d['finetuned']}  ({d['architecture']})"), ("reads as", read),
+             ("labels", ", ".join(d["labels"]))]
+    lines += [(f"{key} parameters", _count(d[f"{key}_params"])) for key in ("graftable", "head", "excluded", "total")]
+    text = pairs_table(lines)
+    preview = doc.get("preview")
+    if preview:
+        tokens = "; ".join(f"{label}: {' '.join(map(repr, toks))}" for label, toks in preview["label_tokens"].items())
+        text += f"\n\nfirst training example as the model reads it:\n  {preview['prompt']}\nlabel tokens ({preview['scored']} " \
+                f"is scored): {tokens}"
+    return text

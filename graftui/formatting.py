@@ -1,0 +1,78 @@
+"""How numbers and plain-text tables are written, for every front end alike.
+
+Two styles of percentage, each with its use: ``pct(x)`` for table cells ("12.3%", with as many
+digits as keep a small share non-zero: "0.0034%"), and ``pct(x, digits, spaced=True)`` for
+sentences ("95 %"). A value that is not there is written as ``missing``.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Sequence
+
+
+def pct(x: float | None, digits: int | None = None, *, spaced: bool = False, missing: str = "–") -> str:
+    """``x`` (a fraction) as a percentage; ``digits`` None: adaptive (12.3%, 1.23%, 0.0034%)."""
+    if x is None:
+        return missing
+    value = 100 * x
+    sign = " %" if spaced else "%"
+    if digits is not None:
+        return f"{value:.{digits}f}{sign}"
+    if value == 0:
+        return f"0{sign}"
+    if abs(value) >= 10:
+        return f"{value:.1f}{sign}"
+    if abs(value) >= 1:
+        return f"{value:.2f}{sign}"
+    return f"{value:.2g}{sign}"
+
+
+def num(x: float | None, digits: int = 3, missing: str = "-") -> str:
+    """A number with fixed digits."""
+    return missing if x is None else f"{x:.{digits}f}"
+
+
+def count(n: int | None, missing: str = "-") -> str:
+    """A whole number with thousands separators."""
+    return missing if n is None else f"{int(n):,}"
+
+
+def pts(x: float) -> str:
+    """A difference of two accuracies in percentage points, signed."""
+    return f"{100 * x:+.1f} pts"
+
+
+def minutes(seconds: float) -> str:
+    """A duration as people read it: seconds under 90 s, minutes above."""
+    return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
+
+
+def _looks_numeric(text: str) -> bool:
+    return bool(re.fullmatch(r"[-+]?[\d,]*\.?\d+(e[-+]?\d+)?%?|-", text.strip()))
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[object]], align: str | None = None) -> str:
+    """An aligned plain-text table; numeric columns are right-aligned unless ``align`` says otherwise."""
+    cells = [[str(c) for c in row] for row in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
+    if align is None:
+        align = "".join("r" if cells and all(_looks_numeric(r[i]) for r in cells) else "l" for i in range(len(headers)))
+
+    def line(values: Sequence[str]) -> str:
+        return "  ".join(v.rjust(w) if a == "r" else v.ljust(w) for v, w, a in zip(values, widths, align)).rstrip()
+
+    return "\n".join([line(list(headers)), "  ".join("-" * w for w in widths), *(line(r) for r in cells)])
+
+
+def pairs_table(items: Sequence[tuple[str, object]]) -> str:
+    """``key  value`` lines with the keys aligned."""
+    width = max((len(k) for k, _ in items), default=0)
+    return "\n".join(f"{k.ljust(width)}  {v}" for k, v in items)
+
+
+def markdown_table(headers: list[str], rows: list[list]) -> str:
+    """A Markdown table (reports and model cards)."""
+    lines = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)

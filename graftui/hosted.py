@@ -1,0 +1,206 @@
+"""What a hosted server lets strangers do: the guard every flow runs under, and the caps on uploads and work.
+
+Locally a flow may read any model, data set and file (``flows.LOCAL``). On a server with
+``GRAFTUI_HOSTED=1`` (settings.py) the :class:`HostedGuard` narrows this to Hub ids, offline
+defaults and the files this server wrote for the asking session (its uploads and fine-tunes),
+within the caps: the size of an upload, the rows of a data set, the parameters of a pair, the disk
+of a workspace. Each refusal is one line that names the limit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+from pathlib import Path
+
+from safetensors import safe_open
+
+from . import settings
+from .data import check_reference
+from .errors import DataError, ModelError, SessionError
+from .flows import Guard, clear_cache
+from .models import resolve
+from .paths import DATA_SUFFIXES, short_ref
+
+REGION_SUFFIXES = (".safetensors",)
+
+
+def own_dir(name: str) -> Path | None:
+    """A folder of the current workspace (``settings.subdir``), or None on a page without a live session."""
+    try:
+        return settings.subdir(name)
+    except SessionError:
+        return None
+
+
+def is_managed(ref: str) -> bool:
+    """A path this server wrote for this workspace (a checkpoint fine-tuned here, a dataset uploaded here), or
+    one of the server's default checkpoints; on a hosted server never another session's file."""
+    if not ref:
+        return False
+    try:
+        path = Path(ref).expanduser().resolve()
+    except (OSError, RuntimeError, ValueError):
+        return False
+    roots = [own_dir("checkpoints"), own_dir("uploads"), settings.shared("checkpoints")]
+    for root in filter(None, roots):
+        root = root.resolve()
+        if path != root and path.is_relative_to(root) and path.exists():
+            return True
+    return False
+
+
+def check_task_ref(ref: str) -> None:
+    """Refuse, on a hosted server, a dataset reference that names a server path it did not write."""
+    if settings.hosted() and not is_managed(ref):
+        check_reference(str(ref), allow_local=False)
+
+
+def allow_local_for(models=(), tasks=()) -> bool:
+    """allow_local for a flow that loads ``models`` and ``tasks`` together.
+
+    Locally: True. Hosted: every reference must be a Hub id, an offline default, or a path this
+    server wrote itself; anything else raises the library's own clear error. True is returned
+    only when such a managed path is actually needed.
+    """
+    if not settings.hosted():
+        return True
+    needs_local = False
+    for ref in models:
+        if is_managed(ref):
+            needs_local = True
+        else:
+            resolve(ref, allow_local=False)
+    for ref in tasks:
+        if is_managed(ref):
+            needs_local = True
+        else:
+            check_task_ref(ref)
+    return needs_local
+
+
+def safetensors_params(folder: Path) -> int | None:
+    """Parameter count from the safetensors headers of a checkpoint folder (no tensor is read)."""
+    files = sorted(Path(folder).glob("*.safetensors"))
+    if not files:
+        return None
+    total = 0
+    for f in files:
+        with safe_open(str(f), framework="pt") as fh:
+            for key in fh.keys():
+                n = 1
+                for d in fh.get_slice(key).get_shape():
+                    n *= int(d)
+                total += n
+    return total
+
+
+def check_model_size(ref: str) -> None:
+    """On a hosted server, refuse a checkpoint over MAX_MODEL_PARAMS before loading it (when known)."""
+    if not settings.hosted():
+        return
+    path = Path(str(ref)).expanduser()
+    total = safetensors_params(path) if is_managed(str(path)) and path.is_dir() else None
+    if total is not None and total > settings.MAX_MODEL_PARAMS:
+        raise ModelError(f"'{short_ref(ref)}' has {total:,} parameters; this server takes at most "
+                         f"{settings.MAX_MODEL_PARAMS:,}")
+
+
+def check_rows(name: str, rows: int) -> None:
+    """On a hosted server, refuse a data set of more than MAX_DATASET_ROWS rows."""
+    if settings.hosted() and rows > settings.MAX_DATASET_ROWS:
+        raise DataError(f"'{name}' has {rows:,} rows; this server takes at most {settings.MAX_DATASET_ROWS:,}")
+
+
+def check_pair_size(total: int) -> None:
+    """On a hosted server, refuse a pair of more than MAX_MODEL_PARAMS parameters."""
+    if settings.hosted() and total > settings.MAX_MODEL_PARAMS:
+        raise ModelError(f"this pair has {total:,} parameters; this server takes at most {settings.MAX_MODEL_PARAMS:,}")
+
+
+class HostedGuard(Guard):
+    """What the app's flows may read: everything locally; on a hosted server only Hub ids, offline defaults and
+    the files this server wrote, within the size caps."""
+
+    def allow_local(self, models=(), tasks=()) -> bool:
+        for ref in models:
+            check_model_size(ref)
+        return allow_local_for(list(models), list(tasks))
+
+    def checked_task(self, task):
+        check_rows(task.name, sum(len(s) for s in task.splits.values()))
+        return task
+
+    def checked_pair(self, pair):
+        try:
+            check_pair_size(pair.counts()["total"])
+        except ModelError:
+            clear_cache()  # the refused pair must not stay in the cache for the next request
+            raise
+        return pair
+
+
+# -- files a page sends -------------------------------------------------------------------------------
+def folder_mb(path: Path) -> float:
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.lstat(os.path.join(root, name)).st_size
+            except OSError:
+                pass
+    return total / 2**20
+
+
+def check_disk(extra_mb: float = 0.0) -> None:
+    """Hosted: refuse new work once the session's workspace holds GRAFTUI_SESSION_MB."""
+    if not settings.hosted():
+        return
+    used = folder_mb(settings.workspace()) + extra_mb
+    if used > settings.SESSION_MB:
+        raise SessionError(f"your workspace holds {used:,.3g} MB, over this server's {settings.SESSION_MB:,.3g} MB; "
+                           "delete regions you no longer need (Regions tab), then try again")
+
+
+def check_upload(path: str | Path, allowed: tuple[str, ...]) -> Path:
+    """An uploaded file: the right kind by name and within MAX_UPLOAD_MB, or a clear error."""
+    path = Path(path)
+    if path.suffix.lower() not in allowed:
+        raise ValueError(f"'{path.name}' is not one of the accepted file types ({', '.join(allowed)})")
+    size_mb = path.stat().st_size / 2**20
+    if size_mb > settings.MAX_UPLOAD_MB:
+        raise ValueError(f"'{path.name}' is {size_mb:.1f} MB; uploads are limited to {settings.MAX_UPLOAD_MB:g} MB")
+    return path
+
+
+def safe_name(text: str, limit: int = 60) -> str:
+    """A file name made only of letters, digits, '.', '_' and '-'."""
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", str(text)).strip("-.")[:limit]
+    return name or "item"
+
+
+def save_upload(path: str | Path, read=None):
+    """Copy an uploaded dataset into the workspace's uploads under a content-derived name.
+
+    ``read(dest)`` checks it there (the column preview); a file it refuses is deleted again, so a
+    refused upload is never offered as a task. Returns ``(dest, read(dest))`` (None without ``read``).
+    """
+    src = check_upload(path, DATA_SUFFIXES)
+    check_disk(src.stat().st_size / 2**20)
+    digest = hashlib.sha256()
+    with open(src, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    # one folder per content hash keeps the file's own name, which the data loader reads split names from
+    dest = settings.subdir("uploads") / digest.hexdigest()[:12] / f"{safe_name(src.stem, 60)}{src.suffix.lower()}"
+    if dest.exists():
+        return dest, read(dest) if read else None
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(src, dest)
+    try:
+        return dest, read(dest) if read else None
+    except BaseException:
+        shutil.rmtree(dest.parent, ignore_errors=True)
+        raise

@@ -1,0 +1,202 @@
+"""The shape of the house: floors that import only downward, no import cycle, one registry of verbs.
+
+Every import of a graftui module by another is counted, at the top of a module and inside a
+function alike, from the source itself (``ast``), against the floor table of graftui/ARCHITECTURE.md.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+
+from graftui.flows import Result
+from graftui.requests import Request, arg
+
+PACKAGE = Path(__file__).resolve().parents[1] / "graftui"
+
+
+def modules() -> dict[str, Path]:
+    """graftui's modules by dotted name relative to the package ('' for the package itself)."""
+    out = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = list(path.relative_to(PACKAGE).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+def imports(name: str, path: Path, known: dict) -> list[tuple[str, bool]]:
+    """(imported module, inside a function) for every import of a graftui module in ``path``."""
+    tree = ast.parse(path.read_text())
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    top = {id(node) for node in tree.body}
+    top |= {id(n) for node in tree.body if isinstance(node, (ast.If, ast.Try)) for n in ast.walk(node)}
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            targets = [a.name.removeprefix("graftui").lstrip(".") for a in node.names
+                       if a.name == "graftui" or a.name.startswith("graftui.")]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = package.split(".") if package else []
+                base = parts[:len(parts) - node.level + 1] + ([node.module] if node.module else [])
+                base = ".".join(p for p in base if p)
+            elif node.module == "graftui" or (node.module or "").startswith("graftui."):
+                base = node.module.removeprefix("graftui").lstrip(".")
+            else:
+                continue
+            targets = [f"{base}.{a.name}".lstrip(".") if f"{base}.{a.name}".lstrip(".") in known else base
+                       for a in node.names]
+        else:
+            continue
+        out += [(t, id(node) not in top) for t in targets if t in known and t != name]
+    return out
+
+
+def graph() -> dict[str, set[str]]:
+    known = modules()
+    return {name: {t for t, _ in imports(name, path, known)} for name, path in known.items()}
+
+
+def floors() -> dict[str, int]:
+    """graftui/ARCHITECTURE.md's table: module (or pattern with *) -> floor."""
+    table = {}
+    for line in (PACKAGE / "ARCHITECTURE.md").read_text().splitlines():
+        m = re.match(r"^\| (\d+) \| ([^|]+) \|", line)
+        if m:
+            for name in m.group(2).split(","):
+                table[name.strip()] = int(m.group(1))
+    return table
+
+
+def floor_of(module: str, table: dict[str, int]) -> int | None:
+    key = module or "graftui"
+    if key in table:
+        return table[key]
+    return next((f for pattern, f in table.items() if "*" in pattern and re.fullmatch(
+        re.escape(pattern).replace(r"\*", r"[\w.]+"), key)), None)
+
+
+def test_no_import_cycle_counting_imports_inside_functions():
+    g = graph()
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+    path: list[str] = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(g[node]):
+            if state.get(nxt) == 1:
+                cycle = path[path.index(nxt):] + [nxt]
+                pytest.fail("import cycle: " + " -> ".join(m or "graftui" for m in cycle))
+            if nxt not in state:
+                visit(nxt)
+        path.pop()
+        state[node] = 2
+
+    for node in sorted(g):
+        if node not in state:
+            visit(node)
+
+
+def test_every_module_is_on_a_floor_and_imports_only_downward():
+    table, known = floors(), modules()
+    missing = [m or "graftui" for m in known if floor_of(m, table) is None]
+    assert not missing, f"modules missing from the floor table of graftui/ARCHITECTURE.md: {missing}"
+    stale = [name for name in table if "*" not in name and (name if name != "graftui" else "") not in known]
+    assert not stale, f"the floor table names modules that do not exist: {stale}"
+    upward = [f"{m or 'graftui'} (floor {floor_of(m, table)}) imports {t} (floor {floor_of(t, table)})"
+              for m, targets in graph().items() for t in targets if floor_of(t, table) > floor_of(m, table)]
+    assert not upward, "\n".join(upward)
+
+
+def test_the_library_never_imports_the_web_app():
+    offenders = [m for m, targets in graph().items() if not (m == "ui" or m.startswith("ui."))
+                 for t in targets if t == "ui" or t.startswith("ui.")]
+    assert not offenders, f"modules outside graftui/ui import the app: {offenders}"
+
+
+def test_no_import_inside_a_function_except_the_lazy_api():
+    """Imports of graftui modules sit at the top of a module; the package's lazy API loads with import_module."""
+    known = modules()
+    local = [f"{name or 'graftui'}: {target}" for name, path in known.items()
+             for target, inside in imports(name, path, known) if inside]
+    assert not local, local
+
+
+def test_each_verb_is_registered_once_with_everything_its_front_ends_need():
+    import graftui
+    from graftui import cli, flows
+    from graftui.requests import Request
+
+    assert flows.VERBS, "no verb registered"
+    parser_verbs = set(cli.build_parser()._subparsers._group_actions[0].choices)
+    for name, verb in flows.VERBS.items():
+        assert issubclass(verb.request, Request) and verb.request.verb == name
+        assert verb.summary and callable(verb.flow) and callable(verb.text)
+        assert name in parser_verbs  # the CLI subcommand comes from the registration
+        assert getattr(graftui, name).__doc__ == verb.request.__doc__  # and the Python API
+    with pytest.raises(ValueError, match="already registered"):
+        flows.verb(flows.VERBS["localize"].request, "again")(lambda *a, **k: None)
+
+
+@dataclass
+class EchoRequest(Request):
+    """Say a word back."""
+
+    verb: ClassVar[str] = "echo-test"
+    word: str = arg("hello", "the word to say back")
+
+
+@dataclass
+class EchoResult(Result):
+    said: str = ""
+
+
+def test_a_verb_registered_beside_its_flow_reaches_the_cli_the_api_and_graftui_run(tmp_path, capsys):
+    """One registration is the whole of a new verb: the CLI subcommand, its options and text, `graftui run`."""
+    import json
+
+    from graftui import cli, flows
+
+    try:
+        @flows.verb(EchoRequest, "say a word back (a test verb)", lambda doc: f"said {doc['said']}")
+        def echo(req, progress=None, cancel=None, guard=flows.LOCAL):
+            return EchoResult(req.validate(), said=req.word)
+
+        assert cli.main(["echo-test", "--word", "graft"]) == 0
+        assert capsys.readouterr().out.strip() == "said graft"
+        config = tmp_path / "echo.json"
+        config.write_text(json.dumps({"verb": "echo-test", "word": "again"}))
+        assert flows.run_file(config).said == "again"
+    finally:
+        flows.VERBS.pop("echo-test", None)
+
+
+def test_derived_requests_carry_every_shared_field():
+    """A request made from another (sweep → localize, continual → localize, push → evaluate, export) keeps every
+    field of the field groups they share: change each from its default and it must arrive."""
+    from graftui.requests import (
+        ContinualRequest, EvaluateRequest, ExportRequest, LocalizeRequest, PushRequest, SweepRequest, derive,
+        shared_fields,
+    )
+
+    changed = {"steps": 3, "lr": 0.5, "optimizer": "adam", "batch_size": 4, "examples_per_class": 8, "binarise": "round",
+               "seed": 7, "logit_dtype": "float16", "memory": "lean", "checkpoint_every": 2, "head": "causal-lm",
+               "template": "{text} was", "label_words": "a= x,b= y", "label_scoring": "all", "dtype": "bfloat16",
+               "device_map": "auto", "include_embeddings": True, "modules": ["ffn_in"], "base": "b", "finetuned": "f",
+               "task": "t", "text_column": "x", "pair_column": "y", "label_column": "z", "config": "c"}
+    for target, source in ((LocalizeRequest, SweepRequest), (LocalizeRequest, ContinualRequest),
+                           (EvaluateRequest, PushRequest), (ExportRequest, PushRequest)):
+        names = shared_fields(target, source)
+        assert names, (target.__name__, source.__name__)
+        given = {f.name: changed[f.name] for f in fields(source) if f.name in names}
+        assert set(given) == set(names), f"no test value for {set(names) - set(given)}"
+        made = derive(target, source.make(**given))
+        assert {n: getattr(made, n) for n in names} == given, (target.__name__, source.__name__)
