@@ -300,7 +300,11 @@ def test_continual_forget_free_keeps_every_earlier_task_exactly_and_trains_only_
     monkeypatch.setenv("GRAFTUI_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("GRAFTUI_FAST", "1")
     res = flows.run(ContinualRequest(base=tiny_multitask["base"], tasks=["movies", "bbc"], sparsity=0.05, steps=2,
-                                     examples_per_class=4, n=40, out=str(tmp_path / "regions"))).as_dict()
+                                     examples_per_class=4, n=40, out=str(tmp_path / "regions"), memory="lean",
+                                     logit_dtype="float16", checkpoint_every=1)).as_dict()
+    for task in ("movies", "bbc"):  # every mask-learning setting the request accepts reaches the regions it learns
+        learn = regions.load(res["regions"][task]).meta.learn
+        assert (learn["memory"], learn["logit_dtype"], learn["checkpoint_every"], learn["steps"]) == ("lean", "float16", 1, 2)
     ff, seq = res["forget_free"], res["sequential"]
     assert ff[0][1] is None and seq[0][1] is None
     assert ff[1][0] == ff[0][0] and res["forgetting"]["forget-free"][0] == 0.0  # by construction, bit for bit
