@@ -164,14 +164,14 @@ def test_reproduce_refuses_a_folder_it_did_not_write(tmp_path):
 def test_the_app_shows_a_finished_report_and_offers_its_files(reduced_run, tmp_path):
     from types import SimpleNamespace
 
-    from graftui.ui import app
+    from graftui.ui.tabs import laboratory
 
     doc = reduced_run["again"].as_dict()
-    files, text = app.render_reproduce(SimpleNamespace(result=doc))
+    files, text = laboratory.render_reproduce(SimpleNamespace(result=doc))
     assert [f.rsplit("/", 1)[1] for f in files] == ["report.md", "report.json"]
     assert text == (reduced_run["out"] / "report.md").read_text() and "## 5. Multi-task" in text
-    assert app.render_reproduce(None) == [None, ""]
-    gone = app.render_reproduce(SimpleNamespace(result={**doc, "out": str(tmp_path / "deleted")}))
+    assert laboratory.render_reproduce(None) == [None, ""]
+    gone = laboratory.render_reproduce(SimpleNamespace(result={**doc, "out": str(tmp_path / "deleted")}))
     assert gone == [None, "The report file is gone."]
 
 

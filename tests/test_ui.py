@@ -175,7 +175,7 @@ def test_cancel_takes_effect_at_the_next_step(tmp_path):
 # -- error handling ----------------------------------------------------------------------------------
 def test_guarded_turns_exceptions_into_a_status_message_not_a_traceback():
     from graftui.data import DataError
-    from graftui.ui.app import guarded
+    from graftui.ui.wiring import guarded
 
     status = object()
 
@@ -200,7 +200,7 @@ def test_guarded_turns_exceptions_into_a_status_message_not_a_traceback():
 def test_poll_runs_every_part_in_one_event_and_a_failing_part_keeps_its_outputs():
     import gradio as gr
 
-    from graftui.ui.app import Poll
+    from graftui.ui.wiring import Poll
 
     class Timer:
         def tick(self, fn, inputs, outputs, **kw):
@@ -236,7 +236,7 @@ def test_poll_writes_a_state_back_only_when_its_value_changed():
     """Gradio rebuilds the config of every State an event writes; an unchanged one is skipped."""
     import gradio as gr
 
-    from graftui.ui.app import Poll
+    from graftui.ui.wiring import Poll
 
     class Timer:
         def tick(self, fn, inputs, outputs, **kw):
@@ -374,7 +374,7 @@ def test_the_page_script_comes_first_in_the_apps_pages_and_nothing_else_changes(
 
 def test_friendly_message_keeps_quotes_and_names_internal_errors():
     from graftui.regions import RegionError
-    from graftui.ui.app import friendly_message
+    from graftui.ui.wiring import friendly_message
 
     assert friendly_message(RegionError("'x.safetensors' is not a region")) == "'x.safetensors' is not a region"
     assert friendly_message(KeyError("no parameter 'w'")) == "internal error (KeyError: no parameter 'w')"
@@ -459,7 +459,7 @@ def test_uploads_are_capped_and_typed(home, monkeypatch, tmp_path):
 # -- regions store and tables ----------------------------------------------------------------------
 def test_saved_regions_are_listed_after_a_restart_and_ids_are_checked(home):
     from graftui import regions
-    from graftui.ui import actions, app, store
+    from graftui.ui import actions, store
 
     pair, _, _ = make_tiny_pair()
     record = tiny_record(pair, k=20)
@@ -468,7 +468,7 @@ def test_saved_regions_are_listed_after_a_restart_and_ids_are_checked(home):
     assert [e.id for e in entries] == [path.stem]
     assert entries[0].kind == "patch" and entries[0].meta["k"] == 20
     assert "movies · top-movement · k=20" in entries[0].label
-    table = app.region_list_rows()
+    table = actions.region_list_rows()
     assert table.iloc[0]["k (params)"] == "20"
     for bad in ("../etc/passwd", "", "a/b"):
         with pytest.raises(regions.RegionError):
@@ -703,7 +703,8 @@ def test_localize_compare_compose_export_jobs_end_to_end(home, tiny_checkpoints)
     import zipfile
 
     from graftui import flows, regions
-    from graftui.ui import actions, app, store
+    from graftui.ui import actions, store
+    from graftui.ui.tabs import compare, compose, localize
 
     runner = store.runner()
     base, ft = tiny_checkpoints["base"], tiny_checkpoints["ft"]
@@ -717,7 +718,7 @@ def test_localize_compare_compose_export_jobs_end_to_end(home, tiny_checkpoints)
                                              log_sparsity=-2, steps=2, examples_per_class=4, lr=0.5))
     steps = [p for p in learned.progress if "step" in p]
     assert len(steps) == 2 and steps[-1]["k"] == learned.result["k"] > 0  # the live plot's budget line
-    assert app.render_localize(learned)[0].data  # the live figure has its curves
+    assert localize.render_localize(learned)[0].data  # the live figure has its curves
     assert learned.params["verb"] == "localize" and learned.params["examples_per_class"] == 4
     again = flows.run_file(actions.request_file(learned))  # the job's request, downloaded, runs again to the same region
     first = regions.load(store.region_path(learned.result["region"]))
@@ -729,7 +730,7 @@ def test_localize_compare_compose_export_jobs_end_to_end(home, tiny_checkpoints)
     assert set(ids) == {learned.result["region"], other.result["region"]}
 
     cmp = finish(actions.submit_compare(runner, region_ids=[learned.result["region"]], ood=["amazon"], n=16, baselines=True))
-    table, rel, hist, note, side = app.render_compare(cmp)
+    table, rel, hist, note, side = compare.render_compare(cmp)
     assert set(table["model"]) >= {"fine-tuned", "pre-trained body + FT head", "Top movement", "Random", learned.result["region"]}
     assert set(table["task"]) == {"movies", "amazon"}
     bad = runner.wait(actions.submit_compare(runner, region_ids=[learned.result["region"]], ood=["bbc"], n=16,
@@ -737,7 +738,7 @@ def test_localize_compare_compose_export_jobs_end_to_end(home, tiny_checkpoints)
     assert bad.status == "failed" and "bbc" in bad.error and "same labels" in bad.error  # the CLI says the same
 
     cps = finish(actions.submit_compose(runner, region_ids=ids, resolve="mean", n=16))
-    report, frame = app.render_compose(cps)
+    report, frame = compose.render_compose(cps)
     assert "Union graft" in report and set(frame["task"]) == {"movies", "amazon"} and len(frame) == 6
     union = regions.load(store.region_path(cps.result["region"]))
     assert union.is_patch and union.meta["request"]["verb"] == "compose"
@@ -759,25 +760,25 @@ def test_small_shares_stay_visible():
 def test_laboratory_panels_render_results_with_every_value():
     from types import SimpleNamespace
 
-    from graftui.ui import app
+    from graftui.ui.tabs import laboratory
 
     res = {"tasks": ["movies", "bbc"], "forget_free": [[0.7, None], [0.7, 0.9]], "sequential": [[0.72, None], [0.55, 0.91]],
            "trained": {"forget-free": [100, 80], "sequential": [1000, 1000]}}
-    fig, table = app.render_continual(SimpleNamespace(result=res))
+    fig, table = laboratory.render_continual(SimpleNamespace(result=res))
     assert len(table) == 6 and list(table["accuracy"]) == ["0.700", "0.700", "0.900", "0.720", "0.550", "0.910"]
     assert [t.y for t in fig.data if t.name == "movies · sequential"][0] == (0.72, 0.55)
     mt = {"tasks": ["a", "b"], "k": 5, "checkpoint": "/x/mt", "overlap": [[1, 0.2], [0.4, 1]], "intersection_counts": [[5, 1], [1, 5]],
           "sizes": [5, 5], "relative_gain": [[1.0, None], [0.5, 0.9]], "scores": [[0.9, 0.5], [0.7, 0.8]],
           "p_zero": [0.5, 0.5], "p_one": [0.9, 0.8], "union": {"group": ["a", "b"], "size": 9, "accuracy": [0.8, 0.7],
                                                             "relative_gain": [0.75, 0.6667]}, "purified": {}, "notes": []}
-    overlap, gain, union, note = app.render_multitask(SimpleNamespace(result=mt))
+    overlap, gain, union, note = laboratory.render_multitask(SimpleNamespace(result=mt))
     assert list(union["relative gain"]) == ["0.750", "0.667"] and "k = **5**" in note
     assert gain.data[0].text[0] == ["1.00", "–"]
 
 
 def test_a_running_jobs_figures_are_throttled_but_never_left_stale():
-    from graftui.ui.app import LIVE_REDRAW_SECONDS as T
-    from graftui.ui.app import panel_changes
+    from graftui.ui.wiring import LIVE_REDRAW_SECONDS as T
+    from graftui.ui.wiring import panel_changes
 
     lst, job = ("listing",), ("j1", "running")
     new_list, new_line, redraw, s = panel_changes(None, lst, job, (1,), True, 0.0)
@@ -798,15 +799,15 @@ def test_a_shown_job_puts_its_own_settings_into_the_form():
     import math
     from types import SimpleNamespace
 
-    from graftui.ui import app
+    from graftui.ui import wiring
 
     job = SimpleNamespace(params={"verb": "localize", "method": "random", "sparsity": 1e-3, "k": None, "steps": 7,
                                   "examples_per_class": 16, "lr": 0.5})
-    method, budget, steps, epc, lr = app.job_form("localize", job)
+    method, budget, steps, epc, lr = wiring.job_form("localize", job)
     assert method["value"] == "random" and budget["value"] == pytest.approx(math.log10(1e-3)) and steps["value"] == 7
     assert epc["value"] == 16 and lr["value"] == 0.5
-    regions, n, baselines = app.job_form("compare", SimpleNamespace(params={"verb": "evaluate", "regions": ["/x/a.safetensors"],
+    regions, n, baselines = wiring.job_form("compare", SimpleNamespace(params={"verb": "evaluate", "regions": ["/x/a.safetensors"],
                                                                              "n": None, "baselines": True}))
-    assert regions["value"] == ["a"] and n == app.gr.skip() and baselines["value"] is True
+    assert regions["value"] == ["a"] and n == wiring.gr.skip() and baselines["value"] is True
     # the prepare job has no request: the form is left as it is
-    assert all(u == app.gr.skip() for u in app.job_form("finetune", SimpleNamespace(params={"kind": "prepare"})))
+    assert all(u == wiring.gr.skip() for u in wiring.job_form("finetune", SimpleNamespace(params={"kind": "prepare"})))

@@ -19,14 +19,14 @@ import pandas as pd
 from .. import bundle, flows
 from ..card import wilson
 from ..config import DEFAULT_BASE, DEFAULT_EXAMPLES_PER_CLASS, DEFAULT_FINETUNED, Budget, GraftableSpec, is_default_finetuned
-from ..data import OFFLINE_TASKS
+from ..data import OFFLINE_TASKS, preview
 from ..errors import ModelError, RegionError
-from ..hosted import safe_name
+from ..hosted import check_rows, check_upload, safe_name, save_upload
 from ..formatting import num, pct
 from ..jobs import FINISHED, QUEUED, RUNNING, Job
 from ..localizers import get_method
 from ..paths import atomic_write, new_path, short_ref
-from ..regions import RegionRecord, save
+from ..regions import RegionRecord, check_fits, load as load_region_file, save, settings_of
 from ..requests import (
     AnatomyRequest, ComposeRequest, ContinualRequest, EvaluateRequest, ExportRequest, FinetuneRequest, LocalizeRequest,
     MultitaskRequest, PairRequest, ReproduceRequest, RetrainRequest, SweepRequest, TaskFields, WiseRequest, parse_label_map,
@@ -212,6 +212,18 @@ def check_pair(base: str, finetuned: str, prompt: dict | None = None, task: str 
 def preview_prompt(finetuned: str, task: str, columns: dict, prompt: dict) -> dict:
     """What a language model reads for the task's first training example, and each label word's tokens."""
     return flows.preview_prompt(pair_request(DEFAULT_BASE, finetuned, prompt, task, columns), store.guard())
+
+
+def read_data_upload(file) -> tuple[Path, dict]:
+    """An uploaded data file saved among the session's uploads, with its columns, first rows and split sizes;
+    a file too large for this server is refused (and deleted again by save_upload)."""
+
+    def read(path):
+        info = preview(str(path), allow_local=True)
+        check_rows(path.name, sum(info["splits"].values()))
+        return info
+
+    return save_upload(file, read)
 
 
 def load_task_checked(ref: str, columns: dict):
@@ -623,6 +635,51 @@ def region_meta_table(record) -> pd.DataFrame:
         rows.append({"field": label, "value": str(v)})
     rows.append({"field": "tensors touched", "value": f"{len(record.indices):,} of {len(record.shapes):,} graftable tensors"})
     return pd.DataFrame(rows, columns=["field", "value"])
+
+
+REGION_LIST_COLUMNS = ["id", "task", "method", "k (params)", "share of graftable", "settings", "content id",
+                       "fine-tuned model", "created (UTC)"]
+
+
+def region_list_rows() -> pd.DataFrame:
+    """The session's saved regions, newest first; a region whose content another also has says so."""
+    rows, entries = [], store.list_regions()
+    digests = [e.digest for e in entries]
+    for e in entries:
+        m = e.meta
+        frac = m.fraction_of_graftable
+        rows.append({
+            "id": e.id,
+            "task": short_ref(m.task or ""),
+            "method": m.method or "",
+            "k (params)": f"{m.k:,}" if m.k is not None else "",
+            "share of graftable": f"{frac:.3%}" if isinstance(frac, (int, float)) else "",
+            "settings": " · ".join(settings_of(m)),
+            "content id": f"#{e.digest}" + (" (same as another)" if digests.count(e.digest) > 1 else ""),
+            "fine-tuned model": short_ref(m.finetuned or ""),
+            "created (UTC)": m.created or "",
+        })
+    return pd.DataFrame(rows, columns=REGION_LIST_COLUMNS)
+
+
+def read_region_upload(file) -> tuple[Path, RegionRecord]:
+    """An uploaded region file, its format, metadata and every index validated."""
+    path = check_upload(file, (".safetensors",))
+    return path, load_region_file(path)
+
+
+def adopt_region(file, base: str, finetuned: str) -> Path:
+    """An uploaded region checked against the pair and saved among the session's regions, as a region of that
+    pair (the pair it was made on is kept beside)."""
+    path, record = read_region_upload(file)
+    check_pair(base, finetuned)
+    check_fits(record, flows.pair_for_regions(base, finetuned, [record], store.guard()))
+    meta = record.meta
+    meta.original_base = meta.original_base or meta.base
+    meta.original_finetuned = meta.original_finetuned or meta.finetuned
+    meta.base, meta.finetuned, meta.uploaded_as = base, finetuned, path.name
+    meta.method = meta.method or "uploaded"
+    return store.save_region(record, stem=f"uploaded-{safe_name(path.stem, 30)}")
 
 
 def region_only_file(region_id: str):

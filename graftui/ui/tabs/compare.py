@@ -1,0 +1,117 @@
+"""Compare: score grafts against the fine-tuned model and same-size baselines, in and out of distribution;
+and the sparsity sweep (accuracy against budget) for the pair, task and mask settings of the earlier tabs."""
+
+from __future__ import annotations
+
+import gradio as gr
+import pandas as pd
+
+from ... import figures
+from ...paths import short_ref
+from .. import actions, store
+from ..wiring import TABLE_HEIGHT, guarded, job_picker, submitted
+
+INTRO = (
+    "How good is a graft? Accuracy, F1, calibration (ECE) and agreement with the fine-tuned model, in distribution "
+    "and on out-of-distribution tasks, next to random and top-movement regions of the same size."
+)
+NOTE = ("Accuracy and agreement (with the fine-tuned model's predictions) are shares of the n test examples, with a 95 % "
+        "Wilson interval; share of FT gain = (graft − bare) / (FT − bare), bare being the pre-trained body with the "
+        "fine-tuned head (k = 0); Δ is the accuracy difference to the fine-tuned model on the same task; F1 of the "
+        "positive class (macro if more than two); ECE is the expected calibration error over 10 equal-width confidence "
+        "bins (lower is better); calibration compares mean confidence with accuracy.")
+KINDS, LATEST = ("compare",), "latest comparison"
+SWEEP_KINDS, SWEEP_LATEST = ("sweep",), "latest sweep"
+
+
+def render_compare(job) -> list:
+    empty = pd.DataFrame(columns=actions.COMPARE_COLUMNS)
+    if job is None or not job.result:
+        msg = "Run a comparison to fill this." if job is None else "Results appear when the job is done."
+        return [empty, figures.empty_figure(msg), figures.empty_figure(msg), "", figures.side_by_side(None)]
+    res = job.result
+    note = f"In-distribution task: **{res['task']}**; OOD tasks: **{', '.join(res['ood']) or 'none'}**. " + NOTE
+    if res.get("notes"):
+        note += "\n\n" + "\n\n".join(f"Note: {n}" for n in res["notes"])
+    return [actions.compare_table(res), figures.reliability_diagram(res["reliability"], res["task"]),
+            figures.confidence_histogram(res["histogram"], res["task"]), note, figures.side_by_side(res.get("side_by_side"))]
+
+
+def render_sweep(job) -> list:
+    if job is None or not job.result:
+        msg = "Run a sweep to fill this." if job is None else "The curve appears when the sweep is done."
+        return [figures.empty_figure(msg), pd.DataFrame(columns=actions.SWEEP_COLUMNS)]
+    rows = job.result["rows"]
+    return [figures.sweep_figure(rows, short_ref(job.result.get("task", ""))), actions.sweep_table(rows)]
+
+
+def build(page) -> gr.Tab:
+    d = page.defaults
+    with gr.Tab("Compare", elem_id="tab-compare") as tab:
+        gr.Markdown(INTRO)
+        with gr.Row():
+            cmp_regions = gr.Dropdown(store.region_choices(), allow_custom_value=True, multiselect=True,
+                                      label="Regions to evaluate (same fine-tuned model)", elem_id="compare-regions")
+            cmp_n = gr.Number(d["test_examples"], precision=0, label="Test examples per task", elem_id="compare-n")
+            cmp_base = gr.Checkbox(True, label="Add top-movement and random regions of the same k", elem_id="compare-baselines")
+        gr.Markdown("The in-distribution task is the one each region was learned on; OOD tasks come from the **Models** tab.")
+        with gr.Row():
+            cmp_run = gr.Button("Evaluate", variant="primary", elem_id="compare-run", scale=0)
+            cmp_job = job_picker(LATEST, "compare")
+        cmp_status = gr.Markdown("", elem_id="compare-status")
+        page.report("compare", cmp_job, KINDS)
+        cmp_table = gr.Dataframe(pd.DataFrame(columns=actions.COMPARE_COLUMNS), interactive=False, wrap=True,
+                                 max_height=TABLE_HEIGHT, column_widths=actions.COMPARE_WIDTHS,
+                                 label="Fine-tuned vs grafts vs baselines", elem_id="compare-table")
+        cmp_note = gr.Markdown("", elem_id="compare-note")
+        cmp_side = gr.Plot(figures.side_by_side(None), elem_id="compare-side-by-side")
+        with gr.Row():
+            cmp_rel = gr.Plot(figures.empty_figure("Run a comparison to see the reliability diagram."),
+                              elem_id="compare-reliability")
+            cmp_hist = gr.Plot(figures.empty_figure("Run a comparison to see the confidence histogram."),
+                               elem_id="compare-histogram")
+        gr.Markdown("### Sparsity sweep\nLearned vs top-movement vs random regions over several budgets, for the pair "
+                    "and task of the **Models** tab, with the mask settings of the **Localize** tab.")
+        with gr.Row():
+            swp_budgets = gr.Textbox(d["sweep_budgets"], label="Budgets (fractions of graftable parameters)",
+                                     elem_id="sweep-budgets")
+            swp_keep = gr.Checkbox(False, label="Keep the swept regions (saved with the others)", elem_id="sweep-keep",
+                                   scale=0)
+            swp_run = gr.Button("Run sparsity sweep", elem_id="sweep-run", scale=0)
+            swp_job = job_picker(SWEEP_LATEST, "sweep")
+        swp_status = gr.Markdown("", elem_id="sweep-status")
+        page.report("sweep", swp_job, SWEEP_KINDS)
+        swp_plot = gr.Plot(figures.empty_figure("Run a sparsity sweep to see accuracy against budget."), elem_id="sweep-plot")
+        swp_table = gr.Dataframe(max_height=TABLE_HEIGHT, value=pd.DataFrame(columns=actions.SWEEP_COLUMNS),
+                                 interactive=False, elem_id="sweep-table")
+
+    page.region_pickers.append((cmp_regions, False))
+    page.keep(n=cmp_n, baselines=cmp_base, sweep_budgets=swp_budgets)
+
+    @guarded(page.status, beside=cmp_status)
+    def on_compare(region_ids, ood, mapping, n, baselines):
+        job = actions.submit_compare(store.runner(), region_ids=region_ids or [], ood=ood or [], n=n, baselines=baselines,
+                                     ood_labels=mapping)
+        return submitted(job, KINDS, LATEST)
+
+    page.shows("compare", cmp_job, [cmp_regions, cmp_n, cmp_base])
+    page.on(cmp_run.click, on_compare, [cmp_regions, page.ood, page.ood_labels, cmp_n, cmp_base],
+            [page.status, cmp_job, cmp_status])
+
+    @guarded(page.status, beside=swp_status)
+    def on_sweep(base, finetuned, task, text, pair, label, budgets, steps, epc, lr, n, head, template, words, ood,
+                 mapping, keep):
+        job = actions.submit_sweep(store.runner(), base=base, finetuned=finetuned, task=task,
+                                   columns={**actions.data_columns(task, text, pair, label),
+                                            **actions.prompt_fields(head, template, words)},
+                                   budgets=budgets, steps=steps, examples_per_class=epc, lr=lr, n=n, ood=ood or [],
+                                   ood_labels=mapping, keep=keep)
+        return submitted(job, SWEEP_KINDS, SWEEP_LATEST)
+
+    page.on(swp_run.click, on_sweep, [page.base, page.finetuned, page.task, *page.columns, swp_budgets, *page.mask, cmp_n,
+                                      *page.prompt, page.ood, page.ood_labels, swp_keep],
+            [page.status, swp_job, swp_status])
+    page.panel("compare", KINDS, cmp_job, cmp_status, [cmp_table, cmp_rel, cmp_hist, cmp_note, cmp_side], render_compare,
+               LATEST)
+    page.panel("compare", SWEEP_KINDS, swp_job, swp_status, [swp_plot, swp_table], render_sweep, SWEEP_LATEST)
+    return tab

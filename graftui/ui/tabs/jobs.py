@@ -1,0 +1,79 @@
+"""The jobs panel below the tabs: every job of this session, its request and its report bundle."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import gradio as gr
+
+from .. import actions, store
+from ..wiring import LIVE_REDRAW_SECONDS
+
+
+def build(page) -> None:
+    with gr.Accordion("Jobs", open=True, elem_id="jobs-panel"):
+        gr.Markdown("Jobs run one at a time in the background, in the order submitted; they keep running when you "
+                    "close or reload the page, and stay listed after a restart.")
+        jobs_df = gr.Dataframe(actions.job_rows(store.runner()), interactive=False, wrap=True, elem_id="jobs-table",
+                               column_widths=["15%", "7%", "31%", "8%", "7%", "7%", "25%"])
+        with gr.Row():
+            job_sel = gr.Dropdown(actions.job_choices(store.runner()), label="Job", elem_id="jobs-select",
+                                  allow_custom_value=True)  # see wiring.job_picker
+            job_cancel = gr.Button("Cancel selected job", variant="stop", elem_id="jobs-cancel", scale=0)
+        job_md = gr.Markdown("", elem_id="jobs-detail")
+        with gr.Accordion("Request of the selected job (re-run it with `graftui run FILE`)", open=False):
+            job_req = gr.Code("", language="json", interactive=False, elem_id="jobs-request")
+            job_req_dl = gr.DownloadButton("Download request (JSON)", value=None, elem_id="jobs-request-download")
+        with gr.Row():
+            job_bundle = gr.Button("Make report bundle of the selected job", elem_id="jobs-bundle", scale=0)
+            job_bundle_file = gr.File(label="Report bundle (.zip: README, request, tables as CSV and JSON, figures)",
+                                      interactive=False, elem_id="jobs-bundle-file")
+    jobs_sig = gr.State(None)
+
+    def tick_jobs(last, picked):
+        """The jobs table and the picked job's line: a new job or a new status at once, running figures
+        (progress, duration) at most every LIVE_REDRAW_SECONDS."""
+        runner = store.runner()
+        sig = actions.job_signature(runner)
+        job = runner.get(picked) if picked else None
+        detail = actions.job_status_line(job) if job else ""
+        listing = [(j[0], j[1]) for j in sig]
+        now = time.monotonic()
+        if last is not None and listing == last[0]:
+            fresh = sig == last[1] or now - last[3] < LIVE_REDRAW_SECONDS
+            table = gr.skip() if fresh else actions.job_rows(runner)
+            picker = gr.skip()  # its choices change only when a job appears or changes status
+        else:
+            fresh = False
+            table, picker = actions.job_rows(runner), gr.update(choices=actions.job_choices(runner))
+        line = gr.skip() if last is not None and detail == last[2] else detail
+        return table, picker, line, (listing, last[1] if fresh else sig, detail, last[3] if fresh else now)
+
+    page.poll.add(tick_jobs, [jobs_sig, job_sel], [jobs_df, job_sel, job_md, jobs_sig])
+
+    @page.safe
+    def on_job_cancel(picked):
+        if not picked:
+            raise ValueError("pick a job to cancel")
+        runner = store.runner()
+        ok = runner.cancel(picked)  # refuses a job that is not this page's own
+        job = runner.get(picked)
+        return f"Cancel requested for **{job.title}**." if ok else f"**{job.title}** has already finished ({job.status})."
+
+    page.on(job_cancel.click, on_job_cancel, [job_sel], [page.status])
+
+    @page.safe
+    def on_job_pick(picked):
+        job = store.runner().get(picked) if picked else None
+        path = actions.request_file(job)
+        text = json.dumps(job.params, indent=2) if path else "(this job has no request: it prepares the default model)"
+        return text if job else "", gr.update(value=str(path) if path else None), gr.skip()
+
+    page.on(job_sel.change, on_job_pick, [job_sel], [job_req, job_req_dl, page.status])
+
+    @page.safe
+    def on_job_bundle(picked):
+        return actions.report_bundle(store.runner().get(picked) if picked else None), gr.skip()
+
+    page.on(job_bundle.click, on_job_bundle, [job_sel], [job_bundle_file, page.status])

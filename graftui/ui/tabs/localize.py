@@ -1,0 +1,97 @@
+"""Localize: learn (or pick by a data-free rule) the region of k parameters that carries the skill; every
+finished region is listed below, and the Compare tab's sweep reuses the mask settings."""
+
+from __future__ import annotations
+
+import gradio as gr
+
+from ... import figures
+from ...config import DEFAULT_BASE, DEFAULT_EXAMPLES_PER_CLASS, DEFAULT_FINETUNED
+from ...localizers import METHODS, get_method
+from ...requests import LocalizeRequest
+from .. import actions, store
+from ..wiring import guarded, job_picker, submitted
+
+INTRO = (
+    "Find the few parameters that carry the skill: a region of k parameters (the budget) whose graft "
+    "keeps the fine-tuned model's accuracy. The learned method takes a few mask steps on k examples per class."
+)
+KINDS, LATEST = ("localize",), "latest localize job"
+
+
+def method_info(name: str) -> str:
+    info = get_method(name)
+    data = "uses training examples" if info.needs_data else "data-free"
+    return f"**{info.label}** ({data}): {info.description}"
+
+
+def method_choices() -> list[tuple[str, str]]:
+    return [(m.label, name) for name, m in METHODS.items()]
+
+
+def render_localize(job) -> list:
+    k = next((p["k"] for p in reversed(job.progress) if "k" in p), None) if job is not None else None
+    if job is None:
+        return [figures.empty_figure("Press Run to learn a region; its loss, accuracy and size appear here step by step.")]
+    if job.status in ("done",) and not any("step" in p for p in job.progress):
+        return [figures.empty_figure(f"{job.title}: a data-free method, so there are no mask steps to plot.")]
+    return [figures.localize_progress(job.progress, k=k, title=job.title)]
+
+
+def on_budget(log_s, base, finetuned):
+    return actions.budget_text(log_s, store.known_counts(base, finetuned))
+
+
+def build(page) -> gr.Tab:
+    d, method = page.defaults, LocalizeRequest.defaults()["method"]
+    with gr.Tab("Localize", elem_id="tab-localize") as tab:
+        gr.Markdown(INTRO)
+        with gr.Row():
+            loc_method = gr.Dropdown(method_choices(), value=method, label="Method", elem_id="localize-method")
+            loc_method_md = gr.Markdown(method_info(method), elem_id="localize-method-info")
+        with gr.Row():
+            loc_budget = gr.Slider(-5, -1, value=d["log_sparsity"], step=0.25, label="Budget: log10 of sparsity",
+                                   info="−5 = 0.001 % of graftable parameters, −1 = 10 %", elem_id="localize-budget")
+            loc_budget_md = gr.Markdown(on_budget(d["log_sparsity"], DEFAULT_BASE, DEFAULT_FINETUNED),
+                                        elem_id="localize-budget-info")
+        with gr.Row():
+            loc_steps = gr.Number(d["steps"], precision=0, label="Mask steps", elem_id="localize-steps")
+            loc_epc = gr.Number(d["examples_per_class"], precision=0, label="Training examples per class",
+                                info=f"k-shot sample for mask learning; {DEFAULT_EXAMPLES_PER_CLASS} (the default) takes "
+                                     "all there are when a class has fewer, another number is used exactly",
+                                elem_id="localize-examples")
+            loc_lr = gr.Number(d["mask_lr"], label="Mask learning rate (logit units per step)", elem_id="localize-lr")
+        with gr.Row():
+            loc_run = gr.Button("Run", variant="primary", elem_id="localize-run", scale=0)
+            loc_cancel = gr.Button("Cancel", variant="stop", elem_id="localize-cancel", scale=0)
+            loc_job = job_picker(LATEST, "localize")
+        loc_status = gr.Markdown("", elem_id="localize-status")
+        page.report("localize", loc_job, KINDS)
+        loc_plot = gr.Plot(render_localize(None)[0], label="Mask learning, live", elem_id="localize-plot")
+        gr.Markdown("### Saved regions\nEvery finished job is saved as a skill patch under "
+                    f"`{store.regions_dir()}` and listed here, also after a restart.")
+        page.region_table = gr.Dataframe(actions.region_list_rows(), interactive=False, elem_id="region-list")
+
+    page.budget, page.budget_info, page.mask = loc_budget, loc_budget_md, (loc_steps, loc_epc, loc_lr)
+    page.keep(method=loc_method, log_sparsity=loc_budget, steps=loc_steps, examples_per_class=loc_epc, mask_lr=loc_lr)
+
+    for ev in (loc_budget.change, page.base.change, page.finetuned.change, tab.select):
+        page.on(ev, page.quiet(lambda a, b, c: (on_budget(a, b, c), gr.skip())), [loc_budget, page.base, page.finetuned],
+                [loc_budget_md, page.status])
+    page.on(loc_method.change, page.safe(lambda m: (method_info(m), gr.skip())), [loc_method],
+            [loc_method_md, page.status])
+
+    @guarded(page.status, beside=loc_status)
+    def on_localize(base, finetuned, task, text, pair, label, method, log_s, steps, epc, lr, head, template, words):
+        job = actions.submit_localize(store.runner(), base=base, finetuned=finetuned, task=task,
+                                      columns={**actions.data_columns(task, text, pair, label),
+                                               **actions.prompt_fields(head, template, words)},
+                                      method=method, log_sparsity=log_s, steps=steps, examples_per_class=epc, lr=lr)
+        return submitted(job, KINDS, LATEST)
+
+    page.on(loc_run.click, on_localize, [page.base, page.finetuned, page.task, *page.columns, loc_method, loc_budget,
+                                         *page.mask, *page.prompt], [page.status, loc_job, loc_status])
+    page.cancel(loc_cancel, loc_job, KINDS)
+    page.shows("localize", loc_job, [loc_method, loc_budget, *page.mask])
+    page.panel("localize", KINDS, loc_job, loc_status, [loc_plot], render_localize, LATEST)
+    return tab

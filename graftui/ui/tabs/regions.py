@@ -1,0 +1,103 @@
+"""Regions: download a saved region or skill patch, export it grafted onto its base, delete it, or upload one
+and add it to this session's regions once it fits the current pair."""
+
+from __future__ import annotations
+
+import gradio as gr
+
+from ...paths import short_ref
+from .. import actions, store
+from ..wiring import guarded
+
+INTRO = (
+    "Every finished localization is saved as a **skill patch** (region indices + fine-tuned values + head). "
+    "Download one, upload one to inspect and use it, or export base + patch as a normal checkpoint."
+)
+
+
+def render_export(job) -> list:
+    if job is None or not job.result:
+        return [None]
+    return [job.result.get("zip")]
+
+
+def build(page) -> gr.Tab:
+    status = page.status
+    with gr.Tab("Regions", elem_id="tab-regions") as tab:
+        gr.Markdown(INTRO)
+        with gr.Row():
+            reg_sel = gr.Dropdown(store.region_choices(), allow_custom_value=True, label="Saved region",
+                                  elem_id="regions-select")
+        with gr.Row():
+            reg_dl = gr.DownloadButton("Download skill patch (.safetensors)", value=None, elem_id="region-download")
+            reg_dl_idx = gr.DownloadButton("Download region indices only (.safetensors)", value=None,
+                                           elem_id="region-download-indices")
+            reg_export = gr.Button("Export grafted checkpoint (.zip)", elem_id="region-export")
+            reg_delete = gr.Button("Delete this region", variant="stop", elem_id="region-delete")
+        reg_meta = gr.Dataframe(actions.region_meta_table(None), interactive=False, label="Metadata of the selected region",
+                                elem_id="regions-meta")
+        reg_export_status = gr.Markdown("", elem_id="region-export-status")
+        reg_export_file = gr.File(label="Grafted checkpoint (Hugging Face folder, zipped)", interactive=False,
+                                  elem_id="region-export-file")
+        gr.Markdown("### Upload a region or skill patch")
+        reg_up = gr.File(label="Region file (.safetensors, written by graftui)", file_types=[".safetensors"],
+                         elem_id="region-upload")
+        reg_up_md = gr.Markdown("", elem_id="region-upload-info")
+        reg_up_meta = gr.Dataframe(actions.region_meta_table(None), interactive=False, label="Metadata of the uploaded file",
+                                   elem_id="region-upload-meta")
+        reg_apply = gr.Button("Check against the current pair and add to my regions", elem_id="region-apply")
+
+    page.region_pickers.append((reg_sel, False))
+
+    @page.safe
+    def on_region_select(region_id):
+        if not region_id:
+            return gr.update(value=None), gr.update(value=None), actions.region_meta_table(None), gr.skip()
+        path = store.region_path(region_id)
+        record = store.load_region(region_id)
+        indices = actions.region_only_file(region_id)
+        return gr.update(value=str(path)), gr.update(value=str(indices)), actions.region_meta_table(record), gr.skip()
+
+    for event in (reg_sel.change, tab.select):
+        page.on(event, on_region_select, [reg_sel], [reg_dl, reg_dl_idx, reg_meta, status])
+
+    @page.safe
+    def on_region_delete(region_id):
+        path = store.delete_region(region_id)
+        return gr.update(value=None), f"Deleted region **{path.stem}**."
+
+    page.on(reg_delete.click, on_region_delete, [reg_sel], [reg_sel, status])
+
+    @guarded(status, beside=reg_export_status)
+    def on_export(region_id):
+        job = actions.submit_export(store.runner(), region_id=region_id)
+        return actions.submitted_line(job), job.id, actions.job_status_line(job)
+
+    export_job = page.state("")  # the export this page started: its panel shows that one, not a picked one
+    page.on(reg_export.click, on_export, [reg_sel], [status, export_job, reg_export_status])
+    page.panel("regions", ("export",), None, reg_export_status, [reg_export_file], render_export, "",
+               fixed_state=export_job)
+
+    @guarded(status, beside=reg_up_md)
+    def on_region_upload(file):
+        if not file:
+            return "", actions.region_meta_table(None), gr.skip()
+        path, record = actions.read_region_upload(file)
+        s = record.summary()
+        md = (f"✓ **{path.name}** is a valid graftui {s['kind']}: k = {s['size']:,} of {s['graftable']:,} graftable "
+              f"parameters ({s['fraction_of_graftable']:.4%}) in {s['tensors']} tensors. Press the button below to check "
+              "it against the current pair and add it to your regions.")
+        return md, actions.region_meta_table(record), f"✓ {path.name} is a valid region file."
+
+    page.on(reg_up.upload, on_region_upload, [reg_up], [reg_up_md, reg_up_meta, status])
+
+    @guarded(status, beside=reg_up_md)
+    def on_region_apply(file, base, finetuned):
+        if not file:
+            raise ValueError("upload a region file first")
+        saved = actions.adopt_region(file, base, finetuned)
+        return (f"✓ Fits the current pair ({short_ref(base)} → {short_ref(finetuned)}); saved as **{saved.stem}** "
+                "and listed in every region picker."), f"✓ Added region {saved.stem}."
+
+    page.on(reg_apply.click, on_region_apply, [reg_up, page.base, page.finetuned], [reg_up_md, status])
+    return tab

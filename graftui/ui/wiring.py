@@ -1,0 +1,365 @@
+"""What every tab's builder shares: the :class:`Page`, the error guard, the session wrapper, job pickers
+and result panels, and the one polling event per tab (:class:`Poll`).
+
+Nothing here knows a tab; the tabs (``tabs/``) and the page (``app.py``) import it.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import gradio as gr
+
+from ..errors import message
+from ..requests import choices_of
+from . import actions, store
+
+log = logging.getLogger(__name__)
+
+TABLE_HEIGHT = 4000  # px: result tables show every row; the page scrolls, not the table
+# A plot redraw costs the browser a few hundred ms of CPU; on a small machine that is taken from the job.
+LIVE_REDRAW_SECONDS = 8.0
+
+
+# -- error handling and sessions ---------------------------------------------------------------------
+def friendly_message(err: BaseException) -> str:
+    """One line a person can act on (graftui.errors.message); the traceback goes to the server log only."""
+
+    if isinstance(err, gr.Error):
+        return str(err.message)
+    return message(err)
+
+
+def guarded(status, toast: bool = True, beside=None):
+    """Decorator: run a handler; on any exception show a warning and put the message in ``status``,
+    and in ``beside`` too (the message line next to the control that failed, which also loses
+    whatever it said before, so no stale "✓" stays).
+
+    The handler's outputs must include ``status`` (and ``beside``); on failure only they are updated
+    (Gradio's dict return), every other output keeps its value. Polling handlers pass
+    ``toast=False`` so a persistent problem does not raise a toast every second.
+    """
+
+    def wrap(fn):
+        @functools.wraps(fn)
+        def run(*args, **kwargs):
+            try:
+                return fn(*args, **kwargs)
+            except Exception as err:  # noqa: BLE001 - the page must never show a traceback
+                log.warning("handler %s failed", fn.__name__, exc_info=True)
+                message = friendly_message(err)
+                if toast:
+                    gr.Warning(message)
+                return {status: f"⚠️ {message}", **({beside: f"⚠️ {message}"} if beside is not None else {})}
+
+        return run
+
+    return wrap
+
+
+def in_session(fn):
+    """``fn`` called as ``call(session_id, *inputs)``: the store's workspace is the session's for the call."""
+
+    def call(session_id, *args):
+        with store.session(session_id):
+            return fn(*args)
+
+    call.__name__ = getattr(fn, "__name__", "handler")
+    return call
+
+
+# -- widgets read from the requests ------------------------------------------------------------------
+def request_radio(request, name: str, labels: dict[str, str], **kwargs) -> gr.Radio:
+    """A radio over the values a request field accepts, starting at its default; ``labels`` only names them."""
+    return gr.Radio([(labels.get(v, v), v) for v in choices_of(request, name)], value=request.defaults()[name], **kwargs)
+
+
+# -- jobs on a tab ---------------------------------------------------------------------------------
+def job_picker(latest_label: str, prefix: str):
+    """A picker of one kind's jobs, ``#prefix-job``, first offering the latest one.
+
+    It takes any value: its choices change on every poll, and a poll that lists the jobs just before
+    a new one is submitted would otherwise leave the new job's id "not in the choices", and Gradio
+    would then refuse every later poll, so the page would never show that job end. The id is only
+    ever looked up among the session's own jobs.
+    """
+    return gr.Dropdown([(latest_label, "")], value="", label="Show job", elem_id=f"{prefix}-job", allow_custom_value=True)
+
+
+def job_controls(label: str, prefix: str, latest_label: str):
+    """A Run button, a picker of this kind's jobs and their status line: ``#prefix-run``, ``-job``, ``-status``."""
+    with gr.Row():
+        run = gr.Button(label, variant="primary", elem_id=f"{prefix}-run", scale=0)
+        job = job_picker(latest_label, prefix)
+    return run, job, gr.Markdown("", elem_id=f"{prefix}-status")
+
+
+def picker_for(kinds: tuple[str, ...], latest_label: str, job):
+    """A job picker showing ``job`` among the jobs of ``kinds``."""
+    choices = [(latest_label, "")] + actions.job_choices(store.runner(), kinds)
+    return gr.update(choices=choices, value=job.id)
+
+
+def submitted(job, kinds: tuple[str, ...], latest_label: str) -> tuple:
+    """What a Run button's handler answers: the banner, the tab's picker showing the new job, its status line."""
+    return actions.submitted_line(job), picker_for(kinds, latest_label, job), actions.job_status_line(job)
+
+
+JOB_FORMS = {  # which request field fills which widget when a panel shows a job (None: the widget's own value)
+    "localize": ["method", ("sparsity", lambda v: math.log10(v) if v else None), "steps", "examples_per_class", "lr"],
+    "compare": [("regions", lambda v: [Path(p).stem for p in v or []] or None), "n", "baselines"],
+    "finetune": ["optimizer", "lr", "epochs", "train_examples"],
+}
+
+
+def job_form(kind: str, job) -> list:
+    """Updates that put a shown job's own settings back into its form (a job without a request: none)."""
+    out = []
+    for spec in JOB_FORMS[kind]:
+        key, convert = spec if isinstance(spec, tuple) else (spec, None)
+        params = (job.params or {}) if job is not None else {}
+        value = params.get(key)
+        if convert is not None and value is not None:
+            value = convert(value)
+        out.append(gr.skip() if "verb" not in params or value is None else gr.update(value=value))
+    return out
+
+
+def panel_changes(last, listing, shown, line, running: bool, now: float):
+    """What a panel's tick must update: (job list, status line, figures, new state).
+
+    The state remembers what the list, the status line and the figures last showed, and when the
+    figures were drawn. The status line follows every change; a running job's figures are redrawn
+    at most every LIVE_REDRAW_SECONDS (a change held back is drawn once that time has passed), and
+    at once when another job is shown or the job stops.
+    """
+    if last is None:
+        return True, True, True, (listing, shown, line, line, now)
+    new_list = listing != last[0]
+    new_line = (shown, line) != (last[1], last[2])
+    stale = line != last[3] or shown != last[1]
+    redraw = stale and (shown != last[1] or not running or now - last[4] >= LIVE_REDRAW_SECONDS)
+    return new_list, new_line, redraw, (listing, shown, line, line if redraw else last[3], now if redraw else last[4])
+
+
+def job_panel(sig_state, kinds, picker, status_md, outputs, render, latest_label, fixed_state=None):
+    """The polled part of a result panel: the picked job of ``kinds`` (or the latest one), re-rendered only
+    when it changed; ``sig_state`` remembers what it last showed. Returns the part's function, inputs, outputs."""
+
+    def tick(picked, last):
+        runner = store.runner()
+        job = actions.shown_job(runner, picked, kinds)
+        listing = tuple((j.id, j.status) for j in runner.jobs() if j.kind in kinds)
+        shown = None if job is None else (job.id, job.status)
+        line = None if job is None else (len(job.progress), round(job.fraction, 3), job.message)
+        running = job is not None and job.status == "running"
+        new_list, new_line, redraw, state = panel_changes(last, listing, shown, line, running, time.monotonic())
+        if not (new_list or new_line or redraw):
+            return (gr.skip(), gr.skip(), *[gr.skip() for _ in outputs], state)
+        picker_update = gr.update(choices=[(latest_label, "")] + actions.job_choices(runner, kinds)) if new_list else gr.skip()
+        status_update = actions.job_status_line(job) if new_line else gr.skip()
+        figures_out = render(job) if redraw else [gr.skip() for _ in outputs]
+        return (picker_update, status_update, *figures_out, state)
+
+    inputs = [fixed_state if fixed_state is not None else picker, sig_state]
+    outs = ([picker] if fixed_state is None else []) + [status_md, *outputs, sig_state]
+    polled = tick if fixed_state is None else (lambda picked, last: tick(picked, last)[1:])
+    return polled, inputs, outs
+
+
+# -- polling ---------------------------------------------------------------------------------------
+class Poll:
+    """Every live list and panel, refreshed by one event per tick of the open tab's timer.
+
+    Each event costs the browser a request, a reply and a pass over the components it may update, and
+    Gradio rebuilds the config of every output it is given, ``gr.skip()`` included (about 1.5 ms each,
+    measured); on a small machine that is taken from the job being watched. So: one event per tick, from
+    the open tab's own timer, whose outputs are that tab's panels and the lists shown on every tab; a
+    tick with nothing new answers with one skip, and a State is written back only when it changed. A
+    part whose refresh fails keeps its outputs and reports in the status line; the others go on.
+    """
+
+    def __init__(self):
+        self.parts: list[tuple] = []
+
+    def add(self, fn, inputs: list, outputs: list, tab: str | None = None) -> None:
+        """``fn(*inputs)`` returns one value (or ``gr.skip()``) per output; polled on ``tab`` only, or on every tab."""
+        self.parts.append((fn, list(inputs), list(outputs), tab))
+
+    def wire(self, timers: dict, status, sid) -> None:
+        """Each tab's timer ticks the parts of that tab and those of every tab."""
+        for part in self.parts:
+            if part[3] is not None and part[3] not in timers:
+                raise ValueError(f"no timer for the tab '{part[3]}'")
+        for name, timer in timers.items():
+            self._wire([p[:3] for p in self.parts if p[3] in (None, name)], timer, status, sid)
+
+    @staticmethod
+    def _wire(parts: list, timer, status, sid) -> None:
+        inputs = [sid, status, *(c for _, ins, _ in parts for c in ins)]
+        outputs = [c for _, _, outs in parts for c in outs]
+        if len(set(map(id, outputs))) != len(outputs):
+            raise ValueError("two polled parts update the same component")
+
+        # (input position, output position) of each State a part reads and writes back
+        kept = [[(i, j) for j, c in enumerate(outs) if isinstance(c, gr.State) for i, x in enumerate(ins) if x is c]
+                for _, ins, outs in parts]
+
+        @in_session
+        def tick(banner, *values):
+            settled = actions.settled_banner(banner)  # "Submitted…" once its job has ended
+            out, at, problem = [], 0, gr.skip() if settled is None else settled
+            for (fn, ins, outs), states in zip(parts, kept):
+                mine = values[at:at + len(ins)]
+                try:
+                    got = list(fn(*mine))
+                except Exception as err:  # noqa: BLE001 - one failing panel must not stop the others
+                    log.warning("polling %s failed", getattr(fn, "__name__", "panel"), exc_info=True)
+                    got, problem = [gr.skip() for _ in outs], f"⚠️ {friendly_message(err)}"
+                for i, j in states:
+                    if _same(got[j], mine[i]):
+                        got[j] = gr.skip()
+                out += got
+                at += len(ins)
+            out.append(problem)
+            return gr.skip() if all(_skipped(v) for v in out) else tuple(out)
+
+        timer.tick(tick, inputs, [*outputs, status], show_progress="hidden")
+
+
+def _skipped(value) -> bool:
+    return isinstance(value, dict) and value == gr.skip()
+
+
+def _same(new, old) -> bool:
+    """Whether a State's new value is its old one. Gradio re-builds the config of every State an event
+    writes, even with an unchanged value (a few ms each, profiled); an unchanged one is not written."""
+    try:
+        return bool(new == old)
+    except Exception:  # noqa: BLE001 - values that do not compare (arrays) are written
+        return False
+
+
+# -- the page --------------------------------------------------------------------------------------
+@dataclass(eq=False)
+class Page:
+    """What each tab's builder is given.
+
+    The status line and session id; the helpers that wire widgets to flows (``on``, ``safe``, ``panel``,
+    ``report`` …); what the page wires across tabs once they are all built (the form it keeps, the region and
+    checkpoint pickers, the panels' States); and the widgets one tab makes and later tabs read. Tabs are built
+    in order, so a tab reads only those of the tabs before it; ``after_tabs`` wires what reads a later one.
+    """
+
+    status: gr.Markdown
+    sid: gr.BrowserState
+    defaults: dict  # store.defaults(): what the number widgets start with
+    poll: Poll = field(default_factory=Poll)
+    kept: dict = field(default_factory=dict)  # form key -> widget: the browser keeps its value across reloads
+    panels: dict = field(default_factory=dict)  # tab -> its panels' States, forgotten when the tab opens
+    region_pickers: list = field(default_factory=list)  # (dropdown, several): refreshed when regions change
+    checkpoint_pickers: list = field(default_factory=list)  # (dropdown, base offered): refreshed with checkpoints
+    pending: list = field(default_factory=list)  # wiring that waits for every tab
+    states: list = field(default_factory=list)  # placed at the page's root by finish()
+    # made by Models, read by every tab that runs on the pair and task
+    base: gr.Dropdown | None = None
+    finetuned: gr.Dropdown | None = None
+    task: gr.Dropdown | None = None
+    ood: gr.Dropdown | None = None
+    ood_labels: gr.Textbox | None = None
+    columns: tuple = ()  # text, pair and label column of an uploaded task
+    prompt: tuple = ()  # head, template and label words of a language model
+    # made by Localize, read by the pair check (the budget's size) and the sweep (its mask settings)
+    budget: gr.Slider | None = None
+    budget_info: gr.Markdown | None = None
+    mask: tuple = ()  # steps, examples per class, learning rate
+    region_table: gr.Dataframe | None = None  # the saved regions, refreshed with the region pickers
+
+    def on(self, event, fn, inputs, outputs, **kwargs):
+        """Wire ``fn`` to ``event`` as this page's session: the id travels with the inputs and is entered
+        around the call, so everything ``fn`` lists, reads, writes or submits is the session's own."""
+        return event(in_session(fn), [self.sid, *(inputs or [])], outputs, **kwargs)
+
+    @property
+    def safe(self):
+        """Guard for a handler whose outputs end with the status line."""
+        return guarded(self.status)
+
+    @property
+    def quiet(self):
+        """Guard for a handler that runs without a click (a value changed, a job picked): a failure shows in the
+        status line, without a toast."""
+        return guarded(self.status, toast=False)
+
+    def keep(self, **widgets) -> None:
+        """The browser keeps these widgets' values; a reload puts them back."""
+        self.kept.update(widgets)
+
+    def state(self, value=None) -> gr.State:
+        """A State of this page, placed at the page's root by :meth:`finish`, with the page's other States:
+        made while a tab is built, it would otherwise sit among the tabs of gr.Tabs."""
+        state = gr.State(value, render=False)
+        self.states.append(state)
+        return state
+
+    def after_tabs(self, wire: Callable[[], Any]) -> None:
+        """Wiring that needs a later tab's widgets: run by :meth:`finish`."""
+        self.pending.append(wire)
+
+    def finish(self) -> None:
+        """Once every tab is built: place the States and run the wiring that waited for the later tabs."""
+        for state in self.states:
+            state.render()
+        for wire in self.pending:
+            wire()
+
+    def panel(self, tab: str, kinds, picker, status_md, outputs, render, latest_label, fixed_state=None) -> None:
+        """A result panel of ``tab``: polled while that tab is open; picking a job shows it at once."""
+        sig_state = self.state()
+        polled, inputs, outs = job_panel(sig_state, kinds, picker, status_md, outputs, render, latest_label, fixed_state)
+        self.poll.add(polled, inputs, outs, tab=tab)
+        self.panels.setdefault(tab, []).append(sig_state)
+        if fixed_state is None:
+            self.on(picker.change, self.quiet(lambda picked, fn=polled: (*fn(picked, None), gr.skip())), [picker],
+                    [*outs, self.status])
+
+    def shows(self, kind: str, picker, widgets: list) -> None:
+        """A picked job puts its own settings into the form above it ("latest" leaves the form alone)."""
+        def fill(picked):
+            return [*job_form(kind, store.runner().get(picked) if picked else None), gr.skip()]
+
+        self.on(picker.input, self.quiet(fill), [picker], [*widgets, self.status], show_progress="hidden")
+
+    def cancel(self, button, picker, kinds: tuple[str, ...]) -> None:
+        """``button`` cancels the job ``picker`` shows."""
+        @self.safe
+        def run(picked):
+            runner = store.runner()
+            job = actions.shown_job(runner, picked, kinds)
+            if job is None:
+                return "Nothing to cancel."
+            ok = runner.cancel(job.id)
+            return f"Cancel requested for **{job.title}**." if ok else f"**{job.title}** has already finished ({job.status})."
+
+        self.on(button.click, run, [picker], [self.status])
+
+    def report(self, prefix: str, picker, kinds: tuple[str, ...]) -> None:
+        """A button that downloads the shown job's tables (CSV, JSON) and figures (HTML) as its report bundle."""
+        with gr.Row():
+            button = gr.Button("Download tables & figures (.zip)", size="sm", elem_id=f"{prefix}-report", scale=0,
+                               min_width=260)
+            file = gr.File(label="Report bundle: README, request, tables as CSV and JSON, figures as HTML",
+                           interactive=False, visible=False, elem_id=f"{prefix}-report-file")
+
+        @self.safe
+        def on_report(picked):
+            job = actions.shown_job(store.runner(), picked, kinds)
+            return gr.update(value=actions.report_bundle(job), visible=True), gr.skip()
+
+        self.on(button.click, on_report, [picker], [file, self.status])
