@@ -8,6 +8,7 @@ fixed, seeded cut, so a task name always means the same examples.
 
 from __future__ import annotations
 
+import csv
 import difflib
 import functools
 import gzip
@@ -22,6 +23,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from . import settings
 from .errors import DataError
 from .paths import DATA_SUFFIXES
 
@@ -99,6 +101,7 @@ class Task:
     splits: dict[str, Split]
     source: str  # human-readable provenance
     max_length: int = 128  # tokenizer truncation length that suits the task's texts
+    notes: tuple[str, ...] = ()  # what reading the source left out or decided, in sentences
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "label_names", tuple(self.label_names))
@@ -361,12 +364,56 @@ def _load_hub(ref: str, config: str | None) -> _Source:
     return _from_datasets(obj, name, where)
 
 
+def _check_size(path: Path) -> None:
+    """A text file decodes to its own size: refuse one larger than GRAFTUI_MAX_DATA_MB before reading it."""
+    size = path.stat().st_size / 2**20
+    if size > settings.MAX_DATA_MB:
+        raise DataError(f"'{path.name}' holds {size:,.0f} MB; graftui reads at most {settings.MAX_DATA_MB:,.0f} MB from one "
+                        "file (GRAFTUI_MAX_DATA_MB)")
+
+
+def _cell_too_long(path: Path, where: str) -> DataError:
+    return DataError(f"a cell of '{path.name}' ({where}) holds more than {settings.MAX_CELL_CHARS:,} characters; graftui "
+                     "reads at most that many per cell (GRAFTUI_MAX_CELL_CHARS)")
+
+
+def _scan_csv(path: Path, sep: str) -> None:
+    """Read the file once as the csv module streams it: a cell over GRAFTUI_MAX_CELL_CHARS, a header naming one
+    column twice, or a row with more cells than the header (which pandas would silently read as an index) is
+    refused with the line it is on, before any table is built."""
+    csv.field_size_limit(settings.MAX_CELL_CHARS)
+    try:
+        with open(path, newline="", encoding="utf-8") as fh:
+            reader = csv.reader(fh, delimiter=sep)
+            header = next(reader, None)
+            if header is None:
+                return
+            names = [h.strip() for h in header]
+            twice = sorted({n for n in names if names.count(n) > 1 and n})
+            if twice:
+                raise DataError(f"'{path.name}' has {names.count(twice[0])} columns named '{twice[0]}'; rename all but one")
+            for row in reader:
+                if len(row) > len(header):
+                    raise DataError(f"line {reader.line_num} of '{path.name}' has {len(row)} cells but the header names "
+                                    f"{len(header)}: quote texts that hold a '{sep}' (\"like, this\")")
+    except csv.Error as exc:
+        if "field larger than field limit" in str(exc):
+            raise _cell_too_long(path, f"line {reader.line_num}") from None
+        raise DataError(f"could not read '{path.name}' as {path.suffix[1:].upper()}: {_first_sentence(exc, hide=path)}") from None
+
+
 def _read_csv(path: Path) -> Any:
     import pandas as pd
 
+    _check_size(path)
+    sep = "\t" if path.suffix.lower() == ".tsv" else ","
+    try:
+        _scan_csv(path, sep)
+    except UnicodeDecodeError:
+        raise DataError(f"'{path.name}' is not UTF-8 text") from None
     try:
         # only empty cells count as missing, so texts such as "NA" or "null" survive
-        return pd.read_csv(path, sep="\t" if path.suffix.lower() == ".tsv" else ",", keep_default_na=False, na_values=[""])
+        return pd.read_csv(path, sep=sep, keep_default_na=False, na_values=[""])
     except pd.errors.EmptyDataError:
         raise DataError(f"'{path.name}' is empty") from None
     except UnicodeDecodeError:
@@ -379,6 +426,7 @@ def _read_json(path: Path) -> Any:
     """JSON Lines, a JSON array of objects (one per row), or one object of equal-length columns."""
     import pandas as pd
 
+    _check_size(path)
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError:
@@ -393,6 +441,8 @@ def _read_json(path: Path) -> Any:
     if isinstance(data, dict) and data and all(isinstance(v, list) for v in data.values()):
         if len({len(v) for v in data.values()}) != 1:
             raise DataError(f"the columns of '{path.name}' have different lengths")
+        for column, values in data.items():
+            _check_cells(path, values, lambda i, c=column: f"column '{c}', row {i}")
         return pd.DataFrame(data)
     if data is not None:
         records = data if isinstance(data, list) else [data]
@@ -407,17 +457,45 @@ def _read_json(path: Path) -> Any:
     for number, record in enumerate(records, 1):
         if not isinstance(record, dict):
             raise DataError(f"row {number} of '{path.name}' is not a JSON object with named fields")
+        _check_cells(path, record.values(), lambda i, n=number: f"row {n}")
     return pd.DataFrame.from_records(records)
+
+
+def _check_cells(path: Path, values, where) -> None:
+    for i, value in enumerate(values, 1):
+        if isinstance(value, str) and len(value) > settings.MAX_CELL_CHARS:
+            raise _cell_too_long(path, where(i))
 
 
 def _read_parquet(path: Path) -> tuple[Any, dict[str, tuple[str, ...]]]:
     """A Parquet table, plus ClassLabel names when it was written by the datasets library."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
+    try:
+        meta = pq.ParquetFile(path).metadata  # the footer alone: what the file decodes to, before any page is read
+        chunks = [(meta.row_group(g).num_rows, meta.row_group(g).column(c))
+                  for g in range(meta.num_row_groups) for c in range(meta.num_columns)]
+        decoded = sum(chunk.total_uncompressed_size for _, chunk in chunks) / 2**20
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises several unrelated types for bad files
+        raise DataError(f"could not read '{path.name}' as Parquet: Could not open Parquet input source '{path.name}': "
+                        f"{_first_sentence(exc, hide=path)}") from None
+    if decoded > settings.MAX_DATA_MB:
+        raise DataError(f"'{path.name}' decodes to {decoded:,.0f} MB; graftui reads at most {settings.MAX_DATA_MB:,.0f} MB "
+                        "from one file (GRAFTUI_MAX_DATA_MB)")
+    for rows, chunk in chunks:  # n rows decoding to more than n full cells (4 bytes a character) hold one over the limit
+        if chunk.total_uncompressed_size > 4 * settings.MAX_CELL_CHARS * max(rows, 1) + 2**16:
+            raise _cell_too_long(path, f"column '{chunk.path_in_schema}'")
     try:
         table = pq.read_table(path)
     except Exception as exc:  # noqa: BLE001 - pyarrow raises several unrelated types for bad files
         raise DataError(f"could not read '{path.name}' as Parquet: {_first_sentence(exc, hide=path)}") from None
+    for name, column in zip(table.column_names, table.columns):
+        if pa.types.is_string(column.type) or pa.types.is_large_string(column.type):
+            longest = pc.max(pc.utf8_length(column)).as_py()
+            if longest is not None and longest > settings.MAX_CELL_CHARS:
+                raise _cell_too_long(path, f"column '{name}'")
     names: dict[str, tuple[str, ...]] = {}
     if table.schema.metadata and b"huggingface" in table.schema.metadata:
         import datasets
@@ -525,16 +603,24 @@ def _missing(value: Any) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value)) or (isinstance(value, str) and not value.strip())
 
 
+_NO_LABEL = {"nan", "null", "none", "na", "n/a"}  # written where a label is missing; never a class of its own
+
+
+def _missing_label(value: Any) -> bool:
+    return _missing(value) or (isinstance(value, str) and value.strip().lower() in _NO_LABEL)
+
+
 def _label_scheme(values: Iterable[Any], column: str, class_names: tuple[str, ...] | None) -> tuple[tuple[str, ...], dict[Any, int]]:
     """Label names and the value -> class index map; values missing from the map are unlabelled rows.
 
     ClassLabel names win; otherwise strings map in sorted order and integers keep their order.
-    Negative integers (GLUE's −1 for hidden test labels) mean "unlabelled".
+    Negative integers (GLUE's −1 for hidden test labels) mean "unlabelled" when the others make two or more
+    classes; otherwise they are classes too (labels −1/1, or 0/−1).
     """
     ints: set[int] = set()
     strings: set[str] = set()
     for v in values:
-        if _missing(v):
+        if _missing_label(v):
             continue
         if isinstance(v, bool) or (isinstance(v, str) and _INT_TEXT.fullmatch(v)):
             v = int(v)
@@ -554,6 +640,8 @@ def _label_scheme(values: Iterable[Any], column: str, class_names: tuple[str, ..
         names = tuple(sorted(strings))
         return names, {s: i for i, s in enumerate(names)}
     labelled = sorted(i for i in ints if i >= 0)
+    if len(labelled) < 2 and not class_names:
+        labelled = sorted(ints)
     if class_names:
         over = [i for i in labelled if i >= len(class_names)]
         if over:
@@ -564,27 +652,49 @@ def _label_scheme(values: Iterable[Any], column: str, class_names: tuple[str, ..
 
 
 def _to_index(value: Any, mapping: dict[Any, int]) -> int | None:
-    if _missing(value):
+    if _missing_label(value):
         return None
     if isinstance(value, (bool, float)) or (isinstance(value, str) and _INT_TEXT.fullmatch(value)):
         value = int(value)  # floats here are integral: _label_scheme rejected the others
     return mapping.get(value)
 
 
-def _table_split(table: Any, spec: DataSpec, mapping: dict[Any, int]) -> Split:
-    """Rows with a text and a known label; unlabelled or empty rows are dropped."""
+def _check_texts(values: list, column: str) -> None:
+    """A text column holds text (or numbers, read as text), never lists, mappings or bytes."""
+    for i, value in enumerate(values):
+        if not _missing(value) and not isinstance(value, (str, int, float)):
+            raise DataError(f"column '{column}' holds a {type(value).__name__} in row {i + 1}, not a text; pick a column "
+                            "of strings as the text column")
+
+
+def _table_split(table: Any, spec: DataSpec, mapping: dict[Any, int], dropped: dict[str, int]) -> Split:
+    """Rows with a text and a known label; rows without a text or a label are dropped and counted in ``dropped``."""
     texts = _values(table, spec.text_column)
     pairs = _values(table, spec.pair_column) if spec.pair_column else None
     labels = _values(table, spec.label_column)
-    keep = [
-        i for i in range(len(texts))
-        if not _missing(texts[i]) and (pairs is None or not _missing(pairs[i])) and _to_index(labels[i], mapping) is not None
-    ]
+    _check_texts(texts, spec.text_column)
+    if pairs is not None:
+        _check_texts(pairs, spec.pair_column)
+    keep = []
+    for i in range(len(texts)):
+        if _missing(texts[i]) or (pairs is not None and _missing(pairs[i])):
+            dropped["no text"] += 1
+        elif _to_index(labels[i], mapping) is None:
+            dropped["no label"] += 1
+        else:
+            keep.append(i)
     return Split(
         tuple(str(texts[i]) for i in keep),
         tuple(_to_index(labels[i], mapping) for i in keep),  # type: ignore[misc]
         None if pairs is None else tuple(str(pairs[i]) for i in keep),
     )
+
+
+def _dropped_note(name: str, dropped: dict[str, int], column: str) -> tuple[str, ...]:
+    """A sentence on the rows a task left out, when it left any."""
+    parts = [f"{n:,} without a text" if why == "no text" else f"{n:,} without a label in column '{column}'"
+             for why, n in dropped.items() if n]
+    return (f"{name}: left out {' and '.join(parts)} (empty cells, or NaN/null/none as a label)",) if parts else ()
 
 
 def _check_columns(spec: DataSpec, columns: list[str], source: str) -> None:
@@ -607,6 +717,9 @@ def _build_task(source: _Source, spec: DataSpec) -> Task:
         keys = {"train": None, "validation": None, "test": None}
     reference = tables[keys["train"]] if keys["train"] else next(t for t in tables.values() if len(t))
     columns = _columns(reference)
+    twice = sorted({c for c in columns if columns.count(c) > 1})
+    if twice:
+        raise DataError(f"{source.name} has {columns.count(twice[0])} columns named '{twice[0]}'; rename all but one")
     spec = _guess(columns, spec)
     _check_columns(spec, columns, source.name)
 
@@ -622,24 +735,29 @@ def _build_task(source: _Source, spec: DataSpec) -> Task:
     if len(names) < 2:
         raise DataError(f"{source.name} has a single class ('{names[0]}') in column '{spec.label_column}'; a classifier needs two or more")
 
+    dropped = {"no text": 0, "no label": 0}
     if keys["train"] is None:
-        pool = _concat([_table_split(t, spec, mapping) for t in used.values()])
+        pool = _concat([_table_split(t, spec, mapping, dropped) for t in used.values()])
         if not len(pool):
             raise DataError(f"{source.name} has no rows with both a text and a label")
         splits = _carve(pool)
     else:
-        train = _table_split(used[keys["train"]], spec, mapping)
+        train = _table_split(used[keys["train"]], spec, mapping, dropped)
         if not len(train):
             raise DataError(f"the train split '{keys['train']}' of {source.name} has no rows with both a text and a label")
         given = {
-            role: _table_split(used[keys[role]], spec, mapping)
+            role: _table_split(used[keys[role]], spec, mapping, dropped)
             for role in ("validation", "test")
             if keys[role] in used
         }
         given = {role: s for role, s in given.items() if len(s)}  # e.g. GLUE test sets are all −1
         missing = [role for role in ("validation", "test") if role not in given]
         splits = {**_carve(train, missing), **given} if missing else {"train": train, **given}
-    return Task(source.name, names, {s: splits[s] for s in SPLIT_NAMES}, source.description, max_length=128)
+    notes = _dropped_note(source.name, dropped, spec.label_column)
+    if any(i < 0 for i in mapping if isinstance(i, int)):
+        notes += (f"{source.name}: negative labels in column '{spec.label_column}' are read as classes of their own "
+                  f"({', '.join(names)}), since without them fewer than two classes would be left",)
+    return Task(source.name, names, {s: splits[s] for s in SPLIT_NAMES}, source.description, max_length=128, notes=notes)
 
 
 def _concat(parts: Sequence[Split]) -> Split:
@@ -665,7 +783,8 @@ def load_task(ref: str | os.PathLike, spec: DataSpec = DataSpec(), *, allow_loca
 def preview(ref: str | os.PathLike, spec: DataSpec = DataSpec(), n: int = 5, *, allow_local: bool = True) -> dict:
     """First rows and columns of a source plus guessed columns, for a column-mapping form.
 
-    Returns {"columns", "rows", "guess" (a DataSpec), "splits" (split name -> row count)}.
+    Returns {"columns", "rows" (cells clipped to PREVIEW_CHARS), "guess" (a DataSpec), "splits" (split name -> row
+    count), "warnings" (what reading it as a task would leave out, or why it cannot be one)}.
     """
     ref = os.fspath(ref)
     kind, target = _resolve(ref, allow_local)
@@ -678,6 +797,7 @@ def preview(ref: str | os.PathLike, spec: DataSpec = DataSpec(), n: int = 5, *, 
             "rows": rows,
             "guess": DataSpec(text_column="text", label_column="label"),
             "splits": {name: len(s) for name, s in task.splits.items()},
+            "warnings": [],
         }
     source = _load_source(kind, target, spec)
     _check_rows(source)
@@ -686,12 +806,26 @@ def preview(ref: str | os.PathLike, spec: DataSpec = DataSpec(), n: int = 5, *, 
     columns = _columns(table)
     guess = _guess(columns, spec)
     guess = replace(guess, **{f"{role}_split": keys[role] for role in SPLIT_NAMES if keys["train"]})
+    try:  # what reading it as a task would say: rows left out, or why it cannot be one
+        warnings = list(_build_task(source, guess).notes)
+    except DataError as err:
+        warnings = [str(err)]
     return {
         "columns": columns,
-        "rows": _head(table, n),
+        "rows": [{k: _clip(v) for k, v in row.items()} for row in _head(table, n)],
         "guess": guess,
         "splits": {name: len(t) for name, t in source.tables.items()},
+        "warnings": warnings,
     }
+
+
+PREVIEW_CHARS = 200  # a preview shows the start of each cell: a page never receives a whole article per cell
+
+
+def _clip(value: Any) -> Any:
+    if isinstance(value, str) and len(value) > PREVIEW_CHARS:
+        return value[:PREVIEW_CHARS] + f"… [{len(value):,} characters]"
+    return value
 
 
 # --------------------------------------------------------------------------- sampling
