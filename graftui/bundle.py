@@ -36,8 +36,23 @@ def _flat(row: dict) -> dict:
     return out
 
 
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")  # a spreadsheet reads a cell that starts so as a formula
+
+
+def safe_cell(value):
+    """A CSV cell a spreadsheet shows as text: text that would start a formula gets a leading apostrophe (as
+    OWASP advises for CSV injection); numbers, and text that is a plain number such as "-0.5", stay as they are."""
+    if not isinstance(value, str) or not value.startswith(FORMULA_START):
+        return value
+    try:
+        float(value)
+        return value
+    except ValueError:
+        return "'" + value
+
+
 def _csv(rows: list[dict]) -> str:
-    flat = [_flat(r) for r in rows]
+    flat = [{safe_cell(key): safe_cell(value) for key, value in _flat(r).items()} for r in rows]  # names are user text too
     columns = list(dict.fromkeys(k for r in flat for k in r))
     buf = io.StringIO()
     writer = csv.DictWriter(buf, columns, lineterminator="\n")

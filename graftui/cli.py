@@ -29,6 +29,7 @@ from . import flows, settings  # noqa: E402
 from .data import OFFLINE_TASKS  # noqa: E402
 from .errors import RequestError, is_user_error, message  # noqa: E402
 from .formatting import table  # noqa: E402
+from .paths import clean_stale  # noqa: E402
 from .localizers import METHODS  # noqa: E402
 from .requests import _kind, choices_of, element_kind, parse_list  # noqa: E402
 from .version import __version__  # noqa: E402
@@ -176,6 +177,7 @@ def _no_library_bars() -> None:
 def run_request(request, args: argparse.Namespace) -> int:
     """Run a request's flow, print its result, and write the report when asked."""
     settings.configure_torch()
+    clean_stale(settings.home(), depth=4)  # what runs killed mid-write left behind
     _no_library_bars()
     out = Terminal(args)
     try:

@@ -117,6 +117,7 @@ class LoadOptions:
 
 # -- fine-tuning recipes -----------------------------------------------------------------------------
 LR_FOR = {"sgd": 0.003, "adamw": 3e-5}  # default learning rate of each optimizer
+MAX_FT_LR = 10.0  # far above any learning rate that trains (SGD at 0.05 already diverged on the default pair)
 
 
 @dataclass(frozen=True)
@@ -143,6 +144,9 @@ class FinetuneConfig:
             raise RequestError(f"unknown optimizer '{self.optimizer}' (use sgd or adamw)")
         if not (self.lr > 0 and math.isfinite(self.lr)):
             raise RequestError(f"the learning rate must be a positive number, got {self.lr}")
+        if self.lr > MAX_FT_LR:
+            raise RequestError(f"a fine-tuning learning rate of {self.lr:g} only diverges (SGD wants about "
+                               f"{LR_FOR['sgd']:g}, AdamW {LR_FOR['adamw']:g}); give at most {MAX_FT_LR:g}")
         if self.epochs < 1 or self.batch_size < 1:
             raise RequestError("epochs and batch size must be at least 1")
         if self.l1 and self.optimizer != "adamw":

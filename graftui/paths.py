@@ -1,13 +1,17 @@
 """Names and writes: readable file names, new paths that collide with nothing, and atomic writes.
 
 Every file or folder graftui writes goes through :func:`atomic_write` or :func:`atomic_dir`: it is
-made aside under a hidden temporary name in the same folder and renamed into place when complete,
-so a crash, a cancel or a full disk never leaves a half-written region, report or checkpoint.
+made aside under a hidden temporary name in the same folder (``.<name>.tmp-<pid>-…``) and renamed
+into place when complete, so a crash, a cancel or a full disk never leaves a half-written region,
+report or checkpoint; an exclusive write never replaces a file another run wrote meanwhile; and
+:func:`clean_stale` removes what a killed run (whose pid is gone) left behind.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import os
 import re
 import shutil
@@ -17,6 +21,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 DATA_SUFFIXES = (".csv", ".tsv", ".jsonl", ".json", ".parquet")  # the data files a task may be read from
+_TEMP = re.compile(r"^\..+\.tmp-(\d+)-[^.]+$")  # what atomic_write and atomic_dir make aside
 
 
 def short_ref(ref) -> str:
@@ -47,23 +52,57 @@ def new_path(folder: Path, stem: str, suffix: str = "") -> Path:
     return path
 
 
-def atomic_write(path: str | Path, write: Callable[[str], object]) -> Path:
-    """Write through a temporary file in the same folder, then rename: never a half-written file."""
+def _temp_prefix(path: Path) -> str:
+    return f".{path.name}.tmp-{os.getpid()}-"
+
+
+def _write_error(path: Path, err: BaseException) -> OSError:
+    """The one line for a write that failed: the file asked for, never the temporary one; a full disk said so."""
+    text = str(err)
+    if getattr(err, "errno", None) == errno.ENOSPC or "No space left" in text:
+        return OSError(f"cannot write '{path}': No space left on the device; free some space and run again")
+    reason = getattr(err, "strerror", None) or text.splitlines()[0] if text else type(err).__name__
+    return OSError(f"cannot write '{path}': {reason}")
+
+
+class Exists(FileExistsError):
+    """An exclusive write found its target written meanwhile; ``str`` is the one line for the user."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+def atomic_write(path: str | Path, write: Callable[[str], object], exclusive: bool = False) -> Path:
+    """Write through a temporary file in the same folder, then rename: never a half-written file.
+
+    ``exclusive``: the file must not exist when the write completes (another run's file is never replaced),
+    else :class:`Exists`.
+    """
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        fd, tmp = tempfile.mkstemp(prefix=_temp_prefix(path), dir=path.parent)
     except OSError as err:
-        raise OSError(err.errno, f"cannot write '{path}': {err.strerror}") from None
+        raise _write_error(path, err) from None
     os.close(fd)
     try:
         write(tmp)
-        os.replace(tmp, path)
-    except OSError as err:  # name the file asked for, never the temporary one
+        if exclusive:
+            os.link(tmp, path)  # fails if the name exists: the check and the write are one step
+            os.unlink(tmp)
+        else:
+            os.replace(tmp, path)
+    except FileExistsError:
         Path(tmp).unlink(missing_ok=True)
-        raise OSError(err.errno, f"cannot write '{path}': {err.strerror or err}") from None
-    except BaseException:
+        raise Exists(f"'{path}' exists (another run wrote it meanwhile); choose a new name, or add --overwrite "
+                     "to replace it") from None
+    except (KeyboardInterrupt, SystemExit):
         Path(tmp).unlink(missing_ok=True)
+        raise
+    except BaseException as err:
+        Path(tmp).unlink(missing_ok=True)
+        if isinstance(err, OSError) or "No space left" in str(err):
+            raise _write_error(path, err) from None
         raise
     return path
 
@@ -72,18 +111,71 @@ def atomic_write(path: str | Path, write: Callable[[str], object]) -> Path:
 def atomic_dir(out_dir: str | Path, replace: bool = False) -> Iterator[Path]:
     """A folder written aside and renamed to ``out_dir`` when the block ends without an error.
 
-    ``out_dir`` may exist only as an empty folder (``replace``: as any folder, which is removed
-    first); the block fills the temporary folder it is given.
+    ``out_dir`` may exist only as an empty folder (``replace``: as any folder, which is removed first); one
+    another run filled meanwhile is never replaced (:class:`Exists`). The block fills the folder it is given.
     """
     out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=_temp_prefix(out_dir), dir=out_dir.parent))
+    except OSError as err:
+        raise _write_error(out_dir, err) from None
     tmp.chmod(0o755)  # mkdtemp makes it private; a checkpoint is an ordinary folder
     try:
         yield tmp
-        if out_dir.exists():
-            shutil.rmtree(out_dir) if replace else out_dir.rmdir()
-        tmp.replace(out_dir)
-    except BaseException:
+        if replace and out_dir.exists():
+            shutil.rmtree(out_dir)
+        try:
+            os.rename(tmp, out_dir)  # replaces an empty folder only
+        except OSError as err:
+            if err.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
+                raise Exists(f"'{out_dir}' exists and is not empty (another run wrote it meanwhile); choose a new "
+                             "folder") from None
+            raise
+    except BaseException as err:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(err, Exists) or isinstance(err, (KeyboardInterrupt, SystemExit)):
+            raise
+        if isinstance(err, OSError) or "No space left" in str(err):
+            raise _write_error(out_dir, err) from None
         raise
+
+
+@contextlib.contextmanager
+def file_lock(path: str | Path) -> Iterator[None]:
+    """Hold ``<path>.lock`` while the block runs, across processes (two runs building one default checkpoint
+    take turns: the second finds it built)."""
+    lock = Path(f"{path}.lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True
+
+
+def clean_stale(root: str | Path, depth: int = 3) -> list[Path]:
+    """Remove the temporary files and folders that runs killed mid-write left under ``root`` (their pid is gone)."""
+    removed = []
+    root = Path(root)
+    if not root.is_dir():
+        return removed
+    for entry in list(root.iterdir()):
+        m = _TEMP.match(entry.name)
+        if m and not _alive(int(m.group(1))):
+            shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
+            removed.append(entry)
+        elif depth > 1 and entry.is_dir() and not entry.is_symlink() and not m:
+            removed += clean_stale(entry, depth - 1)
+    return removed

@@ -37,6 +37,7 @@ from .version import __version__
 FORMAT_VERSION = "1"
 MAX_FILE_BYTES = 2 << 30  # a region file larger than this is not one we wrote
 MAX_LABELS = 10_000
+MAX_ABS_VALUE = 1e4  # trained weights stay far below this (SmolLM2's largest is 9.3); a patch beyond it is forged or broken
 
 
 # -- what a region file says about itself ---------------------------------------------------------
@@ -322,7 +323,8 @@ def digest(indices: Region) -> str:
     return h.hexdigest()[:8]
 
 
-def save(record: RegionRecord, path: str | Path) -> Path:
+def save(record: RegionRecord, path: str | Path, exclusive: bool = False) -> Path:
+    """Write a region file (``exclusive``: never over a file that exists, another run's included)."""
     from safetensors.torch import save_file
 
     tensors: dict[str, torch.Tensor] = {}
@@ -341,7 +343,7 @@ def save(record: RegionRecord, path: str | Path) -> Path:
     }
     if not tensors:  # safetensors needs one tensor; an empty region is still a valid answer
         tensors["empty"] = torch.zeros(0, dtype=torch.int64)
-    return atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=metadata))
+    return atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=metadata), exclusive=exclusive)
 
 
 # -- reading -----------------------------------------------------------------------------------
@@ -393,8 +395,14 @@ def load(path: str | Path) -> RegionRecord:
         raise RegionError(f"'{path.name}' has values for tensors outside its region")
     for group, tensors_ in (("values", values), ("head", head)):
         for name, tensor in tensors_.items():
-            if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            if not tensor.is_floating_point() or not tensor.numel():
+                continue
+            if not bool(torch.isfinite(tensor).all()):
                 raise RegionError(f"'{path.name}' holds NaN or infinite {group} for {name}: not a usable skill patch")
+            largest = float(tensor.abs().max())
+            if largest > MAX_ABS_VALUE:
+                raise RegionError(f"'{path.name}' holds {group} of magnitude {largest:.3g} for {name}, far beyond any trained "
+                                  f"weight (at most {MAX_ABS_VALUE:g} here): not a usable skill patch")
     record = RegionRecord(indices, shapes, meta, values if kind == "patch" else None, head if kind == "patch" else None)
     return record
 
@@ -544,7 +552,7 @@ def export_graft(pair, record: RegionRecord, out_dir: str | Path) -> Path:
     if out_dir.exists() and any(out_dir.iterdir()):
         raise RegionError(f"'{out_dir}' exists and is not empty; choose a new folder")
     with atomic_dir(out_dir) as tmp:
-        with pair.grafted(record.indices) as model:
+        with pair.grafted(record.indices, record.values) as model:  # a patch is its values
             model.save_pretrained(tmp, safe_serialization=True)
         pair.tokenizer.save_pretrained(tmp)
         (tmp / "graftui_region.json").write_text(json.dumps({**record.meta.as_dict(), "size": record.size}, indent=2,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from dataclasses import asdict, dataclass, replace
-from typing import Callable, Iterator
+from typing import Callable
 
 import torch
 
@@ -28,10 +28,16 @@ ALONE, UNION, BODY = "region alone", "union graft", "pre-trained body + its head
 
 # -- labels ------------------------------------------------------------------------------------------
 def check_labels(pair, task: Task) -> None:
+    """The task fits the pair: as many labels as the model scores, and a prompt's second text only for a task that has
+    one."""
     if task.num_labels != len(pair.label_names):
         raise DataError(
             f"task '{task.name}' has {task.num_labels} labels but the fine-tuned model has {len(pair.label_names)}"
         )
+    if pair.prompt is not None and "{text_pair}" in pair.prompt.template and not task.is_pair:
+        raise DataError(f"the template '{pair.prompt.template}' reads a second text ({{text_pair}}), but task "
+                        f"'{task.name}' has one text per example: drop {{text_pair}} from --template, or name the "
+                        "second text's column (--pair-column)")
 
 
 def _integer_names(names) -> bool:
@@ -132,7 +138,7 @@ def compare(
     done = 0
     for t in tasks:
         variants: list[tuple[str, object]] = [(FT_LABEL, pair.finetuned()), (BODY_LABEL, contextlib.nullcontext())]
-        variants += [(label, pair.grafted(region) if isinstance(region, dict) else grafted_values(pair, *region))
+        variants += [(label, pair.grafted(region) if isinstance(region, dict) else pair.grafted(*region))
                      for label, region in models.items()]
         reference = None
         for label, context in variants:
@@ -174,19 +180,6 @@ def baseline_regions(pair, k: int, names: tuple[str, ...] = ("top-movement", "ra
 
 
 # -- union grafts ----------------------------------------------------------------------------------------
-@contextlib.contextmanager
-def grafted_values(pair, indices: dict[str, torch.Tensor], values: dict[str, torch.Tensor]) -> Iterator[torch.nn.Module]:
-    """The working model with ``values`` written at ``indices`` (O(k)); θ_pre is put back after."""
-    with torch.no_grad():
-        for name, idx in indices.items():
-            flat = pair.param(name).data.view(-1)
-            flat[idx.to(flat.device)] = values[name].to(flat.device, flat.dtype)
-    try:
-        yield pair.model
-    finally:
-        pair.remove(indices)
-
-
 def check_composable(records: list[RegionRecord]) -> None:
     """Skill patches of one base with the same graftable tensors, or a RegionError saying why not."""
     if len(records) < 2:
@@ -224,7 +217,7 @@ def evaluate_on_pair(pair, task: Task, own: RegionRecord, own_name: str, union_i
     rows = []
     with pair.grafted(own.indices):
         rows.append(_row(task, own_name, ALONE, *predict(pair, task, split, n), own.size))
-    with grafted_values(pair, union_idx, union_val):
+    with pair.grafted(union_idx, union_val):
         rows.append(_row(task, own_name, UNION, *predict(pair, task, split, n), method.region_size(union_idx)))
     rows.append(_row(task, own_name, BODY, *predict(pair, task, split, n), 0))
     alone = rows[0]["accuracy"]

@@ -23,7 +23,7 @@ from .config import (
 from .data import Split, Task, batches, load_task, subsample
 from .errors import Cancelled, ModelError
 from .models import load_classifier, load_reader, load_tokenizer, pair_kind
-from .paths import atomic_dir, slug
+from .paths import atomic_dir, file_lock, slug
 from .version import __version__
 
 
@@ -108,6 +108,7 @@ def finetune(
                 raise Cancelled("fine-tuning cancelled")
             batch = {k: v.to(device) for k, v in batch.items()}
             out = model(**batch)
+            check_loss(out.loss, step + 1, config)
             opt.zero_grad(set_to_none=True)
             out.loss.backward()
             l1_pull(anchors, config.l1)
@@ -130,6 +131,13 @@ def finetune(
         "request": request,
     })
     return out_dir
+
+
+def check_loss(loss: torch.Tensor, step: int, config: FinetuneConfig) -> None:
+    """A NaN or infinite loss means training diverged: stop with the step and the remedy, not a crash later."""
+    if not bool(torch.isfinite(loss.detach())):
+        raise ModelError(f"fine-tuning diverged at step {step} (loss {float(loss):g}) with learning rate {config.lr:g}: "
+                         "lower --lr (or check the base model's weights)")
 
 
 @torch.no_grad()
@@ -238,6 +246,7 @@ def finetune_multitask(
         i = pick.choices(range(len(tasks)), weights=per_epoch)[0]
         batch = {k: v.to(device) for k, v in next(streams[i]).items()}
         out = models[i](**batch)
+        check_loss(out.loss, step, config)
         opt.zero_grad(set_to_none=True)
         out.loss.backward()
         opt.step()
@@ -261,9 +270,6 @@ def finetune_multitask(
     return out_dir
 
 
-_default_lock = threading.Lock()
-
-
 def ensure_default_finetuned(
     key: str = "minilm-movies",
     *,
@@ -276,7 +282,7 @@ def ensure_default_finetuned(
     base_ref, task_ref = DEFAULT_FINETUNED_REFS[key]
     out = default_checkpoint_dir(key)
     options = DEFAULT_LOADING.get(key, LoadOptions())
-    with _default_lock:
+    with file_lock(out):  # another process building it meanwhile: wait, then reuse
         if (out / "config.json").exists():
             return out
         return finetune(base_ref, load_task(task_ref), recipe_for(key), out, progress=progress, cancel=cancel,

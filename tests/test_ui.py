@@ -564,7 +564,7 @@ class CharTokenizer:
 def test_union_graft_is_scored_against_each_region_alone_and_restored():
     from graftui import regions, sets
     from graftui.data import Split, Task
-    from graftui.scoring import evaluate_on_pair, grafted_values, union_of
+    from graftui.scoring import evaluate_on_pair, union_of
 
     pair, _, _ = make_tiny_pair()
     pair.tokenizer = CharTokenizer()
@@ -573,7 +573,7 @@ def test_union_graft_is_scored_against_each_region_alone_and_restored():
     before = {n: pair.param(n).detach().clone() for n in pair.graftable}
     idx, val, report = union_of([a, b], ["a", "b"], pair.pre, "first")
     assert report["union_params"] == sets.region_size(sets.union(a.indices, b.indices))
-    with grafted_values(pair, idx, val):
+    with pair.grafted(idx, val):
         name = next(iter(idx))
         assert torch.equal(pair.param(name).data.view(-1)[idx[name]], pair.ft[name].view(-1)[idx[name]])
     split = Split(("good film", "bad film", "great", "awful"), (1, 0, 1, 0))

@@ -28,7 +28,7 @@ from ..data import OFFLINE_TASKS, DataSpec, Task, batches, kshot, load_task
 from ..errors import DataError, ModelError, RegionError, RequestError
 from ..layout import MODULE_LABELS, anatomy as count_anatomy
 from ..models import ModelPair, pair_kind, resolve
-from ..paths import atomic_write, short_ref
+from ..paths import Exists, atomic_write, new_path, short_ref
 from ..regions import RegionRecord
 from ..requests import Request
 from ..scoring import align_labels
@@ -106,15 +106,19 @@ def ensure_models(refs, progress: Progress | None = None, cancel=None) -> None:
             training.ensure_default_finetuned(key, progress=step, cancel=cancel)
 
 
-def get_task(ref: str, spec, guard: Guard) -> Task:
-    """A task; column options given for an offline task must name its own columns (text, label)."""
+def get_task(ref: str, spec, guard: Guard, notes: list[str] | None = None) -> Task:
+    """A task; column options given for an offline task must name its own columns (text, label). What reading it
+    left out (rows without a text or a label) is said in ``notes``."""
     if str(ref).strip().lower() in OFFLINE_TASKS:
         for name, allowed in (("text_column", "text"), ("label_column", "label"), ("pair_column", None)):
             column = getattr(spec, name)
             if column is not None and column != allowed:
                 raise DataError(f"column '{column}' ({name}) not found in the offline task '{ref}'; "
                                 "its columns are text, label")
-    return guard.checked_task(load_task(ref, spec, allow_local=guard.allow_local(tasks=[ref])))
+    task = guard.checked_task(load_task(ref, spec, allow_local=guard.allow_local(tasks=[ref])))
+    if notes is not None:
+        notes += [note for note in task.notes if note not in notes]
+    return task
 
 
 def get_pair(base: str, finetuned: str, spec: GraftableSpec, guard: Guard, progress=None, cancel=None,
@@ -242,6 +246,42 @@ def pair_for_regions(base, finetuned, records, guard: Guard, progress=None, canc
     return pair
 
 
+def check_build(record: RegionRecord, pair: ModelPair, name: str, notes: list[str], patch_values: bool = True) -> None:
+    """A region recorded against another build of the fine-tuned model (its weights' sha256 differ): a skill patch
+    whose own values the flow grafts (``patch_values``) gets a note saying so; otherwise the flow would graft
+    numbers the region was never learned with, so it is refused."""
+    then, now = record.meta.finetuned_sha256, pair.hashes.get("finetuned")
+    if not then or not now or then == now:
+        return
+    what = (f"'{name}' was made from another build of '{short_ref(pair.finetuned_ref)}' (weights sha256 {then[:12]}… "
+            f"then, {now[:12]}… now)")
+    if record.is_patch and patch_values:
+        notes.append(f"{what}: its graft uses the patch's own values; the fine-tuned rows are today's model")
+    elif record.is_patch:
+        raise RegionError(f"{what}, and this experiment grafts today's fine-tuned values: give --finetuned the "
+                          "checkpoint it was made from")
+    else:
+        raise RegionError(f"{what} and holds no values of its own: localize again, or use the skill patch it was saved as")
+
+
+def graft_of(record: RegionRecord):
+    """What a record grafts: a skill patch its own values, a region without values the fine-tuned model's."""
+    return (record.indices, record.values) if record.is_patch else record.indices
+
+
+def save_new(record: RegionRecord, folder: Path, stem: str, write: bool = True) -> Path:
+    """Save a region under a new name in ``folder`` (``stem-<stamp>``); a name another run takes meanwhile is skipped.
+    ``write`` False: only the name (a data-parallel process that does not write)."""
+    while True:
+        path = new_path(folder, stem, ".safetensors")
+        if not write:
+            return path
+        try:
+            return regions.save(record, path, exclusive=True)
+        except Exists:
+            continue
+
+
 def finish(progress: Progress | None) -> None:
     if progress:
         progress({"stage": "done", "fraction": 1.0})
@@ -319,7 +359,7 @@ def ood_tasks(req, task_ref: str, task: Task, guard: Guard, notes: list[str]) ->
     out = []
     mapping = req.label_map()
     for ref in req.ood_tasks(task_ref):
-        other, note = align_labels(task, get_task(ref, DataSpec(), guard), mapping)
+        other, note = align_labels(task, get_task(ref, DataSpec(), guard, notes), mapping)
         out.append(other)
         if note:
             notes.append(note)

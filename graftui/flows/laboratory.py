@@ -29,14 +29,14 @@ from ..errors import Cancelled, ModelError, RegionError, RequestError
 from ..experiments import JointLoss
 from ..method import learn_region, region_size
 from ..models import checkpoint_kind, checkpoint_record, load_classifier
-from ..paths import new_path, short_ref, slug
+from ..paths import file_lock, new_path, short_ref, slug
 from ..requests import (
     ContinualRequest, FinetuneRequest, LocalizeRequest, MultitaskRequest, RetrainRequest, WiseRequest, derive,
 )
 from . import text
 from .common import (
-    LOCAL, Guard, Progress, Result, check_model_ref, examples_per_class, finish, get_pair, get_task, kshot_batches,
-    latest_region, load_region, ood_tasks, pair_for_regions,
+    LOCAL, Guard, Progress, Result, check_build, check_model_ref, examples_per_class, finish, get_pair, get_task,
+    kshot_batches, latest_region, load_region, ood_tasks, pair_for_regions,
 )
 from .registry import verb
 from .single import finetune as run_finetune, localize as run_localize
@@ -74,15 +74,17 @@ def _ensure_checkpoint(req: MultitaskRequest, tasks, guard: Guard, progress, can
         guard.allow_local(models=[str(folder)])
     else:
         folder = multitask_checkpoint(req.base, req.tasks, req.recipe())
-        if not (folder / "graftui_record.json").exists():
-            def step(p):
-                if progress:
-                    progress({"stage": f"multi-task fine-tuning of {short_ref(req.base)} (first use; batch of {p.task})",
-                              "fraction": 0.4 * p.step / max(p.steps, 1)})
 
-            training.finetune_multitask(req.base, tasks, req.recipe(), folder, progress=step, cancel=cancel,
-                                        allow_local=guard.allow_local(models=[req.base]),
-                                        request={**req.as_dict(), "checkpoint": None})
+        def step(p):
+            if progress:
+                progress({"stage": f"multi-task fine-tuning of {short_ref(req.base)} (first use; batch of {p.task})",
+                          "fraction": 0.4 * p.step / max(p.steps, 1)})
+
+        with file_lock(folder):  # another run building it: wait, then reuse it
+            if not (folder / "graftui_record.json").exists():
+                training.finetune_multitask(req.base, tasks, req.recipe(), folder, progress=step, cancel=cancel,
+                                            allow_local=guard.allow_local(models=[req.base]),
+                                            request={**req.as_dict(), "checkpoint": None})
     missing = [t.name for t in tasks if not (folder / slug(t.name) / "config.json").exists()]
     if missing:
         raise ModelError(f"'{folder}' has no checkpoint for task '{missing[0]}' (expected the sub-folder "
@@ -112,8 +114,8 @@ def multitask(req: MultitaskRequest, progress: Progress | None = None, cancel=No
     start = time.time()
     check_model_ref(req.base)
     refuse_language_model(req.base, "the multi-task experiment", guard)
-    tasks = [get_task(t, DataSpec(), guard) for t in req.tasks]
     notes: list[str] = []
+    tasks = [get_task(t, DataSpec(), guard, notes) for t in req.tasks]
     for t in tasks:
         examples_per_class(req, t, [])  # a bad k-shot size fails before any model is loaded
     folder = _ensure_checkpoint(req, tasks, guard, progress, cancel)
@@ -305,14 +307,15 @@ def _region_setting(req, guard: Guard, progress, cancel):
     task_ref = req.task or meta.task
     if not task_ref:
         raise RegionError("the region names no task; give --task")
-    task = get_task(task_ref, req.data_spec(), guard)
     notes: list[str] = []
+    task = get_task(task_ref, req.data_spec(), guard, notes)
     oods = ood_tasks(req, task_ref, task, guard, notes)
     pair = pair_for_regions(base, finetuned, [record], guard, progress, cancel)
     try:
         regions.check_fits(record, pair)
     except RegionError as err:
         raise RegionError(f"'{path}': {err}") from None
+    check_build(record, pair, Path(path).name, notes, patch_values=False)
     scoring.check_labels(pair, task)
     return str(path), record, base, finetuned, task, oods, pair, notes
 
@@ -406,11 +409,11 @@ def continual(req: ContinualRequest, progress: Progress | None = None, cancel=No
     start = time.time()
     check_model_ref(req.base)
     refuse_language_model(req.base, "the continual-learning experiment", guard)
-    tasks = [get_task(t, DataSpec(), guard) for t in req.tasks]
+    notes: list[str] = []
+    tasks = [get_task(t, DataSpec(), guard, notes) for t in req.tasks]
     n = len(tasks)
     out_dir = Path(req.out).expanduser() if req.out else settings.subdir("regions")
     out_dir.mkdir(parents=True, exist_ok=True)
-    notes: list[str] = []
     done = [0]
     total = 2 * n + 2 * n  # fine-tunes and regions, then the stages of both arms
 
@@ -448,13 +451,13 @@ def continual(req: ContinualRequest, progress: Progress | None = None, cancel=No
                                          step=s, steps=steps, loss=loss))
         params = {p: pair.param(p) for p in pair.graftable}
         everything = {p: torch.arange(pair.pre[p].numel()) for p in pair.graftable}
-        with scoring.grafted_values(pair, everything, {p: begin[p].reshape(-1) for p in pair.graftable}):
+        with pair.grafted(everything, {p: begin[p].reshape(-1) for p in pair.graftable}):
             torch.manual_seed(recipe.seed)
             return experiments.retrain_inside(pair.model, params, begin, region, make_batches, recipe, on_step, cancel)
 
     def score(j: int, indices: dict, values: dict) -> float:
         pair = pair_of(j)
-        with scoring.grafted_values(pair, indices, values):
+        with pair.grafted(indices, values):
             return metrics.accuracy(*scoring.predict(pair, tasks[j], "test", req.n, seed=req.seed))
 
     # 2. forget-free: stage i trains only its new part; task j is inferred with the patch of stage j

@@ -19,8 +19,8 @@ from ..regions import RegionRecord
 from ..requests import AnatomyRequest, ComposeRequest, ExportRequest
 from . import text
 from .common import (
-    LOCAL, Guard, Progress, Result, check_model_ref, finish, get_task, labels_for, latest_region, load_region, loadable,
-    merged_shapes, pair_for_regions, plain, same_regions,
+    LOCAL, Guard, Progress, Result, check_build, check_model_ref, finish, get_task, labels_for, latest_region,
+    load_region, loadable, merged_shapes, pair_for_regions, plain, same_regions,
 )
 from .registry import verb
 
@@ -122,6 +122,7 @@ def _as_patch(record: RegionRecord, guard: Guard, progress=None, cancel=None) ->
         raise RegionError(f"a region without values needs its fine-tuned model '{finetuned}', which cannot be loaded here")
     pair = pair_for_regions(base, finetuned, [record], guard, progress, cancel)
     regions.check_fits(record, pair)
+    check_build(record, pair, record.meta.method or "region", [])
     return regions.with_patch(pair, record)
 
 
@@ -177,7 +178,7 @@ def compose(req: ComposeRequest, progress: Progress | None = None, cancel=None, 
         else:
             record = regions.derived_record(records[0].meta, sets.union(*(r.indices for r in records)), shapes, made)
         out = Path(req.out).expanduser()
-        regions.save(record, out)
+        regions.save(record, out, exclusive=not req.overwrite)
         written = {"path": str(out), "kind": record.kind, "k": record.size}
     finish(progress)
     return ComposeResult(req, same_regions(names, records), time.time() - start, names, list(req.regions),
@@ -215,18 +216,20 @@ def export(req: ExportRequest, progress: Progress | None = None, cancel=None, gu
     if progress:
         progress({"stage": "loading models", "fraction": 0.1})
     options = req.load_options(regions.recorded_options(record.meta))
+    notes: list[str] = []
     if req.finetuned is None:
         pair = guard.checked_pair(regions.pair_from_patch(base, record, options,
                                                           allow_local=guard.allow_local(models=[base])))
     else:
         pair = pair_for_regions(base, req.finetuned, [record], guard, progress, cancel, options)
         regions.check_fits(record, pair)
+        check_build(record, pair, Path(path).name, notes)
     if progress:
         progress({"stage": "writing the grafted checkpoint", "fraction": 0.5})
     record.meta.export_request = req.as_dict()
     regions.export_graft(pair, record, out)
     finish(progress)
-    return ExportResult(req, [], time.time() - start, str(out), str(path), base,
+    return ExportResult(req, notes, time.time() - start, str(out), str(path), base,
                         req.finetuned or f"patch:{record.meta.finetuned or '?'}", record.size, list(pair.label_names),
                         architecture(pair.model))
 

@@ -6,6 +6,7 @@ once with its request, summary and text (``registry.verb``).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import time
@@ -24,14 +25,14 @@ from ..layout import MODULE_LABELS, anatomy as count_anatomy
 from ..localizers import Budget, get_method, run_method
 from ..method import data_parallel, region_size
 from ..models import ModelPair, pair_kind, prompt_tokenizer
-from ..paths import new_path, short_ref, slug
+from ..paths import file_lock, short_ref, slug
 from ..regions import RegionMeta, RegionRecord
 from ..requests import EvaluateRequest, FinetuneRequest, LocalizeRequest, PairRequest, SweepRequest, derive
 from . import text
 from .common import (
-    LOCAL, Guard, Progress, Result, check_model_ref, examples_per_class, finish, get_pair, get_task,
-    kshot_batches, labels_for, load_region, loadable, merged_shapes, needs_task_labels, ood_tasks, pair_for_regions,
-    plain, prompt_notes, same_regions, side_by_side,
+    LOCAL, Guard, Progress, Result, check_build, check_model_ref, examples_per_class, finish, get_pair, get_task,
+    graft_of, kshot_batches, labels_for, load_region, loadable, merged_shapes, needs_task_labels, ood_tasks,
+    pair_for_regions, plain, prompt_notes, same_regions, save_new, side_by_side,
 )
 from .registry import verb
 
@@ -61,25 +62,28 @@ def finetune(req: FinetuneRequest, progress: Progress | None = None, cancel=None
     start = time.time()
     config = req.recipe()
     check_model_ref(req.base)
-    task = get_task(req.task, req.data_spec(), guard)
+    notes: list[str] = []
+    task = get_task(req.task, req.data_spec(), guard, notes)
     allow = guard.allow_local(models=[req.base])
     options = req.load_options()
-    reused = False
     if req.out:
-        out = Path(req.out).expanduser()
+        out, shared = Path(req.out).expanduser(), contextlib.nullcontext()
     else:
         key = f"{slug(req.base)}-{slug(task.name)}"
         if options.reading() != LoadOptions().reading():
             key += "-" + hashlib.sha256(json.dumps(options.reading(), sort_keys=True).encode()).hexdigest()[:6]
         out = default_checkpoint_dir(key, config)
-        reused = (out / "config.json").exists()
-    if not reused:
-        def step(p):
-            if progress:
-                progress({"stage": f"fine-tuning on {task.name}", **asdict(p)})
+        shared = file_lock(out)  # another run building this very checkpoint: wait for it, then reuse it
 
-        training.finetune(req.base, task, config, out, progress=step, cancel=cancel, allow_local=allow,
-                          request=req.as_dict(), options=options)
+    def step(p):
+        if progress:
+            progress({"stage": f"fine-tuning on {task.name}", **asdict(p)})
+
+    with shared:
+        reused = not req.out and (out / "config.json").exists()
+        if not reused:
+            training.finetune(req.base, task, config, out, progress=step, cancel=cancel, allow_local=allow,
+                              request=req.as_dict(), options=options)
     if progress:
         progress({"stage": "testing", "fraction": 0.99})
     model, tokenizer, _, _ = training.load_trainable(str(out), task.label_names, LoadOptions(head=options.head,
@@ -88,7 +92,8 @@ def finetune(req: FinetuneRequest, progress: Progress | None = None, cancel=None
     probs, labels = scoring.predict(checkpoint, task, "test", req.test_examples)
     accuracy, n = scoring.metrics.accuracy(probs, labels), len(labels)
     chance = float(labels.bincount().max()) / n if n else None  # always answering the most frequent class
-    notes = [f"fine-tuned through its prompt: {tokenizer.prompt.describe()}"] if getattr(tokenizer, "prompt", None) else []
+    if getattr(tokenizer, "prompt", None):
+        notes.append(f"fine-tuned through its prompt: {tokenizer.prompt.describe()}")
     finish(progress)
     return FinetuneResult(req, notes, time.time() - start, str(out), reused, task.name, accuracy, n, config.as_dict(),
                           chance)
@@ -140,6 +145,14 @@ class LocalizeResult(Result):
         return out
 
 
+def check_moved(pair: ModelPair) -> None:
+    """Refuse a pair whose fine-tuned model is its base: no parameter moved, so no region carries anything."""
+    if not pair.moved():
+        raise ModelError(f"'{short_ref(pair.finetuned_ref)}' equals '{short_ref(pair.base_ref)}' in every graftable "
+                         "parameter: fine-tuning moved nothing, so there is no skill to localize; give the fine-tuned "
+                         "checkpoint as --finetuned")
+
+
 def find_region(req, pair: ModelPair, task: Task | None, k: int, notes: list[str], progress=None, cancel=None):
     """Run ``req.method`` at budget k on ``pair``; returns the region and the record fields that say how."""
     info = get_method(req.method)
@@ -180,23 +193,27 @@ def localize(req: LocalizeRequest, progress: Progress | None = None, cancel=None
         check_model_ref(ref)
     options = req.load_options()
     needs_task = info.needs_data or needs_task_labels(req.finetuned, options, guard)  # an LM's words follow the labels
-    task = get_task(req.task, req.data_spec(), guard) if needs_task else None
     notes: list[str] = []
+    task = get_task(req.task, req.data_spec(), guard, notes) if needs_task else None
     if info.needs_data:
         examples_per_class(req, task, [])  # a bad k-shot size fails before any model is loaded
     pair = get_pair(req.base, req.finetuned, req.graftable_spec(), guard, progress, cancel, options,
                     task.label_names if task else None)
     notes += prompt_notes(pair)
+    check_moved(pair)
     k = req.budget().resolve(pair.counts()["graftable"])
     if progress:
         progress({"stage": f"budget k = {k:,}", "k": k})
     region, made = find_region(req, pair, task, k, notes, progress, cancel)
     record = region_record(req, pair, region, made, notes, time.time() - start)
-    out = Path(req.out).expanduser() if req.out else new_path(
-        settings.subdir("regions"), f"{short_ref(req.task)}-{req.method}-k{record.size}", ".safetensors")
     world = data_parallel()
-    if world is None or world.rank == 0:  # several processes learn one region; one writes it
-        regions.save(record, out)
+    if req.out:
+        out = Path(req.out).expanduser()
+        if world is None or world.rank == 0:  # several processes learn one region; one writes it
+            regions.save(record, out, exclusive=not req.overwrite)
+    else:
+        out = save_new(record, settings.subdir("regions"), f"{short_ref(req.task)}-{req.method}-k{record.size}",
+                       world is None or world.rank == 0)
     finish(progress)
     return LocalizeResult(req, notes, time.time() - start, str(out), record)
 
@@ -262,7 +279,7 @@ def evaluate(req: EvaluateRequest, progress: Progress | None = None, cancel=None
     check_model_ref(base)
     if not from_patch:
         check_model_ref(finetuned)
-    task = get_task(task_ref, spec, guard)
+    task = get_task(task_ref, spec, guard, notes)
     oods = ood_tasks(req, task_ref, task, guard, notes)
     options = req.load_options(regions.recorded_options(first) if records else None)
     if from_patch:
@@ -280,12 +297,13 @@ def evaluate(req: EvaluateRequest, progress: Progress | None = None, cancel=None
     else:
         pair = get_pair(base, finetuned, GraftableSpec(), guard, progress, cancel, options, task.label_names)
     notes += prompt_notes(pair)
-    for path, record in zip(req.regions, records):
+    for path, label, record in zip(req.regions, labels, records):
         try:
             regions.check_fits(record, pair)
         except RegionError as err:
             raise RegionError(f"'{path}': {err}") from None
-    models = {label: record.indices for label, record in zip(labels, records)}
+        check_build(record, pair, label, notes)
+    models = {label: graft_of(record) for label, record in zip(labels, records)}
     kinds = {label: record.meta.method for label, record in zip(labels, records)}
     start_overlap = {label: r.meta.top_movement_overlap for label, r in zip(labels, records)
                      if r.meta.top_movement_overlap is not None}
@@ -351,8 +369,8 @@ def sweep(req: SweepRequest, progress: Progress | None = None, cancel=None, guar
     start = time.time()
     for ref in (req.base, req.finetuned):
         check_model_ref(ref)
-    task = get_task(req.task, req.data_spec(), guard)
     notes: list[str] = []
+    task = get_task(req.task, req.data_spec(), guard, notes)
     oods = ood_tasks(req, req.task, task, guard, notes)
     methods = list(dict.fromkeys(req.methods))
     if any(get_method(m).needs_data for m in methods):
@@ -361,6 +379,7 @@ def sweep(req: SweepRequest, progress: Progress | None = None, cancel=None, guar
                     task.label_names)
     scoring.check_labels(pair, task)
     notes += prompt_notes(pair)
+    check_moved(pair)
 
     def score(region):
         """(metrics in distribution, {OOD task: accuracy}) of a graft; ``None`` is the fine-tuned model."""
@@ -384,9 +403,8 @@ def sweep(req: SweepRequest, progress: Progress | None = None, cancel=None, guar
             region, made = find_region(one, pair, task, k, notes, cancel=cancel)
             kept = None
             if req.keep:  # the region as a file that `graftui run` re-makes, like one from localize
-                kept = new_path(Path(req.keep).expanduser(), f"{short_ref(req.task)}-{name}-k{region_size(region)}",
-                                ".safetensors")
-                regions.save(region_record(one, pair, region, made, [], time.time() - began), kept)
+                kept = save_new(region_record(one, pair, region, made, [], time.time() - began),
+                                Path(req.keep).expanduser(), f"{short_ref(req.task)}-{name}-k{region_size(region)}")
             own, ood = score(region)
             rows.append({"method": name, "region": None if kept is None else str(kept), "sparsity": s,
                          "k": region_size(region), "n": own.n, "accuracy": own.accuracy,
