@@ -21,7 +21,19 @@ ENV HOME=/home/user \
     GRAFTUI_SESSION_JOBS=2 \
     GRAFTUI_SESSION_MB=1024 \
     GRAFTUI_SESSION_IDLE_HOURS=24 \
-    GRAFTUI_MAX_JOBS=8
+    GRAFTUI_MAX_JOBS=8 \
+    GRAFTUI_CLIENT_JOBS=4 \
+    GRAFTUI_TRUSTED_PROXIES=1 \
+    GRAFTUI_JOB_SECONDS=1800 \
+    GRAFTUI_MAX_STEPS=200 \
+    GRAFTUI_MAX_EXAMPLES_PER_CLASS=1024 \
+    GRAFTUI_MAX_TRAIN_EXAMPLES=5000 \
+    GRAFTUI_MAX_EPOCHS=5 \
+    GRAFTUI_MAX_TEST_EXAMPLES=2000 \
+    GRAFTUI_MAX_BATCH=64 \
+    GRAFTUI_MAX_CURVE_POINTS=24 \
+    GRAFTUI_MAX_CELL_CHARS=100000 \
+    GRAFTUI_MAX_DATA_MB=512
 
 # Dependencies first, so a code change does not reinstall them. The CPU build of PyTorch comes
 # from its own index; requirements.txt pins the same version, which the +cpu build satisfies.

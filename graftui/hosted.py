@@ -18,8 +18,9 @@ from pathlib import Path
 from safetensors import safe_open
 
 from . import settings
+from .config import is_default_finetuned
 from .data import check_reference
-from .errors import DataError, ModelError, SessionError
+from .errors import DataError, ModelError, RequestError, SessionError
 from .flows import Guard, clear_cache
 from .models import resolve
 from .paths import DATA_SUFFIXES, short_ref
@@ -71,7 +72,7 @@ def allow_local_for(models=(), tasks=()) -> bool:
     for ref in models:
         if is_managed(ref):
             needs_local = True
-        else:
+        elif not is_default_finetuned(ref):  # the server's own, built by a job of its own when first needed
             resolve(ref, allow_local=False)
     for ref in tasks:
         if is_managed(ref):
@@ -204,3 +205,32 @@ def save_upload(path: str | Path, read=None):
     except BaseException:
         shutil.rmtree(dest.parent, ignore_errors=True)
         raise
+
+
+# -- what a request may ask of a shared server ------------------------------------------------------------
+MODEL_FIELDS = ("base", "finetuned", "checkpoint")
+TASK_FIELDS = ("task", "ood", "tasks")
+
+
+def check_request(request, guard: Guard) -> None:
+    """What a server checks before it queues a job: the request's own checks and, hosted, the ceilings on one
+    job's work and every model and data reference it names (a server path is refused here, not in the job)."""
+    request.validate()
+    if not settings.hosted():
+        return
+    for name, cap in settings.HOSTED_CEILINGS.items():
+        value = getattr(request, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > cap:
+            raise RequestError(f"{name.replace('_', ' ')} {value:,} is over this server's limit of {cap:,}; ask for "
+                               "less (run graftui on your own machine for more)")
+    if getattr(request, "train_examples", None) == 0:
+        raise RequestError("training on every example (0) is not offered here; give a number of training examples up "
+                           f"to {settings.HOSTED_CEILINGS['train_examples']:,}")
+    points = len(getattr(request, "sparsities", None) or []) * len(getattr(request, "methods", None) or [1])
+    points = max(points, len(getattr(request, "alphas", None) or []))
+    if points > settings.MAX_CURVE_POINTS:
+        raise RequestError(f"{points} points on one curve are over this server's limit of {settings.MAX_CURVE_POINTS}; "
+                           "ask for fewer budgets, methods or α values")
+    refs = lambda names: [r for n in names for v in [getattr(request, n, None)] if v  # noqa: E731
+                          for r in (v if isinstance(v, list) else [v])]
+    guard.allow_local(models=refs(MODEL_FIELDS), tasks=refs(TASK_FIELDS))

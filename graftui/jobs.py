@@ -1,7 +1,9 @@
 """One runner for all long work (fine-tuning, localization, sweeps, evaluations).
 
-Jobs run one at a time on a background thread, in submission order, so the models they share
-are never touched by two jobs at once. Each job lives in ``$GRAFTUI_HOME/jobs/<id>/`` as
+Jobs run one at a time on a background thread, so the models they share are never touched by two
+jobs at once. Waiting jobs are served owner by owner in turn (the owner served longest ago goes
+next, and an owner's own jobs in the order submitted), so one busy session cannot hold the queue;
+a job over the runner's time limit is stopped at its next progress report. Each job lives in ``$GRAFTUI_HOME/jobs/<id>/`` as
 ``job.json`` (status, parameters, progress history, result) plus whatever files it writes, so
 a reloaded page, or a restarted server, sees every job again.
 
@@ -15,7 +17,6 @@ from __future__ import annotations
 import contextvars
 import json
 import logging
-import queue
 import threading
 import time
 import traceback
@@ -31,6 +32,7 @@ log = logging.getLogger(__name__)
 
 QUEUED, RUNNING, DONE, FAILED, CANCELLED, INTERRUPTED = "queued", "running", "done", "failed", "cancelled", "interrupted"
 FINISHED = {DONE, FAILED, CANCELLED, INTERRUPTED}
+NOBODY = ""  # the owner of a record whose owner is unknown: no hosted session's id (those have 32 characters)
 
 
 @dataclass
@@ -49,6 +51,7 @@ class Job:
     result: dict | None = None
     error: str | None = None
     owner: str | None = None  # the hosted session that submitted it; None: the server's own (or a local user's)
+    client: str | None = None  # the address it came from (hosted): fairness is per client, whatever its sessions
 
     @property
     def duration(self) -> float | None:
@@ -58,6 +61,10 @@ class Job:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+class TimeLimit(Cancelled):
+    """A job ran past the runner's time limit (a hosted server's GRAFTUI_JOB_SECONDS)."""
 
 
 class JobContext:
@@ -70,6 +77,10 @@ class JobContext:
 
     def report(self, event: dict) -> None:
         """Record a progress event; ``fraction`` (0..1) and ``stage`` are shown, the rest plotted."""
+        limit = self._runner.max_seconds
+        if limit and time.time() - (self.job.started or time.time()) > limit:
+            raise TimeLimit(f"stopped after {limit:,.0f} s, this server's limit for one job: ask for less work "
+                            "(fewer steps, examples or test examples)")
         if self.cancel.is_set():
             raise Cancelled(f"{self.job.kind} cancelled")
         event = {k: v for k, v in event.items() if v is not None}
@@ -89,29 +100,51 @@ JobFn = Callable[[JobContext], dict]
 
 
 class JobRunner:
-    def __init__(self, root: str | Path):
+    def __init__(self, root: str | Path, max_seconds: float | None = None):
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
+        self.max_seconds = max_seconds  # a job running longer is stopped at its next progress report
         self._lock = threading.RLock()
+        self._wake = threading.Condition(self._lock)
         self._jobs: dict[str, Job] = {}
         self._fns: dict[str, tuple[JobFn, contextvars.Context]] = {}
         self._contexts: dict[str, JobContext] = {}
-        self._queue: "queue.Queue[str]" = queue.Queue()
+        self._waiting: list[str] = []  # job ids, in submission order
+        self._served: dict[str | None, float] = {}  # owner -> when one of its jobs last started
         self._last_save: dict[str, float] = {}
         self._load_existing()
         self._worker = threading.Thread(target=self._work, name="graftui-jobs", daemon=True)
         self._worker.start()
 
     # -- public --------------------------------------------------------------------------------
-    def submit(self, kind: str, title: str, fn: JobFn, params: dict | None = None, owner: str | None = None) -> Job:
-        job = Job(id=time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6], kind=kind, title=title, params=params or {},
-                  owner=owner)
+    def submit(self, kind: str, title: str, fn: JobFn, params: dict | None = None, owner: str | None = None,
+               dedupe: bool = False, client: str | None = None) -> Job:
+        """Queue ``fn``; with ``dedupe``, the same owner's identical job still waiting or running is returned instead
+        (a double click queues one job)."""
         with self._lock:
+            twin = self.twin(kind, params, owner) if dedupe else None
+            if twin is not None:
+                return twin
+            job = Job(id=time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6], kind=kind, title=title,
+                      params=params or {}, owner=owner, client=client)
             self._jobs[job.id] = job
             self._fns[job.id] = (fn, contextvars.copy_context())
-        self._save(job)
-        self._queue.put(job.id)
+            self._save(job)
+            self._waiting.append(job.id)
+            self._wake.notify()
         return job
+
+    def twin(self, kind: str, params: dict | None, owner: str | None) -> Job | None:
+        """The owner's job of this kind and these params that is still waiting or running, if any."""
+        with self._lock:
+            return next((j for j in self._jobs.values() if j.status in (QUEUED, RUNNING) and j.owner == owner
+                         and j.kind == kind and j.params == (params or {})), None)
+
+    def place(self, job_id: str) -> int | None:
+        """A waiting job's place in the queue (1: next), as the queue serves owners in turn; None once it runs."""
+        with self._lock:
+            order = self._order()
+            return order.index(job_id) + 1 if job_id in order else None
 
     def cancel(self, job_id: str) -> bool:
         """Cancel a queued job now, or a running one at its next step."""
@@ -129,6 +162,8 @@ class JobRunner:
         return True
 
     def get(self, job_id: str) -> Job | None:
+        if not isinstance(job_id, str):  # a page may send anything
+            return None
         with self._lock:
             return self._jobs.get(job_id)
 
@@ -153,9 +188,32 @@ class JobRunner:
         return path
 
     # -- internals -----------------------------------------------------------------------------
+    def _order(self) -> list[str]:
+        """The waiting jobs in the order they will run: each round takes the next job of every client (or owner),
+        the one served longest ago first (``_lock`` held)."""
+        queued = [i for i in self._waiting if self._jobs[i].status == QUEUED]
+        owners = list(dict.fromkeys(_turn(self._jobs[i]) for i in queued))
+        owners.sort(key=lambda o: self._served.get(o, float("-inf")))
+        per_owner = {o: [i for i in queued if _turn(self._jobs[i]) == o] for o in owners}
+        order, rounds = [], max((len(v) for v in per_owner.values()), default=0)
+        for r in range(rounds):
+            order += [jobs[r] for jobs in per_owner.values() if r < len(jobs)]
+        return order
+
+    def _next(self) -> str:
+        with self._lock:
+            while True:
+                self._waiting = [i for i in self._waiting if self._jobs[i].status == QUEUED]
+                order = self._order()
+                if order:
+                    self._waiting.remove(order[0])
+                    self._served[_turn(self._jobs[order[0]])] = time.monotonic()
+                    return order[0]
+                self._wake.wait()
+
     def _work(self) -> None:
         while True:
-            job_id = self._queue.get()
+            job_id = self._next()
             with self._lock:
                 job = self._jobs[job_id]
                 fn, context = self._fns.pop(job_id, (None, None))
@@ -170,6 +228,10 @@ class JobRunner:
                 with self._lock:
                     job.result, job.status, job.fraction = result or {}, DONE, 1.0
                     job.message = "done"
+            except TimeLimit as err:
+                with self._lock:
+                    job.status, job.error = FAILED, message(err)
+                    job.message = job.error
             except Cancelled:
                 with self._lock:
                     job.status, job.message = CANCELLED, "cancelled"
@@ -205,13 +267,21 @@ class JobRunner:
             self._jobs[job.id] = job
 
 
+def _turn(job: Job) -> str | None:
+    """Whose turn a job waits for: its client's (one address, however many sessions), else its owner's."""
+    return job.client or job.owner
+
+
 _FIELD_TYPES = {"id": str, "kind": str, "title": str, "params": dict, "status": str, "progress": list,
-                "message": str, "result": (dict, type(None)), "error": (str, type(None)), "owner": (str, type(None))}
+                "message": str, "result": (dict, type(None)), "error": (str, type(None)), "owner": (str, type(None)),
+                "client": (str, type(None))}
 
 
 def _read_job(path: Path) -> Job:
     """A job record from disk; a damaged one (unreadable, truncated, not a job) is listed as a failed job
-    that says so, and its file is left as it was, so one bad file never stops the server."""
+    that says so, and its file is left as it was, so one bad file never stops the server. A damaged record keeps
+    the owner it names, if any; one that names none is nobody's (a hosted page lists it to no session)."""
+    data = None
     try:
         data = json.loads(path.read_text())
         if not isinstance(data, dict):
@@ -228,8 +298,9 @@ def _read_job(path: Path) -> Job:
         return job
     except (OSError, ValueError, TypeError) as err:
         reason = str(err).splitlines()[0][:120] if str(err) else type(err).__name__
+        owner = data.get("owner") if isinstance(data, dict) and isinstance(data.get("owner"), str) else NOBODY
         return Job(id=path.parent.name, kind="damaged", title=f"damaged job record ({path.parent.name})", params={},
-                   status=FAILED, created=_mtime(path), finished=_mtime(path),
+                   status=FAILED, created=_mtime(path), finished=_mtime(path), owner=owner,
                    error=f"the record of this job is damaged and was not loaded: {reason}")
 
 

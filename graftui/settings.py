@@ -66,6 +66,11 @@ def hosted() -> bool:
     return os.environ.get("GRAFTUI_HOSTED", "").strip().lower() in {"1", "true", "yes", "on"}
 
 
+# Limits on reading any data file, from every front end: the characters of one cell, and the megabytes a whole
+# file decodes to, checked while the file is read, so a small compressed file cannot expand into gigabytes.
+MAX_CELL_CHARS = int(os.environ.get("GRAFTUI_MAX_CELL_CHARS", "100000"))
+MAX_DATA_MB = float(os.environ.get("GRAFTUI_MAX_DATA_MB", "512"))
+
 # Caps for hosted mode: uploads are hostile until checked, and a Space has little memory.
 MAX_UPLOAD_MB = float(os.environ.get("GRAFTUI_MAX_UPLOAD_MB", "200"))
 MAX_DATASET_ROWS = int(os.environ.get("GRAFTUI_MAX_DATASET_ROWS", "50000"))
@@ -76,6 +81,28 @@ SESSION_JOBS = int(os.environ.get("GRAFTUI_SESSION_JOBS", "2"))
 SESSION_MB = float(os.environ.get("GRAFTUI_SESSION_MB", "1024"))
 SESSION_IDLE_HOURS = float(os.environ.get("GRAFTUI_SESSION_IDLE_HOURS", "24"))
 MAX_JOBS = int(os.environ.get("GRAFTUI_MAX_JOBS", "8"))
+CLIENT_JOBS = int(os.environ.get("GRAFTUI_CLIENT_JOBS", "4"))  # waiting or running per client address, whatever its sessions
+# Proxies in front of the server that append the client's address to X-Forwarded-For (a Space has one); 0: none,
+# the socket's peer is the client (a header the client sends itself is then never believed).
+TRUSTED_PROXIES = int(os.environ.get("GRAFTUI_TRUSTED_PROXIES", "0"))
+# Hosted ceilings on one job's work, so that no request holds the queue for long; and a wall-clock limit per job.
+HOSTED_CEILINGS = {
+    "steps": int(os.environ.get("GRAFTUI_MAX_STEPS", "200")),  # mask steps (and purification steps)
+    "purify_steps": int(os.environ.get("GRAFTUI_MAX_STEPS", "200")),
+    "examples_per_class": int(os.environ.get("GRAFTUI_MAX_EXAMPLES_PER_CLASS", "1024")),
+    "train_examples": int(os.environ.get("GRAFTUI_MAX_TRAIN_EXAMPLES", "5000")),
+    "epochs": int(os.environ.get("GRAFTUI_MAX_EPOCHS", "5")),
+    "n": int(os.environ.get("GRAFTUI_MAX_TEST_EXAMPLES", "2000")),  # test examples per task
+    "test_examples": int(os.environ.get("GRAFTUI_MAX_TEST_EXAMPLES", "2000")),
+    "batch_size": int(os.environ.get("GRAFTUI_MAX_BATCH", "64")),
+}
+MAX_CURVE_POINTS = int(os.environ.get("GRAFTUI_MAX_CURVE_POINTS", "24"))  # sweep budgets × methods, WiSE α values
+
+
+def job_seconds() -> float | None:
+    """The wall-clock limit of one job: GRAFTUI_JOB_SECONDS (0: none); hosted, 1800 s unless set."""
+    value = float(os.environ.get("GRAFTUI_JOB_SECONDS", "1800" if hosted() else "0"))
+    return value or None
 
 
 def fast() -> bool:

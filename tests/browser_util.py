@@ -61,6 +61,7 @@ class AppServer:
     log_path: Path
     fast: bool = True
     hosted: bool = False  # GRAFTUI_HOSTED=1: per-session workspaces, server paths refused
+    extra_env: dict = field(default_factory=dict)  # settings of this server (a hosted ceiling raised, say)
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen | None = None
     started: float = 0.0
@@ -85,6 +86,7 @@ class AppServer:
         if self.hosted:
             env["GRAFTUI_HOSTED"] = "1"
             env["GRADIO_TEMP_DIR"] = str(self.home / "gradio-uploads")
+        env.update(self.extra_env)
         return env
 
     def start(self, timeout: float = 120.0) -> "AppServer":

@@ -24,7 +24,9 @@ pytestmark = pytest.mark.browser
 @pytest.fixture(scope="module")
 def hosted_server(tmp_path_factory):
     home = tmp_path_factory.mktemp("graftui-hosted-home")
-    srv = bu.AppServer(home=home, log_path=home.parent / "hosted-server.log", fast=True, hosted=True)
+    # a ceiling on mask steps high enough for a job that runs until its session cancels it
+    srv = bu.AppServer(home=home, log_path=home.parent / "hosted-server.log", fast=True, hosted=True,
+                       extra_env={"GRAFTUI_MAX_STEPS": "100000"})
     try:
         srv.start(timeout=120)
     except Exception:

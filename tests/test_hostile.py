@@ -403,10 +403,12 @@ def test_a_session_never_sees_or_cancels_another_sessions_jobs_and_quotas_hold(s
         a, b = server.session(), server.session()
         monkeypatch.setattr(settings, "SESSION_JOBS", 2)
         ids = []
-        for _ in range(2):
-            status = server.call("/on_localize", a, *LOCALIZE, -3, 5, 8, 0.02, "auto", "", "")[0]
+        for steps in (5, 6):  # two different jobs (the same one again is the job already queued)
+            status = server.call("/on_localize", a, *LOCALIZE, -3, steps, 8, 0.02, "auto", "", "")[0]
             ids.append(status.split("(job ")[1].split(")")[0])
-        server.refuses("/on_localize", (a, *LOCALIZE, -3, 5, 8, 0.02, "auto", "", ""), "the limit is 2")
+        again = server.call("/on_localize", a, *LOCALIZE, -3, 5, 8, 0.02, "auto", "", "")[0]
+        assert f"(job {ids[0]})" in again  # a double click queues nothing new
+        server.refuses("/on_localize", (a, *LOCALIZE, -3, 7, 8, 0.02, "auto", "", ""), "the limit is 2")
         with store.session(b):
             assert {j.id for j in store.runner().jobs()} == {blocker.id}
         with store.session(a):
@@ -427,6 +429,38 @@ def test_a_session_never_sees_or_cancels_another_sessions_jobs_and_quotas_hold(s
         gate.set()
     assert store.runner().runner.wait(blocker.id, 30).status == "done"
     assert {store.runner().runner.get(i).status for i in ids} == {"cancelled"}
+
+
+def test_twenty_sessions_of_one_address_cannot_keep_another_address_from_starting_a_job(server, monkeypatch):
+    """A script that opens session after session is counted by its address (behind the one trusted proxy, the
+    last X-Forwarded-For entry), so fresh sessions do not reset its quota and others still get a place."""
+    from gradio_client import Client
+
+    from graftui import settings
+    from graftui.ui import store
+
+    monkeypatch.setattr(settings, "TRUSTED_PROXIES", 1)
+    monkeypatch.setattr(settings, "CLIENT_JOBS", 4)
+    script = Client(server.url, verbose=False, download_files=False, headers={"X-Forwarded-For": "6.6.6.6, 10.0.0.1"})
+    other = Client(server.url, verbose=False, download_files=False, headers={"X-Forwarded-For": "10.0.0.2"})
+    gate = threading.Event()
+    blocker = store.runner().submit("prepare", "server's own job", lambda ctx: gate.wait(60) and {}, server=True)
+    queued, refused = [], []
+    try:
+        for i in range(20):
+            sid = script.predict("", api_name="/on_load")[1]
+            status = script.predict(sid, *LOCALIZE, -3, 5 + i, 8, 0.02, "auto", "", "", api_name="/on_localize")[0]
+            (queued if status.startswith("Submitted") else refused).append(status)
+        assert len(queued) == 4 and all("from your address" in line for line in refused), refused[:1]
+        sid = other.predict("", api_name="/on_load")[1]
+        status = other.predict(sid, *LOCALIZE, -3, 5, 8, 0.02, "auto", "", "", api_name="/on_localize")[0]
+        assert status.startswith("Submitted"), status
+    finally:
+        for job in store.runner().runner.jobs():
+            if job.status == "queued":
+                store.runner().runner.cancel(job.id)
+        gate.set()
+    assert store.runner().runner.wait(blocker.id, 30).status == "done"
 
 
 def test_disk_quota_and_idle_expiry(server, files, monkeypatch):
@@ -480,3 +514,285 @@ def test_the_dockerfile_runs_hosted_as_uid_1000_outside_its_source():
     assert not Path(env["GRAFTUI_HOME"]).is_relative_to(source)
     cmd = json.loads(re.search(r"^CMD (\[.*\])", text, re.M).group(1))
     assert cmd[1] == f"{source}/app.py" and "7860" in cmd
+
+
+# -- bounded reading: no cell, no file expands past its limit -------------------------------------------
+def _rss_mb() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def test_a_tiny_parquet_file_that_decodes_to_300_mb_is_refused_at_once_with_bounded_memory(server, tmp_path):
+    """4 rows, one cell of 300 MB, zstd: ~10 KB on disk. It is written by another process (so that this one's memory
+    counts only the server's handling), refused from the file's footer (4 rows cannot hold 300 MB without a cell
+    over the limit), and never decoded."""
+    import subprocess
+    import sys
+    import time
+
+    bomb = tmp_path / "bomb.parquet"
+    script = ("import pyarrow as pa, pyarrow.parquet as pq, sys; "
+              "t = pa.table({'text': ['a' * 300_000_000, 'b', 'c', 'd'], 'label': [0, 1, 0, 1]}); "
+              "pq.write_table(t, sys.argv[1], compression='zstd')")
+    subprocess.run([sys.executable, "-c", script, str(bomb)], check=True, timeout=300)
+    assert bomb.stat().st_size < 1_000_000
+    sid = server.session()
+    before, began = _rss_mb(), time.monotonic()
+    line = server.refuses("/on_data_upload", (sid, upload(bomb)), "holds more than 100,000 characters")
+    seconds, grown = time.monotonic() - began, _rss_mb() - before
+    print(f"[hostile] 300 MB-cell Parquet: refused in {seconds:.2f} s, server memory +{grown:.0f} MB: {line}")
+    assert grown < 200, f"the server grew by {grown:.0f} MB reading a refused file"
+    assert uploads_of(server, sid) == []
+    cli_refuses(["localize", "--task", bomb], "holds more than 100,000 characters")
+
+
+def test_cells_and_headers_that_would_mislead_a_reader_are_refused_with_their_line(tmp_path, monkeypatch):
+    from graftui import settings
+    from graftui.data import load_task, preview
+
+    monkeypatch.setattr(settings, "MAX_CELL_CHARS", 1000)
+    rows = "".join(f"sentence {i},{i % 2}\n" for i in range(20))
+    cases = {
+        "long.csv": ("text,label\n" + rows + "x" * 2000 + ",1\n", "more than 1,000 characters"),
+        "twice.csv": ("text,label,label\n" + "".join(f"s {i},{i % 2},1\n" for i in range(20)), "2 columns named 'label'"),
+        "ragged.csv": ("text,label\nhello, there,1\n" + rows, "line 2 of 'ragged.csv' has 3 cells but the header names 2"),
+        "long.jsonl": ("".join(json.dumps({"text": f"s {i}", "label": i % 2}) + "\n" for i in range(20))
+                       + json.dumps({"text": "y" * 2000, "label": 1}) + "\n", "more than 1,000 characters"),
+    }
+    for name, (content, needle) in cases.items():
+        (tmp_path / name).write_text(content)
+        cli_refuses(["localize", "--task", tmp_path / name], needle)
+        with pytest.raises(Exception, match=needle.replace("(", r"\(").replace(")", r"\)")):
+            load_task(tmp_path / name)
+    lists = tmp_path / "lists.jsonl"
+    lists.write_text("".join(json.dumps({"text": ["a", "b"], "label": i % 2}) + "\n" for i in range(20)))
+    cli_refuses(["localize", "--task", lists], "holds a list in row 1, not a text")
+    (tmp_path / "wide.csv").write_text("text,label\n" + "z" * 900 + ",1\n" + rows)
+    shown = preview(tmp_path / "wide.csv")["rows"][0]["text"]  # a preview never ships a whole cell
+    assert len(shown) < 260 and shown.endswith("[900 characters]")
+
+
+def test_labels_that_mean_missing_or_negative_are_read_as_they_are_meant(tmp_path):
+    from graftui.data import load_task, preview
+
+    texts = [f"sentence number {i}" for i in range(60)]
+
+    def write(name, labels):
+        path = tmp_path / name
+        path.write_text("text,label\n" + "".join(f"{t},{y}\n" for t, y in zip(texts, labels)) + f",{labels[0]}\n")
+        return path
+
+    nan = load_task(write("nan.csv", ["positive", "negative", "NaN"] * 20))
+    assert nan.label_names == ("negative", "positive")  # "NaN" is a missing label, not a third class
+    assert any("left out 1 without a text and 20 without a label" in note for note in nan.notes), nan.notes
+    minus = load_task(write("minus.csv", [0, -1] * 30))
+    assert minus.label_names == ("-1", "0") and sum(len(s) for s in minus.splits.values()) == 60
+    assert any("negative labels" in note for note in minus.notes)
+    glue = load_task(write("glue.csv", [0, 1, -1] * 20))  # GLUE's −1 beside two classes: unlabelled rows
+    assert glue.label_names == ("0", "1")
+    one = preview(write("one.csv", ["positive"] * 60))
+    assert any("single class" in w for w in one["warnings"])  # an upload of one class is not greeted as fine
+    cli_refuses(["localize", "--task", tmp_path / "one.csv"], "single class")
+
+
+def test_forged_patch_values_are_refused_on_load_so_evaluate_and_export_agree(tmp_path):
+    from graftui import regions
+    from graftui.localizers import Budget, run_method
+
+    pair, _, _ = make_tiny_pair()
+    region, _ = run_method(pair, Budget(k=20), "top-movement")
+    record = regions.with_patch(pair, regions.make_record(pair, region, {"method": "top-movement", "task": "movies"}))
+    name = next(iter(record.values))
+    record.values[name][0] = 3e38
+    regions.save(record, tmp_path / "huge.safetensors")
+    head = regions.with_patch(pair, regions.make_record(pair, region, {}))
+    head.head[next(iter(head.head))].view(-1)[0] = 1e30
+    regions.save(head, tmp_path / "head.safetensors")
+    for file, group in (("huge", "values"), ("head", "head")):
+        path = tmp_path / f"{file}.safetensors"
+        for verb in (["evaluate", "--region", path], ["export", "--region", path, "--out", tmp_path / f"x-{file}"]):
+            cli_refuses(verb, f"holds {group} of magnitude")
+    assert not (tmp_path / "x-huge").exists() and not (tmp_path / "x-head").exists()
+
+
+def test_a_fine_tune_that_diverges_or_holds_nan_is_one_line(tmp_path):
+    from transformers import AutoTokenizer
+
+    from conftest import MINILM_DIR, make_tiny_bert
+
+    cli_refuses(["finetune", "--lr", "1e308"], "only diverges")
+    base, ft = make_tiny_bert(), make_tiny_bert(seed=1)
+    with torch.no_grad():
+        next(ft.parameters()).view(-1)[0] = float("nan")
+    for model, name in ((base, "base"), (ft, "nan-ft")):
+        model.save_pretrained(tmp_path / name)
+        AutoTokenizer.from_pretrained(MINILM_DIR).save_pretrained(tmp_path / name)
+    task = tmp_path / "task.csv"
+    task.write_text("text,label\n" + "".join(f"a sentence {i},{i % 2}\n" for i in range(60)))
+    cli_refuses(["evaluate", "--base", tmp_path / "base", "--finetuned", tmp_path / "nan-ft", "--task", task],
+                "holds NaN or infinite weights")
+    cli_refuses(["localize", "--base", tmp_path / "base", "--finetuned", tmp_path / "base", "--task", task,
+                 "--method", "top-movement"], "fine-tuning moved nothing")
+
+
+def test_a_template_reading_a_second_text_needs_a_task_that_has_one():
+    from types import SimpleNamespace
+
+    from graftui.data import DataError, Split, Task
+    from graftui.scoring import check_labels
+
+    split = Split(("a", "b"), (0, 1))
+    task = Task("single", ("neg", "pos"), {"train": split, "validation": split, "test": split}, "test")
+    pair = SimpleNamespace(label_names=("neg", "pos"), prompt=SimpleNamespace(template="{text} {text_pair} It was"))
+    with pytest.raises(DataError, match=r"drop \{text_pair\} from --template"):
+        check_labels(pair, task)
+
+
+# -- outputs: exclusive, atomic, cleaned after a kill, disk-full in words -----------------------------------
+def test_two_runs_with_one_out_leave_one_file_and_one_refusal(tmp_path):
+    from graftui import regions
+    from graftui.errors import message
+    from graftui.localizers import Budget, run_method
+    from graftui.paths import Exists
+
+    pair, _, _ = make_tiny_pair()
+    records = [regions.make_record(pair, run_method(pair, Budget(k=k), "top-movement")[0], {}) for k in (20, 30)]
+    out = tmp_path / "r.safetensors"
+    gate, results = threading.Barrier(2), []
+
+    def run(record):
+        gate.wait()
+        try:
+            regions.save(record, out, exclusive=True)
+            results.append("saved")
+        except Exists as err:
+            results.append(message(err))
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in records]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    assert sorted(results)[1] == "saved" and "exists (another run wrote it meanwhile)" in sorted(results)[0]
+    assert [p.name for p in tmp_path.iterdir()] == ["r.safetensors"] and regions.load(out).size in (20, 30)
+
+
+def test_what_a_killed_run_left_is_cleaned_and_a_full_disk_reads_as_one_line(tmp_path):
+    from graftui.errors import message
+    from graftui.paths import atomic_dir, clean_stale, file_lock
+
+    dead, alive = tmp_path / "checkpoints" / f".ft.tmp-{2**22 + 7}-abc", tmp_path / f".exp.tmp-{os.getpid()}-def"
+    dead.mkdir(parents=True)
+    (dead / "model.safetensors").write_bytes(b"x" * 100)
+    alive.mkdir()
+    assert clean_stale(tmp_path) == [dead] and alive.exists() and not dead.exists()
+
+    def full_disk_writer():
+        with atomic_dir(tmp_path / "export") as tmp:
+            (tmp / "part").write_bytes(b"x")
+            raise RuntimeError("Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "
+                               "\"No space left on device\" })")  # what safetensors raises
+
+    with pytest.raises(OSError) as caught:
+        full_disk_writer()
+    assert message(caught.value) == f"cannot write '{tmp_path / 'export'}': No space left on the device; free some " \
+                                     "space and run again"
+    assert not (tmp_path / "export").exists() and [p.name for p in tmp_path.glob(".export*")] == []
+    order = []
+
+    def hold(name, seconds):
+        with file_lock(tmp_path / "ckpt"):
+            order.append(f"{name} in")
+            threading.Event().wait(seconds)
+            order.append(f"{name} out")
+
+    first = threading.Thread(target=hold, args=("a", 0.3))
+    first.start()
+    threading.Event().wait(0.05)
+    hold("b", 0)
+    first.join()
+    assert order == ["a in", "a out", "b in", "b out"]  # a second builder of one checkpoint waits for the first
+
+
+def test_csv_cells_that_a_spreadsheet_would_run_are_neutralised(tmp_path):
+    import csv as csvlib
+    import zipfile
+
+    from graftui import bundle
+
+    rows = [{"model": "=cmd|' /C calc'!A0", "task": "+1+1", "accuracy": -0.5, "delta": "-5.0 pts", "label": "@SUM(1)",
+             "plain": "-0.25"}]
+    path = bundle.write({"verb": "evaluate"}, {"rows": rows, "names": ["=HYPERLINK(1)", "b"],
+                                                "overlap": [[1, 0], [0, 1]]}, tmp_path / "r.zip")
+    with zipfile.ZipFile(path) as zf:
+        table = zf.read("r/tables/rows.csv").decode()
+        overlap = zf.read("r/tables/overlap.csv").decode()
+    row = next(csvlib.DictReader(table.splitlines()))
+    assert row["model"] == "'=cmd|' /C calc'!A0" and row["task"] == "'+1+1" and row["label"] == "'@SUM(1)"
+    assert row["accuracy"] == "-0.5" and row["plain"] == "-0.25" and row["delta"] == "'-5.0 pts"
+    assert "'=HYPERLINK(1)" in overlap and ",=HYPERLINK" not in overlap
+
+
+# -- the hosted queue: fair, bounded, de-duplicated --------------------------------------------------------
+def test_the_queue_serves_clients_in_turn_drops_double_clicks_and_stops_a_job_over_time(tmp_path):
+    from graftui.jobs import DONE, FAILED, NOBODY, JobRunner
+
+    gate = threading.Event()
+    runner = JobRunner(tmp_path / "jobs", max_seconds=0.2)
+    started = []
+
+    def work(name):
+        def fn(ctx):
+            started.append(name)
+            gate.wait(5)
+            return {}
+        return fn
+
+    runner.submit("x", "blocker", work("blocker"), {"verb": "x", "i": 0}, owner="s0", client="c0")
+    ids = [runner.submit("x", f"{c}{i}", work(f"{c}{i}"), {"verb": "x", "c": c, "i": i}, owner=c, client=c).id
+           for c, i in (("a", 1), ("a", 2), ("a", 3), ("b", 1), ("c", 1))]
+    twin = runner.submit("x", "a1 again", work("never"), {"verb": "x", "c": "a", "i": 1}, owner="a", client="a",
+                         dedupe=True)
+    assert twin.id == ids[0]  # a double click returns the job it already queued
+    assert [runner.place(i) for i in ids] == [1, 4, 5, 2, 3]  # a, b, c, then a's others: every client in turn
+    gate.set()
+    for i in ids:
+        runner.wait(i, 10)
+    assert started[1:] == ["a1", "b1", "c1", "a2", "a3"]
+
+    def slow(ctx):
+        for _ in range(100):
+            threading.Event().wait(0.05)
+            ctx.report({"stage": "working"})
+        return {}
+
+    job = runner.wait(runner.submit("x", "slow", slow, {}).id, 10)
+    assert job.status == FAILED and "limit for one job" in job.error
+    assert runner.get({"not": "an id"}) is None and DONE
+    damaged = tmp_path / "jobs" / "20990101-000000-abcdef"
+    damaged.mkdir()
+    (damaged / "job.json").write_text('{"id": "20990101-000000-abcdef", "status": 5}')
+    again = JobRunner(tmp_path / "jobs")
+    assert again.get(damaged.name).owner == NOBODY  # listed to no hosted session
+
+
+def test_hosted_ceilings_and_paths_are_checked_before_a_job_is_queued(monkeypatch, tmp_path):
+    from graftui import hosted, settings
+    from graftui.errors import DataError, RequestError
+    from graftui.requests import LocalizeRequest, SweepRequest, WiseRequest
+
+    monkeypatch.setenv("GRAFTUI_HOSTED", "1")
+    monkeypatch.setenv("GRAFTUI_HOME", str(tmp_path))
+    guard = hosted.HostedGuard()
+    with pytest.raises(RequestError, match="steps 100,000 is over this server's limit"):
+        hosted.check_request(LocalizeRequest.make(steps=100_000), guard)
+    with pytest.raises(RequestError, match="examples per class 1,000,000,000 is over"):
+        hosted.check_request(LocalizeRequest.make(examples_per_class=10**9), guard)
+    with pytest.raises(RequestError, match="points on one curve"):
+        hosted.check_request(SweepRequest.make(sparsities=[1e-4 * (i + 1) for i in range(20)]), guard)
+    with pytest.raises(RequestError, match="points on one curve"):
+        hosted.check_request(WiseRequest.make(alphas=[i / 40 for i in range(41)]), guard)
+    with pytest.raises(DataError, match="local paths"):
+        hosted.check_request(LocalizeRequest.make(task="/etc/passwd"), guard)
+    hosted.check_request(LocalizeRequest.make(), guard)  # the defaults pass, the default model not built yet
+    assert settings.job_seconds() == 1800

@@ -7,6 +7,7 @@ tables are built from job results only, so they can be rebuilt after a reload or
 
 from __future__ import annotations
 
+import html
 import json
 import re
 import shutil
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .. import bundle, flows
+from .. import bundle, flows, hosted, settings
 from ..card import wilson
 from ..config import DEFAULT_BASE, DEFAULT_EXAMPLES_PER_CLASS, DEFAULT_FINETUNED, Budget, GraftableSpec, is_default_finetuned
 from ..data import OFFLINE_TASKS, preview
@@ -171,7 +172,7 @@ def submit(runner, request, title: str, on_result=None, kind: str | None = None)
     The job's params are the request, so any result shows, and re-runs from, what made it.
     """
 
-    request.validate()
+    hosted.check_request(request, store.guard())  # hosted: also the ceilings on work, and every path it names
 
     def fn(ctx) -> dict:
         result = flows.run(request, progress=ctx.report, cancel=ctx.cancel, guard=store.guard())
@@ -333,6 +334,30 @@ def _paths(region_ids: list[str], at_least: int = 1) -> list[str]:
     return [str(store.region_path(rid)) for rid in region_ids]
 
 
+def md(text) -> str:
+    """User text (file, task and label names, messages quoting them) shown in Markdown as text, never as HTML."""
+    return html.escape(str(text), quote=False)
+
+
+def task_summary(task) -> str:
+    """A checked task in one Markdown line: its kind, labels and split sizes, and what reading it left out."""
+    sizes = ", ".join(f"{k} {len(s):,}" for k, s in task.splits.items())
+    kind = "text-pair" if task.is_pair else "single-text"
+    source = "an uploaded file" if settings.hosted() and task.source.startswith("local") else task.source
+    line = (f"✓ **{md(task.name)}**: {kind} task with {task.num_labels} labels ({md(', '.join(task.label_names))}); "
+            f"examples per split: {sizes}. Source: {md(source)}.")
+    return line + "".join(f"\n\nNote: {md(note)}" for note in task.notes)
+
+
+def upload_summary(path: Path, info: dict) -> tuple[str, str]:
+    """(the Markdown beside an upload, the status line): its splits, and what reading it as a task would say."""
+    splits = ", ".join(f"{k}: {v:,} rows" for k, v in info["splits"].items())
+    text = f"Read **{md(path.name)}** ({splits}). Check the guessed columns, then press **Check column mapping**."
+    text += "".join(f"\n\n⚠️ {md(w)}" for w in info.get("warnings") or [])
+    status = f"✓ Read {path.name}." if not info.get("warnings") else f"Read {path.name}; see the warning beside it."
+    return text, status
+
+
 def ood_preview(task: str, columns: dict, ood: list[str], mapping: str | None) -> str:
     """How each OOD task will be read against the task: its test size and its labels' mapping, or why not."""
 
@@ -346,10 +371,10 @@ def ood_preview(task: str, columns: dict, ood: list[str], mapping: str | None) -
         try:
             other = load_task_checked(ref, {})
             _, note = align_labels(main, other, labels)
-            lines.append(f"✓ **{name}**: {len(other.splits['test']):,} test examples; "
-                         + (note or f"same labels as {main.name} ({', '.join(main.label_names)})"))
+            lines.append(f"✓ **{md(name)}**: {len(other.splits['test']):,} test examples; "
+                         + md(note or f"same labels as {main.name} ({', '.join(main.label_names)})"))
         except Exception as err:  # noqa: BLE001 - each task says what is wrong with it
-            lines.append(f"⚠️ **{name}**: {err}")
+            lines.append(f"⚠️ **{md(name)}**: {md(err)}")
     return "\n\n".join(lines)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import gradio as gr
 
 from .. import settings
+from ..paths import clean_stale
 from . import actions, pagescript, store
 from .tabs import anatomy, compare, compose, finetune, jobs, laboratory, localize, models, regions
 from .wiring import Page
@@ -51,8 +52,8 @@ def build_app() -> gr.Blocks:
         page.finish()
 
         @page.safe
-        def on_load(current):
-            session = store.resume(current)  # the browser's own id while it lives, else a new workspace
+        def on_load(current, request: gr.Request = None):  # Gradio passes the page's request (its address)
+            session = store.resume(current, request)  # the browser's own id while it lives, else a new workspace
             with store.session(session):
                 job = actions.submit_prepare(store.runner())
             msg = "Ready. Start on **Models** (the offline default pair is preselected), then **Localize**."
@@ -197,6 +198,7 @@ def quiet_queue(demo) -> None:
 
 
 def launch(host: str = "127.0.0.1", port: int = 7860, share: bool = False, **kwargs):
+    clean_stale(settings.home(), depth=4)  # what runs killed mid-write left behind (their pid is gone)
     demo = build_app()
     demo.queue(default_concurrency_limit=4)
     quiet_queue(demo)

@@ -71,7 +71,7 @@ def runner() -> "Jobs":
     with _runner_lock:
         if _runner is None:
             settings.configure_torch()
-            _runner = JobRunner(settings.shared("jobs"))
+            _runner = JobRunner(settings.shared("jobs"), max_seconds=settings.job_seconds())
     return Jobs(_runner, session_id())
 
 
@@ -105,19 +105,30 @@ class Jobs:
         return self.runner.cancel(job_id)
 
     def submit(self, kind: str, title: str, fn, params: dict | None = None, server: bool = False):
-        """Queue ``fn``; hosted, a session's job counts against its quota (``server``: the server's own job)."""
+        """Queue ``fn``; an identical job of this session still waiting or running is returned instead (a double
+        click queues one job). Hosted, a job counts against its session's and its client address's quotas, which a
+        fresh session does not reset (``server``: the server's own job)."""
         if settings.hosted() and not server:
             if self.owner is None:
                 settings.workspace()  # raises: no live session
+            twin = self.runner.twin(kind, params, self.owner)
+            if twin is not None:
+                return twin
             active = [j for j in self.runner.jobs() if j.status in (QUEUED, RUNNING)]
             mine = sum(j.owner == self.owner for j in active)
             if mine >= settings.SESSION_JOBS:
                 raise SessionError(f"you already have {mine} job(s) waiting or running (the limit is "
                                    f"{settings.SESSION_JOBS}); wait for one to finish, or cancel it on the Jobs list")
+            address = session_client(self.owner)
+            from_here = sum(address is not None and j.client == address for j in active)
+            if from_here >= settings.CLIENT_JOBS:
+                raise SessionError(f"{from_here} job(s) from your address are waiting or running (the limit is "
+                                   f"{settings.CLIENT_JOBS}, whatever the tab); wait for one to finish")
             if len(active) >= settings.MAX_JOBS:
                 raise SessionError(f"the server is busy ({len(active)} job(s) waiting or running); try again in a few minutes")
             check_disk()
-        return self.runner.submit(kind, title, fn, params, owner=None if server else self.owner)
+        return self.runner.submit(kind, title, fn, params, owner=None if server else self.owner, dedupe=True,
+                                  client=None if server else session_client(self.owner))
 
 
 # -- sessions (hosted mode) ----------------------------------------------------------------------
@@ -145,16 +156,46 @@ def live_session(sid) -> Path | None:
     return path if path.is_dir() else None
 
 
-def resume(sid) -> str:
+def resume(sid, request=None) -> str:
     """On page load: the browser's session id when it is still live, else a new one (hosted only;
-    locally sessions do not exist and ``sid`` is returned as it came). Expired workspaces are removed."""
+    locally sessions do not exist and ``sid`` is returned as it came). Expired workspaces are removed.
+    The address the page came from is kept with the session, so job quotas count per client."""
     if not settings.hosted():
         return sid or ""
     expire_sessions()
-    if live_session(sid):
-        _touch(sessions_dir() / sid)
-        return sid
-    return new_session()
+    if not live_session(sid):
+        sid = new_session()
+    _touch(sessions_dir() / sid)
+    address = client_address(request)
+    if address:
+        (sessions_dir() / sid / CLIENT).write_text(address)
+    return sid
+
+
+CLIENT = ".client"
+
+
+def client_address(request) -> str | None:
+    """The address a page's request came from: behind GRAFTUI_TRUSTED_PROXIES proxies (a Space has one) the
+    address the outermost of them appended to X-Forwarded-For (earlier ones are the sender's word); else the
+    socket's peer."""
+    if request is None:
+        return None
+    forwarded = (getattr(request, "headers", None) or {}).get("x-forwarded-for", "")
+    hops = [h.strip() for h in str(forwarded).split(",") if h.strip()]
+    trusted = settings.TRUSTED_PROXIES
+    if trusted and len(hops) >= trusted:
+        return hops[-trusted]
+    return getattr(getattr(request, "client", None), "host", None)
+
+
+def session_client(sid) -> str | None:
+    """The address a session's page was last loaded from."""
+    path = live_session(sid)
+    try:
+        return (path / CLIENT).read_text().strip() or None if path else None
+    except OSError:
+        return None
 
 
 @contextmanager

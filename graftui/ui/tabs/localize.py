@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import gradio as gr
 
-from ... import figures
+from ... import figures, settings
 from ...config import DEFAULT_BASE, DEFAULT_EXAMPLES_PER_CLASS, DEFAULT_FINETUNED
 from ...localizers import METHODS, get_method
 from ...requests import LocalizeRequest
@@ -68,8 +68,9 @@ def build(page) -> gr.Tab:
         loc_status = gr.Markdown("", elem_id="localize-status")
         page.report("localize", loc_job, KINDS)
         loc_plot = gr.Plot(render_localize(None)[0], label="Mask learning, live", elem_id="localize-plot")
-        gr.Markdown("### Saved regions\nEvery finished job is saved as a skill patch under "
-                    f"`{store.regions_dir()}` and listed here, also after a restart.")
+        where = "in this browser's workspace" if settings.hosted() else f"under `{store.regions_dir()}`"
+        gr.Markdown(f"### Saved regions\nEvery finished job is saved as a skill patch {where} and listed here, also "
+                    "after a restart.")
         page.region_table = gr.Dataframe(actions.region_list_rows(), interactive=False, elem_id="region-list")
 
     page.budget, page.budget_info, page.mask = loc_budget, loc_budget_md, (loc_steps, loc_epc, loc_lr)

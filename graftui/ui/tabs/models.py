@@ -136,14 +136,13 @@ def build(page) -> gr.Tab:
             return (gr.skip(),) * 8
         path, info = actions.read_data_upload(file)
         cols, guess = info["columns"], info["guess"]
-        splits = ", ".join(f"{k}: {v:,} rows" for k, v in info["splits"].items())
-        md = f"Read **{path.name}** ({splits}). Check the guessed columns, then press **Check column mapping**."
+        md, line = actions.upload_summary(path, info)
         return (
             gr.update(choices=task_choices(), value=str(path)), gr.update(choices=ood_choices()),
             gr.update(choices=["(guess)", *cols], value=guess.text_column or "(guess)"),
             gr.update(choices=["(none)", *cols], value=guess.pair_column or "(none)"),
             gr.update(choices=["(guess)", *cols], value=guess.label_column or "(guess)"),
-            pd.DataFrame(info["rows"]), md, f"✓ Read {path.name}.",
+            pd.DataFrame(info["rows"]), md, line,
         )
 
     page.on(data_file.upload, on_data_upload, [data_file], [task_dd, ood_dd, *page.columns, data_preview, mapping_md,
@@ -159,10 +158,7 @@ def build(page) -> gr.Tab:
     @guarded(status, beside=mapping_md)
     def on_check_mapping(task, text, pair, label):
         t = actions.load_task_checked(task, columns(task, text, pair, label))
-        sizes = ", ".join(f"{k} {len(s):,}" for k, s in t.splits.items())
-        kind = "text-pair" if t.is_pair else "single-text"
-        return (f"✓ **{t.name}**: {kind} task with {t.num_labels} labels ({', '.join(t.label_names)}); "
-                f"examples per split: {sizes}. Source: {t.source}."), "✓ Column mapping checked."
+        return actions.task_summary(t), "✓ Column mapping checked."
 
     page.on(mapping_btn.click, on_check_mapping, [task_dd, *page.columns], [mapping_md, status])
     return tab
