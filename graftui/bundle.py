@@ -12,6 +12,7 @@ import csv
 import hashlib
 import io
 import json
+import shutil
 import tempfile
 import zipfile
 from pathlib import Path
@@ -126,6 +127,33 @@ def _input_files(request: dict) -> list[Path]:
     return found
 
 
+MAX_INPUT_BYTES = 64 << 20  # a region or skill patch larger than this stays out of the bundle (its hash is listed)
+
+
+def with_inputs(request: dict, root: Path) -> dict:
+    """The request as the bundle holds it: the region files it reads copied under ``inputs/`` and named there, so
+    ``graftui run request.json`` in the unpacked bundle makes the result again on any machine."""
+    out = dict(request)
+    for key in ("region", "regions"):
+        if key not in request:
+            continue
+        value = request[key]
+        items = value if isinstance(value, list) else [value]
+        moved = []
+        for item in items:
+            path = Path(item) if isinstance(item, str) else None
+            if path is not None and path.is_file() and path.stat().st_size <= MAX_INPUT_BYTES:
+                (root / "inputs").mkdir(exist_ok=True)
+                target = root / "inputs" / path.name
+                if not target.exists():
+                    shutil.copyfile(path, target)
+                moved.append(f"inputs/{path.name}")
+            else:
+                moved.append(item)
+        out[key] = moved if isinstance(value, list) else moved[0]
+    return out
+
+
 def _header_meta(path: Path) -> dict:
     from safetensors import safe_open
 
@@ -160,6 +188,7 @@ def readme(request: dict, result: dict, version: str) -> str:
         for value in dict.fromkeys(m.get(key) for m in metas if m.get(key)):
             lines.append(f"- {key.replace('_sha256', '')} model (sha256 of its weights): `{value}`")
     lines += ["", "## Files", "", "- `result.json`: the result as `--json` prints it",
+              "- `inputs/`: the region files the request reads (`request.json` names them there)",
               "- `tables/*.csv`, `tables/*.json`: every table", "- `figures/*.html`: every figure (interactive; "
               "the camera icon saves a PNG)", "", "## Versions", "",
               f"graftui {version}, torch {torch.__version__}, transformers {transformers.__version__}", ""]
@@ -181,7 +210,7 @@ def write(request: dict, result: dict, path, version: str = __version__) -> Path
             (root / "figures").mkdir()
             for name, figure in made.items():
                 figure.write_html(root / "figures" / f"{name}.html", include_plotlyjs="directory", full_html=True)
-        (root / "request.json").write_text(json.dumps(request, indent=2))
+        (root / "request.json").write_text(json.dumps(with_inputs(request, root), indent=2))
         (root / "result.json").write_text(json.dumps(result, indent=2))
         (root / "README.md").write_text(readme(request, result, version))
 

@@ -102,6 +102,7 @@ class Task:
     source: str  # human-readable provenance
     max_length: int = 128  # tokenizer truncation length that suits the task's texts
     notes: tuple[str, ...] = ()  # what reading the source left out or decided, in sentences
+    pooled: bool = False  # its splits were carved from one pool of examples (a single file)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "label_names", tuple(self.label_names))
@@ -757,7 +758,16 @@ def _build_task(source: _Source, spec: DataSpec) -> Task:
     if any(i < 0 for i in mapping if isinstance(i, int)):
         notes += (f"{source.name}: negative labels in column '{spec.label_column}' are read as classes of their own "
                   f"({', '.join(names)}), since without them fewer than two classes would be left",)
-    return Task(source.name, names, {s: splits[s] for s in SPLIT_NAMES}, source.description, max_length=128, notes=notes)
+    return Task(source.name, names, {s: splits[s] for s in SPLIT_NAMES}, source.description, max_length=128, notes=notes,
+                pooled=keys["train"] is None)
+
+
+def all_as_test(task: Task) -> Task:
+    """A task read only out of distribution (never trained on): every example of a pooled file in its test split,
+    not the fifth a carve leaves there."""
+    if not task.pooled:
+        return task
+    return replace(task, splits={**task.splits, "test": _concat([task.splits[s] for s in SPLIT_NAMES])})
 
 
 def _concat(parts: Sequence[Split]) -> Split:

@@ -350,6 +350,10 @@ def test_deleting_a_region_clears_it_from_every_picker_and_polling_goes_on(page)
     first, second = _need("region1"), _need("region2")
     bu.open_tab(page, "regions")
     bu.choose(page, "regions-select", second)
+    page.click("#region-delete")  # a first press only asks to press again: nothing is deleted on one click
+    page.wait_for_function("() => document.querySelector('#status-message').innerText.includes('again to delete')",
+                           timeout=30_000)
+    assert second in bu.text(page, "#region-list")
     page.click("#region-delete")
     page.wait_for_function("id => document.querySelector('#status-message').innerText.includes('Deleted region ' + id)",
                            arg=second, timeout=30_000)

@@ -796,3 +796,33 @@ def test_hosted_ceilings_and_paths_are_checked_before_a_job_is_queued(monkeypatc
         hosted.check_request(LocalizeRequest.make(task="/etc/passwd"), guard)
     hosted.check_request(LocalizeRequest.make(), guard)  # the defaults pass, the default model not built yet
     assert settings.job_seconds() == 1800
+
+
+def test_an_upload_read_only_out_of_distribution_is_scored_on_all_its_rows(tmp_path):
+    from graftui.data import all_as_test, load_task
+
+    path = tmp_path / "ood.csv"
+    path.write_text("text,label\n" + "".join(f"review number {i},{i % 2}\n" for i in range(80)))
+    task = load_task(path)
+    assert task.pooled and len(task.splits["test"]) < 80
+    assert len(all_as_test(task).splits["test"]) == 80 and all_as_test(load_task("amazon")) == load_task("amazon")
+
+
+def test_a_report_bundle_carries_the_region_files_its_request_reads(tmp_path):
+    import zipfile
+
+    from graftui import bundle, regions
+    from graftui.flows import read_request
+    from graftui.localizers import Budget, run_method
+
+    pair, _, _ = make_tiny_pair()
+    region = regions.save(regions.make_record(pair, run_method(pair, Budget(k=20), "random")[0], {}),
+                          tmp_path / "mine.safetensors")
+    request = {"verb": "evaluate", "regions": [str(region)], "n": 10}
+    with zipfile.ZipFile(bundle.write(request, {"rows": []}, tmp_path / "b.zip")) as zf:
+        zf.extractall(tmp_path / "unpacked")
+    folder = tmp_path / "unpacked" / "b"
+    assert json.loads((folder / "request.json").read_text())["regions"] == ["inputs/mine.safetensors"]
+    region.unlink()  # another machine: only the bundle
+    again = read_request(folder / "request.json")
+    assert again.regions == [str(folder / "inputs" / "mine.safetensors")] and Path(again.regions[0]).is_file()

@@ -199,3 +199,38 @@ def test_out_files_are_never_replaced_unless_asked(tmp_path):
     finally:
         locked.chmod(0o700)
     assert precious.read_text() == "keep me"
+
+
+def test_regions_of_different_tasks_are_each_scored_on_their_own_task(tmp_path):
+    """Compare two regions learned on two tasks: each graft's rows name its own task, beside that task's FT."""
+    from conftest import make_tiny_bert, make_tiny_finetuned
+    from graftui import flows
+    from graftui.localizers import Budget, run_method
+    from graftui.requests import EvaluateRequest
+    from lm_util import make_tokenizer
+
+    tokenizer = make_tokenizer(tmp_path / "base")
+    base = make_tiny_bert(vocab_size=len(tokenizer))
+    folders = {}
+    for name, model in (("base", base), ("ft", make_tiny_finetuned(base))):
+        model.save_pretrained(tmp_path / name)
+        tokenizer.save_pretrained(tmp_path / name)
+        folders[name] = str(tmp_path / name)
+    tasks = {}
+    for name, words in (("first", ("good", "bad")), ("second", ("great", "awful"))):
+        tasks[name] = tmp_path / f"{name}.csv"
+        tasks[name].write_text("text,label\n" + "".join(f"a {words[i % 2]} thing {i},{1 - i % 2}\n" for i in range(80)))
+    pair = flows.load_pair(folders["base"], folders["ft"])
+    files = []
+    for k, name in ((20, "first"), (30, "second")):
+        record = regions.make_record(pair, run_method(pair, Budget(k=k), "random")[0],
+                                     {"method": "random", "task": str(tasks[name])})
+        files.append(str(regions.save(regions.with_patch(pair, record), tmp_path / f"{name}.safetensors")))
+    result = flows.evaluate(EvaluateRequest.make(regions=files, n=16))
+    by_region = {}
+    for row in result.rows:
+        by_region.setdefault(row["model"], set()).add(row["task"])
+    assert by_region["first"] == {"first.csv"} and by_region["second"] == {"second.csv"}
+    assert by_region["fine-tuned"] == {"first.csv", "second.csv"}  # each task has its own references
+    assert any("scored on its own" in note for note in result.notes)
+    flows.clear_cache()

@@ -811,3 +811,30 @@ def test_a_shown_job_puts_its_own_settings_into_the_form():
     assert regions["value"] == ["a"] and n == wiring.gr.skip() and baselines["value"] is True
     # the prepare job has no request: the form is left as it is
     assert all(u == wiring.gr.skip() for u in wiring.job_form("finetune", SimpleNamespace(params={"kind": "prepare"})))
+
+
+def test_a_bundle_offered_under_one_job_is_withdrawn_when_another_job_is_shown(home, monkeypatch):
+    from graftui.ui import app, store
+
+    monkeypatch.setattr(store, "default_ready", lambda key=None: True)
+    demo = app.build_app()
+    by_id = {b.elem_id: b for b in demo.blocks.values() if getattr(b, "elem_id", None)}
+    for prefix in ("compare", "localize", "sweep", "lab-wise"):
+        picker, file = by_id[f"{prefix}-job"], by_id[f"{prefix}-report-file"]
+        fns = [fn for fn in demo.fns.values() if any(t[0] == picker._id and t[1] == "change" for t in fn.targets)
+               and file in fn.outputs]
+        assert len(fns) == 1, prefix
+        update = fns[0].fn(None, "some-job")  # the session id, then the picked job
+        assert update["value"] is None and update["visible"] is False
+
+
+def test_the_built_defaults_are_listed_once_by_their_names(home):
+    from graftui.config import DEFAULT_FINETUNED_REFS, default_checkpoint_dir
+    from graftui.ui import store
+
+    for key in DEFAULT_FINETUNED_REFS:
+        folder = default_checkpoint_dir(key)
+        folder.mkdir(parents=True)
+        (folder / "config.json").write_text("{}")
+    values = [value for _, value in store.checkpoint_choices()]
+    assert values == list(DEFAULT_FINETUNED_REFS)  # not once more as their cache folders

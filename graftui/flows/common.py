@@ -24,7 +24,7 @@ from ..config import (
     DEFAULT_EXAMPLES_PER_CLASS, DEFAULT_FINETUNED_REFS, GraftableSpec, LoadOptions, default_checkpoint_dir,
     is_default_finetuned,
 )
-from ..data import OFFLINE_TASKS, DataSpec, Task, batches, kshot, load_task
+from ..data import OFFLINE_TASKS, DataSpec, Task, all_as_test, batches, kshot, load_task
 from ..errors import DataError, ModelError, RegionError, RequestError
 from ..layout import MODULE_LABELS, anatomy as count_anatomy
 from ..models import ModelPair, pair_kind, resolve
@@ -359,7 +359,11 @@ def ood_tasks(req, task_ref: str, task: Task, guard: Guard, notes: list[str]) ->
     out = []
     mapping = req.label_map()
     for ref in req.ood_tasks(task_ref):
-        other, note = align_labels(task, get_task(ref, DataSpec(), guard, notes), mapping)
+        read = get_task(ref, DataSpec(), guard, notes)
+        other, note = align_labels(task, all_as_test(read), mapping)
+        if read.pooled:
+            notes.append(f"the OOD task '{read.name}' is scored on all its {len(other.splits['test']):,} examples "
+                         "(a task read only out of distribution is never trained on)")
         out.append(other)
         if note:
             notes.append(note)

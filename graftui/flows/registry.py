@@ -116,9 +116,26 @@ def read_request(path, out: str | None = None) -> Request:
         raise RequestError(f"'{path}' holds no graftui request: a config is a mapping with a 'verb' and its fields "
                            "(files graftui wrote hold theirs)")
     request = from_dict(data)
+    request = _beside(request, p.parent if p.is_file() else p)
     if type(request).writes and (out is not None or written):
         request = request.replace(out=out)
     return request
+
+
+def _beside(request: Request, folder: Path) -> Request:
+    """Region files a config names by a relative path that is not here but is beside the config (a report bundle's
+    ``inputs/``) are read from there."""
+    changes = {}
+    for key in ("region", "regions"):
+        value = getattr(request, key, None)
+        items = value if isinstance(value, list) else [value]
+        if not any(isinstance(i, str) for i in items):
+            continue
+        fixed = [str(folder / i) if isinstance(i, str) and not Path(i).is_absolute() and not Path(i).exists()
+                 and (folder / i).is_file() else i for i in items]
+        if fixed != items:
+            changes[key] = fixed if isinstance(value, list) else fixed[0]
+    return request.replace(**changes) if changes else request
 
 
 def run_file(path, out: str | None = None, progress: Progress | None = None, cancel=None,

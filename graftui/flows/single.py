@@ -279,8 +279,15 @@ def evaluate(req: EvaluateRequest, progress: Progress | None = None, cancel=None
     check_model_ref(base)
     if not from_patch:
         check_model_ref(finetuned)
-    task = get_task(task_ref, spec, guard, notes)
-    oods = ood_tasks(req, task_ref, task, guard, notes)
+    # each region is scored on the task it was learned on (or all on --task): one group per task
+    groups: dict[tuple, list[int]] = {}
+    for i, record in enumerate(records):
+        key = (req.task, None) if req.task else (record.meta.task or DEFAULT_TASK, regions.recorded_columns(record.meta))
+        groups.setdefault(key, []).append(i)
+    if not groups:
+        groups[(task_ref, None)] = []
+    tasks = {key: get_task(key[0], key[1] or spec, guard, notes) for key in groups}
+    task = next(iter(tasks.values()))
     options = req.load_options(regions.recorded_options(first) if records else None)
     if from_patch:
         if progress:
@@ -303,41 +310,60 @@ def evaluate(req: EvaluateRequest, progress: Progress | None = None, cancel=None
         except RegionError as err:
             raise RegionError(f"'{path}': {err}") from None
         check_build(record, pair, label, notes)
-    models = {label: graft_of(record) for label, record in zip(labels, records)}
+    graftable = pair.counts()["graftable"]
     kinds = {label: record.meta.method for label, record in zip(labels, records)}
     start_overlap = {label: r.meta.top_movement_overlap for label, r in zip(labels, records)
                      if r.meta.top_movement_overlap is not None}
+    baselines: dict[int, dict] = {}  # k -> {label: region}: the same regions on every task they are scored on
     if req.baselines:
-        budgets = sorted({r.size for r in records}) or [Budget(sparsity=req.sparsity).resolve(pair.counts()["graftable"])]
+        budgets = sorted({r.size for r in records}) or [Budget(sparsity=req.sparsity).resolve(graftable)]
         for k in budgets:
             if progress:
                 progress({"stage": f"building baselines at k = {k:,}"})
             for name, region in scoring.baseline_regions(pair, k, seed=req.seed).items():
                 label = get_method(name).label
                 label = f"{label} k={k:,}" if len(budgets) > 1 else label
-                label = f"{label} (baseline)" if label in models else label
-                models[label], kinds[label] = region, name
+                label = f"{label} (baseline)" if label in labels else label
+                baselines.setdefault(k, {})[label], kinds[label] = region, name
                 if name == "top-movement":
                     for own, record in zip(labels, records):
                         if record.size == k and record.meta.method == "learned":
                             start_overlap.setdefault(own, sets.overlap(region, record.indices))
-    comparison = scoring.compare(pair, task, models, ood=oods, n=req.n, seed=req.seed, progress=progress, cancel=cancel)
-    result = comparison.as_dict()
-    for row in result["rows"]:
-        row["method"] = kinds.get(row["model"])
-    card.annotate(result["rows"])
-    if from_patch:
-        ft_name = f"{FT_LABEL} (from patch)"
-        for row in result["rows"]:
-            if row["model"] == FT_LABEL:
-                row["model"] = ft_name
-        for table in (result["reliability"], result["histogram"]):
-            table[ft_name] = table.pop(FT_LABEL)
+    result = {"rows": [], "reliability": {}, "histogram": {}, "ood": []}
+    lines: list[str] = []
+    several = len(groups) > 1
+    for (ref, _), members in groups.items():
+        task_g = tasks[(ref, _)]
+        models = {labels[i]: graft_of(records[i]) for i in members}
+        for k in sorted({records[i].size for i in members}) or list(baselines):
+            models.update(baselines.get(k, {}))
+        oods = ood_tasks(req, ref, task_g, guard, notes)
+        part = scoring.compare(pair, task_g, models, ood=oods, n=req.n, seed=req.seed, progress=progress,
+                               cancel=cancel).as_dict()
+        for row in part["rows"]:
+            row["method"] = kinds.get(row["model"])
+        card.annotate(part["rows"])
+        if from_patch:
+            ft_name = f"{FT_LABEL} (from patch)"
+            for row in part["rows"]:
+                if row["model"] == FT_LABEL:
+                    row["model"] = ft_name
+            for table in (part["reliability"], part["histogram"]):
+                table[ft_name] = table.pop(FT_LABEL)
+        lines += card.evaluate_card(part["rows"], graftable=graftable, start_overlap=start_overlap)
+        result["rows"] += part["rows"]
+        result["ood"] += [o for o in part["ood"] if o not in result["ood"]]
+        for key in ("reliability", "histogram"):  # the references of later tasks are named with their task
+            result[key].update({(f"{name} · {part['task']}" if several and name not in models else name): value
+                                for name, value in part[key].items()})
+    result["task"] = " + ".join(t.name for t in tasks.values())
+    if several:
+        notes.append(f"the regions were learned on {len(groups)} tasks ({result['task']}): each is scored on its own, "
+                     "beside the fine-tuned model and the bare body on that task")
     side = side_by_side(labels, records) if len(records) > 1 else None
     finish(progress)
-    lines = card.evaluate_card(result["rows"], graftable=pair.counts()["graftable"], start_overlap=start_overlap)
     if side:
-        lines += card.compose_card({**side, "graftable_params": pair.counts()["graftable"], "rows": []})
+        lines += card.compose_card({**side, "graftable_params": graftable, "rows": []})
     return EvaluateResult(req, notes, time.time() - start, **result, base=base,
                           finetuned=None if from_patch else finetuned,
                           regions={label: str(p) for label, p in zip(labels, req.regions)}, card=lines,

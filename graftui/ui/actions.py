@@ -20,7 +20,7 @@ import pandas as pd
 from .. import bundle, flows, hosted, settings
 from ..card import wilson
 from ..config import DEFAULT_BASE, DEFAULT_EXAMPLES_PER_CLASS, DEFAULT_FINETUNED, Budget, GraftableSpec, is_default_finetuned
-from ..data import OFFLINE_TASKS, preview
+from ..data import OFFLINE_TASKS, all_as_test, preview
 from ..errors import ModelError, RegionError
 from ..hosted import check_rows, check_upload, safe_name, save_upload
 from ..formatting import num, pct
@@ -369,7 +369,7 @@ def ood_preview(task: str, columns: dict, ood: list[str], mapping: str | None) -
     for ref in ood:
         name = short_ref(ref)
         try:
-            other = load_task_checked(ref, {})
+            other = all_as_test(load_task_checked(ref, {}))  # scored on all its examples
             _, note = align_labels(main, other, labels)
             lines.append(f"✓ **{md(name)}**: {len(other.splits['test']):,} test examples; "
                          + md(note or f"same labels as {main.name} ({', '.join(main.label_names)})"))

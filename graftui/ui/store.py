@@ -404,14 +404,15 @@ def default_ready(key: str | None = None) -> bool:
 
 
 def list_checkpoints() -> list[dict]:
-    """Fine-tuned checkpoints under GRAFTUI_HOME/checkpoints (the cached default is 'minilm-movies')."""
-    default = default_checkpoint().resolve()
+    """Fine-tuned checkpoints under GRAFTUI_HOME/checkpoints; the cached defaults are listed by their names
+    ('minilm-movies', 'smollm2-movies'), never a second time by their folders."""
+    defaults = {default_checkpoint_dir(key).resolve() for key in DEFAULT_FINETUNED_REFS}
     out = []
     own = own_dir("checkpoints")
     if own is None:
         return []
     for path in sorted(own.iterdir(), key=lambda p: p.stat().st_mtime, reverse=True):
-        if path.name.startswith(".") or not (path / "config.json").is_file() or path.resolve() == default:
+        if path.name.startswith(".") or not (path / "config.json").is_file() or path.resolve() in defaults:
             continue
         record = checkpoint_record(path) or {}
         out.append({"path": str(path), "name": path.name, "record": record})

@@ -363,3 +363,8 @@ class Page:
             return gr.update(value=actions.report_bundle(job), visible=True), gr.skip()
 
         self.on(button.click, on_report, [picker], [file, self.status])
+
+        def forget(picked):  # another job shown: the bundle of the one shown before is not offered under it
+            return gr.update(value=None, visible=False)
+
+        self.on(picker.change, forget, [picker], [file], show_progress="hidden")

@@ -15,6 +15,8 @@ INTRO = (
 )
 
 
+DELETE = "Delete this region"  # the button; a first press arms it, a second deletes
+
 def render_export(job) -> list:
     if job is None or not job.result:
         return [None]
@@ -33,7 +35,7 @@ def build(page) -> gr.Tab:
             reg_dl_idx = gr.DownloadButton("Download region indices only (.safetensors)", value=None,
                                            elem_id="region-download-indices")
             reg_export = gr.Button("Export grafted checkpoint (.zip)", elem_id="region-export")
-            reg_delete = gr.Button("Delete this region", variant="stop", elem_id="region-delete")
+            reg_delete = gr.Button(DELETE, variant="stop", elem_id="region-delete")
         reg_meta = gr.Dataframe(actions.region_meta_table(None), interactive=False, label="Metadata of the selected region",
                                 elem_id="regions-meta")
         reg_export_status = gr.Markdown("", elem_id="region-export-status")
@@ -61,12 +63,23 @@ def build(page) -> gr.Tab:
     for event in (reg_sel.change, tab.select):
         page.on(event, on_region_select, [reg_sel], [reg_dl, reg_dl_idx, reg_meta, status])
 
-    @page.safe
-    def on_region_delete(region_id):
-        path = store.delete_region(region_id)
-        return gr.update(value=None), f"Deleted region **{path.stem}**."
+    armed = page.state(None)  # the region a first press of Delete named; a second press deletes it
 
-    page.on(reg_delete.click, on_region_delete, [reg_sel], [reg_sel, status])
+    @page.safe
+    def on_region_delete(region_id, named):
+        path = store.region_path(region_id)  # an id outside this workspace is refused before anything else
+        if named != region_id:
+            return (gr.skip(), f"Press **{DELETE}** again to delete **{path.stem}** for good: it cannot be undone.",
+                    region_id, gr.update(value=f"Confirm: delete {path.stem}"))
+        store.delete_region(region_id)
+        return gr.update(value=None), f"Deleted region **{path.stem}**.", None, gr.update(value=DELETE)
+
+    page.on(reg_delete.click, on_region_delete, [reg_sel, armed], [reg_sel, status, armed, reg_delete])
+
+    def disarm(region_id):  # another region picked: a press must name it first
+        return None, gr.update(value=DELETE)
+
+    page.on(reg_sel.change, disarm, [reg_sel], [armed, reg_delete], show_progress="hidden")
 
     @guarded(status, beside=reg_export_status)
     def on_export(region_id):
