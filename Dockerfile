@@ -3,7 +3,8 @@
 # The Space runs the container as uid 1000; everything the app writes goes to $GRAFTUI_HOME, and
 # each browser session works in its own folder there (GRAFTUI_HOSTED=1). The source lives in
 # /opt/graftui, owned by root; the app runs from an empty folder, so no data loader finds a file
-# by a relative name.
+# by a relative name. GRAFTUI_TRUSTED_PROXIES=1 believes the one proxy a Space puts in front of it;
+# set it to 0 where the container is reached directly, or clients could name their own address.
 FROM python:3.11-slim
 
 ENV PYTHONUNBUFFERED=1 \
@@ -32,6 +33,7 @@ ENV HOME=/home/user \
     GRAFTUI_MAX_TEST_EXAMPLES=2000 \
     GRAFTUI_MAX_BATCH=64 \
     GRAFTUI_MAX_CURVE_POINTS=24 \
+    GRAFTUI_MAX_LIST_ITEMS=8 \
     GRAFTUI_MAX_CELL_CHARS=100000 \
     GRAFTUI_MAX_DATA_MB=512
 

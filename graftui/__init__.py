@@ -40,6 +40,8 @@ def _module(name: str):
 
 
 def __getattr__(attr: str):  # lazy (PEP 562): torch and the models load on first use, not on import
+    if attr == "__all__":  # ``from graftui import *``: the verbs, their requests and the value types
+        return [name for name in __dir__() if not name.startswith("_")]
     if attr.startswith("_") or attr in _SUBMODULES:  # a submodule not imported yet: the import system's to load
         raise AttributeError(f"module 'graftui' has no attribute {attr!r}")
     flows = _module("flows")

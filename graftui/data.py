@@ -439,6 +439,8 @@ def _read_json(path: Path) -> Any:
             data = json.loads(text)
         except json.JSONDecodeError:
             data = None  # not one JSON document: read it as JSON Lines below
+        except RecursionError:
+            raise DataError(f"'{path.name}' nests too deeply to be a table of rows") from None
     if isinstance(data, dict) and data and all(isinstance(v, list) for v in data.values()):
         if len({len(v) for v in data.values()}) != 1:
             raise DataError(f"the columns of '{path.name}' have different lengths")
@@ -455,6 +457,8 @@ def _read_json(path: Path) -> Any:
                 records.append(json.loads(line))
             except json.JSONDecodeError as exc:
                 raise DataError(f"line {number} of '{path.name}' is not valid JSON: {exc}") from None
+            except RecursionError:
+                raise DataError(f"line {number} of '{path.name}' nests too deeply to be a row") from None
     for number, record in enumerate(records, 1):
         if not isinstance(record, dict):
             raise DataError(f"row {number} of '{path.name}' is not a JSON object with named fields")
@@ -604,7 +608,7 @@ def _missing(value: Any) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value)) or (isinstance(value, str) and not value.strip())
 
 
-_NO_LABEL = {"nan", "null", "none", "na", "n/a"}  # written where a label is missing; never a class of its own
+_NO_LABEL = {"nan", "null"}  # written where a label is missing; never a class (NONE or NA may be real labels)
 
 
 def _missing_label(value: Any) -> bool:
@@ -695,7 +699,7 @@ def _dropped_note(name: str, dropped: dict[str, int], column: str) -> tuple[str,
     """A sentence on the rows a task left out, when it left any."""
     parts = [f"{n:,} without a text" if why == "no text" else f"{n:,} without a label in column '{column}'"
              for why, n in dropped.items() if n]
-    return (f"{name}: left out {' and '.join(parts)} (empty cells, or NaN/null/none as a label)",) if parts else ()
+    return (f"{name}: left out {' and '.join(parts)} (empty cells, or NaN/null as a label)",) if parts else ()
 
 
 def _check_columns(spec: DataSpec, columns: list[str], source: str) -> None:

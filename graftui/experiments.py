@@ -21,7 +21,7 @@ import torch
 from .errors import Cancelled
 from .method import Region, region_to_mask
 from .sets import difference, union
-from .training import optimizer
+from .training import check_loss, optimizer
 
 
 def relative_gain(p_graft: float, p_zero: float, p_one: float) -> float | None:
@@ -81,6 +81,7 @@ def retrain_inside(
                     raise Cancelled("re-training cancelled")
                 batch = {k: v.to(chosen[0].device) for k, v in batch.items()}
                 out = model(**batch)
+                check_loss(out.loss, step + 1, config)
                 opt.zero_grad(set_to_none=True)
                 out.loss.backward()
                 opt.step()

@@ -23,9 +23,9 @@ from .data import check_reference
 from .errors import DataError, ModelError, RequestError, SessionError
 from .flows import Guard, clear_cache
 from .models import resolve
-from .paths import DATA_SUFFIXES, short_ref
+from .paths import DATA_SUFFIXES, atomic_write, short_ref
 
-REGION_SUFFIXES = (".safetensors",)
+REGION_SUFFIXES = (".safetensors",)  # what a page may upload as a region or skill patch
 
 
 def own_dir(name: str) -> Path | None:
@@ -199,8 +199,8 @@ def save_upload(path: str | Path, read=None):
     if dest.exists():
         return dest, read(dest) if read else None
     dest.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copyfile(src, dest)
     try:
+        atomic_write(dest, lambda tmp: shutil.copyfile(src, tmp))  # never a half-copied file at the content's name
         return dest, read(dest) if read else None
     except BaseException:
         shutil.rmtree(dest.parent, ignore_errors=True)
@@ -209,6 +209,7 @@ def save_upload(path: str | Path, read=None):
 
 # -- what a request may ask of a shared server ------------------------------------------------------------
 MODEL_FIELDS = ("base", "finetuned", "checkpoint")
+LIST_FIELDS = ("ood", "regions", "tasks", "methods")  # each item multiplies a job's work
 TASK_FIELDS = ("task", "ood", "tasks")
 
 
@@ -223,6 +224,15 @@ def check_request(request, guard: Guard) -> None:
         if isinstance(value, int) and not isinstance(value, bool) and value > cap:
             raise RequestError(f"{name.replace('_', ' ')} {value:,} is over this server's limit of {cap:,}; ask for "
                                "less (run graftui on your own machine for more)")
+    for name in ("n", "test_examples"):  # None means every test example, which a Hub split may hold 50,000 of
+        if name in vars(request) and getattr(request, name) is None:
+            raise RequestError(f"give a number of test examples (up to {settings.HOSTED_CEILINGS[name]:,}); scoring "
+                               "every example of a task is not offered here")
+    for name in LIST_FIELDS:
+        value = getattr(request, name, None)
+        if isinstance(value, list) and len(value) > settings.MAX_LIST_ITEMS:
+            raise RequestError(f"{len(value)} {name} are over this server's limit of {settings.MAX_LIST_ITEMS} for one "
+                               "job; ask for fewer")
     if getattr(request, "train_examples", None) == 0:
         raise RequestError("training on every example (0) is not offered here; give a number of training examples up "
                            f"to {settings.HOSTED_CEILINGS['train_examples']:,}")

@@ -1,9 +1,10 @@
 """One runner for all long work (fine-tuning, localization, sweeps, evaluations).
 
 Jobs run one at a time on a background thread, so the models they share are never touched by two
-jobs at once. Waiting jobs are served owner by owner in turn (the owner served longest ago goes
-next, and an owner's own jobs in the order submitted), so one busy session cannot hold the queue;
-a job over the runner's time limit is stopped at its next progress report. Each job lives in ``$GRAFTUI_HOME/jobs/<id>/`` as
+jobs at once. Waiting jobs are served client by client in turn (a client is the address a job came
+from, else its owner; the one served longest ago goes next, and a client's own jobs in the order
+submitted), so one busy client cannot hold the queue; a job over the runner's time limit is stopped
+at its next progress report. Each job lives in ``$GRAFTUI_HOME/jobs/<id>/`` as
 ``job.json`` (status, parameters, progress history, result) plus whatever files it writes, so
 a reloaded page, or a restarted server, sees every job again.
 
@@ -14,6 +15,7 @@ the app lists and cancels only a session's own jobs.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import json
 import logging
@@ -118,27 +120,33 @@ class JobRunner:
 
     # -- public --------------------------------------------------------------------------------
     def submit(self, kind: str, title: str, fn: JobFn, params: dict | None = None, owner: str | None = None,
-               dedupe: bool = False, client: str | None = None) -> Job:
+               dedupe: bool = False, client: str | None = None,
+               admit: Callable[[list[Job]], None] | None = None) -> Job:
         """Queue ``fn``; with ``dedupe``, the same owner's identical job still waiting or running is returned instead
-        (a double click queues one job)."""
+        (a double click queues one job). ``admit(active jobs)`` may refuse it by raising: it runs under the runner's
+        lock, so quotas hold when many requests arrive at once."""
         with self._lock:
             twin = self.twin(kind, params, owner) if dedupe else None
             if twin is not None:
                 return twin
+            if admit is not None:
+                admit([j for j in self._jobs.values() if j.status in (QUEUED, RUNNING)])
             job = Job(id=time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6], kind=kind, title=title,
                       params=params or {}, owner=owner, client=client)
+            self._save(job, required=True)  # a job whose record cannot be written is refused, not lost later
             self._jobs[job.id] = job
             self._fns[job.id] = (fn, contextvars.copy_context())
-            self._save(job)
             self._waiting.append(job.id)
             self._wake.notify()
         return job
 
     def twin(self, kind: str, params: dict | None, owner: str | None) -> Job | None:
-        """The owner's job of this kind and these params that is still waiting or running, if any."""
+        """The owner's job of this kind and these params that is still waiting or running, if any (where it writes,
+        ``out``, is not compared: a form names a new place for every click)."""
+        same = _without_out(params)
         with self._lock:
             return next((j for j in self._jobs.values() if j.status in (QUEUED, RUNNING) and j.owner == owner
-                         and j.kind == kind and j.params == (params or {})), None)
+                         and j.kind == kind and _without_out(j.params) == same), None)
 
     def place(self, job_id: str) -> int | None:
         """A waiting job's place in the queue (1: next), as the queue serves owners in turn; None once it runs."""
@@ -154,6 +162,7 @@ class JobRunner:
                 return False
             if job.status == QUEUED:
                 job.status, job.finished, job.message = CANCELLED, time.time(), "cancelled before it started"
+                self._fns.pop(job_id, None)
                 self._save(job)
                 return True
             ctx = self._contexts.get(job_id)
@@ -236,7 +245,8 @@ class JobRunner:
                 with self._lock:
                     job.status, job.message = CANCELLED, "cancelled"
             except BaseException as err:  # noqa: BLE001 - a job must never take the runner down
-                (self.job_dir(job_id) / "error.log").write_text(traceback.format_exc())
+                with contextlib.suppress(OSError):
+                    (self.job_dir(job_id) / "error.log").write_text(traceback.format_exc())
                 log.warning("job %s failed: %s", job_id, err)
                 with self._lock:
                     job.status, job.error = FAILED, message(err)
@@ -247,15 +257,21 @@ class JobRunner:
                     self._contexts.pop(job_id, None)
                 self._save(job)
 
-    def _save(self, job: Job, throttle: bool = False) -> None:
+    def _save(self, job: Job, throttle: bool = False, required: bool = False) -> None:
+        """Write a job's record; a record that cannot be written (a full disk) is logged, and the runner goes on
+        with the job as it holds it (``required``: raised, for a job not queued yet)."""
         now = time.time()
         if throttle and now - self._last_save.get(job.id, 0.0) < 0.5:
             return
         self._last_save[job.id] = now
         with self._lock:
             text = json.dumps(job.as_dict(), default=str)
-        path = self.job_dir(job.id) / "job.json"
-        atomic_write(path, lambda tmp: Path(tmp).write_text(text))
+        try:
+            atomic_write(self.job_dir(job.id) / "job.json", lambda tmp: Path(tmp).write_text(text))
+        except OSError as err:
+            if required:
+                raise
+            log.warning("the record of job %s could not be written: %s", job.id, err)
 
     def _load_existing(self) -> None:
         for path in sorted(self.root.glob("*/job.json")):
@@ -265,6 +281,10 @@ class JobRunner:
                 job.finished = job.finished or time.time()
                 self._save(job)
             self._jobs[job.id] = job
+
+
+def _without_out(params: dict | None) -> dict:
+    return {k: v for k, v in (params or {}).items() if k != "out"}
 
 
 def _turn(job: Job) -> str | None:

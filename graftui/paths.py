@@ -1,10 +1,11 @@
 """Names and writes: readable file names, new paths that collide with nothing, and atomic writes.
 
-Every file or folder graftui writes goes through :func:`atomic_write` or :func:`atomic_dir`: it is
-made aside under a hidden temporary name in the same folder (``.<name>.tmp-<pid>-…``) and renamed
-into place when complete, so a crash, a cancel or a full disk never leaves a half-written region,
+Regions, reports, checkpoints, records and uploads are written through :func:`atomic_write` or
+:func:`atomic_dir`: made aside under a hidden temporary name in the same folder
+(``.<name>.tmp-<host>-<pid>-<start>-…``) and renamed into place when complete, so a crash, a cancel or a full disk never leaves a half-written region,
 report or checkpoint; an exclusive write never replaces a file another run wrote meanwhile; and
-:func:`clean_stale` removes what a killed run (whose pid is gone) left behind.
+:func:`clean_stale` removes what a killed run left behind (its process is gone, or its pid now names
+a process started later).
 """
 
 from __future__ import annotations
@@ -15,13 +16,14 @@ import fcntl
 import os
 import re
 import shutil
+import socket
 import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Iterator
 
 DATA_SUFFIXES = (".csv", ".tsv", ".jsonl", ".json", ".parquet")  # the data files a task may be read from
-_TEMP = re.compile(r"^\..+\.tmp-(\d+)-[^.]+$")  # what atomic_write and atomic_dir make aside
+_TEMP = re.compile(r"^\..+\.tmp-(?P<host>[\w-]+)-(?P<pid>\d+)-(?P<start>\d+)-[^.]+$")  # made aside by atomic_*
 
 
 def short_ref(ref) -> str:
@@ -52,8 +54,22 @@ def new_path(folder: Path, stem: str, suffix: str = "") -> Path:
     return path
 
 
+def _host() -> str:
+    return re.sub(r"[^\w-]+", "-", socket.gethostname())[:40] or "host"
+
+
+def _started(pid: int) -> int | None:
+    """When process ``pid`` started (clock ticks since boot), or None when there is no such process: with the pid
+    it names one process, even after a restart gives a new process the same pid (a container's pid 1)."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def _temp_prefix(path: Path) -> str:
-    return f".{path.name}.tmp-{os.getpid()}-"
+    """A temporary name that says which process on which machine is writing it (see clean_stale)."""
+    return f".{path.name}.tmp-{_host()}-{os.getpid()}-{_started(os.getpid()) or 0}-"
 
 
 def _write_error(path: Path, err: BaseException) -> OSError:
@@ -61,7 +77,7 @@ def _write_error(path: Path, err: BaseException) -> OSError:
     text = str(err)
     if getattr(err, "errno", None) == errno.ENOSPC or "No space left" in text:
         return OSError(f"cannot write '{path}': No space left on the device; free some space and run again")
-    reason = getattr(err, "strerror", None) or text.splitlines()[0] if text else type(err).__name__
+    reason = (getattr(err, "strerror", None) or text.splitlines()[0]) if text else type(err).__name__
     return OSError(f"cannot write '{path}': {reason}")
 
 
@@ -155,25 +171,24 @@ def file_lock(path: str | Path) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+def _stale(m: re.Match) -> bool:
+    """A temporary name whose writer on this machine is gone: its pid runs no more, or runs another process (one
+    started at another time). Another machine's names (a shared home) are never judged here."""
+    if m["host"] != _host():
         return False
-    except PermissionError:  # someone else's process: alive
-        return True
-    return True
+    started = _started(int(m["pid"]))
+    return started is None or str(started) != m["start"]
 
 
 def clean_stale(root: str | Path, depth: int = 3) -> list[Path]:
-    """Remove the temporary files and folders that runs killed mid-write left under ``root`` (their pid is gone)."""
+    """Remove the temporary files and folders that runs killed mid-write left under ``root``."""
     removed = []
     root = Path(root)
     if not root.is_dir():
         return removed
     for entry in list(root.iterdir()):
         m = _TEMP.match(entry.name)
-        if m and not _alive(int(m.group(1))):
+        if m and _stale(m):
             shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
             removed.append(entry)
         elif depth > 1 and entry.is_dir() and not entry.is_symlink() and not m:

@@ -269,6 +269,13 @@ class RegionRecord:
         }
 
 
+def _fill(meta: RegionMeta, fields_: dict) -> None:
+    for key, value in fields_.items():
+        if key not in _TYPES:
+            raise TypeError(f"a region record has no field '{key}'")
+        setattr(meta, key, value)
+
+
 def make_record(pair, indices: Region, fields_: dict | None = None) -> RegionRecord:
     """The one writer of a region's record: ``pair``'s standard metadata, then ``fields_`` (RegionMeta fields)."""
     counts = pair.counts()
@@ -281,10 +288,7 @@ def make_record(pair, indices: Region, fields_: dict | None = None) -> RegionRec
         fraction_of_all=region_size(indices) / max(counts["total"], 1),
         library_version=__version__, created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     )
-    for key, value in (fields_ or {}).items():
-        if key not in _TYPES:
-            raise TypeError(f"a region record has no field '{key}'")
-        setattr(meta, key, value)
+    _fill(meta, fields_ or {})
     return RegionRecord(indices={n: i.cpu() for n, i in indices.items()}, shapes=pair.shapes, meta=meta)
 
 
@@ -299,10 +303,7 @@ def derived_record(source: RegionMeta, indices: Region, shapes: dict, fields_: d
                       fraction_of_graftable=size / max(graftable, 1), library_version=__version__,
                       created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     meta.fraction_of_all = size / meta.total_params if meta.total_params else None
-    for key, value in fields_.items():
-        if key not in _TYPES:
-            raise TypeError(f"a region record has no field '{key}'")
-        setattr(meta, key, value)
+    _fill(meta, fields_)
     return RegionRecord(indices, shapes, meta, values, head)
 
 
@@ -466,6 +467,12 @@ def _check_totals(file: str, shapes: dict, meta: RegionMeta, indices: dict) -> N
     for key, actual, what in (("graftable_params", graftable, "its tensor shapes hold"), ("k", size, "its indices hold")):
         if key in meta and meta[key] != actual:
             raise RegionError(f"'{file}' says {key} = {meta[key]!r} but {what} {actual:,}: a damaged or edited header")
+    if meta.total_params is not None and meta.total_params < graftable:
+        raise RegionError(f"'{file}' says total_params = {meta.total_params:,}, fewer than its {graftable:,} graftable "
+                          "parameters: a damaged or edited header")
+    # the shares every listing prints are the tensors' own, never the header's word
+    meta.fraction_of_graftable = size / max(graftable, 1)
+    meta.fraction_of_all = size / meta.total_params if meta.total_params else None
 
 
 def _check_indices(file: str, name: str, idx: torch.Tensor, shapes: dict) -> None:

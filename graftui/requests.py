@@ -655,7 +655,7 @@ class PushRequest(LoadFields):
         self.check_loading()
 
 
-# -- the paper's experiments (flows in experiments.py) ------------------------------------------------------
+# -- the paper's experiments (flows in flows/laboratory.py) ------------------------------------------------------
 @dataclass
 class MultitaskRequest(RecipeFields, LearnFields):
     """One model fine-tuned on several tasks: each task's region, their overlap, the skill transfer of
@@ -769,7 +769,7 @@ class ContinualRequest(RecipeFields, LearnFields):
         check_out_dir(self.out)
 
 
-# -- everything at once (flow in reproduction.py) --------------------------------------------------------
+# -- everything at once (flow in flows/reproduction.py) --------------------------------------------------------
 MANIFEST = "reproduce.json"  # marks a report folder that `graftui reproduce` wrote, and with which scale
 
 

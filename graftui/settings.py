@@ -97,6 +97,7 @@ HOSTED_CEILINGS = {
     "batch_size": int(os.environ.get("GRAFTUI_MAX_BATCH", "64")),
 }
 MAX_CURVE_POINTS = int(os.environ.get("GRAFTUI_MAX_CURVE_POINTS", "24"))  # sweep budgets × methods, WiSE α values
+MAX_LIST_ITEMS = int(os.environ.get("GRAFTUI_MAX_LIST_ITEMS", "8"))  # OOD tasks, regions, tasks or methods of one job
 
 
 def job_seconds() -> float | None:

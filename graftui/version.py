@@ -1,3 +1,3 @@
 """The library version, in a leaf of its own so that every module can name it."""
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"

@@ -432,7 +432,9 @@ def test_report_bundle_holds_request_tables_figures_and_readme(learned, top, ft_
         result = json.loads(zf.read("cmp/result.json"))
         rows = zf.read("cmp/tables/rows.csv").decode().splitlines()
         readme = zf.read("cmp/README.md").decode()
-    assert request["verb"] == "evaluate" and request["n"] == 32 and request["regions"] == [str(learned[0]), str(top[0])]
+    assert request["verb"] == "evaluate" and request["n"] == 32
+    assert request["regions"] == [f"inputs/{Path(learned[0]).name}", f"inputs/{Path(top[0]).name}"]  # in the bundle
+    assert {f"cmp/{name}" for name in request["regions"]} <= names
     header = rows[0].split(",")
     assert {"accuracy_ci_lo", "accuracy_ci_hi", "gain_recovered"} <= set(header) and len(rows) == 1 + len(result["rows"])
     for path in (learned[0], top[0]):

@@ -681,11 +681,17 @@ def test_what_a_killed_run_left_is_cleaned_and_a_full_disk_reads_as_one_line(tmp
     from graftui.errors import message
     from graftui.paths import atomic_dir, clean_stale, file_lock
 
-    dead, alive = tmp_path / "checkpoints" / f".ft.tmp-{2**22 + 7}-abc", tmp_path / f".exp.tmp-{os.getpid()}-def"
-    dead.mkdir(parents=True)
+    from graftui.paths import _host, _started
+
+    me, started = os.getpid(), _started(os.getpid())
+    dead = tmp_path / "checkpoints" / f".ft.tmp-{_host()}-{2**22 + 7}-5-abc"  # no such process
+    reused = tmp_path / f".reg.tmp-{_host()}-{me}-{started + 1}-ghi"  # this pid, but a process started at another time
+    alive = tmp_path / f".exp.tmp-{_host()}-{me}-{started}-def"  # this very process: still writing
+    elsewhere = tmp_path / f".x.tmp-otherhost-{2**22 + 7}-5-jkl"  # another machine's (a shared home): not judged here
+    for folder in (dead, reused, alive, elsewhere):
+        folder.mkdir(parents=True)
     (dead / "model.safetensors").write_bytes(b"x" * 100)
-    alive.mkdir()
-    assert clean_stale(tmp_path) == [dead] and alive.exists() and not dead.exists()
+    assert sorted(clean_stale(tmp_path)) == sorted([dead, reused]) and alive.exists() and elsewhere.exists()
 
     def full_disk_writer():
         with atomic_dir(tmp_path / "export") as tmp:
@@ -749,6 +755,10 @@ def test_the_queue_serves_clients_in_turn_drops_double_clicks_and_stops_a_job_ov
         return fn
 
     runner.submit("x", "blocker", work("blocker"), {"verb": "x", "i": 0}, owner="s0", client="c0")
+    for _ in range(200):  # the blocker runs: the others wait behind it
+        if started:
+            break
+        threading.Event().wait(0.01)
     ids = [runner.submit("x", f"{c}{i}", work(f"{c}{i}"), {"verb": "x", "c": c, "i": i}, owner=c, client=c).id
            for c, i in (("a", 1), ("a", 2), ("a", 3), ("b", 1), ("c", 1))]
     twin = runner.submit("x", "a1 again", work("never"), {"verb": "x", "c": "a", "i": 1}, owner="a", client="a",
@@ -789,9 +799,13 @@ def test_hosted_ceilings_and_paths_are_checked_before_a_job_is_queued(monkeypatc
     with pytest.raises(RequestError, match="examples per class 1,000,000,000 is over"):
         hosted.check_request(LocalizeRequest.make(examples_per_class=10**9), guard)
     with pytest.raises(RequestError, match="points on one curve"):
-        hosted.check_request(SweepRequest.make(sparsities=[1e-4 * (i + 1) for i in range(20)]), guard)
+        hosted.check_request(SweepRequest.make(sparsities=[1e-4 * (i + 1) for i in range(20)], n=100), guard)
     with pytest.raises(RequestError, match="points on one curve"):
-        hosted.check_request(WiseRequest.make(alphas=[i / 40 for i in range(41)]), guard)
+        hosted.check_request(WiseRequest.make(alphas=[i / 40 for i in range(41)], n=100), guard)
+    with pytest.raises(RequestError, match="give a number of test examples"):  # None: every example of the split
+        hosted.check_request(SweepRequest.make(n=None), guard)
+    with pytest.raises(RequestError, match="9 ood are over this server's limit of 8"):
+        hosted.check_request(SweepRequest.make(n=100, ood=[f"t{i}" for i in range(9)]), guard)
     with pytest.raises(DataError, match="local paths"):
         hosted.check_request(LocalizeRequest.make(task="/etc/passwd"), guard)
     hosted.check_request(LocalizeRequest.make(), guard)  # the defaults pass, the default model not built yet

@@ -359,11 +359,8 @@ def ood_tasks(req, task_ref: str, task: Task, guard: Guard, notes: list[str]) ->
     out = []
     mapping = req.label_map()
     for ref in req.ood_tasks(task_ref):
-        read = get_task(ref, DataSpec(), guard, notes)
-        other, note = align_labels(task, all_as_test(read), mapping)
-        if read.pooled:
-            notes.append(f"the OOD task '{read.name}' is scored on all its {len(other.splits['test']):,} examples "
-                         "(a task read only out of distribution is never trained on)")
+        # a pooled file read only out of distribution is never trained on: all of it is scored
+        other, note = align_labels(task, all_as_test(get_task(ref, DataSpec(), guard, notes)), mapping)
         out.append(other)
         if note:
             notes.append(note)

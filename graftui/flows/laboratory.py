@@ -36,7 +36,7 @@ from ..requests import (
 from . import text
 from .common import (
     LOCAL, Guard, Progress, Result, check_build, check_model_ref, examples_per_class, finish, get_pair, get_task,
-    kshot_batches, latest_region, load_region, ood_tasks, pair_for_regions,
+    kshot_batches, latest_region, load_region, ood_tasks, pair_for_regions, save_new,
 )
 from .registry import verb
 from .single import finetune as run_finetune, localize as run_localize
@@ -158,7 +158,7 @@ def multitask(req: MultitaskRequest, progress: Progress | None = None, cancel=No
             "start": req.start, "multitask_checkpoint": str(folder), "learn": config.as_dict(), "request": req.as_dict(),
             "graftable_spec": spec.as_dict(),
         })
-        paths[name] = str(regions.save(regions.with_patch(pair, record), new_path(out_dir, f"multitask-{slug(name)}-k{k}", ".safetensors")))
+        paths[name] = str(save_new(regions.with_patch(pair, record), out_dir, f"multitask-{slug(name)}-k{k}"))
 
     # 2. the union of the group, and its purification on the group's joint loss
     group = req.group or list(req.tasks)
@@ -196,8 +196,8 @@ def multitask(req: MultitaskRequest, progress: Progress | None = None, cancel=No
             "multitask_checkpoint": str(folder), "learn": cfg.as_dict(), "request": req.as_dict(),
             "graftable_spec": spec.as_dict(),
         })
-        paths["purified"] = str(regions.save(regions.with_patch(pair, record),
-                                             new_path(out_dir, f"multitask-purified-{'-'.join(slug(g) for g in group)}", ".safetensors")))
+        paths["purified"] = str(save_new(regions.with_patch(pair, record), out_dir,
+                                         f"multitask-purified-{'-'.join(slug(g) for g in group)}"))
 
     # 3. every region, the union and the purified union on every task (Eq. 5)
     p_zero, p_one, scores = [0.0] * n, [0.0] * n, [[0.0] * n for _ in range(n)]

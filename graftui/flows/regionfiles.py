@@ -113,8 +113,8 @@ class _LazyBase:
         return self._params[name]
 
 
-def _as_patch(record: RegionRecord, guard: Guard, progress=None, cancel=None) -> RegionRecord:
-    """A skill patch from a region: values read from its own recorded fine-tuned checkpoint."""
+def _as_patch(record: RegionRecord, name: str, guard: Guard, progress=None, cancel=None) -> RegionRecord:
+    """A skill patch from a region (``name``: its file): values read from its own recorded fine-tuned checkpoint."""
     if record.is_patch:
         return record
     base, finetuned = record.meta.base, record.meta.finetuned
@@ -122,7 +122,7 @@ def _as_patch(record: RegionRecord, guard: Guard, progress=None, cancel=None) ->
         raise RegionError(f"a region without values needs its fine-tuned model '{finetuned}', which cannot be loaded here")
     pair = pair_for_regions(base, finetuned, [record], guard, progress, cancel)
     regions.check_fits(record, pair)
-    check_build(record, pair, record.meta.method or "region", [])
+    check_build(record, pair, name, [])
     return regions.with_patch(pair, record)
 
 
@@ -143,7 +143,7 @@ def compose(req: ComposeRequest, progress: Progress | None = None, cancel=None, 
     report = None
     union_idx = union_val = None
     if req.evaluate:
-        records = [_as_patch(r, guard, progress, cancel) for r in records]
+        records = [_as_patch(r, name, guard, progress, cancel) for r, name in zip(records, names)]
         scoring.check_composable(records)
         tasks = [get_task(r.meta.task or DEFAULT_TASK, regions.recorded_columns(r.meta), guard) for r in records]
         for i, (record, name, task) in enumerate(zip(records, names, tasks)):
@@ -230,7 +230,8 @@ def export(req: ExportRequest, progress: Progress | None = None, cancel=None, gu
     regions.export_graft(pair, record, out)
     finish(progress)
     return ExportResult(req, notes, time.time() - start, str(out), str(path), base,
-                        req.finetuned or f"patch:{record.meta.finetuned or '?'}", record.size, list(pair.label_names),
+                        f"patch:{record.meta.finetuned or '?'}" if record.is_patch else req.finetuned, record.size,
+                        list(pair.label_names),
                         architecture(pair.model))
 
 

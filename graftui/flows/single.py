@@ -288,6 +288,7 @@ def evaluate(req: EvaluateRequest, progress: Progress | None = None, cancel=None
         groups[(task_ref, None)] = []
     tasks = {key: get_task(key[0], key[1] or spec, guard, notes) for key in groups}
     task = next(iter(tasks.values()))
+    oods = {key: ood_tasks(req, key[0], tasks[key], guard, notes) for key in groups}  # checked before any model loads
     options = req.load_options(regions.recorded_options(first) if records else None)
     if from_patch:
         if progress:
@@ -332,13 +333,12 @@ def evaluate(req: EvaluateRequest, progress: Progress | None = None, cancel=None
     result = {"rows": [], "reliability": {}, "histogram": {}, "ood": []}
     lines: list[str] = []
     several = len(groups) > 1
-    for (ref, _), members in groups.items():
-        task_g = tasks[(ref, _)]
+    for key, members in groups.items():
+        task_g = tasks[key]
         models = {labels[i]: graft_of(records[i]) for i in members}
         for k in sorted({records[i].size for i in members}) or list(baselines):
             models.update(baselines.get(k, {}))
-        oods = ood_tasks(req, ref, task_g, guard, notes)
-        part = scoring.compare(pair, task_g, models, ood=oods, n=req.n, seed=req.seed, progress=progress,
+        part = scoring.compare(pair, task_g, models, ood=oods[key], n=req.n, seed=req.seed, progress=progress,
                                cancel=cancel).as_dict()
         for row in part["rows"]:
             row["method"] = kinds.get(row["model"])

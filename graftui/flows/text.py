@@ -154,8 +154,10 @@ def _auto_class(architecture: str | None) -> str:
 def export(doc: dict) -> str:
     return pairs_table([
         ("wrote", doc["out"]),
-        ("graft", f"{doc['base']} + {doc['k']:,} parameters of {doc['request']['finetuned'] or 'the skill patch'} "
-                  f"({os.path.basename(doc['region'])})"),
+        ("graft", f"{doc['base']} + {doc['k']:,} parameters "
+                  + (f"with the skill patch's own values (made from {doc['finetuned'][6:]})"
+                     if doc["finetuned"].startswith("patch:") else f"of {doc['finetuned']}")
+                  + f" ({os.path.basename(doc['region'])})"),
         ("load with", f"{_auto_class(doc.get('architecture'))}.from_pretrained('{doc['out']}')"),
     ])
 

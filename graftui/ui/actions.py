@@ -94,11 +94,11 @@ def job_status_line(job: Job | None) -> str:
     if job is None:
         return "No job yet."
     running = f" — {100 * job.fraction:.0f} %" if job.status == RUNNING else ""
-    text = f"**{job.title}** [{job.id}] · {job.status}{running}"
+    text = f"**{md(job.title)}** [{job.id}] · {job.status}{running}"  # titles, messages and notes quote user text
     if job.status == "failed":
-        return text + f"\n\n⚠️ {job.error}"
+        return text + f"\n\n⚠️ {md(job.error)}"
     if job.message and job.message not in {job.status, "done"}:
-        text += f" · {job.message}"
+        text += f" · {md(job.message)}"
     if job.status in FINISHED and job.duration is not None:
         text += f" · took {_duration(job)}"
     result = job.result or {}
@@ -108,7 +108,7 @@ def job_status_line(job: Job | None) -> str:
     if kept:
         text += f" · kept {len(kept)} regions: " + ", ".join(f"**{name}**" for name in kept)
     for note in result.get("notes") or []:
-        text += f"\n\nNote: {note}"
+        text += f"\n\nNote: {md(note)}"
     if result.get("name") and job.kind == "finetune":
         text += f" · checkpoint **{result['name']}** is now in the model pickers"
     if job.status == "done" and result.get("card"):
@@ -118,7 +118,7 @@ def job_status_line(job: Job | None) -> str:
 
 def submitted_line(job: Job) -> str:
     """The banner after a submission; ``settled_banner`` replaces it when the job ends."""
-    return f"Submitted **{job.title}** (job {job.id}); it runs in the background, see its progress below."
+    return f"Submitted **{md(job.title)}** (job {job.id}); it runs in the background, see its progress below."
 
 
 _SUBMITTED = re.compile(r"Submitted \*\*.*\*\* \(job ([^)\s]+)\)", re.S)
@@ -131,12 +131,12 @@ def settled_banner(banner) -> str | None:
     if job is None or job.status not in FINISHED:
         return None
     took = f" in {_duration(job)}" if job.duration is not None else ""
-    return f"**{job.title}** (job {job.id}) ended: {job.status}{took}. Its result is in its tab."
+    return f"**{md(job.title)}** (job {job.id}) ended: {job.status}{took}. Its result is in its tab."
 
 
 def card_markdown(lines: list[str]) -> str:
     """The result card (graftui.card) as a quoted block under the job's line."""
-    return "\n>\n".join(f"> {line}" for line in lines)
+    return "\n>\n".join(f"> {md(line)}" for line in lines)
 
 
 # -- requests from widgets --------------------------------------------------------------------------
@@ -229,7 +229,6 @@ def read_data_upload(file) -> tuple[Path, dict]:
 
 def load_task_checked(ref: str, columns: dict):
     """A task read as the flows read it (hosted checks and row cap included)."""
-
     return flows.get_task(ref, TaskFields(task=ref, **columns).data_spec(), store.guard())
 
 
@@ -276,7 +275,6 @@ _prepare_lock = threading.Lock()
 
 def submit_prepare(runner) -> Job | None:
     """Build the default fine-tuned model once, as a visible job; None when it is already cached."""
-
     if store.default_ready():
         return None
     with _prepare_lock:
@@ -285,7 +283,6 @@ def submit_prepare(runner) -> Job | None:
                 return job
 
         def fn(ctx) -> dict:
-
             flows.ensure_models([DEFAULT_FINETUNED], progress=ctx.report, cancel=ctx.cancel)
             ctx.report({"stage": "checking the pair", "fraction": 0.99})
             pair = flows.get_pair(DEFAULT_BASE, DEFAULT_FINETUNED, GraftableSpec(), store.guard())
@@ -327,7 +324,6 @@ def submit_finetune(runner, *, base: str, task: str, columns: dict, optimizer: s
 
 
 def _paths(region_ids: list[str], at_least: int = 1) -> list[str]:
-
     if len(region_ids or []) < at_least:
         raise RegionError("pick at least one region (run Localize first if the list is empty)" if at_least == 1
                           else f"pick at least {at_least} regions")
@@ -360,7 +356,6 @@ def upload_summary(path: Path, info: dict) -> tuple[str, str]:
 
 def ood_preview(task: str, columns: dict, ood: list[str], mapping: str | None) -> str:
     """How each OOD task will be read against the task: its test size and its labels' mapping, or why not."""
-
     if not ood:
         return "No OOD task: results score the in-distribution task only."
     labels = parse_label_map(mapping)
@@ -407,13 +402,10 @@ def submit_sweep(runner, *, base: str, finetuned: str, task: str, columns: dict,
 
 def overlap_for(region_ids: list[str]) -> dict:
     """The overlap matrix of the selected regions (compose without evaluation: cheap, no models)."""
-
     return flows.compose(ComposeRequest(regions=_paths(region_ids, 2))).matrix()
 
 
 def submit_compose(runner, *, region_ids: list[str], resolve: str, n) -> Job:
-
-
     paths = _paths(region_ids, 2)
     out = new_path(store.regions_dir(), "union", ".safetensors")
     request = ComposeRequest(regions=paths, resolve=resolve, evaluate=True, n=whole(n), out=str(out))
@@ -443,34 +435,29 @@ def parse_alphas(text: str) -> list[float]:
 
 
 def submit_wise(runner, *, region_id: str, alphas: str, ood: list[str], n) -> Job:
-
     request = WiseRequest(region=_paths([region_id] if region_id else [])[0], alphas=parse_alphas(alphas),
                           ood=list(ood) if ood else None, n=whole(n))
     return submit(runner, request, f"WiSE curves of {region_id} ({len(request.alphas)} values of α)")
 
 
 def submit_retrain(runner, *, region_id: str, epochs, train_examples, n) -> Job:
-
     request = RetrainRequest(region=_paths([region_id] if region_id else [])[0], epochs=whole(epochs),
                              train_examples=None if train_examples is None else int(train_examples), n=whole(n))
     return submit(runner, request, f"Re-train {region_id} from θ_pre, and BitFit")
 
 
 def submit_continual(runner, *, tasks: list[str], log_sparsity: float, steps, examples_per_class, n) -> Job:
-
     request = ContinualRequest(tasks=list(tasks or []), sparsity=10 ** float(log_sparsity), steps=whole(steps) or 0,
                                examples_per_class=per_class(examples_per_class), n=whole(n))
     return submit(runner, request, f"Continual learning of {' → '.join(request.tasks)}")
 
 
 def submit_reproduce(runner, *, quick: bool) -> Job:
-
     request = ReproduceRequest(quick=bool(quick))
     return submit(runner, request, f"Every experiment, one report ({'quick' if request.quick else 'full'} run)")
 
 
 def submit_export(runner, *, region_id: str) -> Job:
-
     folder = new_path(store.downloads_dir(), f"{region_id}-graft")
     request = ExportRequest(region=str(store.region_path(region_id)), out=str(folder))
 
@@ -484,7 +471,6 @@ def submit_export(runner, *, region_id: str) -> Job:
 
 def request_file(job: Job | None) -> Path | None:
     """The request that made a job, as a JSON config (``graftui run`` takes it); None for jobs without one."""
-
     if job is None or "verb" not in (job.params or {}):
         return None
     path = store.downloads_dir() / f"request-{job.id}.json"
@@ -495,7 +481,6 @@ def request_file(job: Job | None) -> Path | None:
 
 def report_bundle(job: Job | None) -> str:
     """The report bundle (bundle.py) of a finished job, written once into this session's downloads."""
-
     if job is None:
         raise ValueError("pick a job in the list above first")
     if job.status != "done" or not job.result or "verb" not in (job.params or {}):
@@ -507,7 +492,6 @@ def report_bundle(job: Job | None) -> str:
 
 
 def anatomy_of(region_id: str):
-
     return flows.anatomy(AnatomyRequest(region=str(store.region_path(region_id))))
 
 
@@ -527,7 +511,6 @@ COMPARE_WIDTHS = ["20%", "7%", "5%", "5%", "12%", "7%", "8%", "6%", "6%", "10%",
 
 def compare_table(result: dict) -> pd.DataFrame:
     """One row per (model, task), short headers; the note under the table says what each column is."""
-
     rows = result.get("rows") or []
     ft = {r["task"]: r["accuracy"] for r in rows if r["model"] == "fine-tuned"}
     out = []
@@ -689,27 +672,31 @@ def region_list_rows() -> pd.DataFrame:
 
 def read_region_upload(file) -> tuple[Path, RegionRecord]:
     """An uploaded region file, its format, metadata and every index validated."""
-    path = check_upload(file, (".safetensors",))
+    path = check_upload(file, hosted.REGION_SUFFIXES)
     return path, load_region_file(path)
 
 
 def adopt_region(file, base: str, finetuned: str) -> Path:
     """An uploaded region checked against the pair and saved among the session's regions, as a region of that
-    pair (the pair it was made on is kept beside)."""
+    pair (the pair it was made on is kept beside). A region without values takes the pair's fine-tuned values
+    from now on, so it records the pair's build; a skill patch keeps the build its values came from."""
     path, record = read_region_upload(file)
     check_pair(base, finetuned)
-    check_fits(record, flows.pair_for_regions(base, finetuned, [record], store.guard()))
+    pair = flows.pair_for_regions(base, finetuned, [record], store.guard())
+    check_fits(record, pair)
     meta = record.meta
     meta.original_base = meta.original_base or meta.base
     meta.original_finetuned = meta.original_finetuned or meta.finetuned
     meta.base, meta.finetuned, meta.uploaded_as = base, finetuned, path.name
+    meta.base_sha256 = pair.hashes.get("base")
+    if not record.is_patch:
+        meta.finetuned_sha256 = pair.hashes.get("finetuned")
     meta.method = meta.method or "uploaded"
     return store.save_region(record, stem=f"uploaded-{safe_name(path.stem, 30)}")
 
 
 def region_only_file(region_id: str):
     """A region file without values (indices only) next to the downloads; written once."""
-
     path = store.downloads_dir() / f"{region_id}-region.safetensors"
     if not path.exists():
         record = store.load_region(region_id)

@@ -31,9 +31,10 @@ from ..config import DEFAULT_BASE, DEFAULT_EXAMPLES_PER_CLASS, DEFAULT_FINETUNED
 from ..errors import RegionError, SessionError
 from ..hosted import check_disk, own_dir
 
+from ..flows.common import save_new
 from ..jobs import QUEUED, RUNNING, JobRunner
 from ..models import checkpoint_record
-from ..paths import DATA_SUFFIXES, atomic_write, new_path, short_ref
+from ..paths import DATA_SUFFIXES, atomic_write, short_ref
 from ..requests import EvaluateRequest, FinetuneRequest, LocalizeRequest, SweepRequest
 
 # -- defaults ------------------------------------------------------------------------------------
@@ -108,27 +109,29 @@ class Jobs:
         """Queue ``fn``; an identical job of this session still waiting or running is returned instead (a double
         click queues one job). Hosted, a job counts against its session's and its client address's quotas, which a
         fresh session does not reset (``server``: the server's own job)."""
-        if settings.hosted() and not server:
-            if self.owner is None:
-                settings.workspace()  # raises: no live session
-            twin = self.runner.twin(kind, params, self.owner)
-            if twin is not None:
-                return twin
-            active = [j for j in self.runner.jobs() if j.status in (QUEUED, RUNNING)]
+        if not settings.hosted() or server:
+            return self.runner.submit(kind, title, fn, params, owner=None if server else self.owner, dedupe=not server)
+        if self.owner is None:
+            settings.workspace()  # raises: no live session
+        address = session_client(self.owner)
+        twin = self.runner.twin(kind, params, self.owner)
+        if twin is None:
+            check_disk()
+
+        def admit(active: list) -> None:  # under the runner's lock: requests arriving together are counted together
             mine = sum(j.owner == self.owner for j in active)
             if mine >= settings.SESSION_JOBS:
                 raise SessionError(f"you already have {mine} job(s) waiting or running (the limit is "
                                    f"{settings.SESSION_JOBS}); wait for one to finish, or cancel it on the Jobs list")
-            address = session_client(self.owner)
             from_here = sum(address is not None and j.client == address for j in active)
             if from_here >= settings.CLIENT_JOBS:
                 raise SessionError(f"{from_here} job(s) from your address are waiting or running (the limit is "
                                    f"{settings.CLIENT_JOBS}, whatever the tab); wait for one to finish")
             if len(active) >= settings.MAX_JOBS:
-                raise SessionError(f"the server is busy ({len(active)} job(s) waiting or running); try again in a few minutes")
-            check_disk()
-        return self.runner.submit(kind, title, fn, params, owner=None if server else self.owner, dedupe=True,
-                                  client=None if server else session_client(self.owner))
+                raise SessionError(f"the server is busy ({len(active)} job(s) waiting or running); try again in a few "
+                                   "minutes")
+
+        return self.runner.submit(kind, title, fn, params, owner=self.owner, dedupe=True, client=address, admit=admit)
 
 
 # -- sessions (hosted mode) ----------------------------------------------------------------------
@@ -388,7 +391,7 @@ def save_region(record, stem: str | None = None) -> Path:
     """Save a region or skill patch under a new, readable id; returns its path."""
     m = record.meta
     stem = stem or f"{short_ref(m.task or 'task')}-{m.method or 'region'}-k{record.size}"
-    return regions.save(record, new_path(regions_dir(), stem, ".safetensors"))
+    return save_new(record, regions_dir(), stem)
 
 
 # -- checkpoints ---------------------------------------------------------------------------------

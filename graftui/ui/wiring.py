@@ -30,7 +30,6 @@ LIVE_REDRAW_SECONDS = 8.0
 # -- error handling and sessions ---------------------------------------------------------------------
 def friendly_message(err: BaseException) -> str:
     """One line a person can act on (graftui.errors.message); the traceback goes to the server log only."""
-
     if isinstance(err, gr.Error):
         return str(err.message)
     return message(err)
