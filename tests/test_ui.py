@@ -838,3 +838,22 @@ def test_the_built_defaults_are_listed_once_by_their_names(home):
         (folder / "config.json").write_text("{}")
     values = [value for _, value in store.checkpoint_choices()]
     assert values == list(DEFAULT_FINETUNED_REFS)  # not once more as their cache folders
+
+
+def test_user_text_is_shown_as_text_and_a_hosted_page_names_no_server_path(home, monkeypatch):
+    import json
+
+    from graftui.data import Split, Task
+    from graftui.ui import actions, app, store
+
+    split = Split(("a", "b"), (0, 1))
+    task = Task("<img src=x onerror=alert(1)>.csv", ("<b>neg</b>", "pos"), {"train": split, "validation": split,
+                                                                          "test": split}, "local file /srv/x.csv",
+                notes=("<script>1</script>",))
+    text = actions.task_summary(task)
+    assert "<img" not in text and "<b>" not in text and "<script>" not in text and "&lt;b&gt;neg" in text
+    monkeypatch.setenv("GRAFTUI_HOSTED", "1")
+    assert "/srv/x.csv" not in actions.task_summary(task)  # an upload's place on the server is not the page's
+    monkeypatch.setattr(store, "default_ready", lambda key=None: True)
+    config = json.dumps(app.build_app().get_config_file(), default=str)
+    assert str(home) not in config and "/work" not in config
