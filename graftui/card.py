@@ -10,6 +10,9 @@ Every graft row gets the same readings wherever it is shown (the app, the CLI's 
 - ``calibration``: over- or under-confident (mean confidence above or below accuracy), or balanced
   (within 2 points; the ECE can still be large when bins err both ways);
 - ``vs_random`` / ``vs_top_movement``: accuracy over the baseline region of the same size.
+
+Every difference a sentence states comes with its paired 95 % interval on the same test examples
+(``metrics.paired_difference``), and says so when the interval holds zero.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import math
 
 from .config import BODY_LABEL, FT_LABEL
 from .experiments import relative_gain
-from .formatting import pct as _pct, pts
+from .formatting import difference, pct as _pct, pts
 
 Z95 = 1.959963984540054
 BALANCED = 0.02  # |mean confidence − accuracy| up to this: neither over- nor under-confident on the whole
@@ -101,20 +104,37 @@ def _size(k: int | None, graftable: int | None) -> str:
     return f" (k = {k:,}" + (f", {pct(k / graftable, 3)} of the graftable set)" if graftable else ")")
 
 
-def graft_sentence(row: dict, ft_row: dict | None, graftable: int | None = None) -> str:
-    """One graft in words: FT accuracy kept, gain recovered, baselines, calibration."""
+def _paired(differences: list[dict] | None, a: str, task: str) -> dict:
+    """{(b, metric): difference} of model ``a`` on ``task``."""
+    return {(d["b"], d["metric"]): d for d in differences or () if d["a"] == a and d["task"] == task}
+
+
+def graft_sentence(row: dict, ft_row: dict | None, graftable: int | None = None, paired: dict | None = None,
+                   baselines: dict | None = None) -> str:
+    """One graft in words: FT accuracy kept, gain recovered, baselines, calibration; each difference with its
+    paired interval where ``paired`` ({(other model, metric): difference}) has it. ``baselines`` names the
+    baseline rows of the same size ({"random": model name, "top-movement": …})."""
+    paired, baselines = paired or {}, baselines or {}
     text = (f"The graft '{row['model']}'{_size(row.get('region_size'), graftable)} scores {pct(row['accuracy'], 1)}"
             f"{interval(row)} on {row['task']}")
     if row.get("ft_kept") is not None:
         text += f": it keeps {pct(row['ft_kept'])} of the fine-tuned accuracy"
+        to_ft = ft_row and paired.get((ft_row["model"], "accuracy"))
+        if to_ft:
+            text += f" ({difference(to_ft, ' against it')})"
     gain = row.get("gain_recovered")
     if gain is not None and gain >= 0:
         text += f" and recovers {pct(gain)} of the fine-tuning gain ((graft − bare) / (FT − bare))"
     elif gain is not None:
         text += f" but scores below the bare pre-trained body ({pct(gain)} of the fine-tuning gain)"
-    extra = [f"{pts(row[key])} over a {name} region of the same size" if row[key] >= 0 else
-             f"{100 * -row[key]:.1f} pts below a {name} region of the same size"
-             for key, name in (("vs_random", "random"), ("vs_top_movement", "top-movement")) if row.get(key) is not None]
+    extra = []
+    for key, name in (("vs_random", "random"), ("vs_top_movement", "top-movement")):
+        d = paired.get((baselines.get(name), "accuracy"))
+        if d:
+            extra.append(difference(d, f" against a {name} region of the same size"))
+        elif row.get(key) is not None:
+            extra.append(f"{pts(row[key])} over a {name} region of the same size" if row[key] >= 0 else
+                         f"{100 * -row[key]:.1f} pts below a {name} region of the same size")
     if extra:
         text += "; " + ", ".join(extra)
     text += "."
@@ -125,6 +145,9 @@ def graft_sentence(row: dict, ft_row: dict | None, graftable: int | None = None)
             text += f" vs the fine-tuned model's {ft_row['ece']:.3f}"
             if ft_row.get("calibration"):
                 text += f", itself {ft_row['calibration']}"
+            ece_diff = paired.get((ft_row["model"], "ece"))
+            if ece_diff:
+                text += f"; graft − FT: {difference(ece_diff)}"
         text += ")."
     return text
 
@@ -139,8 +162,10 @@ def _small_test(rows) -> str | None:
     return None
 
 
-def evaluate_card(rows: list[dict], *, graftable: int | None = None, start_overlap: dict | None = None) -> list[str]:
-    """Sentences for a comparison: each in-distribution graft, its OOD transfer, and warnings."""
+def evaluate_card(rows: list[dict], *, graftable: int | None = None, start_overlap: dict | None = None,
+                  differences: list[dict] | None = None) -> list[str]:
+    """Sentences for a comparison: each in-distribution graft, its OOD transfer, and warnings; differences are read
+    with their paired intervals (``differences``, as :func:`scoring.compare` gives them)."""
     tasks = list(dict.fromkeys(r["task"] for r in rows))
     if not tasks:
         return []
@@ -159,13 +184,17 @@ def evaluate_card(rows: list[dict], *, graftable: int | None = None, start_overl
         if row.get("method") in ("random", "top-movement") and any(r.get("method") not in ("random", "top-movement")
                                                                  for r in grafts):
             continue  # baselines are read through the grafts they are compared with
-        sentence = graft_sentence(row, ft_row, graftable)
+        same_size = {r.get("method"): r["model"] for r in grafts if r.get("region_size") == row.get("region_size")
+                     and r is not row}
+        sentence = graft_sentence(row, ft_row, graftable, _paired(differences, row["model"], tasks[0]), same_size)
         ood = [r for r in rows if r["model"] == row["model"] and r["task"] != tasks[0]]
         if ood:
             parts = []
             for r in ood:
                 ft_ood = next((x for x in rows if x["task"] == r["task"] and _is_ft(x)), None)
-                delta = "" if ft_ood is None else f" ({pts(r['accuracy'] - ft_ood['accuracy'])} vs FT)"
+                d = ft_ood and _paired(differences, row["model"], r["task"]).get((ft_ood["model"], "accuracy"))
+                delta = "" if ft_ood is None else \
+                    f" ({difference(d, ' vs FT') if d else pts(r['accuracy'] - ft_ood['accuracy']) + ' vs FT'})"
                 parts.append(f"{r['task']} {pct(r['accuracy'], 1)}{delta}")
             sentence += " Out of distribution: " + ", ".join(parts) + "."
         share = (start_overlap or {}).get(row["model"])
@@ -196,10 +225,15 @@ def sweep_card(doc: dict) -> list[str]:
                                  f"never keeps 95 % of FT here; at best {pct(best['accuracy'] / ft)} of it, at sparsity "
                                  f"{best['sparsity']:g}") + ".")
     by = {(r["method"], r["sparsity"]): r for r in rows}
-    gaps = [(s, by[("learned", s)]["accuracy"] - by[("top-movement", s)]["accuracy"])
-            for (m, s) in by if m == "learned" and ("top-movement", s) in by]
+    paired = {(d["a"], d["b"], d.get("sparsity")): d for d in doc.get("differences") or () if d["metric"] == "accuracy"}
+    gaps = []
+    for (m, s) in sorted(by, key=lambda key: key[1]):
+        if m == "learned" and ("top-movement", s) in by:
+            d = paired.get(("learned", "top-movement", s))
+            gaps.append(difference(d, f" at {s:g}") if d else
+                        f"{pts(by[('learned', s)]['accuracy'] - by[('top-movement', s)]['accuracy'])} at {s:g}")
     if gaps:
-        lines.append("learned − top-movement: " + ", ".join(f"{pts(g)} at {s:g}" for s, g in sorted(gaps)) + ".")
+        lines.append("learned − top-movement (paired 95 % intervals): " + "; ".join(gaps) + ".")
     small = _small_test([{"n": doc.get("n_test")}] if doc.get("n_test") else [])
     if small:
         lines.append(small)
@@ -223,8 +257,10 @@ def compose_card(doc: dict) -> list[str]:
         by = {r["model"]: r for r in doc["rows"] if r["task"] == task}
         alone, union = by.get("region alone"), by.get("union graft")
         if alone and union:
+            d = _paired(doc.get("differences"), "union graft", task).get(("region alone", "accuracy"))
+            said = " against the task's own region alone"
             lines.append(f"On {task}: the union graft scores {pct(union['accuracy'], 1)}{interval(union)}, "
-                         f"{pts(union['accuracy'] - alone['accuracy'])} against the task's own region alone.")
+                         + (difference(d, said) if d else pts(union['accuracy'] - alone['accuracy']) + said) + ".")
     return lines
 
 

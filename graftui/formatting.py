@@ -43,6 +43,23 @@ def pts(x: float) -> str:
     return f"{100 * x:+.1f} pts"
 
 
+def _signed(x: float, digits: int) -> str:
+    return f"{x:+.{digits}f}".replace("-", "−")
+
+
+def difference(d: dict, said: str = "") -> str:
+    """A paired difference with its interval: "+3.2 pts [+0.9, +5.4]" for accuracy, "−0.012 [−0.020, −0.004]"
+    for ECE, then ``said`` (" over top-movement"), then ": not distinguishable at n = 500" where the
+    interval holds zero."""
+    lo, hi = d["ci"]
+    if d["metric"] == "accuracy":
+        text = f"{_signed(100 * d['diff'], 1)} pts [{_signed(100 * lo, 1)}, {_signed(100 * hi, 1)}]"
+    else:
+        text = f"{_signed(d['diff'], 3)} [{_signed(lo, 3)}, {_signed(hi, 3)}]"
+    text += said
+    return text if lo > 0 or hi < 0 else f"{text}: not distinguishable at n = {d['n']:,}"
+
+
 def minutes(seconds: float) -> str:
     """A duration as people read it: seconds under 90 s, minutes above."""
     return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"

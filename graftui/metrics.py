@@ -9,6 +9,7 @@ numbers, lists and dicts so they can go straight into JSON reports and plots.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Any, Iterable
 
@@ -261,3 +262,88 @@ def predict_proba(
     if not all_probs:
         return torch.zeros(0, 0), torch.zeros(0, dtype=torch.long)
     return torch.cat(all_probs), torch.cat(all_labels)
+
+
+# -- paired differences -------------------------------------------------------------------------------
+# Two models scored on the same examples differ by less noise than two independent accuracies: the
+# examples both get right or both get wrong cancel. A difference is therefore read with an interval
+# computed on the pairs (the same resampled examples for both models), never from two separate intervals.
+BOOTSTRAP_RESAMPLES = 2000
+PAIRED_METRICS = ("accuracy", "ece")
+
+
+def mcnemar_p(only_a: int, only_b: int) -> float:
+    """McNemar's exact two-sided p-value: the discordant pairs (right under one model only) as a fair coin.
+
+    ``only_a`` examples are right under A alone, ``only_b`` under B alone; p = P(a split at least as
+    uneven | Binomial(only_a + only_b, ½)), 1.0 when no example tells them apart.
+    """
+    m, low = only_a + only_b, min(only_a, only_b)
+    if m == 0:
+        return 1.0
+    tail = sum(math.comb(m, i) for i in range(low + 1)) / 2 ** m
+    return min(1.0, 2 * tail)
+
+
+def _resampled(values: torch.Tensor, idx: torch.Tensor, n_bins: int | None, bins: torch.Tensor | None,
+               conf: torch.Tensor | None) -> torch.Tensor:
+    """The statistic on each resample (rows of ``idx``): a mean of ``values``, or an ECE from binned sums."""
+    if n_bins is None:
+        return values[idx].mean(dim=1)
+    rows, n = idx.shape
+    b = bins[idx]
+    correct = torch.zeros(rows, n_bins, dtype=torch.float64).scatter_add_(1, b, values[idx])
+    confidence = torch.zeros(rows, n_bins, dtype=torch.float64).scatter_add_(1, b, conf[idx])
+    return (correct - confidence).abs().sum(dim=1) / n
+
+
+def paired_difference(probs_a: ArrayLike, probs_b: ArrayLike, labels: ArrayLike, metric: str = "accuracy", *,
+                      resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0, level: float = 0.95,
+                      n_bins: int = 10) -> dict:
+    """metric(A) − metric(B) on the same examples, with a paired bootstrap interval.
+
+    Each resample draws n examples with replacement and scores both models on the *same* draw
+    (percentile interval over ``resamples`` draws, seeded, so a number reproduces). Accuracy also gets
+    McNemar's exact p-value. Identical predictions give a zero-width interval at 0.
+
+    Returns {"metric", "diff", "ci": [lo, hi], "n", "p" (accuracy only; else None)}.
+    """
+    if metric not in PAIRED_METRICS:
+        raise ValueError(f"no paired difference for '{metric}'; pick one of {', '.join(PAIRED_METRICS)}")
+    a, b = _probs(probs_a), _probs(probs_b)
+    if a.shape != b.shape:
+        raise ValueError(f"shape mismatch: {tuple(a.shape)} vs {tuple(b.shape)}")
+    y = _labels(labels, a.shape[0])
+    n = int(a.shape[0])
+    if n == 0:
+        return {"metric": metric, "diff": 0.0, "ci": [0.0, 0.0], "n": 0, "p": 1.0 if metric == "accuracy" else None}
+    conf_a, pred_a = _conf_pred(a)
+    conf_b, pred_b = _conf_pred(b)
+    right_a, right_b = (pred_a == y).double(), (pred_b == y).double()
+    if metric == "accuracy":
+        diff = float(right_a.mean() - right_b.mean())
+        p = mcnemar_p(int((right_a > right_b).sum()), int((right_b > right_a).sum()))
+        stat_a = stat_b = None
+    else:
+        diff = ece(a, y, n_bins) - ece(b, y, n_bins)
+        p = None
+        stat_a, stat_b = (_bins(conf_a, n_bins)[1], conf_a.double()), (_bins(conf_b, n_bins)[1], conf_b.double())
+    gen = torch.Generator().manual_seed(seed)
+    chunk = max(1, min(resamples, 4_000_000 // n))  # bounded memory on a large test set
+    diffs = []
+    for start in range(0, resamples, chunk):
+        idx = torch.randint(n, (min(chunk, resamples - start), n), generator=gen)
+        if stat_a is None:
+            diffs.append(_resampled(right_a - right_b, idx, None, None, None))
+        else:
+            diffs.append(_resampled(right_a, idx, n_bins, *stat_a) - _resampled(right_b, idx, n_bins, *stat_b))
+    tail = (1 - level) / 2
+    lo, hi = torch.quantile(torch.cat(diffs), torch.tensor([tail, 1 - tail], dtype=torch.float64)).tolist()
+    lo, hi = min(lo, diff), max(hi, diff)  # a percentile interval always holds its own estimate
+    return {"metric": metric, "diff": diff, "ci": [lo, hi], "n": n, "p": p}
+
+
+def distinguishable(difference: dict) -> bool:
+    """Whether a paired interval excludes zero."""
+    lo, hi = difference["ci"]
+    return lo > 0 or hi < 0

@@ -101,13 +101,14 @@ def predict(pair, task: Task, split: str, n: int | None, batch_size: int = 64, s
 
 @dataclass
 class Comparison:
-    """Metrics per (model, task); reliability data per model on the in-distribution task."""
+    """Metrics per (model, task); reliability data per model on the in-distribution task; paired differences."""
 
     rows: list[dict]
     reliability: dict[str, list[dict]]
     histogram: dict[str, list[dict]]
     task: str
     ood: list[str]
+    differences: list[dict]
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -122,6 +123,7 @@ def compare(
     split: str = "test",
     n: int | None = None,
     seed: int = 0,
+    contrasts: list[tuple[str, str]] = (),
     progress: Progress | None = None,
     cancel: threading.Event | None = None,
 ) -> Comparison:
@@ -129,10 +131,15 @@ def compare(
 
     ``models`` maps a label to a region (flat indices), whose graft takes the fine-tuned values, or
     to ``(indices, values)`` written as given (a re-trained region, a union); ``ood`` tasks are already
-    in ``task``'s label space (see :func:`align_labels`). Agreement is measured against FT.
+    in ``task``'s label space (see :func:`align_labels`). Agreement is measured against FT. Each graft's
+    difference to FT (accuracy, ECE) and to the bare body (accuracy), and each pair in ``contrasts``
+    (accuracy, ECE), get a paired interval on the same examples (:func:`differences`).
     """
     check_labels(pair, task)
-    rows, reliability, histogram = [], {}, {}
+    rows, reliability, histogram, found = [], {}, {}, []
+    pairs = [(label, FT_LABEL, m) for label in models for m in metrics.PAIRED_METRICS]
+    pairs += [(label, BODY_LABEL, "accuracy") for label in models]
+    pairs += [(a, b, m) for a, b in contrasts for m in metrics.PAIRED_METRICS]
     tasks = [task, *ood]
     total = len(tasks) * (len(models) + 2)
     done = 0
@@ -140,7 +147,7 @@ def compare(
         variants: list[tuple[str, object]] = [(FT_LABEL, pair.finetuned()), (BODY_LABEL, contextlib.nullcontext())]
         variants += [(label, pair.grafted(region) if isinstance(region, dict) else pair.grafted(*region))
                      for label, region in models.items()]
-        reference = None
+        reference, predictions = None, {}
         for label, context in variants:
             if cancel is not None and cancel.is_set():
                 raise Cancelled("evaluation cancelled")
@@ -150,6 +157,7 @@ def compare(
                 probs, labels = predict(pair, t, split, n, seed=seed)
             if reference is None:
                 reference = probs
+            predictions[label] = probs
             m = metrics.metrics(probs, labels)
             rows.append({
                 "model": label,
@@ -167,7 +175,19 @@ def compare(
                 reliability[label] = metrics.reliability(probs, labels)
                 histogram[label] = metrics.confidence_histogram(probs)
             done += 1
-    return Comparison(rows, reliability, histogram, task.name, [o.name for o in ood])
+        found += differences(predictions, labels, pairs, t.name, "in" if t is task else "OOD", seed=seed)
+    return Comparison(rows, reliability, histogram, task.name, [o.name for o in ood], found)
+
+
+def differences(predictions: dict[str, torch.Tensor], labels, pairs, task: str, distribution: str = "in", *,
+                seed: int = 0) -> list[dict]:
+    """One entry per (a, b, metric) of ``pairs`` whose two models were scored: a − b with its paired interval."""
+    out = []
+    for a, b, metric in pairs:
+        if a in predictions and b in predictions and a != b:
+            d = metrics.paired_difference(predictions[a], predictions[b], labels, metric, seed=seed)
+            out.append({"a": a, "b": b, "task": task, "distribution": distribution, **d})
+    return out
 
 
 def _size(model) -> int:
@@ -211,16 +231,20 @@ def _row(task: Task, head: str, model: str, probs, labels, size: int | None) -> 
 
 
 def evaluate_on_pair(pair, task: Task, own: RegionRecord, own_name: str, union_idx, union_val, *, n=None,
-                     split="test") -> list[dict]:
-    """Score region alone, union graft and the bare body on ``task`` with this pair's head."""
+                     split="test", seed: int = 0) -> tuple[list[dict], list[dict]]:
+    """Score region alone, union graft and the bare body on ``task`` with this pair's head: (rows, differences),
+    the union's and the body's accuracy and ECE against the region alone with paired intervals."""
     check_labels(pair, task)
-    rows = []
-    with pair.grafted(own.indices):
-        rows.append(_row(task, own_name, ALONE, *predict(pair, task, split, n), own.size))
-    with pair.grafted(union_idx, union_val):
-        rows.append(_row(task, own_name, UNION, *predict(pair, task, split, n), method.region_size(union_idx)))
-    rows.append(_row(task, own_name, BODY, *predict(pair, task, split, n), 0))
+    rows, predictions = [], {}
+    for model, context, size in ((ALONE, pair.grafted(own.indices), own.size),
+                                 (UNION, pair.grafted(union_idx, union_val), method.region_size(union_idx)),
+                                 (BODY, contextlib.nullcontext(), 0)):
+        with context:
+            predictions[model], labels = predict(pair, task, split, n, seed=seed)
+        rows.append(_row(task, own_name, model, predictions[model], labels, size))
     alone = rows[0]["accuracy"]
     for r in rows:
         r["delta_vs_alone"] = r["accuracy"] - alone
-    return rows
+    found = differences(predictions, labels, [(m, ALONE, metric) for m in (UNION, BODY) for metric in
+                                              metrics.PAIRED_METRICS], task.name, seed=seed)
+    return rows, [{**d, "head": own_name} for d in found]

@@ -114,3 +114,39 @@ def test_ood_label_mapping_relabels_exactly():
     for bad in ("0", "0=", "=x", "0=a,0=b"):
         with pytest.raises(RequestError, match="--ood-labels"):
             parse_label_map(bad)
+
+
+def _diff(a, b, metric, diff, lo, hi, task="movies", n=400):
+    return {"a": a, "b": b, "task": task, "metric": metric, "diff": diff, "ci": [lo, hi], "n": n, "p": None}
+
+
+def test_evaluate_card_reads_each_difference_with_its_paired_interval():
+    found = [_diff("mine", "Top movement", "accuracy", 0.06, 0.02, 0.10),
+             _diff("mine", "Random", "accuracy", 0.15, -0.01, 0.31),
+             _diff("mine", FT, "accuracy", -0.04, -0.07, -0.01),
+             _diff("mine", FT, "ece", -0.012, -0.020, -0.004),
+             _diff("mine", FT, "accuracy", -0.03, -0.08, 0.02, task="amazon")]
+    text = " ".join(card.evaluate_card(card.annotate(rows()), differences=found))
+    assert "+6.0 pts [+2.0, +10.0] against a top-movement region of the same size" in text
+    assert "+15.0 pts [−1.0, +31.0] against a random region of the same size: not distinguishable at n = 400" in text
+    assert "keeps 95 % of the fine-tuned accuracy (−4.0 pts [−7.0, −1.0] against it)" in text
+    assert "graft − FT: −0.012 [−0.020, −0.004]" in text
+    assert "amazon 79.0 % (−3.0 pts [−8.0, +2.0] vs FT: not distinguishable at n = 400)" in text
+    # a difference of another model or task is not read as this one's
+    other = [_diff("Top movement", FT, "accuracy", 0.5, 0.4, 0.6), _diff("mine", FT, "accuracy", 0.5, 0.4, 0.6, "x")]
+    assert "[+40.0, +60.0]" not in " ".join(card.evaluate_card(card.annotate(rows()), differences=other))
+
+
+def test_sweep_and_compose_cards_give_the_interval():
+    doc = {"task": "movies", "ft_accuracy": 0.8, "body_accuracy": 0.6, "n_test": 500,
+           "rows": [{"method": m, "sparsity": 1e-4, "k": 10, "accuracy": a} for m, a in
+                    (("learned", 0.78), ("top-movement", 0.765))],
+           "differences": [{**_diff("learned", "top-movement", "accuracy", 0.015, -0.011, 0.039, n=500),
+                            "sparsity": 1e-4}]}
+    assert "learned − top-movement (paired 95 % intervals): +1.5 pts [−1.1, +3.9] at 0.0001: not distinguishable " \
+           "at n = 500." in card.sweep_card(doc)
+    comp = {"names": ["a", "b"], "sizes": [10, 10], "overlap": [[1, 0], [0, 1]], "graftable_params": 1000,
+            "rows": [{"task": "t", "model": m, "accuracy": a, "n": 500, "accuracy_ci": [0, 1]}
+                     for m, a in (("region alone", 0.8), ("union graft", 0.7))],
+            "differences": [_diff("union graft", "region alone", "accuracy", -0.1, -0.14, -0.06, task="t")]}
+    assert "−10.0 pts [−14.0, −6.0] against the task's own region alone." in " ".join(card.compose_card(comp))

@@ -243,7 +243,23 @@ def test_evaluate_regions_with_baselines_in_and_out_of_distribution(ft_dir, lear
     learned_row = rows[("learned", "movies")]
     assert learned_row["vs_random"] == pytest.approx(learned_row["accuracy"] - rows[("Random", "movies")]["accuracy"])
     assert rows[("Random", "movies")]["vs_random"] is None and rows[("Random", "movies")]["method"] == "random"
-    assert any("keeps" in line and "'learned'" in line and re.search(r"pts (over|below) a random region", line)
+    # every difference with a paired interval on the same examples: each graft − FT and − the bare body, each
+    # region − the baselines of its size
+    paired = {(d["a"], d["b"], d["task"], d["metric"]): d for d in doc["differences"]}
+    for (a, b, task, metric), d in paired.items():
+        assert d["ci"][0] <= d["diff"] <= d["ci"][1] and d["n"] == 64
+        if metric == "accuracy":
+            assert d["diff"] == pytest.approx(rows[(a, task)]["accuracy"] - rows[(b, task)]["accuracy"])
+            assert 0 < d["p"] <= 1
+        else:
+            assert d["diff"] == pytest.approx(rows[(a, task)]["ece"] - rows[(b, task)]["ece"]) and d["p"] is None
+    grafts = ["learned", "top", "Top movement", "Random"]
+    assert {k[:2] for k in paired} == {*((g, "fine-tuned") for g in grafts),
+                                       *((g, "pre-trained body + FT head") for g in grafts),
+                                       *((r, b) for r in ("learned", "top") for b in ("Top movement", "Random"))}
+    same = paired[("top", "Top movement", "movies", "accuracy")]  # the same region twice: no difference at all
+    assert same["diff"] == 0 and same["ci"] == [0.0, 0.0] and same["p"] == 1.0
+    assert any("keeps" in line and "'learned'" in line and re.search(r"pts \[[^]]+\] against a random region", line)
                for line in doc["card"])
     # two runs side by side: their overlap (as compose computes it) and where each lies
     side = doc["side_by_side"]
@@ -271,6 +287,7 @@ def test_evaluate_regions_with_baselines_in_and_out_of_distribution(ft_dir, lear
     assert code == 0, err
     header = out.splitlines()[0].split()
     assert header[:3] == ["model", "task", "dist"] and "accuracy" in header and "ECE" in header
+    assert "paired differences a − b" in out and re.search(r"learned +fine-tuned +tweets +accuracy +16 ", out)
     table_lines = out.split("\n\n")[0].splitlines()  # the card's sentences follow the table
     assert len([line for line in table_lines if " movies " in line or " tweets " in line]) == 6
     for word in ("OOD", "learned", "3,000", "pre-trained body + FT head"):
@@ -391,6 +408,17 @@ def test_sweep_table(ft_dir):
         gap = doc["ft_accuracy"] - doc["body_accuracy"]
         assert r["gain_recovered"] == (pytest.approx((r["accuracy"] - doc["body_accuracy"]) / gap) if gap > 0 else None)
     assert any(line.startswith("top-movement:") for line in doc["card"])
+    by = {(r["method"], r["sparsity"]): r for r in doc["rows"]}
+    paired = {(d["a"], d["b"], d["sparsity"], d["metric"]): d for d in doc["differences"]}
+    assert set(paired) == {(a, b, s, m) for s in (1e-3, 1e-2) for m in ("accuracy", "ece")
+                           for a, b in (("top-movement", "fine-tuned"), ("random", "fine-tuned"),
+                                        ("top-movement", "random"))}
+    for s in (1e-3, 1e-2):
+        d = paired[("top-movement", "random", s, "accuracy")]
+        assert d["diff"] == pytest.approx(by[("top-movement", s)]["accuracy"] - by[("random", s)]["accuracy"])
+        assert d["ci"][0] <= d["diff"] <= d["ci"][1] and d["n"] == 32
+        assert paired[("random", "fine-tuned", s, "ece")]["diff"] == pytest.approx(by[("random", s)]["ece"]
+                                                                                 - doc["ft_ece"])
     assert all(r["region"] is None for r in doc["rows"])  # nothing kept unless asked
     code, out, err = run_cli("sweep", "--finetuned", ft_dir, "--methods", "top-movement", "--sparsities", "1e-3",
                              "--n", "8")

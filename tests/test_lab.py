@@ -246,6 +246,14 @@ def test_wise_flow_ends_match_the_fine_tuned_model_and_the_graft(tiny_multitask,
         assert got[("WiSE-FT", 0.0, t)] == got[("WiSE-graft", 0.0, t)] == acc[("pre-trained body + FT head", t)]
         label = next(m for m, task in acc if task == t and m not in ("fine-tuned", "pre-trained body + FT head"))
         assert got[("WiSE-graft", 1.0, t)] == acc[(label, t)]
+    paired = {(d["alpha"], d["task"], d["metric"]): d for d in res["differences"]}
+    assert set(paired) == {(a, t, m) for a in (0.0, 0.5, 1.0) for t in ("movies", "amazon", "tweets")
+                           for m in ("accuracy", "ece")}
+    for t in ("movies", "amazon", "tweets"):  # at α = 0 both curves are θ_pre: nothing between them
+        assert paired[(0.0, t, "accuracy")]["ci"] == [0.0, 0.0] and paired[(0.0, t, "ece")]["diff"] == 0
+        d = paired[(1.0, t, "accuracy")]
+        assert d["diff"] == pytest.approx(got[("WiSE-graft", 1.0, t)] - got[("WiSE-FT", 1.0, t)])
+        assert d["ci"][0] <= d["diff"] <= d["ci"][1] and d["a"] == "WiSE-graft" and d["b"] == "WiSE-FT"
 
 
 def test_retrain_flow_scores_ft_graft_retrained_and_bitfit(tiny_multitask, tmp_path, monkeypatch):
@@ -266,6 +274,12 @@ def test_retrain_flow_scores_ft_graft_retrained_and_bitfit(tiny_multitask, tmp_p
     assert res["trained"] == {"graft": loc.k, "re-trained graft": loc.k, "BitFit (biases)": biases}
     assert any("training the re-trained graft" in p.get("stage", "") for p in seen)
     assert res["recipe"]["epochs"] == 1 and res["recipe"]["train_examples"] == 32
+    acc = dict(zip(models, (r["accuracy"] for r in res["rows"])))
+    paired = {(d["a"], d["b"], d["metric"]): d for d in res["differences"]}
+    for trained in ("re-trained graft", "BitFit (biases)"):  # each trained model against the graft, paired
+        d = paired[(trained, "graft", "accuracy")]
+        assert d["diff"] == pytest.approx(acc[trained] - acc["graft"]) and d["ci"][0] <= d["diff"] <= d["ci"][1]
+    assert ("graft", "fine-tuned", "ece") in paired and ("graft", "pre-trained body + FT head", "accuracy") in paired
 
 
 # -- front ends -------------------------------------------------------------------------------------
@@ -314,6 +328,16 @@ def test_continual_forget_free_keeps_every_earlier_task_exactly_and_trains_only_
                                              method.region_size(experiments.new_part(gammas[1], gammas[:1]))]
     assert res["trained"]["sequential"][0] == regions.load(res["regions"]["movies"]).graftable
     assert len(res["finetuned_accuracy"]) == 2 and all(0 <= a <= 1 for a in res["finetuned_accuracy"])
+    paired = {(d["a"], d["b"], d["task"]): d for d in res["differences"]}
+    for stage, done in ((0, ["movies"]), (1, ["movies", "bbc"])):  # the two arms after each stage, on each task
+        after = ("movies", "bbc")[stage]
+        for j, task in enumerate(done):
+            d = paired[(f"forget-free after {after}", f"sequential after {after}", task)]
+            assert d["diff"] == pytest.approx(ff[stage][j] - seq[stage][j]) and d["stage"] == stage + 1
+    kept = paired[("forget-free after movies", "forget-free after bbc", "movies")]  # forgetting, paired
+    assert kept["diff"] == 0 and kept["ci"] == [0.0, 0.0] and kept["forgetting"] == "forget-free"
+    lost = paired[("sequential after movies", "sequential after bbc", "movies")]
+    assert lost["diff"] == pytest.approx(res["forgetting"]["sequential"][0])
 
 
 def test_fine_tuning_with_a_frozen_head_keeps_the_new_head_at_its_initialisation(tiny_multitask, tmp_path):

@@ -162,3 +162,77 @@ def test_predict_proba_tiny_bert():
     # unlabeled batches get -1
     _, unl = predict_proba(model, [{"input_ids": batches[0]["input_ids"]}])
     assert unl.tolist() == [-1] * 4
+
+
+# -- paired differences -------------------------------------------------------------------------------
+def test_mcnemar_exact_p_values():
+    from graftui.metrics import mcnemar_p
+
+    assert mcnemar_p(8, 2) == pytest.approx(2 * (1 + 10 + 45) / 1024)  # 0.109375: binomtest(2, 10) two-sided
+    assert mcnemar_p(2, 8) == mcnemar_p(8, 2)
+    assert mcnemar_p(0, 10) == pytest.approx(2 / 1024)
+    assert mcnemar_p(5, 5) == 1.0 and mcnemar_p(0, 0) == 1.0
+
+
+def _confident(pred, conf=0.9):
+    p = torch.full((len(pred), 2), 1 - conf, dtype=torch.float64)
+    p[torch.arange(len(pred)), torch.as_tensor(pred)] = conf
+    return p
+
+
+def test_paired_difference_of_accuracy_covers_the_known_difference():
+    from graftui.metrics import distinguishable, paired_difference
+
+    y = torch.tensor([0, 1] * 100)
+    a = y.clone()
+    a[:40] = 1 - a[:40]  # A wrong on the first 40 (accuracy 0.80)
+    b = a.clone()
+    b[40:46] = 1 - b[40:46]  # B wrong on 6 more (0.77): the two disagree on 6 examples only
+    d = paired_difference(_confident(a), _confident(b), y)
+    assert d["diff"] == pytest.approx(0.03) and d["n"] == 200 and d["metric"] == "accuracy"
+    lo, hi = d["ci"]
+    assert 0 < lo < 0.03 < hi < 0.06 and distinguishable(d)
+    assert d["p"] == pytest.approx(2 / 64)  # McNemar: 6 discordant pairs, all for A
+    # two separate Wilson intervals (about ±6 pts each) could never tell 0.80 from 0.77: pairing can
+    from graftui.card import wilson
+    assert wilson(0.77, 200)[1] > wilson(0.80, 200)[0]
+    # seeded: the same interval every time
+    assert paired_difference(_confident(a), _confident(b), y) == d
+    assert paired_difference(_confident(b), _confident(a), y)["diff"] == pytest.approx(-0.03)
+
+
+def test_paired_difference_is_zero_width_on_identical_models_and_exact_for_ece():
+    from graftui.metrics import distinguishable, paired_difference
+
+    g = torch.Generator().manual_seed(0)
+    y = torch.randint(2, (150,), generator=g)
+    pa = torch.softmax(torch.randn(150, 2, generator=g, dtype=torch.float64), dim=1)
+    pb = torch.softmax(3 * torch.randn(150, 2, generator=g, dtype=torch.float64), dim=1)
+    for metric in ("accuracy", "ece"):
+        same = paired_difference(pa, pa.clone(), y, metric)
+        assert same["diff"] == 0 and same["ci"] == [0.0, 0.0] and not distinguishable(same)
+    assert paired_difference(pa, pa, y)["p"] == 1.0
+    d = paired_difference(pa, pb, y, "ece")
+    assert d["diff"] == pytest.approx(ece(pa, y) - ece(pb, y), abs=1e-12) and d["p"] is None
+    assert d["ci"][0] <= d["diff"] <= d["ci"][1]
+    with pytest.raises(ValueError, match="f1"):
+        paired_difference(pa, pb, y, "f1")
+    with pytest.raises(ValueError, match="shape"):
+        paired_difference(pa, pb[:10], y)
+
+
+def test_paired_bootstrap_interval_holds_the_true_difference_at_its_nominal_rate():
+    """Simulated pairs with a known difference of 5 pts: about 95 % of the intervals hold it."""
+    from graftui.metrics import paired_difference
+
+    g = torch.Generator().manual_seed(1)
+    held = 0
+    for trial in range(60):
+        y = torch.zeros(300, dtype=torch.long)
+        u = torch.rand(300, generator=g)
+        right_a, right_b = u < 0.80, u < 0.75  # A is right wherever B is, and on 5 % more
+        a = torch.where(right_a, y, 1 - y)
+        b = torch.where(right_b, y, 1 - y)
+        lo, hi = paired_difference(_confident(a), _confident(b), y, resamples=500, seed=trial)["ci"]
+        held += lo <= 0.05 <= hi
+    assert held >= 52  # 95 % of 60 is 57; binomial noise leaves 52 a safe floor, and 0.5 coverage would fail

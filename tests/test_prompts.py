@@ -349,6 +349,12 @@ def test_every_region_verb_works_on_a_language_model_region(lm_root, tmp_path):
     composed = flows.compose(ComposeRequest(regions=[m.path for m in made], evaluate=True,
                                             out=str(tmp_path / "union.safetensors")))
     assert len(composed.rows) == 6 and composed.written["kind"] == "patch"
+    by = {(r["head"], r["model"]): r["accuracy"] for r in composed.rows}
+    for d in composed.differences:  # the union and the bare body, each against the region alone, paired
+        assert d["b"] == "region alone" and d["ci"][0] <= d["diff"] <= d["ci"][1]
+        if d["metric"] == "accuracy":
+            assert d["diff"] == pytest.approx(by[(d["head"], d["a"])] - by[(d["head"], "region alone")])
+    assert len(composed.differences) == 2 * 2 * 2  # two heads × (union, body) × (accuracy, ECE)
     assert regions.load(composed.written["path"]).meta["loading"]["label_words"] == WORDS
     wise = flows.run(WiseRequest(region=made[0].path, alphas=[0, 1], no_ood=True)).as_dict()
     assert wise["request"]["alphas"] == [0, 1]

@@ -137,6 +137,11 @@ def test_the_report_says_what_did_not_reproduce(reduced_run, tmp_path):
     doc = json.loads(path.read_text())
     for row in doc["result"]["rows"]:
         row["ece"] = 0.01 if row["model"] == "fine-tuned" else 0.2
+    paired = [d for d in doc["result"]["differences"] if d["b"] == "fine-tuned" and d["metric"] == "ece"
+              and d["task"] == doc["result"]["task"]]
+    assert paired  # the evaluate step holds each graft's ECE − FT's with its paired interval
+    for d in paired:
+        d.update(diff=0.19, ci=[0.15, 0.23])
     path.write_text(json.dumps(doc))
     results = {p.stem: json.loads(p.read_text())["result"] for p in (out / "steps").glob("*.json")}
     results["multitask"]["p_one"][1] = results["multitask"]["p_zero"][1] + 0.01  # a task the model did not learn
@@ -147,6 +152,17 @@ def test_the_report_says_what_did_not_reproduce(reduced_run, tmp_path):
     assert "## Problems with this run" in text
     assert any("lower ECE for the graft with a standard head" in x for x in report["did_not_reproduce"])
     assert report["calibration"]["settings"][0]["ece_change"] == pytest.approx((0.2 - 0.01) / 0.01)
+    assert report["calibration"]["settings"][0]["verdict"] == "contradicted" and "+0.190 [+0.150, +0.230]" in text
+    # an interval holding zero decides nothing, whatever the sign of the difference
+    for d in paired:
+        d.update(diff=0.19, ci=[-0.01, 0.4])
+    path.write_text(json.dumps(doc))
+    results["evaluate"] = doc["result"]
+    report = rep.build_report(rep.TINY, results, reduced_run["resumed"].report["steps"], 1.0)
+    assert report["calibration"]["settings"][0]["verdict"] == "undecided"
+    assert not any("lower ECE for the graft with a standard head" in x for x in report["did_not_reproduce"])
+    assert "the finding **is not decided at this n**" in rep.write_markdown(report)
+    assert rep.verdict({"ci": [0.01, 0.02]}, 1) == "reproduces" and rep.verdict({"ci": [-0.3, -0.1]}, 1) == "contradicted"
 
 
 def test_reproduce_refuses_a_folder_it_did_not_write(tmp_path):

@@ -578,8 +578,11 @@ def test_union_graft_is_scored_against_each_region_alone_and_restored():
         assert torch.equal(pair.param(name).data.view(-1)[idx[name]], pair.ft[name].view(-1)[idx[name]])
     split = Split(("good film", "bad film", "great", "awful"), (1, 0, 1, 0))
     task = Task("tiny", ("neg", "pos"), {"train": split, "validation": split, "test": split}, "hand-made", max_length=16)
-    rows = evaluate_on_pair(pair, task, a, "a", idx, val)
+    rows, paired = evaluate_on_pair(pair, task, a, "a", idx, val)
     assert [r["model"] for r in rows] == ["region alone", "union graft", "pre-trained body + its head"]
+    assert [(d["a"], d["b"], d["metric"]) for d in paired] == [
+        (m, "region alone", metric) for m in ("union graft", "pre-trained body + its head") for metric in ("accuracy", "ece")]
+    assert paired[0]["diff"] == pytest.approx(rows[1]["accuracy"] - rows[0]["accuracy"]) and paired[0]["head"] == "a"
     assert rows[0]["delta_vs_alone"] == 0 and rows[1]["region_size"] == report["union_params"]
     for n in pair.graftable:  # every graft was undone exactly
         assert torch.equal(pair.param(n).data, before[n])

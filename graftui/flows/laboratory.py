@@ -246,6 +246,7 @@ class WiseResult(Result):
     task: str = ""
     ood: list[str] = field(default_factory=list)
     rows: list[dict] = field(default_factory=list)  # curve, alpha, task, distribution, n, accuracy, ece
+    differences: list[dict] = field(default_factory=list)  # paired, per α and task: WiSE-graft − WiSE-FT
 
 
 @verb(WiseRequest, "WiSE-FT and WiSE-graft curves along α, in and out of distribution", text.wise)
@@ -256,7 +257,7 @@ def wise(req: WiseRequest, progress: Progress | None = None, cancel=None, guard:
     path, record, base, finetuned, task, oods, pair, notes = _region_setting(req, guard, progress, cancel)
     alphas = sorted(set(float(a) for a in req.alphas))
     curves = (("WiSE-FT", None), ("WiSE-graft", record.indices))
-    total, done, rows = len(alphas) * len(curves) * (1 + len(oods)), 0, []
+    total, done, rows, predictions = len(alphas) * len(curves) * (1 + len(oods)), 0, [], {}
     for curve, region in curves:
         for alpha in alphas:
             with pair.interpolated(alpha, region):
@@ -266,13 +267,19 @@ def wise(req: WiseRequest, progress: Progress | None = None, cancel=None, guard:
                     if progress:
                         progress({"stage": f"{curve} α = {alpha:g} on {t.name}", "fraction": done / total})
                     probs, labels = scoring.predict(pair, t, "test", req.n, seed=0)
+                    predictions.setdefault((alpha, t.name), ({}, labels))[0][curve] = probs
                     m = metrics.metrics(probs, labels)
                     rows.append({"curve": curve, "alpha": alpha, "task": t.name, "distribution": "in" if t is task else "OOD",
                                  "n": m.n, "accuracy": m.accuracy, "ece": m.ece})
                     done += 1
+    found = []  # the two curves at each α, on the same examples
+    for (alpha, name), (probs, labels) in predictions.items():
+        pairs = [("WiSE-graft", "WiSE-FT", metric) for metric in metrics.PAIRED_METRICS]
+        found += [{**d, "alpha": alpha} for d in scoring.differences(probs, labels, pairs, name,
+                                                                     "in" if name == task.name else "OOD")]
     finish(progress)
     return WiseResult(req, notes, time.time() - start, region=path, k=record.size, base=base, finetuned=finetuned,
-                      task=task.name, ood=[o.name for o in oods], rows=rows)
+                      task=task.name, ood=[o.name for o in oods], rows=rows, differences=found)
 
 
 # -- graft re-training (Table 1) ------------------------------------------------------------------------
@@ -291,6 +298,7 @@ class RetrainResult(Result):
     histogram: dict = field(default_factory=dict)
     task: str = ""
     ood: list[str] = field(default_factory=list)
+    differences: list[dict] = field(default_factory=list)  # paired: each model − FT, − bare body; trained − graft
 
 
 def _region_setting(req, guard: Guard, progress, cancel):
@@ -348,6 +356,7 @@ def retrain(req: RetrainRequest, progress: Progress | None = None, cancel=None, 
         models[label] = (region, values)
         trained[label] = region_size(region)
     comparison = scoring.compare(pair, task, models, ood=oods, n=req.n, seed=req.seed, cancel=cancel,
+                                 contrasts=[(label, "graft") for label, _ in jobs],
                                  progress=(lambda d: progress({**d, "fraction": 0.7 + 0.3 * d.get("fraction", 0)}))
                                  if progress else None)
     finish(progress)
@@ -367,6 +376,8 @@ class ContinualResult(Result):
     forget_free: list[list[float | None]] = field(default_factory=list)
     sequential: list[list[float | None]] = field(default_factory=list)
     forgetting: dict = field(default_factory=dict)  # arm -> [accuracy after its own stage − after the last], per task
+    # paired on each task's test examples: forget-free − sequential after every stage; each arm's forgetting
+    differences: list[dict] = field(default_factory=list)
 
 
 def _merge(patch: tuple[dict, dict], indices: dict, values: dict) -> tuple[dict, dict]:
@@ -455,10 +466,14 @@ def continual(req: ContinualRequest, progress: Progress | None = None, cancel=No
             torch.manual_seed(recipe.seed)
             return experiments.retrain_inside(pair.model, params, begin, region, make_batches, recipe, on_step, cancel)
 
-    def score(j: int, indices: dict, values: dict) -> float:
+    predictions: dict[tuple[str, int, int], torch.Tensor] = {}  # (arm, stage, task) -> test predictions
+    labels: dict[int, torch.Tensor] = {}
+
+    def score(arm: str, i: int, j: int, indices: dict, values: dict) -> float:
         pair = pair_of(j)
         with pair.grafted(indices, values):
-            return metrics.accuracy(*scoring.predict(pair, tasks[j], "test", req.n, seed=req.seed))
+            predictions[(arm, i, j)], labels[j] = scoring.predict(pair, tasks[j], "test", req.n, seed=req.seed)
+        return metrics.accuracy(predictions[(arm, i, j)], labels[j])
 
     # 2. forget-free: stage i trains only its new part; task j is inferred with the patch of stage j
     pre = pair_of(0).pre
@@ -474,7 +489,7 @@ def continual(req: ContinualRequest, progress: Progress | None = None, cancel=No
         patches.append(patch)
         for j in range(i + 1):  # task j with ∪_{l≤j} γ_l, its values read from the current patch
             stage(f"forget-free: scoring '{req.tasks[j]}' after stage {i + 1}")
-            forget_free[i][j] = score(j, patches[j][0], _values_at(patch, patches[j][0]))
+            forget_free[i][j] = score("forget-free", i, j, patches[j][0], _values_at(patch, patches[j][0]))
         done[0] += 1
 
     # 3. naive sequential fine-tuning of the whole body, the same recipe and heads
@@ -486,13 +501,29 @@ def continual(req: ContinualRequest, progress: Progress | None = None, cancel=No
         body = {name: values[name].view(pre[name].shape) for name in spec.names}
         for j in range(i + 1):
             stage(f"sequential: scoring '{req.tasks[j]}' after stage {i + 1}")
-            sequential[i][j] = score(j, everything, {name: body[name].reshape(-1) for name in spec.names})
+            sequential[i][j] = score("sequential", i, j, everything,
+                                     {name: body[name].reshape(-1) for name in spec.names})
         done[0] += 1
     finish(progress)
     forgetting = {arm: [table[j][j] - table[n - 1][j] for j in range(n)]
                   for arm, table in (("forget-free", forget_free), ("sequential", sequential))}
+    found = []
+    for (arm, i, j), probs in predictions.items():
+        name = req.tasks[j]
+        if arm == "forget-free":  # the two arms after the same stage
+            found += [{**d, "stage": i + 1} for d in scoring.differences(
+                {f"forget-free after {req.tasks[i]}": probs,
+                 f"sequential after {req.tasks[i]}": predictions[("sequential", i, j)]}, labels[j],
+                [(f"forget-free after {req.tasks[i]}", f"sequential after {req.tasks[i]}", "accuracy")], name,
+                seed=req.seed)]
+        if i == n - 1 and j < n - 1:  # forgetting: after its own stage − after the last
+            own, last = f"{arm} after {name}", f"{arm} after {req.tasks[-1]}"
+            found += [{**d, "forgetting": arm} for d in scoring.differences(
+                {own: predictions[(arm, j, j)], last: probs}, labels[j], [(own, last, "accuracy")], name,
+                seed=req.seed)]
     return ContinualResult(req, notes, time.time() - start, tasks=list(req.tasks), checkpoints=checkpoints, regions=paths,
                            finetuned_accuracy=ft_acc,
                            trained={"forget-free": trained_ff, "sequential": [sum(t.numel() for t in everything.values())] * n},
-                           forget_free=forget_free, sequential=sequential, forgetting=forgetting)
+                           forget_free=forget_free, sequential=sequential, forgetting=forgetting,
+                           differences=found)
 

@@ -74,6 +74,7 @@ class ComposeResult(Result):
     report: dict | None = None  # how overlaps were settled (sets.union_values)
     rows: list[dict] = field(default_factory=list)  # with evaluate: each task alone / in the union / bare body
     written: dict | None = None
+    differences: list[dict] = field(default_factory=list)  # with evaluate: union and bare body − region alone, paired
 
     def matrix(self) -> dict:
         """The overlap matrix as sets.overlap_matrix returns it."""
@@ -140,6 +141,7 @@ def compose(req: ComposeRequest, progress: Progress | None = None, cancel=None, 
     union_size = sets.region_size(sets.union(*(r.indices for r in records)))
     graftable = sum(math.prod(s) for s in shapes.values())
     rows: list[dict] = []
+    found: list[dict] = []
     report = None
     union_idx = union_val = None
     if req.evaluate:
@@ -160,7 +162,8 @@ def compose(req: ComposeRequest, progress: Progress | None = None, cancel=None, 
             if progress:
                 progress({"stage": f"evaluating on {task.name} with the head of '{name}'",
                           "fraction": (i + 0.5) / len(records)})
-            rows += scoring.evaluate_on_pair(pair, task, record, name, union_idx, union_val, n=req.n)
+            scored, paired = scoring.evaluate_on_pair(pair, task, record, name, union_idx, union_val, n=req.n)
+            rows, found = rows + scored, found + paired
             del pair
     written = None
     if req.out is not None:
@@ -184,7 +187,7 @@ def compose(req: ComposeRequest, progress: Progress | None = None, cancel=None, 
     return ComposeResult(req, same_regions(names, records), time.time() - start, names, list(req.regions),
                          [r.kind for r in records], matrix["sizes"],
                          matrix["intersection_counts"], matrix["overlap"], matrix["iou"], union_size, graftable, report,
-                         rows, written)
+                         rows, written, found)
 
 
 # -- export ----------------------------------------------------------------------------------------

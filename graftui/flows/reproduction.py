@@ -20,7 +20,7 @@ from typing import Callable
 from .. import card, figures, settings
 from ..config import ADAMW_L1, BODY_LABEL, DEFAULT_MULTITASK_TASKS, DEFAULT_SPARSITY, DEFAULT_TASK, FT_LABEL
 from ..errors import Cancelled, RequestError
-from ..formatting import markdown_table, minutes, num, pct
+from ..formatting import difference, markdown_table, minutes, num, pct
 from ..paths import atomic_write
 from ..requests import (
     MANIFEST, ContinualRequest, EvaluateRequest, FinetuneRequest, LocalizeRequest, MultitaskRequest, ReproduceRequest,
@@ -288,15 +288,38 @@ def _label_of(rows: list[dict], method: str | None = None) -> str | None:
     return None
 
 
+def _paired(doc: dict, a: str | None, b: str | None, metric: str, task: str | None = None,
+            **where) -> dict | None:
+    """The step's paired difference a − b (on its own task unless ``task`` is given), if it has one."""
+    task = task or doc.get("task")
+    return next((d for d in doc.get("differences") or () if d["a"] == a and d["b"] == b and d["metric"] == metric
+                 and d["task"] == task and all(d.get(k) == v for k, v in where.items())), None)
+
+
+def verdict(difference: dict | None, expected_sign: int) -> str:
+    """A finding decided by its paired interval: "reproduces" where the interval lies on the expected side of
+    zero, "contradicted" where it lies on the other, "undecided" where it holds zero (or is missing)."""
+    if difference is None:
+        return "undecided"
+    lo, hi = difference["ci"]
+    if (lo > 0 and expected_sign > 0) or (hi < 0 and expected_sign < 0):
+        return "reproduces"
+    if (lo > 0 and expected_sign < 0) or (hi < 0 and expected_sign > 0):
+        return "contradicted"
+    return "undecided"
+
+
 def _calibration(doc: dict, setting: str) -> dict:
     rows = doc["rows"]
     graft_label = _label_of(rows)
     ft, graft = _row(rows, FT_LABEL), _row(rows, graft_label)
     change = _ratio(graft["ece"] - ft["ece"], ft["ece"])
+    paired = _paired(doc, graft_label, FT_LABEL, "ece")
     return {"setting": setting, "task": doc["task"], "n": ft["n"],
             "ft": {"accuracy": ft["accuracy"], "ece": ft["ece"]},
             "graft": {"accuracy": graft["accuracy"], "ece": graft["ece"], "k": graft["region_size"]},
             "ece_change": change, "graft_better_calibrated": graft["ece"] < ft["ece"],
+            "ece_difference": paired, "verdict": verdict(paired, -1),
             "reliability": {FT_LABEL: doc["reliability"].get(FT_LABEL), "graft": doc["reliability"].get(graft_label)}}
 
 
@@ -330,6 +353,8 @@ def build_report(scale: Scale, R: dict, log: list[dict], seconds: float) -> dict
     by = {(r["method"], r["sparsity"]): r for r in sweep_rows}
     low = min(r["sparsity"] for r in sweep_rows)
     learned_low, top_low = by.get(("learned", low)), by.get(("top-movement", low))
+    margin = (_paired(ev, graft_label, _label_of(rows, "top-movement"), "accuracy") if low == DEFAULT_SPARSITY else
+              _paired(sweep, "learned", "top-movement", "accuracy", sparsity=low))
     baseline = {name: (_row(rows, _label_of(rows, name)) or {}).get("accuracy") for name in BASELINES}
     single = {
         "task": ev["task"], "ood": ev["ood"], "finetuned": R["finetune"]["out"], "recipe": R["finetune"]["config"],
@@ -346,7 +371,8 @@ def build_report(scale: Scale, R: dict, log: list[dict], seconds: float) -> dict
                        "learned": learned_low and learned_low["accuracy"], "top_movement": top_low and top_low["accuracy"],
                        "retained": learned_low and learned_low["retained"],
                        "margin_over_top_movement": (learned_low["accuracy"] - top_low["accuracy"])
-                       if learned_low and top_low else None},
+                       if learned_low and top_low else None, "margin_interval": margin},
+        "differences": ev.get("differences") or [],
     }
     calibration = {"settings": [_calibration(ev, "standard head (trained with the body)"),
                                 _calibration(R["evaluate-frozen-head"], "frozen head (the seed code's fixhead)")],
@@ -385,9 +411,10 @@ def did_not_reproduce(report: dict) -> list[str]:
         out.append(f"> 95 % of FT accuracy at sparsity ≤ 0.01 % (Fig. 2): here {_p(low['retained'])} at "
                    f"{low['sparsity']:g}.")
     for c in report["calibration"]["settings"]:
-        if not c["graft_better_calibrated"]:
+        if c.get("verdict", "contradicted" if not c["graft_better_calibrated"] else "") == "contradicted":
             out.append(f"lower ECE for the graft with a {c['setting']}: ECE {_f(c['graft']['ece'])} vs FT "
-                       f"{_f(c['ft']['ece'])}.")
+                       f"{_f(c['ft']['ece'])}" + (f", graft − FT {difference(c['ece_difference'])}"
+                                                  if c.get("ece_difference") else "") + ".")
     return out
 
 
@@ -465,8 +492,10 @@ def _single_task(report: dict) -> list[str]:
     out += ["Sparsity sweep (accuracy, share of FT kept, ECE, and accuracy out of distribution):", "",
             markdown_table(["model", "sparsity", "k", "accuracy", "kept", "ECE", *(f"OOD {o}" for o in oods)], rows), ""]
     if low["learned"] is not None and low["top_movement"] is not None:
-        out += [f"At the smallest budget ({low['sparsity']:g}) the learned region keeps {_p(low['retained'])} of FT and "
-                f"beats top-movement by {100 * low['margin_over_top_movement']:+.1f} points.", ""]
+        d = low.get("margin_interval")
+        out += [f"At the smallest budget ({low['sparsity']:g}) the learned region keeps {_p(low['retained'])} of FT; "
+                "learned − top-movement: " + (difference(d) + f" (paired 95 % interval; {verdict(d, 1)})" if d else
+                                              f"{100 * low['margin_over_top_movement']:+.1f} points") + ".", ""]
     return out + ["Made by:", "", _commands(report, "finetune", "sweep", "localize", "evaluate"), ""]
 
 
@@ -480,9 +509,16 @@ def _calibration_md(report: dict) -> list[str]:
                              _f(c["graft"]["ece"]), "–" if c["ece_change"] is None else f"{100 * c['ece_change']:+.0f} %"]
                             for c in cal["settings"]]), ""]
     for c in cal["settings"]:
-        verdict = "reproduces" if c["graft_better_calibrated"] else "does not reproduce"
-        out.append(f"- {c['setting']}: the graft is {'better' if c['graft_better_calibrated'] else 'worse'} calibrated "
-                   f"than FT — the finding **{verdict}** in this setting.")
+        d, said = c.get("ece_difference"), c.get("verdict")
+        if d is None:  # a step saved before paired intervals: the sign alone
+            said = "reproduces" if c["graft_better_calibrated"] else "does not reproduce"
+            out.append(f"- {c['setting']}: the graft is {'better' if c['graft_better_calibrated'] else 'worse'} "
+                       f"calibrated than FT — the finding **{said}** in this setting (sign only, no paired interval).")
+            continue
+        words = {"reproduces": "reproduces", "contradicted": "does not reproduce",
+                 "undecided": "is not decided at this n"}[said]
+        out.append(f"- {c['setting']}: graft − FT ECE {difference(d)} (paired 95 % interval on the same "
+                   f"{d['n']:,} test examples) — the finding **{words}** in this setting.")
     out += [f"- not measured: {x}." for x in cal["not_measured"]]
     return out + ["", "Reliability diagrams side by side: `figures/calibration.html`. Made by:", "",
                   _commands(report, "evaluate", "finetune-frozen-head", "localize-frozen-head", "evaluate-frozen-head"), ""]

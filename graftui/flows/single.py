@@ -16,7 +16,7 @@ from types import SimpleNamespace
 
 from .. import card, method, regions, scoring, sets, settings, training
 from ..config import (
-    DEFAULT_BASE, DEFAULT_FINETUNED, DEFAULT_FINETUNED_REFS, DEFAULT_LOADING, DEFAULT_TASK, FT_LABEL, GraftableSpec,
+    BODY_LABEL, DEFAULT_BASE, DEFAULT_FINETUNED, DEFAULT_FINETUNED_REFS, DEFAULT_LOADING, DEFAULT_TASK, FT_LABEL, GraftableSpec,
     LoadOptions, default_checkpoint_dir,
 )
 from ..data import Task
@@ -231,6 +231,7 @@ class EvaluateResult(Result):
     regions: dict = field(default_factory=dict)
     card: list[str] = field(default_factory=list)  # the result in sentences (card.py)
     side_by_side: dict | None = None  # two or more regions: their overlap and where each lies (side_by_side)
+    differences: list[dict] = field(default_factory=list)  # paired: {"a", "b", "task", "metric", "diff", "ci", "p"}
 
 
 def _merge_patches(records, labels):
@@ -330,16 +331,18 @@ def evaluate(req: EvaluateRequest, progress: Progress | None = None, cancel=None
                     for own, record in zip(labels, records):
                         if record.size == k and record.meta.method == "learned":
                             start_overlap.setdefault(own, sets.overlap(region, record.indices))
-    result = {"rows": [], "reliability": {}, "histogram": {}, "ood": []}
+    result = {"rows": [], "reliability": {}, "histogram": {}, "ood": [], "differences": []}
     lines: list[str] = []
     several = len(groups) > 1
     for key, members in groups.items():
         task_g = tasks[key]
         models = {labels[i]: graft_of(records[i]) for i in members}
+        contrasts = []  # each region against the baselines of its size
         for k in sorted({records[i].size for i in members}) or list(baselines):
             models.update(baselines.get(k, {}))
-        part = scoring.compare(pair, task_g, models, ood=oods[key], n=req.n, seed=req.seed, progress=progress,
-                               cancel=cancel).as_dict()
+            contrasts += [(labels[i], other) for i in members if records[i].size == k for other in baselines.get(k, {})]
+        part = scoring.compare(pair, task_g, models, ood=oods[key], n=req.n, seed=req.seed, contrasts=contrasts,
+                               progress=progress, cancel=cancel).as_dict()
         for row in part["rows"]:
             row["method"] = kinds.get(row["model"])
         card.annotate(part["rows"])
@@ -350,8 +353,12 @@ def evaluate(req: EvaluateRequest, progress: Progress | None = None, cancel=None
                     row["model"] = ft_name
             for table in (part["reliability"], part["histogram"]):
                 table[ft_name] = table.pop(FT_LABEL)
-        lines += card.evaluate_card(part["rows"], graftable=graftable, start_overlap=start_overlap)
+            for d in part["differences"]:
+                d["b"] = ft_name if d["b"] == FT_LABEL else d["b"]
+        lines += card.evaluate_card(part["rows"], graftable=graftable, start_overlap=start_overlap,
+                                    differences=part["differences"])
         result["rows"] += part["rows"]
+        result["differences"] += part["differences"]
         result["ood"] += [o for o in part["ood"] if o not in result["ood"]]
         for key in ("reliability", "histogram"):  # the references of later tasks are named with their task
             result[key].update({(f"{name} · {part['task']}" if several and name not in models else name): value
@@ -381,6 +388,7 @@ class SweepResult(Result):
     ood: list[str] = field(default_factory=list)
     body_accuracy: float | None = None  # the pre-trained body with the fine-tuned head (the empty region)
     n_test: int = 0
+    differences: list[dict] = field(default_factory=list)  # paired, per sparsity: each method − FT, method − method
 
     def as_dict(self) -> dict:
         out = super().as_dict()
@@ -408,19 +416,23 @@ def sweep(req: SweepRequest, progress: Progress | None = None, cancel=None, guar
     check_moved(pair)
 
     def score(region):
-        """(metrics in distribution, {OOD task: accuracy}) of a graft; ``None`` is the fine-tuned model."""
+        """(metrics in distribution, {OOD task: accuracy}, test predictions) of a graft; ``None`` is the fine-tuned
+        model."""
         with (pair.finetuned() if region is None else pair.grafted(region)):
-            own = scoring.metrics.metrics(*scoring.predict(pair, task, "test", req.n))
-            return own, {o.name: scoring.metrics.accuracy(*scoring.predict(pair, o, "test", req.n)) for o in oods}
+            probs, labels = scoring.predict(pair, task, "test", req.n, seed=req.seed)
+            ood = {o.name: scoring.metrics.accuracy(*scoring.predict(pair, o, "test", req.n, seed=req.seed))
+                   for o in oods}
+            return scoring.metrics.metrics(probs, labels), ood, probs, labels
 
-    ft, ft_ood = score(None)
-    bare, _ = score({})
+    ft, ft_ood, ft_probs, labels = score(None)
+    bare, _, bare_probs, _ = score({})
     graftable = pair.counts()["graftable"]
-    rows = []
+    rows, found = [], []
     sparsities = sorted(set(req.sparsities))
     total = len(sparsities) * len(methods)
     for i, s in enumerate(sparsities):
         k = Budget(sparsity=s).resolve(graftable)
+        predictions = {FT_LABEL: ft_probs, BODY_LABEL: bare_probs}
         for j, name in enumerate(methods):
             if progress:
                 progress({"stage": f"{name} at sparsity {s:g}", "fraction": (i * len(methods) + j) / total})
@@ -431,16 +443,22 @@ def sweep(req: SweepRequest, progress: Progress | None = None, cancel=None, guar
             if req.keep:  # the region as a file that `graftui run` re-makes, like one from localize
                 kept = save_new(region_record(one, pair, region, made, [], time.time() - began),
                                 Path(req.keep).expanduser(), f"{short_ref(req.task)}-{name}-k{region_size(region)}")
-            own, ood = score(region)
+            own, ood, predictions[name], _ = score(region)
             rows.append({"method": name, "region": None if kept is None else str(kept), "sparsity": s,
                          "k": region_size(region), "n": own.n, "accuracy": own.accuracy,
                          "accuracy_ci": card.wilson(own.accuracy, own.n), "ece": own.ece,
                          "calibration": card.calibration(own.accuracy, own.mean_confidence), "ood": ood,
                          "ft_accuracy": ft.accuracy, "retained": own.accuracy / ft.accuracy if ft.accuracy else None,
                          "gain_recovered": card.gain_recovered(own.accuracy, ft.accuracy, bare.accuracy)})
+        # each method against FT, and every two methods at this budget, on the same test examples
+        pairs = [(m, FT_LABEL, metric) for m in methods for metric in scoring.metrics.PAIRED_METRICS]
+        pairs += [(a, b, metric) for x, a in enumerate(methods) for b in methods[x + 1:]
+                  for metric in scoring.metrics.PAIRED_METRICS]
+        found += [{**d, "sparsity": s} for d in scoring.differences(predictions, labels, pairs, task.name,
+                                                                     seed=req.seed)]
     finish(progress)
     return SweepResult(req, list(dict.fromkeys(notes)), time.time() - start, rows, ft.accuracy, ft.ece, ft_ood, task.name,
-                       [o.name for o in oods], bare.accuracy, ft.n)
+                       [o.name for o in oods], bare.accuracy, ft.n, found)
 
 
 

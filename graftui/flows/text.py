@@ -10,7 +10,8 @@ import os
 from pathlib import Path
 
 from ..config import BODY_LABEL, FT_LABEL, kind_of_architecture
-from ..formatting import count as _count, num as _num, pairs_table, pct, table
+from ..formatting import count as _count, difference, num as _num, pairs_table, pct, table
+from ..metrics import distinguishable
 from ..layout import MODULE_LABELS
 from ..localizers import get_method
 
@@ -48,12 +49,24 @@ def localize(doc: dict) -> str:
     ])
 
 
+def differences(found: list[dict]) -> str:
+    """The paired differences a − b, each with its 95 % interval on the same examples (and McNemar's p)."""
+    if not found:
+        return ""
+    rows = [[d["a"], d["b"], d["task"], d["metric"], _count(d["n"]), difference(d).split(": not")[0],
+             "yes" if distinguishable(d) else "no", "-" if d.get("p") is None else f"{d['p']:.3g}"] for d in found]
+    return ("paired differences a − b on the same test examples (95 % bootstrap interval; p: McNemar's exact test)\n"
+            + table(["a", "b", "task", "metric", "n", "a − b [95 % CI]", "≠ 0", "p"], rows, "llllrlll"))
+
+
 def evaluate(doc: dict) -> str:
     rows = [[r["model"], r["task"], r["distribution"], _count(r["n"]), _num(r["accuracy"]), _num(r["f1"]), _num(r["ece"]),
              _num(r["agreement_with_ft"]), _count(r["region_size"])] for r in doc["rows"]]
     text = table(["model", "task", "dist", "n", "accuracy", "F1", "ECE", "agree w/ FT", "k"], rows, "lllrrrrrr")
     ft = next(r["model"] for r in doc["rows"]) if doc["rows"] else FT_LABEL
     parts = [text, "", f"'{BODY_LABEL}' is the graft of the empty region; agreement is with the {ft} model."]
+    if doc.get("differences"):
+        parts += ["", differences(doc["differences"])]
     side = doc.get("side_by_side")
     if side:
         names = side["names"]
@@ -80,6 +93,8 @@ def sweep(doc: dict) -> str:
         f"\ntest accuracy on {doc['task']}; fine-tuned: {_num(doc['ft_accuracy'])}  ({doc['seconds']:.1f} s)\n",
         table(["model", "sparsity", "k", "accuracy", "ECE", *(f"OOD {o}" for o in oods)], detail,
               "llr" + "r" * (2 + len(oods))),
+        *(["", differences([{**d, "a": f"{d['a']} at {d['sparsity']:g}"} for d in doc["differences"]])]
+          if doc.get("differences") else []),
         *([f"\nregions kept in {Path(kept[0]).parent}:", *(f"  {Path(p).name}" for p in kept)]
           if (kept := [r["region"] for r in doc["rows"] if r.get("region")]) else [])])
 
@@ -133,6 +148,8 @@ def compose(doc: dict) -> str:
                             [[r["task"], r["head"], r["model"], _count(r["n"]), _num(r["accuracy"]),
                               f"{100 * r['delta_vs_alone']:+.1f} pts", _num(r["ece"]), _count(r["region_size"])]
                              for r in doc["rows"]], "llllrrrr")]
+    if doc.get("differences"):
+        parts += ["", differences(doc["differences"])]
     written = doc.get("written")
     if written:
         rule = doc["request"]["resolve"]
@@ -209,7 +226,9 @@ def wise(doc: dict) -> str:
     return "\n".join([
         f"θ_pre + α·δ (FT) and θ_pre + α·γ⊙δ (graft, k = {doc['k']:,} from {os.path.basename(doc['region'])}); "
         f"accuracy on {doc['task']} (in distribution){' and ' + ', '.join(doc['ood']) if doc['ood'] else ''}:",
-        table(["α", *heads], body)])
+        table(["α", *heads], body),
+        *(["", differences([{**d, "a": f"{d['a']} α={d['alpha']:g}", "b": f"{d['b']} α={d['alpha']:g}"}
+                            for d in doc["differences"]])] if doc.get("differences") else [])])
 
 
 def retrain(doc: dict) -> str:
@@ -221,7 +240,8 @@ def retrain(doc: dict) -> str:
     return "\n".join([
         table(["model", "task", "dist", "n", "accuracy", "ECE", "trained params"], rows, "lllrrrr"), "",
         f"Re-trained from θ_pre with the fine-tuned head fixed: {c['optimizer']}, lr {c['lr']:g}, {c['epochs']} epoch(s), "
-        f"{c['train_examples'] or 'all'} training examples; 'graft' takes the fine-tuned values inside the region."])
+        f"{c['train_examples'] or 'all'} training examples; 'graft' takes the fine-tuned values inside the region.",
+        *(["", differences(doc["differences"])] if doc.get("differences") else [])])
 
 
 def continual(doc: dict) -> str:
@@ -236,6 +256,8 @@ def continual(doc: dict) -> str:
                        [[arm, *(_num(x) for x in doc["forgetting"][arm])] for arm in ("forget-free", "sequential")]))
     parts.append(f"independent fine-tunes: {', '.join(f'{t} {a:.3f}' for t, a in zip(names, doc['finetuned_accuracy']))}; "
                  f"time {doc['seconds']:.1f} s")
+    if doc.get("differences"):
+        parts += ["", differences(doc["differences"])]
     return "\n".join(parts)
 
 
