@@ -94,6 +94,10 @@ def pct(x: float | None, digits: int = 0) -> str:
 
 
 def interval(row) -> str:
+    """The accuracy's 95 % Wilson interval on n examples, or its spread over seeds where the row is a mean."""
+    seeds = [v for v in row.get("accuracy_seeds") or () if v is not None]
+    if len(seeds) > 1 and row.get("accuracy_std") is not None:
+        return f" [± {100 * row['accuracy_std']:.1f} pts over {len(seeds)} seeds, n = {round(row['n']):,}]"
     ci = row.get("accuracy_ci")
     return "" if not ci else f" [{100 * ci[0]:.1f}–{100 * ci[1]:.1f} %, n = {row['n']:,}]"
 
@@ -233,7 +237,7 @@ def sweep_card(doc: dict) -> list[str]:
             gaps.append(difference(d, f" at {s:g}") if d else
                         f"{pts(by[('learned', s)]['accuracy'] - by[('top-movement', s)]['accuracy'])} at {s:g}")
     if gaps:
-        lines.append("learned − top-movement (paired 95 % intervals): " + "; ".join(gaps) + ".")
+        lines.append("learned − top-movement (95 % intervals): " + "; ".join(gaps) + ".")
     small = _small_test([{"n": doc.get("n_test")}] if doc.get("n_test") else [])
     if small:
         lines.append(small)
@@ -265,15 +269,42 @@ def compose_card(doc: dict) -> list[str]:
 
 
 def localize_card(doc: dict) -> list[str]:
-    """What was found, and whether mask learning moved away from its start."""
+    """What was found, whether mask learning moved away from its start, and (with seeds) how stable it is."""
     lines = [f"Region of {doc['k']:,} parameters ({pct(doc['fraction_of_graftable'], 3)} of the graftable set), by "
              f"{doc['method']}; evaluate it (Compare, or graftui evaluate) to see what it keeps."]
+    if doc.get("stability"):
+        lines.append(stability_sentence(doc["stability"]))
     share = (doc.get("meta") or {}).get("top_movement_overlap")
     if share is not None:
         lines.append(f"{pct(1 - share, 1)} of it lies outside the top-movement region it started from"
                      + (": mask learning barely moved it; more steps, a larger learning rate or more examples let it move."
                         if share > SAME_AS_START else "."))
     return lines
+
+
+def stability_sentence(st: dict) -> str:
+    """Regions of several seeds: how much they share against chance, and their core."""
+    mean_k = sum(st["sizes"]) / len(st["sizes"])
+    text = (f"Across {st['seeds']} seeds the regions share {pct(st['mean_overlap'], 1)} of each other on average; two "
+            f"random regions of this size would share {pct(st['chance_overlap'], 3)}")
+    if st.get("over_chance"):
+        text += f" ({st['over_chance']:,.0f}× chance)"
+    text += (f". {st['core']:,} parameters ({pct(st['core'] / mean_k if mean_k else 0, 1)} of a region) were found by "
+             f"every seed, {st['only_one']:,} by one seed only; {st['union']:,} by any.")
+    if st.get("core_path") or st.get("union_path"):
+        files = " ".join(f"--region {st[key]}" for key in ("core_path", "union_path") if st.get(key))
+        text += f" Score the core and the union beside the seeds: graftui evaluate {files} --baselines."
+    return text
+
+
+def replicate_sentence(group: dict) -> str:
+    """Regions that differ only in their seed, read together: accuracy mean ± std, and the differences over seeds."""
+    rows = [r for r in group["rows"] if r.get("distribution", "in") == "in"]
+    text = f"Read together, '{group['name']}'" + (
+        f" scores {pct(rows[0]['accuracy'], 1)}{interval(rows[0])} on {rows[0]['task']}" if rows else "")
+    parts = [difference(d, f" against {d['b']}") for d in group["differences"]
+             if d.get("distribution", "in") == "in" and d["metric"] == "accuracy"]
+    return text + (": " + "; ".join(parts) if parts else "") + "."
 
 
 def finetune_card(doc: dict) -> list[str]:

@@ -159,17 +159,22 @@ SWEEP_SYMBOLS = ("circle", "square", "diamond", "triangle-up")
 
 
 def sweep_figure(rows: list[dict], task: str = "") -> go.Figure:
-    """Test accuracy (95 % interval bars) against region budget (log x) per method, with fine-tuned accuracy for reference."""
+    """Test accuracy against region budget (log x) per method, with fine-tuned accuracy for reference; bars are the
+    95 % Wilson interval of one run, or mean ± std over seeds where the rows are replicates (``accuracy_seeds``)."""
     if not rows:
         return empty_figure("Run a sparsity sweep to see accuracy against budget.")
     fig = go.Figure()
     methods = list(dict.fromkeys(r["method"] for r in rows))
+    seeds = max((len(r.get("accuracy_seeds") or ()) for r in rows), default=0)
     for i, name in enumerate(methods):
         pts = sorted((r for r in rows if r["method"] == name), key=lambda r: r["sparsity"])
         cis = [r.get("accuracy_ci") for r in pts]
-        error = None if not all(cis) else {"type": "data", "symmetric": False, "thickness": 1, "width": 4,
-                                           "array": [ci[1] - r["accuracy"] for ci, r in zip(cis, pts)],
-                                           "arrayminus": [r["accuracy"] - ci[0] for ci, r in zip(cis, pts)]}
+        if seeds:  # replicates: the paper's mean (std) over seeds
+            error = {"type": "data", "array": [r.get("accuracy_std") or 0.0 for r in pts], "thickness": 1, "width": 4}
+        else:
+            error = None if not all(cis) else {"type": "data", "symmetric": False, "thickness": 1, "width": 4,
+                                               "array": [ci[1] - r["accuracy"] for ci, r in zip(cis, pts)],
+                                               "arrayminus": [r["accuracy"] - ci[0] for ci, r in zip(cis, pts)]}
         fig.add_trace(go.Scatter(  # each method its own dash and symbol: methods that agree stay visible, one over another
             x=[r["sparsity"] for r in pts], y=[r["accuracy"] for r in pts], mode="lines+markers", name=name,
             line={"color": PALETTE[i % len(PALETTE)], "dash": SWEEP_DASHES[i % len(SWEEP_DASHES)]},
@@ -187,7 +192,9 @@ def sweep_figure(rows: list[dict], task: str = "") -> go.Figure:
                      tickvals=budgets, ticktext=[f"{b:.0e}" for b in budgets])
     fig.update_yaxes(title_text="test accuracy of the graft", tickformat=".0%", range=[0, 1.02])
     where = f" on {task}" if task else ""
-    return _layout(fig, f"Sparsity sweep{where}: accuracy of θ_pre + γ⊙δ against budget", height=440).update_layout(margin={"b": 110})
+    bars = f"mean ± std over {seeds} seeds" if seeds else "95 % intervals"
+    return _layout(fig, f"Sparsity sweep{where}: accuracy of θ_pre + γ⊙δ against budget ({bars})",
+                   height=440).update_layout(margin={"b": 110})
 
 
 # -- anatomy -------------------------------------------------------------------------------------

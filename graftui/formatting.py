@@ -50,14 +50,21 @@ def _signed(x: float, digits: int) -> str:
 def difference(d: dict, said: str = "") -> str:
     """A paired difference with its interval: "+3.2 pts [+0.9, +5.4]" for accuracy, "−0.012 [−0.020, −0.004]"
     for ECE, then ``said`` (" over top-movement"), then ": not distinguishable at n = 500" where the
-    interval holds zero."""
+    interval holds zero. Over several seeds (``diff_std``): "+1.8 ± 0.9 pts over 3 seeds [t-interval]"
+    and in how many seeds the paired interval alone excludes zero."""
     lo, hi = d["ci"]
-    if d["metric"] == "accuracy":
-        text = f"{_signed(100 * d['diff'], 1)} pts [{_signed(100 * lo, 1)}, {_signed(100 * hi, 1)}]"
-    else:
-        text = f"{_signed(d['diff'], 3)} [{_signed(lo, 3)}, {_signed(hi, 3)}]"
-    text += said
-    return text if lo > 0 or hi < 0 else f"{text}: not distinguishable at n = {d['n']:,}"
+    accuracy = d["metric"] == "accuracy"
+    scale, digits, unit = (100, 1, " pts") if accuracy else (1, 3, "")
+    m = d.get("seeds") or 1
+    spread = f" ± {scale * d['diff_std']:.{digits}f}" if m > 1 and d.get("diff_std") is not None else ""
+    text = f"{_signed(scale * d['diff'], digits)}{spread}{unit}"
+    text += f" over {m} seeds" if m > 1 else ""
+    text += f" [{_signed(scale * lo, digits)}, {_signed(scale * hi, digits)}]{said}"
+    if m > 1:
+        text += f" (each seed's paired interval excludes zero in {d.get('distinguishable_in', 0)} of {m})"
+    if lo > 0 or hi < 0:
+        return text
+    return text + (f": not distinguishable across {m} seeds" if m > 1 else f": not distinguishable at n = {d['n']:,}")
 
 
 def minutes(seconds: float) -> str:

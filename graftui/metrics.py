@@ -347,3 +347,116 @@ def distinguishable(difference: dict) -> bool:
     """Whether a paired interval excludes zero."""
     lo, hi = difference["ci"]
     return lo > 0 or hi < 0
+
+
+# -- replicates -----------------------------------------------------------------------------------------
+# Two-sided 95 % quantiles of Student's t with 1 … 30 degrees of freedom (then the normal's).
+_T95 = (12.7062, 4.3027, 3.1824, 2.7764, 2.5706, 2.4469, 2.3646, 2.306, 2.2622, 2.2281, 2.201, 2.1788, 2.1604,
+        2.1448, 2.1314, 2.1199, 2.1098, 2.1009, 2.093, 2.086, 2.0796, 2.0739, 2.0687, 2.0639, 2.0595, 2.0555,
+        2.0518, 2.0484, 2.0452, 2.0423)
+
+
+def mean_std(values) -> tuple[float | None, float | None]:
+    """Mean and sample standard deviation (n − 1; 0.0 for one value) of the values that are there."""
+    known = [float(v) for v in values if v is not None]
+    if not known:
+        return None, None
+    mean = sum(known) / len(known)
+    if len(known) == 1:
+        return mean, 0.0
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in known) / (len(known) - 1))
+
+
+def seed_interval(values) -> list[float] | None:
+    """95 % t-interval of the mean of per-seed values (None for fewer than two): what another seed would vary."""
+    known = [float(v) for v in values if v is not None]
+    if len(known) < 2:
+        return None
+    mean, std = mean_std(known)
+    half = (_T95[len(known) - 2] if len(known) - 1 <= len(_T95) else 1.959964) * std / math.sqrt(len(known))
+    return [mean - half, mean + half]
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def over_seeds(runs: list[list[dict]], keys: tuple[str, ...]) -> list[dict]:
+    """The rows of several runs (one per seed) matched on ``keys``, as one row each.
+
+    A number becomes the mean across runs, with ``<name>_std`` (sample standard deviation) and
+    ``<name>_seeds`` (each run's value, None where a run lacks the row), a dict of numbers the same per
+    entry; a list keeps each run's as
+    ``<name>_seeds``; any other field is kept where every run agrees on it, else None. Rows keep the
+    order in which they first appear.
+    """
+    def key_of(row):
+        return tuple(row.get(k) for k in keys)
+
+    order = list(dict.fromkeys(key_of(r) for run in runs for r in run))
+    by_run = [{key_of(r): r for r in run} for run in runs]
+    out = []
+    for key in order:
+        rows = [b.get(key) for b in by_run]
+        present = [r for r in rows if r is not None]
+        merged = {}
+        for name in dict.fromkeys(n for r in present for n in r):
+            if name in keys:
+                merged[name] = present[0][name]
+                continue
+            values = [None if r is None else r.get(name) for r in rows]
+            known = [v for v in values if v is not None]
+            if known and all(_number(v) for v in known):
+                merged[name], merged[f"{name}_std"] = mean_std(known)
+                if all(v == known[0] for v in known):  # the same in every seed (a count stays a whole number)
+                    merged[name] = known[0]
+                merged[f"{name}_seeds"] = values
+            elif known and all(isinstance(v, dict) and all(_number(x) for x in v.values()) for v in known):
+                names = list(dict.fromkeys(n for v in known for n in v))  # {OOD task: accuracy}: mean per entry
+                stats = {n: mean_std([v.get(n) for v in known]) for n in names}
+                merged[name] = {n: m for n, (m, _) in stats.items()}
+                merged[f"{name}_std"] = {n: sd for n, (_, sd) in stats.items()}
+                merged[f"{name}_seeds"] = values
+            elif known and all(isinstance(v, list) for v in known):
+                merged[name] = known[0] if all(v == known[0] for v in known) and len(known) == len(rows) else None
+                merged[f"{name}_seeds"] = values
+            else:
+                merged[name] = known[0] if known and all(v == known[0] for v in known) else None
+        out.append(merged)
+    return out
+
+
+DIFFERENCE_KEYS = ("a", "b", "task", "distribution", "metric", "sparsity", "alpha", "stage", "head", "forgetting")
+
+
+def differences_over_seeds(runs: list[list[dict]]) -> list[dict]:
+    """Paired differences of several seeds, one entry per comparison: ``diff`` the mean across seeds with
+    ``diff_std`` and ``diff_seeds``, each seed's paired interval in ``ci_seeds`` (``distinguishable_in``:
+    how many exclude zero), and ``ci`` the 95 % interval of the mean.
+
+    Two noises move the mean: the seeds (another seed, another difference: the t-interval across seeds)
+    and the test examples, which every seed shares, so averaging seeds does not shrink it (each seed's
+    paired half-width). ``ci`` adds the two half-widths in quadrature; one seed keeps its paired interval.
+    """
+    out = []
+    for d in over_seeds(runs, DIFFERENCE_KEYS):
+        d.pop("n_std", None)
+        d["n"] = None if d.get("n") is None else round(d["n"])
+        d["p"] = None  # a mean of p-values is no p-value: each seed's is in p_seeds
+        d.pop("p_std", None)
+        per_seed = [ci for ci in d.get("ci_seeds") or () if ci is not None]
+        across = seed_interval(d.get("diff_seeds") or ())
+        if across is not None:
+            seed_half = (across[1] - across[0]) / 2
+            test_half = sum((hi - lo) / 2 for lo, hi in per_seed) / len(per_seed) if per_seed else 0.0
+            half = math.sqrt(seed_half ** 2 + test_half ** 2)
+            # accuracy and ECE differences lie in [−1, 1]; so does any interval of them
+            d["ci"] = [max(-1.0, d["diff"] - half), min(1.0, d["diff"] + half)]
+            d["ci_kind"] = "seeds and test examples"
+        else:
+            d["ci"] = per_seed[0] if per_seed else None
+            d["ci_kind"] = "paired bootstrap"
+        d["seeds"] = len([v for v in d.get("diff_seeds") or () if v is not None])
+        d["distinguishable_in"] = sum(1 for lo, hi in per_seed if lo > 0 or hi < 0)
+        out.append(d)
+    return out

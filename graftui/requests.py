@@ -282,6 +282,31 @@ class LearnFields(Request):
                                f"got {self.checkpoint_every}")
 
 
+MAX_SEEDS = 20
+
+
+@dataclass
+class ReplicateFields(Request):
+    """Replicates: the same run once per seed, each seed's result kept beside the mean ± standard deviation."""
+
+    seeds: list[int] | None = arg(None, "run once per seed, e.g. 0,1,2 (overrides --seed): each seed's result is kept "
+                                  "and every figure gets its mean ± standard deviation across seeds", metavar="LIST",
+                                  list="comma", group="replicates")
+
+    def check_seeds(self) -> None:
+        if self.seeds is None:
+            return
+        if not self.seeds:
+            raise RequestError("--seeds: give at least one seed, e.g. 0,1,2")
+        for s in self.seeds:
+            if isinstance(s, bool) or not isinstance(s, int) or s < 0:
+                raise RequestError(f"--seeds: every seed is a whole number >= 0, got {s!r}")
+        if len(set(self.seeds)) != len(self.seeds):
+            raise RequestError(f"--seeds: {self.seeds} names a seed twice; a replicate is another seed")
+        if len(self.seeds) > MAX_SEEDS:
+            raise RequestError(f"--seeds: at most {MAX_SEEDS} seeds, got {len(self.seeds)}")
+
+
 @dataclass
 class GraftableFields(Request):
     include_embeddings: bool = arg(False, "let regions include embeddings (frozen in the paper's fine-tuning)",
@@ -344,14 +369,15 @@ def check_sparsity(value: float) -> None:
         raise RequestError(f"sparsity must be in (0, 1], a fraction of the graftable parameters; got {value}")
 
 
-def check_out_file(out: str | None, overwrite: bool = False) -> None:
-    """A file to write: not a folder, not an existing file unless asked, in a folder this process can write."""
+def check_out_file(out: str | None, overwrite: bool = False, resumable: bool = False) -> None:
+    """A file to write: not a folder, not an existing file unless asked (``resumable``: the flow decides whether an
+    existing file is its own earlier result), in a folder this process can write."""
     if out is None:
         return
     path = Path(out).expanduser()
     if path.is_dir():
         raise RequestError(f"output '{out}' is a folder; give a file name such as region.safetensors")
-    if path.exists() and not overwrite:
+    if path.exists() and not overwrite and not resumable:
         raise RequestError(f"output '{out}' exists; choose a new name, or add --overwrite to replace it")
     folder = next((p for p in path.absolute().parents if p.exists()), None)
     if folder is not None and (not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK)):
@@ -442,7 +468,7 @@ class FinetuneRequest(LoadFields, TaskFields):
 
 
 @dataclass
-class LocalizeRequest(LoadFields, GraftableFields, LearnFields, TaskFields, PairFields):
+class LocalizeRequest(ReplicateFields, LoadFields, GraftableFields, LearnFields, TaskFields, PairFields):
     """Find the k parameters of the fine-tuned model that carry the task's skill."""
 
     verb: ClassVar[str] = "localize"
@@ -469,7 +495,19 @@ class LocalizeRequest(LoadFields, GraftableFields, LearnFields, TaskFields, Pair
         self.check_learning()
         self.check_modules()
         self.check_loading(learning=True)
-        check_out_file(self.out, self.overwrite)
+        self.check_seeds()
+        if self.seeds:
+            for path in self.seed_outs().values():
+                check_out_file(path, self.overwrite, resumable=True)
+        else:
+            check_out_file(self.out, self.overwrite)
+
+    def seed_outs(self) -> dict[int, str | None]:
+        """Each seed's region file with --seeds: --out with '-seed<N>' before its suffix (None: new files)."""
+        if not self.out:
+            return {s: None for s in self.seeds or ()}
+        out = Path(self.out)
+        return {s: str(out.with_name(f"{out.stem}-seed{s}{out.suffix or '.safetensors'}")) for s in self.seeds or ()}
 
 
 def parse_label_map(text: str | None) -> dict[str, str] | None:
@@ -511,7 +549,7 @@ class OodFields(Request):
 
 
 @dataclass
-class EvaluateRequest(LoadFields, OodFields, TaskFields):
+class EvaluateRequest(ReplicateFields, LoadFields, OodFields, TaskFields):
     """Accuracy, F1, ECE and agreement with FT, in and out of distribution, for FT, the bare body and grafts."""
 
     verb: ClassVar[str] = "evaluate"
@@ -533,10 +571,11 @@ class EvaluateRequest(LoadFields, OodFields, TaskFields):
         check_at_least_one("n", self.n)
         self.label_map()
         self.check_loading()
+        self.check_seeds()
 
 
 @dataclass
-class SweepRequest(LoadFields, GraftableFields, LearnFields, OodFields, TaskFields, PairFields):
+class SweepRequest(ReplicateFields, LoadFields, GraftableFields, LearnFields, OodFields, TaskFields, PairFields):
     """Localize at several budgets with several methods and test each graft (accuracy against region size)."""
 
     verb: ClassVar[str] = "sweep"
@@ -561,6 +600,7 @@ class SweepRequest(LoadFields, GraftableFields, LearnFields, OodFields, TaskFiel
         self.check_learning()
         self.check_modules()
         self.check_loading(learning=True)
+        self.check_seeds()
 
 
 @dataclass

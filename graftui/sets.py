@@ -113,6 +113,48 @@ def overlap_matrix(regions: dict[str, Region]) -> dict:
     return {"names": names, "sizes": sizes, "intersection_counts": inter, "overlap": over, "iou": jac}
 
 
+def found_by(regions: list[Region]) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Per tensor name: the indices any region holds and how many of the regions hold each."""
+    per_name: dict[str, list[torch.Tensor]] = {}
+    for region in regions:
+        for name, idx in region.items():
+            per_name.setdefault(name, []).append(idx.reshape(-1).long())
+    out = {}
+    for name, parts in per_name.items():
+        dev = parts[0].device
+        out[name] = torch.unique(torch.cat([p.to(dev) for p in parts]), sorted=True, return_counts=True)
+    return out
+
+
+def core(regions: list[Region]) -> Region:
+    """The indices every region holds (the intersection of all)."""
+    n = len(regions)
+    return {name: idx[count == n] for name, (idx, count) in found_by(regions).items() if int((count == n).sum())}
+
+
+def stability(regions: list[Region], graftable: int) -> dict:
+    """How alike regions found with different seeds are, against chance.
+
+    ``pairwise_overlap[i][j]`` = |γi ∩ γj| / |γj|; two random regions of sizes ki and kj share
+    E|γi ∩ γj| / |γj| = ki / N (``chance_overlap``, the mean over pairs); ``core`` counts the parameters
+    every seed found, ``only_one`` those a single seed found, ``union`` those any seed found.
+    """
+    m = overlap_matrix({str(i): r for i, r in enumerate(regions)})
+    n, sizes = len(regions), m["sizes"]
+    counts = found_by(regions)
+    pairs = [(i, j) for i in range(n) for j in range(n) if i != j]
+    chance = sum(sizes[i] / graftable for i, _ in pairs) / len(pairs) if pairs and graftable else 0.0
+    mean_overlap = sum(m["overlap"][i][j] for i, j in pairs) / len(pairs) if pairs else 1.0
+    return {
+        "seeds": n, "sizes": sizes, "pairwise_overlap": m["overlap"], "pairwise_iou": m["iou"],
+        "mean_overlap": mean_overlap, "chance_overlap": chance,
+        "over_chance": mean_overlap / chance if chance else None,
+        "core": sum(int((c == n).sum()) for _, c in counts.values()),
+        "only_one": sum(int((c == 1).sum()) for _, c in counts.values()),
+        "union": sum(int(c.numel()) for _, c in counts.values()),
+    }
+
+
 @dataclass(frozen=True)
 class Contribution:
     """One task's region together with its fine-tuned checkpoint's values there.

@@ -143,7 +143,7 @@ def test_sweep_and_compose_cards_give_the_interval():
                     (("learned", 0.78), ("top-movement", 0.765))],
            "differences": [{**_diff("learned", "top-movement", "accuracy", 0.015, -0.011, 0.039, n=500),
                             "sparsity": 1e-4}]}
-    assert "learned − top-movement (paired 95 % intervals): +1.5 pts [−1.1, +3.9] at 0.0001: not distinguishable " \
+    assert "learned − top-movement (95 % intervals): +1.5 pts [−1.1, +3.9] at 0.0001: not distinguishable " \
            "at n = 500." in card.sweep_card(doc)
     comp = {"names": ["a", "b"], "sizes": [10, 10], "overlap": [[1, 0], [0, 1]], "graftable_params": 1000,
             "rows": [{"task": "t", "model": m, "accuracy": a, "n": 500, "accuracy_ci": [0, 1]}

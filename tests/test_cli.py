@@ -732,3 +732,107 @@ def test_run_refuses_a_bad_config_in_one_line(content, needles, tmp_path, no_mod
     config = tmp_path / "config.json"
     config.write_text(content)
     assert_one_line_error(*run_cli("run", config), *needles)
+
+
+# -- replicates ---------------------------------------------------------------------------------------
+def test_localize_seeds_are_the_single_seed_regions_with_their_stability(ft_dir, learned, tmp_path):
+    from graftui import regions, sets
+
+    args = ["--finetuned", ft_dir, "--task", "movies", "--k", K, "--method", "learned", "--steps", "3",
+            "--examples-per-class", "8"]
+    doc = run_json("localize", *args, "--seeds", "0,1", "--out", tmp_path / "r.safetensors")
+    paths = [tmp_path / "r-seed0.safetensors", tmp_path / "r-seed1.safetensors"]
+    assert [e["seed"] for e in doc["seeds"]] == [0, 1] and [e["path"] for e in doc["seeds"]] == list(map(str, paths))
+    single1 = run_json("localize", *args, "--seed", "1", "--out", tmp_path / "single1.safetensors")
+    for path, single in ((paths[0], learned[0]), (paths[1], single1["path"])):  # bit for bit the single-seed regions
+        a, b = regions.load(path), regions.load(single)
+        assert a.indices.keys() == b.indices.keys() and all(torch.equal(a.indices[n], b.indices[n]) for n in a.indices)
+        assert all(torch.equal(a.values[n], b.values[n]) for n in a.values)
+    r0, r1 = (regions.load(p).indices for p in paths)
+    st = doc["stability"]
+    both = sets.region_size(sets.intersection(r0, r1))
+    assert st["core"] == both and st["union"] == 2 * K - both and st["only_one"] == 2 * (K - both)
+    assert st["pairwise_overlap"][0][1] == pytest.approx(both / K) and st["pairwise_overlap"][0][0] == 1.0
+    graftable = regions.load(paths[0]).graftable
+    assert st["chance_overlap"] == pytest.approx(K / graftable) and st["over_chance"] == pytest.approx(both / K / (K / graftable))
+    core, union = regions.load(st["core_path"]), regions.load(st["union_path"])
+    assert core.size == both and union.size == 2 * K - both and core.is_patch and union.is_patch
+    ft = dict(_params(ft_dir))
+    for name, idx in union.indices.items():  # the union patch holds the fine-tuned values
+        assert torch.equal(union.values[name], ft[name].reshape(-1)[idx])
+    assert sum(v["core"] for v in st["by_module"].values()) == both
+    assert any("found by every seed" in line for line in doc["card"])
+    # run again: every seed is read back, nothing is recomputed or written twice
+    again = run_json("localize", *args, "--seeds", "0,1", "--out", tmp_path / "r.safetensors")
+    assert [e["reused"] for e in again["seeds"]] == [True, True] and again["stability"] == st
+    assert sorted(p.name for p in tmp_path.glob("r-*")) == ["r-core.safetensors", "r-seed0.safetensors",
+                                                            "r-seed1.safetensors", "r-union.safetensors"]
+    # another setting on the same files is refused, and hostile seed lists are one line
+    assert_one_line_error(*run_cli("localize", *args, "--steps", "4", "--seeds", "0,1", "--out", tmp_path / "r.safetensors"),
+                          "r-seed0.safetensors", "not made by this request", "--overwrite")
+    assert_one_line_error(*run_cli("localize", "--seeds", "1,1"), "--seeds", "twice")
+    assert_one_line_error(*run_cli("localize", "--seeds", "0,x"), "'x' is not a whole number")
+
+    # the seeds read together by evaluate: mean ± std over the two regions, differences over seeds
+    ev = run_json("evaluate", "--region", paths[0], "--region", paths[1], "--n", "64", "--no-ood", "--baselines")
+    (group,) = ev["replicates"]
+    assert group["regions"] == [r["model"] for r in ev["rows"] if r["model"].startswith("r-seed")][:2]
+    acc = {r["model"]: r["accuracy"] for r in ev["rows"]}
+    row = group["rows"][0]
+    assert row["accuracy"] == pytest.approx((acc[group["regions"][0]] + acc[group["regions"][1]]) / 2)
+    assert row["accuracy_seeds"] == [acc[m] for m in group["regions"]]
+    vs_ft = next(d for d in group["differences"] if d["b"] == "fine-tuned" and d["metric"] == "accuracy")
+    assert vs_ft["seeds"] == 2 and vs_ft["diff_seeds"] == pytest.approx([acc[m] - acc["fine-tuned"] for m in group["regions"]])
+    assert vs_ft["ci"][0] <= vs_ft["diff"] <= vs_ft["ci"][1] and vs_ft["ci_kind"] == "seeds and test examples"
+    assert any(line.startswith("Read together, 'r (seeds 0, 1)'") for line in ev["card"])
+
+
+def test_a_cancelled_replicate_run_keeps_its_finished_seeds_and_resumes(ft_dir, tmp_path):
+    import threading
+
+    from graftui.errors import Cancelled
+    from graftui.requests import LocalizeRequest
+
+    req = LocalizeRequest.make(finetuned=str(ft_dir), task="movies", k=K, method="learned", steps=2,
+                               examples_per_class=8, seeds=[3, 4], out=str(tmp_path / "c.safetensors"))
+    cancel, seen = threading.Event(), []
+
+    def progress(event):
+        seen.append(event)
+        if event.get("seed") == 4:
+            cancel.set()  # the second seed has begun: stop
+
+    with pytest.raises(Cancelled, match=r"kept seed 3 \(c-seed3.safetensors\): run it again with the same --out"):
+        flows.localize(req, progress=progress, cancel=cancel)
+    assert (tmp_path / "c-seed3.safetensors").exists() and not (tmp_path / "c-seed4.safetensors").exists()
+    fractions = [e["fraction"] for e in seen if "fraction" in e]
+    assert all(0 <= f <= 1 for f in fractions) and any(e["stage"].startswith("seed 3 (1/2)") for e in seen)
+    done = flows.localize(req).as_dict()
+    assert [(e["seed"], e["reused"]) for e in done["seeds"]] == [(3, True), (4, False)]
+
+
+def test_sweep_and_evaluate_over_seeds_report_mean_and_std_with_each_seed_kept(ft_dir, top, tmp_path):
+    sw = run_json("sweep", "--finetuned", ft_dir, "--methods", "top-movement,random", "--sparsities", "1e-3",
+                  "--n", "32", "--no-ood", "--seeds", "0,1")
+    assert sw["seeds"] == [0, 1] and [p["seed"] for p in sw["per_seed"]] == [0, 1]
+    for row in sw["rows"]:
+        each = [next(r for r in p["rows"] if r["method"] == row["method"])["accuracy"] for p in sw["per_seed"]]
+        assert row["accuracy_seeds"] == each and row["accuracy"] == pytest.approx(sum(each) / 2)
+        assert row["accuracy_std"] == pytest.approx(abs(each[0] - each[1]) / 2 ** 0.5)
+    d = next(d for d in sw["differences"] if (d["a"], d["b"], d["metric"]) == ("top-movement", "random", "accuracy"))
+    assert d["seeds"] == 2 and len(d["ci_seeds"]) == 2 and d["sparsity"] == 1e-3
+    from graftui import figures
+
+    fig = figures.sweep_figure(sw["rows"], sw["task"])
+    assert "mean ± std over 2 seeds" in fig.layout.title.text
+    assert list(fig.data[0].error_y.array) == [sw["rows"][0]["accuracy_std"]]
+
+    ev = run_json("evaluate", "--region", top[0], "--baselines", "--n", "32", "--no-ood", "--seeds", "0,1")
+    rand = [next(r for r in p["rows"] if r["model"] == "Random")["accuracy"] for p in ev["per_seed"]]
+    row = next(r for r in ev["rows"] if r["model"] == "Random")
+    assert row["accuracy"] == pytest.approx(sum(rand) / 2) and row["accuracy_seeds"] == rand
+    ft = [next(r for r in p["rows"] if r["model"] == "fine-tuned")["accuracy"] for p in ev["per_seed"]]
+    assert ev["request"]["seeds"] == [0, 1] and len(ev["per_seed"]) == 2 and len(set(ft)) >= 1
+    code, out, err = run_cli("evaluate", "--region", top[0], "--n", "16", "--no-ood", "--seeds", "0,1")
+    assert code == 0, err
+    assert "means over seeds 0, 1" in out and "±" in out

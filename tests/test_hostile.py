@@ -840,3 +840,22 @@ def test_a_report_bundle_carries_the_region_files_its_request_reads(tmp_path):
     region.unlink()  # another machine: only the bundle
     again = read_request(folder / "request.json")
     assert again.regions == [str(folder / "inputs" / "mine.safetensors")] and Path(again.regions[0]).is_file()
+
+
+def test_seeds_count_against_a_hosted_servers_ceilings(monkeypatch, tmp_path):
+    """Each seed is another run: a list of seeds is capped like any list, and multiplies a curve's points."""
+    from graftui import hosted
+    from graftui.errors import RequestError
+    from graftui.requests import EvaluateRequest, LocalizeRequest, SweepRequest
+
+    monkeypatch.setenv("GRAFTUI_HOSTED", "1")
+    monkeypatch.setenv("GRAFTUI_HOME", str(tmp_path))
+    guard = hosted.HostedGuard()
+    with pytest.raises(RequestError, match="9 seeds are over this server's limit of 8"):
+        hosted.check_request(LocalizeRequest.make(seeds=list(range(9))), guard)
+    with pytest.raises(RequestError, match="points on one curve .* seeds"):  # 3 budgets × 3 methods × 3 seeds = 27
+        hosted.check_request(SweepRequest.make(n=100, seeds=[0, 1, 2]), guard)
+    hosted.check_request(SweepRequest.make(n=100, seeds=[0, 1]), guard)  # 18 points pass
+    hosted.check_request(EvaluateRequest.make(n=100, seeds=[0, 1, 2]), guard)
+    with pytest.raises(RequestError, match="whole number"):
+        hosted.check_request(EvaluateRequest.make(n=100, seeds=[0, "1"]), guard)

@@ -236,3 +236,26 @@ def test_paired_bootstrap_interval_holds_the_true_difference_at_its_nominal_rate
         lo, hi = paired_difference(_confident(a), _confident(b), y, resamples=500, seed=trial)["ci"]
         held += lo <= 0.05 <= hi
     assert held >= 52  # 95 % of 60 is 57; binomial noise leaves 52 a safe floor, and 0.5 coverage would fail
+
+
+def test_mean_std_and_rows_over_seeds():
+    from graftui.metrics import differences_over_seeds, mean_std, over_seeds, seed_interval
+
+    assert mean_std([1, 2, 3]) == (2.0, 1.0) and mean_std([5]) == (5.0, 0.0) and mean_std([None]) == (None, None)
+    lo, hi = seed_interval([1, 2, 3])
+    assert (lo, hi) == pytest.approx((2 - 4.3027 / 3 ** 0.5, 2 + 4.3027 / 3 ** 0.5))  # t(0.975, 2) = 4.3027
+    assert seed_interval([1]) is None
+    runs = [[{"model": "g", "task": "t", "accuracy": 0.8, "n": 100, "ood": {"x": 0.5}, "calibration": "over"}],
+            [{"model": "g", "task": "t", "accuracy": 0.9, "n": 100, "ood": {"x": 0.7}, "calibration": "under"}]]
+    (row,) = over_seeds(runs, ("model", "task"))
+    assert row["accuracy"] == pytest.approx(0.85) and row["accuracy_seeds"] == [0.8, 0.9]
+    assert row["accuracy_std"] == pytest.approx(0.1 / 2 ** 0.5)
+    assert row["n"] == 100 and isinstance(row["n"], int) and row["ood"] == {"x": pytest.approx(0.6)}
+    assert row["calibration"] is None  # the seeds disagree: no single word stands for both
+    diffs = [[{"a": "g", "b": "f", "task": "t", "metric": "accuracy", "diff": d, "ci": [d - 0.02, d + 0.02], "n": 100,
+               "p": 0.5}] for d in (0.01, 0.03, 0.05)]
+    (d,) = differences_over_seeds(diffs)
+    assert d["diff"] == pytest.approx(0.03) and d["seeds"] == 3 and d["distinguishable_in"] == 2 and d["p"] is None
+    seed_half = 4.3027 * 0.02 / 3 ** 0.5
+    half = (seed_half ** 2 + 0.02 ** 2) ** 0.5  # the seeds' spread and the shared test noise together
+    assert d["ci"] == pytest.approx([0.03 - half, 0.03 + half])

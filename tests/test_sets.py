@@ -151,3 +151,16 @@ def test_million_index_regions():
     inter = intersection(a, b)["p"]
     assert region_size(union(a, b)) == region_size(a) + region_size(b) - inter.numel()
     assert overlap(a, b) == pytest.approx(inter.numel() / region_size(b))
+
+
+def test_core_and_stability_of_seed_regions_against_chance():
+    from graftui.sets import core, stability
+
+    r = lambda *i: {"w": torch.tensor(i)}  # noqa: E731
+    a, b, c = r(0, 1, 2, 3), r(0, 1, 2, 9), r(0, 1, 7, 8)
+    assert torch.equal(core([a, b, c])["w"], torch.tensor([0, 1])) and core([r(1), r(2)]) == {}
+    st = stability([a, b, c], graftable=100)
+    assert st["core"] == 2 and st["union"] == 7 and st["only_one"] == 4  # 3, 9, 7, 8
+    assert st["pairwise_overlap"][0][1] == 0.75 and st["pairwise_overlap"][0][2] == 0.5
+    assert st["mean_overlap"] == pytest.approx((0.75 + 0.5 + 0.5) * 2 / 6)
+    assert st["chance_overlap"] == pytest.approx(0.04) and st["over_chance"] == pytest.approx(st["mean_overlap"] / 0.04)

@@ -282,6 +282,21 @@ def save_new(record: RegionRecord, folder: Path, stem: str, write: bool = True) 
             continue
 
 
+def seed_progress(progress: Progress | None, i: int, n: int, seed: int) -> Progress | None:
+    """The progress of seed ``i`` of ``n`` as a part of the whole run, its stages named by the seed."""
+    if progress is None:
+        return None
+
+    def inner(event: dict) -> None:
+        part = event.get("fraction")
+        if part is None and event.get("steps"):
+            part = event.get("step", 0) / max(event["steps"], 1)
+        stage = event.get("stage", "")
+        progress({**event, "stage": f"seed {seed} ({i + 1}/{n})" + (f": {stage}" if stage else ""),
+                  "fraction": (i + min(float(part or 0), 1.0)) / n, "seed": seed})
+    return inner
+
+
 def finish(progress: Progress | None) -> None:
     if progress:
         progress({"stage": "done", "fraction": 1.0})

@@ -9,30 +9,31 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import re
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from types import SimpleNamespace
 
-from .. import card, method, regions, scoring, sets, settings, training
+from .. import card, method, metrics, regions, scoring, sets, settings, training
 from ..config import (
     BODY_LABEL, DEFAULT_BASE, DEFAULT_FINETUNED, DEFAULT_FINETUNED_REFS, DEFAULT_LOADING, DEFAULT_TASK, FT_LABEL, GraftableSpec,
     LoadOptions, default_checkpoint_dir,
 )
 from ..data import Task
-from ..errors import ModelError, RegionError, RequestError
+from ..errors import Cancelled, ModelError, RegionError, RequestError
 from ..layout import MODULE_LABELS, anatomy as count_anatomy
 from ..localizers import Budget, get_method, run_method
 from ..method import data_parallel, region_size
 from ..models import ModelPair, pair_kind, prompt_tokenizer
 from ..paths import file_lock, short_ref, slug
 from ..regions import RegionMeta, RegionRecord
-from ..requests import EvaluateRequest, FinetuneRequest, LocalizeRequest, PairRequest, SweepRequest, derive
+from ..requests import EvaluateRequest, FinetuneRequest, LocalizeRequest, PairRequest, Request, SweepRequest, derive
 from . import text
 from .common import (
     LOCAL, Guard, Progress, Result, check_build, check_model_ref, examples_per_class, finish, get_pair, get_task,
     graft_of, kshot_batches, labels_for, load_region, loadable, merged_shapes, needs_task_labels, ood_tasks,
-    pair_for_regions, plain, prompt_notes, same_regions, save_new, side_by_side,
+    pair_for_regions, plain, prompt_notes, same_regions, save_new, seed_progress, side_by_side,
 )
 from .registry import verb
 
@@ -90,7 +91,7 @@ def finetune(req: FinetuneRequest, progress: Progress | None = None, cancel=None
                                                                                           dtype=options.dtype))
     checkpoint = SimpleNamespace(model=model.eval().to(settings.device()), tokenizer=tokenizer)
     probs, labels = scoring.predict(checkpoint, task, "test", req.test_examples)
-    accuracy, n = scoring.metrics.accuracy(probs, labels), len(labels)
+    accuracy, n = metrics.accuracy(probs, labels), len(labels)
     chance = float(labels.bincount().max()) / n if n else None  # always answering the most frequent class
     if getattr(tokenizer, "prompt", None):
         notes.append(f"fine-tuned through its prompt: {tokenizer.prompt.describe()}")
@@ -102,8 +103,10 @@ def finetune(req: FinetuneRequest, progress: Progress | None = None, cancel=None
 # -- localize --------------------------------------------------------------------------------------
 @dataclass
 class LocalizeResult(Result):
-    path: str = ""
+    path: str = ""  # with --seeds: the first seed's region
     record: RegionRecord | None = None
+    seeds: list[dict] = field(default_factory=list)  # with --seeds: {seed, path, k, reused, seconds, …} per seed
+    stability: dict | None = None  # with --seeds: how alike the seeds' regions are (sets.stability), per module too
 
     @property
     def k(self) -> int:
@@ -187,6 +190,8 @@ def region_record(req: LocalizeRequest, pair, region, made: dict, notes: list[st
 def localize(req: LocalizeRequest, progress: Progress | None = None, cancel=None, guard: Guard = LOCAL) -> LocalizeResult:
     """Find the region of ``req.finetuned`` that carries ``req.task``, and save it."""
     req.validate()
+    if req.seeds:
+        return localize_seeds(req, progress, cancel, guard)
     start = time.time()
     info = get_method(req.method)
     for ref in (req.base, req.finetuned):
@@ -218,6 +223,172 @@ def localize(req: LocalizeRequest, progress: Progress | None = None, cancel=None
     return LocalizeResult(req, notes, time.time() - start, str(out), record)
 
 
+SPEED_ONLY = ("memory", "checkpoint_every", "overwrite")  # how a run goes, not what it finds
+
+
+def _same_request(made: dict | None, asked: Request) -> bool:
+    if not isinstance(made, dict):
+        return False
+    saved = {**json.loads(json.dumps(type(asked).defaults())), **made}  # a field added since counts as its default
+    want = json.loads(json.dumps(asked.as_dict()))
+    return {k: v for k, v in saved.items() if k not in SPEED_ONLY} == {k: v for k, v in want.items() if k not in SPEED_ONLY}
+
+
+def _earlier_seed(one: LocalizeRequest) -> RegionRecord | None:
+    """The seed's region from an earlier run of this very request (an interrupted replicate run), if its file is
+    there; a file made otherwise is refused unless --overwrite."""
+    path = Path(one.out).expanduser() if one.out else None
+    if path is None or not path.exists():
+        return None
+    try:
+        record = regions.load(path)
+    except RegionError:
+        record = None
+    if record is not None and _same_request(record.meta.request, one):
+        return record
+    if not one.overwrite:
+        raise RequestError(f"'{one.out}' exists and was not made by this request with seed {one.seed}; choose another "
+                           "--out, or add --overwrite to replace it")
+    return None
+
+
+def _module_stability(records: list[RegionRecord], core: dict) -> dict:
+    """Per module type: the parameters every seed found against a seed's mean count there."""
+    shapes = records[0].shapes
+    each = [count_anatomy(r.indices, shapes).by_module for r in records]
+    kept = count_anatomy(core, shapes).by_module
+    out = {}
+    for module in dict.fromkeys(m for a in each for m in a):
+        mean = sum(a.get(module, 0) for a in each) / len(each)
+        if mean:
+            out[module] = {"label": MODULE_LABELS.get(module, module), "mean": mean, "core": kept.get(module, 0),
+                           "core_share": kept.get(module, 0) / mean}
+    return out
+
+
+def _seed_record(records: list[RegionRecord], indices: dict, how: str, req: LocalizeRequest) -> RegionRecord:
+    """The core or the union of the seeds' regions as one region (a skill patch when the seeds' are)."""
+    first = records[0]
+    values = head = None
+    if all(r.is_patch for r in records):  # one fine-tuned model: every seed holds the same value at an index
+        values = sets.union_values([sets.Contribution(str(i), r.indices, r.values) for i, r in enumerate(records)],
+                                   {}, "first")[1]
+        merged = sets.union(*(r.indices for r in records))
+        values = {n: values[n][sets._isin(merged[n], idx)] for n, idx in indices.items()}
+        head = first.head
+    made = {"method": how, "sources": [str(s) for s in req.seeds], "source_methods": [req.method],
+            "task": first.meta.task, "request": None, "learn": first.meta.learn,
+            "notes": [f"the {how} of the regions of seeds {', '.join(map(str, req.seeds))}"]}
+    return regions.derived_record(first.meta, indices, first.shapes, made, values, head)
+
+
+def _holds(path: Path, indices: dict) -> bool:
+    try:
+        return regions.digest(regions.load(path).indices) == regions.digest(indices)
+    except RegionError:
+        return False
+
+
+def localize_seeds(req: LocalizeRequest, progress=None, cancel=None, guard: Guard = LOCAL) -> LocalizeResult:
+    """One region per seed (each the region ``--seed N`` finds, bit for bit), their stability against chance,
+    and their core and union as region files. A seed whose file an earlier run of this request wrote is
+    read back, so a cancelled run resumes where it stopped; the seeds it finished stay on disk."""
+    start = time.time()
+    outs = req.seed_outs()
+    found: list[tuple[int, RegionRecord, str, bool, float]] = []
+    notes: list[str] = []
+    for i, (seed, out) in enumerate(outs.items()):
+        one = derive(LocalizeRequest, req, seed=seed, seeds=None, out=out, overwrite=req.overwrite,
+                     method=req.method, sparsity=req.sparsity, k=req.k, region_only=req.region_only)
+        earlier = _earlier_seed(one)
+        if earlier is not None:
+            found.append((seed, earlier, str(Path(out).expanduser()), True, 0.0))
+            if progress:
+                progress({"stage": f"seed {seed} ({i + 1}/{len(outs)}): read back from {Path(out).name}",
+                          "fraction": (i + 1) / len(outs), "seed": seed})
+            continue
+        try:
+            result = localize(one, seed_progress(progress, i, len(outs), seed), cancel, guard)
+        except Cancelled:
+            kept = ", ".join(f"seed {s} ({Path(p).name})" for s, _, p, _, _ in found)
+            raise Cancelled("localization cancelled" + (f"; kept {kept}: run it again with the same --out to go on"
+                                                        if kept and req.out else f"; kept {kept}" if kept else "")) \
+                from None
+        found.append((seed, result.record, result.path, False, result.seconds))
+        notes += [n for n in result.notes if n not in notes]
+    records = [r for _, r, _, _, _ in found]
+    core, union = sets.core([r.indices for r in records]), sets.union(*(r.indices for r in records))
+    stability = {**sets.stability([r.indices for r in records], records[0].graftable),
+                 "by_module": _module_stability(records, core), "core_path": None, "union_path": None}
+    folder = Path(req.out).expanduser().parent if req.out else settings.subdir("regions")
+    stem = Path(req.out).stem if req.out else f"{short_ref(req.task)}-{req.method}-k{records[0].size}"
+    for how, indices in (("core", core), ("union", union)):
+        if not sets.region_size(indices):
+            notes.append("no parameter was found by every seed: there is no core region to write")
+            continue
+        record = _seed_record(records, indices, how, req)
+        target = folder / f"{stem}-{how}.safetensors"
+        if req.out and target.exists() and not req.overwrite and _holds(target, indices):
+            pass  # written by the interrupted run this one resumes
+        elif req.out and (req.overwrite or not target.exists()):
+            regions.save(record, target, exclusive=not req.overwrite)
+        else:
+            target = save_new(record, folder, f"{stem}-{how}")
+        stability[f"{how}_path"] = str(target)
+    seeds = [{"seed": s, "path": p, "k": r.size, "reused": reused, "seconds": round(secs, 1),
+              "top_movement_overlap": r.meta.top_movement_overlap} for s, r, p, reused, secs in found]
+    finish(progress)
+    return LocalizeResult(req, notes, time.time() - start, found[0][2], records[0], seeds, stability)
+
+
+# -- replicates ------------------------------------------------------------------------------------
+def each_seed(flow, req, progress, cancel, guard) -> list:
+    """``flow`` run once per seed of ``req.seeds`` (the request otherwise unchanged), progress shown per seed."""
+    runs = []
+    for i, seed in enumerate(req.seeds):
+        if cancel is not None and cancel.is_set():
+            raise Cancelled("cancelled")
+        runs.append(flow(req.replace(seed=seed, seeds=None), seed_progress(progress, i, len(req.seeds), seed), cancel,
+                         guard))
+    finish(progress)
+    return runs
+
+
+def _per_seed(seeds, runs) -> list[dict]:
+    """Each seed's own rows and differences, as its single run gave them."""
+    return [{"seed": seed, "rows": run.rows, "differences": run.differences} for seed, run in zip(seeds, runs)]
+
+
+NOT_THE_SETTING = ("seed", "seeds", "out", "overwrite", *SPEED_ONLY)  # what replicate regions may differ in
+
+
+def replicate_groups(labels: list[str], records: list[RegionRecord]) -> dict[str, list[str]]:
+    """Regions made by one request but for its seed (``localize --seeds``): {group name: their labels}."""
+    groups: dict[str, list[str]] = {}
+    for label, record in zip(labels, records):
+        made = record.meta.request
+        if not isinstance(made, dict) or made.get("verb") != "localize":
+            continue
+        key = json.dumps({**{k: v for k, v in made.items() if k not in NOT_THE_SETTING},
+                          "finetuned_sha256": record.meta.finetuned_sha256}, sort_keys=True, default=str)
+        groups.setdefault(key, []).append(label)
+    out = {}
+    for members in groups.values():
+        seeds = [records[labels.index(m)].meta.request.get("seed") for m in members]
+        if len(members) > 1 and len(set(map(str, seeds))) == len(seeds):
+            name = re.sub(r"-seed\d+( \(seed \d+\))?$", "", members[0])
+            out[f"{name} (seeds {', '.join(map(str, seeds))})"] = members
+    return out
+
+
+def summarise_replicates(name: str, members: list[str], rows: list[dict], found: list[dict]) -> dict:
+    """The members' rows and differences as runs of one model ``name``: mean ± std across them."""
+    runs = [[{**r, "model": name} for r in rows if r["model"] == m] for m in members]
+    paired = [[{**d, "a": name} for d in found if d["a"] == m and d["b"] not in members] for m in members]
+    return {"name": name, "regions": members, "rows": metrics.over_seeds(runs, ("model", "task", "distribution")),
+            "differences": metrics.differences_over_seeds(paired)}
+
+
 # -- evaluate --------------------------------------------------------------------------------------
 @dataclass
 class EvaluateResult(Result):
@@ -232,6 +403,9 @@ class EvaluateResult(Result):
     card: list[str] = field(default_factory=list)  # the result in sentences (card.py)
     side_by_side: dict | None = None  # two or more regions: their overlap and where each lies (side_by_side)
     differences: list[dict] = field(default_factory=list)  # paired: {"a", "b", "task", "metric", "diff", "ci", "p"}
+    seeds: list[int] = field(default_factory=list)  # with --seeds: rows and differences are means over these
+    per_seed: list[dict] = field(default_factory=list)  # with --seeds: each seed's rows and differences
+    replicates: list[dict] = field(default_factory=list)  # regions that differ only in their seed, read together
 
 
 def _merge_patches(records, labels):
@@ -252,6 +426,16 @@ def _merge_patches(records, labels):
 def evaluate(req: EvaluateRequest, progress: Progress | None = None, cancel=None, guard: Guard = LOCAL) -> EvaluateResult:
     """FT, the pre-trained body with FT's head and every region's graft, in and out of distribution."""
     req.validate()
+    if req.seeds:
+        runs = each_seed(evaluate, req, progress, cancel, guard)
+        rows = metrics.over_seeds([r.rows for r in runs], ("model", "task", "distribution"))
+        card.annotate(rows)
+        found = metrics.differences_over_seeds([r.differences for r in runs])
+        lines = card.evaluate_card(rows, differences=found) + [
+            f"Each figure is the mean over seeds {', '.join(map(str, req.seeds))} (the random baseline and the test "
+            "subsample are drawn per seed); each seed's own numbers are under per_seed."]
+        return replace(runs[0], request=req, seconds=sum(r.seconds for r in runs), rows=rows, differences=found,
+                       card=lines, seeds=list(req.seeds), per_seed=_per_seed(req.seeds, runs))
     start = time.time()
     records = [load_region(p) for p in req.regions]
     labels = labels_for(req.regions, records)
@@ -371,10 +555,13 @@ def evaluate(req: EvaluateRequest, progress: Progress | None = None, cancel=None
     finish(progress)
     if side:
         lines += card.compose_card({**side, "graftable_params": graftable, "rows": []})
+    together = [summarise_replicates(name, members, result["rows"], result["differences"])
+                for name, members in replicate_groups(labels, records).items()]
+    lines += [card.replicate_sentence(group) for group in together]
     return EvaluateResult(req, notes, time.time() - start, **result, base=base,
                           finetuned=None if from_patch else finetuned,
                           regions={label: str(p) for label, p in zip(labels, req.regions)}, card=lines,
-                          side_by_side=side)
+                          side_by_side=side, replicates=together)
 
 
 # -- sweep ---------------------------------------------------------------------------------------
@@ -389,6 +576,8 @@ class SweepResult(Result):
     body_accuracy: float | None = None  # the pre-trained body with the fine-tuned head (the empty region)
     n_test: int = 0
     differences: list[dict] = field(default_factory=list)  # paired, per sparsity: each method − FT, method − method
+    seeds: list[int] = field(default_factory=list)  # with --seeds: rows and differences are means over these
+    per_seed: list[dict] = field(default_factory=list)  # with --seeds: each seed's rows and differences
 
     def as_dict(self) -> dict:
         out = super().as_dict()
@@ -400,6 +589,17 @@ class SweepResult(Result):
 def sweep(req: SweepRequest, progress: Progress | None = None, cancel=None, guard: Guard = LOCAL) -> SweepResult:
     """Accuracy, ECE and OOD accuracy against budget for several methods (Fig. 2, Tables 6–7); writes no file."""
     req.validate()
+    if req.seeds:
+        runs = each_seed(sweep, req, progress, cancel, guard)
+        rows = metrics.over_seeds([r.rows for r in runs], ("method", "sparsity"))
+        for row in rows:  # the interval of a mean over seeds is the seeds' spread, not one test's Wilson interval
+            row["accuracy_ci"] = metrics.seed_interval(row.get("accuracy_seeds") or ())
+        ft = metrics.mean_std([r.ft_accuracy for r in runs])[0]
+        return replace(runs[0], request=req, seconds=sum(r.seconds for r in runs), rows=rows, ft_accuracy=ft,
+                       ft_ece=metrics.mean_std([r.ft_ece for r in runs])[0],
+                       body_accuracy=metrics.mean_std([r.body_accuracy for r in runs])[0],
+                       differences=metrics.differences_over_seeds([r.differences for r in runs]),
+                       seeds=list(req.seeds), per_seed=_per_seed(req.seeds, runs))
     start = time.time()
     for ref in (req.base, req.finetuned):
         check_model_ref(ref)
@@ -420,9 +620,9 @@ def sweep(req: SweepRequest, progress: Progress | None = None, cancel=None, guar
         model."""
         with (pair.finetuned() if region is None else pair.grafted(region)):
             probs, labels = scoring.predict(pair, task, "test", req.n, seed=req.seed)
-            ood = {o.name: scoring.metrics.accuracy(*scoring.predict(pair, o, "test", req.n, seed=req.seed))
+            ood = {o.name: metrics.accuracy(*scoring.predict(pair, o, "test", req.n, seed=req.seed))
                    for o in oods}
-            return scoring.metrics.metrics(probs, labels), ood, probs, labels
+            return metrics.metrics(probs, labels), ood, probs, labels
 
     ft, ft_ood, ft_probs, labels = score(None)
     bare, _, bare_probs, _ = score({})
@@ -451,9 +651,9 @@ def sweep(req: SweepRequest, progress: Progress | None = None, cancel=None, guar
                          "ft_accuracy": ft.accuracy, "retained": own.accuracy / ft.accuracy if ft.accuracy else None,
                          "gain_recovered": card.gain_recovered(own.accuracy, ft.accuracy, bare.accuracy)})
         # each method against FT, and every two methods at this budget, on the same test examples
-        pairs = [(m, FT_LABEL, metric) for m in methods for metric in scoring.metrics.PAIRED_METRICS]
+        pairs = [(m, FT_LABEL, metric) for m in methods for metric in metrics.PAIRED_METRICS]
         pairs += [(a, b, metric) for x, a in enumerate(methods) for b in methods[x + 1:]
-                  for metric in scoring.metrics.PAIRED_METRICS]
+                  for metric in metrics.PAIRED_METRICS]
         found += [{**d, "sparsity": s} for d in scoring.differences(predictions, labels, pairs, task.name,
                                                                      seed=req.seed)]
     finish(progress)

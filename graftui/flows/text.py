@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 
 from ..config import BODY_LABEL, FT_LABEL, kind_of_architecture
-from ..formatting import count as _count, difference, num as _num, pairs_table, pct, table
+from ..formatting import count as _count, num as _num, pairs_table, pct, table
 from ..metrics import distinguishable
 from ..layout import MODULE_LABELS
 from ..localizers import get_method
@@ -46,25 +46,82 @@ def localize(doc: dict) -> str:
         ("time", f"{doc['seconds']:.1f} s"),
         ("anatomy", "  ".join(f"{t['label']} {_pct(t['share'])}" for t in doc["top_modules"]) or "(empty region)"),
         ("", f"weights {doc['weights']:,}, biases {doc['biases']:,}"),
-    ])
+    ]) + (seeds(doc) if doc.get("seeds") else "")
+
+
+def seeds(doc: dict) -> str:
+    """A replicate localization: each seed's region, and how alike they are against chance."""
+    st = doc["stability"]
+    names = [f"seed {e['seed']}" for e in doc["seeds"]]
+    rows = [[e["seed"], e["path"] + ("  (read back)" if e["reused"] else ""), _count(e["k"]),
+             _pct(e["top_movement_overlap"]) if e["top_movement_overlap"] is not None else "-", f"{e['seconds']:.1f} s"]
+            for e in doc["seeds"]]
+    parts = ["", "", table(["seed", "region", "k", "in top-movement", "time"], rows, "llrrr"), "",
+             _matrix(r"overlap |γi∩γj|/|γj| across seeds", names, st["pairwise_overlap"], _pct), "",
+             pairs_table([
+                 ("mean overlap", f"{_pct(st['mean_overlap'])}; two random regions of these sizes: "
+                                  f"{_pct(st['chance_overlap'])}"
+                                  + (f" ({st['over_chance']:,.0f}× chance)" if st["over_chance"] else "")),
+                 ("core", f"{st['core']:,} parameters found by every seed"
+                          + (f"  ({st['core_path']})" if st.get("core_path") else "")),
+                 ("found once", f"{st['only_one']:,} parameters found by one seed only"),
+                 ("union", f"{st['union']:,} parameters found by any seed"
+                           + (f"  ({st['union_path']})" if st.get("union_path") else "")),
+             ])]
+    by = st.get("by_module") or {}
+    if by:
+        parts += ["", table(["module", "mean per seed", "core", "core / mean"],
+                            [[v["label"], f"{v['mean']:,.0f}", _count(v["core"]), _pct(v["core_share"])]
+                             for v in by.values()], "lrrr")]
+    return "\n".join(parts)
 
 
 def differences(found: list[dict]) -> str:
-    """The paired differences a − b, each with its 95 % interval on the same examples (and McNemar's p)."""
+    """The paired differences a − b, each with its 95 % interval on the same examples (and McNemar's p); over
+    several seeds the mean ± std, the t-interval across seeds, and how many seeds' own intervals exclude zero."""
     if not found:
         return ""
-    rows = [[d["a"], d["b"], d["task"], d["metric"], _count(d["n"]), difference(d).split(": not")[0],
-             "yes" if distinguishable(d) else "no", "-" if d.get("p") is None else f"{d['p']:.3g}"] for d in found]
-    return ("paired differences a − b on the same test examples (95 % bootstrap interval; p: McNemar's exact test)\n"
-            + table(["a", "b", "task", "metric", "n", "a − b [95 % CI]", "≠ 0", "p"], rows, "llllrlll"))
+    several = any((d.get("seeds") or 1) > 1 for d in found)
+
+    def cell(d):
+        scale, digits = (100, 1) if d["metric"] == "accuracy" else (1, 3)
+        lo, hi = d["ci"]
+        spread = f" ± {scale * d['diff_std']:.{digits}f}" if several and d.get("diff_std") is not None else ""
+        return f"{scale * d['diff']:+.{digits}f}{spread} [{scale * lo:+.{digits}f}, {scale * hi:+.{digits}f}]"
+
+    rows = [[d["a"], d["b"], d["task"], d["metric"], _count(d["n"]), cell(d), "yes" if distinguishable(d) else "no",
+             f"{d.get('distinguishable_in', 0)}/{d.get('seeds', 1)}" if several else
+             ("-" if d.get("p") is None else f"{d['p']:.3g}")] for d in found]
+    if several:
+        title = ("differences a − b over seeds: mean ± std (accuracy in pts) and its 95 % interval (the seeds' spread and "
+                 "the shared test examples' noise together); last column: seeds whose own paired interval excludes zero")
+        return title + "\n" + table(["a", "b", "task", "metric", "n", "a − b ± std [95 % CI]", "≠ 0", "seeds ≠ 0"],
+                                     rows, "llllrlll")
+    return ("paired differences a − b on the same test examples (accuracy in pts; 95 % bootstrap interval; p: "
+            "McNemar's exact test)\n" + table(["a", "b", "task", "metric", "n", "a − b [95 % CI]", "≠ 0", "p"], rows,
+                                                "llllrlll"))
+
+
+def _sd(row: dict, name: str) -> str:
+    """A value, with ± its standard deviation over seeds where the row is a mean over several."""
+    std = row.get(f"{name}_std")
+    several = len(row.get(f"{name}_seeds") or ()) > 1
+    return _num(row.get(name)) + (f" ± {std:.3f}" if several and std is not None else "")
+
+
+def _seeds_line(doc: dict) -> list[str]:
+    return [f"means over seeds {', '.join(map(str, doc['seeds']))} (± std across seeds); each seed's own numbers are "
+            "under per_seed in --json"] if doc.get("seeds") else []
 
 
 def evaluate(doc: dict) -> str:
-    rows = [[r["model"], r["task"], r["distribution"], _count(r["n"]), _num(r["accuracy"]), _num(r["f1"]), _num(r["ece"]),
-             _num(r["agreement_with_ft"]), _count(r["region_size"])] for r in doc["rows"]]
+    rows = [[r["model"], r["task"], r["distribution"], _count(round(r["n"])), _sd(r, "accuracy"), _num(r["f1"]),
+             _sd(r, "ece"), _num(r["agreement_with_ft"]), _count(r["region_size"] and round(r["region_size"]))]
+            for r in doc["rows"]]
     text = table(["model", "task", "dist", "n", "accuracy", "F1", "ECE", "agree w/ FT", "k"], rows, "lllrrrrrr")
     ft = next(r["model"] for r in doc["rows"]) if doc["rows"] else FT_LABEL
-    parts = [text, "", f"'{BODY_LABEL}' is the graft of the empty region; agreement is with the {ft} model."]
+    parts = [text, "", f"'{BODY_LABEL}' is the graft of the empty region; agreement is with the {ft} model.",
+             *_seeds_line(doc)]
     if doc.get("differences"):
         parts += ["", differences(doc["differences"])]
     side = doc.get("side_by_side")
@@ -81,16 +138,17 @@ def sweep(doc: dict) -> str:
     methods = list(dict.fromkeys(doc["request"]["methods"]))
     sparsities = sorted(set(doc["request"]["sparsities"]))
     by = {(r["method"], r["sparsity"]): r for r in doc["rows"]}
-    body = [[f"{s:g}", "/".join(_count(k) for k in sorted({by[(m, s)]["k"] for m in methods if (m, s) in by})),
-             *[_num(by[(m, s)]["accuracy"]) if (m, s) in by else "-" for m in methods]] for s in sparsities]
+    body = [[f"{s:g}", "/".join(_count(round(k)) for k in sorted({by[(m, s)]["k"] for m in methods if (m, s) in by})),
+             *[_sd(by[(m, s)], "accuracy") if (m, s) in by else "-" for m in methods]] for s in sparsities]
     oods = doc.get("ood") or []
     detail = [[FT_LABEL, "", "", _num(doc["ft_accuracy"]), _num(doc.get("ft_ece")),
                *(_num(doc["ft_ood"].get(o)) for o in oods)]]
-    detail += [[r["method"], f"{r['sparsity']:g}", _count(r["k"]), _num(r["accuracy"]), _num(r["ece"]),
+    detail += [[r["method"], f"{r['sparsity']:g}", _count(round(r["k"])), _sd(r, "accuracy"), _sd(r, "ece"),
                 *(_num(r["ood"].get(o)) for o in oods)] for r in doc["rows"]]
     return "\n".join([
         table(["sparsity", "k", *methods], body),
-        f"\ntest accuracy on {doc['task']}; fine-tuned: {_num(doc['ft_accuracy'])}  ({doc['seconds']:.1f} s)\n",
+        f"\ntest accuracy on {doc['task']}; fine-tuned: {_num(doc['ft_accuracy'])}  ({doc['seconds']:.1f} s)",
+        *_seeds_line(doc), "",
         table(["model", "sparsity", "k", "accuracy", "ECE", *(f"OOD {o}" for o in oods)], detail,
               "llr" + "r" * (2 + len(oods))),
         *(["", differences([{**d, "a": f"{d['a']} at {d['sparsity']:g}"} for d in doc["differences"]])]
