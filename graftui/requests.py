@@ -12,6 +12,7 @@ below the verbs: ``graftui.flows`` registers each request class with its flow.
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 import re
@@ -91,7 +92,7 @@ class Request:
         for f in fields(cls):
             out[f.name] = f.default if f.default is not MISSING else f.default_factory()
             if settings.fast() and f.name in FAST:
-                out[f.name] = FAST[f.name]
+                out[f.name] = copy.copy(FAST[f.name])  # a list default is never shared between requests
         return out
 
     @classmethod
@@ -562,7 +563,8 @@ class EvaluateRequest(ReplicateFields, LoadFields, OodFields, TaskFields):
     baselines: bool = arg(False, "add top-movement and random regions of each region's size")
     sparsity: float = arg(DEFAULT_SPARSITY, "baseline budget when no region is given", metavar="F")
     n: int | None = arg(None, "test examples per task (default all)", metavar="N")
-    seed: int = arg(0, "seed of the random baseline and of the test subsample", metavar="N")
+    seed: int = arg(0, "seed of the random baseline (the n test examples are the same for every seed)",
+                    metavar="N")
 
     def check(self) -> None:
         for path in self.regions:
@@ -826,8 +828,13 @@ class ReproduceRequest(Request):
                       "(fine-tuned checkpoints are still reused from $GRAFTUI_HOME/checkpoints)")
     out: str | None = arg(None, "report folder: new, or one an earlier run of the same size wrote, to resume it "
                           "(default $GRAFTUI_HOME/reports/reproduce-quick or reproduce-full)", metavar="DIR")
+    seeds: int | None = arg(None, "mask-learning seeds of the single-task steps (sweep, localize, evaluate): the report "
+                            "gives mean (std) over them and decides each finding by its interval (default 3 for the "
+                            "full run, 1 with --quick)", metavar="N")
 
     def check(self) -> None:
+        if self.seeds is not None and not 1 <= self.seeds <= MAX_SEEDS:
+            raise RequestError(f"--seeds: give a number of seeds from 1 to {MAX_SEEDS}, got {self.seeds}")
         if self.out is not None and (Path(self.out).expanduser() / MANIFEST).is_file():
             return  # an earlier run's folder: resumed (the flow checks that the run's size matches)
         check_out_dir(self.out)

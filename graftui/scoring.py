@@ -84,6 +84,12 @@ def align_labels(task: Task, other: Task, mapping: dict[str, str] | None = None)
 
 
 # -- predictions -------------------------------------------------------------------------------------
+# The n test examples a sweep or an evaluation scores are drawn with this seed, whatever the run's own seed: the
+# seeds of a replicate run (and any two runs with the same n) are scored on the same examples, so their
+# differences pair and their spread is the seeds', not the test sample's.
+TEST_SAMPLE_SEED = 0
+
+
 def predict(pair, task: Task, split: str, n: int | None, batch_size: int = 64, seed: int = 0):
     data = task.splits[split]
     if n is not None and n < len(data):

@@ -854,8 +854,8 @@ def test_seeds_count_against_a_hosted_servers_ceilings(monkeypatch, tmp_path):
     with pytest.raises(RequestError, match="9 seeds are over this server's limit of 8"):
         hosted.check_request(LocalizeRequest.make(seeds=list(range(9))), guard)
     with pytest.raises(RequestError, match="points on one curve .* seeds"):  # 3 budgets × 3 methods × 3 seeds = 27
-        hosted.check_request(SweepRequest.make(n=100, seeds=[0, 1, 2]), guard)
-    hosted.check_request(SweepRequest.make(n=100, seeds=[0, 1]), guard)  # 18 points pass
+        hosted.check_request(SweepRequest.make(n=100, sparsities=[1e-4, 1e-3, 1e-2], seeds=[0, 1, 2]), guard)
+    hosted.check_request(SweepRequest.make(n=100, sparsities=[1e-4, 1e-3, 1e-2], seeds=[0, 1]), guard)  # 18 pass
     hosted.check_request(EvaluateRequest.make(n=100, seeds=[0, 1, 2]), guard)
     with pytest.raises(RequestError, match="whole number"):
         hosted.check_request(EvaluateRequest.make(n=100, seeds=[0, "1"]), guard)

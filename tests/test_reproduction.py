@@ -227,3 +227,45 @@ def test_a_saved_step_from_before_a_request_field_existed_is_reused_at_that_fiel
     assert _saved(path, request) is None
     path.write_text(json.dumps({"request": {**old, "memory": "lean"}, "result": {"k": 7}}))
     assert _saved(path, request) == {"k": 7}  # the memory mode changes the speed, not the result
+
+
+def test_seeds_replicate_the_single_task_steps_and_the_report_reads_them_together(reduced_run, monkeypatch,
+                                                                                  tmp_path):
+    """``--seeds N`` runs sweep, localize and evaluate once per mask-learning seed; the report gives mean (std)
+    and decides each finding by the interval over seeds."""
+    from dataclasses import replace
+
+    from graftui.errors import RequestError
+
+    monkeypatch.setenv("GRAFTUI_FAST", "1")
+    assert rep.FULL.seeds == 3 and rep.QUICK.seeds == 1 and rep.scale_of(ReproduceRequest(seeds=2)).seeds == 2
+    with pytest.raises(RequestError, match="--seeds: give a number of seeds from 1 to"):
+        ReproduceRequest(seeds=0).validate()
+    scale = replace(rep.TINY, seeds=2)
+    steps = {s.name: s for s in rep.plan(scale, tmp_path)}
+    R = {"finetune": {"out": "ft"}, "finetune-frozen-head": {"out": "ft2"},
+         "localize": {"path": "r.safetensors", "seeds": [{"path": "r-seed0.safetensors"}, {"path": "r-seed1.safetensors"}]}}
+    assert steps["sweep"].make(R).seeds == [0, 1] and steps["localize"].make(R).seeds == [0, 1]
+    assert steps["evaluate"].make(R).regions == ["r-seed0.safetensors", "r-seed1.safetensors"]
+    assert rep.cost_of(scale, steps["localize"]) == 2 * rep.cost_of(rep.TINY, steps["localize"])
+    assert rep.cost_of(scale, steps["finetune"]) == rep.cost_of(rep.TINY, steps["finetune"])
+    assert rep.plan(rep.TINY, tmp_path)[1].make(R).seeds is None  # one seed: the request the single run makes
+
+    # the evaluate step as two seeds' regions would leave it: a replicate group, its rows and differences
+    results = {p.stem: json.loads(p.read_text())["result"] for p in (reduced_run["out"] / "steps").glob("*.json")}
+    ev = results["evaluate"]
+    label = rep._label_of(ev["rows"])
+    group = "movies-learned (seeds 0, 1)"
+    rows = [{**r, "model": group, "accuracy_std": 0.02, "ece_std": 0.004, "accuracy_seeds": [r["accuracy"]] * 2}
+            for r in ev["rows"] if r["model"] == label]
+    diffs = [{**d, "a": group, "seeds": 2, "diff": -0.05, "ci": [-0.09, -0.01]} for d in ev["differences"]
+             if d["a"] == label]
+    ev["replicates"] = [{"name": group, "regions": [label, label], "rows": rows, "differences": diffs}]
+    report = rep.build_report(scale, results, reduced_run["resumed"].report["steps"], 1.0)
+    single = report["single_task"]
+    assert single["seeds"] == 2 and single["graft_std"]["accuracy"] == 0.02
+    assert single["graft_minus_ft"]["ece"]["a"] == group and single["graft_minus_ft"]["ece"]["seeds"] == 2
+    assert report["calibration"]["settings"][0]["verdict"] == "reproduces"  # ECE −0.05 [−0.09, −0.01]
+    text = rep.write_markdown(report)
+    assert "(mean (std) over 2 mask-learning seeds)" in text and "graft − FT ECE: " in text
+    assert f"{single['accuracy']['graft']:.3f} (0.020)" in text

@@ -13,7 +13,7 @@ import json
 import os
 import shutil
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -46,12 +46,13 @@ class Scale:
     optimizers: tuple[tuple[str, str, float], ...]  # (label, optimizer, ℓ1) of the extra fine-tunes (Fig. 5)
     multitask_lr: float | None  # the multi-task fine-tune's own learning rate (None: the recipe's)
     seconds: dict  # step -> estimated seconds on 2 CPU cores (measured on the offline default)
+    seeds: int = 1  # mask-learning seeds of the single-task steps, unless the request names another number
 
 
 FULL = Scale("full", {}, None, (1e-5, 1e-4, 3e-4, 1e-2), tuple(round(0.1 * i, 1) for i in range(11)),
              DEFAULT_MULTITASK_TASKS, (("AdamW", "adamw", 0.0), ("AdamW + ℓ1", "adamw", ADAMW_L1)), None,
              {"finetune": 210, "sweep": 360, "localize": 40, "evaluate": 60, "wise": 240, "retrain": 420,
-              "multitask": 960, "continual": 1500, "optimizer-finetune": 210, "optimizer-sweep": 240})
+              "multitask": 960, "continual": 1500, "optimizer-finetune": 210, "optimizer-sweep": 240}, seeds=3)
 QUICK = Scale("quick", {"lr": 0.015, "epochs": 1, "train_examples": 1000}, 300, (1e-4,), (0.0, 0.5, 1.0),
               ("movies", "amazon"), (), 0.01,  # three tasks' worth of steps at lr 0.015 diverged (measured)
               {"finetune": 30, "sweep": 40, "localize": 20, "evaluate": 25, "wise": 40, "retrain": 90,
@@ -62,9 +63,11 @@ TINY = Scale("tiny", {}, 64, (1e-4,), (0.0, 1.0), ("movies", "amazon"), (("AdamW
 
 
 def scale_of(req: ReproduceRequest) -> Scale:
-    if settings.fast():
-        return TINY
-    return QUICK if req.quick else FULL
+    scale = TINY if settings.fast() else QUICK if req.quick else FULL
+    return scale if req.seeds is None else replace(scale, seeds=req.seeds)
+
+
+SEEDED = ("sweep", "localize", "evaluate", "localize-frozen-head", "evaluate-frozen-head")  # their cost × seeds
 
 
 @dataclass
@@ -91,26 +94,31 @@ def plan(scale: Scale, out: Path) -> list[Step]:
     ft_fields = {"lr": r.get("lr"), "epochs": r.get("epochs"), "train_examples": r.get("train_examples")}
     recipe = {"ft_lr": r.get("lr"), "epochs": r.get("epochs"), "train_examples": r.get("train_examples")}
     n, task, made = scale.n, DEFAULT_TASK, out / "regions"
+    seeds = list(range(scale.seeds)) if scale.seeds > 1 else None
+
+    def regions_of(result: dict) -> list[str]:  # a localize step's regions: one per seed
+        return [e["path"] for e in result.get("seeds") or ()] or [result["path"]]
+
     steps = [
         Step("finetune", f"fine-tune on {task} (standard head)",
              lambda R: _new(FinetuneRequest, task=task, **ft_fields, test_examples=n), "finetune"),
         Step("sweep", "sparsity sweep: learned, top-movement and random, in and out of distribution",
              lambda R: _new(SweepRequest, finetuned=R["finetune"]["out"], task=task, sparsities=list(scale.sparsities),
-                            n=n), "sweep"),
+                            n=n, seeds=seeds), "sweep"),
         Step("localize", "the learned region at sparsity 0.1 %",
              lambda R: _new(LocalizeRequest, finetuned=R["finetune"]["out"], task=task, sparsity=DEFAULT_SPARSITY,
-                            out=str(made / f"{task}-learned.safetensors"), overwrite=True), "localize"),
+                            out=str(made / f"{task}-learned.safetensors"), overwrite=True, seeds=seeds), "localize"),
         Step("evaluate", "fine-tuned, bare body, graft and baselines, with calibration",
-             lambda R: _new(EvaluateRequest, regions=[R["localize"]["path"]], baselines=True, n=n), "evaluate"),
+             lambda R: _new(EvaluateRequest, regions=regions_of(R["localize"]), baselines=True, n=n), "evaluate"),
         Step("finetune-frozen-head", f"fine-tune on {task} with the head frozen at its initialisation",
              lambda R: _new(FinetuneRequest, task=task, **ft_fields, freeze_head=True, test_examples=n), "finetune"),
         Step("localize-frozen-head", "the learned region of the frozen-head model",
              lambda R: _new(LocalizeRequest, finetuned=R["finetune-frozen-head"]["out"], task=task,
                             sparsity=DEFAULT_SPARSITY, out=str(made / f"{task}-frozen-head-learned.safetensors"),
-                            overwrite=True),  # a step run again replaces its own file
+                            overwrite=True, seeds=seeds),  # a step run again replaces its own file
              "localize"),
         Step("evaluate-frozen-head", "calibration with a frozen head",
-             lambda R: _new(EvaluateRequest, regions=[R["localize-frozen-head"]["path"]], n=n), "evaluate"),
+             lambda R: _new(EvaluateRequest, regions=regions_of(R["localize-frozen-head"]), n=n), "evaluate"),
         Step("wise", "WiSE-FT and WiSE-graft along α",
              lambda R: _new(WiseRequest, region=R["localize"]["path"], alphas=list(scale.alphas), n=n), "wise"),
         Step("retrain", "re-training the region from θ_pre, and BitFit",
@@ -136,6 +144,11 @@ def plan(scale: Scale, out: Path) -> list[Step]:
                                          no_ood=True, n=n), "optimizer-sweep"),
         ]
     return steps
+
+
+def cost_of(scale: Scale, step: Step) -> float:
+    """A step's estimated seconds: the seeded single-task steps run once per seed."""
+    return scale.seconds[step.cost] * (scale.seeds if step.name in SEEDED else 1)
 
 
 # -- the flow --------------------------------------------------------------------------------------
@@ -211,7 +224,7 @@ def reproduce(req: ReproduceRequest, progress: Progress | None = None, cancel=No
     results: dict[str, dict] = {}
     log: list[dict] = []
     done_files = {s.name: out / "steps" / f"{s.name}.json" for s in steps}
-    estimate = sum(scale.seconds[s.cost] for s in steps)
+    estimate = sum(cost_of(scale, s) for s in steps)
 
     shown = [0.0]
 
@@ -228,7 +241,7 @@ def reproduce(req: ReproduceRequest, progress: Progress | None = None, cancel=No
         if cancel is not None and cancel.is_set():
             raise Cancelled("reproduce cancelled; run it again to resume")
         request = step.make(results)
-        cost = scale.seconds[step.cost]
+        cost = cost_of(scale, step)
         # a step is reused only while every step before it was: a re-run step may change what later ones read
         saved = None if req.fresh or len(reused) < i - 1 else _saved(done_files[step.name], request)
         if saved is not None:
@@ -290,10 +303,21 @@ def _label_of(rows: list[dict], method: str | None = None) -> str | None:
 
 def _paired(doc: dict, a: str | None, b: str | None, metric: str, task: str | None = None,
             **where) -> dict | None:
-    """The step's paired difference a − b (on its own task unless ``task`` is given), if it has one."""
+    """The step's paired difference a − b (on its own task unless ``task`` is given), if it has one; a replicate
+    group's difference over seeds where ``a`` names the group."""
     task = task or doc.get("task")
-    return next((d for d in doc.get("differences") or () if d["a"] == a and d["b"] == b and d["metric"] == metric
+    found = [*(doc.get("differences") or ()), *(d for g in doc.get("replicates") or () for d in g["differences"])]
+    return next((d for d in found if d["a"] == a and d["b"] == b and d["metric"] == metric
                  and d["task"] == task and all(d.get(k) == v for k, v in where.items())), None)
+
+
+def _graft(ev: dict) -> tuple[str, list[dict]]:
+    """The evaluated graft's label and rows: the region, or the replicate group of its seeds (means, with std)."""
+    group = next(iter(ev.get("replicates") or ()), None)
+    if group:
+        return group["name"], group["rows"]
+    label = _label_of(ev["rows"])
+    return label, [r for r in ev["rows"] if r["model"] == label]
 
 
 def verdict(difference: dict | None, expected_sign: int) -> str:
@@ -311,28 +335,32 @@ def verdict(difference: dict | None, expected_sign: int) -> str:
 
 def _calibration(doc: dict, setting: str) -> dict:
     rows = doc["rows"]
-    graft_label = _label_of(rows)
-    ft, graft = _row(rows, FT_LABEL), _row(rows, graft_label)
+    graft_label, graft_rows = _graft(doc)
+    ft, graft = _row(rows, FT_LABEL), _row(graft_rows, graft_label)
     change = _ratio(graft["ece"] - ft["ece"], ft["ece"])
     paired = _paired(doc, graft_label, FT_LABEL, "ece")
     return {"setting": setting, "task": doc["task"], "n": ft["n"],
             "ft": {"accuracy": ft["accuracy"], "ece": ft["ece"]},
-            "graft": {"accuracy": graft["accuracy"], "ece": graft["ece"], "k": graft["region_size"]},
+            "graft": {"accuracy": graft["accuracy"], "ece": graft["ece"], "k": graft["region_size"],
+                      "accuracy_std": graft.get("accuracy_std"), "ece_std": graft.get("ece_std"),
+                      "seeds": len(graft.get("accuracy_seeds") or ()) or 1},
             "ece_change": change, "graft_better_calibrated": graft["ece"] < ft["ece"],
             "ece_difference": paired, "verdict": verdict(paired, -1),
-            "reliability": {FT_LABEL: doc["reliability"].get(FT_LABEL), "graft": doc["reliability"].get(graft_label)}}
+            "reliability": {FT_LABEL: doc["reliability"].get(FT_LABEL),
+                            "graft": doc["reliability"].get(_label_of(rows))}}
 
 
 def _sweep_rows(ev: dict, ft_accuracy: float) -> list[dict]:
     """The evaluate step's graft and baselines as sweep rows (accuracy, ECE, OOD) at their budget."""
     out = []
     for name in METHOD_ORDER:
-        label = _label_of(ev["rows"], None if name == "learned" else name)
-        row = _row(ev["rows"], label) if label else None
+        label, rows = _graft(ev) if name == "learned" else (_label_of(ev["rows"], name), ev["rows"])
+        row = _row(rows, label) if label else None
         if row is None:
             continue
         out.append({"method": name, "sparsity": DEFAULT_SPARSITY, "k": row["region_size"], "accuracy": row["accuracy"],
-                    "ece": row["ece"], "ood": {t: _row(ev["rows"], label, t, "OOD")["accuracy"] for t in ev["ood"]},
+                    "accuracy_std": row.get("accuracy_std"), "accuracy_seeds": row.get("accuracy_seeds"),
+                    "ece": row["ece"], "ece_std": row.get("ece_std"), "ood": {t: _row(rows, label, t, "OOD")["accuracy"] for t in ev["ood"]},
                     "ft_accuracy": ft_accuracy, "retained": _ratio(row["accuracy"], ft_accuracy)})
     return out
 
@@ -341,11 +369,11 @@ def build_report(scale: Scale, R: dict, log: list[dict], seconds: float) -> dict
     """report.json: one key per experiment, numbers only, and the findings (report.md says them in words)."""
     ev, sweep = R["evaluate"], R["sweep"]
     rows = ev["rows"]
-    graft_label = _label_of(rows)
-    ft, bare, graft = _row(rows, FT_LABEL), _row(rows, BODY_LABEL), _row(rows, graft_label)
+    graft_label, graft_rows = _graft(ev)
+    ft, bare, graft = _row(rows, FT_LABEL), _row(rows, BODY_LABEL), _row(graft_rows, graft_label)
     ood = {}
     for t in ev["ood"]:
-        f, g = _row(rows, FT_LABEL, t, "OOD"), _row(rows, graft_label, t, "OOD")
+        f, g = _row(rows, FT_LABEL, t, "OOD"), _row(graft_rows, graft_label, t, "OOD")
         ood[t] = {"ft": f["accuracy"], "graft": g["accuracy"], "retained": _ratio(g["accuracy"], f["accuracy"])}
     # the sweep leaves out the evaluated budget: its three regions come from the evaluate step
     sweep_rows = sorted(sweep["rows"] + _sweep_rows(ev, sweep["ft_accuracy"]),
@@ -361,6 +389,11 @@ def build_report(scale: Scale, R: dict, log: list[dict], seconds: float) -> dict
         "k": graft["region_size"], "sparsity": DEFAULT_SPARSITY,
         "accuracy": {"ft": ft["accuracy"], "bare": bare["accuracy"], "graft": graft["accuracy"],
                      "top_movement": baseline["top-movement"], "random": baseline["random"]},
+        "seeds": len(graft.get("accuracy_seeds") or ()) or 1, "graft_std": {
+            "accuracy": graft.get("accuracy_std"), "ece": graft.get("ece_std"),
+            "accuracy_seeds": graft.get("accuracy_seeds")},
+        "graft_minus_ft": {m: _paired(ev, graft_label, FT_LABEL, m) for m in ("accuracy", "ece")},
+        "graft_minus_top_movement": _paired(ev, graft_label, _label_of(rows, "top-movement"), "accuracy"),
         "retained": _ratio(graft["accuracy"], ft["accuracy"]),
         "gain_recovered": card.gain_recovered(graft["accuracy"], ft["accuracy"], bare["accuracy"]),
         "ood_transfer": ood,
@@ -445,6 +478,11 @@ def _p(x) -> str:
     return pct(x, 0, spaced=True)
 
 
+def _fs(x, std=None, digits: int = 3) -> str:
+    """A mean over seeds in the paper's way, "0.884 (0.010)"; one run's value alone."""
+    return _f(x, digits) + (f" ({std:.{digits}f})" if std is not None and x is not None else "")
+
+
 def _mean(values) -> float | None:
     known = [v for v in values if v is not None]
     return sum(known) / len(known) if known else None
@@ -471,12 +509,23 @@ def _header(report: dict) -> list[str]:
 def _single_task(report: dict) -> list[str]:
     s = report["single_task"]
     acc, low, sw = s["accuracy"], s["low_budget"], s["sweep"]
+    seeds, spread = s.get("seeds", 1), s.get("graft_std") or {}
+    over = f" (mean (std) over {seeds} mask-learning seeds)" if seeds > 1 else ""
     out = ["## 1. One skill, one small region (§3, Fig. 2, Tables 6–7)", "",
            f"Fine-tuned MiniLM on **{s['task']}** (test accuracy {_f(acc['ft'])}); the learned region at sparsity "
            f"{DEFAULT_SPARSITY:g} holds k = {s['k']:,} parameters. Its graft θ_pre + γ⊙(θ_ft − θ_pre) scores "
-           f"{_f(acc['graft'])}: **{_p(s['retained'])} of the fine-tuned accuracy**, and {_p(s['gain_recovered'])} of "
-           f"the fine-tuning gain over the bare pre-trained body ({_f(acc['bare'])}). Top-movement of the same size "
-           f"scores {_f(acc['top_movement'])}, a random region {_f(acc['random'])}.", ""]
+           f"{_fs(acc['graft'], spread.get('accuracy'))}{over}: **{_p(s['retained'])} of the fine-tuned accuracy**, and "
+           f"{_p(s['gain_recovered'])} of the fine-tuning gain over the bare pre-trained body ({_f(acc['bare'])}). "
+           f"Top-movement of the same size scores {_f(acc['top_movement'])}, a random region {_f(acc['random'])}.", ""]
+    said = []
+    for name, d, sign in (("graft − FT accuracy", (s.get("graft_minus_ft") or {}).get("accuracy"), 0),
+                          ("graft − FT ECE", (s.get("graft_minus_ft") or {}).get("ece"), -1),
+                          ("learned − top-movement", s.get("graft_minus_top_movement"), 1)):
+        if d:
+            said.append(f"- {name}: {difference(d)}" + (f" — {verdict(d, sign)}" if sign else ""))
+    if said:
+        out += [f"Differences on the same test examples (95 % intervals{'; over seeds they add the seeds’ spread' if seeds > 1 else ''}):",
+                "", *said, ""]
     if s["ood_transfer"]:
         parts = [f"{t}: graft {_f(v['graft'])} vs FT {_f(v['ft'])} ({_p(v['retained'])} kept)"
                  for t, v in s["ood_transfer"].items()]
@@ -487,14 +536,16 @@ def _single_task(report: dict) -> list[str]:
                 + (f" ({', '.join(better)})" if better else "") + ".", ""]
     oods = list(sw["ft_ood"])
     rows = [[FT_LABEL, "", "", _f(sw["ft_accuracy"]), "", _f(sw["ft_ece"]), *(_f(sw["ft_ood"][o]) for o in oods)]]
-    rows += [[r["method"], f"{r['sparsity']:g}", f"{r['k']:,}", _f(r["accuracy"]), _p(r["retained"]), _f(r["ece"]),
-              *(_f(r["ood"].get(o)) for o in oods)] for r in sw["rows"]]
-    out += ["Sparsity sweep (accuracy, share of FT kept, ECE, and accuracy out of distribution):", "",
+    rows += [[r["method"], f"{r['sparsity']:g}", f"{round(r['k']):,}", _fs(r["accuracy"], r.get("accuracy_std")),
+              _p(r["retained"]), _fs(r["ece"], r.get("ece_std")), *(_f(r["ood"].get(o)) for o in oods)]
+             for r in sw["rows"]]
+    out += ["Sparsity sweep (accuracy, share of FT kept, ECE, and accuracy out of distribution"
+            + (f"; mean (std) over {seeds} seeds" if seeds > 1 else "") + "):", "",
             markdown_table(["model", "sparsity", "k", "accuracy", "kept", "ECE", *(f"OOD {o}" for o in oods)], rows), ""]
     if low["learned"] is not None and low["top_movement"] is not None:
         d = low.get("margin_interval")
         out += [f"At the smallest budget ({low['sparsity']:g}) the learned region keeps {_p(low['retained'])} of FT; "
-                "learned − top-movement: " + (difference(d) + f" (paired 95 % interval; {verdict(d, 1)})" if d else
+                "learned − top-movement: " + (difference(d) + f" (95 % interval; {verdict(d, 1)})" if d else
                                               f"{100 * low['margin_over_top_movement']:+.1f} points") + ".", ""]
     return out + ["Made by:", "", _commands(report, "finetune", "sweep", "localize", "evaluate"), ""]
 
@@ -505,8 +556,10 @@ def _calibration_md(report: dict) -> list[str]:
            "The paper reports a 40–90 % lower expected calibration error (ECE, 10 bins) for the graft than for the "
            "fine-tuned model, with prompt-based fine-tuning (a fixed LM head). Here, per head setting:", ""]
     out += [markdown_table(["setting", "FT accuracy", "FT ECE", "graft accuracy", "graft ECE", "ECE change"],
-                           [[c["setting"], _f(c["ft"]["accuracy"]), _f(c["ft"]["ece"]), _f(c["graft"]["accuracy"]),
-                             _f(c["graft"]["ece"]), "–" if c["ece_change"] is None else f"{100 * c['ece_change']:+.0f} %"]
+                           [[c["setting"], _f(c["ft"]["accuracy"]), _f(c["ft"]["ece"]),
+                             _fs(c["graft"]["accuracy"], c["graft"].get("accuracy_std")),
+                             _fs(c["graft"]["ece"], c["graft"].get("ece_std")),
+                             "–" if c["ece_change"] is None else f"{100 * c['ece_change']:+.0f} %"]
                             for c in cal["settings"]]), ""]
     for c in cal["settings"]:
         d, said = c.get("ece_difference"), c.get("verdict")
@@ -517,8 +570,9 @@ def _calibration_md(report: dict) -> list[str]:
             continue
         words = {"reproduces": "reproduces", "contradicted": "does not reproduce",
                  "undecided": "is not decided at this n"}[said]
-        out.append(f"- {c['setting']}: graft − FT ECE {difference(d)} (paired 95 % interval on the same "
-                   f"{d['n']:,} test examples) — the finding **{words}** in this setting.")
+        over = f", {d['seeds']} seeds" if (d.get("seeds") or 1) > 1 else ""
+        out.append(f"- {c['setting']}: graft − FT ECE {difference(d)} (95 % interval on the same "
+                   f"{d['n']:,} test examples{over}) — the finding **{words}** in this setting.")
     out += [f"- not measured: {x}." for x in cal["not_measured"]]
     return out + ["", "Reliability diagrams side by side: `figures/calibration.html`. Made by:", "",
                   _commands(report, "evaluate", "finetune-frozen-head", "localize-frozen-head", "evaluate-frozen-head"), ""]

@@ -525,7 +525,8 @@ def evaluate(req: EvaluateRequest, progress: Progress | None = None, cancel=None
         for k in sorted({records[i].size for i in members}) or list(baselines):
             models.update(baselines.get(k, {}))
             contrasts += [(labels[i], other) for i in members if records[i].size == k for other in baselines.get(k, {})]
-        part = scoring.compare(pair, task_g, models, ood=oods[key], n=req.n, seed=req.seed, contrasts=contrasts,
+        part = scoring.compare(pair, task_g, models, ood=oods[key], n=req.n, seed=scoring.TEST_SAMPLE_SEED,
+                               contrasts=contrasts,
                                progress=progress, cancel=cancel).as_dict()
         for row in part["rows"]:
             row["method"] = kinds.get(row["model"])
@@ -619,8 +620,8 @@ def sweep(req: SweepRequest, progress: Progress | None = None, cancel=None, guar
         """(metrics in distribution, {OOD task: accuracy}, test predictions) of a graft; ``None`` is the fine-tuned
         model."""
         with (pair.finetuned() if region is None else pair.grafted(region)):
-            probs, labels = scoring.predict(pair, task, "test", req.n, seed=req.seed)
-            ood = {o.name: metrics.accuracy(*scoring.predict(pair, o, "test", req.n, seed=req.seed))
+            probs, labels = scoring.predict(pair, task, "test", req.n, seed=scoring.TEST_SAMPLE_SEED)
+            ood = {o.name: metrics.accuracy(*scoring.predict(pair, o, "test", req.n, seed=scoring.TEST_SAMPLE_SEED))
                    for o in oods}
             return metrics.metrics(probs, labels), ood, probs, labels
 
