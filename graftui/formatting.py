@@ -47,19 +47,24 @@ def _signed(x: float, digits: int) -> str:
     return f"{x:+.{digits}f}".replace("-", "−")
 
 
+def difference_value(d: dict, between: str = "") -> str:
+    """The number of a paired difference and its interval, "+3.2 pts [+0.9, +5.4]" (accuracy) or
+    "−0.012 [−0.020, −0.004]" (ECE); "+1.8 ± 0.9 pts" over seeds; ``between`` goes before the interval."""
+    scale, digits, unit = (100, 1, " pts") if d["metric"] == "accuracy" else (1, 3, "")
+    spread = f" ± {scale * d['diff_std']:.{digits}f}" if (d.get("seeds") or 1) > 1 and d.get("diff_std") is not None else ""
+    lo, hi = d["ci"]
+    return (f"{_signed(scale * d['diff'], digits)}{spread}{unit}{between} "
+            f"[{_signed(scale * lo, digits)}, {_signed(scale * hi, digits)}]")
+
+
 def difference(d: dict, said: str = "") -> str:
     """A paired difference with its interval: "+3.2 pts [+0.9, +5.4]" for accuracy, "−0.012 [−0.020, −0.004]"
     for ECE, then ``said`` (" over top-movement"), then ": not distinguishable at n = 500" where the
     interval holds zero. Over several seeds (``diff_std``): "+1.8 ± 0.9 pts over 3 seeds [t-interval]"
     and in how many seeds the paired interval alone excludes zero."""
     lo, hi = d["ci"]
-    accuracy = d["metric"] == "accuracy"
-    scale, digits, unit = (100, 1, " pts") if accuracy else (1, 3, "")
     m = d.get("seeds") or 1
-    spread = f" ± {scale * d['diff_std']:.{digits}f}" if m > 1 and d.get("diff_std") is not None else ""
-    text = f"{_signed(scale * d['diff'], digits)}{spread}{unit}"
-    text += f" over {m} seeds" if m > 1 else ""
-    text += f" [{_signed(scale * lo, digits)}, {_signed(scale * hi, digits)}]{said}"
+    text = difference_value(d, f" over {m} seeds" if m > 1 else "") + said
     if m > 1:
         text += f" (each seed's paired interval excludes zero in {d.get('distinguishable_in', 0)} of {m})"
     if lo > 0 or hi < 0:

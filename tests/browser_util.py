@@ -176,6 +176,16 @@ def shows_ended(line: str, job_id: str) -> bool:
     return f"[{job_id}]" in line and ("· done" in line or "failed" in line or "cancelled" in line)
 
 
+def submit_job(page, button: str, timeout_s: float = 60.0) -> str:
+    """Press ``button`` and return the id of the job it submitted, once the header names that job (the header may
+    still name an earlier one when the button is pressed)."""
+    before = job_id_from_status(page)
+    page.click(button)
+    page.wait_for_function("id => { const m = /\\(job (\\S+?)\\)/.exec(document.querySelector('#status-message').innerText); "
+                           "return m && m[1] !== id; }", arg=before or "", timeout=timeout_s * 1000)
+    return job_id_from_status(page)
+
+
 def run_job(page, button: str, status: str, picker: str, timeout_s: float = 300.0) -> tuple[str, float]:
     """Press ``button``, then wait until the job it submitted is shown finished in ``status``.
 
@@ -235,6 +245,42 @@ def table_rows(page, elem_id: str) -> list[list[str]]:
     return page.eval_on_selector_all(
         f"#{elem_id} [role=row].virtual-row",
         "rows => rows.map(r => Array.from(r.querySelectorAll('[role=gridcell]')).map(c => c.innerText.trim()))")
+
+
+# How a Gradio Dataframe is laid out: each cell (header or body) cut off by its column (its text wider than the cell);
+# each number cell whose text takes two lines or more ("0.8 / 29", "100 / .0%"); the table's width against the
+# width it is shown in, and whether the rest can be scrolled to; and where each header's right edge lies in the
+# shown width (a column whose header ends past it is behind a sideways scroll).
+TABLE_FIT = r"""(id) => {
+  const block = document.getElementById(id), vp = block.querySelector('.virtual-table-viewport');
+  const NUMBER = /^([-+−]?\d[\d,.]*\s?(%|pts|s|min)?(\s\[[^\]]*\])?|\d{4}-\d\d-\d\dT[\d:]+Z)$/;
+  const lines = (el) => { const r = document.createRange(); r.selectNodeContents(el);
+    return new Set([...r.getClientRects()].filter(x => x.width > 0).map(x => Math.round(x.top))).size; };
+  const cut = [], wrapped = [], headers = [];
+  const left = vp.getBoundingClientRect().left;
+  for (const cell of block.querySelectorAll('th.header-cell, [role=gridcell]')) {
+    const inner = cell.querySelector('span') || cell, text = (inner.innerText || '').trim();
+    if (cell.scrollWidth > cell.clientWidth + 1 || inner.scrollWidth > inner.clientWidth + 1) cut.push(text);
+    if (cell.matches('[role=gridcell]') && NUMBER.test(text) && lines(inner) > 1) wrapped.push(text);
+    if (cell.matches('th')) headers.push([text, Math.round(cell.getBoundingClientRect().right - left)]);
+  }
+  const overflow = getComputedStyle(vp).overflowX;
+  return {cut, wrapped, headers, shown: vp.clientWidth, width: vp.scrollWidth,
+          scrolls: overflow === 'auto' || overflow === 'scroll',
+          rows: block.querySelectorAll('[role=row].virtual-row').length};
+}"""
+
+
+def table_fit(page, elem_id: str, timeout_s: float = 10.0) -> dict:
+    """How the Dataframe ``#elem_id`` is laid out (``TABLE_FIT``) once it holds still: a table measures its columns
+    again in the frames after a resize or new rows, so it is read until two readings 200 ms apart agree."""
+    last, deadline = None, time.monotonic() + timeout_s
+    while True:
+        now = page.evaluate(TABLE_FIT, elem_id)
+        if now == last or time.monotonic() > deadline:
+            return now
+        last = now
+        page.wait_for_timeout(200)
 
 
 def plotly_trace_types(page, elem_id: str) -> list[str]:

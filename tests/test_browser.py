@@ -160,6 +160,28 @@ def test_localize_runs_and_its_region_is_listed(page):
     assert bu.plotly_trace_types(page, "localize-plot"), "the live plot of the mask steps is not drawn"
 
 
+def test_a_running_job_shows_its_step_and_time_left_and_a_reload_says_it_runs(page, server):
+    """The job's line counts its steps and says the time left at the pace measured so far; a reloaded page's header
+    names the job that runs (not "Ready"), and the banner goes once it ends."""
+    bu.open_tab(page, "localize")
+    page.fill("#localize-steps input", "100")  # long enough to watch, cancelled below
+    page.press("#localize-steps input", "Tab")
+    job = bu.submit_job(page, "#localize-run")
+    page.wait_for_function("id => { const t = document.querySelector('#localize-status').innerText; "
+                           "return t.includes(id) && /step \\d+\\/100, about \\d+ (s|min) left/.test(t); }", arg=job,
+                           timeout=120_000)
+    bu.wait_usable(page, server.url, timeout_s=90)  # a new load of the page while the job runs
+    header = bu.text(page, "#status-message")
+    assert "Ready" not in header and "Running: " in header and f"(job {job})" in header, header
+    assert re.search(r"step \d+/100", header), header
+    bu.open_tab(page, "localize")
+    page.click("#localize-cancel")
+    page.wait_for_function("id => { const t = document.querySelector('#localize-status').innerText; "
+                           "return t.includes(id) && t.includes('cancelled'); }", arg=job, timeout=60_000)
+    page.fill("#localize-steps input", "10")  # the form is kept: the default again for the tests that follow
+    page.press("#localize-steps input", "Tab")
+
+
 def test_compare_shows_finetuned_and_the_graft(page):
     region = _need("region1")
     bu.open_tab(page, "compare")
@@ -168,15 +190,21 @@ def test_compare_shows_finetuned_and_the_graft(page):
     print(f"[browser] comparison: {took:.1f} s")
     assert "· done" in line, f"comparison did not finish: {line}"
     # the result card under the job's line says what the table means
-    assert re.search(r"keeps \d+ % of the fine-tuned accuracy (and recovers \d+ % of|but scores below the bare pre-trained "
+    assert re.search(r"keeps \d+ % of the fine-tuned accuracy (\([^)]*\) )?(and recovers \d+ % of|but scores below the bare pre-trained "
                      r"body \(-\d+ % of) the fine-tuning gain", line), line
-    assert re.search(r"pts (over|below) a random region of the same size", line) and "Calibration:" in line, line
+    assert re.search(r"pts \[[^\]]*\] against a random region of the same size", line) and "Calibration:" in line, line
     STATE["compare_job"] = re.search(r"\[(\S+?)\]", line).group(1)
     page.wait_for_function("() => document.querySelectorAll('#compare-table [role=row].virtual-row').length >= 2",
                            timeout=30_000)
     models = [r[0] for r in bu.table_rows(page, "compare-table") if r]
     assert "fine-tuned" in models, models
     assert region in models and "Top movement" in models, models
+    page.wait_for_function("() => document.querySelectorAll('#compare-differences [role=row].virtual-row').length >= 2",
+                           timeout=30_000)  # the paired differences, each read against its interval
+    diffs = {r[0]: r for r in bu.table_rows(page, "compare-differences") if r}
+    assert f"{region} − fine-tuned" in diffs, list(diffs)
+    assert all(r[6] in ("a is higher", "a is lower") or r[6].startswith("not distinguishable at n = 64")
+               for r in diffs.values()), diffs
     # every row is in the table, none behind an inner scroll: 5 models × (movies + 2 OOD tasks) at 1400×1000
     assert len(models) == 15, models
     page.set_viewport_size({"width": 1400, "height": 1000})
@@ -226,6 +254,30 @@ def test_wise_curves_in_the_laboratory(page):
                            "return p && p.data && p.data.length >= 6; }", timeout=30_000)
     names = page.evaluate("() => document.querySelector('#lab-wise-plot .js-plotly-plot').data.map(d => d.name)")
     assert any(n.startswith("WiSE-graft · movies") for n in names) and any(n.startswith("WiSE-FT · amazon") for n in names), names
+    page.wait_for_function("() => document.querySelectorAll('#lab-wise-table [role=row].virtual-row').length >= 12",
+                           timeout=30_000)  # the curves as numbers: 2 values of α × 2 curves × 3 tasks
+    rows = [r for r in bu.table_rows(page, "lab-wise-table") if r]
+    assert {(r[0], r[1]) for r in rows} == {(a, c) for a in ("0", "1") for c in ("WiSE-FT", "WiSE-graft")}, rows
+    assert all(re.fullmatch(r"\d+\.\d%", r[3]) and re.fullmatch(r"\d\.\d{3}", r[4]) for r in rows), rows
+
+
+def test_retraining_in_the_laboratory_fills_every_column(page):
+    region = _need("region1")
+    bu.open_tab(page, "lab")
+    bu.choose(page, "lab-retrain-region", region)
+    page.fill("#lab-retrain-train input", "64")
+    page.fill("#lab-retrain-n input", "32")
+    line, took = bu.run_job(page, "#lab-retrain-run", "#lab-retrain-status", "lab-retrain-job", timeout_s=JOB_S)
+    print(f"[browser] re-training: {took:.1f} s")
+    assert "· done" in line, f"re-training did not finish: {line}"
+    page.wait_for_function("() => document.querySelectorAll('#lab-retrain-table [role=row].virtual-row').length >= 5",
+                           timeout=30_000)
+    rows = {r[0]: r for r in bu.table_rows(page, "lab-retrain-table") if r and r[1] == "movies"}
+    assert {"graft", "re-trained graft", "BitFit (biases)"} <= set(rows), rows
+    for model in ("graft", "re-trained graft", "BitFit (biases)"):
+        assert re.fullmatch(r"-?\d+\.\d%", rows[model][5]), rows[model]  # share of FT gain
+    assert all(r[9] in ("balanced", "over-confident", "under-confident") for r in rows.values()), rows  # calibration
+    assert "fine-tuning learning rate" in bu.text(page, "#lab-retrain-note")
 
 
 # -- d. ------------------------------------------------------------------------------------------
@@ -301,6 +353,86 @@ def test_report_bundle_of_a_job_downloads(page, tmp_path):
         assert "keeps" in zf.read(f"{root}/README.md").decode()
 
 
+def test_a_tab_hidden_while_its_job_ended_shows_the_end_when_opened(page):
+    """A tab is polled only while open: its job's line, written when the job was submitted, must not outlive the job
+    once the tab is opened again (nor the header's banner, which every tab's poll replaces)."""
+    first, second = _need("region1"), _need("region2")
+    bu.open_tab(page, "compose")
+    for region in (first, second):
+        if region not in bu.text(page, "#compose-regions"):
+            bu.choose(page, "compose-regions", region)
+    page.click("#compose-resolve label:has-text('first region wins')")  # another request than test d's: a new job
+    job = bu.submit_job(page, "#compose-run")
+    bu.open_tab(page, "regions")
+    page.wait_for_function("id => document.querySelector('#status-message').innerText.includes(id + ') ended: done')",
+                           arg=job, timeout=JOB_S * 1000)  # the Regions tab's poll replaces the banner
+    assert bu.text(page, "#compose-status") and "· done" not in bu.text(page, "#compose-status")  # hidden: not polled
+    t0 = time.monotonic()
+    bu.open_tab(page, "compose")
+    page.wait_for_function("id => { const t = document.querySelector('#compose-status').innerText; "
+                           "return t.includes('[' + id + ']') && t.includes('· done'); }", arg=job, timeout=30_000)
+    print(f"[browser] the Compose tab showed its ended job {time.monotonic() - t0:.2f} s after it was opened")
+
+
+NARROW, WIDE = {"width": 800, "height": 900}, {"width": 1400, "height": 1000}
+TABLES_BY_TAB = {"localize": ["region-list", "jobs-table"], "compare": ["compare-table", "compare-differences"], "anatomy": ["anatomy-kinds"],
+                 "compose": ["compose-overlap-table", "compose-table"]}
+
+
+@pytest.mark.parametrize("viewport", [WIDE, NARROW], ids=["1400x1000", "800x900"])
+def test_no_table_is_cut_off_and_no_number_is_split(page, viewport):
+    """Every cell and header shows all of its text; a number is never split across lines; a table wider than the
+    page scrolls sideways to its last column; at 1400 px the saved regions show every column, the fine-tuned model
+    among them, without scrolling."""
+    _need("region2")  # the compositions of test d: every table has rows
+    page.set_viewport_size(viewport)
+    try:
+        for tab, tables in TABLES_BY_TAB.items():
+            bu.open_tab(page, tab)
+            for elem_id in tables:
+                page.wait_for_function("id => document.querySelectorAll('#' + id + ' [role=row].virtual-row').length >= 1",
+                                       arg=elem_id, timeout=30_000)
+                fit = bu.table_fit(page, elem_id)
+                assert not fit["cut"], f"{elem_id} at {viewport['width']} px cuts off {fit['cut'][:8]}"
+                assert not fit["wrapped"], f"{elem_id} at {viewport['width']} px splits numbers {fit['wrapped'][:8]}"
+                assert fit["width"] <= fit["shown"] + 1 or fit["scrolls"], f"{elem_id}: its last columns cannot be reached"
+                if elem_id == "region-list" and viewport is WIDE:
+                    assert fit["width"] <= fit["shown"] + 1, f"the saved regions need a sideways scroll: {fit['headers']}"
+                    assert "fine-tuned model" in [h for h, _ in fit["headers"]]
+    finally:
+        page.set_viewport_size(bu.VIEWPORT)
+
+
+def test_a_narrow_window_stacks_the_rows_and_keeps_the_plots_usable(page):
+    _need("region1")
+    page.set_viewport_size(NARROW)
+    try:
+        bu.open_tab(page, "anatomy")
+        page.wait_for_function("() => document.querySelector('#anatomy-heatmap .main-svg') && "
+                               "document.querySelector('#anatomy-bars .main-svg')", timeout=30_000)
+        box = {i: page.locator(f"#{i}").bounding_box() for i in
+               ("anatomy-region", "anatomy-mode", "anatomy-heatmap", "anatomy-bars", "anatomy-kinds")}
+        assert box["anatomy-mode"]["y"] >= box["anatomy-region"]["y"] + box["anatomy-region"]["height"] - 1, box
+        assert box["anatomy-kinds"]["y"] >= box["anatomy-bars"]["y"] + box["anatomy-bars"]["height"] - 1, box
+        # plots drawn at the narrow width (colouring by density draws them again) fill the stacked page
+        page.click("#anatomy-mode label:has-text('density')")
+        fits = ("() => { const w = document.querySelector('#tab-anatomy').getBoundingClientRect().width; "
+                "return ['anatomy-heatmap', 'anatomy-bars'].map(id => { "
+                "const b = document.querySelector('#' + id + ' .main-svg').getBoundingClientRect(); "
+                "return [id, Math.round(b.width), Math.round(b.height), Math.round(w)]; }); }")
+        try:
+            page.wait_for_function(f"() => ({fits})().every(([id, w, h, tab]) => w >= 0.9 * tab && w <= tab + 1 && h >= 300)",
+                                   timeout=30_000)
+        except Exception:
+            pytest.fail(f"the plots do not fit the narrow page (id, width, height, tab width): {page.evaluate(fits)}")
+        page.click("#anatomy-mode label:has-text('counts')")
+        bu.open_tab(page, "models")
+        base, ft = (page.locator(f"#{i}").bounding_box() for i in ("models-base", "models-finetuned"))
+        assert ft["y"] >= base["y"] + base["height"] - 1, (base, ft)
+    finally:
+        page.set_viewport_size(bu.VIEWPORT)
+
+
 # -- e. ------------------------------------------------------------------------------------------
 def test_region_file_downloads_and_loads(page, tmp_path):
     from graftui import regions
@@ -343,6 +475,12 @@ def test_corrupt_upload_gives_a_clear_message(page):
     assert "Traceback" not in body
     assert "internal error" not in body
     assert not STATE.get("page_errors"), f"JavaScript errors on the page: {STATE['page_errors'][:5]}"
+
+
+def test_an_error_in_the_header_goes_with_the_next_success_on_another_tab(page):
+    assert "⚠️" in bu.text(page, "#status-message")  # the corrupt upload of test f
+    bu.open_tab(page, "anatomy")  # opening it draws the picked region: a success
+    page.wait_for_function("() => !document.querySelector('#status-message').innerText.includes('⚠️')", timeout=30_000)
 
 
 # -- g. ------------------------------------------------------------------------------------------
@@ -411,6 +549,9 @@ def test_a_reload_keeps_the_form_and_the_uploaded_task(page, server):
     bu.open_tab(page, "localize")
     page.fill("#localize-steps input", "7")
     page.press("#localize-steps input", "Tab")
+    bu.open_tab(page, "lab")
+    page.fill("#lab-purify input", "3")
+    page.press("#lab-purify input", "Tab")
     time.sleep(1.5)  # the browser stores the form on change
     bu.wait_usable(page, server.url, timeout_s=90)  # a new load of the page, in the same browser
     page.wait_for_function("() => document.querySelector('#models-ood').innerText.includes('mine.csv')", timeout=30_000)
@@ -420,3 +561,7 @@ def test_a_reload_keeps_the_form_and_the_uploaded_task(page, server):
                            timeout=30_000)  # the preview beside the mapping is made again
     bu.open_tab(page, "localize")
     assert page.input_value("#localize-steps input") == "7"
+    bu.open_tab(page, "lab")  # the Laboratory's fields too: those set above and by the WiSE test
+    assert page.input_value("#lab-purify input") == "3"
+    assert page.input_value("#lab-wise-alphas textarea, #lab-wise-alphas input") == "0, 1"
+    assert page.input_value("#lab-wise-n input") == "32"

@@ -257,19 +257,19 @@ def test_uploads_of_the_wrong_kind_too_large_or_forged_are_refused(server, files
 LOCALIZE = ("minilm", "minilm-movies", "movies", "(guess)", "(none)", "(guess)", "learned")
 
 
-@pytest.mark.parametrize("field, value, cli_flag, needle", [
-    ("steps", 0, "--steps", "--steps must be at least 1"),
-    ("steps", -5, "--steps", "--steps must be at least 1"),
-    ("lr", 0, "--lr", "must be a positive number"),
-    ("lr", -1, "--lr", "must be a positive number"),
-    ("epc", 0, "--examples-per-class", "at least 1"),
+@pytest.mark.parametrize("field, value, cli_flag, needle, app_needle", [
+    ("steps", 0, "--steps", "--steps must be at least 1", "Mask steps must be at least 1"),
+    ("steps", -5, "--steps", "--steps must be at least 1", "Mask steps must be at least 1"),
+    ("lr", 0, "--lr", "must be a positive number", "must be a positive number"),
+    ("lr", -1, "--lr", "must be a positive number", "must be a positive number"),
+    ("epc", 0, "--examples-per-class", "at least 1", "at least 1"),
 ])
-def test_mask_learning_settings_are_checked_alike(server, field, value, cli_flag, needle):
+def test_mask_learning_settings_are_checked_alike(server, field, value, cli_flag, needle, app_needle):
     cli_refuses(["localize", "--task", "movies", cli_flag, value], needle)
     sid = server.session()
     values = {"log_s": -3, "steps": 5, "epc": 8, "lr": 0.02, field: value}
     server.refuses("/on_localize", (sid, *LOCALIZE, values["log_s"], values["steps"], values["epc"], values["lr"],
-                                    "auto", "", ""), needle)
+                                    "auto", "", ""), app_needle)  # the app names the widget, the CLI its flag
     assert own_jobs(sid) == []  # refused before any job was queued
 
 

@@ -733,8 +733,17 @@ def test_localize_compare_compose_export_jobs_end_to_end(home, tiny_checkpoints)
     assert set(ids) == {learned.result["region"], other.result["region"]}
 
     cmp = finish(actions.submit_compare(runner, region_ids=[learned.result["region"]], ood=["amazon"], n=16, baselines=True))
-    table, rel, hist, note, side = compare.render_compare(cmp)
+    table, diffs, rel, hist, note, side = compare.render_compare(cmp)
     assert set(table["model"]) >= {"fine-tuned", "pre-trained body + FT head", "Top movement", "Random", learned.result["region"]}
+    # every paired difference of the job as a row: the graft against FT and each baseline, accuracy and ECE
+    region = learned.result["region"]
+    assert {f"{region} − fine-tuned", f"{region} − Random", f"{region} − Top movement"} <= set(diffs["a − b"])
+    assert len(diffs) == len(cmp.result["differences"]) and set(diffs["metric"]) == {"accuracy", "ece"}
+    for d, (_, row) in zip(cmp.result["differences"], diffs.iterrows()):
+        lo, hi = d["ci"]
+        assert (row["reading"] == "a is higher") == (lo > 0) and (row["reading"] == "a is lower") == (hi < 0)
+        assert row["reading"].startswith("not distinguishable at n = 16") == (lo <= 0 <= hi)
+        assert (row["McNemar p"] == "") == (d["metric"] != "accuracy")
     assert set(table["task"]) == {"movies", "amazon"}
     bad = runner.wait(actions.submit_compare(runner, region_ids=[learned.result["region"]], ood=["bbc"], n=16,
                                              baselines=False).id, timeout=240)
@@ -860,3 +869,202 @@ def test_user_text_is_shown_as_text_and_a_hosted_page_names_no_server_path(home,
     monkeypatch.setattr(store, "default_ready", lambda key=None: True)
     config = json.dumps(app.build_app().get_config_file(), default=str)
     assert str(home) not in config and "/work" not in config
+
+
+# -- the page tells the truth at a glance -------------------------------------------------------------
+def _handler(demo, name: str):
+    """The function wired to a page event under ``name`` (the session id first, then its inputs)."""
+    return next(fn for fn in demo.fns.values() if fn.name == name)
+
+
+def test_a_running_jobs_line_shows_its_step_and_the_time_left_at_its_measured_pace():
+    from graftui.jobs import Job
+    from graftui.ui import actions
+
+    # loading took 30 s before the first step; then 2 s a step: 28 steps left → 56 s, not (30 + 22) / 12 × 28
+    steps = [{"stage": "mask learning", "step": i, "steps": 40, "time": 30.0 + 2 * (i - 1)} for i in range(1, 13)]
+    job = Job("j1", "localize", "Localize x", {}, status="running", progress=steps, fraction=0.3, message="mask learning")
+    line = actions.job_status_line(job)
+    assert "step 12/40, about 56 s left" in line, line
+    assert actions.step_progress(job) == (12, 40, pytest.approx(56.0))
+    one = Job("j2", "localize", "x", {}, status="running", progress=steps[:1], message="mask learning")
+    assert "step 1/40" in actions.job_status_line(one) and "left" not in actions.job_status_line(one)  # no pace yet
+    moved_on = Job("j3", "sweep", "x", {}, status="running", progress=steps, message="evaluating on movies")
+    assert "step" not in actions.job_status_line(moved_on)  # its stage has no steps: an old step is not shown
+    said = Job("j4", "retrain", "x", {}, status="running", message="training the graft: step 12/40",
+               progress=[{**p, "stage": "training the graft: step 12/40"} for p in steps])
+    assert actions.job_status_line(said).count("step 12/40") == 1  # the stage says it already: said once
+    slow = Job("j5", "finetune", "x", {}, status="running", message="mask learning",
+               progress=[{**p, "time": 60.0 * p["step"]} for p in steps])
+    assert "about 28 min left" in actions.job_status_line(slow)
+
+
+def test_a_waiting_job_shows_its_place_in_the_queue(tmp_path):
+    from graftui.jobs import JobRunner
+    from graftui.ui import actions
+
+    runner = JobRunner(tmp_path / "jobs")
+    release = threading.Event()
+    try:
+        running = runner.submit("localize", "runs", lambda ctx: release.wait(30) and {})
+        first = runner.submit("compare", "waits first", lambda ctx: {})
+        second = runner.submit("compare", "waits second", lambda ctx: {})
+        deadline = time.time() + 10
+        while runner.get(running.id).status != "running" and time.time() < deadline:
+            time.sleep(0.02)
+        assert "queued · next in the queue" in actions.job_line(runner, first)
+        assert "queued · place 2 in the queue" in actions.job_line(runner, second)
+        rows = {r["id"]: r for r in actions.job_rows(runner).to_dict("records")}
+        assert rows[second.id]["progress"] == "place 2 in the queue"
+        before = actions.job_signature(runner)
+        runner.cancel(first.id)
+        assert actions.job_signature(runner) != before  # the table follows the queue
+        assert "next in the queue" in actions.job_line(runner, runner.get(second.id))
+    finally:
+        release.set()
+
+
+def test_a_reloaded_page_says_which_job_runs_and_then_how_it_ended(home, monkeypatch):
+    from graftui.ui import actions, app, store
+
+    monkeypatch.setattr(store, "default_ready", lambda key=None: True)
+    demo = app.build_app()
+    load = _handler(demo, "on_load")
+    assert load.fn("")[0].startswith("Ready.")
+    release = threading.Event()
+    job = store.runner().submit("localize", "Localize 'movies' slowly", lambda ctx: release.wait(30) and {})
+    waiting = store.runner().submit("compare", "Compare later", lambda ctx: {})
+    try:
+        deadline = time.time() + 10
+        while store.runner().get(job.id).status != "running" and time.time() < deadline:
+            time.sleep(0.02)
+        banner = load.fn("")[0]
+        assert "Ready" not in banner and f"Running: **Localize 'movies' slowly** (job {job.id})" in banner, banner
+        assert "1 more job(s) waiting" in banner
+        assert actions.settled_banner(banner) is None  # while it runs, the banner stays
+    finally:
+        release.set()
+    store.runner().runner.wait(job.id, 30)
+    store.runner().runner.wait(waiting.id, 30)
+    assert f"(job {job.id}) ended: done" in actions.settled_banner(banner)
+
+
+def test_an_error_in_the_header_is_cleared_by_the_next_success_on_any_tab(home, monkeypatch):
+    import gradio as gr
+
+    from graftui.ui import app, store
+
+    monkeypatch.setattr(store, "default_ready", lambda key=None: True)
+    demo = app.build_app()
+    compare, overlap = _handler(demo, "on_compare"), _handler(demo, "on_overlap")
+    by_id = {b.elem_id: b for b in demo.blocks.values() if getattr(b, "elem_id", None)}
+    status, flag = by_id["status-message"], compare.outputs[-1]
+    assert isinstance(flag, gr.State) and overlap.outputs[-1] is flag  # one flag per page, read and written by both
+
+    failed = compare.fn("", [], [], "", 10, True, False)  # the Compare tab: no region picked
+    assert failed[status].startswith("⚠️ pick at least one region") and failed[flag] is True
+    cleared = overlap.fn("", [], "overlap", True)  # then a success on the Compose tab, which writes no message
+    assert cleared[overlap.outputs.index(status)] == "" and cleared[-1] is False
+    kept = overlap.fn("", [], "overlap", False)  # with no error shown, the line (a banner, say) is left alone
+    assert kept[overlap.outputs.index(status)] == gr.skip() and kept[-1] == gr.skip()
+
+
+def test_web_errors_name_the_widget_not_the_cli_flag(home, monkeypatch):
+    from types import SimpleNamespace
+
+    from graftui.errors import RequestError
+    from graftui.ui import app, store
+    from graftui.ui.wiring import friendly_message, in_words
+
+    steps = SimpleNamespace(label="Mask steps")
+    assert in_words("--steps must be at least 1, got 0", {"steps": steps}) == "Mask steps must be at least 1, got 0"
+    assert in_words("--purify-steps must be 0 or more") == "Purify steps must be 0 or more"  # no widget: in words
+    assert in_words("the region names no fine-tuned model; give --finetuned REF",
+                    {"finetuned": SimpleNamespace(label="Fine-tuned model θ_ft")}) == \
+        "the region names no fine-tuned model; give Fine-tuned model θ_ft"
+    assert in_words("--group: 'x' is not one of --tasks (a, b)", {"tasks": "Tasks", "group": "Union (empty: all)"}) == \
+        "Union: 'x' is not one of Tasks (a, b)"
+    assert in_words("a pre--trained 'my--file.csv'") == "a pre--trained 'my--file.csv'"  # not flags
+    assert friendly_message(RequestError("--n must be at least 1, got 0")) == "N must be at least 1, got 0"
+
+    monkeypatch.setattr(store, "default_ready", lambda key=None: True)
+    demo = app.build_app()
+    localize = _handler(demo, "on_localize")
+    by_id = {b.elem_id: b for b in demo.blocks.values() if getattr(b, "elem_id", None)}
+    out = localize.fn("", "minilm", "minilm-movies", "movies", "(guess)", "(none)", "(guess)", "learned", -3, 0, 8, 0.02,
+                      "auto", "", "", False)
+    assert out[by_id["status-message"]] == "⚠️ Mask steps must be at least 1, got 0"
+    assert out[by_id["localize-status"]] == "⚠️ Mask steps must be at least 1, got 0"  # beside the button too
+    multitask = _handler(demo, "on_multitask")
+    out = multitask.fn("", ["movies", "amazon"], [], -3, "empty", 5, -1, 10, False)
+    assert out[by_id["status-message"]] == "⚠️ Purification steps must be 0 or more, got -1"
+
+
+def test_the_laboratory_shows_its_findings_in_tables():
+    from types import SimpleNamespace
+
+    from graftui.ui.tabs import laboratory
+
+    rows = [{"curve": c, "alpha": a, "task": t, "distribution": "in" if t == "movies" else "OOD", "n": 10,
+             "accuracy": acc, "ece": 0.1} for c in ("WiSE-FT", "WiSE-graft") for a in (0.0, 1.0)
+            for t, acc in (("movies", 0.5 + a / 4), ("amazon", 0.6))]
+    plot, table = laboratory.render_wise(SimpleNamespace(result={"rows": rows}))
+    assert list(table.columns) == ["α", "curve", "task", "accuracy ↑", "ECE ↓"] and len(table) == 8
+    assert table.iloc[0].tolist() == ["0", "WiSE-FT", "movies", "50.0%", "0.100"]  # both curves side by side at each α
+    assert table.iloc[1]["curve"] == "WiSE-graft" and table.iloc[2]["task"] == "amazon (OOD)"
+    assert table.iloc[4].tolist() == ["1", "WiSE-FT", "movies", "75.0%", "0.100"]
+
+    def row(model, acc, size=None):
+        return {"model": model, "task": "movies", "distribution": "in", "n": 100, "accuracy": acc, "f1": 0.5, "ece": 0.05,
+                "confidence": acc + 0.2, "agreement_with_ft": 0.9, "region_size": size}
+
+    res = {"rows": [row("fine-tuned", 0.9), row("pre-trained body + FT head", 0.5), row("graft", 0.8, 10),
+                    row("re-trained graft", 0.7, 10), row("BitFit (biases)", 0.5, 20)],
+           "reliability": {}, "task": "movies"}
+    table, _ = laboratory.render_retrain(SimpleNamespace(result=res))
+    gains = dict(zip(table["model"], table["share of FT gain"]))
+    assert gains["graft"] == "75.0%" and gains["re-trained graft"] == "50.0%" and gains["BitFit (biases)"] == "0.0%"
+    assert set(table["calibration"]) == {"over-confident"}  # mean confidence 20 points above accuracy
+    assert "fine-tuning learning rate" in laboratory.RETRAIN_NOTE and "bare" in laboratory.RETRAIN_NOTE
+
+
+def test_the_laboratory_fields_are_kept_across_reloads(home, monkeypatch):
+    from graftui.ui import app, store
+
+    monkeypatch.setattr(store, "default_ready", lambda key=None: True)
+    demo = app.build_app()
+    kept = {b.elem_id for b in _handler(demo, "remember").inputs}
+    lab = {"lab-tasks", "lab-group", "lab-start", "lab-budget", "lab-steps", "lab-purify", "lab-n", "lab-wise-region",
+           "lab-wise-alphas", "lab-wise-n", "lab-retrain-region", "lab-retrain-epochs", "lab-retrain-train",
+           "lab-retrain-n", "lab-continual-tasks", "lab-continual-budget", "lab-continual-n", "lab-reproduce-quick"}
+    assert lab <= kept, lab - kept
+    restore = _handler(demo, "restore")
+    assert [b.elem_id for b in restore.outputs] == [b.elem_id for b in _handler(demo, "remember").inputs]
+
+
+def test_number_columns_are_never_wrapped():
+    from graftui.ui import actions, app
+
+    css = app.launch_options()["css"]
+    at = actions.COMPARE_COLUMNS.index("accuracy ↑ [95 % CI]")
+    assert f'#compare-table [role=gridcell][data-col="{at}"] span' in css
+    assert f"#compare-table .sizing-body td:nth-child({at + 1})" in css
+    assert '#compare-table [role=gridcell][data-col="0"]' not in css  # model names wrap
+    assert '#region-list [role=gridcell][data-col="8"]' in css  # created (UTC)
+    assert all(elem_id in css for elem_id in app.TABLES)
+    assert ".gradio-container " not in css  # Gradio scopes every rule itself: a rule starting with it matches nothing
+
+
+def test_the_differences_table_reads_replicate_groups_over_seeds():
+    from graftui.ui.actions import differences_table
+
+    one = {"a": "r", "b": "fine-tuned", "task": "movies", "distribution": "in", "metric": "accuracy", "diff": 0.032,
+           "ci": [0.009, 0.054], "n": 500, "p": 0.0123}
+    group = {**one, "a": "r (seeds 0, 1, 2)", "metric": "ece", "diff": -0.004, "diff_std": 0.002, "ci": [-0.02, 0.01],
+             "p": None, "seeds": 3}
+    table = differences_table({"differences": [one], "replicates": [{"name": "r (seeds 0, 1, 2)", "differences": [group]}]})
+    first, second = table.iloc[0], table.iloc[1]
+    assert first["difference [95 % CI]"] == "+3.2 pts [+0.9, +5.4]" and first["McNemar p"] == "0.0123"
+    assert first["reading"] == "a is higher"
+    assert second["difference [95 % CI]"] == "−0.004 ± 0.002 (3 seeds) [−0.020, +0.010]"
+    assert second["reading"] == "not distinguishable across 3 seeds" and second["McNemar p"] == ""

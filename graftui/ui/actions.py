@@ -17,13 +17,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from .. import bundle, flows, hosted, settings
+from .. import bundle, card, flows, hosted, settings
 from ..card import wilson
 from ..config import DEFAULT_BASE, DEFAULT_EXAMPLES_PER_CLASS, DEFAULT_FINETUNED, Budget, GraftableSpec, is_default_finetuned
 from ..data import OFFLINE_TASKS, all_as_test, preview
 from ..errors import ModelError, RegionError
 from ..hosted import check_rows, check_upload, safe_name, save_upload
-from ..formatting import num, pct
+from ..formatting import difference_value, minutes, num, pct
 from ..jobs import FINISHED, QUEUED, RUNNING, Job
 from ..localizers import get_method
 from ..paths import atomic_write, new_path, short_ref
@@ -56,7 +56,7 @@ def job_rows(runner, limit: int = 40) -> pd.DataFrame:
             "kind": job.kind,
             "title": job.title,
             "status": job.status,
-            "progress": f"{100 * job.fraction:.0f} %" if job.status != QUEUED else "",
+            "progress": f"{100 * job.fraction:.0f} %" if job.status != QUEUED else queue_words(runner.place(job.id)),
             "duration": _duration(job),
             "message": job.error or job.message,
         })
@@ -65,7 +65,55 @@ def job_rows(runner, limit: int = 40) -> pd.DataFrame:
 
 def job_signature(runner) -> tuple:
     """Changes whenever anything shown in the jobs table changes."""
-    return tuple((j.id, j.status, round(j.fraction, 2), j.message, int(j.duration or 0)) for j in runner.jobs()[:40])
+    return tuple((j.id, j.status, round(j.fraction, 2), j.message, int(j.duration or 0),
+                  runner.place(j.id) if j.status == QUEUED else None) for j in runner.jobs()[:40])
+
+
+def queue_words(place: int | None) -> str:
+    """A waiting job's place in the queue, as the page says it."""
+    if not place:
+        return ""
+    return "next in the queue" if place == 1 else f"place {place} in the queue"
+
+
+PACE_STEPS = 10  # the pace of a stage is measured over its last steps
+
+
+def step_progress(job: Job) -> tuple[int, int, float | None] | None:
+    """(step, steps, seconds left) of a running job's current stage, from its progress events: the pace is the
+    time its last steps took (their ``time`` stamps), so the loading before the first step does not count;
+    no estimate before two steps. None when the job is not stepping (no steps yet, or its stage moved on)."""
+    if job is None or job.status != RUNNING:
+        return None
+    events = [p for p in job.progress if "step" in p and "steps" in p]
+    if not events:
+        return None
+    last = events[-1]
+    step, steps = int(last["step"]), int(last["steps"])
+    if step >= steps or ("stage" in last and last["stage"] != job.message):
+        return None
+    run = [last]  # this stage's steps: counting up to the same total
+    for p in reversed(events[:-1]):
+        if p["steps"] != steps or p["step"] >= run[-1]["step"] or len(run) > PACE_STEPS:
+            break
+        run.append(p)
+    first = run[-1]
+    if len(run) < 2 or "time" not in first or "time" not in last:
+        return step, steps, None
+    pace = (last["time"] - first["time"]) / (step - first["step"])
+    return step, steps, max(0.0, pace * (steps - step))
+
+
+def step_words(job: Job) -> str:
+    """" · step 12/40, about 30 s left" for a stepping job (the step alone while the pace is unknown); else ""."""
+    got = step_progress(job)
+    if got is None:
+        return ""
+    step, steps, left = got
+    parts = [] if f"step {step}/{steps}" in (job.message or "") else [f"step {step}/{steps}"]  # its stage says it
+    if left is not None:
+        parts.append(f"about {'1 s' if left < 1 else minutes(left)} left")
+    return "".join(f" · {p}" for p in parts[:1]) + "".join(f", {p}" for p in parts[1:])
 
 
 def job_choices(runner, kinds: tuple[str, ...] | None = None) -> list[tuple[str, str]]:
@@ -89,12 +137,14 @@ def shown_job(runner, picked: str, kinds: tuple[str, ...]) -> Job | None:
     return job if job is not None and job.kind in kinds else None
 
 
-def job_status_line(job: Job | None) -> str:
-    """One Markdown line about a job, with its error text when it failed (never a traceback)."""
+def job_status_line(job: Job | None, place: int | None = None) -> str:
+    """One Markdown line about a job: how far it is (its step, and the time left at its measured pace), or its
+    ``place`` in the queue while it waits, its result, or its error text when it failed (never a traceback)."""
     if job is None:
         return "No job yet."
-    running = f" — {100 * job.fraction:.0f} %" if job.status == RUNNING else ""
-    text = f"**{md(job.title)}** [{job.id}] · {job.status}{running}"  # titles, messages and notes quote user text
+    running = f" — {100 * job.fraction:.0f} %{step_words(job)}" if job.status == RUNNING else ""
+    waiting = f" · {queue_words(place)}" if job.status == QUEUED and place else ""
+    text = f"**{md(job.title)}** [{job.id}] · {job.status}{running}{waiting}"  # titles, messages and notes quote user text
     if job.status == "failed":
         return text + f"\n\n⚠️ {md(job.error)}"
     if job.message and job.message not in {job.status, "done"}:
@@ -116,12 +166,36 @@ def job_status_line(job: Job | None) -> str:
     return text
 
 
+def job_line(runner, job: Job | None) -> str:
+    """``job_status_line`` with the job's place in ``runner``'s queue."""
+    return job_status_line(job, runner.place(job.id) if job is not None and job.status == QUEUED else None)
+
+
 def submitted_line(job: Job) -> str:
     """The banner after a submission; ``settled_banner`` replaces it when the job ends."""
     return f"Submitted **{md(job.title)}** (job {job.id}); it runs in the background, see its progress below."
 
 
-_SUBMITTED = re.compile(r"Submitted \*\*.*\*\* \(job ([^)\s]+)\)", re.S)
+def active_banner(runner) -> str | None:
+    """The banner of a page opened while jobs run or wait (its own, or the server's): which one runs, how far it
+    is, and how many wait; ``settled_banner`` replaces it when that job ends. None when nothing runs or waits."""
+    jobs = runner.jobs()
+    running = [j for j in jobs if j.status == RUNNING]
+    waiting = [j for j in reversed(jobs) if j.status == QUEUED]  # oldest first
+    if not running and not waiting:
+        return None
+    job = (running or waiting)[0]
+    if job.status == RUNNING:
+        text = f"Running: **{md(job.title)}** (job {job.id}) — {100 * job.fraction:.0f} %{step_words(job)}"
+    else:
+        text = f"Waiting: **{md(job.title)}** (job {job.id}), {queue_words(runner.place(job.id)) or 'in the queue'}"
+    more = len(waiting) - (job.status == QUEUED)
+    if more:
+        text += f"; {more} more job(s) waiting"
+    return text + ". Its tab shows its progress; **Jobs** below lists every job."
+
+
+_SUBMITTED = re.compile(r"(?:Submitted|Running:|Waiting:) \*\*.*\*\* \(job ([^)\s]+)\)", re.S)
 
 
 def settled_banner(banner) -> str | None:
@@ -232,6 +306,7 @@ def load_task_checked(ref: str, columns: dict):
     return flows.get_task(ref, TaskFields(task=ref, **columns).data_spec(), store.guard())
 
 
+COUNT_COLUMNS = ["parameters", "count", "share of total"]
 COUNT_ROWS = [
     ("graftable", "graftable (may be in a region: shared body, embeddings excluded)"),
     ("head", "head-only (fine-tuned classifier, always taken from FT)"),
@@ -253,7 +328,7 @@ def counts_table(counts: dict | None) -> pd.DataFrame:
              "count": f"{int(counts[key]):,}" if key in counts else "not checked yet",
              "share of total": share(int(counts[key]) / total) if key in counts else ""}
             for key, label in COUNT_ROWS]
-    return pd.DataFrame(rows, columns=["parameters", "count", "share of total"])
+    return pd.DataFrame(rows, columns=COUNT_COLUMNS)
 
 
 def budget_text(log_sparsity: float, counts: dict | None) -> str:
@@ -496,6 +571,18 @@ def anatomy_of(region_id: str):
 
 
 # -- result tables ------------------------------------------------------------------------------
+# The headers under which the tables below (and the Laboratory's) hold numbers, dates and ids: the page never
+# wraps such a cell, so a number is never split across lines ("0.8 / 29"); the other cells wrap between words.
+NUMBER_COLUMNS = frozenset({
+    "n", "accuracy ↑ [95 % CI]", "share of FT gain", "Δ vs FT", "F1 ↑", "ECE ↓", "agree w/ FT", "k (params)",
+    "sparsity (fraction of graftable)", "accuracy ↑", "retained FT accuracy", "ECE ↓ (10 bins)", "test examples",
+    "Δ accuracy vs region alone", "params grafted", "|γi|", "|γj|", "|γi ∩ γj| shared params", "|γi ∩ γj| / |γj|",
+    "|γi ∩ γj| / |γi|", "IoU", "in region", "graftable", "density (in region / graftable)", "share of region",
+    "share of graftable", "created (UTC)", "progress", "duration", "count", "share of total", "size",
+    "relative gain", "accuracy", "parameters trained", "α", "difference [95 % CI]", "McNemar p",
+})
+
+
 def _pct(v) -> str:
     return pct(v, 1, missing="")
 
@@ -506,7 +593,6 @@ def _num(v, digits: int = 3) -> str:
 
 COMPARE_COLUMNS = ["model", "task", "dist.", "n", "accuracy ↑ [95 % CI]", "share of FT gain", "Δ vs FT", "F1 ↑", "ECE ↓",
                    "calibration", "agree w/ FT", "k (params)"]
-COMPARE_WIDTHS = ["20%", "7%", "5%", "5%", "12%", "7%", "8%", "6%", "6%", "10%", "7%", "7%"]  # fits 1280 px
 
 
 def compare_table(result: dict) -> pd.DataFrame:
@@ -532,6 +618,45 @@ def compare_table(result: dict) -> pd.DataFrame:
             "k (params)": "full model" if r["model"].startswith("fine-tuned") else ("0" if size is None else f"{size:,}"),
         })
     return pd.DataFrame(out, columns=COMPARE_COLUMNS)
+
+
+DIFFERENCE_COLUMNS = ["a − b", "task", "dist.", "metric", "difference [95 % CI]", "McNemar p", "reading"]
+
+
+def differences_table(result: dict) -> pd.DataFrame:
+    """Every paired difference of a result (a − b on the same test examples), those of its replicate groups over
+    seeds included: the number, its interval, and whether the interval tells the two apart."""
+    found = [*(result.get("differences") or ()), *(d for g in result.get("replicates") or () for d in g["differences"])]
+    out = []
+    for d in found:
+        lo, hi = d["ci"]
+        m = d.get("seeds") or 1
+        apart = "higher" if lo > 0 else "lower" if hi < 0 else None
+        out.append({"a − b": f"{d['a']} − {d['b']}", "task": d["task"],
+                    "dist.": "ID" if d.get("distribution", "in") == "in" else "OOD", "metric": d["metric"],
+                    "difference [95 % CI]": difference_value(d, f" ({m} seeds)" if m > 1 else ""),
+                    "McNemar p": "" if d.get("p") is None else f"{d['p']:.3g}",
+                    "reading": f"a is {apart}" if apart else
+                    (f"not distinguishable across {m} seeds" if m > 1 else f"not distinguishable at n = {d['n']:,}")})
+    return pd.DataFrame(out, columns=DIFFERENCE_COLUMNS)
+
+
+def retrain_table(result: dict) -> pd.DataFrame:
+    """The re-training's rows as a comparison's, with the same readings (share of FT gain, calibration), which
+    the re-training flow does not add to its rows."""
+    return compare_table({**result, "rows": card.annotate([dict(r) for r in result.get("rows") or []])})
+
+
+WISE_COLUMNS = ["α", "curve", "task", "accuracy ↑", "ECE ↓"]
+
+
+def wise_table(rows: list[dict]) -> pd.DataFrame:
+    """The WiSE curves as numbers, both curves side by side at each α."""
+    tasks = list(dict.fromkeys(r["task"] for r in rows))
+    out = [{"α": f"{r['alpha']:g}", "curve": r["curve"], "task": r["task"] + (" (OOD)" if r.get("distribution") == "OOD" else ""),
+            "accuracy ↑": _pct(r["accuracy"]), "ECE ↓": _num(r.get("ece"))}
+           for r in sorted(rows, key=lambda r: (r["alpha"], tasks.index(r["task"]), r["curve"]))]
+    return pd.DataFrame(out, columns=WISE_COLUMNS)
 
 
 SWEEP_COLUMNS = ["method", "sparsity (fraction of graftable)", "k (params)", "accuracy ↑", "retained FT accuracy", "ECE ↓ (10 bins)"]

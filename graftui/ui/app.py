@@ -21,12 +21,42 @@ TAB_NAMES = ("Models", "Fine-tune", "Localize", "Compare", "Anatomy", "Compose",
 TABS = {"models": models, "finetune": finetune, "localize": localize, "compare": compare, "anatomy": anatomy,
         "compose": compose, "lab": laboratory, "regions": regions}  # the name each tab's timer and panels go by
 POLL_SECONDS = 2.0  # status lines and job lists: often enough to watch
+TABLES = {  # each table's columns, by its elem_id: those in actions.NUMBER_COLUMNS are never wrapped
+    "region-list": actions.REGION_LIST_COLUMNS, "jobs-table": actions.JOB_COLUMNS, "models-counts": actions.COUNT_COLUMNS,
+    "compare-table": actions.COMPARE_COLUMNS, "compare-differences": actions.DIFFERENCE_COLUMNS, "lab-retrain-table": actions.COMPARE_COLUMNS,
+    "sweep-table": actions.SWEEP_COLUMNS + [f"OOD {i} ↑" for i in range(8)],  # and a column per OOD task, up to 8
+    "compose-table": actions.COMPOSE_COLUMNS, "compose-overlap-table": actions.OVERLAP_COLUMNS,
+    "anatomy-kinds": actions.WEIGHT_BIAS_COLUMNS, "lab-wise-table": actions.WISE_COLUMNS,
+    "lab-union-table": laboratory.MULTITASK_COLUMNS, "lab-continual-table": laboratory.CONTINUAL_COLUMNS,
+}
 CSS = """
-/* headers wrap between words, never inside one; a wide table scrolls sideways instead of clipping */
-.gradio-container table th, .gradio-container table th * { word-break: normal !important; overflow-wrap: normal !important;
-                                                          hyphens: none; }
-.gradio-container .table-wrap { overflow-x: auto !important; }
+/* A table's columns are as wide as its text needs when it is wrapped between words (never inside one), so a table
+   fits the page where it can, scrolls sideways where it cannot, and no header or cell is cut off. Gradio puts its
+   own scope (.gradio-container-N .contain) before every rule here. */
+.table-wrap { overflow-x: auto !important; }
+.table-wrap th, .table-wrap th *, .table-wrap [role=gridcell] span {
+    white-space: normal !important; word-break: normal !important; overflow-wrap: normal !important;
+    text-overflow: clip !important; hyphens: none; }
+.table-wrap [role=gridcell] span { overflow-wrap: break-word !important; }  /* only a word wider than its column */
+.table-wrap .sizing-body td { white-space: normal !important; }
+.table-wrap .header-content { overflow: visible !important; min-width: min-content !important; }
+/* A narrow window: the widgets of a row stack, each as wide as the page. */
+@media (max-width: 900px) {
+    .row > *:not(button), .row > .form > * { flex: 1 1 100% !important; min-width: 100% !important;
+                                             margin-left: 0 !important; margin-right: 0 !important; }
+}
 """
+
+
+def number_css(tables: dict[str, list[str]]) -> str:
+    """Rules that keep the number columns of ``tables`` on one line. A cell names its column by position only
+    (``data-col``; the hidden row the widths are measured from, by its place), so the rules go by position."""
+    rules = []
+    for elem_id, columns in tables.items():
+        for i, name in enumerate(columns):
+            if name in actions.NUMBER_COLUMNS or name.startswith("OOD "):
+                rules.append(f"#{elem_id} .sizing-body td:nth-child({i + 1}), #{elem_id} [role=gridcell][data-col=\"{i}\"] span")
+    return ",\n".join(rules) + " { white-space: nowrap !important; }\n" if rules else ""
 
 
 def build_app() -> gr.Blocks:
@@ -55,11 +85,13 @@ def build_app() -> gr.Blocks:
         def on_load(current, request: gr.Request = None):  # Gradio passes the page's request (its address)
             session = store.resume(current, request)  # the browser's own id while it lives, else a new workspace
             with store.session(session):
-                job = actions.submit_prepare(store.runner())
-            msg = "Ready. Start on **Models** (the offline default pair is preselected), then **Localize**."
+                runner = store.runner()
+                job = actions.submit_prepare(runner)
+                active = actions.active_banner(runner)  # a reloaded page says what still runs, not "Ready"
+            msg = active or "Ready. Start on **Models** (the offline default pair is preselected), then **Localize**."
             if job is not None:
-                msg = ("The default fine-tuned model (**minilm-movies**) is being prepared once, in the background "
-                       "(about two minutes on a CPU; see **Jobs** below). Everything that needs it waits for it.")
+                msg = (f"{active} The default fine-tuned model (**minilm-movies**) is being prepared once, in the "
+                       "background (about two minutes on a CPU). Everything that needs it waits for it.")
             if hosted:
                 msg += (" Your regions, uploads and jobs are private to this browser and kept "
                         f"{settings.SESSION_IDLE_HOURS:g} h after your last visit.")
@@ -68,10 +100,12 @@ def build_app() -> gr.Blocks:
         keep_form(page, demo.load(on_load, [sid], [status, sid]))
         poll_lists(page)
         timers = {name: gr.Timer(POLL_SECONDS, active=name == "models") for name in tabs}  # the first tab is open
+        opened = {}
         for name, tab in tabs.items():
             sigs = page.panels.get(name, [])
-            page.on(tab.select, _open_tab(name, sigs, timers), None, [*sigs, *timers.values()], show_progress="hidden")
-        page.poll.wire(timers, status, sid)
+            opened[name] = page.on(tab.select, _open_tab(name, sigs, timers), None, [*sigs, *timers.values()],
+                                   show_progress="hidden")
+        page.poll.wire(timers, status, sid, opened)
     return demo
 
 
@@ -157,7 +191,8 @@ def poll_lists(page: Page) -> None:
 
 def _open_tab(tab: str, sigs: list, timers: dict):
     """A tab's select handler: poll with its timer alone, and forget what its panels last drew (a plot
-    updated while its tab was hidden is drawn only at its next update, so the next tick draws them again)."""
+    updated while its tab was hidden is drawn only at its next update, so the tick that follows the handler
+    draws them again)."""
 
     def opened():
         return (*[None] * len(sigs), *[gr.Timer(active=name == tab) for name in timers])
@@ -171,7 +206,8 @@ def launch_options() -> dict:
     the page's early script (``pagescript``), which needs the page served by this server, not rendered by
     Gradio's Node server (``ssr_mode``)."""
     max_size = f"{int(settings.MAX_UPLOAD_MB)}mb" if settings.hosted() else None
-    return {"allowed_paths": store.served_dirs(), "max_file_size": max_size, "show_error": True, "css": CSS,
+    return {"allowed_paths": store.served_dirs(), "max_file_size": max_size, "show_error": True,
+            "css": CSS + number_css(TABLES),
             "app_kwargs": pagescript.app_kwargs(), "ssr_mode": False}
 
 

@@ -93,6 +93,10 @@ class Jobs:
         job = self.runner.get(job_id)
         return job if self._visible(job) else None
 
+    def place(self, job_id: str) -> int | None:
+        """A visible waiting job's place in the queue (1: next), among every session's jobs; None once it runs."""
+        return self.runner.place(job_id) if self.get(job_id) is not None else None
+
     def wait(self, job_id: str, timeout: float | None = None):
         return self.runner.wait(job_id, timeout) if self.get(job_id) else None
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +18,7 @@ from typing import Any, Callable
 import gradio as gr
 
 from ..errors import message
+from ..jobs import QUEUED
 from ..requests import choices_of
 from . import actions, store
 
@@ -28,17 +30,41 @@ LIVE_REDRAW_SECONDS = 8.0
 
 
 # -- error handling and sessions ---------------------------------------------------------------------
-def friendly_message(err: BaseException) -> str:
-    """One line a person can act on (graftui.errors.message); the traceback goes to the server log only."""
-    if isinstance(err, gr.Error):
-        return str(err.message)
-    return message(err)
+# a CLI flag in a message, with the metavar some messages put after it ("give --finetuned REF")
+FLAG = re.compile(r"(?<![\w-])--([a-z][a-z0-9-]*)(?: (?:REF|FILE|DIR|N)\b)?")
 
 
-def guarded(status, toast: bool = True, beside=None):
+def label_words(widget) -> str:
+    """A widget's label as a message names it: without the hint in brackets ("Training examples (0 = all)")."""
+    label = widget if isinstance(widget, str) else str(getattr(widget, "label", "") or "")
+    return re.sub(r"\s*\([^()]*\)\s*$", "", label).strip()
+
+
+def in_words(text: str, fields: dict | None = None) -> str:
+    """A message's CLI flags (``--steps``) as the page names them: the label of the widget that holds the field
+    ("Mask steps"), else the field in words; the library words its messages for the command line."""
+    fields = fields or {}
+
+    def name(m) -> str:
+        field = m.group(1).replace("-", "_")
+        return label_words(fields[field]) if fields.get(field) is not None else field.replace("_", " ")
+
+    out = FLAG.sub(name, text)
+    return out[:1].upper() + out[1:] if out != text and FLAG.match(text) else out
+
+
+def friendly_message(err: BaseException, fields: dict | None = None) -> str:
+    """One line a person can act on (graftui.errors.message), naming widgets where it names CLI flags
+    (``fields``: request field -> the widget, or words, that holds it); the traceback goes to the server log only."""
+    text = str(err.message) if isinstance(err, gr.Error) else message(err)
+    return in_words(text, fields)
+
+
+def guarded(status, toast: bool = True, beside=None, fields: dict | None = None):
     """Decorator: run a handler; on any exception show a warning and put the message in ``status``,
     and in ``beside`` too (the message line next to the control that failed, which also loses
-    whatever it said before, so no stale "✓" stays).
+    whatever it said before, so no stale "✓" stays). ``fields`` maps the request fields the handler
+    fills to their widgets, which the message names.
 
     The handler's outputs must include ``status`` (and ``beside``); on failure only they are updated
     (Gradio's dict return), every other output keeps its value. Polling handlers pass
@@ -52,14 +78,47 @@ def guarded(status, toast: bool = True, beside=None):
                 return fn(*args, **kwargs)
             except Exception as err:  # noqa: BLE001 - the page must never show a traceback
                 log.warning("handler %s failed", fn.__name__, exc_info=True)
-                message = friendly_message(err)
+                message = friendly_message(err, fields)
                 if toast:
                     gr.Warning(message)
-                return {status: f"⚠️ {message}", **({beside: f"⚠️ {message}"} if beside is not None else {})}
+                return {status: f"{WARNING}{message}", **({beside: f"{WARNING}{message}"} if beside is not None else {})}
 
         return run
 
     return wrap
+
+
+WARNING = "⚠️ "  # how the status line starts when it shows an error
+
+
+def clears_error(fn, status, shows_error, at: int, width: int):
+    """``fn``, whose ``width`` outputs hold ``status`` at ``at``, taking and returning one more value: the State
+    ``shows_error`` (whether the status line shows an error of this page). A handler that succeeds while it does,
+    and leaves the line as it is, clears it: an error made on one tab does not outlast a later action on any tab."""
+
+    def call(*args):
+        *inputs, shown = args
+        got = fn(*inputs)
+        if isinstance(got, dict) and "__type__" not in got:  # {component: value}, as ``guarded`` answers a failure
+            if status in got:
+                return {**got, shows_error: _is_error(got[status])} if _is_error(got[status]) != bool(shown) else got
+            return {**got, status: "", shows_error: False} if shown else got
+        values = list(got) if width > 1 and isinstance(got, (tuple, list)) else [got]
+        value = values[at]
+        if isinstance(value, str):
+            now = _is_error(value)
+        elif shown and _skipped(value):
+            values[at], now = "", False
+        else:
+            now = bool(shown)
+        return (*values, gr.skip() if now == bool(shown) else now)
+
+    call.__name__ = getattr(fn, "__name__", "handler")
+    return call
+
+
+def _is_error(value) -> bool:
+    return isinstance(value, str) and value.startswith(WARNING)
 
 
 def in_session(fn):
@@ -107,7 +166,7 @@ def picker_for(kinds: tuple[str, ...], latest_label: str, job):
 
 def submitted(job, kinds: tuple[str, ...], latest_label: str) -> tuple:
     """What a Run button's handler answers: the banner, the tab's picker showing the new job, its status line."""
-    return actions.submitted_line(job), picker_for(kinds, latest_label, job), actions.job_status_line(job)
+    return actions.submitted_line(job), picker_for(kinds, latest_label, job), actions.job_line(store.runner(), job)
 
 
 JOB_FORMS = {  # which request field fills which widget when a panel shows a job (None: the widget's own value)
@@ -156,13 +215,14 @@ def job_panel(sig_state, kinds, picker, status_md, outputs, render, latest_label
         job = actions.shown_job(runner, picked, kinds)
         listing = tuple((j.id, j.status) for j in runner.jobs() if j.kind in kinds)
         shown = None if job is None else (job.id, job.status)
-        line = None if job is None else (len(job.progress), round(job.fraction, 3), job.message)
+        place = runner.place(job.id) if job is not None and job.status == QUEUED else None
+        line = None if job is None else (len(job.progress), round(job.fraction, 3), job.message, place)
         running = job is not None and job.status == "running"
         new_list, new_line, redraw, state = panel_changes(last, listing, shown, line, running, time.monotonic())
         if not (new_list or new_line or redraw):
             return (gr.skip(), gr.skip(), *[gr.skip() for _ in outputs], state)
         picker_update = gr.update(choices=[(latest_label, "")] + actions.job_choices(runner, kinds)) if new_list else gr.skip()
-        status_update = actions.job_status_line(job) if new_line else gr.skip()
+        status_update = actions.job_status_line(job, place) if new_line else gr.skip()
         figures_out = render(job) if redraw else [gr.skip() for _ in outputs]
         return (picker_update, status_update, *figures_out, state)
 
@@ -191,16 +251,18 @@ class Poll:
         """``fn(*inputs)`` returns one value (or ``gr.skip()``) per output; polled on ``tab`` only, or on every tab."""
         self.parts.append((fn, list(inputs), list(outputs), tab))
 
-    def wire(self, timers: dict, status, sid) -> None:
-        """Each tab's timer ticks the parts of that tab and those of every tab."""
+    def wire(self, timers: dict, status, sid, opened: dict | None = None) -> None:
+        """Each tab's timer ticks the parts of that tab and those of every tab; so does opening the tab
+        (``opened``: the event of each tab's select handler), so a tab hidden while its job ran or ended shows
+        where the job is at once, not a line written before it was hidden."""
         for part in self.parts:
             if part[3] is not None and part[3] not in timers:
                 raise ValueError(f"no timer for the tab '{part[3]}'")
         for name, timer in timers.items():
-            self._wire([p[:3] for p in self.parts if p[3] in (None, name)], timer, status, sid)
+            self._wire([p[:3] for p in self.parts if p[3] in (None, name)], timer, status, sid, (opened or {}).get(name))
 
     @staticmethod
-    def _wire(parts: list, timer, status, sid) -> None:
+    def _wire(parts: list, timer, status, sid, opened=None) -> None:
         inputs = [sid, status, *(c for _, ins, _ in parts for c in ins)]
         outputs = [c for _, _, outs in parts for c in outs]
         if len(set(map(id, outputs))) != len(outputs):
@@ -230,6 +292,8 @@ class Poll:
             return gr.skip() if all(_skipped(v) for v in out) else tuple(out)
 
         timer.tick(tick, inputs, [*outputs, status], show_progress="hidden")
+        if opened is not None:
+            opened.then(tick, inputs, [*outputs, status], show_progress="hidden")
 
 
 def _skipped(value) -> bool:
@@ -279,22 +343,44 @@ class Page:
     budget_info: gr.Markdown | None = None
     mask: tuple = ()  # steps, examples per class, learning rate
     region_table: gr.Dataframe | None = None  # the saved regions, refreshed with the region pickers
+    shows_error: gr.State | None = None  # whether the status line shows an error (made on the first ``on``)
 
     def on(self, event, fn, inputs, outputs, **kwargs):
         """Wire ``fn`` to ``event`` as this page's session: the id travels with the inputs and is entered
-        around the call, so everything ``fn`` lists, reads, writes or submits is the session's own."""
-        return event(in_session(fn), [self.sid, *(inputs or [])], outputs, **kwargs)
+        around the call, so everything ``fn`` lists, reads, writes or submits is the session's own. A handler
+        that writes the status line clears an error it shows once the handler succeeds (``clears_error``)."""
+        inputs, outputs = list(inputs or []), list(outputs or [])
+        if any(o is self.status for o in outputs):
+            if self.shows_error is None:
+                self.shows_error = self.state(False)
+            at = next(i for i, o in enumerate(outputs) if o is self.status)
+            fn = clears_error(fn, self.status, self.shows_error, at, len(outputs))
+            inputs, outputs = [*inputs, self.shows_error], [*outputs, self.shows_error]
+        return event(in_session(fn), [self.sid, *inputs], outputs, **kwargs)
+
+    def named(self, **widgets) -> dict:
+        """Request field -> the widget that holds it, for messages (``in_words``): the pair, task and prompt of the
+        Models tab, and ``widgets`` (which win: the Fine-tune tab has its own base)."""
+        common = {"base": self.base, "finetuned": self.finetuned, "task": self.task, "ood": self.ood,
+                  "ood_labels": self.ood_labels,
+                  **dict(zip(("text_column", "pair_column", "label_column"), self.columns)),
+                  **dict(zip(("head", "template", "label_words"), self.prompt))}
+        return {k: v for k, v in {**common, **widgets}.items() if v is not None}
+
+    def guard(self, beside=None, toast: bool = True, **widgets):
+        """``guarded`` for a handler of this page: its message also beside it, naming ``named(**widgets)``."""
+        return guarded(self.status, toast=toast, beside=beside, fields=self.named(**widgets))
 
     @property
     def safe(self):
         """Guard for a handler whose outputs end with the status line."""
-        return guarded(self.status)
+        return self.guard()
 
     @property
     def quiet(self):
         """Guard for a handler that runs without a click (a value changed, a job picked): a failure shows in the
         status line, without a toast."""
-        return guarded(self.status, toast=False)
+        return self.guard(toast=False)
 
     def keep(self, **widgets) -> None:
         """The browser keeps these widgets' values; a reload puts them back."""

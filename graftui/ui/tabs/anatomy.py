@@ -8,7 +8,7 @@ import pandas as pd
 from ... import figures
 from ...paths import short_ref
 from .. import actions, store
-from ..wiring import TABLE_HEIGHT, guarded
+from ..wiring import TABLE_HEIGHT
 
 INTRO = (
     "Where in the network does a region sit? Counts per transformer layer and module type, "
@@ -42,7 +42,7 @@ def build(page) -> gr.Tab:
 
     page.region_pickers.append((ana_region, False))
 
-    @guarded(page.status, beside=ana_md)
+    @page.guard(beside=ana_md, region=ana_region)
     def on_anatomy(region_id, mode):
         if not region_id:
             return gr.skip(), gr.skip(), gr.skip(), "Pick a region (run **Localize** first if the list is empty).", gr.skip()

@@ -9,7 +9,7 @@ import pandas as pd
 from ... import figures
 from ...paths import short_ref
 from .. import actions, store
-from ..wiring import TABLE_HEIGHT, guarded, job_picker, submitted
+from ..wiring import TABLE_HEIGHT, job_picker, submitted
 
 INTRO = (
     "How good is a graft? Accuracy, F1, calibration (ECE) and agreement with the fine-tuned model, in distribution "
@@ -28,12 +28,13 @@ def render_compare(job) -> list:
     empty = pd.DataFrame(columns=actions.COMPARE_COLUMNS)
     if job is None or not job.result:
         msg = "Run a comparison to fill this." if job is None else "Results appear when the job is done."
-        return [empty, figures.empty_figure(msg), figures.empty_figure(msg), "", figures.side_by_side(None)]
+        return [empty, pd.DataFrame(columns=actions.DIFFERENCE_COLUMNS), figures.empty_figure(msg),
+                figures.empty_figure(msg), "", figures.side_by_side(None)]
     res = job.result
     note = f"In-distribution task: **{res['task']}**; OOD tasks: **{', '.join(res['ood']) or 'none'}**. " + NOTE
     if res.get("notes"):
         note += "\n\n" + "\n\n".join(f"Note: {n}" for n in res["notes"])
-    return [actions.compare_table(res), figures.reliability_diagram(res["reliability"], res["task"]),
+    return [actions.compare_table(res), actions.differences_table(res), figures.reliability_diagram(res["reliability"], res["task"]),
             figures.confidence_histogram(res["histogram"], res["task"]), note, figures.side_by_side(res.get("side_by_side"))]
 
 
@@ -61,8 +62,12 @@ def build(page) -> gr.Tab:
         cmp_status = gr.Markdown("", elem_id="compare-status")
         page.report("compare", cmp_job, KINDS)
         cmp_table = gr.Dataframe(pd.DataFrame(columns=actions.COMPARE_COLUMNS), interactive=False, wrap=True,
-                                 max_height=TABLE_HEIGHT, column_widths=actions.COMPARE_WIDTHS,
+                                 max_height=TABLE_HEIGHT,
                                  label="Fine-tuned vs grafts vs baselines", elem_id="compare-table")
+        cmp_diff = gr.Dataframe(pd.DataFrame(columns=actions.DIFFERENCE_COLUMNS), interactive=False, wrap=True,
+                                max_height=TABLE_HEIGHT, elem_id="compare-differences",
+                                label="Paired differences on the same test examples (a − b; bootstrap interval, "
+                                      "McNemar's exact p for accuracy)")
         cmp_note = gr.Markdown("", elem_id="compare-note")
         cmp_side = gr.Plot(figures.side_by_side(None), elem_id="compare-side-by-side")
         with gr.Row():
@@ -88,7 +93,7 @@ def build(page) -> gr.Tab:
     page.region_pickers.append((cmp_regions, False))
     page.keep(n=cmp_n, baselines=cmp_base, sweep_budgets=swp_budgets)
 
-    @guarded(page.status, beside=cmp_status)
+    @page.guard(beside=cmp_status, regions=cmp_regions, region=cmp_regions, n=cmp_n, baselines=cmp_base)
     def on_compare(region_ids, ood, mapping, n, baselines):
         job = actions.submit_compare(store.runner(), region_ids=region_ids or [], ood=ood or [], n=n, baselines=baselines,
                                      ood_labels=mapping)
@@ -98,7 +103,8 @@ def build(page) -> gr.Tab:
     page.on(cmp_run.click, on_compare, [cmp_regions, page.ood, page.ood_labels, cmp_n, cmp_base],
             [page.status, cmp_job, cmp_status])
 
-    @guarded(page.status, beside=swp_status)
+    @page.guard(beside=swp_status, sparsities=swp_budgets, steps=page.mask[0], examples_per_class=page.mask[1],
+                lr=page.mask[2], n=cmp_n, keep=swp_keep)
     def on_sweep(base, finetuned, task, text, pair, label, budgets, steps, epc, lr, n, head, template, words, ood,
                  mapping, keep):
         job = actions.submit_sweep(store.runner(), base=base, finetuned=finetuned, task=task,
@@ -111,7 +117,8 @@ def build(page) -> gr.Tab:
     page.on(swp_run.click, on_sweep, [page.base, page.finetuned, page.task, *page.columns, swp_budgets, *page.mask, cmp_n,
                                       *page.prompt, page.ood, page.ood_labels, swp_keep],
             [page.status, swp_job, swp_status])
-    page.panel("compare", KINDS, cmp_job, cmp_status, [cmp_table, cmp_rel, cmp_hist, cmp_note, cmp_side], render_compare,
+    page.panel("compare", KINDS, cmp_job, cmp_status, [cmp_table, cmp_diff, cmp_rel, cmp_hist, cmp_note, cmp_side],
+               render_compare,
                LATEST)
     page.panel("compare", SWEEP_KINDS, swp_job, swp_status, [swp_plot, swp_table], render_sweep, SWEEP_LATEST)
     return tab

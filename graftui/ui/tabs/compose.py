@@ -8,7 +8,7 @@ import pandas as pd
 from ... import figures
 from ...requests import ComposeRequest
 from .. import actions, store
-from ..wiring import TABLE_HEIGHT, guarded, job_controls, request_radio, submitted
+from ..wiring import TABLE_HEIGHT, job_controls, request_radio, submitted
 
 INTRO = (
     "Regions of different tasks on one base barely overlap, so their union carries several skills at once. "
@@ -50,7 +50,7 @@ def build(page) -> gr.Tab:
 
     page.region_pickers.append((cmp_sel, True))  # a union: several regions
 
-    @page.safe
+    @page.guard(regions=cmp_sel, region=cmp_sel)
     def on_overlap(region_ids, measure):
         if not region_ids or len(region_ids) < 2:
             return figures.overlap_heatmap({"names": []}), actions.overlap_summary(None), gr.skip()
@@ -60,7 +60,7 @@ def build(page) -> gr.Tab:
     for ev in (cmp_sel.change, cps_measure.change, tab.select):
         page.on(ev, on_overlap, [cmp_sel, cps_measure], [cps_heat, cps_pairs, page.status])
 
-    @guarded(page.status, beside=cps_status)
+    @page.guard(beside=cps_status, regions=cmp_sel, region=cmp_sel, resolve=cps_resolve, n=cps_n)
     def on_compose(region_ids, resolve, n):
         job = actions.submit_compose(store.runner(), region_ids=region_ids or [], resolve=resolve, n=n)
         return submitted(job, KINDS, LATEST)

@@ -9,7 +9,7 @@ from ...config import DEFAULT_BASE, DEFAULT_TASK, INTERACTIVE, LR_FOR
 from ...paths import short_ref
 from ...requests import FinetuneRequest
 from .. import actions, store
-from ..wiring import guarded, job_picker, request_radio, submitted
+from ..wiring import job_picker, request_radio, submitted
 
 INTRO = (
     "No fine-tuned model yet? Make one from the base on the task chosen in **Models**. "
@@ -67,7 +67,8 @@ def build(page) -> gr.Tab:
     page.on(ftn_opt.change, on_optimizer, [ftn_opt], [ftn_lr, ftn_l1])
     page.on(page.task.change, on_task, [page.task], [ftn_task_md], show_progress="hidden")
 
-    @guarded(page.status, beside=ftn_status)
+    @page.guard(beside=ftn_status, base=ftn_base, optimizer=ftn_opt, lr=ftn_lr, l1=ftn_l1, epochs=ftn_epochs,
+                train_examples=ftn_n)
     def on_finetune(base, task, text, pair, label, opt, lr, l1, epochs, n, head, template, words):
         job = actions.submit_finetune(store.runner(), base=base, task=task,
                                       columns={**actions.data_columns(task, text, pair, label),

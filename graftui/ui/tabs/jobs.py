@@ -15,8 +15,7 @@ def build(page) -> None:
     with gr.Accordion("Jobs", open=True, elem_id="jobs-panel"):
         gr.Markdown("Jobs run one at a time in the background, in the order submitted; they keep running when you "
                     "close or reload the page, and stay listed after a restart.")
-        jobs_df = gr.Dataframe(actions.job_rows(store.runner()), interactive=False, wrap=True, elem_id="jobs-table",
-                               column_widths=["15%", "7%", "31%", "8%", "7%", "7%", "25%"])
+        jobs_df = gr.Dataframe(actions.job_rows(store.runner()), interactive=False, wrap=True, elem_id="jobs-table")
         with gr.Row():
             job_sel = gr.Dropdown(actions.job_choices(store.runner()), label="Job", elem_id="jobs-select",
                                   allow_custom_value=True)  # see wiring.job_picker
@@ -37,7 +36,7 @@ def build(page) -> None:
         runner = store.runner()
         sig = actions.job_signature(runner)
         job = runner.get(picked) if picked else None
-        detail = actions.job_status_line(job) if job else ""
+        detail = actions.job_line(runner, job) if job else ""
         listing = [(j[0], j[1]) for j in sig]
         now = time.monotonic()
         if last is not None and listing == last[0]:

@@ -13,7 +13,7 @@ from ...data import OFFLINE_TASKS
 from ...paths import short_ref
 from ...requests import ContinualRequest, MultitaskRequest, WiseRequest
 from .. import actions, store
-from ..wiring import TABLE_HEIGHT, guarded, job_controls, request_radio, submitted
+from ..wiring import TABLE_HEIGHT, job_controls, request_radio, submitted
 
 INTRO = (
     "The paper's experiments with regions. **Multi-task** (§5.1): one model fine-tuned on several tasks (built "
@@ -54,8 +54,12 @@ def render_multitask(job) -> list:
 
 def render_wise(job) -> list:
     if job is None or not job.result:
-        return [figures.wise_curves([])]
-    return [figures.wise_curves(job.result["rows"])]
+        return [figures.wise_curves([]), pd.DataFrame(columns=actions.WISE_COLUMNS)]
+    return [figures.wise_curves(job.result["rows"]), actions.wise_table(job.result["rows"])]
+
+
+RETRAIN_NOTE = ("BitFit trains only the biases, with the fine-tuning learning rate, which suits full fine-tuning: at that "
+                "rate BitFit may score the same as the bare pre-trained body.")
 
 
 def render_retrain(job) -> list:
@@ -63,7 +67,7 @@ def render_retrain(job) -> list:
         msg = "Run the re-training to fill this." if job is None else "Results appear when the job is done."
         return [pd.DataFrame(columns=actions.COMPARE_COLUMNS), figures.empty_figure(msg)]
     res = job.result
-    return [actions.compare_table(res), figures.reliability_diagram(res["reliability"], res["task"])]
+    return [actions.retrain_table(res), figures.reliability_diagram(res["reliability"], res["task"])]
 
 
 def render_continual(job) -> list:
@@ -99,7 +103,7 @@ def build(page) -> gr.Tab:
         with gr.Row():
             mt_tasks = gr.Dropdown(tasks, value=list(MultitaskRequest().tasks), multiselect=True,
                                    label="Tasks of the multi-task model", elem_id="lab-tasks")
-            mt_group = gr.Dropdown(tasks, value=[], multiselect=True, label="Union of (empty: all tasks)",
+            mt_group = gr.Dropdown(tasks, value=[], multiselect=True, label="Union of these tasks (empty: all tasks)",
                                    elem_id="lab-group")
             mt_start = request_radio(MultitaskRequest, "start", STARTS, label="Mask starts from", elem_id="lab-start")
         with gr.Row():
@@ -128,6 +132,8 @@ def build(page) -> gr.Tab:
         ws_run, ws_job, ws_status = job_controls("Run WiSE", "lab-wise", WISE_LATEST)
         page.report("lab-wise", ws_job, WISE)
         ws_plot = gr.Plot(figures.wise_curves([]), elem_id="lab-wise-plot")
+        ws_table = gr.Dataframe(max_height=TABLE_HEIGHT, value=pd.DataFrame(columns=actions.WISE_COLUMNS),
+                                interactive=False, label="Accuracy and calibration along α", elem_id="lab-wise-table")
 
         gr.Markdown("### Re-training the region from θ_pre, against BitFit (Table 1)")
         with gr.Row():
@@ -139,9 +145,10 @@ def build(page) -> gr.Tab:
             rt_n = gr.Number(d["test_examples"], precision=0, label="Test examples per task", elem_id="lab-retrain-n")
         rt_run, rt_job, rt_status = job_controls("Re-train region and BitFit", "lab-retrain", RETRAIN_LATEST)
         page.report("lab-retrain", rt_job, RETRAIN)
-        rt_table = gr.Dataframe(max_height=TABLE_HEIGHT, column_widths=actions.COMPARE_WIDTHS,
+        rt_table = gr.Dataframe(max_height=TABLE_HEIGHT,
                                 value=pd.DataFrame(columns=actions.COMPARE_COLUMNS), interactive=False, wrap=True,
                                 label="Fine-tuned, graft, re-trained graft and BitFit", elem_id="lab-retrain-table")
+        gr.Markdown(RETRAIN_NOTE, elem_id="lab-retrain-note")
         rt_rel = gr.Plot(figures.empty_figure("Run the re-training to fill this."), elem_id="lab-retrain-reliability")
 
         gr.Markdown("### Forget-free continual learning (§5.2)")
@@ -170,8 +177,13 @@ def build(page) -> gr.Tab:
         rp_report = gr.Markdown("", elem_id="lab-reproduce-report")
 
     page.region_pickers += [(ws_region, False), (rt_region, False)]
+    page.keep(lab_tasks=mt_tasks, lab_group=mt_group, lab_start=mt_start, lab_budget=mt_budget, lab_steps=mt_steps,
+              lab_purify=mt_purify, lab_n=mt_n, wise_region=ws_region, wise_alphas=ws_alphas, wise_n=ws_n,
+              retrain_region=rt_region, retrain_epochs=rt_epochs, retrain_train=rt_train, retrain_n=rt_n,
+              continual_tasks=cl_tasks, continual_budget=cl_budget, continual_n=cl_n, reproduce_quick=rp_quick)
 
-    @guarded(status, beside=mt_status)
+    @page.guard(beside=mt_status, tasks=mt_tasks, group=mt_group, sparsity=mt_budget, start=mt_start, steps=mt_steps,
+                purify_steps=mt_purify, n=mt_n)
     def on_multitask(tasks, group, log_s, start, steps, purify, n):
         job = actions.submit_multitask(store.runner(), tasks=tasks, group=group, log_sparsity=log_s, start=start,
                                        steps=steps, purify_steps=purify, examples_per_class=d["examples_per_class"], n=n)
@@ -180,21 +192,21 @@ def build(page) -> gr.Tab:
     page.on(mt_run.click, on_multitask, [mt_tasks, mt_group, mt_budget, mt_start, mt_steps, mt_purify, mt_n],
             [status, mt_job, mt_status])
 
-    @guarded(status, beside=ws_status)
+    @page.guard(beside=ws_status, region=ws_region, alphas=ws_alphas, n=ws_n)
     def on_wise(region_id, alphas, n):
         job = actions.submit_wise(store.runner(), region_id=region_id, alphas=alphas, ood=[], n=n)
         return submitted(job, WISE, WISE_LATEST)
 
     page.on(ws_run.click, on_wise, [ws_region, ws_alphas, ws_n], [status, ws_job, ws_status])
 
-    @guarded(status, beside=rt_status)
+    @page.guard(beside=rt_status, region=rt_region, epochs=rt_epochs, train_examples=rt_train, n=rt_n)
     def on_retrain(region_id, epochs, train, n):
         job = actions.submit_retrain(store.runner(), region_id=region_id, epochs=epochs, train_examples=train, n=n)
         return submitted(job, RETRAIN, RETRAIN_LATEST)
 
     page.on(rt_run.click, on_retrain, [rt_region, rt_epochs, rt_train, rt_n], [status, rt_job, rt_status])
 
-    @guarded(status, beside=cl_status)
+    @page.guard(beside=cl_status, tasks=cl_tasks, sparsity=cl_budget, n=cl_n)
     def on_continual(tasks, log_s, n):
         job = actions.submit_continual(store.runner(), tasks=tasks, log_sparsity=log_s, steps=d["steps"],
                                        examples_per_class=d["examples_per_class"], n=n)
@@ -202,7 +214,7 @@ def build(page) -> gr.Tab:
 
     page.on(cl_run.click, on_continual, [cl_tasks, cl_budget, cl_n], [status, cl_job, cl_status])
 
-    @guarded(status, beside=rp_status)
+    @page.guard(beside=rp_status, quick=rp_quick)
     def on_reproduce(quick):
         job = actions.submit_reproduce(store.runner(), quick=quick)
         return submitted(job, REPRODUCE, REPRODUCE_LATEST)
@@ -211,7 +223,7 @@ def build(page) -> gr.Tab:
 
     page.panel("lab", MULTITASK, mt_job, mt_status, [mt_overlap, mt_gain, mt_table, mt_note], render_multitask,
                MULTITASK_LATEST)
-    page.panel("lab", WISE, ws_job, ws_status, [ws_plot], render_wise, WISE_LATEST)
+    page.panel("lab", WISE, ws_job, ws_status, [ws_plot, ws_table], render_wise, WISE_LATEST)
     page.panel("lab", RETRAIN, rt_job, rt_status, [rt_table, rt_rel], render_retrain, RETRAIN_LATEST)
     page.panel("lab", CONTINUAL, cl_job, cl_status, [cl_plot, cl_table], render_continual, CONTINUAL_LATEST)
     page.panel("lab", REPRODUCE, rp_job, rp_status, [rp_files, rp_report], render_reproduce, REPRODUCE_LATEST)

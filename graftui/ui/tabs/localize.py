@@ -10,7 +10,7 @@ from ...config import DEFAULT_BASE, DEFAULT_EXAMPLES_PER_CLASS, DEFAULT_FINETUNE
 from ...localizers import METHODS, get_method
 from ...requests import LocalizeRequest
 from .. import actions, store
-from ..wiring import guarded, job_picker, submitted
+from ..wiring import job_picker, submitted
 
 INTRO = (
     "Find the few parameters that carry the skill: a region of k parameters (the budget) whose graft "
@@ -82,7 +82,8 @@ def build(page) -> gr.Tab:
     page.on(loc_method.change, page.safe(lambda m: (method_info(m), gr.skip())), [loc_method],
             [loc_method_md, page.status])
 
-    @guarded(page.status, beside=loc_status)
+    @page.guard(beside=loc_status, method=loc_method, sparsity=loc_budget, k=loc_budget, steps=loc_steps,
+                examples_per_class=loc_epc, lr=loc_lr)
     def on_localize(base, finetuned, task, text, pair, label, method, log_s, steps, epc, lr, head, template, words):
         job = actions.submit_localize(store.runner(), base=base, finetuned=finetuned, task=task,
                                       columns={**actions.data_columns(task, text, pair, label),

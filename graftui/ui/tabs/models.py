@@ -101,7 +101,7 @@ def build(page) -> gr.Tab:
               label_words=prompt_words)
     columns, status = actions.data_columns, page.status
 
-    @guarded(status, beside=pair_md)
+    @page.guard(beside=pair_md)
     def on_check(base, finetuned, log_s, task, text, pair, label, head, template, words):
         desc = actions.check_pair(base, finetuned, actions.prompt_fields(head, template, words), task,
                                   columns(task, text, pair, label))
@@ -120,7 +120,7 @@ def build(page) -> gr.Tab:
         check_btn.click, on_check, [base_dd, ft_dd, page.budget, task_dd, *page.columns, *page.prompt],
         [counts_df, pair_md, status, page.budget_info, prompt_acc]))
 
-    @guarded(status, beside=preview_md)
+    @page.guard(beside=preview_md)
     def on_preview(finetuned, task, text, pair, label, head, template, words):
         p = actions.preview_prompt(finetuned, task, columns(task, text, pair, label),
                                    actions.prompt_fields(head, template, words))
@@ -130,7 +130,7 @@ def build(page) -> gr.Tab:
 
     page.on(preview_btn.click, on_preview, [ft_dd, task_dd, *page.columns, *page.prompt], [preview_md, status])
 
-    @guarded(status, beside=mapping_md)
+    @page.guard(beside=mapping_md)
     def on_data_upload(file):
         if not file:
             return (gr.skip(),) * 8
@@ -148,14 +148,14 @@ def build(page) -> gr.Tab:
     page.on(data_file.upload, on_data_upload, [data_file], [task_dd, ood_dd, *page.columns, data_preview, mapping_md,
                                                                status])
 
-    @guarded(ood_md, toast=False)  # the message stays beside the mapping that caused it
+    @guarded(ood_md, toast=False, fields=page.named())  # the message stays beside the mapping that caused it
     def on_ood(task, text, pair, label, ood, mapping):
         return actions.ood_preview(task, columns(task, text, pair, label), ood or [], mapping)
 
     for event in (ood_dd.change, ood_map.submit, ood_map.blur, task_dd.change):
         page.on(event, on_ood, [task_dd, *page.columns, ood_dd, ood_map], [ood_md], show_progress="hidden")
 
-    @guarded(status, beside=mapping_md)
+    @page.guard(beside=mapping_md)
     def on_check_mapping(task, text, pair, label):
         t = actions.load_task_checked(task, columns(task, text, pair, label))
         return actions.task_summary(t), "✓ Column mapping checked."

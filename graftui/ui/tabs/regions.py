@@ -7,7 +7,6 @@ import gradio as gr
 
 from ...paths import short_ref
 from .. import actions, store
-from ..wiring import guarded
 
 INTRO = (
     "Every finished localization is saved as a **skill patch** (region indices + fine-tuned values + head). "
@@ -51,7 +50,7 @@ def build(page) -> gr.Tab:
 
     page.region_pickers.append((reg_sel, False))
 
-    @page.safe
+    @page.guard(region=reg_sel)
     def on_region_select(region_id):
         if not region_id:
             return gr.update(value=None), gr.update(value=None), actions.region_meta_table(None), gr.skip()
@@ -65,7 +64,7 @@ def build(page) -> gr.Tab:
 
     armed = page.state(None)  # the region a first press of Delete named; a second press deletes it
 
-    @page.safe
+    @page.guard(region=reg_sel)
     def on_region_delete(region_id, named):
         path = store.region_path(region_id)  # an id outside this workspace is refused before anything else
         if named != region_id:
@@ -81,17 +80,17 @@ def build(page) -> gr.Tab:
 
     page.on(reg_sel.change, disarm, [reg_sel], [armed, reg_delete], show_progress="hidden")
 
-    @guarded(status, beside=reg_export_status)
+    @page.guard(beside=reg_export_status, region=reg_sel)
     def on_export(region_id):
         job = actions.submit_export(store.runner(), region_id=region_id)
-        return actions.submitted_line(job), job.id, actions.job_status_line(job)
+        return actions.submitted_line(job), job.id, actions.job_line(store.runner(), job)
 
     export_job = page.state("")  # the export this page started: its panel shows that one, not a picked one
     page.on(reg_export.click, on_export, [reg_sel], [status, export_job, reg_export_status])
     page.panel("regions", ("export",), None, reg_export_status, [reg_export_file], render_export, "",
                fixed_state=export_job)
 
-    @guarded(status, beside=reg_up_md)
+    @page.guard(beside=reg_up_md, region=reg_up)
     def on_region_upload(file):
         if not file:
             return "", actions.region_meta_table(None), gr.skip()
@@ -104,7 +103,7 @@ def build(page) -> gr.Tab:
 
     page.on(reg_up.upload, on_region_upload, [reg_up], [reg_up_md, reg_up_meta, status])
 
-    @guarded(status, beside=reg_up_md)
+    @page.guard(beside=reg_up_md, region=reg_up)
     def on_region_apply(file, base, finetuned):
         if not file:
             raise ValueError("upload a region file first")
