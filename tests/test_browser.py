@@ -241,15 +241,21 @@ def test_anatomy_heatmap_renders(page):
     assert "bar" in bu.plotly_trace_types(page, "anatomy-bars")
 
 
-def test_wise_curves_in_the_laboratory(page):
-    region = _need("region1")
+def _lab_job(page, prefix: str, name: str, fields: dict[str, str]) -> str:
+    """Run a Laboratory section (``prefix``) on the first region with ``fields`` filled; its finished line."""
     bu.open_tab(page, "lab")
-    bu.choose(page, "lab-wise-region", region)
-    page.fill("#lab-wise-alphas textarea, #lab-wise-alphas input", "0, 1")
-    page.fill("#lab-wise-n input", "32")
-    line, took = bu.run_job(page, "#lab-wise-run", "#lab-wise-status", "lab-wise-job", timeout_s=JOB_S)
-    print(f"[browser] WiSE: {took:.1f} s")
-    assert "· done" in line, f"WiSE did not finish: {line}"
+    bu.choose(page, f"{prefix}-region", _need("region1"))
+    for selector, value in fields.items():
+        page.fill(selector, value)
+    line, took = bu.run_job(page, f"#{prefix}-run", f"#{prefix}-status", f"{prefix}-job", timeout_s=JOB_S)
+    print(f"[browser] {name}: {took:.1f} s")
+    assert "· done" in line, f"{name} did not finish: {line}"
+    return line
+
+
+def test_wise_curves_in_the_laboratory(page):
+    _lab_job(page, "lab-wise", "WiSE", {"#lab-wise-alphas textarea, #lab-wise-alphas input": "0, 1",
+                                        "#lab-wise-n input": "32"})
     page.wait_for_function("() => { const p = document.querySelector('#lab-wise-plot .js-plotly-plot'); "
                            "return p && p.data && p.data.length >= 6; }", timeout=30_000)
     names = page.evaluate("() => document.querySelector('#lab-wise-plot .js-plotly-plot').data.map(d => d.name)")
@@ -262,14 +268,7 @@ def test_wise_curves_in_the_laboratory(page):
 
 
 def test_retraining_in_the_laboratory_fills_every_column(page):
-    region = _need("region1")
-    bu.open_tab(page, "lab")
-    bu.choose(page, "lab-retrain-region", region)
-    page.fill("#lab-retrain-train input", "64")
-    page.fill("#lab-retrain-n input", "32")
-    line, took = bu.run_job(page, "#lab-retrain-run", "#lab-retrain-status", "lab-retrain-job", timeout_s=JOB_S)
-    print(f"[browser] re-training: {took:.1f} s")
-    assert "· done" in line, f"re-training did not finish: {line}"
+    _lab_job(page, "lab-retrain", "re-training", {"#lab-retrain-train input": "64", "#lab-retrain-n input": "32"})
     page.wait_for_function("() => document.querySelectorAll('#lab-retrain-table [role=row].virtual-row').length >= 5",
                            timeout=30_000)
     rows = {r[0]: r for r in bu.table_rows(page, "lab-retrain-table") if r and r[1] == "movies"}
