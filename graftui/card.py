@@ -319,3 +319,20 @@ def finetune_card(doc: dict) -> list[str]:
             line += (". Warning: this model is barely above chance, so there is little skill to localize; "
                      "train longer or with a larger learning rate")
     return [line + "."]
+
+
+def predict_card(rows: list[dict], ft_name: str, texts: int) -> list[str]:
+    """Hand-typed sentences: where each graft decides as the fine-tuned model does, and where the bare body did
+    not (the sentences on which the region carries the skill). A handful of sentences shows, it does not measure."""
+    grafts = list(dict.fromkeys(r["model"] for r in rows if r["model"] not in (ft_name, BODY_LABEL)))
+    body_differs = {r["text"] for r in rows if r["model"] == BODY_LABEL and r["agrees_with_ft"] is False}
+    lines = [f"On {texts} sentence(s), the bare body decides as the fine-tuned model on "
+             f"{texts - len(body_differs)} of {texts}."]
+    for name in grafts:
+        same = {r["text"] for r in rows if r["model"] == name and r["agrees_with_ft"]}
+        restored = len(same & body_differs)
+        lines.append(f"The graft '{name}' decides as the fine-tuned model on {len(same)} of {texts}"
+                     + (f", {restored} of the {len(body_differs)} where the bare body does not" if body_differs else "")
+                     + ".")
+    return lines + ["A few sentences show what a model does, they do not measure it: score a test set (evaluate, "
+                    "Compare) for accuracy with its interval."]

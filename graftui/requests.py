@@ -550,16 +550,27 @@ class OodFields(Request):
 
 
 @dataclass
-class EvaluateRequest(ReplicateFields, LoadFields, OodFields, TaskFields):
-    """Accuracy, F1, ECE and agreement with FT, in and out of distribution, for FT, the bare body and grafts."""
+class GraftsFields(LoadFields, TaskFields):
+    """Regions grafted onto the pair they were made from (their own base, fine-tuned model and task by default)."""
 
-    verb: ClassVar[str] = "evaluate"
     regions: list[str] = arg([], "region or skill patch to graft (repeatable)", flag="--region", metavar="FILE",
                              list="repeat")
     base: str | None = arg(None, H_BASE + " (default: the regions' own, else minilm)", metavar="REF", group="models")
     finetuned: str | None = arg(None, H_FT + " (default: the regions' own; rebuilt from the patches when it "
                                 "cannot be loaded)", metavar="REF", group="models")
     task: str | None = arg(None, H_TASK + " (default: the regions' own, else movies)", metavar="REF", group="data")
+
+    def check_regions(self) -> None:
+        for path in self.regions:
+            check_region_file(path)
+        self.check_loading()
+
+
+@dataclass
+class EvaluateRequest(ReplicateFields, GraftsFields, OodFields):
+    """Accuracy, F1, ECE and agreement with FT, in and out of distribution, for FT, the bare body and grafts."""
+
+    verb: ClassVar[str] = "evaluate"
     baselines: bool = arg(False, "add top-movement and random regions of each region's size")
     sparsity: float = arg(DEFAULT_SPARSITY, "baseline budget when no region is given", metavar="F")
     n: int | None = arg(None, "test examples per task (default all)", metavar="N")
@@ -567,13 +578,39 @@ class EvaluateRequest(ReplicateFields, LoadFields, OodFields, TaskFields):
                     metavar="N")
 
     def check(self) -> None:
-        for path in self.regions:
-            check_region_file(path)
+        self.check_regions()
         check_sparsity(self.sparsity)
         check_at_least_one("n", self.n)
         self.label_map()
-        self.check_loading()
         self.check_seeds()
+
+
+MAX_PREDICT_TEXTS = 64  # sentences one request classifies: a look at a model, not a scoring run
+MAX_PREDICT_CHARS = 5000  # characters of one sentence (the models read a few hundred tokens of it at most)
+
+
+@dataclass
+class PredictRequest(GraftsFields):
+    """Each model's class probabilities for sentences typed by hand: pre-trained body, fine-tuned, each graft."""
+
+    verb: ClassVar[str] = "predict"
+    texts: list[str] = arg([], "a sentence to classify (repeatable)", flag="--text", metavar="TEXT", list="repeat")
+    pairs: list[str] = arg([], "its second text, for text-pair tasks (repeatable, one per --text)", flag="--pair",
+                           metavar="TEXT", list="repeat")
+
+    def check(self) -> None:
+        self.check_regions()
+        texts = [t for t in self.texts if isinstance(t, str) and t.strip()]
+        if not texts or len(texts) != len(self.texts):
+            raise RequestError("--text: give one or more sentences to classify, none of them empty")
+        if any(len(t) > MAX_PREDICT_CHARS for t in [*self.texts, *self.pairs] if isinstance(t, str)):
+            raise RequestError(f"--text: a sentence is longer than {MAX_PREDICT_CHARS:,} characters; the models read a "
+                               "few hundred tokens of it at most, so give a shorter one")
+        if len(self.texts) > MAX_PREDICT_TEXTS:
+            raise RequestError(f"{len(self.texts)} texts are more than {MAX_PREDICT_TEXTS} for one look; score a test "
+                               "set with evaluate instead")
+        if self.pairs and len(self.pairs) != len(self.texts):
+            raise RequestError(f"--pair: give one second text per --text ({len(self.texts)}), got {len(self.pairs)}")
 
 
 @dataclass

@@ -226,6 +226,21 @@ def test_compare_shows_finetuned_and_the_graft(page):
     assert bu.plotly_trace_types(page, "compare-reliability"), "the reliability diagram is not drawn"
 
 
+def test_sentences_typed_on_compare_are_classified_by_each_model(page):
+    region = _need("region1")
+    bu.open_tab(page, "compare")
+    page.fill("#predict-text textarea", "A wonderful, moving film.\n\nA dull mess from start to finish.")
+    line, took = bu.run_job(page, "#predict-run", "#predict-status", "predict-job", timeout_s=JOB_S)
+    print(f"[browser] two sentences through three models: {took:.1f} s")
+    assert "· done" in line and "decides as the fine-tuned model on" in line, line
+    page.wait_for_function("() => document.querySelectorAll('#predict-table [role=row].virtual-row').length >= 6",
+                           timeout=30_000)
+    rows = [r for r in bu.table_rows(page, "predict-table") if r]
+    assert {r[0] for r in rows} == {"1. A wonderful, moving film.", "2. A dull mess from start to finish."}, rows
+    assert {r[1] for r in rows} == {"pre-trained body + FT head", "fine-tuned", region}, rows
+    assert all(re.fullmatch(r"\d+(\.\d+)?%", r[3]) for r in rows), rows
+
+
 # -- c. ------------------------------------------------------------------------------------------
 def test_anatomy_heatmap_renders(page):
     region = _need("region1")
@@ -374,7 +389,7 @@ def test_a_tab_hidden_while_its_job_ended_shows_the_end_when_opened(page):
 
 
 NARROW, WIDE = {"width": 800, "height": 900}, {"width": 1400, "height": 1000}
-TABLES_BY_TAB = {"localize": ["region-list", "jobs-table"], "compare": ["compare-table", "compare-differences"], "anatomy": ["anatomy-kinds"],
+TABLES_BY_TAB = {"localize": ["region-list", "jobs-table"], "compare": ["compare-table", "compare-differences", "predict-table"], "anatomy": ["anatomy-kinds"],
                  "compose": ["compose-overlap-table", "compose-table"]}
 
 
@@ -413,17 +428,19 @@ def test_a_narrow_window_stacks_the_rows_and_keeps_the_plots_usable(page):
                ("anatomy-region", "anatomy-mode", "anatomy-heatmap", "anatomy-bars", "anatomy-kinds")}
         assert box["anatomy-mode"]["y"] >= box["anatomy-region"]["y"] + box["anatomy-region"]["height"] - 1, box
         assert box["anatomy-kinds"]["y"] >= box["anatomy-bars"]["y"] + box["anatomy-bars"]["height"] - 1, box
-        # plots drawn at the narrow width (colouring by density draws them again) fill the stacked page
+        # every block of a stacked row is as wide as the page; a plot drawn at the narrow width fills it (colouring
+        # by density draws the heatmap again; a plot drawn before the window narrowed keeps its width until redrawn)
         page.click("#anatomy-mode label:has-text('density')")
         fits = ("() => { const w = document.querySelector('#tab-anatomy').getBoundingClientRect().width; "
-                "return ['anatomy-heatmap', 'anatomy-bars'].map(id => { "
-                "const b = document.querySelector('#' + id + ' .main-svg').getBoundingClientRect(); "
-                "return [id, Math.round(b.width), Math.round(b.height), Math.round(w)]; }); }")
+                "const box = s => document.querySelector(s).getBoundingClientRect(); "
+                "return [['heatmap drawn', box('#anatomy-heatmap .main-svg')], ['bars block', box('#anatomy-bars')], "
+                "['bars drawn', box('#anatomy-bars .main-svg')], ['table block', box('#anatomy-kinds')]].map("
+                "([n, b]) => [n, Math.round(b.width), Math.round(b.height), Math.round(w)]); }")
+        wide = "([n, w, h, tab]) => n === 'bars drawn' ? h >= 300 : (w >= 0.9 * tab && w <= tab + 1 && (n === 'table block' || h >= 300))"
         try:
-            page.wait_for_function(f"() => ({fits})().every(([id, w, h, tab]) => w >= 0.9 * tab && w <= tab + 1 && h >= 300)",
-                                   timeout=30_000)
+            page.wait_for_function(f"() => ({fits})().every({wide})", timeout=30_000)
         except Exception:
-            pytest.fail(f"the plots do not fit the narrow page (id, width, height, tab width): {page.evaluate(fits)}")
+            pytest.fail(f"the blocks do not fill the narrow page (what, width, height, tab width): {page.evaluate(fits)}")
         page.click("#anatomy-mode label:has-text('counts')")
         bu.open_tab(page, "models")
         base, ft = (page.locator(f"#{i}").bounding_box() for i in ("models-base", "models-finetuned"))

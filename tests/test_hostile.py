@@ -290,6 +290,10 @@ def test_laboratory_and_sweep_inputs(server):
     server.refuses("/on_multitask", (sid, ["movies"], [], -3, "empty", 5, 2, 10), "two or more different tasks")
     cli_refuses(["multitask", "--tasks", "movies"], "two or more different tasks")
     server.refuses("/on_compare", (sid, [], [], 10, False), "pick at least one region")
+    server.refuses("/on_predict", (sid, [], "a fine film"), "pick at least one region")
+    server.refuses("/on_predict", (sid, ["../../etc/passwd"], "a fine film"), "is not a region id")
+    cli_refuses(["predict", "--text", "x" * 6000], "longer than 5,000 characters")
+    cli_refuses(["predict", "--text", " "], "none of them empty")
 
 
 @pytest.mark.parametrize("args, needle", [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import pytest
@@ -201,12 +202,9 @@ def test_out_files_are_never_replaced_unless_asked(tmp_path):
     assert precious.read_text() == "keep me"
 
 
-def test_regions_of_different_tasks_are_each_scored_on_their_own_task(tmp_path):
-    """Compare two regions learned on two tasks: each graft's rows name its own task, beside that task's FT."""
+def _tiny_pair_folders(tmp_path) -> dict[str, str]:
+    """A tiny base and its fine-tuned model saved as checkpoint folders, with a real tokenizer: {"base", "ft"}."""
     from conftest import make_tiny_bert, make_tiny_finetuned
-    from graftui import flows
-    from graftui.localizers import Budget, run_method
-    from graftui.requests import EvaluateRequest
     from lm_util import make_tokenizer
 
     tokenizer = make_tokenizer(tmp_path / "base")
@@ -216,6 +214,16 @@ def test_regions_of_different_tasks_are_each_scored_on_their_own_task(tmp_path):
         model.save_pretrained(tmp_path / name)
         tokenizer.save_pretrained(tmp_path / name)
         folders[name] = str(tmp_path / name)
+    return folders
+
+
+def test_regions_of_different_tasks_are_each_scored_on_their_own_task(tmp_path):
+    """Compare two regions learned on two tasks: each graft's rows name its own task, beside that task's FT."""
+    from graftui import flows
+    from graftui.localizers import Budget, run_method
+    from graftui.requests import EvaluateRequest
+
+    folders = _tiny_pair_folders(tmp_path)
     tasks = {}
     for name, words in (("first", ("good", "bad")), ("second", ("great", "awful"))):
         tasks[name] = tmp_path / f"{name}.csv"
@@ -233,4 +241,56 @@ def test_regions_of_different_tasks_are_each_scored_on_their_own_task(tmp_path):
     assert by_region["first"] == {"first.csv"} and by_region["second"] == {"second.csv"}
     assert by_region["fine-tuned"] == {"first.csv", "second.csv"}  # each task has its own references
     assert any("scored on its own" in note for note in result.notes)
+    flows.clear_cache()
+
+
+def test_predict_shows_each_model_on_the_sentences_given_as_scoring_would(tmp_path):
+    """Each row of predict is the model's own softmax on that sentence: the bare body, FT and the patch's graft
+    (with the patch's values), as the scoring code computes them directly; refusals are one line each."""
+    from graftui import flows, metrics
+    from graftui.config import BODY_LABEL, FT_LABEL
+    from graftui.data import Split, batches
+    from graftui.errors import RequestError
+    from graftui.localizers import Budget, run_method
+    from graftui.requests import MAX_PREDICT_TEXTS, PredictRequest
+
+    folders = _tiny_pair_folders(tmp_path)
+    task = tmp_path / "task.csv"
+    task.write_text("text,label\n" + "".join(f"a {('good', 'bad')[i % 2]} thing {i},{1 - i % 2}\n" for i in range(80)))
+    pair = flows.load_pair(folders["base"], folders["ft"])
+    record = regions.make_record(pair, run_method(pair, Budget(k=200), "random")[0], {"method": "random", "task": str(task)})
+    patch = regions.with_patch(pair, record)
+    patch.values = {n: v * 3 for n, v in patch.values.items()}  # the patch's own values, not θ_ft's
+    path = str(regions.save(patch, tmp_path / "patch.safetensors"))
+    texts = ["a good thing", "a bad thing", "nothing at all"]
+    result = flows.predict(PredictRequest.make(regions=[path], texts=texts))
+    assert len(result.label_names) == 2
+    assert [(r["text"], r["model"]) for r in result.rows] == [(i, m) for m in (BODY_LABEL, FT_LABEL, "patch")
+                                                               for i in range(3)]
+    sentences = Split(tuple(texts), (0, 0, 0))
+
+    def direct(context):
+        with context:
+            return metrics.predict_proba(pair.model, batches(pair.tokenizer, sentences, 16, 128))[0]
+
+    loaded = regions.load(path)
+    expected = {BODY_LABEL: direct(contextlib.nullcontext()), FT_LABEL: direct(pair.finetuned()),
+                "patch": direct(pair.grafted(loaded.indices, loaded.values))}
+    assert not torch.allclose(expected["patch"], direct(pair.grafted(loaded.indices)))  # the values matter
+    for r in result.rows:
+        got = torch.tensor([r["probs"][n] for n in result.label_names])
+        assert torch.allclose(got, expected[r["model"]][r["text"]], atol=1e-6), r
+        assert r["predicted"] == result.label_names[int(got.argmax())] and r["confidence"] == pytest.approx(float(got.max()))
+    ft = {r["text"]: r["predicted"] for r in result.rows if r["model"] == FT_LABEL}
+    for r in result.rows:
+        assert r["agrees_with_ft"] is (None if r["model"] == FT_LABEL else r["predicted"] == ft[r["text"]])
+    assert result.card[0].startswith("On 3 sentence(s), the bare body decides as the fine-tuned model on")
+    for texts_, pairs, needle in ((["ok", " "], [], "none of them empty"), ([], [], "give one or more sentences"),
+                                  (["x"] * (MAX_PREDICT_TEXTS + 1), [], f"more than {MAX_PREDICT_TEXTS}"),
+                                  (["x" * 6000], [], "longer than 5,000 characters"),
+                                  (["a", "b"], ["c"], "one second text per --text")):
+        with pytest.raises(RequestError, match=needle):
+            flows.predict(PredictRequest.make(regions=[path], texts=texts_, pairs=pairs))
+    with pytest.raises(RequestError, match="reads one text; drop --pair"):
+        flows.predict(PredictRequest.make(regions=[path], texts=["a"], pairs=["b"]))
     flows.clear_cache()

@@ -706,6 +706,7 @@ def test_localize_compare_compose_export_jobs_end_to_end(home, tiny_checkpoints)
     import zipfile
 
     from graftui import flows, regions
+    from graftui.errors import RequestError
     from graftui.ui import actions, store
     from graftui.ui.tabs import compare, compose, localize
 
@@ -745,6 +746,14 @@ def test_localize_compare_compose_export_jobs_end_to_end(home, tiny_checkpoints)
         assert row["reading"].startswith("not distinguishable at n = 16") == (lo <= 0 <= hi)
         assert (row["McNemar p"] == "") == (d["metric"] != "accuracy")
     assert set(table["task"]) == {"movies", "amazon"}
+    prd = finish(actions.submit_predict(runner, region_ids=[region], text="a great film\n\n   \nawful, dull"))
+    (frame,) = compare.render_predict(prd)
+    assert list(frame["sentence"].unique()) == ["1. a great film", "2. awful, dull"]  # blank lines are not sentences
+    assert list(frame["model"].unique()) == ["pre-trained body + FT head", "fine-tuned", region]
+    assert {f"p({name})" for name in prd.result["label_names"]} <= set(frame.columns)
+    assert set(frame[frame["model"] == region]["same as FT"]) <= {"yes", "no"}
+    with pytest.raises(RequestError, match="type one or more sentences"):
+        actions.submit_predict(runner, region_ids=[region], text=" \n ")
     bad = runner.wait(actions.submit_compare(runner, region_ids=[learned.result["region"]], ood=["bbc"], n=16,
                                              baselines=False).id, timeout=240)
     assert bad.status == "failed" and "bbc" in bad.error and "same labels" in bad.error  # the CLI says the same

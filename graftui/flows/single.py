@@ -7,6 +7,7 @@ once with its request, summary and text (``registry.verb``).
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import re
@@ -20,7 +21,7 @@ from ..config import (
     BODY_LABEL, DEFAULT_BASE, DEFAULT_FINETUNED, DEFAULT_FINETUNED_REFS, DEFAULT_LOADING, DEFAULT_TASK, FT_LABEL, GraftableSpec,
     LoadOptions, default_checkpoint_dir,
 )
-from ..data import Task
+from ..data import Split, Task, batches
 from ..errors import Cancelled, ModelError, RegionError, RequestError
 from ..layout import MODULE_LABELS, anatomy as count_anatomy
 from ..localizers import Budget, get_method, run_method
@@ -28,7 +29,9 @@ from ..method import data_parallel, region_size
 from ..models import ModelPair, pair_kind, prompt_tokenizer
 from ..paths import file_lock, short_ref, slug
 from ..regions import RegionMeta, RegionRecord
-from ..requests import EvaluateRequest, FinetuneRequest, LocalizeRequest, PairRequest, Request, SweepRequest, derive
+from ..requests import (
+    EvaluateRequest, FinetuneRequest, LocalizeRequest, PairRequest, PredictRequest, Request, SweepRequest, derive,
+)
 from . import text
 from .common import (
     LOCAL, Guard, Progress, Result, check_build, check_model_ref, examples_per_class, finish, get_pair, get_task,
@@ -422,21 +425,25 @@ def _merge_patches(records, labels):
     return RegionRecord(indices, shapes, dict(records[0].meta), values, records[0].head)
 
 
-@verb(EvaluateRequest, "compare fine-tuned, pre-trained and grafted models", text.evaluate)
-def evaluate(req: EvaluateRequest, progress: Progress | None = None, cancel=None, guard: Guard = LOCAL) -> EvaluateResult:
-    """FT, the pre-trained body with FT's head and every region's graft, in and out of distribution."""
-    req.validate()
-    if req.seeds:
-        runs = each_seed(evaluate, req, progress, cancel, guard)
-        rows = metrics.over_seeds([r.rows for r in runs], ("model", "task", "distribution"))
-        card.annotate(rows)
-        found = metrics.differences_over_seeds([r.differences for r in runs])
-        lines = card.evaluate_card(rows, differences=found) + [
-            f"Each figure is the mean over seeds {', '.join(map(str, req.seeds))} (the random baseline and the test "
-            "subsample are drawn per seed); each seed's own numbers are under per_seed."]
-        return replace(runs[0], request=req, seconds=sum(r.seconds for r in runs), rows=rows, differences=found,
-                       card=lines, seeds=list(req.seeds), per_seed=_per_seed(req.seeds, runs))
-    start = time.time()
+@dataclass
+class Grafts:
+    """Regions of a request and what they name, read and checked before any model loads (``regions_setting``),
+    then the pair they are grafted onto (``regions_pair``): what evaluate and predict score."""
+
+    records: list[RegionRecord]
+    labels: list[str]
+    first: RegionMeta
+    base: str
+    finetuned: str | None
+    from_patch: bool  # the fine-tuned model cannot be loaded: its values come from the patches
+    groups: dict[tuple, list[int]]  # (task ref, its columns) -> the regions learned on that task
+    tasks: dict[tuple, Task]
+    notes: list[str]
+
+
+def regions_setting(req, guard: Guard) -> Grafts:
+    """The regions of ``req`` (``GraftsFields``): their base, fine-tuned model and the task each was learned on
+    (unless the request names them), every reference checked."""
     records = [load_region(p) for p in req.regions]
     labels = labels_for(req.regions, records)
     merged_shapes(records)
@@ -450,7 +457,7 @@ def evaluate(req: EvaluateRequest, progress: Progress | None = None, cancel=None
     if finetuned is None:
         recorded = {r.meta.finetuned for r in records}
         if len(recorded) > 1 and not all(r.is_patch for r in records):
-            raise RegionError("the regions come from different fine-tuned models; give --finetuned, or evaluate them "
+            raise RegionError("the regions come from different fine-tuned models; give --finetuned, or use them "
                               "one at a time")
         finetuned = recorded.pop() if len(recorded) == 1 else (None if records else DEFAULT_FINETUNED)
         if not loadable(finetuned):
@@ -458,7 +465,7 @@ def evaluate(req: EvaluateRequest, progress: Progress | None = None, cancel=None
                 raise ModelError(f"the fine-tuned model '{finetuned}' the regions were made from cannot be loaded here; "
                                  "give --finetuned REF")
             from_patch = True
-    if from_patch and req.baselines:
+    if from_patch and getattr(req, "baselines", False):
         raise RequestError("--baselines needs the fine-tuned checkpoint (--finetuned REF): a skill patch holds only "
                            "its own region")
     check_model_ref(base)
@@ -472,23 +479,29 @@ def evaluate(req: EvaluateRequest, progress: Progress | None = None, cancel=None
     if not groups:
         groups[(task_ref, None)] = []
     tasks = {key: get_task(key[0], key[1] or spec, guard, notes) for key in groups}
-    task = next(iter(tasks.values()))
-    oods = {key: ood_tasks(req, key[0], tasks[key], guard, notes) for key in groups}  # checked before any model loads
+    return Grafts(records, labels, first, base, finetuned, from_patch, groups, tasks, notes)
+
+
+def regions_pair(req, grafts: Grafts, task: Task, guard: Guard, progress=None, cancel=None) -> ModelPair:
+    """The pair the regions of ``grafts`` are grafted onto, each region checked against it (``grafts.notes``
+    gains what the reader should know: a patch's fine-tuned model rebuilt, another build, the prompt)."""
+    records, labels, first, notes = grafts.records, grafts.labels, grafts.first, grafts.notes
     options = req.load_options(regions.recorded_options(first) if records else None)
-    if from_patch:
+    if grafts.from_patch:
         if progress:
-            progress({"stage": f"loading {short_ref(base)} with the patch"})
-        pair = guard.checked_pair(regions.pair_from_patch(base, _merge_patches(records, labels), options,
-                                                          allow_local=guard.allow_local(models=[base])))
+            progress({"stage": f"loading {short_ref(grafts.base)} with the patch"})
+        pair = guard.checked_pair(regions.pair_from_patch(grafts.base, _merge_patches(records, labels), options,
+                                                          allow_local=guard.allow_local(models=[grafts.base])))
         if not options.device_map:
             pair.to(settings.device())
         notes.append(f"the fine-tuned model '{first.finetuned}' cannot be loaded here: '{FT_LABEL}' is "
                      "rebuilt from the patch (equal to the fine-tuned model inside the region only); give --finetuned "
                      "for the real one")
     elif records:
-        pair = pair_for_regions(base, finetuned, records, guard, progress, cancel, options)
+        pair = pair_for_regions(grafts.base, grafts.finetuned, records, guard, progress, cancel, options)
     else:
-        pair = get_pair(base, finetuned, GraftableSpec(), guard, progress, cancel, options, task.label_names)
+        pair = get_pair(grafts.base, grafts.finetuned, GraftableSpec(), guard, progress, cancel, options,
+                        task.label_names)
     notes += prompt_notes(pair)
     for path, label, record in zip(req.regions, labels, records):
         try:
@@ -496,6 +509,29 @@ def evaluate(req: EvaluateRequest, progress: Progress | None = None, cancel=None
         except RegionError as err:
             raise RegionError(f"'{path}': {err}") from None
         check_build(record, pair, label, notes)
+    return pair
+
+
+@verb(EvaluateRequest, "compare fine-tuned, pre-trained and grafted models", text.evaluate)
+def evaluate(req: EvaluateRequest, progress: Progress | None = None, cancel=None, guard: Guard = LOCAL) -> EvaluateResult:
+    """FT, the pre-trained body with FT's head and every region's graft, in and out of distribution."""
+    req.validate()
+    if req.seeds:
+        runs = each_seed(evaluate, req, progress, cancel, guard)
+        rows = metrics.over_seeds([r.rows for r in runs], ("model", "task", "distribution"))
+        card.annotate(rows)
+        found = metrics.differences_over_seeds([r.differences for r in runs])
+        lines = card.evaluate_card(rows, differences=found) + [
+            f"Each figure is the mean over seeds {', '.join(map(str, req.seeds))} (the random baseline is drawn per "
+            "seed; every seed is scored on the same test examples); each seed's own numbers are under per_seed."]
+        return replace(runs[0], request=req, seconds=sum(r.seconds for r in runs), rows=rows, differences=found,
+                       card=lines, seeds=list(req.seeds), per_seed=_per_seed(req.seeds, runs))
+    start = time.time()
+    grafts = regions_setting(req, guard)
+    records, labels, groups, tasks, notes = grafts.records, grafts.labels, grafts.groups, grafts.tasks, grafts.notes
+    task = next(iter(tasks.values()))
+    oods = {key: ood_tasks(req, key[0], tasks[key], guard, notes) for key in groups}  # checked before any model loads
+    pair = regions_pair(req, grafts, task, guard, progress, cancel)
     graftable = pair.counts()["graftable"]
     kinds = {label: record.meta.method for label, record in zip(labels, records)}
     start_overlap = {label: r.meta.top_movement_overlap for label, r in zip(labels, records)
@@ -531,7 +567,7 @@ def evaluate(req: EvaluateRequest, progress: Progress | None = None, cancel=None
         for row in part["rows"]:
             row["method"] = kinds.get(row["model"])
         card.annotate(part["rows"])
-        if from_patch:
+        if grafts.from_patch:
             ft_name = f"{FT_LABEL} (from patch)"
             for row in part["rows"]:
                 if row["model"] == FT_LABEL:
@@ -559,10 +595,71 @@ def evaluate(req: EvaluateRequest, progress: Progress | None = None, cancel=None
     together = [summarise_replicates(name, members, result["rows"], result["differences"])
                 for name, members in replicate_groups(labels, records).items()]
     lines += [card.replicate_sentence(group) for group in together]
-    return EvaluateResult(req, notes, time.time() - start, **result, base=base,
-                          finetuned=None if from_patch else finetuned,
+    return EvaluateResult(req, notes, time.time() - start, **result, base=grafts.base,
+                          finetuned=None if grafts.from_patch else grafts.finetuned,
                           regions={label: str(p) for label, p in zip(labels, req.regions)}, card=lines,
                           side_by_side=side, replicates=together)
+
+
+# -- predict ---------------------------------------------------------------------------------------
+@dataclass
+class PredictResult(Result):
+    task: str = ""
+    label_names: list[str] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    rows: list[dict] = field(default_factory=list)  # one per (text, model): probs per class, predicted, confidence
+    base: str = ""
+    finetuned: str | None = None
+    card: list[str] = field(default_factory=list)
+
+
+@verb(PredictRequest, "each model's class probabilities for sentences you give", text.predict)
+def predict(req: PredictRequest, progress: Progress | None = None, cancel=None, guard: Guard = LOCAL) -> PredictResult:
+    """The bare body, the fine-tuned model and every region's graft on the same sentences, side by side: the
+    first look at what a region changes (for a language model, the label words' scores under its prompt)."""
+    req.validate()
+    start = time.time()
+    grafts = regions_setting(req, guard)
+    tasks = list(grafts.tasks.values())
+    task = tasks[0]
+    if any(t.label_names != task.label_names for t in tasks):
+        raise RequestError("the regions were learned on tasks with different labels ("
+                           + "; ".join(f"{t.name}: {', '.join(t.label_names)}" for t in tasks)
+                           + "); predict with regions of one task at a time")
+    if task.is_pair and not req.pairs:
+        raise RequestError(f"task '{task.name}' reads two texts: give a second text (--pair) for each --text")
+    if req.pairs and not task.is_pair:
+        raise RequestError(f"--pair: task '{task.name}' reads one text; drop --pair")
+    pair = regions_pair(req, grafts, task, guard, progress, cancel)
+    sentences = Split(tuple(req.texts), (0,) * len(req.texts), tuple(req.pairs) if req.pairs else None)
+    ft_name = f"{FT_LABEL} (from patch)" if grafts.from_patch else FT_LABEL
+    models = [(BODY_LABEL, contextlib.nullcontext), (ft_name, pair.finetuned)]  # the pair rests as the bare body
+    for label, record in zip(grafts.labels, grafts.records):
+        region = graft_of(record)
+        models.append((label, functools.partial(pair.grafted, *(region if isinstance(region, tuple) else (region,)))))
+    names = list(task.label_names)
+    rows, ft_says = [], {}
+    for m, (model, context) in enumerate(models):
+        if cancel is not None and cancel.is_set():
+            raise Cancelled("predict cancelled")
+        if progress:
+            progress({"stage": f"scoring {model}", "fraction": m / len(models)})
+        with context():
+            probs, _ = metrics.predict_proba(pair.model, batches(pair.tokenizer, sentences, 16, task.max_length))
+        for i, p in enumerate(probs.tolist()):
+            best = max(range(len(names)), key=p.__getitem__)
+            if model == ft_name:
+                ft_says[i] = best
+            rows.append({"text": i, "model": model, "probs": dict(zip(names, p)), "predicted": names[best],
+                         "confidence": p[best], "agrees_with_ft": None if model in (ft_name, BODY_LABEL) else best})
+    for r in rows:  # grafts against FT's own prediction on the same sentence
+        if r["agrees_with_ft"] is not None:
+            r["agrees_with_ft"] = r["agrees_with_ft"] == ft_says[r["text"]]
+        elif r["model"] == BODY_LABEL:
+            r["agrees_with_ft"] = names.index(r["predicted"]) == ft_says[r["text"]]
+    finish(progress)
+    return PredictResult(req, grafts.notes, time.time() - start, task.name, names, list(req.texts), rows, grafts.base,
+                         None if grafts.from_patch else grafts.finetuned, card.predict_card(rows, ft_name, len(req.texts)))
 
 
 # -- sweep ---------------------------------------------------------------------------------------

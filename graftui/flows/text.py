@@ -134,6 +134,20 @@ def evaluate(doc: dict) -> str:
     return "\n".join(parts)
 
 
+def predict(doc: dict) -> str:
+    """One block per sentence: each model's predicted class, its probability, and every class's."""
+    names = doc["label_names"]
+    parts = []
+    for i, text in enumerate(doc["texts"]):
+        rows = [[r["model"], r["predicted"], _pct(r["confidence"]), *(_pct(r["probs"][n]) for n in names),
+                 "" if r["agrees_with_ft"] is None else ("same as FT" if r["agrees_with_ft"] else "differs from FT")]
+                for r in doc["rows"] if r["text"] == i]
+        shown = text if len(text) <= 100 else text[:97] + "..."
+        parts += [f"{i + 1}. {shown}", table(["model", "class", "p", *names, ""], rows, "llrr" + "r" * len(names) + "l"),
+                  ""]
+    return "\n".join(parts).rstrip()
+
+
 def sweep(doc: dict) -> str:
     methods = list(dict.fromkeys(doc["request"]["methods"]))
     sparsities = sorted(set(doc["request"]["sparsities"]))

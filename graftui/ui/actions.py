@@ -21,7 +21,7 @@ from .. import bundle, card, flows, hosted, settings
 from ..card import wilson
 from ..config import DEFAULT_BASE, DEFAULT_EXAMPLES_PER_CLASS, DEFAULT_FINETUNED, Budget, GraftableSpec, is_default_finetuned
 from ..data import OFFLINE_TASKS, all_as_test, preview
-from ..errors import ModelError, RegionError
+from ..errors import ModelError, RegionError, RequestError
 from ..hosted import check_rows, check_upload, safe_name, save_upload
 from ..formatting import difference_value, minutes, num, pct
 from ..jobs import FINISHED, QUEUED, RUNNING, Job
@@ -30,8 +30,8 @@ from ..paths import atomic_write, new_path, short_ref
 from ..regions import RegionRecord, check_fits, load as load_region_file, save, settings_of
 from ..requests import (
     AnatomyRequest, ComposeRequest, ContinualRequest, EvaluateRequest, ExportRequest, FinetuneRequest, LocalizeRequest,
-    MultitaskRequest, PairRequest, ReproduceRequest, RetrainRequest, SweepRequest, TaskFields, WiseRequest, parse_label_map,
-    parse_list,
+    MultitaskRequest, PairRequest, PredictRequest, ReproduceRequest, RetrainRequest, SweepRequest, TaskFields, WiseRequest,
+    parse_label_map, parse_list,
 )
 from ..scoring import align_labels
 from . import store
@@ -457,6 +457,35 @@ def submit_compare(runner, *, region_ids: list[str], ood: list[str], n, baseline
     return submit(runner, request, title, kind="compare")
 
 
+def submit_predict(runner, *, region_ids: list[str], text: str) -> Job:
+    """The sentences typed in the box, one per line, through the bare body, FT and each picked region's graft."""
+    texts = [line.strip() for line in (text or "").splitlines() if line.strip()]
+    if not region_ids:
+        raise RegionError("pick at least one region (run Localize first if the list is empty)")
+    if not texts:
+        raise RequestError("type one or more sentences, one per line")
+    request = PredictRequest(regions=_paths(region_ids), texts=texts)
+    return submit(runner, request, f"Predict {len(texts)} sentence(s) with {len(region_ids)} region(s)")
+
+
+PREDICT_COLUMNS = ["sentence", "model", "class", "p", "same as FT"]
+
+
+def predict_table(result: dict) -> pd.DataFrame:
+    """One row per sentence and model: the predicted class, its probability, every class's, and whether it
+    decides as the fine-tuned model."""
+    names = result.get("label_names") or []
+    texts = result.get("texts") or []
+    out = []
+    for r in result.get("rows") or []:
+        text = texts[r["text"]] if r["text"] < len(texts) else ""
+        out.append({"sentence": f"{r['text'] + 1}. {text if len(text) <= 80 else text[:77] + '...'}",
+                    "model": r["model"], "class": r["predicted"], "p": _pct(r["confidence"]),
+                    "same as FT": "" if r["agrees_with_ft"] is None else ("yes" if r["agrees_with_ft"] else "no"),
+                    **{f"p({n})": _pct(r["probs"][n]) for n in names}})
+    return pd.DataFrame(out, columns=PREDICT_COLUMNS + [f"p({n})" for n in names])
+
+
 def parse_budgets(text: str) -> list[float]:
     """'1e-5, 1e-4, 0.001' -> sorted numbers (the request checks their range)."""
     return sorted(set(parse_list(text, float, "budgets", "budget", "1e-4, 1e-3, 1e-2")))
@@ -579,7 +608,7 @@ NUMBER_COLUMNS = frozenset({
     "Δ accuracy vs region alone", "params grafted", "|γi|", "|γj|", "|γi ∩ γj| shared params", "|γi ∩ γj| / |γj|",
     "|γi ∩ γj| / |γi|", "IoU", "in region", "graftable", "density (in region / graftable)", "share of region",
     "share of graftable", "created (UTC)", "progress", "duration", "count", "share of total", "size",
-    "relative gain", "accuracy", "parameters trained", "α", "difference [95 % CI]", "McNemar p",
+    "relative gain", "accuracy", "parameters trained", "α", "difference [95 % CI]", "McNemar p", "p",
 })
 
 

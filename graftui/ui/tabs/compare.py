@@ -22,6 +22,7 @@ NOTE = ("Accuracy and agreement (with the fine-tuned model's predictions) are sh
         "bins (lower is better); calibration compares mean confidence with accuracy.")
 KINDS, LATEST = ("compare",), "latest comparison"
 SWEEP_KINDS, SWEEP_LATEST = ("sweep",), "latest sweep"
+PREDICT_KINDS, PREDICT_LATEST = ("predict",), "latest sentences"
 
 
 def render_compare(job) -> list:
@@ -44,6 +45,12 @@ def render_sweep(job) -> list:
         return [figures.empty_figure(msg), pd.DataFrame(columns=actions.SWEEP_COLUMNS)]
     rows = job.result["rows"]
     return [figures.sweep_figure(rows, short_ref(job.result.get("task", ""))), actions.sweep_table(rows)]
+
+
+def render_predict(job) -> list:
+    if job is None or not job.result:
+        return [pd.DataFrame(columns=actions.PREDICT_COLUMNS)]
+    return [actions.predict_table(job.result)]
 
 
 def build(page) -> gr.Tab:
@@ -75,6 +82,16 @@ def build(page) -> gr.Tab:
                               elem_id="compare-reliability")
             cmp_hist = gr.Plot(figures.empty_figure("Run a comparison to see the confidence histogram."),
                                elem_id="compare-histogram")
+        gr.Markdown("### Try sentences\nType sentences, one per line: the bare body, the fine-tuned model and the "
+                    "graft of each region picked above classify them side by side (for a language model, its label "
+                    "words' scores under its prompt).")
+        with gr.Row():
+            prd_text = gr.Textbox("", lines=3, label="Sentences (one per line)", elem_id="predict-text")
+            prd_run = gr.Button("Classify", elem_id="predict-run", scale=0)
+            prd_job = job_picker(PREDICT_LATEST, "predict")
+        prd_status = gr.Markdown("", elem_id="predict-status")
+        prd_table = gr.Dataframe(pd.DataFrame(columns=actions.PREDICT_COLUMNS), interactive=False, wrap=True,
+                                 max_height=TABLE_HEIGHT, label="Each model on each sentence", elem_id="predict-table")
         gr.Markdown("### Sparsity sweep\nLearned vs top-movement vs random regions over several budgets, for the pair "
                     "and task of the **Models** tab, with the mask settings of the **Localize** tab.")
         with gr.Row():
@@ -91,7 +108,7 @@ def build(page) -> gr.Tab:
                                  interactive=False, elem_id="sweep-table")
 
     page.region_pickers.append((cmp_regions, False))
-    page.keep(n=cmp_n, baselines=cmp_base, sweep_budgets=swp_budgets)
+    page.keep(n=cmp_n, baselines=cmp_base, sweep_budgets=swp_budgets, predict_text=prd_text)
 
     @page.guard(beside=cmp_status, regions=cmp_regions, region=cmp_regions, n=cmp_n, baselines=cmp_base)
     def on_compare(region_ids, ood, mapping, n, baselines):
@@ -102,6 +119,13 @@ def build(page) -> gr.Tab:
     page.shows("compare", cmp_job, [cmp_regions, cmp_n, cmp_base])
     page.on(cmp_run.click, on_compare, [cmp_regions, page.ood, page.ood_labels, cmp_n, cmp_base],
             [page.status, cmp_job, cmp_status])
+
+    @page.guard(beside=prd_status, regions=cmp_regions, region=cmp_regions, texts=prd_text, text=prd_text)
+    def on_predict(region_ids, text):
+        job = actions.submit_predict(store.runner(), region_ids=region_ids or [], text=text)
+        return submitted(job, PREDICT_KINDS, PREDICT_LATEST)
+
+    page.on(prd_run.click, on_predict, [cmp_regions, prd_text], [page.status, prd_job, prd_status])
 
     @page.guard(beside=swp_status, sparsities=swp_budgets, steps=page.mask[0], examples_per_class=page.mask[1],
                 lr=page.mask[2], n=cmp_n, keep=swp_keep)
@@ -120,5 +144,6 @@ def build(page) -> gr.Tab:
     page.panel("compare", KINDS, cmp_job, cmp_status, [cmp_table, cmp_diff, cmp_rel, cmp_hist, cmp_note, cmp_side],
                render_compare,
                LATEST)
+    page.panel("compare", PREDICT_KINDS, prd_job, prd_status, [prd_table], render_predict, PREDICT_LATEST)
     page.panel("compare", SWEEP_KINDS, swp_job, swp_status, [swp_plot, swp_table], render_sweep, SWEEP_LATEST)
     return tab
