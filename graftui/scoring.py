@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Callable
 
 import torch
@@ -90,10 +90,14 @@ def align_labels(task: Task, other: Task, mapping: dict[str, str] | None = None)
 TEST_SAMPLE_SEED = 0
 
 
-def predict(pair, task: Task, split: str, n: int | None, batch_size: int = 64, seed: int = 0):
+def sample(task: Task, split: str, n: int | None, seed: int = 0):
+    """The examples of ``split`` that ``predict`` scores: all, or ``n`` of them drawn with ``seed``."""
     data = task.splits[split]
-    if n is not None and n < len(data):
-        data = subsample(data, n, seed)
+    return subsample(data, n, seed) if n is not None and n < len(data) else data
+
+
+def predict(pair, task: Task, split: str, n: int | None, batch_size: int = 64, seed: int = 0):
+    data = sample(task, split, n, seed)
     if len(data) == 0:
         raise DataError(f"task '{task.name}' has no examples in its {split} split")
     # Batches of similar length waste little on padding; the results come back in the split's order.
@@ -115,6 +119,7 @@ class Comparison:
     task: str
     ood: list[str]
     differences: list[dict]
+    disagreements: list[dict] = field(default_factory=list)  # in distribution: where a graft decides unlike FT
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -182,7 +187,29 @@ def compare(
                 histogram[label] = metrics.confidence_histogram(probs)
             done += 1
         found += differences(predictions, labels, pairs, t.name, "in" if t is task else "OOD", seed=seed)
-    return Comparison(rows, reliability, histogram, task.name, [o.name for o in ood], found)
+        if t is task:
+            unlike = disagreements(predictions, labels, sample(t, split, n, seed), t, list(models))
+    return Comparison(rows, reliability, histogram, task.name, [o.name for o in ood], found, unlike)
+
+
+MAX_DISAGREEMENTS = 100  # listed per model: the most confident first
+
+
+def disagreements(predictions: dict[str, torch.Tensor], labels, data, task: Task, names: list[str]) -> list[dict]:
+    """The test examples on which each of ``names`` decides unlike FT: the text, its label, both decisions and
+    their confidence, the most confident first (at most MAX_DISAGREEMENTS per model; ``of``: how many in all)."""
+    ft = predictions[FT_LABEL]
+    out = []
+    for name in names:
+        probs = predictions[name]
+        differ = (probs.argmax(1) != ft.argmax(1)).nonzero().flatten().tolist()
+        differ.sort(key=lambda i: -float(probs[i].max()))
+        for i in differ[:MAX_DISAGREEMENTS]:
+            out.append({"model": name, "text": data.texts[i], "pair": data.pairs[i] if data.pairs else None,
+                        "label": task.label_names[int(labels[i])], "ft": task.label_names[int(ft[i].argmax())],
+                        "ft_confidence": float(ft[i].max()), "graft": task.label_names[int(probs[i].argmax())],
+                        "graft_confidence": float(probs[i].max()), "of": len(differ)})
+    return out
 
 
 def differences(predictions: dict[str, torch.Tensor], labels, pairs, task: str, distribution: str = "in", *,

@@ -201,6 +201,10 @@ def test_compare_shows_finetuned_and_the_graft(page):
     assert region in models and "Top movement" in models, models
     page.wait_for_function("() => document.querySelectorAll('#compare-differences [role=row].virtual-row').length >= 2",
                            timeout=30_000)  # the paired differences, each read against its interval
+    page.wait_for_function("() => document.querySelector('#compare-disagreements-note').innerText.includes("
+                           "'decides unlike the fine-tuned model')", timeout=30_000)  # 53 % vs 67 %: some differ
+    unlike = [r for r in bu.table_rows(page, "compare-disagreements") if r]
+    assert unlike and all(r[0] == region and r[3] != r[5] for r in unlike), unlike
     diffs = {r[0]: r for r in bu.table_rows(page, "compare-differences") if r}
     assert f"{region} − fine-tuned" in diffs, list(diffs)
     assert all(r[6] in ("a is higher", "a is lower") or r[6].startswith("not distinguishable at n = 64")
@@ -389,7 +393,7 @@ def test_a_tab_hidden_while_its_job_ended_shows_the_end_when_opened(page):
 
 
 NARROW, WIDE = {"width": 800, "height": 900}, {"width": 1400, "height": 1000}
-TABLES_BY_TAB = {"localize": ["region-list", "jobs-table"], "compare": ["compare-table", "compare-differences", "predict-table"], "anatomy": ["anatomy-kinds"],
+TABLES_BY_TAB = {"localize": ["region-list", "jobs-table"], "compare": ["compare-table", "compare-differences", "compare-disagreements", "predict-table"], "anatomy": ["anatomy-kinds"],
                  "compose": ["compose-overlap-table", "compose-table"]}
 
 

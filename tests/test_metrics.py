@@ -259,3 +259,20 @@ def test_mean_std_and_rows_over_seeds():
     seed_half = 4.3027 * 0.02 / 3 ** 0.5
     half = (seed_half ** 2 + 0.02 ** 2) ** 0.5  # the seeds' spread and the shared test noise together
     assert d["ci"] == pytest.approx([0.03 - half, 0.03 + half])
+
+
+def test_disagreements_list_where_a_graft_decides_unlike_ft_most_confident_first():
+    from graftui import scoring
+    from graftui.config import FT_LABEL
+    from graftui.data import Split, Task
+
+    split = Split(("a", "b", "c", "d"), (0, 1, 1, 0))
+    task = Task("t", ("neg", "pos"), {s: split for s in ("train", "validation", "test")}, "hand-made")
+    ft = torch.tensor([[0.9, 0.1], [0.2, 0.8], [0.4, 0.6], [0.7, 0.3]])
+    graft = torch.tensor([[0.8, 0.2], [0.6, 0.4], [0.1, 0.9], [0.45, 0.55]])  # unlike FT on b and d
+    found = scoring.disagreements({FT_LABEL: ft, "g": graft}, torch.tensor(split.labels), split, task, ["g"])
+    assert [(d["text"], d["label"], d["ft"], d["graft"]) for d in found] == [("b", "pos", "pos", "neg"),
+                                                                             ("d", "neg", "neg", "pos")]
+    assert [d["graft_confidence"] for d in found] == pytest.approx([0.6, 0.55])  # the most confident first
+    assert found[0]["ft_confidence"] == pytest.approx(0.8) and {d["of"] for d in found} == {2}
+    assert scoring.disagreements({FT_LABEL: ft, "same": ft.clone()}, None, split, task, ["same"]) == []

@@ -734,7 +734,7 @@ def test_localize_compare_compose_export_jobs_end_to_end(home, tiny_checkpoints)
     assert set(ids) == {learned.result["region"], other.result["region"]}
 
     cmp = finish(actions.submit_compare(runner, region_ids=[learned.result["region"]], ood=["amazon"], n=16, baselines=True))
-    table, diffs, rel, hist, note, side = compare.render_compare(cmp)
+    table, diffs, rel, hist, note, side, unlike_note, unlike = compare.render_compare(cmp)
     assert set(table["model"]) >= {"fine-tuned", "pre-trained body + FT head", "Top movement", "Random", learned.result["region"]}
     # every paired difference of the job as a row: the graft against FT and each baseline, accuracy and ECE
     region = learned.result["region"]
@@ -746,6 +746,12 @@ def test_localize_compare_compose_export_jobs_end_to_end(home, tiny_checkpoints)
         assert row["reading"].startswith("not distinguishable at n = 16") == (lo <= 0 <= hi)
         assert (row["McNemar p"] == "") == (d["metric"] != "accuracy")
     assert set(table["task"]) == {"movies", "amazon"}
+    # the test examples on which the graft decides unlike FT, each with both decisions
+    ours = [d for d in cmp.result["disagreements"] if d["model"] == region]
+    assert len(unlike) == len(cmp.result["disagreements"]) == len(ours)  # the region's, not the baselines'
+    assert all(row["FT says"] != row["graft says"] for _, row in unlike.iterrows())
+    agree = next(r["agreement_with_ft"] for r in cmp.result["rows"] if r["model"] == region and r["task"] == "movies")
+    assert len(ours) == round((1 - agree) * 16) and (not ours or f"{len(ours)} of 16" in unlike_note)
     prd = finish(actions.submit_predict(runner, region_ids=[region], text="a great film\n\n   \nawful, dull"))
     (frame,) = compare.render_predict(prd)
     assert list(frame["sentence"].unique()) == ["1. a great film", "2. awful, dull"]  # blank lines are not sentences

@@ -299,6 +299,7 @@ class RetrainResult(Result):
     task: str = ""
     ood: list[str] = field(default_factory=list)
     differences: list[dict] = field(default_factory=list)  # paired: each model − FT, − bare body; trained − graft
+    disagreements: list[dict] = field(default_factory=list)  # test examples where a model decides unlike FT
 
 
 def _region_setting(req, guard: Guard, progress, cancel):

@@ -409,6 +409,7 @@ class EvaluateResult(Result):
     seeds: list[int] = field(default_factory=list)  # with --seeds: rows and differences are means over these
     per_seed: list[dict] = field(default_factory=list)  # with --seeds: each seed's rows and differences
     replicates: list[dict] = field(default_factory=list)  # regions that differ only in their seed, read together
+    disagreements: list[dict] = field(default_factory=list)  # test examples where a graft decides unlike FT
 
 
 def _merge_patches(records, labels):
@@ -551,7 +552,7 @@ def evaluate(req: EvaluateRequest, progress: Progress | None = None, cancel=None
                     for own, record in zip(labels, records):
                         if record.size == k and record.meta.method == "learned":
                             start_overlap.setdefault(own, sets.overlap(region, record.indices))
-    result = {"rows": [], "reliability": {}, "histogram": {}, "ood": [], "differences": []}
+    result = {"rows": [], "reliability": {}, "histogram": {}, "ood": [], "differences": [], "disagreements": []}
     lines: list[str] = []
     several = len(groups) > 1
     for key, members in groups.items():
@@ -580,6 +581,8 @@ def evaluate(req: EvaluateRequest, progress: Progress | None = None, cancel=None
                                     differences=part["differences"])
         result["rows"] += part["rows"]
         result["differences"] += part["differences"]
+        result["disagreements"] += [{**d, "task": part["task"]} for d in part["disagreements"]
+                                    if d["model"] in labels]  # the regions', not the baselines'
         result["ood"] += [o for o in part["ood"] if o not in result["ood"]]
         for key in ("reliability", "histogram"):  # the references of later tasks are named with their task
             result[key].update({(f"{name} · {part['task']}" if several and name not in models else name): value

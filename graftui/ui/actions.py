@@ -33,7 +33,7 @@ from ..requests import (
     MultitaskRequest, PairRequest, PredictRequest, ReproduceRequest, RetrainRequest, SweepRequest, TaskFields, WiseRequest,
     parse_label_map, parse_list,
 )
-from ..scoring import align_labels
+from ..scoring import MAX_DISAGREEMENTS as MAX_SHOWN, align_labels
 from . import store
 
 # -- jobs table ----------------------------------------------------------------------------------
@@ -608,7 +608,8 @@ NUMBER_COLUMNS = frozenset({
     "Δ accuracy vs region alone", "params grafted", "|γi|", "|γj|", "|γi ∩ γj| shared params", "|γi ∩ γj| / |γj|",
     "|γi ∩ γj| / |γi|", "IoU", "in region", "graftable", "density (in region / graftable)", "share of region",
     "share of graftable", "created (UTC)", "progress", "duration", "count", "share of total", "size",
-    "relative gain", "accuracy", "parameters trained", "α", "difference [95 % CI]", "McNemar p", "p",
+    "relative gain", "accuracy", "parameters trained", "α", "difference [95 % CI]", "McNemar p", "p", "FT p",
+    "graft p",
 })
 
 
@@ -668,6 +669,28 @@ def differences_table(result: dict) -> pd.DataFrame:
                     "reading": f"a is {apart}" if apart else
                     (f"not distinguishable across {m} seeds" if m > 1 else f"not distinguishable at n = {d['n']:,}")})
     return pd.DataFrame(out, columns=DIFFERENCE_COLUMNS)
+
+
+DISAGREEMENT_COLUMNS = ["graft", "text", "label", "FT says", "FT p", "graft says", "graft p"]
+
+
+def disagreements_table(result: dict) -> pd.DataFrame:
+    """The test examples on which a graft decides unlike FT, the graft's most confident first: the page's table
+    sorts by any column."""
+    out = [{"graft": d["model"], "text": d["text"] + (f" ‖ {d['pair']}" if d.get("pair") else ""), "label": d["label"],
+            "FT says": d["ft"], "FT p": _pct(d["ft_confidence"]), "graft says": d["graft"],
+            "graft p": _pct(d["graft_confidence"])} for d in result.get("disagreements") or []]
+    return pd.DataFrame(out, columns=DISAGREEMENT_COLUMNS)
+
+
+def disagreements_note(result: dict) -> str:
+    """How many examples each graft decides unlike FT, of how many scored."""
+    n = {r["model"]: r["n"] for r in result.get("rows") or [] if r.get("distribution") == "in"}
+    counts = {d["model"]: d["of"] for d in result.get("disagreements") or []}
+    parts = [f"**{md(m)}** {c:,} of {n.get(m, 0):,}" for m, c in counts.items()]
+    return ("Test examples on which a graft decides unlike the fine-tuned model: " + "; ".join(parts)
+            + (f" (the {MAX_SHOWN} most confident of each are listed)" if any(c > MAX_SHOWN for c in counts.values())
+               else "") + "." if parts else "")
 
 
 def retrain_table(result: dict) -> pd.DataFrame:

@@ -24,7 +24,7 @@ POLL_SECONDS = 2.0  # status lines and job lists: often enough to watch
 TABLES = {  # each table's columns, by its elem_id: those in actions.NUMBER_COLUMNS are never wrapped
     "region-list": actions.REGION_LIST_COLUMNS, "jobs-table": actions.JOB_COLUMNS, "models-counts": actions.COUNT_COLUMNS,
     "compare-table": actions.COMPARE_COLUMNS, "compare-differences": actions.DIFFERENCE_COLUMNS,
-    "predict-table": actions.PREDICT_COLUMNS + [f"p(class {i})" for i in range(8)], "lab-retrain-table": actions.COMPARE_COLUMNS,
+    "compare-disagreements": actions.DISAGREEMENT_COLUMNS, "predict-table": actions.PREDICT_COLUMNS + [f"p(class {i})" for i in range(8)], "lab-retrain-table": actions.COMPARE_COLUMNS,
     "sweep-table": actions.SWEEP_COLUMNS + [f"OOD {i} ↑" for i in range(8)],  # and a column per OOD task, up to 8
     "compose-table": actions.COMPOSE_COLUMNS, "compose-overlap-table": actions.OVERLAP_COLUMNS,
     "anatomy-kinds": actions.WEIGHT_BIAS_COLUMNS, "lab-wise-table": actions.WISE_COLUMNS,

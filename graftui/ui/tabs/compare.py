@@ -30,13 +30,15 @@ def render_compare(job) -> list:
     if job is None or not job.result:
         msg = "Run a comparison to fill this." if job is None else "Results appear when the job is done."
         return [empty, pd.DataFrame(columns=actions.DIFFERENCE_COLUMNS), figures.empty_figure(msg),
-                figures.empty_figure(msg), "", figures.side_by_side(None)]
+                figures.empty_figure(msg), "", figures.side_by_side(None), "",
+                pd.DataFrame(columns=actions.DISAGREEMENT_COLUMNS)]
     res = job.result
     note = f"In-distribution task: **{res['task']}**; OOD tasks: **{', '.join(res['ood']) or 'none'}**. " + NOTE
     if res.get("notes"):
         note += "\n\n" + "\n\n".join(f"Note: {n}" for n in res["notes"])
     return [actions.compare_table(res), actions.differences_table(res), figures.reliability_diagram(res["reliability"], res["task"]),
-            figures.confidence_histogram(res["histogram"], res["task"]), note, figures.side_by_side(res.get("side_by_side"))]
+            figures.confidence_histogram(res["histogram"], res["task"]), note, figures.side_by_side(res.get("side_by_side")),
+            actions.disagreements_note(res), actions.disagreements_table(res)]
 
 
 def render_sweep(job) -> list:
@@ -82,6 +84,11 @@ def build(page) -> gr.Tab:
                               elem_id="compare-reliability")
             cmp_hist = gr.Plot(figures.empty_figure("Run a comparison to see the confidence histogram."),
                                elem_id="compare-histogram")
+        cmp_unlike_md = gr.Markdown("", elem_id="compare-disagreements-note")
+        cmp_unlike = gr.Dataframe(pd.DataFrame(columns=actions.DISAGREEMENT_COLUMNS), interactive=False, wrap=True,
+                                  max_height=TABLE_HEIGHT, elem_id="compare-disagreements",
+                                  label="Test examples where a graft and the fine-tuned model disagree (click a header "
+                                        "to sort)")
         gr.Markdown("### Try sentences\nType sentences, one per line: the bare body, the fine-tuned model and the "
                     "graft of each region picked above classify them side by side (for a language model, its label "
                     "words' scores under its prompt).")
@@ -141,7 +148,8 @@ def build(page) -> gr.Tab:
     page.on(swp_run.click, on_sweep, [page.base, page.finetuned, page.task, *page.columns, swp_budgets, *page.mask, cmp_n,
                                       *page.prompt, page.ood, page.ood_labels, swp_keep],
             [page.status, swp_job, swp_status])
-    page.panel("compare", KINDS, cmp_job, cmp_status, [cmp_table, cmp_diff, cmp_rel, cmp_hist, cmp_note, cmp_side],
+    page.panel("compare", KINDS, cmp_job, cmp_status, [cmp_table, cmp_diff, cmp_rel, cmp_hist, cmp_note, cmp_side,
+                                                           cmp_unlike_md, cmp_unlike],
                render_compare,
                LATEST)
     page.panel("compare", PREDICT_KINDS, prd_job, prd_status, [prd_table], render_predict, PREDICT_LATEST)
