@@ -3,8 +3,10 @@
 Everything up to the network call is built locally and can be looked at first (``--out DIR``):
 the files, the card (``huggingface_hub.ModelCard``: base model, fine-tuned model, task, budget,
 metrics, and ``graftui run request.json`` to make the region again) and the commit operations.
-The token is ``huggingface_hub``'s own (``HF_TOKEN`` or a login); graftui neither asks for nor
-stores it, and a hosted server refuses to push with its own.
+The token is the caller's for this one call (the app hands over a visitor's Hugging Face sign-in), else
+``huggingface_hub``'s own (``HF_TOKEN`` or a login), as for every Hub tool; a hosted server pushes only
+with the caller's, never its own. graftui neither stores nor writes a token: it is no field of the
+request, so no request file, report, job record or log holds it.
 """
 
 from __future__ import annotations
@@ -27,6 +29,9 @@ from .registry import verb
 from .single import evaluate
 
 PATCH_FILE = "skill_patch.safetensors"
+SIGN_IN = "Sign in with Hugging Face to push"  # a hosted server's answer to a push without the visitor's sign-in
+NO_TOKEN = ("no Hugging Face token on this machine: run `hf auth login` (or set HF_TOKEN) with a token that may "
+            "write, then push again")
 
 
 @dataclass
@@ -36,6 +41,37 @@ class PushResult(Result):
     out: str | None = None
     files: list[str] = field(default_factory=list)
     card_text: str = ""
+    repo_url: str | None = None  # the repository's page; None when only written to --out
+
+
+def hub_token(given: str | None = None) -> str:
+    """The token a push uses: ``given``, the caller's own for this call; else, except on a hosted server,
+    ``huggingface_hub``'s (HF_TOKEN or ``hf auth login``). A hosted server never pushes with its own token,
+    even when HF_TOKEN is set: without the caller's it answers :data:`SIGN_IN`."""
+    if given:
+        return given
+    if settings.hosted():
+        raise RequestError(SIGN_IN)
+    from huggingface_hub import get_token
+
+    found = get_token()
+    if not found:
+        raise RequestError(NO_TOKEN)
+    return found
+
+
+def hub_refusal(err: BaseException, repo: str) -> RequestError:
+    """The Hub's refusal of a push as one line that names the fix (the token is never part of it)."""
+    status = getattr(getattr(err, "response", None), "status_code", None)
+    again = "sign in with Hugging Face again" if settings.hosted() else "run `hf auth login` again"
+    if status == 401:
+        return RequestError(f"the Hub did not accept the token (401, expired or revoked): {again}, then push again")
+    if status == 403:
+        return RequestError(f"the Hub refused to write to '{repo}' (403): push to a repository under your own name or "
+                            "an organisation you may write to, with a token that may write repositories")
+    first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+    return RequestError(f"the Hub refused the push to '{repo}' ({status or 'no answer'}): {first}; check the "
+                        "repository id and your connection, then push again")
 
 
 def model_card(req: PushRequest, record, metrics: list[dict], region_file: str):
@@ -86,13 +122,16 @@ def operations(folder: Path) -> list:
 
 
 @verb(PushRequest, "push a skill patch or grafted checkpoint to the Hugging Face Hub, with a model card", text.push)
-def push(req: PushRequest, progress: Progress | None = None, cancel=None, guard: Guard = LOCAL) -> PushResult:
-    """Build the files and the card, then (unless ``out`` is given) create the repo and commit them."""
+def push(req: PushRequest, progress: Progress | None = None, cancel=None, guard: Guard = LOCAL,
+         token: str | None = None) -> PushResult:
+    """Build the files and the card, then (unless ``out`` is given) create the repo and commit them.
+
+    ``token``: the caller's Hub token for this call only (:func:`hub_token` says which is used without one).
+    """
     req.validate()
     start = time.time()
-    if settings.hosted() and req.out is None:
-        raise RequestError("pushing to the Hub is not offered on a shared server (it would use the server's token); "
-                           "download the skill patch and push it from your machine")
+    if req.out is None:
+        token = hub_token(token)  # before any work: a push that cannot be sent is refused at once
     path = req.region or str(latest_region())
     record = load_region(path)
     notes: list[str] = []
@@ -118,19 +157,24 @@ def push(req: PushRequest, progress: Progress | None = None, cancel=None, guard:
         text = str(model_card(req, record, metrics, Path(path).name))
         (folder / "README.md").write_text(text)
         files = [str(f.relative_to(folder)) for f in sorted(folder.rglob("*")) if f.is_file()]
-        url = None
+        url = repo_url = None
         if req.out is not None:
             shutil.copytree(folder, Path(req.out).expanduser(), dirs_exist_ok=True)
         else:
             from huggingface_hub import HfApi
+            from huggingface_hub.errors import HfHubHTTPError
 
             if progress:
                 progress({"stage": f"pushing {len(files)} files to {req.repo}", "fraction": 0.8})
-            api = HfApi()  # the token comes from HF_TOKEN or the login cache, as for every Hub tool
-            api.create_repo(req.repo, private=req.private, exist_ok=True)
-            info = api.create_commit(req.repo, operations(folder),
-                                     commit_message=f"graftui {__version__}: {req.what} of {Path(path).name}")
+            api = HfApi(token=token)  # this token only: never HF_TOKEN or a login in its place
+            try:
+                api.create_repo(req.repo, private=req.private, exist_ok=True)
+                info = api.create_commit(req.repo, operations(folder),
+                                         commit_message=f"graftui {__version__}: {req.what} of {Path(path).name}")
+            except (HfHubHTTPError, OSError) as err:  # OSError: no connection, or HF_HUB_OFFLINE
+                raise hub_refusal(err, req.repo) from None
             url = getattr(info, "commit_url", None) or str(info)
+            repo_url = f"{str(api.endpoint).rstrip('/')}/{req.repo}"
     finish(progress)
-    return PushResult(req, notes, time.time() - start, req.repo, url, req.out, files, text)
+    return PushResult(req, notes, time.time() - start, req.repo, url, req.out, files, text, repo_url)
 
