@@ -6,6 +6,7 @@
     Fig. 8d purification  mask steps on Σ_{i∈G} L_i over task heads that share one body
     Table 1 re-training   train only the coordinates inside γ, from θ_pre
     §5.2   continual      task t_n trains only γ_{t_n} \\ ∪_{i<n} γ_{t_i}; inference uses ∪_{i≤n} γ_{t_i}
+    ablation   drop part  θ_pre + (γ − γ_P) ⊙ δ: part P of γ (one layer, one module type) back to θ_pre
 
 The maths of localization itself (Eq. 1–4, and WiSE of Fig. 7) is ``method``; overlap
 |γ_i ∩ γ_j| / |γ_j| (Fig. 8a) and unions are ``sets``; the flows that run these experiments on
@@ -19,6 +20,7 @@ from types import SimpleNamespace
 import torch
 
 from .errors import Cancelled
+from .layout import anatomy, split_fused
 from .method import Region, region_to_mask
 from .sets import difference, union
 from .training import check_loss, optimizer
@@ -41,6 +43,42 @@ def gain_matrix(scores: list[list[float]], p_zero: list[float], p_one: list[floa
 def new_part(region: Region, earlier: list[Region]) -> Region:
     """γ_{t_n} \\ ∪_{i<n} γ_{t_i}: the only parameters task t_n may train in forget-free learning."""
     return difference(region, union(*earlier)) if earlier else dict(region)
+
+
+def row_of(name: str, shape) -> str:
+    """The anatomy row a tensor lies in ("layer 3", "embeddings", "pooler" or "other"), as ``layout.anatomy`` names it."""
+    return anatomy({}, {name: tuple(int(s) for s in shape)}).layers[0]
+
+
+def part_mask(region: Region, shapes: dict, layer: str | None = None, module: str | None = None) -> dict[str, torch.Tensor]:
+    """γ_P: which indices of γ lie in part P, one anatomy row (``layer``), one module type (``module``), or both
+    (neither: all of γ). Per tensor of γ, a boolean tensor aligned with its indices; a fused tensor (GPT-2's
+    ``c_attn``) is split into query, key and value by column, as the anatomy splits it."""
+    out = {}
+    for name, idx in region.items():
+        idx = idx.reshape(-1)
+        shape = tuple(shapes[name])
+        if layer is not None and row_of(name, shape) != layer:
+            out[name] = torch.zeros(idx.numel(), dtype=torch.bool, device=idx.device)
+        elif module is None:
+            out[name] = torch.ones(idx.numel(), dtype=torch.bool, device=idx.device)
+        else:
+            inside = split_fused(name, shape, idx).get(module)
+            out[name] = torch.isin(idx, inside) if inside is not None else torch.zeros(
+                idx.numel(), dtype=torch.bool, device=idx.device)
+    return out
+
+
+def drop_part(region: Region, shapes: dict, layer: str | None = None, module: str | None = None,
+              values: dict[str, torch.Tensor] | None = None) -> tuple[Region, dict[str, torch.Tensor] | None]:
+    """γ − γ_P (and a skill patch's ``values`` kept alike): the region whose graft θ_pre + (γ − γ_P) ⊙ δ puts part P's
+    parameters back to θ_pre and keeps every other graft value. Tensors left with no index are omitted."""
+    masks = part_mask(region, shapes, layer, module)
+    kept = {n: ~masks[n] for n in region}
+    out = {n: region[n].reshape(-1)[keep] for n, keep in kept.items() if bool(keep.any())}
+    if values is None:
+        return out, None
+    return out, {n: values[n].reshape(-1)[kept[n].to(values[n].device)] for n in out}
 
 
 def retrain_inside(

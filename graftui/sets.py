@@ -13,7 +13,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import math
+
 import torch
+
+from .layout import MODULE_LABELS, anatomy
 
 Region = dict[str, torch.Tensor]
 
@@ -153,6 +157,43 @@ def stability(regions: list[Region], graftable: int) -> dict:
         "only_one": sum(int((c == 1).sum()) for _, c in counts.values()),
         "union": sum(int(c.numel()) for _, c in counts.values()),
     }
+
+
+def _part_stability(counts: list[int], kept: int, total: int, label: str) -> dict:
+    """One part's stability: ``counts`` each seed's parameters there, ``kept`` the core's, ``total`` the graftable."""
+    mean = sum(counts) / len(counts)
+    chance = total * math.prod(c / total for c in counts) if total else 0.0  # E|core| of independent random regions
+    return {"label": label, "total": total, "mean": mean, "core": kept, "core_share": kept / mean if mean else None,
+            "chance_share": chance / mean if mean else None,
+            "over_chance": (kept / chance if chance else None) if mean else None}
+
+
+def stability_by_part(regions: list[Region], shapes: dict[str, tuple[int, ...]]) -> dict:
+    """How stable each part of the network is across regions found with different seeds, against chance.
+
+    Per module type (``by_module``) and per anatomy row (``by_layer``): ``mean`` the parameters a seed's region holds
+    there, ``core`` those every seed found, ``core_share`` = core / mean (the share of a seed's region there that every
+    seed found). Independent random regions with these counts c_1 … c_s among the part's N graftable parameters share
+    E|core| = N · Π (c_i / N) (``chance_share`` = that / mean; ``over_chance`` = core / that). Parts where the seeds
+    hold nothing are left out. ``grid`` gives core_share per (row, module) cell (None where no seed holds any).
+    """
+    each = [anatomy(r, shapes) for r in regions]
+    kept = anatomy(core(regions), shapes)
+    by_module, by_layer = {}, {}
+    for j, m in enumerate(kept.modules):
+        counts = [a.by_module[m] for a in each]
+        if any(counts):
+            by_module[m] = _part_stability(counts, kept.by_module[m], sum(row[j] for row in kept.totals),
+                                           MODULE_LABELS.get(m, m))
+    for i, row in enumerate(kept.layers):
+        counts = [a.by_layer[i] for a in each]
+        if any(counts):
+            by_layer[row] = _part_stability(counts, kept.by_layer[i], sum(kept.totals[i]), row)
+    grid = [[_part_stability([a.counts[i][j] for a in each], kept.counts[i][j], kept.totals[i][j], "")["core_share"]
+             for j in range(len(kept.modules))] for i in range(len(kept.layers))]
+    return {"by_module": by_module, "by_layer": by_layer,
+            "grid": {"layers": list(kept.layers), "modules": list(kept.modules),
+                     "module_labels": [MODULE_LABELS.get(m, m) for m in kept.modules], "core_share": grid}}
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,10 @@ TABLES = {  # each table's columns, by its elem_id: those in actions.NUMBER_COLU
     "compare-disagreements": actions.DISAGREEMENT_COLUMNS, "predict-table": actions.PREDICT_COLUMNS + [f"p(class {i})" for i in range(8)], "lab-retrain-table": actions.COMPARE_COLUMNS,
     "sweep-table": actions.SWEEP_COLUMNS + [f"OOD {i} ↑" for i in range(8)],  # and a column per OOD task, up to 8
     "compose-table": actions.COMPOSE_COLUMNS, "compose-overlap-table": actions.OVERLAP_COLUMNS,
-    "anatomy-kinds": actions.WEIGHT_BIAS_COLUMNS, "lab-wise-table": actions.WISE_COLUMNS,
+    "regions-table": actions.REGIONS_COLUMNS,
+    "anatomy-kinds": actions.WEIGHT_BIAS_COLUMNS, "anatomy-tensors": anatomy.TENSOR_COLUMNS,
+    "anatomy-neurons": anatomy.NEURON_COLUMNS, "anatomy-ablation": anatomy.ABLATION_COLUMNS,
+    "anatomy-stability": anatomy.STABILITY_COLUMNS, "lab-wise-table": actions.WISE_COLUMNS,
     "lab-union-table": laboratory.MULTITASK_COLUMNS, "lab-continual-table": laboratory.CONTINUAL_COLUMNS,
 }
 CSS = """
