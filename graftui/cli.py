@@ -238,7 +238,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "tables as CSV and JSON, figures as HTML")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name, verb in flows.VERBS.items():
-        p = sub.add_parser(name, parents=[common, report], help=verb.summary, description=verb.request.__doc__)
+        p = sub.add_parser(name, parents=[common, report], help=verb.summary, description=verb.request.__doc__,
+                           aliases=list(getattr(verb.request, "aliases", ())))
         add_request_options(p, verb.request)
         p.set_defaults(func=cmd_verb, request_cls=verb.request)
     p = sub.add_parser("run", parents=[common, report], help="run a request again from a config, report or region file",

@@ -26,12 +26,13 @@ from pathlib import Path
 
 import torch
 
-from .config import HEADS, GraftableSpec, LoadOptions
+from . import settings
+from .config import FT_LABEL, HEADS, GraftableSpec, LoadOptions, is_body
 from .data import DataSpec
 from .errors import RegionError
 from .method import Region, region_size
 from .models import ModelPair, architecture, load_reader, pair_kind
-from .paths import atomic_dir, atomic_write
+from .paths import atomic_dir, atomic_write, file_lock
 from .version import __version__
 
 FORMAT_VERSION = "1"
@@ -565,3 +566,147 @@ def export_graft(pair, record: RegionRecord, out_dir: str | Path) -> Path:
         (tmp / "graftui_region.json").write_text(json.dumps({**record.meta.as_dict(), "size": record.size}, indent=2,
                                                             default=str))
     return out_dir
+
+
+# -- the score log: each region's latest evaluation, beside its file --------------------------------
+SCORES_FILE = "scores.json"  # in a regions folder: content id -> the latest scores of that region's graft
+SCORE_FIELDS = ("digest", "task", "accuracy", "ece", "share_of_ft", "n", "when")  # every entry has these
+MAX_SCORES = 10_000  # entries one log keeps (the latest); a folder holds far fewer regions
+MAX_SCORES_BYTES = 16 << 20  # a log larger than this is not one we wrote: read as empty
+
+
+def now_utc() -> str:
+    """The time as region files and score logs record it (UTC, to the second)."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def scores_path(folder: str | Path) -> Path:
+    return Path(folder) / SCORES_FILE
+
+
+def _read_scores(path: Path) -> dict[str, dict]:
+    try:
+        if path.stat().st_size > MAX_SCORES_BYTES:
+            return {}
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    items = doc.get("scores") if isinstance(doc, dict) else None
+    return {e["digest"]: e for e in (items if isinstance(items, list) else [])
+            if isinstance(e, dict) and isinstance(e.get("digest"), str)}
+
+
+def _write_scores(path: Path, log: dict[str, dict]) -> None:
+    kept = sorted(log.values(), key=lambda e: str(e.get("when") or ""))[-MAX_SCORES:]
+    text = json.dumps({"format": 1, "scores": kept}, indent=1, default=str)
+    atomic_write(path, lambda tmp: Path(tmp).write_text(text))
+
+
+def note_scores(folder: Path, entries: list[dict]) -> Path | None:
+    """Remember each entry as the latest scores of its region (``entry["digest"]``, the content id) in the score log
+    of ``folder``; an entry scored earlier than the one kept (``when``) does not replace it. Several writers take turns
+    (a lock), and the log is replaced whole (atomically), so it is never half-written. Returns the log's path."""
+    clean = []
+    for entry in entries:
+        if not isinstance(entry, Mapping) or not isinstance(entry.get("digest"), str) or not entry["digest"]:
+            raise ValueError("a score entry needs the content id of its region ('digest')")
+        entry = json.loads(json.dumps({**{key: None for key in SCORE_FIELDS}, **entry}, default=str))
+        entry["when"] = entry["when"] or now_utc()
+        clean.append(entry)
+    if not clean:
+        return None
+    path = scores_path(folder)
+    with file_lock(path):
+        log = _read_scores(path)
+        for entry in clean:
+            kept = log.get(entry["digest"])
+            if kept is None or str(entry["when"]) >= str(kept.get("when") or ""):
+                log.pop(entry["digest"], None)
+                log[entry["digest"]] = entry
+        _write_scores(path, log)
+    return path
+
+
+def latest_scores(folder: Path) -> dict[str, dict]:
+    """The score log of ``folder``: content id -> the latest entry ({} when nothing was scored there)."""
+    return _read_scores(scores_path(folder))
+
+
+def forget_scores(folder: Path, digests) -> None:
+    """Drop the entries of regions no file in ``folder`` holds any more (a deleted region leaves no row behind)."""
+    path, digests = scores_path(folder), set(digests)
+    if not path.exists() or not digests:
+        return
+    with file_lock(path):
+        log = _read_scores(path)
+        if digests & set(log):
+            _write_scores(path, {d: e for d, e in log.items() if d not in digests})
+
+
+def score_folder(region_file: str | Path) -> Path:
+    """Where a region's scores are remembered: beside its file; on a hosted server in the session's own regions
+    folder, whichever file was scored (a gallery region's file is the server's, and no session writes there)."""
+    if settings.hosted():
+        return settings.subdir("regions")
+    return Path(region_file).expanduser().resolve().parent
+
+
+def evaluation_entries(rows: list[dict], files: list, labels: list[str], records: list, with_ft: bool = True,
+                       when: str | None = None) -> dict[Path, list[dict]]:
+    """Score folder -> an entry for each region scored in distribution in an evaluation's ``rows`` (as scoring.compare
+    and card.annotate write them): its accuracy, ECE, share of the fine-tuning gain, n and task, with the fine-tuned
+    and bare accuracies of that task (``with_ft`` False: the fine-tuned model was rebuilt from the patches, so it is
+    no reference and the share is not known)."""
+    when = when or now_utc()
+    out: dict[Path, list[dict]] = {}
+    for file, label, record in zip(files, labels, records):
+        for row in rows:
+            if row.get("model") != label or row.get("distribution") != "in":
+                continue
+            task = [r for r in rows if r.get("task") == row["task"] and r.get("distribution") == "in"]
+            ft = next((r["accuracy"] for r in task if r.get("model") == FT_LABEL), None) if with_ft else None
+            bare = next((r["accuracy"] for r in task if is_body(r.get("model"))), None)
+            out.setdefault(score_folder(file), []).append({
+                "digest": digest(record.indices), "task": row["task"], "accuracy": row.get("accuracy"),
+                "ece": row.get("ece"), "share_of_ft": row.get("gain_recovered") if with_ft else None,
+                "n": row.get("n"), "when": when, "region": Path(str(file)).name, "ft_accuracy": ft,
+                "bare_accuracy": bare, "f1": row.get("f1")})
+    return out
+
+
+# -- a folder of regions as a table ------------------------------------------------------------------
+LISTING_COLUMNS = ("id", "base", "finetuned", "task", "method", "k", "share_of_graftable", "steps", "seed", "created",
+                   "accuracy", "ece", "share_of_ft")  # what a listing sorts by
+
+
+def _whole(value) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def listing_row(path: Path, kind: str, meta: RegionMeta, content_id: str, score: Mapping | None = None) -> dict:
+    """A region file as a row of the regions table: what its header says and its latest scores (None: never scored)."""
+    learn = meta.learn if isinstance(meta.learn, dict) else {}
+    score = score or {}
+    frac = meta.fraction_of_graftable
+    if frac is None and meta.k is not None and meta.graftable_params:
+        frac = meta.k / meta.graftable_params
+    return {
+        "id": path.stem, "file": str(path), "kind": kind, "digest": content_id, "base": meta.base,
+        "finetuned": meta.finetuned, "task": meta.task, "method": meta.method, "k": meta.k,
+        "share_of_graftable": frac, "steps": _whole(learn.get("steps")), "seed": _whole(learn.get("seed")),
+        "created": meta.created,
+        **{key: score.get(key) for key in ("accuracy", "ece", "share_of_ft", "ft_accuracy")},
+        "scored_task": score.get("task"), "n": score.get("n"), "scored": score.get("when"),
+    }
+
+
+def listing(folder: str | Path) -> list[dict]:
+    """Every region file of ``folder`` as a row (``listing_row``), newest first, with its latest scores."""
+    folder = Path(folder)
+    scores = latest_scores(folder)
+    rows = []
+    for path in folder.glob("*.safetensors"):
+        header = None if path.name.startswith(".") else read_header(path)
+        if header is not None:
+            rows.append(listing_row(path, header.kind, header.meta, header.digest, scores.get(header.digest)))
+    return sorted(rows, key=lambda r: (r["created"] or "", r["id"]), reverse=True)

@@ -9,28 +9,41 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .. import card, regions, scoring, sets, settings
+import torch
+
+from .. import card, metrics, regions, scoring, sets, settings
 from ..config import DEFAULT_BASE, DEFAULT_TASK
-from ..errors import Cancelled, RegionError
-from ..layout import Anatomy, anatomy as count_anatomy
+from ..errors import Cancelled, ModelError, RegionError, RequestError
+from ..experiments import drop_part, row_of
+from ..layout import MODULE_LABELS, Anatomy, anatomy as count_anatomy, param_role
+from ..metrics import distinguishable
 from ..models import architecture, checkpoint_kind, load_classifier, load_lm
 from ..paths import new_path, short_ref
 from ..regions import RegionRecord
-from ..requests import AnatomyRequest, ComposeRequest, ExportRequest
+from ..requests import AnatomyRequest, ComposeRequest, EvaluateRequest, ExportRequest, RegionsRequest
 from . import text
 from .common import (
     LOCAL, Guard, Progress, Result, check_build, check_model_ref, finish, get_task, labels_for, latest_region,
     load_region, loadable, merged_shapes, pair_for_regions, plain, same_regions,
 )
 from .registry import verb
+from .single import regions_pair, regions_setting, replicate_groups
 
 
 # -- anatomy -------------------------------------------------------------------------------------
+TOP = 10  # tensors and neurons listed
+CONV1D_LEAVES = ("c_attn", "c_fc", "c_proj")  # GPT-2's Conv1D: weight (in × out), an output unit is a column
+
+
 @dataclass
 class AnatomyResult(Result):
     path: str = ""
     record: RegionRecord | None = None
     anatomy: Anatomy | None = None
+    tensors: list[dict] = field(default_factory=list)  # the tensors holding most of the region (top_tensors)
+    neurons: list[dict] = field(default_factory=list)  # the output units holding most of the region (top_neurons)
+    stability: dict | None = None  # with --replicate: per module type and layer across the seeds (sets.stability_by_part)
+    ablation: dict | None = None  # with --ablate: the graft without each layer's and module type's part (ablate)
 
     def _private(self) -> set[str]:
         return {"record", "anatomy"}
@@ -50,13 +63,131 @@ class AnatomyResult(Result):
         return out
 
 
+def _module_words(name: str) -> str:
+    role = param_role(name)
+    return "/".join(MODULE_LABELS.get(m, m) for m in (role.fused or (role.module,)))
+
+
+def top_tensors(region: dict, shapes: dict, n: int = TOP) -> list[dict]:
+    """The ``n`` tensors holding most of the region: its parameters in each, their share of the region and the
+    tensor's density (region parameters / the tensor's size); the largest first, ties by name."""
+    k = max(sets.region_size(region), 1)
+    rows = []
+    for name, idx in region.items():
+        count, size = int(idx.numel()), math.prod(shapes[name])
+        if count:
+            rows.append({"tensor": name, "layer": row_of(name, shapes[name]), "module": _module_words(name),
+                         "kind": param_role(name).kind, "parameters": count, "size": size, "share": count / k,
+                         "density": count / size})
+    return sorted(rows, key=lambda r: (-r["parameters"], r["tensor"]))[:n]
+
+
+def top_neurons(region: dict, shapes: dict, n: int = TOP) -> list[dict]:
+    """The ``n`` neurons holding most of the region. A neuron is one output unit of a weight matrix, i.e. the weights
+    into that unit: a row of a Linear weight (out × in), a column of GPT-2's Conv1D weight (in × out). Embedding
+    tables and one-dimensional tensors (biases, norms) hold no neurons here. Each: its tensor, ``unit`` (the row or
+    column), the region's parameters among its weights, its density (those / its fan-in) and share of the region."""
+    k = max(sets.region_size(region), 1)
+    found = []
+    for name, idx in region.items():
+        shape = tuple(shapes[name])
+        if len(shape) != 2 or not idx.numel() or row_of(name, shape) == "embeddings":
+            continue
+        role = param_role(name)
+        columns = bool(role.fused) or (name.split(".")[-2] if "." in name else "") in CONV1D_LEAVES
+        units = (idx % shape[1]) if columns else torch.div(idx, shape[1], rounding_mode="floor")
+        per_unit = torch.bincount(units.long(), minlength=shape[1] if columns else shape[0])
+        fan_in = shape[0] if columns else shape[1]
+        top = torch.topk(per_unit, min(n, int((per_unit > 0).sum())))
+        width = shape[1] // len(role.fused) if role.fused else 0
+        for count, unit in zip(top.values.tolist(), top.indices.tolist()):
+            module = role.fused[unit // width] if role.fused else role.module
+            found.append({"tensor": name, "layer": row_of(name, shape), "module": MODULE_LABELS.get(module, module),
+                          "axis": "column" if columns else "row", "unit": unit, "parameters": count, "fan_in": fan_in,
+                          "density": count / fan_in, "share": count / k})
+    return sorted(found, key=lambda r: (-r["parameters"], r["tensor"], r["unit"]))[:n]
+
+
+def seed_stability(paths: list[str], records: list[RegionRecord]) -> dict:
+    """Per module type and layer, how much of a seed's region every seed found, against chance; the files must be
+    regions of one localize run (or one request) differing only in their seed."""
+    names = labels_for(paths, records)
+    merged_shapes(records)
+    groups = replicate_groups(names, records)
+    if len(records) < 2 or not any(len(members) == len(records) for members in groups.values()):
+        raise RequestError(f"{', '.join(repr(str(p)) for p in paths)} are not regions of one localize run differing "
+                           "only in their seed; give the seed files of one 'graftui localize --seeds' run (its "
+                           "-seedN files) as --region and --replicate")
+    indices = [r.indices for r in records]
+    return {"regions": [str(p) for p in paths], "seed_numbers": [r.meta.request.get("seed") for r in records],
+            **sets.stability(indices, records[0].graftable), **sets.stability_by_part(indices, records[0].shapes)}
+
+
+def ablate(req: AnatomyRequest, path: str, record: RegionRecord, anat: Anatomy, notes: list[str], progress=None,
+           cancel=None, guard: Guard = LOCAL) -> dict:
+    """The region's graft scored whole and, for every layer and every module type, with that part dropped
+    (``experiments.drop_part``: its parameters back to θ_pre), on ``req.n`` test examples of the region's own task
+    (the sample evaluate scores); each drop with a paired 95 % interval on the same examples."""
+    if not record.is_patch and not loadable(record.meta.finetuned):
+        raise ModelError(f"--ablate grafts the fine-tuned model '{record.meta.finetuned}' the region was made from, "
+                         "which cannot be loaded here; use the region's skill patch (localize saves one by default)")
+    ev = EvaluateRequest.make(regions=[str(path)], n=req.n)
+    grafts = regions_setting(ev, guard)
+    task = next(iter(grafts.tasks.values()))
+    pair = regions_pair(ev, grafts, task, guard, progress, cancel)
+    scoring.check_labels(pair, task)
+    notes += [note for note in grafts.notes if note not in notes]
+    values = record.values if record.is_patch else None
+    parts = [("layer", row) for row in anat.layers] + [("module", m) for m in anat.modules]
+    totals = {("layer", row): sum(anat.totals[i]) for i, row in enumerate(anat.layers)}
+    totals.update({("module", m): sum(row[j] for row in anat.totals) for j, m in enumerate(anat.modules)})
+
+    def score(indices, vals):
+        with pair.grafted(indices) if vals is None else pair.grafted(indices, vals):
+            return scoring.predict(pair, task, "test", req.n, seed=scoring.TEST_SAMPLE_SEED)
+
+    if progress:
+        progress({"stage": "scoring the whole graft", "fraction": 0.0})
+    full, labels = score(record.indices, values)
+    accuracy = metrics.accuracy(full, labels)
+    rows = []
+    for i, (by, part) in enumerate(parts):
+        if cancel is not None and cancel.is_set():
+            raise Cancelled("ablation cancelled")
+        label = part if by == "layer" else MODULE_LABELS.get(part, part)
+        if progress:
+            progress({"stage": f"without {label}", "fraction": (i + 1) / (len(parts) + 1), "step": i + 1,
+                      "steps": len(parts)})
+        kept, kept_values = drop_part(record.indices, record.shapes, **{by: part}, values=values)
+        dropped = record.size - sets.region_size(kept)
+        probs = full if not dropped else score(kept, kept_values)[0]
+        d = metrics.paired_difference(full, probs, labels, "accuracy", seed=scoring.TEST_SAMPLE_SEED)
+        rows.append({"by": by, "part": part, "label": label, "parameters": dropped, "graftable": totals[(by, part)],
+                     "share": dropped / max(record.size, 1), "accuracy": metrics.accuracy(probs, labels),
+                     "drop": d["diff"], "ci": d["ci"], "p": d["p"], "distinguishable": distinguishable(d)})
+    finish(progress)
+    return {"task": task.name, "n": len(labels), "accuracy": accuracy, "accuracy_ci": card.wilson(accuracy, len(labels)),
+            "rows": rows}
+
+
 @verb(AnatomyRequest, "where a region sits: layers × module types", text.anatomy)
 def anatomy(req: AnatomyRequest, progress: Progress | None = None, cancel=None, guard: Guard = LOCAL) -> AnatomyResult:
-    """Where a region sits: its parameters per layer and module type."""
+    """Where a region sits: its parameters per layer and module type, the tensors and neurons holding most of it;
+    with ``replicates`` its stability across seeds per part, with ``ablate`` what each part is worth."""
     req.validate()
+    start = time.time()
     path = req.region or str(latest_region())
     record = load_region(path)
-    return AnatomyResult(req, [], 0.0, str(path), record, count_anatomy(record.indices, record.shapes))
+    anat = count_anatomy(record.indices, record.shapes)
+    notes: list[str] = []
+    stability = None
+    if req.replicates:
+        paths = [str(path), *req.replicates]
+        stability = seed_stability(paths, [record, *(load_region(p) for p in req.replicates)])
+    ablation = ablate(req, str(path), record, anat, notes, progress, cancel, guard) if req.ablate else None
+    return AnatomyResult(req, notes, time.time() - start, str(path), record, anat,
+                         top_tensors(record.indices, record.shapes), top_neurons(record.indices, record.shapes),
+                         stability, ablation)
 
 
 # -- compose -------------------------------------------------------------------------------------
@@ -238,3 +369,68 @@ def export(req: ExportRequest, progress: Progress | None = None, cancel=None, gu
                         architecture(pair.model))
 
 
+
+
+# -- regions: the table of saved regions and their latest scores --------------------------------------
+@dataclass
+class RegionsResult(Result):
+    folder: str = ""
+    regions: list[dict] = field(default_factory=list)  # regions.listing_row of each region shown, in order
+    total: int = 0  # regions in the folder, before the filters
+
+
+FILTERS = ("task", "method", "finetuned")  # request field = the row's column it filters on
+
+
+def _matches(value, wanted: str) -> bool:
+    """A filter value names a column's value exactly, or its last path part (a task or model file by its name)."""
+    if value is None:
+        return False
+    wanted = str(wanted).strip().lower()
+    return wanted in (str(value).lower(), short_ref(value).lower(), Path(str(value)).stem.lower())
+
+
+def select_regions(rows: list[dict], task: str | None = None, method: str | None = None, finetuned: str | None = None,
+                   sort: str | None = None, descending: bool = False, where: str = "here") -> list[dict]:
+    """The rows that pass every filter given, sorted by ``sort`` (None: as given); a filter that names a value no
+    row has is a RequestError listing the values there are. Rows without a value in ``sort`` come last."""
+    wanted = {"task": task, "method": method, "finetuned": finetuned}
+    for name, value in wanted.items():
+        if value is None:
+            continue
+        if not any(_matches(r[name], value) for r in rows):
+            known = sorted({short_ref(r[name]) for r in rows if r[name] is not None})
+            raise RequestError(f"--{name} '{value}': no saved region {where} has it; "
+                               + (f"choose from {', '.join(known)}" if known else "there are no saved regions to filter"))
+        rows = [r for r in rows if _matches(r[name], value)]
+    if sort is None:
+        return list(rows)
+    if sort not in regions.LISTING_COLUMNS:
+        raise RequestError(f"--sort '{sort}': not a column; choose from {', '.join(regions.LISTING_COLUMNS)}")
+    known = [r for r in rows if r[sort] is not None]
+    key = (lambda r: str(r[sort]).lower()) if any(isinstance(r[sort], str) for r in known) else (lambda r: r[sort])
+    return sorted(known, key=key, reverse=descending) + [r for r in rows if r[sort] is None]
+
+
+def with_words(rows: list[dict], words: str | None) -> list[dict]:
+    """The rows that hold every word of ``words`` (any case) in their id, pair, task, method or settings."""
+    wanted = str(words or "").lower().split()
+
+    def said(r: dict) -> str:
+        return " ".join(str(r[key]) for key in ("id", "base", "finetuned", "task", "method", "k", "steps", "seed",
+                                                "scored_task", "created")).lower()
+
+    return [r for r in rows if all(w in said(r) for w in wanted)]
+
+
+@verb(RegionsRequest, "every saved region with its latest scores, filtered and sorted", text.regions)
+def regions_table(req: RegionsRequest, progress: Progress | None = None, cancel=None, guard: Guard = LOCAL) -> RegionsResult:
+    """The table of saved regions: what each is (pair, task, method, k, steps, seed) and how its graft scored when it
+    was last evaluated in distribution (graftui evaluate, the app's Compare)."""
+    req.validate()
+    start = time.time()
+    folder = Path(req.folder).expanduser() if req.folder else settings.subdir("regions")
+    rows = regions.listing(folder)
+    shown = select_regions(rows, req.task, req.method, req.finetuned, req.sort, req.descending, f"in {folder}")
+    notes = [] if rows else [f"no region files in {folder}; 'graftui localize' writes one there"]
+    return RegionsResult(req, notes, time.time() - start, str(folder), shown, len(rows))

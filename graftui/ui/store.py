@@ -379,12 +379,27 @@ def region_path(region_id: str) -> Path:
 
 
 def delete_region(region_id: str) -> Path:
-    """Remove one of the workspace's own regions (never a gallery one); returns the removed path."""
+    """Remove one of the workspace's own regions (never a gallery one), and its scores unless another file holds the
+    same region; returns the removed path."""
     path = region_path(region_id)
     if path.parent.resolve() != regions_dir().resolve():
         raise RegionError(f"'{region_id}' belongs to the server's gallery; it cannot be deleted from a page")
+    gone = read_region_header(path)
     path.unlink()
+    if gone is not None and all(e.digest != gone.digest for e in list_regions()):
+        regions.forget_scores(path.parent, [gone.digest])
     return path
+
+
+def region_scores() -> dict[str, dict]:
+    """Content id -> the latest scores of that region, from the score logs of the folders regions are listed from
+    (on a hosted server the session scores gallery regions in its own log)."""
+    out: dict[str, dict] = {}
+    for folder, _ in region_dirs():
+        for key, entry in regions.latest_scores(folder).items():
+            if key not in out or str(entry.get("when") or "") >= str(out[key].get("when") or ""):
+                out[key] = entry
+    return out
 
 
 def load_region(region_id: str):

@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import gradio as gr
 
+from ... import figures
 from ...paths import short_ref
+from ...regions import LISTING_COLUMNS
 from .. import actions, store
+from ..wiring import TABLE_HEIGHT
+from . import push
 
 INTRO = (
     "Every finished localization is saved as a **skill patch** (region indices + fine-tuned values + head). "
@@ -22,10 +26,63 @@ def render_export(job) -> list:
     return [job.result.get("zip")]
 
 
+# -- the regions table and their frontiers ------------------------------------------------------------
+SORT_LABELS = {"id": "id", "base": "base model", "finetuned": "fine-tuned model", "task": "task", "method": "method",
+               "k": "k (params)", "share_of_graftable": "share of graftable", "steps": "steps", "seed": "seed",
+               "created": "created", "accuracy": "accuracy", "ece": "ECE", "share_of_ft": "share of FT gain"}
+SORT_CHOICES = [("newest first", "")] + [(SORT_LABELS.get(c, c), c) for c in LISTING_COLUMNS]
+FRONTIER_NOTE = (
+    "Each point is one saved region: its size (share of the graftable parameters, log scale) against the accuracy of "
+    "its graft at its latest evaluation in distribution (Compare, or `graftui evaluate`); a line joins the regions of "
+    "one fine-tuned model, task and method, and the dotted line is the fine-tuned model's accuracy in that evaluation."
+)
+
+
+def render_table(words, sort, descending, last=None) -> tuple | None:
+    """The regions table and the frontier plot for the filter and sort picked, and what they show (the signature the
+    poll compares); None when that is ``last``, what is shown already."""
+    rows = actions.regions_listing()
+    sig = (tuple((r["id"], r["digest"], r["scored"], r["created"]) for r in rows), words or "", sort or "", bool(descending))
+    if sig == last:
+        return None
+    shown = actions.regions_shown(rows, words, sort, descending)
+    return actions.regions_table(shown), figures.region_frontiers(shown), sig
+
+
+def build_table(page) -> None:
+    """The saved regions as a table to filter and sort, and their accuracies against their sizes in one plot; both
+    follow every region saved or deleted and every evaluation that ends."""
+    gr.Markdown("### All regions and their latest scores\nEvery saved region with its pair, task, method and "
+                "settings, and the accuracy, ECE and share of the fine-tuning gain of its graft at its latest evaluation "
+                "(blank until one is scored on Compare), on the task it was scored on: its own unless another was "
+                "asked for.")
+    table, plot, sig = render_table("", "", False)
+    with gr.Row():
+        words = gr.Textbox("", label="Filter", placeholder="words every row shown holds, e.g. movies learned",
+                           elem_id="regions-filter")
+        sort = gr.Dropdown(SORT_CHOICES, value="", label="Sort by", elem_id="regions-sort")
+        descending = gr.Checkbox(False, label="Largest, latest or last first", elem_id="regions-descending")
+    frame = gr.Dataframe(table, interactive=False, wrap=True, max_height=TABLE_HEIGHT, label="Saved regions",
+                         elem_id="regions-table")
+    figure = gr.Plot(plot, label="Accuracy against region size", elem_id="regions-frontiers")
+    gr.Markdown(FRONTIER_NOTE, elem_id="regions-frontiers-note")
+    shown = page.state(sig)
+
+    def refresh(text, by, desc, last):
+        return render_table(text, by, desc, last) or (gr.skip(), gr.skip(), last)
+
+    page.poll.add(refresh, [words, sort, descending, shown], [frame, figure, shown], tab="regions")
+    for event in (words.submit, sort.change, descending.change):
+        page.on(event, page.quiet(lambda *a: (*refresh(*a), gr.skip())), [words, sort, descending, shown],
+                [frame, figure, shown, page.status], show_progress="hidden")
+
+
 def build(page) -> gr.Tab:
     status = page.status
     with gr.Tab("Regions", elem_id="tab-regions") as tab:
         gr.Markdown(INTRO)
+        build_table(page)
+        gr.Markdown("### One region")
         with gr.Row():
             reg_sel = gr.Dropdown(store.region_choices(), allow_custom_value=True, label="Saved region",
                                   elem_id="regions-select")
@@ -112,4 +169,5 @@ def build(page) -> gr.Tab:
                 "and listed in every region picker."), f"✓ Added region {saved.stem}."
 
     page.on(reg_apply.click, on_region_apply, [reg_up, page.base, page.finetuned], [reg_up_md, status])
+    push.build(page, tab, reg_sel)  # Push to the Hub, for the selected region
     return tab
