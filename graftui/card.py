@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 
-from .config import BODY_LABEL, FT_LABEL
+from .config import FT_LABEL, LM_BODY_LABEL, is_body
 from .experiments import relative_gain
 from .formatting import difference, pct as _pct, pts
 
@@ -74,10 +74,10 @@ def annotate(rows: list[dict]) -> list[dict]:
     for task in dict.fromkeys(r["task"] for r in rows):
         group = [r for r in rows if r["task"] == task]
         ft = next((r["accuracy"] for r in group if _is_ft(r)), None)
-        bare = next((r["accuracy"] for r in group if r["model"] == BODY_LABEL), None)
+        bare = next((r["accuracy"] for r in group if is_body(r["model"])), None)
         baselines = {(r.get("method"), r.get("region_size")): r["accuracy"] for r in group}
         for r in group:
-            if _is_ft(r) or r["model"] == BODY_LABEL:
+            if _is_ft(r) or is_body(r["model"]):
                 continue
             r["ft_kept"] = r["accuracy"] / ft if ft else None
             r["gain_recovered"] = gain_recovered(r["accuracy"], ft, bare)
@@ -91,6 +91,12 @@ def annotate(rows: list[dict]) -> list[dict]:
 def pct(x: float | None, digits: int = 0) -> str:
     """A share in a sentence: "95 %"."""
     return _pct(x, digits, spaced=True)
+
+
+def bare_words(model: str | None) -> str:
+    """The empty-region model in words, by the pair's kind (its row's name says which)."""
+    return ("the pre-trained model read through the same prompt (zero-shot)" if model == LM_BODY_LABEL else
+            "the bare pre-trained body with the fine-tuned head")
 
 
 def interval(row) -> str:
@@ -127,10 +133,13 @@ def graft_sentence(row: dict, ft_row: dict | None, graftable: int | None = None,
         if to_ft:
             text += f" ({difference(to_ft, ' against it')})"
     gain = row.get("gain_recovered")
-    if gain is not None and gain >= 0:
+    if gain is not None and gain > 1:
+        text += (f" and recovers {pct(gain)} of the fine-tuning gain ((graft − bare) / (FT − bare); above 100 % "
+                 "because the graft scores above the fine-tuned model itself)")
+    elif gain is not None and gain >= 0:
         text += f" and recovers {pct(gain)} of the fine-tuning gain ((graft − bare) / (FT − bare))"
     elif gain is not None:
-        text += f" but scores below the bare pre-trained body ({pct(gain)} of the fine-tuning gain)"
+        text += f" but scores below the model with an empty region ({pct(gain)} of the fine-tuning gain)"
     extra = []
     for key, name in (("vs_random", "random"), ("vs_top_movement", "top-movement")):
         d = paired.get((baselines.get(name), "accuracy"))
@@ -175,13 +184,16 @@ def evaluate_card(rows: list[dict], *, graftable: int | None = None, start_overl
         return []
     own = [r for r in rows if r["task"] == tasks[0]]
     ft_row = next((r for r in own if _is_ft(r)), None)
-    grafts = [r for r in own if not _is_ft(r) and r["model"] != BODY_LABEL]
+    grafts = [r for r in own if not _is_ft(r) and not is_body(r["model"])]
     lines = []
-    bare = next((r for r in own if r["model"] == BODY_LABEL), None)
+    bare = next((r for r in own if is_body(r["model"])), None)
     if ft_row and bare:
-        lines.append(f"Fine-tuned: {pct(ft_row['accuracy'], 1)}{interval(ft_row)}; the bare pre-trained body with its head: "
+        lines.append(f"Fine-tuned: {pct(ft_row['accuracy'], 1)}{interval(ft_row)}; {bare_words(bare['model'])}: "
                      f"{pct(bare['accuracy'], 1)}; fine-tuning gained {pts(ft_row['accuracy'] - bare['accuracy'])}.")
-        if ft_row["accuracy"] - bare["accuracy"] < 0.02:
+        if ft_row["accuracy"] <= bare["accuracy"]:
+            lines.append("Fine-tuning gained nothing on this task (FT does not score above the empty region), so no "
+                         "share of its gain is read and no region can show one: check the fine-tuned model first.")
+        elif ft_row["accuracy"] - bare["accuracy"] < 0.02:
             lines.append("Fine-tuning gained almost nothing on this task, so no region can show a gain: check the "
                          "fine-tuned model first.")
     for row in grafts:
@@ -270,10 +282,21 @@ def compose_card(doc: dict) -> list[str]:
 
 def localize_card(doc: dict) -> list[str]:
     """What was found, whether mask learning moved away from its start, and (with seeds) how stable it is."""
+    check = doc.get("check")
     lines = [f"Region of {doc['k']:,} parameters ({pct(doc['fraction_of_graftable'], 3)} of the graftable set), by "
-             f"{doc['method']}; evaluate it (Compare, or graftui evaluate) to see what it keeps."]
+             f"{doc['method']}; " + (f"a quick check on {check['n']:,} held-out test examples of {check['task']} follows "
+                                     "(Compare scores every test example, beside baselines of the same size)." if check
+                                     else "evaluate it (Compare, or graftui evaluate) to see what it keeps.")]
+    if check:
+        lines += evaluate_card(check["rows"], graftable=doc.get("graftable_params"), differences=check["differences"])
     if doc.get("stability"):
         lines.append(stability_sentence(doc["stability"]))
+        held = [(e["seed"], e["check"]) for e in doc.get("seeds") or () if e.get("check")]
+        if held:
+            lines.append(f"Held-out check on {held[0][1]['n']:,} test examples: "
+                         + ", ".join(f"seed {s} {pct(c['accuracy'], 1)}" for s, c in held)
+                         + f" (fine-tuned {pct(held[0][1]['ft'], 1)}); Compare scores the seeds together, with the "
+                           "spread over seeds in each interval.")
     share = (doc.get("meta") or {}).get("top_movement_overlap")
     if share is not None:
         lines.append(f"{pct(1 - share, 1)} of it lies outside the top-movement region it started from"
@@ -311,6 +334,11 @@ def finetune_card(doc: dict) -> list[str]:
     acc, n, chance = doc.get("test_accuracy"), doc.get("test_examples"), doc.get("chance_accuracy")
     if not n:
         return []
+    if doc.get("per_seed"):
+        each = ", ".join(f"seed {e['seed']} {pct(e['test_accuracy'], 1)}" for e in doc["per_seed"])
+        return [f"Held-out accuracy {pct(acc, 1)} ± {100 * (doc.get('test_accuracy_std') or 0):.1f} pts over "
+                f"{len(doc['per_seed'])} fine-tunes ({each}; n = {n:,} each). Localize in each checkpoint (--finetuned) "
+                "to see how much of a region's variance comes from the fine-tune."]
     line = f"Held-out accuracy {pct(acc, 1)}{interval({'accuracy_ci': wilson(acc, n), 'n': n})}"
     if chance is not None:
         line += f"; chance (the most frequent class) is {pct(chance, 1)}"
@@ -324,8 +352,8 @@ def finetune_card(doc: dict) -> list[str]:
 def predict_card(rows: list[dict], ft_name: str, texts: int) -> list[str]:
     """Hand-typed sentences: where each graft decides as the fine-tuned model does, and where the bare body did
     not (the sentences on which the region carries the skill). A handful of sentences shows, it does not measure."""
-    grafts = list(dict.fromkeys(r["model"] for r in rows if r["model"] not in (ft_name, BODY_LABEL)))
-    body_differs = {r["text"] for r in rows if r["model"] == BODY_LABEL and r["agrees_with_ft"] is False}
+    grafts = list(dict.fromkeys(r["model"] for r in rows if r["model"] != ft_name and not is_body(r["model"])))
+    body_differs = {r["text"] for r in rows if is_body(r["model"]) and r["agrees_with_ft"] is False}
     lines = [f"On {texts} sentence(s), the bare body decides as the fine-tuned model on "
              f"{texts - len(body_differs)} of {texts}."]
     for name in grafts:

@@ -33,9 +33,25 @@ SENTIMENT_TASKS = ("movies", "amazon", "tweets")  # one label space: each is out
 DEFAULT_MULTITASK_TASKS = ("movies", "amazon", "bbc")  # a similar pair (two sentiment tasks) and a dissimilar task
 DEFAULT_MULTITASK = "minilm-multitask"  # cache key of the default multi-task fine-tune
 DEFAULT_SPARSITY = 1e-3
+# test examples on which localize scores its region at once, beside FT and the empty region: a quick check (about
+# ±4 pts at 200), where Compare scores them all
+DEFAULT_CHECK_N = 200
 DEFAULT_EXAMPLES_PER_CLASS = 256  # k-shot examples for mask learning; fewer overfit the mask (measured)
-# the two reference models of every comparison: θ_ft, and θ_pre with the fine-tuned head (the empty region)
+# the two reference models of every comparison: θ_ft, and θ_pre with the fine-tuned head (the empty region). A
+# language model read through label words has no head of its own: its empty region is the pre-trained model read
+# through the same prompt, zero-shot.
 FT_LABEL, BODY_LABEL = "fine-tuned", "pre-trained body + FT head"
+LM_BODY_LABEL = "pre-trained, same prompt"
+BODY_LABELS = (BODY_LABEL, LM_BODY_LABEL)
+
+
+def body_label(prompted: bool) -> str:
+    """The empty region's name for a pair read as a classifier, or through a prompt's label words."""
+    return LM_BODY_LABEL if prompted else BODY_LABEL
+
+
+def is_body(model: str) -> bool:
+    return model in BODY_LABELS
 
 
 # -- mask learning -------------------------------------------------------------------------------------
@@ -197,7 +213,7 @@ def is_default_finetuned(ref: str | None) -> bool:
 # FT (0.723); 1e-3 and up leave the model at chance.
 ADAMW_L1 = 3e-5
 INTERACTIVE = {"n": 500, "l1": ADAMW_L1}  # l1: what the app proposes when AdamW is picked
-FAST = {"steps": 10, "examples_per_class": 16, "n": 64, "epochs": 1, "train_examples": 64,
+FAST = {"steps": 10, "examples_per_class": 16, "n": 64, "check_n": 64, "epochs": 1, "train_examples": 64,
         "sparsities": [1e-4, 1e-3]}  # GRAFTUI_FAST: tests and demos
 
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .config import BODY_LABEL, FT_LABEL
+from .config import BODY_LABEL, FT_LABEL, LM_BODY_LABEL
 from .layout import MODULE_LABELS
+from .paths import short_ref
 
 PALETTE = ["#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#17becf"]
-MODEL_COLOURS = {FT_LABEL: "#1f77b4", BODY_LABEL: "#7f7f7f"}
+MODEL_COLOURS = {FT_LABEL: "#1f77b4", BODY_LABEL: "#7f7f7f", LM_BODY_LABEL: "#7f7f7f"}
 
 
 def _layout(fig: go.Figure, title: str, height: int = 380) -> go.Figure:
@@ -37,28 +38,58 @@ def _colour(label: str, i: int) -> str:
 
 
 # -- live training curves ----------------------------------------------------------------------
+def _trend(values: list[float], window: int = 5) -> list[float]:
+    """A centred running mean: the trend of a noisy per-batch curve."""
+    half = window // 2
+    return [sum(values[max(0, i - half):i + half + 1]) / len(values[max(0, i - half):i + half + 1])
+            for i in range(len(values))]
+
+
 def localize_progress(progress: list[dict], k: int | None = None, title: str = "Mask learning") -> go.Figure:
-    """Loss, batch accuracy and region size per mask step (the job's progress events)."""
+    """Loss (with its trend), batch accuracy with the held-out checks beside FT and the empty region, and the
+    relaxed region's size per mask step (the job's progress events)."""
+    seed = next((p["seed"] for p in reversed(progress) if "seed" in p), None)
+    if seed is not None:  # a replicate run: the seed under way (each seed's steps start again at 1)
+        progress = [p for p in progress if p.get("seed") == seed]
+        title = f"{title} · seed {seed}"
     steps = [p for p in progress if "step" in p and "loss" in p]
-    if not steps:
+    held = [p["heldout"] for p in progress if isinstance(p.get("heldout"), dict)]
+    if not steps and not held:
         return empty_figure("Waiting for the first mask step… (models and data load first)")
     x = [p["step"] for p in steps]
+    n = held[0]["n"] if held else None
     fig = make_subplots(
         rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.08,
         subplot_titles=(
-            "Task loss of the relaxed graft (cross-entropy, lower is better)",
-            "Accuracy on the training batch",
-            "Region size: parameters with γ(S) ≥ 0.5, against the budget k",
+            "Loss of the relaxed graft per batch (thick: running mean)",
+            "Accuracy: training batch" + (f"; held-out check, n = {n:,} (◆)" if held else ""),
+            "Relaxed mask: parameters with γ(S) ≥ 0.5 (the saved region: exactly k)",
         ),
     )
-    fig.add_trace(go.Scatter(x=x, y=[p["loss"] for p in steps], mode="lines+markers", name="loss",
-                             hovertemplate="step %{x}<br>loss %{y:.4f}<extra></extra>"), row=1, col=1)
-    fig.add_trace(go.Scatter(x=x, y=[p["accuracy"] for p in steps], mode="lines+markers", name="batch accuracy",
-                             line={"color": PALETTE[2]}, hovertemplate="step %{x}<br>accuracy %{y:.1%}<extra></extra>"),
-                  row=2, col=1)
-    fig.add_trace(go.Scatter(x=x, y=[p.get("region_size") for p in steps], mode="lines+markers", name="region size",
-                             line={"color": PALETTE[3]},
-                             hovertemplate="step %{x}<br>%{y:,} parameters<extra></extra>"), row=3, col=1)
+    if steps:
+        losses = [p["loss"] for p in steps]
+        fig.add_trace(go.Scatter(x=x, y=losses, mode="lines+markers", name="loss", line={"width": 1},
+                                 marker={"size": 4}, hovertemplate="step %{x}<br>loss %{y:.4f}<extra></extra>"),
+                      row=1, col=1)
+        fig.add_trace(go.Scatter(x=x, y=_trend(losses), mode="lines", name="trend", line={"width": 3},
+                                 hovertemplate="step %{x}<br>running mean %{y:.4f}<extra></extra>"), row=1, col=1)
+        fig.add_trace(go.Scatter(x=x, y=[p["accuracy"] for p in steps], mode="lines+markers", name="batch accuracy",
+                                 line={"color": PALETTE[2]},
+                                 hovertemplate="step %{x}<br>accuracy %{y:.1%}<extra></extra>"), row=2, col=1)
+        fig.add_trace(go.Scatter(x=x, y=[p.get("region_size") for p in steps], mode="lines+markers",
+                                 name="region size", line={"color": PALETTE[3]},
+                                 hovertemplate="step %{x}<br>%{y:,} parameters<extra></extra>"), row=3, col=1)
+    if held:
+        for name, colour in (("ft", MODEL_COLOURS[FT_LABEL]), ("bare", MODEL_COLOURS[BODY_LABEL])):
+            words = "fine-tuned" if name == "ft" else "empty region"
+            fig.add_hline(y=held[-1][name], line_dash="dot", line_color=colour, row=2, col=1,
+                          annotation_text=f"{words} {held[-1][name]:.1%}", annotation_position="top left")
+        fig.add_trace(go.Scatter(x=[h["step"] for h in held], y=[h["accuracy"] for h in held], mode="markers+text",
+                                 name="held-out", marker={"symbol": "diamond", "size": 12, "color": PALETTE[1]},
+                                 text=[f"{h['accuracy']:.1%}" for h in held], textposition="bottom center",
+                                 customdata=[[h["model"], h["n"]] for h in held],
+                                 hovertemplate="%{customdata[0]} (step %{x})<br>held-out accuracy %{y:.1%} on "
+                                               "%{customdata[1]} examples<extra></extra>"), row=2, col=1)
     if k:
         fig.add_hline(y=k, line_dash="dot", line_color="#444", row=3, col=1,
                       annotation_text=f"budget k = {k:,}", annotation_position="bottom right")
@@ -239,6 +270,49 @@ def module_bars(anat, title: str = "") -> go.Figure:
     return _layout(fig, title or "Region parameters per module type", height=360)
 
 
+def ablation_bars(ablation: dict | None) -> go.Figure:
+    """What each part of the region is worth: the accuracy the graft loses without each layer's and each module
+    type's part of the region (back to θ_pre), in points, with the paired 95 % interval as whiskers."""
+    if not ablation or not ablation.get("rows"):
+        return empty_figure("Run the ablation to see what each part of the region is worth.")
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.1, subplot_titles=("per layer", "per module type"))
+    for col, by in ((1, "layer"), (2, "module")):
+        rows = [r for r in ablation["rows"] if r["by"] == by]
+        drop = [100 * r["drop"] for r in rows]
+        fig.add_trace(go.Bar(
+            x=[r["label"] for r in rows], y=drop, name=f"per {by}", showlegend=False,
+            marker_color=[PALETTE[1] if r["distinguishable"] else "#bbbbbb" for r in rows],
+            error_y={"type": "data", "symmetric": False, "array": [100 * r["ci"][1] - d for r, d in zip(rows, drop)],
+                     "arrayminus": [d - 100 * r["ci"][0] for r, d in zip(rows, drop)], "color": "#444"},
+            customdata=[[r["parameters"], r["share"], r["accuracy"], 100 * r["ci"][0], 100 * r["ci"][1]] for r in rows],
+            hovertemplate=("<b>without %{x}</b><br>%{customdata[0]:,} region parameters (%{customdata[1]:.1%})"
+                           "<br>accuracy %{customdata[2]:.3f}<br>drop %{y:+.1f} pts [%{customdata[3]:+.1f}, "
+                           "%{customdata[4]:+.1f}]<extra></extra>")), row=1, col=col)
+    fig.update_yaxes(title_text="accuracy drop (pts)", row=1, col=1)
+    fig.update_xaxes(tickangle=-30, row=1, col=2)  # module names are long
+    fig.add_hline(y=0, line_color="#888", line_width=1)
+    title = (f"What each part of the region is worth: accuracy lost without it ({ablation['n']:,} examples of "
+             f"{ablation['task']}, whole graft {ablation['accuracy']:.3f})")
+    return _layout(fig, title, height=420)
+
+
+def part_stability_heatmap(stability: dict | None) -> go.Figure:
+    """Per layer × module type: the share of a seed's region there that every seed found (the core)."""
+    grid = (stability or {}).get("grid")
+    if not grid or not grid["layers"]:
+        return empty_figure("Pick other seeds of this region's localize run to see how stable each part is.")
+    z = grid["core_share"]
+    fig = go.Figure(go.Heatmap(
+        z=z, x=grid["module_labels"], y=grid["layers"], zmin=0, zmax=1, colorscale="Greens",
+        text=[["–" if v is None else f"{v:.0%}" for v in row] for row in z], texttemplate="%{text}",
+        colorbar={"tickformat": ".0%", "title": {"text": "core / mean"}},
+        hovertemplate="<b>%{y} · %{x}</b><br>found by every seed: %{z:.1%}<extra></extra>", xgap=2, ygap=2))
+    fig.update_yaxes(autorange="reversed", title_text="transformer layer")
+    fig.update_xaxes(title_text="module type")
+    return _layout(fig, f"Stability across {stability['seeds']} seeds: share of a seed's region found by every seed",
+                   height=140 + 42 * len(grid["layers"]))
+
+
 def side_by_side(side: dict | None) -> go.Figure:
     """Runs next to each other: where each region lies (share per module type) and how much they overlap."""
     if not side:
@@ -286,6 +360,19 @@ def overlap_heatmap(matrix: dict, which: str = "overlap") -> go.Figure:
     fig.update_xaxes(title_text="γj")
     title = ("Intersection over union |γi ∩ γj| / |γi ∪ γj|" if which == "iou"
              else "Overlap |γi ∩ γj| / |γj|: share of column region j also in row region i")
+    return _layout(fig, title, height=200 + 50 * len(names))
+
+
+def stability_heatmap(stability: dict, names: list[str]) -> go.Figure:
+    """The regions of several seeds: |γi ∩ γj| / |γj| per pair, against the overlap of random regions of the sizes."""
+    z = stability["pairwise_overlap"]
+    fig = go.Figure(go.Heatmap(
+        z=z, x=names, y=names, zmin=0, zmax=1, colorscale="Reds", colorbar={"tickformat": ".0%"},
+        text=[[f"{v:.1%}" for v in row] for row in z], texttemplate="%{text}", xgap=2, ygap=2,
+        hovertemplate="%{y} ∩ %{x}: %{z:.1%} of %{x}<extra></extra>"))
+    fig.update_yaxes(autorange="reversed")
+    title = (f"Overlap across seeds (mean {stability['mean_overlap']:.1%}; random regions: "
+             f"{stability['chance_overlap']:.3%}); core {stability['core']:,}")
     return _layout(fig, title, height=200 + 50 * len(names))
 
 
@@ -348,3 +435,48 @@ def continual_curves(doc: dict) -> go.Figure:
     fig.update_yaxes(title_text="test accuracy", tickformat=".0%")
     fig.update_xaxes(title_text="stage of the task sequence")
     return _layout(fig, "Forgetting: forget-free regions (solid) against sequential fine-tuning (dotted)", height=420)
+
+
+# -- the regions table: accuracy against region size ------------------------------------------------
+def region_frontiers(rows: list[dict]) -> go.Figure:
+    """Each scored region's latest accuracy against its size (share of the graftable parameters, log x), one line per
+    (fine-tuned model, task, method) through its regions from the smallest to the largest; the fine-tuned model's
+    accuracy on each task, where the evaluation measured it, as a dotted reference. ``rows``: regions.listing_row."""
+    points = [r for r in rows if r.get("accuracy") is not None and (r.get("share_of_graftable") or 0) > 0]
+    if not points:
+        return empty_figure("No region here has been evaluated yet: score one on Compare (or with graftui evaluate) "
+                            "and it appears here.")
+    groups: dict[tuple, list[dict]] = {}
+    for r in points:
+        groups.setdefault((r.get("finetuned") or "?", r.get("scored_task") or r.get("task") or "?",
+                           r.get("method") or "?"), []).append(r)
+    fig = go.Figure()
+    for i, ((ft, task, method), members) in enumerate(groups.items()):
+        members = sorted(members, key=lambda r: r["share_of_graftable"])
+        words = [[r["id"], f"{r['k']:,}" if isinstance(r.get("k"), int) else "?",
+                  "–" if r.get("ece") is None else f"{r['ece']:.3f}",
+                  "–" if r.get("share_of_ft") is None else f"{r['share_of_ft']:.0%}", str(r.get("n") or "?")]
+                 for r in members]
+        fig.add_trace(go.Scatter(
+            x=[r["share_of_graftable"] for r in members], y=[r["accuracy"] for r in members], mode="lines+markers",
+            name=f"{short_ref(ft)} · {short_ref(task)} · {method}", customdata=words,
+            line={"color": PALETTE[i % len(PALETTE)], "dash": SWEEP_DASHES[i % len(SWEEP_DASHES)]},
+            marker={"symbol": SWEEP_SYMBOLS[i % len(SWEEP_SYMBOLS)], "size": 10},
+            hovertemplate=("<b>%{customdata[0]}</b><br>k = %{customdata[1]} (%{x:.3%} of graftable)<br>accuracy "
+                           "%{y:.1%} on " + short_ref(task) + " (n = %{customdata[4]})<br>ECE %{customdata[2]}<br>"
+                           "share of FT gain %{customdata[3]}<extra></extra>")))
+    references = {}
+    for r in points:
+        if r.get("ft_accuracy") is not None:
+            references[(r.get("finetuned") or "?", r.get("scored_task") or r.get("task") or "?")] = r["ft_accuracy"]
+    for (ft, task), accuracy in references.items():
+        fig.add_hline(y=accuracy, line_dash="dot", line_color=MODEL_COLOURS[FT_LABEL],
+                      annotation_text=f"fine-tuned {short_ref(ft)} on {short_ref(task)}: {accuracy:.1%}",
+                      annotation_position="top left")
+    sizes = sorted({r["share_of_graftable"] for r in points})
+    ticks = sizes if len(sizes) <= 6 else [10.0 ** e for e in range(-8, 1) if sizes[0] / 10 < 10.0 ** e < sizes[-1] * 10]
+    fig.update_xaxes(type="log", title_text="region size (share of graftable parameters, log scale)", tickvals=ticks,
+                     ticktext=[f"{100 * t:.2g}%" for t in ticks])
+    fig.update_yaxes(title_text="latest test accuracy of the graft", tickformat=".0%", range=[0, 1.02])
+    return _layout(fig, "Saved regions: accuracy against region size, one line per fine-tuned model · task · method",
+                   height=460).update_layout(margin={"b": 120})

@@ -93,7 +93,7 @@ class JobContext:
                 self.job.fraction = float(event["fraction"])
             if "stage" in event:
                 self.job.message = str(event["stage"])
-            if "step" in event:
+            if "step" in event or "heldout" in event:  # what the panels plot: steps, and held-out checks between them
                 self.job.progress.append({**event, "time": round(time.time() - (self.job.started or time.time()), 3)})
         self._runner._save(self.job, throttle=True)
 

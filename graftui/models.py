@@ -340,6 +340,8 @@ class ModelPair:
     prompt: object = None  # prompts.Prompt when a language model is read through label words
     options: LoadOptions = field(default_factory=LoadOptions)
     _params: dict[str, torch.nn.Parameter] = field(default_factory=dict, repr=False)
+    # FT's and the empty region's predictions on test samples, kept with the pair (scoring.reference_predict)
+    references: dict = field(default_factory=dict, repr=False, compare=False)
 
     # -- loading -----------------------------------------------------------------------------
     @classmethod

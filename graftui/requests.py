@@ -24,13 +24,14 @@ from typing import ClassVar
 
 from . import settings
 from .config import (
-    DEFAULT_BASE, DEFAULT_EXAMPLES_PER_CLASS, DEFAULT_FINETUNED, DEFAULT_MULTITASK_TASKS, DEFAULT_RECIPE,
+    DEFAULT_BASE, DEFAULT_CHECK_N, DEFAULT_EXAMPLES_PER_CLASS, DEFAULT_FINETUNED, DEFAULT_MULTITASK_TASKS, DEFAULT_RECIPE,
     DEFAULT_SPARSITY, DEFAULT_TASK, DTYPES, FAST, HEADS, LOGIT_DTYPES, LR_FOR, MEMORY_MODES, MODULE_TYPES, BINARISE_RULES,
     MASK_OPTIMIZERS, SENTIMENT_TASKS, Budget, FinetuneConfig, GraftableSpec, LearnConfig, LoadOptions, default_recipe,
 )
 from .data import DataSpec
 from .errors import RequestError
 from .localizers import METHODS
+from .regions import LISTING_COLUMNS
 from .sets import RESOLVE_MODES
 
 
@@ -424,8 +425,8 @@ class PairRequest(LoadFields, TaskFields, PairFields):
 
 
 @dataclass
-class FinetuneRequest(LoadFields, TaskFields):
-    """Fine-tune a base model on a task and write a Hugging Face checkpoint folder."""
+class FinetuneRequest(ReplicateFields, LoadFields, TaskFields):
+    """Fine-tune a base model on a task and write a Hugging Face checkpoint folder (with --seeds, one per seed)."""
 
     verb: ClassVar[str] = "finetune"
     writes: ClassVar[bool] = True
@@ -464,8 +465,15 @@ class FinetuneRequest(LoadFields, TaskFields):
             raise RequestError(f"--train-examples must be 0 (all) or more, got {self.train_examples}")
         self.recipe().validate()
         check_at_least_one("test_examples", self.test_examples)
-        check_out_dir(self.out)
+        self.check_seeds()
+        for out in (self.seed_outs().values() if self.seeds else (self.out,)):
+            check_out_dir(out)
         self.check_loading()
+
+    def seed_outs(self) -> dict[int, str | None]:
+        """Each seed's checkpoint folder with --seeds: --out with '-seed<N>' (None: the default folder per recipe,
+        which holds the seed)."""
+        return {s: f"{str(self.out).rstrip('/')}-seed{s}" if self.out else None for s in self.seeds or ()}
 
 
 @dataclass
@@ -482,6 +490,8 @@ class LocalizeRequest(ReplicateFields, LoadFields, GraftableFields, LearnFields,
     region_only: bool = arg(False, "write indices only (re-applying needs the fine-tuned model), not a skill patch")
     out: str | None = arg(None, "region file (default: a new file in $GRAFTUI_HOME/regions)", metavar="FILE")
     overwrite: bool = arg(False, "replace --out if it exists (refused otherwise)")
+    check_n: int = arg(DEFAULT_CHECK_N, "held-out test examples on which the region is scored at once, beside the "
+                       "fine-tuned model and the empty region (0: no check; evaluate scores them all)", metavar="N")
 
     def budget(self) -> Budget:
         return Budget(k=self.k) if self.k is not None else Budget(sparsity=self.sparsity)
@@ -497,6 +507,8 @@ class LocalizeRequest(ReplicateFields, LoadFields, GraftableFields, LearnFields,
         self.check_modules()
         self.check_loading(learning=True)
         self.check_seeds()
+        if isinstance(self.check_n, bool) or not isinstance(self.check_n, int) or self.check_n < 0:
+            raise RequestError(f"{_name('check_n')} must be a whole number >= 0 (0: no check), got {self.check_n!r}")
         if self.seeds:
             for path in self.seed_outs().values():
                 check_out_file(path, self.overwrite, resumable=True)
@@ -650,10 +662,48 @@ class AnatomyRequest(Request):
     region: str | None = arg(None, "region or skill patch (default: the newest in $GRAFTUI_HOME/regions)",
                              metavar="FILE")
     by: str = arg("cell", "rows per layer, per module type, or a layer × module grid", choices=("layer", "module", "cell"))
+    replicates: list[str] = arg([], "another seed's region of the same localize run as --region (repeatable): how stable "
+                                "each module type and layer is across the seeds", flag="--replicate", metavar="FILE",
+                                list="repeat")
+    ablate: bool = arg(False, "also score the graft without each layer's and each module type's part of the region "
+                       "(put back to θ_pre) on the region's own task: what each part is worth (loads the region's pair)")
+    n: int = arg(200, "test examples for --ablate (the sample evaluate scores with this n)", metavar="N")
 
     def check(self) -> None:
         if self.region is not None:
             check_region_file(self.region)
+        for path in self.replicates:
+            check_region_file(path)
+        check_at_least_one("n", self.n)
+
+
+@dataclass
+class RegionsRequest(Request):
+    """Every saved region with its pair, task, method, k, steps and seed, and the accuracy, ECE and share of the
+    fine-tuning gain of its latest evaluation (graftui evaluate, the app's Compare), filtered and sorted."""
+
+    verb: ClassVar[str] = "runs"  # graftui.runs(): graftui.regions is the module of region files
+    aliases: ClassVar[tuple[str, ...]] = ("regions",)  # on the command line, graftui regions lists them too
+    folder: str | None = arg(None, "folder of region files (default: $GRAFTUI_HOME/regions)", metavar="DIR")
+    task: str | None = arg(None, "only regions learned on this task (its name, or its file's name)", metavar="REF")
+    method: str | None = arg(None, "only regions of this method (learned, top-movement, random, union …)",
+                             metavar="NAME")
+    finetuned: str | None = arg(None, "only regions of this fine-tuned model (its reference, or its folder's name)",
+                                metavar="REF")
+    sort: str | None = arg(None, "column to sort by (default: the newest first)", choices=LISTING_COLUMNS)
+    descending: bool = arg(False, "sort the largest, latest or last in the alphabet first")
+
+    def check(self) -> None:
+        if self.folder is not None:
+            if settings.hosted():
+                raise RequestError("--folder: a hosted server lists only your own regions; drop --folder")
+            path = Path(self.folder).expanduser()
+            if not path.is_dir():
+                raise RequestError(f"--folder '{self.folder}' is not a folder; give the folder your region files are in")
+        for name in ("task", "method", "finetuned"):
+            value = getattr(self, name)
+            if value is not None and not str(value).strip():
+                raise RequestError(f"{_name(name)}: give a value to filter by, or drop {_name(name)}")
 
 
 @dataclass
@@ -706,7 +756,8 @@ class ExportRequest(LoadFields):
 class PushRequest(LoadFields):
     """Push a skill patch, or the grafted checkpoint, to the Hugging Face Hub with a generated model card.
 
-    The token is the usual one (HF_TOKEN, or `hf auth login`); graftui never stores it.
+    The token is the usual one (HF_TOKEN, or `hf auth login`); a hosted server's app pushes only with the visitor's
+    own Hugging Face sign-in. The token is no field of the request: graftui never stores it.
     """
 
     verb: ClassVar[str] = "push"

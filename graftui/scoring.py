@@ -9,6 +9,7 @@ manager that restores θ_pre exactly, so the order of rows never changes a numbe
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import threading
 from dataclasses import asdict, dataclass, field, replace
 from typing import Callable
@@ -16,7 +17,7 @@ from typing import Callable
 import torch
 
 from . import method, metrics, sets
-from .config import BODY_LABEL, FT_LABEL, Budget, LearnConfig
+from .config import FT_LABEL, Budget, LearnConfig, body_label
 from .data import Task, batches, subsample
 from .errors import Cancelled, DataError, RegionError
 from .localizers import run_method
@@ -96,6 +97,12 @@ def sample(task: Task, split: str, n: int | None, seed: int = 0):
     return subsample(data, n, seed) if n is not None and n < len(data) else data
 
 
+def body_of(pair) -> str:
+    """The name of ``pair``'s empty-region model: the bare body with FT's head, or, for a language model read through
+    label words, the pre-trained model under the same prompt."""
+    return body_label(pair.prompt is not None)
+
+
 def predict(pair, task: Task, split: str, n: int | None, batch_size: int = 64, seed: int = 0):
     data = sample(task, split, n, seed)
     if len(data) == 0:
@@ -107,6 +114,39 @@ def predict(pair, task: Task, split: str, n: int | None, batch_size: int = 64, s
     back = torch.empty(len(order), dtype=torch.long)
     back[torch.tensor(order)] = torch.arange(len(order))
     return probs[back], labels[back]
+
+
+# The fine-tuned model's and the bare body's predictions on a sample are the same in every comparison of one pair:
+# they are kept with the pair (``ModelPair.references``, gone with it) and reused, so a second comparison or a
+# Localize's quick score of the same pair and task scores only the grafts. The key holds the sample's content, not
+# its name: two uploads called alike never share an entry.
+_references_lock = threading.Lock()
+REFERENCES_PER_PAIR = 16
+
+
+def _sample_key(task: Task, split: str, n: int | None, seed: int) -> str:
+    data = sample(task, split, n, seed)
+    h = hashlib.sha256(repr((task.max_length, task.label_names)).encode())
+    for text, other, label in zip(data.texts, data.pairs or [None] * len(data), data.labels):
+        h.update(repr((text, other, label)).encode())
+    return h.hexdigest()
+
+
+def reference_predict(pair, name: str, task: Task, split: str, n: int | None, seed: int = 0):
+    """``predict`` of FT or the bare body (``name``; the pair at rest in the matching state), cached per pair."""
+    key = (name, _sample_key(task, split, n, seed))
+    with _references_lock:
+        found = pair.references.get(key)
+    if found is not None:
+        return found
+    with pair.finetuned() if name == FT_LABEL else contextlib.nullcontext():
+        found = predict(pair, task, split, n, seed=seed)
+    with _references_lock:
+        kept = pair.references
+        kept[key] = found
+        while len(kept) > REFERENCES_PER_PAIR:
+            kept.pop(next(iter(kept)))
+    return found
 
 
 @dataclass
@@ -147,15 +187,16 @@ def compare(
     (accuracy, ECE), get a paired interval on the same examples (:func:`differences`).
     """
     check_labels(pair, task)
+    body = body_of(pair)
     rows, reliability, histogram, found = [], {}, {}, []
     pairs = [(label, FT_LABEL, m) for label in models for m in metrics.PAIRED_METRICS]
-    pairs += [(label, BODY_LABEL, "accuracy") for label in models]
+    pairs += [(label, body, "accuracy") for label in models]
     pairs += [(a, b, m) for a, b in contrasts for m in metrics.PAIRED_METRICS]
     tasks = [task, *ood]
     total = len(tasks) * (len(models) + 2)
     done = 0
     for t in tasks:
-        variants: list[tuple[str, object]] = [(FT_LABEL, pair.finetuned()), (BODY_LABEL, contextlib.nullcontext())]
+        variants: list[tuple[str, object]] = [(FT_LABEL, None), (body, None)]  # the references: cached per pair
         variants += [(label, pair.grafted(region) if isinstance(region, dict) else pair.grafted(*region))
                      for label, region in models.items()]
         reference, predictions = None, {}
@@ -164,8 +205,11 @@ def compare(
                 raise Cancelled("evaluation cancelled")
             if progress:
                 progress({"stage": f"evaluating {label} on {t.name}", "fraction": done / total})
-            with context:
-                probs, labels = predict(pair, t, split, n, seed=seed)
+            if context is None:
+                probs, labels = reference_predict(pair, label, t, split, n, seed)
+            else:
+                with context:
+                    probs, labels = predict(pair, t, split, n, seed=seed)
             if reference is None:
                 reference = probs
             predictions[label] = probs

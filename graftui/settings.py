@@ -94,6 +94,7 @@ HOSTED_CEILINGS = {
     "epochs": int(os.environ.get("GRAFTUI_MAX_EPOCHS", "5")),
     "n": int(os.environ.get("GRAFTUI_MAX_TEST_EXAMPLES", "2000")),  # test examples per task
     "test_examples": int(os.environ.get("GRAFTUI_MAX_TEST_EXAMPLES", "2000")),
+    "check_n": int(os.environ.get("GRAFTUI_MAX_TEST_EXAMPLES", "2000")),  # localize's quick held-out score
     "batch_size": int(os.environ.get("GRAFTUI_MAX_BATCH", "64")),
 }
 MAX_CURVE_POINTS = int(os.environ.get("GRAFTUI_MAX_CURVE_POINTS", "24"))  # sweep budgets × methods, WiSE α values

@@ -150,6 +150,9 @@ def test_localize_runs_and_its_region_is_listed(page):
     print(f"[browser] first localization (waits for the default fine-tune): {took:.1f} s")
     assert "· done" in line, f"localization did not finish: {line}"
     assert "lies outside the top-movement region it started from" in line, f"no result card: {line}"
+    # it says at once whether the region works: held-out accuracy beside FT, with the paired interval
+    assert re.search(r"(?s)a quick check on 64 held-out test examples of movies.*The graft 'this region' .* scores "
+                     r"[\d.]+ % \[[^\]]*n = 64\] on movies: it keeps \d+ % of the fine-tuned accuracy \([+−]", line), line
     region = _region_id(line)
     k = int(re.search(r"k = ([\d,]+)", line).group(1).replace(",", ""))
     STATE["region1"], STATE["k1"] = region, k
@@ -158,6 +161,12 @@ def test_localize_runs_and_its_region_is_listed(page):
     assert row is not None, f"{region} not among the rows of #region-list"
     assert row[2] == "learned" and row[3] == f"{k:,}", row
     assert bu.plotly_trace_types(page, "localize-plot"), "the live plot of the mask steps is not drawn"
+    held = ("() => { const p = document.querySelector('#localize-plot .js-plotly-plot'); "
+            "return p && p.data ? p.data.filter(d => d.name === 'held-out').map(d => d.y.length) : []; }")
+    try:  # the start and the learned region, as diamonds on the accuracy panel (drawn once the job's end shows)
+        page.wait_for_function(f"() => JSON.stringify(({held})()) === '[2]'", timeout=30_000)
+    except Exception:
+        pytest.fail(f"the held-out checks are not on the live plot: {page.evaluate(held)}")
 
 
 def test_a_running_job_shows_its_step_and_time_left_and_a_reload_says_it_runs(page, server):
@@ -190,8 +199,8 @@ def test_compare_shows_finetuned_and_the_graft(page):
     print(f"[browser] comparison: {took:.1f} s")
     assert "· done" in line, f"comparison did not finish: {line}"
     # the result card under the job's line says what the table means
-    assert re.search(r"keeps \d+ % of the fine-tuned accuracy (\([^)]*\) )?(and recovers \d+ % of|but scores below the bare pre-trained "
-                     r"body \(-\d+ % of) the fine-tuning gain", line), line
+    assert re.search(r"keeps \d+ % of the fine-tuned accuracy (\([^)]*\) )?(and recovers \d+ % of|but scores below the model with an "
+                     r"empty region \(-\d+ % of) the fine-tuning gain", line), line
     assert re.search(r"pts \[[^\]]*\] against a random region of the same size", line) and "Calibration:" in line, line
     STATE["compare_job"] = re.search(r"\[(\S+?)\]", line).group(1)
     page.wait_for_function("() => document.querySelectorAll('#compare-table [role=row].virtual-row').length >= 2",
@@ -258,6 +267,34 @@ def test_anatomy_heatmap_renders(page):
     assert page.locator("#anatomy-heatmap .heatmaplayer").count() >= 1, "no heatmap layer drawn in the SVG"
     assert "heatmap" in bu.plotly_trace_types(page, "anatomy-heatmap")
     assert "bar" in bu.plotly_trace_types(page, "anatomy-bars")
+
+
+def test_anatomy_ablation_chart_and_top_tables_show(page):
+    """The tensors and neurons holding most of the region are listed; the ablation job draws what each layer and
+    module type is worth (two bar panels with whiskers) and its table, one row per part."""
+    region = _need("region1")
+    bu.open_tab(page, "anatomy")
+    page.wait_for_function("id => document.querySelector('#anatomy-summary').innerText.includes(id)", arg=region,
+                           timeout=30_000)
+    for elem_id in ("anatomy-tensors", "anatomy-neurons"):
+        page.wait_for_function("id => document.querySelectorAll('#' + id + ' [role=row].virtual-row').length >= 1",
+                               arg=elem_id, timeout=30_000)
+        assert all(re.fullmatch(r"[\d,]+", r[3]) for r in bu.table_rows(page, elem_id) if r), elem_id
+    page.fill("#anatomy-ablate-n input", "16")
+    line, took = bu.run_job(page, "#anatomy-ablate-run", "#anatomy-ablate-status", "anatomy-ablate-job",
+                            timeout_s=JOB_S)
+    print(f"[browser] ablation: {took:.1f} s")
+    assert "· done" in line, f"the ablation did not finish: {line}"
+    page.wait_for_function("() => { const p = document.querySelector('#anatomy-ablation-plot .js-plotly-plot'); "
+                           "return p && p.data && p.data.length === 2 && "
+                           "document.querySelector('#anatomy-ablation-plot .main-svg'); }", timeout=30_000)
+    assert bu.plotly_trace_types(page, "anatomy-ablation-plot") == ["bar", "bar"]
+    assert page.locator("#anatomy-ablation-plot .errorbar").count() >= 2, "no interval whiskers drawn"
+    page.wait_for_function("() => document.querySelectorAll('#anatomy-ablation [role=row].virtual-row').length >= 4",
+                           timeout=30_000)
+    rows = [r for r in bu.table_rows(page, "anatomy-ablation") if r]
+    assert any(r[0] == "layer 0" for r in rows) and any(r[0].endswith("(all layers)") for r in rows), rows
+    assert all(re.fullmatch(r"[-+]\d+\.\d pts \[[-+]\d+\.\d, [-+]\d+\.\d\]", r[4]) for r in rows), rows
 
 
 def _lab_job(page, prefix: str, name: str, fields: dict[str, str]) -> str:
@@ -393,8 +430,8 @@ def test_a_tab_hidden_while_its_job_ended_shows_the_end_when_opened(page):
 
 
 NARROW, WIDE = {"width": 800, "height": 900}, {"width": 1400, "height": 1000}
-TABLES_BY_TAB = {"localize": ["region-list", "jobs-table"], "compare": ["compare-table", "compare-differences", "compare-disagreements", "predict-table"], "anatomy": ["anatomy-kinds"],
-                 "compose": ["compose-overlap-table", "compose-table"]}
+TABLES_BY_TAB = {"localize": ["region-list", "jobs-table"], "compare": ["compare-table", "compare-differences", "compare-disagreements", "predict-table"], "anatomy": ["anatomy-kinds", "anatomy-tensors", "anatomy-neurons", "anatomy-ablation"],
+                 "compose": ["compose-overlap-table", "compose-table"], "regions": ["regions-table"]}
 
 
 @pytest.mark.parametrize("viewport", [WIDE, NARROW], ids=["1400x1000", "800x900"])
@@ -449,6 +486,43 @@ def test_a_narrow_window_stacks_the_rows_and_keeps_the_plots_usable(page):
         bu.open_tab(page, "models")
         base, ft = (page.locator(f"#{i}").bounding_box() for i in ("models-base", "models-finetuned"))
         assert ft["y"] >= base["y"] + base["height"] - 1, (base, ft)
+    finally:
+        page.set_viewport_size(bu.VIEWPORT)
+
+
+def test_the_regions_table_shows_each_regions_latest_scores_and_their_frontier(page):
+    """The Regions tab lists both saved regions; the first carries the accuracy its comparison (test b) measured, the
+    same number as the Compare table's, and is a point of the frontier plot; at 1400 px every column shows without a
+    sideways scroll, at 800 px the filter row stacks and the table scrolls; no cell is cut, no number split."""
+    region, second, k = _need("region1"), _need("region2"), _need("k1")
+    bu.open_tab(page, "compare")
+    row = next(r for r in bu.table_rows(page, "compare-table") if r and r[0] == region and r[2] == "ID")
+    accuracy = row[4].split(" [")[0]
+    bu.open_tab(page, "regions")
+    page.wait_for_function("([a, b, acc]) => { const t = document.querySelector('#regions-table').innerText; "
+                           "return t.includes(a) && t.includes(b) && t.includes(acc); }", arg=[region, second, accuracy],
+                           timeout=30_000)
+    rows = {r[0]: r for r in bu.table_rows(page, "regions-table") if r}
+    assert rows[region][4:6] == ["learned", f"{k:,}"] and rows[region][11] == accuracy, rows[region]
+    assert rows[region][10] == row[3] and rows[region][8] == "0", (rows[region], row)  # Compare's n, not the check's
+    assert re.fullmatch(r"\d+\.\d{3}", rows[region][12]), rows[region]
+    # the second region was never compared: its entry is Localize's held-out check on its own n examples
+    assert rows[second][4] == "top-movement" and rows[second][10] == "64", rows[second]
+    assert re.fullmatch(r"\d+\.\d%", rows[second][11]), rows[second]
+    page.wait_for_function("() => { const p = document.querySelector('#regions-frontiers .js-plotly-plot'); "
+                           "return p && p.data && p.data.length >= 1 && document.querySelector('#regions-frontiers .main-svg'); }",
+                           timeout=30_000)
+    points = page.evaluate("() => document.querySelector('#regions-frontiers .js-plotly-plot').data.map(d => d.y)")
+    assert sorted(len(y) for y in points) == [1, 1], points  # one line per method, each its one scored region
+    try:
+        for viewport in (WIDE, NARROW):
+            page.set_viewport_size(viewport)
+            fit = bu.table_fit(page, "regions-table")
+            assert not fit["cut"] and not fit["wrapped"], (viewport, fit["cut"], fit["wrapped"])
+            assert fit["width"] <= fit["shown"] + 1 if viewport is WIDE else fit["scrolls"], (viewport, fit["headers"])
+            boxes = [page.locator(f"#{i}").bounding_box() for i in ("regions-filter", "regions-sort")]
+            stacked = boxes[1]["y"] >= boxes[0]["y"] + boxes[0]["height"] - 1
+            assert stacked == (viewport is NARROW), (viewport, boxes)
     finally:
         page.set_viewport_size(bu.VIEWPORT)
 

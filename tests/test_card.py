@@ -69,7 +69,7 @@ def test_evaluate_card_sentences():
 def test_a_graft_below_its_baselines_and_the_bare_body_is_said_so():
     worse = [r if r["model"] != "mine" or r["task"] != "movies" else {**r, "accuracy": 0.55} for r in rows()]
     text = " ".join(card.evaluate_card(card.annotate(worse)))
-    assert "but scores below the bare pre-trained body (-25 % of the fine-tuning gain)" in text
+    assert "but scores below the model with an empty region (-25 % of the fine-tuning gain)" in text
     assert "6.0 pts below a random region" in text and "15.0 pts below a top-movement region" in text
     assert "recovers -" not in text and "-6.0 pts over" not in text
 

@@ -70,10 +70,21 @@ def test_localize_progress_plots_every_step_and_the_budget_line():
         {"step": i, "steps": 3, "loss": 1.0 / i, "accuracy": 0.5 + 0.1 * i, "region_size": 100 + i} for i in (1, 2, 3)
     ]
     fig = figures.localize_progress(progress, k=100)
-    assert len(fig.data) == 3
+    assert len(fig.data) == 4  # the loss, its running mean, the batch accuracy, the relaxed region's size
     assert list(fig.data[0].x) == [1, 2, 3]
-    assert list(fig.data[2].y) == [101, 102, 103]
+    assert list(fig.data[1].y) == pytest.approx([(1 + 1 / 2 + 1 / 3) / 3] * 3)  # a window of 5 holds all three
+    assert list(fig.data[3].y) == [101, 102, 103]
     assert any("budget k = 100" in (a.text or "") for a in fig.layout.annotations)
+    held = [{"heldout": {"step": s, "model": m, "accuracy": a, "ft": 0.8, "bare": 0.5, "n": 64}}
+            for s, m, a in ((0, "top-movement start", 0.6), (3, "this region", 0.75))]
+    fig = figures.localize_progress(held[:1])  # before the first mask step: the start's held-out score alone
+    assert [list(d.y) for d in fig.data] == [[0.6]]
+    fig = figures.localize_progress(progress + held, k=100)
+    assert list(fig.data[-1].x) == [0, 3] and list(fig.data[-1].y) == [0.6, 0.75]
+    assert {a.text for a in fig.layout.annotations} >= {"fine-tuned 80.0%", "empty region 50.0%"}
+    seeds = [{**e, "seed": s} for s in (0, 1) for e in progress[1:]]
+    assert "seed 1" in figures.localize_progress(seeds[:4]).layout.title.text  # the seed under way, its steps alone
+    assert list(figures.localize_progress(seeds[:4]).data[0].x) == [1]
     waiting = figures.localize_progress([{"stage": "loading models"}])
     assert "Waiting" in waiting.layout.annotations[0].text
 
@@ -830,7 +841,9 @@ def test_a_shown_job_puts_its_own_settings_into_the_form():
 
     job = SimpleNamespace(params={"verb": "localize", "method": "random", "sparsity": 1e-3, "k": None, "steps": 7,
                                   "examples_per_class": 16, "lr": 0.5})
-    method, budget, steps, epc, lr = wiring.job_form("localize", job)
+    method, budget, steps, epc, lr, seeds = wiring.job_form("localize", job)
+    assert seeds == wiring.gr.skip()  # one run: the seeds box keeps what it holds
+    assert wiring.job_form("localize", SimpleNamespace(params={**job.params, "seeds": [0, 2]}))[5]["value"] == "0, 2"
     assert method["value"] == "random" and budget["value"] == pytest.approx(math.log10(1e-3)) and steps["value"] == 7
     assert epc["value"] == 16 and lr["value"] == 0.5
     regions, n, baselines = wiring.job_form("compare", SimpleNamespace(params={"verb": "evaluate", "regions": ["/x/a.safetensors"],
@@ -1007,9 +1020,12 @@ def test_web_errors_name_the_widget_not_the_cli_flag(home, monkeypatch):
     localize = _handler(demo, "on_localize")
     by_id = {b.elem_id: b for b in demo.blocks.values() if getattr(b, "elem_id", None)}
     out = localize.fn("", "minilm", "minilm-movies", "movies", "(guess)", "(none)", "(guess)", "learned", -3, 0, 8, 0.02,
-                      "auto", "", "", False)
+                      "auto", "", "", "", False)
     assert out[by_id["status-message"]] == "⚠️ Mask steps must be at least 1, got 0"
     assert out[by_id["localize-status"]] == "⚠️ Mask steps must be at least 1, got 0"  # beside the button too
+    out = localize.fn("", "minilm", "minilm-movies", "movies", "(guess)", "(none)", "(guess)", "learned", -3, 5, 8, 0.02,
+                      "auto", "", "", "0, -1", False)
+    assert out[by_id["status-message"]] == "⚠️ Seeds: every seed is a whole number >= 0, got -1"
     multitask = _handler(demo, "on_multitask")
     out = multitask.fn("", ["movies", "amazon"], [], -3, "empty", 5, -1, 10, False)
     assert out[by_id["status-message"]] == "⚠️ Purification steps must be 0 or more, got -1"

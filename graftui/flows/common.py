@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -75,9 +75,13 @@ def load_pair(base: str, finetuned: str, spec: GraftableSpec = GraftableSpec(), 
     pair = ModelPair.load(base, finetuned, spec, options=options, labels=labels, allow_local=allow_local)
     if not options.device_map:  # a device map has placed the model already
         pair.to(settings.device())
+    # a region records the prompt as it was resolved ('auto' → causal-lm, its template): the verbs that read the
+    # region again then find this same pair, and the scores kept with it
+    resolved = replace(options, **pair.loading_record())
     with _pairs_lock:
         _pairs[key] = pair
-        while len(_pairs) > PAIR_CACHE_SIZE:
+        _pairs[(base, finetuned, spec, resolved, labels, allow_local)] = pair
+        while len({id(p) for p in _pairs.values()}) > PAIR_CACHE_SIZE:
             _pairs.popitem(last=False)
     return pair
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Callable
 
 from .. import card, figures, settings
-from ..config import ADAMW_L1, BODY_LABEL, DEFAULT_MULTITASK_TASKS, DEFAULT_SPARSITY, DEFAULT_TASK, FT_LABEL
+from ..config import ADAMW_L1, BODY_LABELS, DEFAULT_MULTITASK_TASKS, DEFAULT_SPARSITY, DEFAULT_TASK, FT_LABEL
 from ..errors import Cancelled, RequestError
 from ..formatting import difference, markdown_table, minutes, num, pct
 from ..paths import atomic_write
@@ -276,8 +276,10 @@ def reproduce(req: ReproduceRequest, progress: Progress | None = None, cancel=No
 
 
 # -- the report ------------------------------------------------------------------------------------
-def _row(rows: list[dict], model: str, task: str | None = None, distribution: str = "in") -> dict | None:
-    return next((r for r in rows if r["model"] == model and r["distribution"] == distribution
+def _row(rows: list[dict], model, task: str | None = None, distribution: str = "in") -> dict | None:
+    """The row of ``model`` (a name, or a tuple of names that mean one model)."""
+    names = model if isinstance(model, tuple) else (model,)
+    return next((r for r in rows if r["model"] in names and r["distribution"] == distribution
                  and (task is None or r["task"] == task)), None)
 
 
@@ -294,7 +296,7 @@ def _label_of(rows: list[dict], method: str | None = None) -> str | None:
     """The row label of the evaluate step's model made by ``method`` (None: the evaluated region itself, which
     is neither FT, nor the bare body, nor a baseline)."""
     for r in rows:
-        if method is None and r["model"] not in (FT_LABEL, BODY_LABEL) and r.get("method") not in BASELINES:
+        if method is None and r["model"] not in (FT_LABEL, *BODY_LABELS) and r.get("method") not in BASELINES:
             return r["model"]
         if method is not None and r.get("method") == method:
             return r["model"]
@@ -370,7 +372,7 @@ def build_report(scale: Scale, R: dict, log: list[dict], seconds: float) -> dict
     ev, sweep = R["evaluate"], R["sweep"]
     rows = ev["rows"]
     graft_label, graft_rows = _graft(ev)
-    ft, bare, graft = _row(rows, FT_LABEL), _row(rows, BODY_LABEL), _row(graft_rows, graft_label)
+    ft, bare, graft = _row(rows, FT_LABEL), _row(rows, BODY_LABELS), _row(graft_rows, graft_label)
     ood = {}
     for t in ev["ood"]:
         f, g = _row(rows, FT_LABEL, t, "OOD"), _row(graft_rows, graft_label, t, "OOD")

@@ -18,11 +18,11 @@ from types import SimpleNamespace
 
 from .. import card, method, metrics, regions, scoring, sets, settings, training
 from ..config import (
-    BODY_LABEL, DEFAULT_BASE, DEFAULT_FINETUNED, DEFAULT_FINETUNED_REFS, DEFAULT_LOADING, DEFAULT_TASK, FT_LABEL, GraftableSpec,
+    DEFAULT_BASE, DEFAULT_FINETUNED, DEFAULT_FINETUNED_REFS, DEFAULT_LOADING, DEFAULT_TASK, FT_LABEL, GraftableSpec,
     LoadOptions, default_checkpoint_dir,
 )
 from ..data import Split, Task, batches
-from ..errors import Cancelled, ModelError, RegionError, RequestError
+from ..errors import Cancelled, GraftuiError, ModelError, RegionError, RequestError
 from ..layout import MODULE_LABELS, anatomy as count_anatomy
 from ..localizers import Budget, get_method, run_method
 from ..method import data_parallel, region_size
@@ -51,6 +51,9 @@ class FinetuneResult(Result):
     test_examples: int = 0
     config: dict = field(default_factory=dict)
     chance_accuracy: float | None = None  # the most frequent class's share of the test split
+    seeds: list[int] = field(default_factory=list)  # with --seeds: test_accuracy is the mean over these
+    per_seed: list[dict] = field(default_factory=list)  # with --seeds: {seed, out, test_accuracy, reused} per seed
+    test_accuracy_std: float | None = None  # with --seeds: the spread of the seeds' test accuracies
 
     def as_dict(self) -> dict:
         out = super().as_dict()
@@ -61,8 +64,19 @@ class FinetuneResult(Result):
 
 @verb(FinetuneRequest, "make a fine-tuned checkpoint (SGD or AdamW + ℓ1)", text.finetune)
 def finetune(req: FinetuneRequest, progress: Progress | None = None, cancel=None, guard: Guard = LOCAL) -> FinetuneResult:
-    """Fine-tune ``req.base`` on ``req.task``; the default folder is per recipe and reused."""
+    """Fine-tune ``req.base`` on ``req.task``; the default folder is per recipe and reused. With ``req.seeds`` one
+    fine-tune per seed (the variance the paper reports is over fine-tunes), each kept, a finished one reused."""
     req.validate()
+    if req.seeds:
+        runs = []
+        for i, (seed, out) in enumerate(req.seed_outs().items()):
+            one = replace(req, seed=seed, seeds=None, out=out)  # the same request, one seed
+            runs.append(finetune(one, seed_progress(progress, i, len(req.seeds), seed), cancel, guard))
+        mean, std = metrics.mean_std([r.test_accuracy for r in runs])
+        per_seed = [{"seed": s, "out": r.out, "test_accuracy": r.test_accuracy, "reused": r.reused}
+                    for s, r in zip(req.seeds, runs)]
+        return replace(runs[0], request=req, seconds=sum(r.seconds for r in runs), test_accuracy=mean,
+                       test_accuracy_std=std, seeds=list(req.seeds), per_seed=per_seed)
     start = time.time()
     config = req.recipe()
     check_model_ref(req.base)
@@ -110,6 +124,7 @@ class LocalizeResult(Result):
     record: RegionRecord | None = None
     seeds: list[dict] = field(default_factory=list)  # with --seeds: {seed, path, k, reused, seconds, …} per seed
     stability: dict | None = None  # with --seeds: how alike the seeds' regions are (sets.stability), per module too
+    check: dict | None = None  # the quick held-out score: {task, n, rows, differences} (quick_check)
 
     @property
     def k(self) -> int:
@@ -203,6 +218,11 @@ def localize(req: LocalizeRequest, progress: Progress | None = None, cancel=None
     needs_task = info.needs_data or needs_task_labels(req.finetuned, options, guard)  # an LM's words follow the labels
     notes: list[str] = []
     task = get_task(req.task, req.data_spec(), guard, notes) if needs_task else None
+    if task is None and req.check_n:  # only the held-out check reads the task: without it the region is still made
+        try:
+            task = get_task(req.task, req.data_spec(), guard, notes)
+        except GraftuiError as err:
+            notes.append(f"no held-out check: {err}")
     if info.needs_data:
         examples_per_class(req, task, [])  # a bad k-shot size fails before any model is loaded
     pair = get_pair(req.base, req.finetuned, req.graftable_spec(), guard, progress, cancel, options,
@@ -212,9 +232,19 @@ def localize(req: LocalizeRequest, progress: Progress | None = None, cancel=None
     k = req.budget().resolve(pair.counts()["graftable"])
     if progress:
         progress({"stage": f"budget k = {k:,}", "k": k})
-    region, made = find_region(req, pair, task, k, notes, progress, cancel)
-    record = region_record(req, pair, region, made, notes, time.time() - start)
     world = data_parallel()
+    checking = bool(req.check_n) and world is None and task is not None
+    if checking and len(task.label_names) != len(pair.label_names):
+        checking = False
+        notes.append(f"no held-out check: task '{task.name}' has {len(task.label_names)} labels, the fine-tuned model "
+                     f"{len(pair.label_names)}; evaluate the region on its own task (--task)")
+    if checking and info.needs_data and progress:  # a first held-out figure in seconds: the region learning starts from
+        start_region = method.base_region(pair.pre, pair.ft, list(pair.graftable), k)
+        quick_check(pair, task, {"top-movement start": start_region}, req.check_n, 0, progress, cancel)
+    region, made = find_region(req, pair, task, k, notes, progress, cancel)
+    check = quick_check(pair, task, {"this region": region}, req.check_n, req.steps if info.needs_data else 0,
+                        progress, cancel) if checking else None
+    record = region_record(req, pair, region, made, notes, time.time() - start)
     if req.out:
         out = Path(req.out).expanduser()
         if world is None or world.rank == 0:  # several processes learn one region; one writes it
@@ -222,11 +252,32 @@ def localize(req: LocalizeRequest, progress: Progress | None = None, cancel=None
     else:
         out = save_new(record, settings.subdir("regions"), f"{short_ref(req.task)}-{req.method}-k{record.size}",
                        world is None or world.rank == 0)
+    if check and (world is None or world.rank == 0):  # the quick check is the region's first entry in the table
+        try:
+            for folder, entries in regions.evaluation_entries(check["rows"], [out], ["this region"], [record]).items():
+                regions.note_scores(folder, entries)
+        except (OSError, GraftuiError) as err:
+            notes.append(f"the held-out check was not added to the regions table: {err}")
     finish(progress)
-    return LocalizeResult(req, notes, time.time() - start, str(out), record)
+    return LocalizeResult(req, notes, time.time() - start, str(out), record, check=check)
 
 
-SPEED_ONLY = ("memory", "checkpoint_every", "overwrite")  # how a run goes, not what it finds
+def quick_check(pair: ModelPair, task: Task, models: dict, n: int, step: int, progress=None, cancel=None) -> dict:
+    """A region scored at once on ``n`` held-out test examples beside FT and the empty region (theirs cached per
+    pair): {task, n, step, rows, differences}; each graft's accuracy goes to ``progress`` as a ``heldout`` event."""
+    part = scoring.compare(pair, task, models, n=n, seed=scoring.TEST_SAMPLE_SEED, cancel=cancel).as_dict()
+    rows = card.annotate(part["rows"])
+    scored = {r["model"]: r for r in rows}
+    ft, bare = scored[FT_LABEL], scored[scoring.body_of(pair)]
+    for name in models:
+        if progress:
+            progress({"stage": f"held-out check of {name}", "heldout": {
+                "step": step, "model": name, "accuracy": scored[name]["accuracy"], "ft": ft["accuracy"],
+                "bare": bare["accuracy"], "n": scored[name]["n"]}})
+    return {"task": part["task"], "n": ft["n"], "step": step, "rows": rows, "differences": part["differences"]}
+
+
+SPEED_ONLY = ("memory", "checkpoint_every", "overwrite", "check_n")  # how a run goes, not what it finds
 
 
 def _same_request(made: dict | None, asked: Request) -> bool:
@@ -255,18 +306,9 @@ def _earlier_seed(one: LocalizeRequest) -> RegionRecord | None:
     return None
 
 
-def _module_stability(records: list[RegionRecord], core: dict) -> dict:
-    """Per module type: the parameters every seed found against a seed's mean count there."""
-    shapes = records[0].shapes
-    each = [count_anatomy(r.indices, shapes).by_module for r in records]
-    kept = count_anatomy(core, shapes).by_module
-    out = {}
-    for module in dict.fromkeys(m for a in each for m in a):
-        mean = sum(a.get(module, 0) for a in each) / len(each)
-        if mean:
-            out[module] = {"label": MODULE_LABELS.get(module, module), "mean": mean, "core": kept.get(module, 0),
-                           "core_share": kept.get(module, 0) / mean}
-    return out
+def _module_stability(records: list[RegionRecord]) -> dict:
+    """Per module type: the parameters every seed found against a seed's mean count there, and against chance."""
+    return sets.stability_by_part([r.indices for r in records], records[0].shapes)["by_module"]
 
 
 def _seed_record(records: list[RegionRecord], indices: dict, how: str, req: LocalizeRequest) -> RegionRecord:
@@ -299,6 +341,7 @@ def localize_seeds(req: LocalizeRequest, progress=None, cancel=None, guard: Guar
     start = time.time()
     outs = req.seed_outs()
     found: list[tuple[int, RegionRecord, str, bool, float]] = []
+    checks: dict[int, dict | None] = {}  # each learned seed's quick held-out check
     notes: list[str] = []
     for i, (seed, out) in enumerate(outs.items()):
         one = derive(LocalizeRequest, req, seed=seed, seeds=None, out=out, overwrite=req.overwrite,
@@ -318,11 +361,12 @@ def localize_seeds(req: LocalizeRequest, progress=None, cancel=None, guard: Guar
                                                         if kept and req.out else f"; kept {kept}" if kept else "")) \
                 from None
         found.append((seed, result.record, result.path, False, result.seconds))
+        checks[seed] = result.check
         notes += [n for n in result.notes if n not in notes]
     records = [r for _, r, _, _, _ in found]
     core, union = sets.core([r.indices for r in records]), sets.union(*(r.indices for r in records))
     stability = {**sets.stability([r.indices for r in records], records[0].graftable),
-                 "by_module": _module_stability(records, core), "core_path": None, "union_path": None}
+                 "by_module": _module_stability(records), "core_path": None, "union_path": None}
     folder = Path(req.out).expanduser().parent if req.out else settings.subdir("regions")
     stem = Path(req.out).stem if req.out else f"{short_ref(req.task)}-{req.method}-k{records[0].size}"
     for how, indices in (("core", core), ("union", union)):
@@ -339,9 +383,18 @@ def localize_seeds(req: LocalizeRequest, progress=None, cancel=None, guard: Guar
             target = save_new(record, folder, f"{stem}-{how}")
         stability[f"{how}_path"] = str(target)
     seeds = [{"seed": s, "path": p, "k": r.size, "reused": reused, "seconds": round(secs, 1),
-              "top_movement_overlap": r.meta.top_movement_overlap} for s, r, p, reused, secs in found]
+              "top_movement_overlap": r.meta.top_movement_overlap, "check": _held_out(checks.get(s))}
+             for s, r, p, reused, secs in found]
     finish(progress)
     return LocalizeResult(req, notes, time.time() - start, found[0][2], records[0], seeds, stability)
+
+
+def _held_out(check: dict | None) -> dict | None:
+    """A seed's quick check in brief: its region's and FT's held-out accuracy on the same n examples."""
+    if not check:
+        return None
+    rows = {r["model"]: r["accuracy"] for r in check["rows"]}
+    return {"n": check["n"], "accuracy": rows.get("this region"), "ft": rows.get(FT_LABEL)}
 
 
 # -- replicates ------------------------------------------------------------------------------------
@@ -592,6 +645,12 @@ def evaluate(req: EvaluateRequest, progress: Progress | None = None, cancel=None
         notes.append(f"the regions were learned on {len(groups)} tasks ({result['task']}): each is scored on its own, "
                      "beside the fine-tuned model and the bare body on that task")
     side = side_by_side(labels, records) if len(records) > 1 else None
+    try:  # each region's latest scores, for the regions table (graftui runs, the app's Regions tab)
+        for folder, entries in regions.evaluation_entries(result["rows"], req.regions, labels, records,
+                                                          not grafts.from_patch).items():
+            regions.note_scores(folder, entries)
+    except (OSError, GraftuiError) as err:
+        notes.append(f"the scores were not added to the regions table: {err}")
     finish(progress)
     if side:
         lines += card.compose_card({**side, "graftable_params": graftable, "rows": []})
@@ -636,7 +695,8 @@ def predict(req: PredictRequest, progress: Progress | None = None, cancel=None, 
     pair = regions_pair(req, grafts, task, guard, progress, cancel)
     sentences = Split(tuple(req.texts), (0,) * len(req.texts), tuple(req.pairs) if req.pairs else None)
     ft_name = f"{FT_LABEL} (from patch)" if grafts.from_patch else FT_LABEL
-    models = [(BODY_LABEL, contextlib.nullcontext), (ft_name, pair.finetuned)]  # the pair rests as the bare body
+    body = scoring.body_of(pair)
+    models = [(body, contextlib.nullcontext), (ft_name, pair.finetuned)]  # the pair rests as the bare body
     for label, record in zip(grafts.labels, grafts.records):
         region = graft_of(record)
         models.append((label, functools.partial(pair.grafted, *(region if isinstance(region, tuple) else (region,)))))
@@ -654,11 +714,11 @@ def predict(req: PredictRequest, progress: Progress | None = None, cancel=None, 
             if model == ft_name:
                 ft_says[i] = best
             rows.append({"text": i, "model": model, "probs": dict(zip(names, p)), "predicted": names[best],
-                         "confidence": p[best], "agrees_with_ft": None if model in (ft_name, BODY_LABEL) else best})
+                         "confidence": p[best], "agrees_with_ft": None if model in (ft_name, body) else best})
     for r in rows:  # grafts against FT's own prediction on the same sentence
         if r["agrees_with_ft"] is not None:
             r["agrees_with_ft"] = r["agrees_with_ft"] == ft_says[r["text"]]
-        elif r["model"] == BODY_LABEL:
+        elif r["model"] == body:
             r["agrees_with_ft"] = names.index(r["predicted"]) == ft_says[r["text"]]
     finish(progress)
     return PredictResult(req, grafts.notes, time.time() - start, task.name, names, list(req.texts), rows, grafts.base,
@@ -718,11 +778,16 @@ def sweep(req: SweepRequest, progress: Progress | None = None, cancel=None, guar
 
     def score(region):
         """(metrics in distribution, {OOD task: accuracy}, test predictions) of a graft; ``None`` is the fine-tuned
-        model."""
-        with (pair.finetuned() if region is None else pair.grafted(region)):
-            probs, labels = scoring.predict(pair, task, "test", req.n, seed=scoring.TEST_SAMPLE_SEED)
-            ood = {o.name: metrics.accuracy(*scoring.predict(pair, o, "test", req.n, seed=scoring.TEST_SAMPLE_SEED))
-                   for o in oods}
+        model, ``{}`` the empty region (both cached per pair)."""
+        seed = scoring.TEST_SAMPLE_SEED
+        if region is None or region == {}:
+            name = FT_LABEL if region is None else scoring.body_of(pair)
+            probs, labels = scoring.reference_predict(pair, name, task, "test", req.n, seed)
+            ood = {o.name: metrics.accuracy(*scoring.reference_predict(pair, name, o, "test", req.n, seed)) for o in oods}
+            return metrics.metrics(probs, labels), ood, probs, labels
+        with pair.grafted(region):
+            probs, labels = scoring.predict(pair, task, "test", req.n, seed=seed)
+            ood = {o.name: metrics.accuracy(*scoring.predict(pair, o, "test", req.n, seed=seed)) for o in oods}
             return metrics.metrics(probs, labels), ood, probs, labels
 
     ft, ft_ood, ft_probs, labels = score(None)
@@ -733,7 +798,7 @@ def sweep(req: SweepRequest, progress: Progress | None = None, cancel=None, guar
     total = len(sparsities) * len(methods)
     for i, s in enumerate(sparsities):
         k = Budget(sparsity=s).resolve(graftable)
-        predictions = {FT_LABEL: ft_probs, BODY_LABEL: bare_probs}
+        predictions = {FT_LABEL: ft_probs, scoring.body_of(pair): bare_probs}
         for j, name in enumerate(methods):
             if progress:
                 progress({"stage": f"{name} at sparsity {s:g}", "fraction": (i * len(methods) + j) / total})

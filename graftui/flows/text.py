@@ -9,9 +9,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..config import BODY_LABEL, FT_LABEL, kind_of_architecture
+from ..config import BODY_LABEL, FT_LABEL, is_body, kind_of_architecture
 from ..formatting import count as _count, num as _num, pairs_table, pct, table
 from ..metrics import distinguishable
+from ..paths import short_ref
 from ..layout import MODULE_LABELS
 from ..localizers import get_method
 
@@ -27,9 +28,13 @@ def finetune(doc: dict) -> str:
         ("base / task", f"{doc['request']['base']} / {doc['task']}"),
         ("recipe", f"{c['optimizer']}, lr {c['lr']:g}, {c['epochs']} epoch(s), batch {c['batch_size']}"
          + (f", l1 {c['l1']:g}" if c["l1"] else "") + f", {c['train_examples'] or 'all'} training examples"),
-        ("test accuracy", f"{doc['test_accuracy']:.3f}  (n={doc['test_examples']:,})"),
+        ("test accuracy", f"{doc['test_accuracy']:.3f}"
+         + (f" ± {doc['test_accuracy_std']:.3f} over {len(doc['seeds'])} seeds" if doc.get("seeds") else "")
+         + f"  (n={doc['test_examples']:,})"),
         ("time", f"{doc['seconds']:.1f} s"),
-    ])
+    ]) + ("\n\n" + table(["seed", "checkpoint", "test accuracy"],
+                          [[e["seed"], e["out"] + ("  (reused)" if e["reused"] else ""), _num(e["test_accuracy"])]
+                           for e in doc["per_seed"]], "llr") if doc.get("per_seed") else "")
 
 
 def localize(doc: dict) -> str:
@@ -46,7 +51,14 @@ def localize(doc: dict) -> str:
         ("time", f"{doc['seconds']:.1f} s"),
         ("anatomy", "  ".join(f"{t['label']} {_pct(t['share'])}" for t in doc["top_modules"]) or "(empty region)"),
         ("", f"weights {doc['weights']:,}, biases {doc['biases']:,}"),
-    ]) + (seeds(doc) if doc.get("seeds") else "")
+    ]) + (check(doc["check"]) if doc.get("check") else "") + (seeds(doc) if doc.get("seeds") else "")
+
+
+def check(found: dict) -> str:
+    """Localize's quick held-out score: the region beside FT and the empty region on the same examples."""
+    rows = [[r["model"], _count(r["n"]), _num(r["accuracy"]), _num(r["ece"])] for r in found["rows"]]
+    return "\n".join(["", "", f"held-out check on {found['n']:,} test examples of {found['task']}:",
+                      table(["model", "n", "accuracy", "ECE"], rows, "lrrr")])
 
 
 def seeds(doc: dict) -> str:
@@ -120,7 +132,8 @@ def evaluate(doc: dict) -> str:
             for r in doc["rows"]]
     text = table(["model", "task", "dist", "n", "accuracy", "F1", "ECE", "agree w/ FT", "k"], rows, "lllrrrrrr")
     ft = next(r["model"] for r in doc["rows"]) if doc["rows"] else FT_LABEL
-    parts = [text, "", f"'{BODY_LABEL}' is the graft of the empty region; agreement is with the {ft} model.",
+    body = next((r["model"] for r in doc["rows"] if is_body(r["model"])), BODY_LABEL)
+    parts = [text, "", f"'{body}' is the graft of the empty region; agreement is with the {ft} model.",
              *_seeds_line(doc)]
     if doc.get("differences"):
         parts += ["", differences(doc["differences"])]
@@ -203,7 +216,65 @@ def anatomy(doc: dict) -> str:
         ("weights", f"{w['count']:,} of {w['total']:,}  ({_pct(density(w['count'], w['total']))})"),
         ("biases", f"{b['count']:,} of {b['total']:,}  ({_pct(density(b['count'], b['total']))})"),
     ])
-    return header + "\n\n" + body
+    return header + "\n\n" + body + anatomy_more(doc)
+
+
+def anatomy_more(doc: dict) -> str:
+    """Anatomy's top tensors and neurons, with --replicate the stability per part across seeds, with --ablate what
+    each part is worth."""
+    parts = []
+    if doc.get("tensors"):
+        parts += ["tensors holding most of the region (density = region parameters / the tensor's size)",
+                  table(["tensor", "layer", "module", "in region", "share of region", "density"],
+                        [[t["tensor"], t["layer"], t["module"], _count(t["parameters"]), _pct(t["share"]),
+                          _pct(t["density"])] for t in doc["tensors"]], "lllrrr")]
+    if doc.get("neurons"):
+        parts += ["neurons holding most of the region (a neuron: one output unit of a weight matrix, the weights into "
+                  "it; density = region parameters / its fan-in)",
+                  table(["tensor", "unit", "module", "in region", "fan-in", "share of region", "density"],
+                        [[u["tensor"], f"{u['axis']} {u['unit']}", u["module"], _count(u["parameters"]),
+                          _count(u["fan_in"]), _pct(u["share"]), _pct(u["density"])] for u in doc["neurons"]],
+                        "lllrrrr")]
+    st = doc.get("stability")
+    if st:
+        def stable(by: dict, what: str) -> str:
+            return table([what, "mean per seed", "core", "core / mean", "chance", "× chance"],
+                         [[v["label"], f"{v['mean']:,.0f}", _count(v["core"]), _pct(v["core_share"]),
+                           _pct(v["chance_share"]), "-" if v["over_chance"] is None else f"{v['over_chance']:,.0f}×"]
+                          for v in by.values()], "lrrrrr")
+        parts += [f"stability across {st['seeds']} seeds: core = parameters every seed found; chance = core / mean "
+                  f"expected of random regions of the same sizes in each part; whole region: mean overlap "
+                  f"{_pct(st['mean_overlap'])} against {_pct(st['chance_overlap'])} by chance",
+                  stable(st["by_module"], "module"), stable(st["by_layer"], "layer")]
+    ab = doc.get("ablation")
+    if ab:
+        rows = [[r["label"] if r["by"] == "layer" else f"{r['label']} (all layers)", _count(r["parameters"]),
+                 _pct(r["share"]), _num(r["accuracy"]),
+                 f"{100 * r['drop']:+.1f} [{100 * r['ci'][0]:+.1f}, {100 * r['ci'][1]:+.1f}]",
+                 "yes" if r["distinguishable"] else "no"] for r in ab["rows"]]
+        parts += [f"what each part of the region is worth: the graft without it (its parameters back to θ_pre) on "
+                  f"{ab['n']:,} test examples of {ab['task']} (the whole graft: accuracy {_num(ab['accuracy'])}); "
+                  "drop = whole − without, in pts, with its paired 95 % interval; ≠ 0: the interval excludes zero",
+                  table(["without", "in region", "share of region", "accuracy", "drop [95 % CI]", "≠ 0"], rows,
+                        "lrrrrl")]
+    return "".join("\n\n" + part for part in parts)
+
+
+def regions(doc: dict) -> str:
+    """The saved regions, one a row: what each is, and its latest evaluation in distribution."""
+    shown, total = doc["regions"], doc["total"]
+    if not shown:
+        return f"no saved region in {doc['folder']}" + (" passes the filters" if total else "")
+    ref = lambda v: "-" if v is None else short_ref(v)  # noqa: E731 - a model or task file by its name
+    rows = [[r["id"], ref(r["base"]), ref(r["finetuned"]), ref(r["task"]), ref(r["method"]), _count(r["k"]),
+             _pct(r["share_of_graftable"]), _count(r["steps"]), ref(r["seed"]), ref(r["created"]), _num(r["accuracy"]),
+             _num(r["ece"]), _pct(r["share_of_ft"])] for r in shown]
+    text = table(["id", "base", "fine-tuned", "task", "method", "k", "share", "steps", "seed", "created (UTC)",
+                  "accuracy", "ECE", "share of FT gain"], rows, "lllllrrrrlrrr")
+    scored = sum(r["accuracy"] is not None for r in shown)
+    return "\n".join([text, "", f"{len(shown)} of {total} region(s) in {doc['folder']}; {scored} scored. Scores are each "
+                      "region's latest evaluation on its task (graftui evaluate, the app's Compare); share: of the "
+                      "graftable parameters; share of FT gain: (graft − bare body) / (fine-tuned − bare body)."])
 
 
 def compose(doc: dict) -> str:

@@ -19,7 +19,8 @@ import pandas as pd
 
 from .. import bundle, card, flows, hosted, settings
 from ..card import wilson
-from ..config import DEFAULT_BASE, DEFAULT_EXAMPLES_PER_CLASS, DEFAULT_FINETUNED, Budget, GraftableSpec, is_default_finetuned
+from ..config import (DEFAULT_BASE, DEFAULT_EXAMPLES_PER_CLASS, DEFAULT_FINETUNED, Budget, GraftableSpec, is_body,
+                      is_default_finetuned)
 from ..data import OFFLINE_TASKS, all_as_test, preview
 from ..errors import ModelError, RegionError, RequestError
 from ..hosted import check_rows, check_upload, safe_name, save_upload
@@ -27,13 +28,14 @@ from ..formatting import difference_value, minutes, num, pct
 from ..jobs import FINISHED, QUEUED, RUNNING, Job
 from ..localizers import get_method
 from ..paths import atomic_write, new_path, short_ref
-from ..regions import RegionRecord, check_fits, load as load_region_file, save, settings_of
+from ..regions import RegionRecord, check_fits, listing_row, load as load_region_file, save, settings_of
 from ..requests import (
     AnatomyRequest, ComposeRequest, ContinualRequest, EvaluateRequest, ExportRequest, FinetuneRequest, LocalizeRequest,
     MultitaskRequest, PairRequest, PredictRequest, ReproduceRequest, RetrainRequest, SweepRequest, TaskFields, WiseRequest,
-    parse_label_map, parse_list,
+    PushRequest, parse_label_map, parse_list,
 )
 from ..scoring import MAX_DISAGREEMENTS as MAX_SHOWN, align_labels
+from ..flows.single import replicate_groups
 from . import store
 
 # -- jobs table ----------------------------------------------------------------------------------
@@ -368,19 +370,29 @@ def submit_prepare(runner) -> Job | None:
 
 
 def submit_localize(runner, *, base: str, finetuned: str, task: str, columns: dict, method: str, log_sparsity: float,
-                    steps, examples_per_class, lr) -> Job:
+                    steps, examples_per_class, lr, seeds: str = "") -> Job:
 
     request = LocalizeRequest(base=base, finetuned=finetuned, task=task, **columns, method=method,
                               sparsity=10 ** float(log_sparsity), steps=whole(steps) or 0,
-                              examples_per_class=per_class(examples_per_class), lr=float(lr or 0))
+                              examples_per_class=per_class(examples_per_class), lr=float(lr or 0),
+                              seeds=parse_seeds(seeds), check_n=LocalizeRequest.defaults()["check_n"])
 
     def saved(result, doc) -> dict:
         return {"region": Path(result.path).stem, "k": result.k, "notes": result.notes, "summary": result.record.summary(),
-                "card": doc.get("card") or []}
+                "card": doc.get("card") or [], "stability": doc.get("stability"),
+                "seeds": [{"seed": e["seed"], "region": Path(e["path"]).stem} for e in doc.get("seeds") or []]}
 
     title = (f"Localize '{short_ref(task)}' in {short_ref(finetuned)} · {get_method(method).label} · "
-             f"sparsity {request.sparsity:.1e}")
+             f"sparsity {request.sparsity:.1e}" + (f" · seeds {', '.join(map(str, request.seeds))}" if request.seeds
+                                                   else ""))
     return submit(runner, request, title, saved)
+
+
+def parse_seeds(text) -> list[int] | None:
+    """The seeds box: empty for one run, or a list such as '0, 1, 2' (each seed its own region)."""
+    if not str(text or "").strip():
+        return None
+    return parse_list(text, int, "seeds", "seed", "0, 1, 2")
 
 
 def submit_finetune(runner, *, base: str, task: str, columns: dict, optimizer: str, lr, epochs, train_examples,
@@ -573,6 +585,21 @@ def submit_export(runner, *, region_id: str) -> Job:
     return submit(runner, request, f"Export grafted checkpoint of {region_id}", zipped)
 
 
+def submit_push(runner, *, region_id: str, repo: str, what: str, private: bool, n, token: str | None = None) -> Job:
+    """Push a saved region to the Hub as a job (flows.hub.push). ``token`` (on a hosted server the visitor's
+    Hugging Face sign-in) goes to the job's function only, never into its request, record or result; a push
+    without a token it may use is refused here, before any job."""
+    request = PushRequest.make(repo=(repo or "").strip() or None, region=str(store.region_path(region_id)), what=what,
+                               private=bool(private), n=whole(n))
+    hosted.check_request(request, store.guard())
+    token = flows.hub.hub_token(token)  # hosted: the visitor's, or "Sign in with Hugging Face to push"
+
+    def fn(ctx) -> dict:
+        return flows.push(request, progress=ctx.report, cancel=ctx.cancel, guard=store.guard(), token=token).as_dict()
+
+    return runner.submit("push", f"Push {region_id} to {request.repo}", fn, request.as_dict())
+
+
 def request_file(job: Job | None) -> Path | None:
     """The request that made a job, as a JSON config (``graftui run`` takes it); None for jobs without one."""
     if job is None or "verb" not in (job.params or {}):
@@ -599,10 +626,36 @@ def anatomy_of(region_id: str):
     return flows.anatomy(AnatomyRequest(region=str(store.region_path(region_id))))
 
 
+def seeds_of_run(region_id: str) -> list[str]:
+    """The other saved regions of ``region_id``'s localize run: made by the same request but for its seed."""
+    entries = store.list_regions()
+    ids = [e.id for e in entries]
+    for members in replicate_groups(ids, entries).values():  # an entry's header meta is all the grouping reads
+        if region_id in members:
+            return [m for m in members if m != region_id]
+    return []
+
+
+def stability_of(region_id: str, seed_ids: list[str]):
+    """Anatomy of ``region_id`` with its stability per part across it and the regions ``seed_ids`` (other seeds)."""
+    return flows.anatomy(AnatomyRequest.make(region=str(store.region_path(region_id)),
+                                             replicates=[str(store.region_path(i)) for i in seed_ids]))
+
+
+def submit_ablation(runner, *, region_id: str, n) -> Job:
+    """The region's graft without each layer's and each module type's part, scored on its own task (a job)."""
+    n = whole(n)
+    request = AnatomyRequest.make(region=str(store.region_path(region_id)), ablate=True,
+                                  **({} if n is None else {"n": n}))
+    return submit(runner, request, f"What each part of {region_id} is worth (n = {request.n})")
+
+
 # -- result tables ------------------------------------------------------------------------------
 # The headers under which the tables below (and the Laboratory's) hold numbers, dates and ids: the page never
 # wraps such a cell, so a number is never split across lines ("0.8 / 29"); the other cells wrap between words.
 NUMBER_COLUMNS = frozenset({
+    "density (in region / tensor size)", "fan-in", "density (in region / fan-in)", "accuracy without it",
+    "drop [95 % CI]", "mean per seed", "core (every seed)", "core / mean", "chance", "× chance",
     "n", "accuracy ↑ [95 % CI]", "share of FT gain", "Δ vs FT", "F1 ↑", "ECE ↓", "agree w/ FT", "k (params)",
     "sparsity (fraction of graftable)", "accuracy ↑", "retained FT accuracy", "ECE ↓ (10 bins)", "test examples",
     "Δ accuracy vs region alone", "params grafted", "|γi|", "|γj|", "|γi ∩ γj| shared params", "|γi ∩ γj| / |γj|",
@@ -629,8 +682,11 @@ def compare_table(result: dict) -> pd.DataFrame:
     """One row per (model, task), short headers; the note under the table says what each column is."""
     rows = result.get("rows") or []
     ft = {r["task"]: r["accuracy"] for r in rows if r["model"] == "fine-tuned"}
+    bare = {r["task"]: r["accuracy"] for r in rows if is_body(r["model"])}
     out = []
     for r in rows:
+        reference = r["model"].startswith("fine-tuned") or is_body(r["model"])
+        no_gain = not reference and r["task"] in ft and r["task"] in bare and ft[r["task"]] <= bare[r["task"]]
         ci = r.get("accuracy_ci") or wilson(r["accuracy"], r["n"])
         size = r.get("region_size")
         out.append({
@@ -639,7 +695,7 @@ def compare_table(result: dict) -> pd.DataFrame:
             "dist.": "ID" if r["distribution"] == "in" else "OOD",
             "n": f"{r['n']:,}",
             "accuracy ↑ [95 % CI]": _pct(r["accuracy"]) + (f" [{100 * ci[0]:.0f}–{100 * ci[1]:.0f}]" if ci else ""),
-            "share of FT gain": _pct(r.get("gain_recovered")),
+            "share of FT gain": "n/a: FT ≤ bare" if no_gain else _pct(r.get("gain_recovered")),
             "Δ vs FT": "" if r["task"] not in ft else f"{100 * (r['accuracy'] - ft[r['task']]):+.1f} pts",
             "F1 ↑": _num(r["f1"]),
             "ECE ↓": _num(r["ece"]),
@@ -845,6 +901,41 @@ def region_list_rows() -> pd.DataFrame:
             "created (UTC)": m.created or "",
         })
     return pd.DataFrame(rows, columns=REGION_LIST_COLUMNS)
+
+
+# -- the regions table (Regions tab) ------------------------------------------------------------------
+REGIONS_COLUMNS = ["id", "base", "fine-tuned model", "task", "method", "k (params)", "share of graftable", "steps", "seed",
+                   "created (UTC)", "n", "accuracy", "ECE ↓", "share of FT gain"]
+
+
+def regions_listing() -> list[dict]:
+    """The session's saved regions as rows of the regions table (regions.listing_row), newest first, each with the
+    scores of its latest evaluation."""
+    scores = store.region_scores()
+    return [listing_row(e.path, e.kind, e.meta, e.digest, scores.get(e.digest)) for e in store.list_regions()]
+
+
+def regions_shown(rows: list[dict], words: str = "", sort: str | None = None, descending: bool = False) -> list[dict]:
+    """The rows that hold every word typed in the filter, sorted by the column picked (none: newest first)."""
+    return flows.regionfiles.select_regions(flows.regionfiles.with_words(rows, words), sort=sort or None,
+                                            descending=bool(descending))
+
+
+def regions_table(rows: list[dict]) -> pd.DataFrame:
+    """Rows of the regions table as the page shows them: models and tasks by name, shares as percentages."""
+    out = []
+    for r in rows:
+        out.append({
+            "id": r["id"], "base": short_ref(r["base"] or ""), "fine-tuned model": short_ref(r["finetuned"] or ""),
+            "task": short_ref(r["task"] or ""), "method": r["method"] or "",
+            "k (params)": f"{r['k']:,}" if r["k"] is not None else "", "share of graftable": pct(r["share_of_graftable"], missing=""),
+            "steps": "" if r["steps"] is None else str(r["steps"]), "seed": "" if r["seed"] is None else str(r["seed"]),
+            "created (UTC)": (r["created"] or "").replace("T", " ")[:16],
+            "n": "" if r.get("n") is None else f"{r['n']:,}", "accuracy": _pct(r["accuracy"]),
+            "ECE ↓": _num(r["ece"]),
+            "share of FT gain": _pct(r["share_of_ft"]),
+        })
+    return pd.DataFrame(out, columns=REGIONS_COLUMNS)
 
 
 def read_region_upload(file) -> tuple[Path, RegionRecord]:

@@ -170,7 +170,8 @@ def submitted(job, kinds: tuple[str, ...], latest_label: str) -> tuple:
 
 
 JOB_FORMS = {  # which request field fills which widget when a panel shows a job (None: the widget's own value)
-    "localize": ["method", ("sparsity", lambda v: math.log10(v) if v else None), "steps", "examples_per_class", "lr"],
+    "localize": ["method", ("sparsity", lambda v: math.log10(v) if v else None), "steps", "examples_per_class", "lr",
+                 ("seeds", lambda v: ", ".join(map(str, v)))],
     "compare": [("regions", lambda v: [Path(p).stem for p in v or []] or None), "n", "baselines"],
     "finetune": ["optimizer", "lr", "epochs", "train_examples"],
 }

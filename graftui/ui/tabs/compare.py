@@ -16,8 +16,10 @@ INTRO = (
     "and on out-of-distribution tasks, next to random and top-movement regions of the same size."
 )
 NOTE = ("Accuracy and agreement (with the fine-tuned model's predictions) are shares of the n test examples, with a 95 % "
-        "Wilson interval; share of FT gain = (graft − bare) / (FT − bare), bare being the pre-trained body with the "
-        "fine-tuned head (k = 0); Δ is the accuracy difference to the fine-tuned model on the same task; F1 of the "
+        "Wilson interval; share of FT gain = (graft − bare) / (FT − bare), bare being the model with an empty region "
+        "(k = 0): the pre-trained body with the fine-tuned head, or, for a language model read through label words, "
+        "the pre-trained model under the same prompt (zero-shot); above 100 % the graft scores above FT itself, and "
+        "where FT does not beat bare there is no gain to share (n/a); Δ is the accuracy difference to the fine-tuned model on the same task; F1 of the "
         "positive class (macro if more than two); ECE is the expected calibration error over 10 equal-width confidence "
         "bins (lower is better); calibration compares mean confidence with accuracy.")
 KINDS, LATEST = ("compare",), "latest comparison"

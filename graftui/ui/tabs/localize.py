@@ -17,6 +17,14 @@ INTRO = (
     "keeps the fine-tuned model's accuracy. The learned method takes a few mask steps on k examples per class."
 )
 KINDS, LATEST = ("localize",), "latest localize job"
+PLOT_NOTE = (
+    "Mask learning relaxes the region to γ(S) = σ(S + ℓ) and steps ℓ on the task loss of the relaxed graft; the loss "
+    "is that of one training batch, so it is noisy (the thick line is its running mean). The held-out check (◆) "
+    "scores the region on a sample of test examples the mask never saw — once where learning starts "
+    "(top-movement) and once at the end — beside the fine-tuned model and the empty region (dotted; their scores are "
+    "reused from earlier runs of this pair and task). The bottom panel counts parameters with γ ≥ 0.5, which may pass "
+    "the budget while learning; the saved region is the top k by ℓ, exactly k parameters."
+)
 
 
 def method_info(name: str) -> str:
@@ -31,11 +39,15 @@ def method_choices() -> list[tuple[str, str]]:
 
 def render_localize(job) -> list:
     k = next((p["k"] for p in reversed(job.progress) if "k" in p), None) if job is not None else None
+    stability = (job.result or {}).get("stability") if job is not None else None
+    heatmap = (gr.update(value=figures.stability_heatmap(stability, [f"seed {e['seed']}" for e in job.result["seeds"]]),
+                         visible=True) if stability else gr.update(value=None, visible=False))
     if job is None:
-        return [figures.empty_figure("Press Run to learn a region; its loss, accuracy and size appear here step by step.")]
-    if job.status in ("done",) and not any("step" in p for p in job.progress):
-        return [figures.empty_figure(f"{job.title}: a data-free method, so there are no mask steps to plot.")]
-    return [figures.localize_progress(job.progress, k=k, title=job.title)]
+        return [figures.empty_figure("Press Run to learn a region; its loss, accuracy and size appear here step by step."),
+                heatmap]
+    if job.status in ("done",) and not any("step" in p or "heldout" in p for p in job.progress):
+        return [figures.empty_figure(f"{job.title}: a data-free method, so there are no mask steps to plot."), heatmap]
+    return [figures.localize_progress(job.progress, k=k, title=job.title), heatmap]
 
 
 def on_budget(log_s, base, finetuned):
@@ -61,6 +73,9 @@ def build(page) -> gr.Tab:
                                      "all there are when a class has fewer, another number is used exactly",
                                 elem_id="localize-examples")
             loc_lr = gr.Number(d["mask_lr"], label="Mask learning rate (logit units per step)", elem_id="localize-lr")
+            loc_seeds = gr.Textbox("", label="Seeds (replicates)", placeholder="one run; or e.g. 0, 1, 2",
+                                   info="one region per seed (k-shot sample and batches), then their core, union and "
+                                        "how alike they are against chance", elem_id="localize-seeds")
         with gr.Row():
             loc_run = gr.Button("Run", variant="primary", elem_id="localize-run", scale=0)
             loc_cancel = gr.Button("Cancel", variant="stop", elem_id="localize-cancel", scale=0)
@@ -68,13 +83,16 @@ def build(page) -> gr.Tab:
         loc_status = gr.Markdown("", elem_id="localize-status")
         page.report("localize", loc_job, KINDS)
         loc_plot = gr.Plot(render_localize(None)[0], label="Mask learning, live", elem_id="localize-plot")
+        gr.Markdown(PLOT_NOTE, elem_id="localize-plot-note")
+        loc_stability = gr.Plot(None, label="Stability across seeds", visible=False, elem_id="localize-stability")
         where = "in this browser's workspace" if settings.hosted() else f"under `{store.regions_dir()}`"
         gr.Markdown(f"### Saved regions\nEvery finished job is saved as a skill patch {where} and listed here, also "
                     "after a restart.")
         page.region_table = gr.Dataframe(actions.region_list_rows(), interactive=False, elem_id="region-list")
 
     page.budget, page.budget_info, page.mask = loc_budget, loc_budget_md, (loc_steps, loc_epc, loc_lr)
-    page.keep(method=loc_method, log_sparsity=loc_budget, steps=loc_steps, examples_per_class=loc_epc, mask_lr=loc_lr)
+    page.keep(method=loc_method, log_sparsity=loc_budget, steps=loc_steps, examples_per_class=loc_epc, mask_lr=loc_lr,
+              seeds=loc_seeds)
 
     for ev in (loc_budget.change, page.base.change, page.finetuned.change, tab.select):
         page.on(ev, page.quiet(lambda a, b, c: (on_budget(a, b, c), gr.skip())), [loc_budget, page.base, page.finetuned],
@@ -83,17 +101,19 @@ def build(page) -> gr.Tab:
             [loc_method_md, page.status])
 
     @page.guard(beside=loc_status, method=loc_method, sparsity=loc_budget, k=loc_budget, steps=loc_steps,
-                examples_per_class=loc_epc, lr=loc_lr)
-    def on_localize(base, finetuned, task, text, pair, label, method, log_s, steps, epc, lr, head, template, words):
+                examples_per_class=loc_epc, lr=loc_lr, seeds=loc_seeds)
+    def on_localize(base, finetuned, task, text, pair, label, method, log_s, steps, epc, lr, head, template, words,
+                    seeds):
         job = actions.submit_localize(store.runner(), base=base, finetuned=finetuned, task=task,
                                       columns={**actions.data_columns(task, text, pair, label),
                                                **actions.prompt_fields(head, template, words)},
-                                      method=method, log_sparsity=log_s, steps=steps, examples_per_class=epc, lr=lr)
+                                      method=method, log_sparsity=log_s, steps=steps, examples_per_class=epc, lr=lr,
+                                      seeds=seeds)
         return submitted(job, KINDS, LATEST)
 
     page.on(loc_run.click, on_localize, [page.base, page.finetuned, page.task, *page.columns, loc_method, loc_budget,
-                                         *page.mask, *page.prompt], [page.status, loc_job, loc_status])
+                                         *page.mask, *page.prompt, loc_seeds], [page.status, loc_job, loc_status])
     page.cancel(loc_cancel, loc_job, KINDS)
-    page.shows("localize", loc_job, [loc_method, loc_budget, *page.mask])
-    page.panel("localize", KINDS, loc_job, loc_status, [loc_plot], render_localize, LATEST)
+    page.shows("localize", loc_job, [loc_method, loc_budget, *page.mask, loc_seeds])
+    page.panel("localize", KINDS, loc_job, loc_status, [loc_plot, loc_stability], render_localize, LATEST)
     return tab
