@@ -364,3 +364,113 @@ def predict_card(rows: list[dict], ft_name: str, texts: int) -> list[str]:
                      + ".")
     return lines + ["A few sentences show what a model does, they do not measure it: score a test set (evaluate, "
                     "Compare) for accuracy with its interval."]
+
+
+# -- the Laboratory ----------------------------------------------------------------------------------
+def _best(rows: list[dict]) -> dict:
+    return max(rows, key=lambda r: (r["accuracy"], -r["alpha"]))
+
+
+def wise_card(doc: dict) -> list[str]:
+    """WiSE curves: where each curve peaks on each task, and WiSE-graft − WiSE-FT at α = 1 (the graft against the
+    fine-tuned model), with paired intervals."""
+    rows, lines = doc.get("rows") or [], []
+    paired = {(d["task"], d["alpha"], d["metric"]): d for d in doc.get("differences") or ()}
+    for task in dict.fromkeys(r["task"] for r in rows):
+        mine = [r for r in rows if r["task"] == task]
+        where = "in distribution" if mine[0]["distribution"] == "in" else "out of distribution"
+        peaks = []
+        for curve in ("WiSE-FT", "WiSE-graft"):
+            line = [r for r in mine if r["curve"] == curve]
+            if line:
+                b = _best(line)
+                peaks.append(f"{curve} peaks at α = {b['alpha']:g} with {pct(b['accuracy'], 1)} (ECE {b['ece']:.3f})")
+        text = f"{task} ({where}): " + "; ".join(peaks)
+        top = max((r["alpha"] for r in mine), default=None)
+        acc, ece = paired.get((task, top, "accuracy")), paired.get((task, top, "ece"))
+        if acc:
+            text += f". At α = {top:g}, WiSE-graft − WiSE-FT: {difference(acc)}"
+            if ece:
+                text += f"; ECE {difference(ece)}"
+        lines.append(text + ".")
+    if lines:
+        lines.append("WiSE-FT moves every parameter from θ_pre towards θ_ft by α; WiSE-graft moves only the region's. "
+                     "At α = 0 both are the pre-trained body, at α = 1 they are FT and the graft.")
+    return lines
+
+
+def retrain_card(doc: dict) -> list[str]:
+    """Re-training inside the region (and BitFit) read like a comparison, plus each trained model against the
+    graft it started from."""
+    rows = annotate([dict(r) for r in doc.get("rows") or []])
+    lines = evaluate_card(rows, differences=doc.get("differences"))
+    task = doc.get("task")
+    for d in doc.get("differences") or ():
+        if d["b"] == "graft" and d["task"] == task and d.get("distribution", "in") == "in":
+            what = "accuracy" if d["metric"] == "accuracy" else "ECE"
+            lines.append(f"{d['a']} − the graft ({what}): {difference(d)}.")
+    trained = doc.get("trained") or {}
+    if "BitFit (biases)" in trained:
+        lines.append("BitFit trains every bias at the fine-tuning learning rate; where that rate suits full "
+                     "fine-tuning it can leave BitFit equal to the bare body.")
+    return lines
+
+
+def multitask_card(doc: dict) -> list[str]:
+    """The multi-task experiment: how much of each task's gain its own region keeps against the others' regions
+    (Eq. 5), how much the regions overlap against chance, and what the union keeps."""
+    tasks, gain = doc.get("tasks") or [], doc.get("relative_gain") or []
+    if not tasks or not gain:
+        return []
+    ece = doc.get("ece") or {}
+    lines = []
+    for j, task in enumerate(tasks):
+        own = gain[j][j]
+        others = [(tasks[i], gain[i][j]) for i in range(len(tasks)) if i != j and gain[i][j] is not None]
+        text = (f"On {task}: its own region recovers {pct(own)} of the multi-task model's gain (Eq. 5)" if own is not None
+                else f"On {task}: the multi-task model gains nothing over its pre-trained body, so Eq. 5 is not read")
+        if others and own is not None:
+            best = max(others, key=lambda o: o[1])
+            text += f"; the best other region ({best[0]}) {pct(best[1])}"
+        if ece.get("scores") and ece.get("p_one"):
+            text += f"; ECE of its graft {ece['scores'][j][j]:.3f} against the multi-task model's {ece['p_one'][j]:.3f}"
+        lines.append(text + ".")
+    overlap = doc.get("overlap") or []
+    pairs = [(max(overlap[i][j], overlap[j][i]), tasks[i], tasks[j]) for i in range(len(tasks))
+             for j in range(len(tasks)) if i < j]
+    if pairs:
+        most, least = max(pairs), min(pairs)
+        lines.append(f"The regions overlap most between {most[1]} and {most[2]} ({pct(most[0], 1)}) and least between "
+                     f"{least[1]} and {least[2]} ({pct(least[0], 1)}): in the paper, overlap follows task similarity.")
+    union = doc.get("union") or {}
+    if union.get("relative_gain"):
+        kept = ", ".join(f"{t} {pct(g)}" for t, g in zip(tasks, union["relative_gain"]) if g is not None)
+        lines.append(f"The union of {', '.join(union['group'])} ({union['size']:,} parameters) recovers {kept} of the gain.")
+    return lines
+
+
+def continual_card(doc: dict) -> list[str]:
+    """Forget-free continual learning against sequential fine-tuning: what each keeps of the first tasks after the
+    last stage, with paired intervals."""
+    tasks = doc.get("tasks") or []
+    if len(tasks) < 2:
+        return []
+    ff, seq, n = doc["forget_free"], doc["sequential"], len(tasks)
+    ece = doc.get("ece") or {}
+    last = [d for d in doc.get("differences") or () if d.get("stage") == n and d["metric"] == "accuracy"]
+    lines = [f"After the last stage ({tasks[-1]}): forget-free "
+             + ", ".join(f"{t} {pct(ff[n - 1][j], 1)}" for j, t in enumerate(tasks))
+             + "; sequential fine-tuning " + ", ".join(f"{t} {pct(seq[n - 1][j], 1)}" for j, t in enumerate(tasks)) + "."]
+    for d in last:
+        if d["task"] != tasks[-1]:
+            lines.append(f"On {d['task']}, forget-free − sequential after the last stage: {difference(d)}.")
+    forgot = doc.get("forgetting") or {}
+    if forgot:
+        lines.append("Forgetting (accuracy after a task's own stage − after the last): "
+                     + "; ".join(f"{arm} " + ", ".join(f"{t} {100 * f:+.1f} pts" for t, f in zip(tasks[:-1], v[:-1]))
+                                 for arm, v in forgot.items()) + ".")
+    if ece:
+        lines.append("ECE after the last stage: " + "; ".join(
+            f"{arm} " + ", ".join(f"{t} {e:.3f}" for t, e in zip(tasks, ece[arm][n - 1]) if e is not None)
+            for arm in ("forget-free", "sequential") if arm in ece) + ".")
+    return lines

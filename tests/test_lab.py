@@ -36,6 +36,15 @@ def accuracy_of(pair, task, region, n: int) -> float:
     with (pair.finetuned() if region is None else pair.grafted(region)):
         return metrics.accuracy(*scoring.predict(pair, task, "test", n))
 
+
+def metrics_of(pair, task, region, n: int):
+    """Accuracy, ECE … of θ̄(region), or of the fine-tuned model when ``region`` is None."""
+    from graftui import metrics, scoring
+
+    with (pair.finetuned() if region is None else pair.grafted(region)):
+        return metrics.metrics(*scoring.predict(pair, task, "test", n))
+
+
 def test_overlap_of_hand_made_regions_is_intersection_over_the_column_region():
     a = region(w=[0, 1, 2, 3], b=[0])  # 5 parameters
     b = region(w=[2, 3, 4], v=[7])  # 4 parameters, 2 shared with a
@@ -213,6 +222,13 @@ def test_multitask_flow_matrices_agree_with_the_region_files_and_eq5(tiny_multit
     assert res["p_one"][2] == accuracy_of(pair, bbc, None, n=48)
     assert res["scores"][0][2] == accuracy_of(pair, bbc, found["movies"].indices, n=48)
     assert found["movies"].meta["request"]["verb"] == "multitask"
+    # an ECE beside every accuracy, and a card that reads Eq. 5
+    assert res["ece"]["p_one"][2] == metrics_of(pair, bbc, None, n=48).ece
+    assert res["ece"]["scores"][0][2] == metrics_of(pair, bbc, found["movies"].indices, n=48).ece
+    assert len(res["ece"]["purified"]) == 3 and len(res["card"]) == 3 + 2  # a line per task, the overlap, the union
+    for task, line, own in zip(tasks, res["card"], (res["relative_gain"][j][j] for j in range(3))):
+        assert line.startswith(f"On {task}: its own region recovers {round(100 * own)} % of the multi-task model's gain"
+                               if own is not None else f"On {task}: the multi-task model gains nothing"), line
 
 
 def test_a_multitask_checkpoint_is_read_with_its_own_base(tiny_multitask, tmp_path, monkeypatch):
@@ -254,6 +270,11 @@ def test_wise_flow_ends_match_the_fine_tuned_model_and_the_graft(tiny_multitask,
         d = paired[(1.0, t, "accuracy")]
         assert d["diff"] == pytest.approx(got[("WiSE-graft", 1.0, t)] - got[("WiSE-FT", 1.0, t)])
         assert d["ci"][0] <= d["diff"] <= d["ci"][1] and d["a"] == "WiSE-graft" and d["b"] == "WiSE-FT"
+    assert len(res["card"]) == 3 + 1 and res["card"][0].startswith("movies (in distribution): WiSE-FT peaks at α = ")
+    from graftui.formatting import difference
+
+    d, e = paired[(1.0, "movies", "accuracy")], paired[(1.0, "movies", "ece")]
+    assert f"At α = 1, WiSE-graft − WiSE-FT: {difference(d)}; ECE {difference(e)}." in res["card"][0]
 
 
 def test_retrain_flow_scores_ft_graft_retrained_and_bitfit(tiny_multitask, tmp_path, monkeypatch):
@@ -280,6 +301,8 @@ def test_retrain_flow_scores_ft_graft_retrained_and_bitfit(tiny_multitask, tmp_p
         d = paired[(trained, "graft", "accuracy")]
         assert d["diff"] == pytest.approx(acc[trained] - acc["graft"]) and d["ci"][0] <= d["diff"] <= d["ci"][1]
     assert ("graft", "fine-tuned", "ece") in paired and ("graft", "pre-trained body + FT head", "accuracy") in paired
+    text = " ".join(res["card"])
+    assert "The graft 'graft'" in text and "re-trained graft − the graft (accuracy): " in text and "BitFit trains" in text
 
 
 # -- front ends -------------------------------------------------------------------------------------
@@ -338,6 +361,13 @@ def test_continual_forget_free_keeps_every_earlier_task_exactly_and_trains_only_
     assert kept["diff"] == 0 and kept["ci"] == [0.0, 0.0] and kept["forgetting"] == "forget-free"
     lost = paired[("sequential after movies", "sequential after bbc", "movies")]
     assert lost["diff"] == pytest.approx(res["forgetting"]["sequential"][0])
+    ece = res["ece"]
+    assert ece["forget-free"][0][1] is None and ece["forget-free"][1][0] == ece["forget-free"][0][0]  # the same model
+    card = res["card"]
+    assert card[0] == (f"After the last stage (bbc): forget-free movies {100 * ff[1][0]:.1f} %, bbc {100 * ff[1][1]:.1f} %; "
+                       f"sequential fine-tuning movies {100 * seq[1][0]:.1f} %, bbc {100 * seq[1][1]:.1f} %.")
+    assert card[1].startswith("On movies, forget-free − sequential after the last stage: ")
+    assert "forget-free movies +0.0 pts" in card[2] and card[3].startswith("ECE after the last stage: forget-free movies")
 
 
 def test_fine_tuning_with_a_frozen_head_keeps_the_new_head_at_its_initialisation(tiny_multitask, tmp_path):

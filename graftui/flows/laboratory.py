@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from .. import experiments, metrics, regions, scoring, sets, settings, training
+from .. import card, experiments, metrics, regions, scoring, sets, settings, training
 from ..config import (
     DEFAULT_BASE, DEFAULT_MULTITASK, DEFAULT_MULTITASK_TASKS, Budget, GraftableSpec, default_checkpoint_dir,
     is_default_finetuned,
@@ -58,6 +58,13 @@ class MultitaskResult(Result):
     relative_gain: list[list[float]] = field(default_factory=list)  # Eq. 5 of scores
     union: dict = field(default_factory=dict)
     purified: dict = field(default_factory=dict)
+    # ECE beside each accuracy above: {"p_zero": [..], "p_one": [..], "scores": [[..]], "union": [..], "purified": [..]}
+    ece: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        out = super().as_dict()
+        out["card"] = card.multitask_card(out)
+        return out
 
 
 def multitask_checkpoint(base: str, tasks: list[str], recipe=None) -> Path:
@@ -202,21 +209,29 @@ def multitask(req: MultitaskRequest, progress: Progress | None = None, cancel=No
     # 3. every region, the union and the purified union on every task (Eq. 5)
     p_zero, p_one, scores = [0.0] * n, [0.0] * n, [[0.0] * n for _ in range(n)]
     union_acc, purified_acc = [0.0] * n, [0.0] * n
+    ece = {"p_zero": [0.0] * n, "p_one": [0.0] * n, "scores": [[0.0] * n for _ in range(n)], "union": [0.0] * n,
+           "purified": [0.0] * n if purified is not None else []}
     for j, (task, ref) in enumerate(zip(tasks, refs)):
         stage(f"scoring every region on '{req.tasks[j]}'", (n + 1 + j / n * 2) / (n + 3))
         pair = get_pair(req.base, ref, spec, guard, progress, cancel)
-        acc = lambda: metrics.accuracy(*scoring.predict(pair, task, "test", req.n, seed=req.seed))  # noqa: E731
-        p_zero[j] = acc()
+
+        def acc(where: list, at: int = j) -> float:
+            """The accuracy of the working model on task j; its ECE goes to ``where[at]``."""
+            m = metrics.metrics(*scoring.predict(pair, task, "test", req.n, seed=req.seed))
+            where[at] = m.ece
+            return m.accuracy
+
+        p_zero[j] = acc(ece["p_zero"])
         with pair.finetuned():
-            p_one[j] = acc()
+            p_one[j] = acc(ece["p_one"])
         for i, name in enumerate(req.tasks):
             with pair.grafted(found[name]):
-                scores[i][j] = acc()
+                scores[i][j] = acc(ece["scores"][i])
         with pair.grafted(union):
-            union_acc[j] = acc()
+            union_acc[j] = acc(ece["union"])
         if purified is not None:
             with pair.grafted(purified):
-                purified_acc[j] = acc()
+                purified_acc[j] = acc(ece["purified"])
     matrix = sets.overlap_matrix({name: found[name] for name in req.tasks})
     gain = experiments.gain_matrix(scores, p_zero, p_one)
     if any(p1 <= p0 for p0, p1 in zip(p_zero, p_one)):
@@ -233,6 +248,7 @@ def multitask(req: MultitaskRequest, progress: Progress | None = None, cancel=No
             "group": group, "steps": req.purify_steps, "size": region_size(purified),
             "kept_from_union": sets._intersection_count(purified, union), "accuracy": purified_acc,
             "relative_gain": [experiments.relative_gain(a, p0, p1) for a, p0, p1 in zip(purified_acc, p_zero, p_one)]},
+        ece=ece,
     )
 
 
@@ -247,6 +263,11 @@ class WiseResult(Result):
     ood: list[str] = field(default_factory=list)
     rows: list[dict] = field(default_factory=list)  # curve, alpha, task, distribution, n, accuracy, ece
     differences: list[dict] = field(default_factory=list)  # paired, per α and task: WiSE-graft − WiSE-FT
+
+    def as_dict(self) -> dict:
+        out = super().as_dict()
+        out["card"] = card.wise_card(out)
+        return out
 
 
 @verb(WiseRequest, "WiSE-FT and WiSE-graft curves along α, in and out of distribution", text.wise)
@@ -300,6 +321,11 @@ class RetrainResult(Result):
     ood: list[str] = field(default_factory=list)
     differences: list[dict] = field(default_factory=list)  # paired: each model − FT, − bare body; trained − graft
     disagreements: list[dict] = field(default_factory=list)  # test examples where a model decides unlike FT
+
+    def as_dict(self) -> dict:
+        out = super().as_dict()
+        out["card"] = card.retrain_card(out)
+        return out
 
 
 def _region_setting(req, guard: Guard, progress, cancel):
@@ -379,6 +405,12 @@ class ContinualResult(Result):
     forgetting: dict = field(default_factory=dict)  # arm -> [accuracy after its own stage − after the last], per task
     # paired on each task's test examples: forget-free − sequential after every stage; each arm's forgetting
     differences: list[dict] = field(default_factory=list)
+    ece: dict = field(default_factory=dict)  # arm -> [stage i][task j] ECE beside each accuracy (None for j > i)
+
+    def as_dict(self) -> dict:
+        out = super().as_dict()
+        out["card"] = card.continual_card(out)
+        return out
 
 
 def _merge(patch: tuple[dict, dict], indices: dict, values: dict) -> tuple[dict, dict]:
@@ -508,6 +540,9 @@ def continual(req: ContinualRequest, progress: Progress | None = None, cancel=No
     finish(progress)
     forgetting = {arm: [table[j][j] - table[n - 1][j] for j in range(n)]
                   for arm, table in (("forget-free", forget_free), ("sequential", sequential))}
+    ece = {arm: [[None] * n for _ in range(n)] for arm in ("forget-free", "sequential")}
+    for (arm, i, j), probs in predictions.items():
+        ece[arm][i][j] = metrics.metrics(probs, labels[j]).ece
     found = []
     for (arm, i, j), probs in predictions.items():
         name = req.tasks[j]
@@ -526,5 +561,5 @@ def continual(req: ContinualRequest, progress: Progress | None = None, cancel=No
                            finetuned_accuracy=ft_acc,
                            trained={"forget-free": trained_ff, "sequential": [sum(t.numel() for t in everything.values())] * n},
                            forget_free=forget_free, sequential=sequential, forgetting=forgetting,
-                           differences=found)
+                           differences=found, ece=ece)
 
