@@ -862,17 +862,19 @@ class WiseRequest(RegionStudyFields):
 
 
 @dataclass
-class RetrainRequest(RecipeFields, RegionStudyFields):
+class RetrainRequest(ReplicateFields, RecipeFields, RegionStudyFields):
     """Re-train only a region's parameters from θ_pre with the fine-tuning recipe (Table 1), against the
     fine-tuned model, the graft and BitFit (biases only), on accuracy and ECE."""
 
     verb: ClassVar[str] = "retrain"
     no_bitfit: bool = arg(False, "skip the BitFit baseline (train every bias, nothing else)")
-    seed: int = arg(0, "seed of the subsample and the batch order", metavar="N")
+    seed: int = arg(0, "seed of the training subsample and the batch order (the test examples are the same for every "
+                    "seed)", metavar="N")
 
     def check(self) -> None:
         self.check_region()
         self.check_recipe()
+        self.check_seeds()
 
 
 @dataclass

@@ -303,6 +303,18 @@ def test_retrain_flow_scores_ft_graft_retrained_and_bitfit(tiny_multitask, tmp_p
     assert ("graft", "fine-tuned", "ece") in paired and ("graft", "pre-trained body + FT head", "accuracy") in paired
     text = " ".join(res["card"])
     assert "The graft 'graft'" in text and "re-trained graft − the graft (accuracy): " in text and "BitFit trains" in text
+    # replicates over the training seed: seed 0's rows are the single run's, every figure the mean over the seeds
+    both = flows.run(RetrainRequest(region=loc.path, epochs=1, train_examples=32, n=32, no_ood=True, no_bitfit=True,
+                                    seeds=[0, 1])).as_dict()
+    assert [e["seed"] for e in both["per_seed"]] == [0, 1] and both["seeds"] == [0, 1]
+    first = {r["model"]: r["accuracy"] for r in both["per_seed"][0]["rows"]}
+    assert first == {m: a for m, a in acc.items() if m != "BitFit (biases)"}
+    second = {r["model"]: r["accuracy"] for r in both["per_seed"][1]["rows"]}
+    mean = {r["model"]: r for r in both["rows"]}
+    assert mean["re-trained graft"]["accuracy"] == pytest.approx((first["re-trained graft"] + second["re-trained graft"]) / 2)
+    assert mean["re-trained graft"]["accuracy_seeds"] == [first["re-trained graft"], second["re-trained graft"]]
+    assert mean["graft"]["accuracy_std"] == 0.0  # the graft does not train: the same for every seed
+    assert "mean over training seeds 0, 1" in both["card"][-1]
 
 
 # -- front ends -------------------------------------------------------------------------------------

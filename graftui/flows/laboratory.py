@@ -39,7 +39,7 @@ from .common import (
     kshot_batches, latest_region, load_region, ood_tasks, pair_for_regions, save_new,
 )
 from .registry import verb
-from .single import finetune as run_finetune, localize as run_localize
+from .single import each_seed, finetune as run_finetune, localize as run_localize
 
 
 # -- multi-task ------------------------------------------------------------------------------------
@@ -321,10 +321,15 @@ class RetrainResult(Result):
     ood: list[str] = field(default_factory=list)
     differences: list[dict] = field(default_factory=list)  # paired: each model − FT, − bare body; trained − graft
     disagreements: list[dict] = field(default_factory=list)  # test examples where a model decides unlike FT
+    seeds: list[int] = field(default_factory=list)  # with --seeds: rows and differences are means over these
+    per_seed: list[dict] = field(default_factory=list)  # with --seeds: each seed's rows and differences
 
     def as_dict(self) -> dict:
         out = super().as_dict()
         out["card"] = card.retrain_card(out)
+        if self.seeds:
+            out["card"].append(f"Each figure is the mean over training seeds {', '.join(map(str, self.seeds))} (every "
+                               "seed is scored on the same test examples); each seed's own numbers are under per_seed.")
         return out
 
 
@@ -357,8 +362,17 @@ def _region_setting(req, guard: Guard, progress, cancel):
 
 @verb(RetrainRequest, "train only the region from θ_pre (and BitFit), against FT and the graft", text.retrain)
 def retrain(req: RetrainRequest, progress: Progress | None = None, cancel=None, guard: Guard = LOCAL) -> RetrainResult:
-    """From θ_pre, train only γ (and, for BitFit, only the biases); score them beside FT and the graft."""
+    """From θ_pre, train only γ (and, for BitFit, only the biases); score them beside FT and the graft. With
+    ``req.seeds`` once per training seed, every figure the mean over seeds with each seed's kept."""
     req.validate()
+    if req.seeds:
+        runs = each_seed(retrain, req, progress, cancel, guard)
+        return replace(runs[0], request=req, seconds=sum(r.seconds for r in runs),
+                       rows=metrics.over_seeds([r.rows for r in runs], ("model", "task", "distribution")),
+                       differences=metrics.differences_over_seeds([r.differences for r in runs]),
+                       seeds=list(req.seeds),
+                       per_seed=[{"seed": s, "rows": r.rows, "differences": r.differences}
+                                 for s, r in zip(req.seeds, runs)])
     start = time.time()
     path, record, base, finetuned, task, oods, pair, notes = _region_setting(req, guard, progress, cancel)
     recipe = req.recipe(seed=req.seed)
@@ -382,7 +396,7 @@ def retrain(req: RetrainRequest, progress: Progress | None = None, cancel=None, 
         values = experiments.retrain_inside(pair.model, params, pair.pre, region, make_batches, recipe, step, cancel)
         models[label] = (region, values)
         trained[label] = region_size(region)
-    comparison = scoring.compare(pair, task, models, ood=oods, n=req.n, seed=req.seed, cancel=cancel,
+    comparison = scoring.compare(pair, task, models, ood=oods, n=req.n, seed=scoring.TEST_SAMPLE_SEED, cancel=cancel,
                                  contrasts=[(label, "graft") for label, _ in jobs],
                                  progress=(lambda d: progress({**d, "fraction": 0.7 + 0.3 * d.get("fraction", 0)}))
                                  if progress else None)
