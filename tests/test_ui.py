@@ -750,7 +750,7 @@ def test_localize_compare_compose_export_jobs_end_to_end(home, tiny_checkpoints)
     # every paired difference of the job as a row: the graft against FT and each baseline, accuracy and ECE
     region = learned.result["region"]
     assert {f"{region} − fine-tuned", f"{region} − Random", f"{region} − Top movement"} <= set(diffs["a − b"])
-    assert len(diffs) == len(cmp.result["differences"]) and set(diffs["metric"]) == {"accuracy", "ece"}
+    assert len(diffs) == len(cmp.result["differences"]) and set(diffs["metric"]) == {"accuracy", "ECE"}
     for d, (_, row) in zip(cmp.result["differences"], diffs.iterrows()):
         lo, hi = d["ci"]
         assert (row["reading"] == "a is higher") == (lo > 0) and (row["reading"] == "a is lower") == (hi < 0)

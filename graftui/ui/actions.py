@@ -719,7 +719,8 @@ def differences_table(result: dict) -> pd.DataFrame:
         m = d.get("seeds") or 1
         apart = "higher" if lo > 0 else "lower" if hi < 0 else None
         out.append({"a − b": f"{d['a']} − {d['b']}", "task": d["task"],
-                    "dist.": "ID" if d.get("distribution", "in") == "in" else "OOD", "metric": d["metric"],
+                    "dist.": "ID" if d.get("distribution", "in") == "in" else "OOD",
+                    "metric": "ECE" if d["metric"] == "ece" else d["metric"],
                     "difference [95 % CI]": difference_value(d, f" ({m} seeds)" if m > 1 else ""),
                     "McNemar p": "" if d.get("p") is None else f"{d['p']:.3g}",
                     "reading": f"a is {apart}" if apart else
