@@ -287,7 +287,7 @@ def make_record(pair, indices: Region, fields_: dict | None = None) -> RegionRec
         k=region_size(indices), graftable_params=counts["graftable"], total_params=counts["total"],
         fraction_of_graftable=region_size(indices) / max(counts["graftable"], 1),
         fraction_of_all=region_size(indices) / max(counts["total"], 1),
-        library_version=__version__, created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        library_version=__version__, created=now_utc(),
     )
     _fill(meta, fields_ or {})
     return RegionRecord(indices={n: i.cpu() for n, i in indices.items()}, shapes=pair.shapes, meta=meta)
@@ -302,7 +302,7 @@ def derived_record(source: RegionMeta, indices: Region, shapes: dict, fields_: d
     size, graftable = region_size(indices), sum(math.prod(s) for s in shapes.values())
     meta = RegionMeta(**{key: getattr(source, key) for key in PAIR_FIELDS}, k=size, graftable_params=graftable,
                       fraction_of_graftable=size / max(graftable, 1), library_version=__version__,
-                      created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+                      created=now_utc())
     meta.fraction_of_all = size / meta.total_params if meta.total_params else None
     _fill(meta, fields_)
     return RegionRecord(indices, shapes, meta, values, head)

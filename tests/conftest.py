@@ -55,6 +55,17 @@ def mask_to_region(masks: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 
 @pytest.fixture
+def home(tmp_path, monkeypatch):
+    """A fresh GRAFTUI_HOME, and a fresh app-wide job runner rooted in it."""
+    from graftui.ui import store
+
+    monkeypatch.setenv("GRAFTUI_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("GRAFTUI_HOSTED", raising=False)
+    monkeypatch.setattr(store, "_runner", None)
+    return tmp_path / "home"
+
+
+@pytest.fixture
 def tiny_pair():
     return make_tiny_pair()
 

@@ -14,16 +14,6 @@ from conftest import make_tiny_pair
 from graftui import regions
 
 
-@pytest.fixture
-def home(tmp_path, monkeypatch):
-    from graftui.ui import store
-
-    monkeypatch.setenv("GRAFTUI_HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("GRAFTUI_HOSTED", raising=False)
-    monkeypatch.setattr(store, "_runner", None)
-    return tmp_path / "home"
-
-
 def _record(pair, k: int, method: str = "top-movement", task: str = "movies"):
     from graftui.localizers import Budget, run_method
 

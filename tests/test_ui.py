@@ -13,17 +13,6 @@ from conftest import make_tiny_pair
 from graftui import hosted
 
 
-@pytest.fixture
-def home(tmp_path, monkeypatch):
-    """A fresh GRAFTUI_HOME, and a fresh app-wide job runner rooted in it."""
-    from graftui.ui import store
-
-    monkeypatch.setenv("GRAFTUI_HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("GRAFTUI_HOSTED", raising=False)
-    monkeypatch.setattr(store, "_runner", None)
-    return tmp_path / "home"
-
-
 def tiny_record(pair, k: int = 20, method: str = "top-movement", task: str = "movies"):
     from graftui import regions
     from graftui.localizers import Budget, run_method
@@ -456,7 +445,6 @@ def test_hosted_sessions_own_their_files_and_jobs_and_share_a_read_only_gallery(
 
 def test_uploads_are_capped_and_typed(home, monkeypatch, tmp_path):
     from graftui import settings
-    from graftui.ui import store
 
     big = tmp_path / "big.csv"
     big.write_bytes(b"x" * 3000)

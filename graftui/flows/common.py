@@ -25,7 +25,7 @@ from ..config import (
     is_default_finetuned,
 )
 from ..data import OFFLINE_TASKS, DataSpec, Task, all_as_test, batches, kshot, load_task
-from ..errors import DataError, ModelError, RegionError, RequestError
+from ..errors import DataError, GraftuiError, ModelError, RegionError, RequestError
 from ..layout import MODULE_LABELS, anatomy as count_anatomy
 from ..models import ModelPair, pair_kind, resolve
 from ..paths import Exists, atomic_write, new_path, short_ref
@@ -299,6 +299,17 @@ def seed_progress(progress: Progress | None, i: int, n: int, seed: int) -> Progr
         progress({**event, "stage": f"seed {seed} ({i + 1}/{n})" + (f": {stage}" if stage else ""),
                   "fraction": (i + min(float(part or 0), 1.0)) / n, "seed": seed})
     return inner
+
+
+def remember_scores(rows: list[dict], files: list, labels: list[str], records: list, notes: list[str],
+                    with_ft: bool = True) -> None:
+    """Each region's in-distribution scores of ``rows`` as its latest in the regions table (regions.note_scores); a
+    log that cannot be written is a note, not a failed evaluation."""
+    try:
+        for folder, entries in regions.evaluation_entries(rows, files, labels, records, with_ft).items():
+            regions.note_scores(folder, entries)
+    except (OSError, GraftuiError) as err:
+        notes.append(f"the scores were not added to the regions table: {err}")
 
 
 def finish(progress: Progress | None) -> None:

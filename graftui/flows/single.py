@@ -36,7 +36,7 @@ from . import text
 from .common import (
     LOCAL, Guard, Progress, Result, check_build, check_model_ref, examples_per_class, finish, get_pair, get_task,
     graft_of, kshot_batches, labels_for, load_region, loadable, merged_shapes, needs_task_labels, ood_tasks,
-    pair_for_regions, plain, prompt_notes, same_regions, save_new, seed_progress, side_by_side,
+    pair_for_regions, plain, prompt_notes, remember_scores, same_regions, save_new, seed_progress, side_by_side,
 )
 from .registry import verb
 
@@ -252,12 +252,8 @@ def localize(req: LocalizeRequest, progress: Progress | None = None, cancel=None
     else:
         out = save_new(record, settings.subdir("regions"), f"{short_ref(req.task)}-{req.method}-k{record.size}",
                        world is None or world.rank == 0)
-    if check and (world is None or world.rank == 0):  # the quick check is the region's first entry in the table
-        try:
-            for folder, entries in regions.evaluation_entries(check["rows"], [out], ["this region"], [record]).items():
-                regions.note_scores(folder, entries)
-        except (OSError, GraftuiError) as err:
-            notes.append(f"the held-out check was not added to the regions table: {err}")
+    if check:  # the quick check is the region's first entry in the regions table (made by one process only)
+        remember_scores(check["rows"], [out], ["this region"], [record], notes)
     finish(progress)
     return LocalizeResult(req, notes, time.time() - start, str(out), record, check=check)
 
@@ -645,12 +641,7 @@ def evaluate(req: EvaluateRequest, progress: Progress | None = None, cancel=None
         notes.append(f"the regions were learned on {len(groups)} tasks ({result['task']}): each is scored on its own, "
                      "beside the fine-tuned model and the bare body on that task")
     side = side_by_side(labels, records) if len(records) > 1 else None
-    try:  # each region's latest scores, for the regions table (graftui runs, the app's Regions tab)
-        for folder, entries in regions.evaluation_entries(result["rows"], req.regions, labels, records,
-                                                          not grafts.from_patch).items():
-            regions.note_scores(folder, entries)
-    except (OSError, GraftuiError) as err:
-        notes.append(f"the scores were not added to the regions table: {err}")
+    remember_scores(result["rows"], req.regions, labels, records, notes, not grafts.from_patch)
     finish(progress)
     if side:
         lines += card.compose_card({**side, "graftable_params": graftable, "rows": []})
