@@ -112,3 +112,18 @@ def test_finetune_seeds_make_one_checkpoint_per_seed_equal_to_the_single_seed_fi
     assert any(not a[name].equal(c[name]) for name in a)  # another seed, another fine-tune
     with pytest.raises(RequestError, match="--seeds"):
         FinetuneRequest(**common, seeds=[]).validate()
+
+
+def test_check_n_zero_skips_the_check_and_a_bad_one_is_one_line(gpt2, tmp_path):
+    from graftui.errors import RequestError
+
+    base, ft, task = gpt2
+    events = []
+    loc = flows.localize(LocalizeRequest(base=str(base), finetuned=str(ft), task=str(task), label_words=WORDS,
+                                         method="top-movement", k=50, check_n=0, out=str(tmp_path / "r.safetensors")),
+                         progress=events.append)
+    assert loc.check is None and not any("heldout" in e for e in events) and not regions.latest_scores(tmp_path)
+    assert "evaluate it (Compare, or graftui evaluate)" in loc.as_dict()["card"][0]
+    for bad in (-1, 1.5, True):
+        with pytest.raises(RequestError, match=r"^--check-n must be a whole number"):
+            LocalizeRequest(check_n=bad).validate()
