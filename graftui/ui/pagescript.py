@@ -1,5 +1,4 @@
-"""A script the page runs before Gradio's own: it holds Gradio's status-tracker frames to four a second, and
-re-fits the plots once a resized page has restacked.
+"""A script the page runs before Gradio's own: it holds Gradio's status-tracker frames to four a second.
 
 Gradio's status tracker counts the seconds of a pending event on every animation frame, and the
 tracker shown while the page loads is removed while still pending, so its loop never stops: an
@@ -18,7 +17,6 @@ first step); every other frame is asked for as before. A held frame can still be
 from __future__ import annotations
 
 FRAME_DELAY_MS = 250
-REFIT_DELAY_MS = 300
 
 SCRIPT = f"""<script>
 (() => {{
@@ -40,14 +38,6 @@ SCRIPT = f"""<script>
     held.delete(id);
     return pending < 0 ? cancel(-pending) : clearTimeout(pending);
   }};
-  /* A window made narrower restacks the rows after its resize event: the plots, which re-fit on that event, kept
-     the old width. One more resize event once the page has settled lets them fit their new boxes. */
-  let refit = null, echo = false;
-  window.addEventListener("resize", () => {{
-    if (echo) return;
-    clearTimeout(refit);
-    refit = setTimeout(() => {{ echo = true; window.dispatchEvent(new Event("resize")); echo = false; }}, {REFIT_DELAY_MS});
-  }});
 }})();
 </script>"""
 
