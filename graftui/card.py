@@ -330,6 +330,15 @@ def replicate_sentence(group: dict) -> str:
     return text + (": " + "; ".join(parts) if parts else "") + "."
 
 
+def seeds_sentence(seeds: list[int] | None, what: str) -> list[str]:
+    """The line a replicate result adds to its card: what its figures are the mean of, and where the rest is."""
+    if not seeds:
+        return []
+    return [f"Each figure is the mean over {what} {', '.join(map(str, seeds))}; its standard deviation across them is "
+            "under spread, each seed's own figures under per_seed, and every paired interval adds the seeds' spread "
+            "to the test examples' noise."]
+
+
 def finetune_card(doc: dict) -> list[str]:
     acc, n, chance = doc.get("test_accuracy"), doc.get("test_examples"), doc.get("chance_accuracy")
     if not n:

@@ -426,6 +426,25 @@ def over_seeds(runs: list[list[dict]], keys: tuple[str, ...]) -> list[dict]:
     return out
 
 
+def mean_nested(values: list) -> tuple[Any, Any]:
+    """(mean, std) of several seeds' values of one figure, shape kept: a number averages (a value the same in
+    every seed stays as it is, so a count stays whole), a list or dict averages entry by entry, None is
+    skipped (a matrix's empty cells stay None); anything else is kept where every seed agrees, else None."""
+    known = [v for v in values if v is not None]
+    if not known:
+        return None, None
+    if all(_number(v) for v in known):
+        mean, std = mean_std(known)
+        return (known[0] if all(v == known[0] for v in known) else mean), std
+    if all(isinstance(v, list) for v in known) and len({len(v) for v in known}) == 1:
+        parts = [mean_nested([v[i] for v in known]) for i in range(len(known[0]))]
+        return [m for m, _ in parts], [s for _, s in parts]
+    if all(isinstance(v, dict) for v in known):
+        parts = {k: mean_nested([v.get(k) for v in known]) for k in dict.fromkeys(k for v in known for k in v)}
+        return {k: m for k, (m, _) in parts.items()}, {k: s for k, (_, s) in parts.items()}
+    return (known[0] if all(v == known[0] for v in known) else None), None
+
+
 DIFFERENCE_KEYS = ("a", "b", "task", "distribution", "metric", "sparsity", "alpha", "stage", "head", "forgetting")
 
 

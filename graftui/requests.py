@@ -787,7 +787,7 @@ class PushRequest(LoadFields):
 
 # -- the paper's experiments (flows in flows/laboratory.py) ------------------------------------------------------
 @dataclass
-class MultitaskRequest(RecipeFields, LearnFields):
+class MultitaskRequest(ReplicateFields, RecipeFields, LearnFields):
     """One model fine-tuned on several tasks: each task's region, their overlap, the skill transfer of
     every region to every task (Eq. 5), the union of a group of tasks and its purification (§5.1)."""
 
@@ -824,6 +824,7 @@ class MultitaskRequest(RecipeFields, LearnFields):
         self.check_learning()
         self.check_recipe()
         check_out_dir(self.out)
+        self.check_seeds()
 
 
 @dataclass
@@ -851,9 +852,16 @@ class WiseRequest(RegionStudyFields):
     verb: ClassVar[str] = "wise"
     alphas: list[float] = arg([round(0.1 * i, 1) for i in range(11)], "interpolation weights α in [0, 1]",
                               metavar="LIST", list="comma")
+    replicates: list[str] | None = arg(None, "the same region from other mask seeds (e.g. the other files of a "
+                                       "'localize --seeds' run): every curve becomes the mean ± std over --region "
+                                       "and these", metavar="LIST", list="comma")
 
     def check(self) -> None:
         self.check_region()
+        for path in self.replicates or ():
+            check_region_file(path)
+        if self.replicates is not None and not self.replicates:
+            raise RequestError("--replicates: give at least one region file")
         if not self.alphas:
             raise RequestError("--alphas: give at least one value")
         for a in self.alphas:
@@ -878,7 +886,7 @@ class RetrainRequest(ReplicateFields, RecipeFields, RegionStudyFields):
 
 
 @dataclass
-class ContinualRequest(RecipeFields, LearnFields):
+class ContinualRequest(ReplicateFields, RecipeFields, LearnFields):
     """Forget-free continual learning (§5.2): task t_n trains only γ_{t_n} minus the earlier regions, and each
     task is inferred with the union of the regions up to its own; against naive sequential fine-tuning."""
 
@@ -899,6 +907,7 @@ class ContinualRequest(RecipeFields, LearnFields):
         self.check_learning()
         self.check_recipe()
         check_out_dir(self.out)
+        self.check_seeds()
 
 
 # -- everything at once (flow in flows/reproduction.py) --------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -317,6 +318,57 @@ def test_retrain_flow_scores_ft_graft_retrained_and_bitfit(tiny_multitask, tmp_p
     assert "mean over training seeds 0, 1" in both["card"][-1]
 
 
+def test_multitask_replicates_average_the_seeds_and_keep_each_seeds_own_run(tiny_multitask, tmp_path, monkeypatch):
+    from graftui import flows
+    from graftui.requests import MultitaskRequest
+
+    monkeypatch.setenv("GRAFTUI_HOME", str(tmp_path / "home"))
+    common = dict(base=tiny_multitask["base"], checkpoint=tiny_multitask["checkpoint"], tasks=["movies", "bbc"],
+                  sparsity=0.02, steps=2, examples_per_class=4, purify_steps=0, n=24)
+    seen = []
+    both = flows.run(MultitaskRequest(**common, seeds=[0, 1]), progress=seen.append).as_dict()
+    one = flows.run(MultitaskRequest(**common, seed=1)).as_dict()
+    assert both["seeds"] == [0, 1] and [e["seed"] for e in both["per_seed"]] == [0, 1]
+    for name in ("overlap", "scores", "p_one", "ece"):  # seed 1 of the replicate run is the single seed-1 run
+        assert both["per_seed"][1][name] == one[name]
+    assert both["per_seed"][0]["regions"]["movies"] != both["per_seed"][1]["regions"]["movies"]  # each seed's own file
+    s0, s1 = (e["scores"] for e in both["per_seed"])
+    assert both["scores"][1][0] == pytest.approx((s0[1][0] + s1[1][0]) / 2)
+    assert both["spread"]["scores"][1][0] == pytest.approx(abs(s0[1][0] - s1[1][0]) / 2 ** 0.5)
+    assert both["ece"]["p_one"] == one["ece"]["p_one"] or both["spread"]["ece"]["p_one"] is not None
+    assert "mean over mask seeds 0, 1" in both["card"][-1]
+    from graftui.flows import text
+
+    assert "Every figure is the mean over mask seeds 0, 1" in text.multitask(both)
+    assert any(str(e.get("stage", "")).startswith("seed 1 (2/2)") for e in seen)
+
+
+def test_wise_replicates_are_the_mean_over_the_regions_of_several_mask_seeds(tiny_multitask, tmp_path, monkeypatch):
+    from graftui import flows
+    from graftui.errors import RequestError
+    from graftui.requests import LocalizeRequest, WiseRequest
+
+    monkeypatch.setenv("GRAFTUI_HOME", str(tmp_path / "home"))
+    ft = f"{tiny_multitask['checkpoint']}/movies"
+    loc = flows.run(LocalizeRequest(base=tiny_multitask["base"], finetuned=ft, task="movies", sparsity=0.05, steps=2,
+                                    examples_per_class=4, seeds=[0, 1], out=str(tmp_path / "r.safetensors")))
+    paths = [e["path"] for e in loc.seeds]
+    alone = [flows.run(WiseRequest(region=p, alphas=[0.0, 1.0], n=24, no_ood=True)).as_dict() for p in paths]
+    res = flows.run(WiseRequest(region=paths[0], replicates=paths[1:], alphas=[0.0, 1.0], n=24, no_ood=True)).as_dict()
+    assert res["replicates"] == paths and [e["seed"] for e in res["per_region"]] == [0, 1]
+    assert [e["rows"] for e in res["per_region"]] == [a["rows"] for a in alone]
+    row = next(r for r in res["rows"] if (r["curve"], r["alpha"]) == ("WiSE-graft", 1.0))
+    each = [next(r["accuracy"] for r in a["rows"] if (r["curve"], r["alpha"]) == ("WiSE-graft", 1.0)) for a in alone]
+    assert row["accuracy"] == pytest.approx(sum(each) / 2) and row["accuracy_seeds"] == each
+    ft_row = next(r for r in res["rows"] if (r["curve"], r["alpha"]) == ("WiSE-FT", 1.0))
+    assert ft_row["accuracy_std"] == 0.0  # WiSE-FT holds no region: the same for every seed
+    d = next(d for d in res["differences"] if d["alpha"] == 1.0 and d["metric"] == "accuracy")
+    assert d["seeds"] == 2 and d["ci"][0] <= d["diff"] <= d["ci"][1]
+    assert "mean over the regions of mask seeds 0, 1" in res["card"][-1]
+    with pytest.raises(RequestError, match="--replicates"):
+        WiseRequest(region=paths[0], replicates=[]).validate()
+
+
 # -- front ends -------------------------------------------------------------------------------------
 def test_cli_refuses_bad_experiment_requests_in_one_line(tmp_path, monkeypatch):
     from test_cli import assert_one_line_error, run_cli
@@ -380,6 +432,16 @@ def test_continual_forget_free_keeps_every_earlier_task_exactly_and_trains_only_
                        f"sequential fine-tuning movies {100 * seq[1][0]:.1f} %, bbc {100 * seq[1][1]:.1f} %.")
     assert card[1].startswith("On movies, forget-free − sequential after the last stage: ")
     assert "forget-free movies +0.0 pts" in card[2] and card[3].startswith("ECE after the last stage: forget-free movies")
+    # replicates over the mask seed: seed 0's figures are the single run's, each figure the mean over the seeds
+    both = flows.run(ContinualRequest(base=tiny_multitask["base"], tasks=["movies", "bbc"], sparsity=0.05, steps=2,
+                                      examples_per_class=4, n=40, out=str(tmp_path / "seeds"), memory="lean",
+                                      logit_dtype="float16", checkpoint_every=1, seeds=[0, 1])).as_dict()
+    assert [Path(both["per_seed"][i]["regions"]["bbc"]).parent.name for i in (0, 1)] == ["seed0", "seed1"]
+    assert both["per_seed"][0]["forget_free"] == ff and both["per_seed"][0]["sequential"] == seq
+    other = both["per_seed"][1]["forget_free"]
+    assert both["forget_free"][1][1] == pytest.approx((ff[1][1] + other[1][1]) / 2) and both["forget_free"][0][1] is None
+    assert both["finetuned_accuracy"] == res["finetuned_accuracy"]  # the independent fine-tunes are the same
+    assert "mean over mask seeds 0, 1" in both["card"][-1]
 
 
 def test_fine_tuning_with_a_frozen_head_keeps_the_new_head_at_its_initialisation(tiny_multitask, tmp_path):

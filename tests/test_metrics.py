@@ -261,6 +261,19 @@ def test_mean_std_and_rows_over_seeds():
     assert d["ci"] == pytest.approx([0.03 - half, 0.03 + half])
 
 
+def test_a_nested_figure_averages_entry_by_entry_and_keeps_its_shape():
+    from graftui.metrics import mean_nested
+
+    seeds = [{"matrix": [[1.0, None], [0.2, 0.4]], "size": 7, "group": ["a", "b"], "name": "x"},
+             {"matrix": [[0.0, None], [0.4, 0.4]], "size": 7, "group": ["a", "b"], "name": "y"}]
+    mean, std = mean_nested(seeds)
+    assert mean["matrix"] == [[0.5, None], [pytest.approx(0.3), 0.4]] and std["matrix"][0] == [pytest.approx(0.5 ** 0.5), None]
+    assert std["matrix"][1][1] == 0.0 and mean["size"] == 7 and isinstance(mean["size"], int)  # a shared count stays whole
+    assert mean["group"] == ["a", "b"] and mean["name"] is None  # words: kept where the seeds agree
+    assert mean_nested([None, None]) == (None, None) and mean_nested([2, None, 4]) == (3.0, pytest.approx(2 ** 0.5))
+    assert mean_nested([[1, 2], [1, 2, 3]]) == (None, None)  # shapes that differ do not average
+
+
 def test_disagreements_list_where_a_graft_decides_unlike_ft_most_confident_first():
     from graftui import scoring
     from graftui.config import FT_LABEL

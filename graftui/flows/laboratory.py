@@ -36,10 +36,10 @@ from ..requests import (
 from . import text
 from .common import (
     LOCAL, Guard, Progress, Result, check_build, check_model_ref, examples_per_class, finish, get_pair, get_task,
-    kshot_batches, latest_region, load_region, ood_tasks, pair_for_regions, save_new,
+    kshot_batches, latest_region, load_region, ood_tasks, pair_for_regions, save_new, seed_progress,
 )
 from .registry import verb
-from .single import each_seed, finetune as run_finetune, localize as run_localize
+from .single import each_seed, finetune as run_finetune, localize as run_localize, replicated
 
 
 # -- multi-task ------------------------------------------------------------------------------------
@@ -60,11 +60,18 @@ class MultitaskResult(Result):
     purified: dict = field(default_factory=dict)
     # ECE beside each accuracy above: {"p_zero": [..], "p_one": [..], "scores": [[..]], "union": [..], "purified": [..]}
     ece: dict = field(default_factory=dict)
+    seeds: list[int] = field(default_factory=list)  # with --seeds: every figure above is the mean over these
+    per_seed: list[dict] = field(default_factory=list)  # with --seeds: each seed's own figures and region files
+    spread: dict = field(default_factory=dict)  # with --seeds: the standard deviation across seeds of each figure
 
     def as_dict(self) -> dict:
         out = super().as_dict()
-        out["card"] = card.multitask_card(out)
+        out["card"] = card.multitask_card(out) + card.seeds_sentence(self.seeds, "mask seeds")
         return out
+
+
+MULTITASK_FIGURES = ("sizes", "overlap", "intersection_counts", "p_zero", "p_one", "scores", "relative_gain", "union",
+                     "purified", "ece")  # what a replicate run averages over seeds
 
 
 def multitask_checkpoint(base: str, tasks: list[str], recipe=None) -> Path:
@@ -116,8 +123,11 @@ def refuse_language_model(ref: str, what: str, guard: Guard) -> None:
 @verb(MultitaskRequest, "regions of a multi-task model: overlap, skill transfer (Eq. 5), union, purification",
       text.multitask)
 def multitask(req: MultitaskRequest, progress: Progress | None = None, cancel=None, guard: Guard = LOCAL) -> MultitaskResult:
-    """Regions of every task of one multi-task model, their overlap, Eq. 5, the union and its purification."""
+    """Regions of every task of one multi-task model, their overlap, Eq. 5, the union and its purification. With
+    ``req.seeds`` once per mask seed (one multi-task model), every figure the mean over seeds, each seed's kept."""
     req.validate()
+    if req.seeds:
+        return replicated(each_seed(multitask, req, progress, cancel, guard, out_folders=True), req, MULTITASK_FIGURES, ("regions",))
     start = time.time()
     check_model_ref(req.base)
     refuse_language_model(req.base, "the multi-task experiment", guard)
@@ -263,17 +273,35 @@ class WiseResult(Result):
     ood: list[str] = field(default_factory=list)
     rows: list[dict] = field(default_factory=list)  # curve, alpha, task, distribution, n, accuracy, ece
     differences: list[dict] = field(default_factory=list)  # paired, per α and task: WiSE-graft − WiSE-FT
+    replicates: list[str] = field(default_factory=list)  # with --replicates: rows and differences are means over
+    per_region: list[dict] = field(default_factory=list)  # the regions: each one's own rows and differences
 
     def as_dict(self) -> dict:
         out = super().as_dict()
-        out["card"] = card.wise_card(out)
+        out["card"] = card.wise_card(out) + card.seeds_sentence(
+            [e["seed"] for e in self.per_region], "the regions of mask seeds")
         return out
 
 
 @verb(WiseRequest, "WiSE-FT and WiSE-graft curves along α, in and out of distribution", text.wise)
 def wise(req: WiseRequest, progress: Progress | None = None, cancel=None, guard: Guard = LOCAL) -> WiseResult:
-    """Accuracy and ECE of θ_pre + α·δ (WiSE-FT) and θ_pre + α·γ⊙δ (WiSE-graft) along α."""
+    """Accuracy and ECE of θ_pre + α·δ (WiSE-FT) and θ_pre + α·γ⊙δ (WiSE-graft) along α. With ``req.replicates``
+    (the region from other mask seeds) once per region, every figure the mean over them, each region's kept."""
     req.validate()
+    if req.replicates:
+        paths = [req.region or str(latest_region()), *req.replicates]
+        seeds = [(load_region(p).meta.request or {}).get("seed", i) for i, p in enumerate(paths)]
+        runs = [wise(req.replace(region=p, replicates=None), seed_progress(progress, i, len(paths), seed), cancel, guard)
+                for i, (p, seed) in enumerate(zip(paths, seeds))]
+        if len({(r.base, r.finetuned, r.task) for r in runs}) > 1:
+            raise RegionError("--replicates: every region must come from the same fine-tuned model and task as --region")
+        finish(progress)
+        return replace(runs[0], request=req, seconds=sum(r.seconds for r in runs), replicates=paths,
+                       notes=list(dict.fromkeys(n for r in runs for n in r.notes)),
+                       rows=metrics.over_seeds([r.rows for r in runs], ("curve", "alpha", "task", "distribution")),
+                       differences=metrics.differences_over_seeds([r.differences for r in runs]),
+                       per_region=[{"region": p, "seed": seed, "k": r.k, "rows": r.rows, "differences": r.differences}
+                                   for p, seed, r in zip(paths, seeds, runs)])
     start = time.time()
     path, record, base, finetuned, task, oods, pair, notes = _region_setting(req, guard, progress, cancel)
     alphas = sorted(set(float(a) for a in req.alphas))
@@ -420,11 +448,17 @@ class ContinualResult(Result):
     # paired on each task's test examples: forget-free − sequential after every stage; each arm's forgetting
     differences: list[dict] = field(default_factory=list)
     ece: dict = field(default_factory=dict)  # arm -> [stage i][task j] ECE beside each accuracy (None for j > i)
+    seeds: list[int] = field(default_factory=list)  # with --seeds: every figure above is the mean over these
+    per_seed: list[dict] = field(default_factory=list)  # with --seeds: each seed's own figures and region files
+    spread: dict = field(default_factory=dict)  # with --seeds: the standard deviation across seeds of each figure
 
     def as_dict(self) -> dict:
         out = super().as_dict()
-        out["card"] = card.continual_card(out)
+        out["card"] = card.continual_card(out) + card.seeds_sentence(self.seeds, "mask seeds")
         return out
+
+
+CONTINUAL_FIGURES = ("finetuned_accuracy", "trained", "forget_free", "sequential", "forgetting", "ece")
 
 
 def _merge(patch: tuple[dict, dict], indices: dict, values: dict) -> tuple[dict, dict]:
@@ -462,8 +496,11 @@ def continual(req: ContinualRequest, progress: Progress | None = None, cancel=No
     Both arms use the same recipe, data and heads (each task's head from its independent fine-tune,
     held fixed) and differ only in what they may train: forget-free trains γ_{t_n} \\ ∪_{i<n} γ_{t_i}
     and infers t_i with ∪_{j≤i} γ_{t_j}; naive sequential trains the whole body (not the embeddings).
+    With ``req.seeds`` once per mask seed, every figure the mean over seeds, each seed's kept.
     """
     req.validate()
+    if req.seeds:
+        return replicated(each_seed(continual, req, progress, cancel, guard, out_folders=True), req, CONTINUAL_FIGURES, ("regions",))
     start = time.time()
     check_model_ref(req.base)
     refuse_language_model(req.base, "the continual-learning experiment", guard)

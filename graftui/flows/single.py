@@ -394,16 +394,35 @@ def _held_out(check: dict | None) -> dict | None:
 
 
 # -- replicates ------------------------------------------------------------------------------------
-def each_seed(flow, req, progress, cancel, guard) -> list:
-    """``flow`` run once per seed of ``req.seeds`` (the request otherwise unchanged), progress shown per seed."""
+def each_seed(flow, req, progress, cancel, guard, *, out_folders: bool = False) -> list:
+    """``flow`` run once per seed of ``req.seeds`` (the request otherwise unchanged), progress shown per seed. With
+    ``out_folders`` a seed writes into its own new folder ``<out>/seed<N>`` of the request's output folder."""
     runs = []
     for i, seed in enumerate(req.seeds):
         if cancel is not None and cancel.is_set():
             raise Cancelled("cancelled")
-        runs.append(flow(req.replace(seed=seed, seeds=None), seed_progress(progress, i, len(req.seeds), seed), cancel,
-                         guard))
+        one = req.replace(seed=seed, seeds=None)
+        if out_folders and req.out:
+            one = one.replace(out=str(Path(req.out).expanduser() / f"seed{seed}"))
+        runs.append(flow(one, seed_progress(progress, i, len(req.seeds), seed), cancel, guard))
     finish(progress)
     return runs
+
+
+def replicated(runs: list, req, figures: tuple[str, ...], kept: tuple[str, ...] = ()):
+    """Several seeds' results as one: each of ``figures`` the mean over seeds (its std in ``spread``, each seed's
+    own under ``per_seed`` with the ``kept`` fields, such as the region files it wrote), paired differences over
+    seeds with both noises in their interval (``metrics.differences_over_seeds``)."""
+    means, spread = {}, {}
+    for name in figures:
+        means[name], spread[name] = metrics.mean_nested([getattr(r, name) for r in runs])
+    if hasattr(runs[0], "differences"):
+        means["differences"] = metrics.differences_over_seeds([r.differences for r in runs])
+    per_seed = [{"seed": seed, **{name: getattr(r, name) for name in (*figures, *kept, "differences")
+                                  if hasattr(r, name)}} for seed, r in zip(req.seeds, runs)]
+    notes = list(dict.fromkeys(note for r in runs for note in r.notes))
+    return replace(runs[0], request=req, notes=notes, seconds=sum(r.seconds for r in runs), **means, spread=spread,
+                   seeds=list(req.seeds), per_seed=per_seed)
 
 
 def _per_seed(seeds, runs) -> list[dict]:

@@ -356,8 +356,14 @@ def multitask(doc: dict) -> str:
             parts += ["", f"{label.capitalize()} of {', '.join(u['group'])} ({size}):",
                       table(["", *names], [["relative gain", *(_num(g, 2) for g in u["relative_gain"])],
                                            ["accuracy", *(_num(a) for a in u["accuracy"])]])]
-    parts += [f"time {doc['seconds']:.1f} s"]
+    parts += [*_replicates(doc.get("seeds"), "mask seeds"), f"time {doc['seconds']:.1f} s"]
     return "\n".join(parts)
+
+
+def _replicates(seeds, what: str) -> list[str]:
+    """The line a replicate run adds: what its figures are the mean of."""
+    return [f"Every figure is the mean over {what} {', '.join(map(str, seeds))} (--json: 'spread' holds the standard "
+            "deviations, 'per_seed' each seed's own figures)."] if seeds else []
 
 
 def wise(doc: dict) -> str:
@@ -370,6 +376,7 @@ def wise(doc: dict) -> str:
         f"θ_pre + α·δ (FT) and θ_pre + α·γ⊙δ (graft, k = {doc['k']:,} from {os.path.basename(doc['region'])}); "
         f"accuracy on {doc['task']} (in distribution){' and ' + ', '.join(doc['ood']) if doc['ood'] else ''}:",
         table(["α", *heads], body),
+        *_replicates([e.get("seed") for e in doc.get("per_region") or ()], "the regions of mask seeds"),
         *(["", differences([{**d, "a": f"{d['a']} α={d['alpha']:g}", "b": f"{d['b']} α={d['alpha']:g}"}
                             for d in doc["differences"]])] if doc.get("differences") else [])])
 
@@ -399,6 +406,7 @@ def continual(doc: dict) -> str:
                        [[arm, *(_num(x) for x in doc["forgetting"][arm])] for arm in ("forget-free", "sequential")]))
     parts.append(f"independent fine-tunes: {', '.join(f'{t} {a:.3f}' for t, a in zip(names, doc['finetuned_accuracy']))}; "
                  f"time {doc['seconds']:.1f} s")
+    parts += _replicates(doc.get("seeds"), "mask seeds")
     if doc.get("differences"):
         parts += ["", differences(doc["differences"])]
     return "\n".join(parts)
