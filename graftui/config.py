@@ -188,6 +188,14 @@ SMOLLM2_RECIPE = FinetuneConfig(lr=0.003, epochs=1, train_examples=480)  # 0.01 
 DEFAULT_LOADING = {"smollm2-movies": LoadOptions(template="{text} It was", label_words="negative= bad,positive= good")}
 
 
+# The paper's main setting in `graftui reproduce`: SmolLM2 read through the SST-2 prompt, its region at the paper's
+# 0.01 %. The default fine-tune above is short and barely over-confident; the paper's fine-tunes are trained until the
+# training loss plateaus and are over-confident (ECE 7–10 %), the regime in which it finds the graft better calibrated.
+PROMPT_BASE, PROMPT_SPARSITY = "smollm2", 1e-4
+PROMPT_LOADING = DEFAULT_LOADING["smollm2-movies"]
+SMOLLM2_PLATEAU_RECIPE = FinetuneConfig(lr=0.001, epochs=4, train_examples=480)  # 9 min; ECE 0.069 (measured)
+
+
 def recipe_for(key: str) -> FinetuneConfig:
     """The recipe of one default fine-tuned checkpoint."""
     if key == "smollm2-movies" and not settings.fast():

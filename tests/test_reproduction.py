@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import threading
+from dataclasses import replace
 
 import pytest
+import torch
 
 from graftui.flows import reproduction as rep
 from graftui.errors import Cancelled
@@ -53,6 +55,20 @@ def test_recipe_fields_change_only_what_they_name(monkeypatch):
     assert RetrainRequest(seed=4).recipe(seed=4).seed == 4
 
 
+def tiny_causal_lm(folder):
+    """A config-built GPT-2 with the few-word tokenizer, long enough for the offline sentences: the prompt-based
+    steps' base in tests (the real runs use SmolLM2)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from lm_util import make_tokenizer
+
+    tok = make_tokenizer(folder)
+    torch.manual_seed(0)
+    GPT2LMHeadModel(GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=2, n_head=2, n_positions=256, resid_pdrop=0,
+                               embd_pdrop=0, attn_pdrop=0, pad_token_id=0)).save_pretrained(folder)
+    return folder
+
+
 @pytest.fixture(scope="module")
 def reduced_run(tmp_path_factory):
     """A reduced run that is cancelled in its fourth step, then resumed, then read back whole."""
@@ -61,6 +77,7 @@ def reduced_run(tmp_path_factory):
     mp.setenv("GRAFTUI_HOME", str(home))
     mp.setenv("GRAFTUI_FAST", "1")
     out = tmp_path_factory.mktemp("report") / "run"
+    mp.setattr(rep, "TINY", replace(rep.TINY, prompt={**rep.TINY.prompt, "base": str(tiny_causal_lm(home / "tiny-lm"))}))
     cancel, events = threading.Event(), []
 
     def progress(event):
@@ -89,15 +106,27 @@ def test_reduced_run_writes_the_report_with_every_experiment(reduced_run):
         assert doc[key], key
     mt = doc["multitask"]
     n = len(mt["tasks"])
-    assert mt["tasks"] == ["movies", "amazon", "bbc"]
+    assert mt["tasks"] == ["movies", "amazon"]  # the reduced run's multi-task model (the full run adds bbc)
     for matrix in (mt["overlap"], mt["relative_gain"]):
         assert len(matrix) == n and all(len(row) == n for row in matrix)
     assert all(mt["overlap"][i][i] == 1.0 for i in range(n))
     assert mt["union"]["size"] >= max(mt["sizes"]) and len(mt["purified"]["relative_gain"]) == n
-    assert [c["setting"].split(" (")[0] for c in doc["calibration"]["settings"]] == ["standard head", "frozen head"]
+    assert [c["setting"].split(" (")[0] for c in doc["calibration"]["settings"]] == ["standard head", "frozen head",
+                                                                                     "prompt-based"]
+    assert doc["calibration"]["not_measured"] == []
+    prompt, ev = doc["prompt"], json.loads((out / "steps" / "evaluate-prompt.json").read_text())["result"]
+    by = {r["model"]: r for r in ev["rows"]}
+    assert prompt["models"]["ft"]["accuracy"] == by["fine-tuned"]["accuracy"]
+    assert prompt["models"]["zero_shot"]["ece"] == by["pre-trained, same prompt"]["ece"]
+    assert prompt["sparsity"] == 1e-4 and prompt["k"] == next(r["region_size"] for r in ev["rows"]
+                                                             if r.get("method") == "learned")
+    paired = prompt["graft_minus_top_movement"]["accuracy"]
+    assert paired["b"] == next(r["model"] for r in ev["rows"] if r.get("method") == "top-movement")
+    assert paired["ci"][0] <= paired["diff"] <= paired["ci"][1]
+    assert doc["calibration"]["settings"][2]["ft"]["ece"] == by["fine-tuned"]["ece"]
     assert doc["continual"]["forgetting"]["forget-free"] == [0.0] * len(doc["continual"]["tasks"])
     text = (out / "report.md").read_text()
-    for heading in ("## 1.", "## 2. Calibration", "## 4. WiSE", "## 5. Multi-task", "## 6. Re-training",
+    for heading in ("## 1.", "## 1b. The paper's main setting: prompt-based fine-tuning", "## 2. Calibration", "## 4. WiSE", "## 5. Multi-task", "## 6. Re-training",
                     "## 7. Forget-free", "## What did not reproduce"):
         assert heading in text
     for step in doc["steps"]:  # every step names the command that makes it again

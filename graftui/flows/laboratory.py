@@ -227,7 +227,7 @@ def multitask(req: MultitaskRequest, progress: Progress | None = None, cancel=No
 
         def acc(where: list, at: int = j) -> float:
             """The accuracy of the working model on task j; its ECE goes to ``where[at]``."""
-            m = metrics.metrics(*scoring.predict(pair, task, "test", req.n, seed=req.seed))
+            m = metrics.metrics(*scoring.predict(pair, task, "test", req.n, seed=scoring.TEST_SAMPLE_SEED))
             where[at] = m.ece
             return m.accuracy
 
@@ -315,7 +315,7 @@ def wise(req: WiseRequest, progress: Progress | None = None, cancel=None, guard:
                         raise Cancelled("WiSE curves cancelled")
                     if progress:
                         progress({"stage": f"{curve} α = {alpha:g} on {t.name}", "fraction": done / total})
-                    probs, labels = scoring.predict(pair, t, "test", req.n, seed=0)
+                    probs, labels = scoring.predict(pair, t, "test", req.n, seed=scoring.TEST_SAMPLE_SEED)
                     predictions.setdefault((alpha, t.name), ({}, labels))[0][curve] = probs
                     m = metrics.metrics(probs, labels)
                     rows.append({"curve": curve, "alpha": alpha, "task": t.name, "distribution": "in" if t is task else "OOD",
@@ -556,7 +556,8 @@ def continual(req: ContinualRequest, progress: Progress | None = None, cancel=No
     def score(arm: str, i: int, j: int, indices: dict, values: dict) -> float:
         pair = pair_of(j)
         with pair.grafted(indices, values):
-            predictions[(arm, i, j)], labels[j] = scoring.predict(pair, tasks[j], "test", req.n, seed=req.seed)
+            predictions[(arm, i, j)], labels[j] = scoring.predict(pair, tasks[j], "test", req.n,
+                                                                      seed=scoring.TEST_SAMPLE_SEED)
         return metrics.accuracy(predictions[(arm, i, j)], labels[j])
 
     # 2. forget-free: stage i trains only its new part; task j is inferred with the patch of stage j

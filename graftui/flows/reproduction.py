@@ -18,10 +18,13 @@ from pathlib import Path
 from typing import Callable
 
 from .. import card, figures, settings
-from ..config import ADAMW_L1, BODY_LABELS, DEFAULT_MULTITASK_TASKS, DEFAULT_SPARSITY, DEFAULT_TASK, FT_LABEL
+from ..config import (
+    ADAMW_L1, BODY_LABELS, DEFAULT_MULTITASK_TASKS, DEFAULT_SPARSITY, DEFAULT_TASK, FT_LABEL, PROMPT_BASE, PROMPT_LOADING,
+    PROMPT_SPARSITY, SMOLLM2_PLATEAU_RECIPE, SMOLLM2_RECIPE, FinetuneConfig,
+)
 from ..errors import Cancelled, RequestError
 from ..formatting import difference, markdown_table, minutes, num, pct
-from ..paths import atomic_write
+from ..paths import atomic_write, short_ref
 from ..requests import (
     MANIFEST, ContinualRequest, EvaluateRequest, FinetuneRequest, LocalizeRequest, MultitaskRequest, ReproduceRequest,
     RetrainRequest, SweepRequest, WiseRequest, check_out_dir, command_line,
@@ -33,6 +36,22 @@ from .registry import run, verb
 
 
 # -- the plan --------------------------------------------------------------------------------------
+def _recipe_fields(recipe: FinetuneConfig) -> dict:
+    """A recipe as the fields of a fine-tune request."""
+    return {"optimizer": recipe.optimizer, "lr": recipe.lr, "epochs": recipe.epochs,
+            "train_examples": recipe.train_examples, "batch_size": recipe.batch_size}
+
+
+def _recipe_words(recipe: FinetuneConfig) -> str:
+    return (f"{recipe.optimizer.upper()} at lr {recipe.lr:g}, {recipe.epochs} epoch{'s' if recipe.epochs > 1 else ''} of "
+            f"{recipe.train_examples:,} examples")
+
+
+PROMPT_PLATEAU_FIELDS, PROMPT_SHORT_FIELDS = _recipe_fields(SMOLLM2_PLATEAU_RECIPE), _recipe_fields(SMOLLM2_RECIPE)
+PROMPT_PLATEAU_WORDS = "trained until the training loss plateaus: " + _recipe_words(SMOLLM2_PLATEAU_RECIPE)
+PROMPT_SHORT_WORDS = "the short default recipe: " + _recipe_words(SMOLLM2_RECIPE)
+
+
 @dataclass(frozen=True)
 class Scale:
     """What a run's size changes: the fine-tuning recipe, test examples, points per curve, which extras run."""
@@ -47,19 +66,29 @@ class Scale:
     multitask_lr: float | None  # the multi-task fine-tune's own learning rate (None: the recipe's)
     seconds: dict  # step -> estimated seconds on 2 CPU cores (measured on the offline default)
     seeds: int = 1  # mask-learning seeds of the single-task steps, unless the request names another number
+    prompt: dict = field(default_factory=dict)  # the prompt-based setting: base, recipe (fine-tune fields), n, steps
+    multitask_tasks: tuple[str, ...] = DEFAULT_MULTITASK_TASKS
 
 
 FULL = Scale("full", {}, None, (1e-5, 1e-4, 3e-4, 1e-2), tuple(round(0.1 * i, 1) for i in range(11)),
              DEFAULT_MULTITASK_TASKS, (("AdamW", "adamw", 0.0), ("AdamW + ℓ1", "adamw", ADAMW_L1)), None,
              {"finetune": 210, "sweep": 360, "localize": 40, "evaluate": 60, "wise": 240, "retrain": 420,
-              "multitask": 960, "continual": 1500, "optimizer-finetune": 210, "optimizer-sweep": 240}, seeds=3)
+              "multitask": 960, "continual": 1500, "optimizer-finetune": 210, "optimizer-sweep": 240,
+              "prompt-finetune": 900, "prompt-localize": 300, "prompt-evaluate": 180}, seeds=3,
+             prompt={"base": PROMPT_BASE, "recipe": PROMPT_PLATEAU_FIELDS, "n": 1000, "regime": PROMPT_PLATEAU_WORDS})
 QUICK = Scale("quick", {"lr": 0.015, "epochs": 1, "train_examples": 1000}, 300, (1e-4,), (0.0, 0.5, 1.0),
               ("movies", "amazon"), (), 0.01,  # three tasks' worth of steps at lr 0.015 diverged (measured)
               {"finetune": 30, "sweep": 40, "localize": 20, "evaluate": 25, "wise": 40, "retrain": 90,
-               "multitask": 330, "continual": 250, "optimizer-finetune": 30, "optimizer-sweep": 50})
+               "multitask": 330, "continual": 250, "optimizer-finetune": 30, "optimizer-sweep": 50,
+               "prompt-finetune": 120, "prompt-localize": 90, "prompt-evaluate": 45},
+              prompt={"base": PROMPT_BASE, "recipe": PROMPT_SHORT_FIELDS, "n": 200, "steps": 20,
+                      "regime": PROMPT_SHORT_WORDS})
 TINY = Scale("tiny", {}, 64, (1e-4,), (0.0, 1.0), ("movies", "amazon"), (("AdamW", "adamw", 0.0),), None,
              {"finetune": 5, "sweep": 15, "localize": 5, "evaluate": 5, "wise": 5, "retrain": 5, "multitask": 30,
-              "continual": 30, "optimizer-finetune": 5, "optimizer-sweep": 10})  # GRAFTUI_FAST: tests and demos
+              "continual": 30, "optimizer-finetune": 5, "optimizer-sweep": 10, "prompt-finetune": 60,
+              "prompt-localize": 40, "prompt-evaluate": 10},
+             prompt={"base": PROMPT_BASE, "recipe": {}, "n": 64, "regime": "GRAFTUI_FAST's quick recipe"},
+             multitask_tasks=("movies", "amazon"))  # GRAFTUI_FAST: tests and demos
 
 
 def scale_of(req: ReproduceRequest) -> Scale:
@@ -67,7 +96,8 @@ def scale_of(req: ReproduceRequest) -> Scale:
     return scale if req.seeds is None else replace(scale, seeds=req.seeds)
 
 
-SEEDED = ("sweep", "localize", "evaluate", "localize-frozen-head", "evaluate-frozen-head")  # their cost × seeds
+SEEDED = ("sweep", "localize", "evaluate", "localize-frozen-head", "evaluate-frozen-head", "localize-prompt",
+          "evaluate-prompt")  # their cost × seeds
 
 
 @dataclass
@@ -124,12 +154,29 @@ def plan(scale: Scale, out: Path) -> list[Step]:
         Step("retrain", "re-training the region from θ_pre, and BitFit",
              lambda R: _new(RetrainRequest, region=R["localize"]["path"], **recipe, n=n), "retrain"),
         Step("multitask", "multi-task model: regions, overlap, Eq. 5, union and purification",
-             lambda R: _new(MultitaskRequest, **{**recipe, "ft_lr": scale.multitask_lr or recipe["ft_lr"]}, n=n,
+             lambda R: _new(MultitaskRequest, tasks=list(scale.multitask_tasks),
+                            **{**recipe, "ft_lr": scale.multitask_lr or recipe["ft_lr"]}, n=n,
                             out=str(made / "multitask")), "multitask"),
         Step("continual", f"continual learning of {' → '.join(scale.continual_tasks)}",
              lambda R: _new(ContinualRequest, tasks=list(scale.continual_tasks), **recipe, n=n,
                             out=str(made / "continual")), "continual"),
     ]
+    p = scale.prompt
+    if p:
+        prompt = {"template": PROMPT_LOADING.template, "label_words": PROMPT_LOADING.label_words}
+        steps += [
+            Step("finetune-prompt", f"prompt-based fine-tune of {p['base']} on {task} ({p['regime']})",
+                 lambda R: _new(FinetuneRequest, base=p["base"], task=task, **prompt, **p["recipe"],
+                                test_examples=p["n"]), "prompt-finetune"),
+            Step("localize-prompt", f"the learned region of the prompt-based fine-tune at sparsity {PROMPT_SPARSITY:g}",
+                 lambda R: _new(LocalizeRequest, base=p["base"], finetuned=R["finetune-prompt"]["out"], task=task,
+                                **prompt, sparsity=PROMPT_SPARSITY, steps=p.get("steps"), check_n=0,
+                                out=str(made / f"{task}-prompt-learned.safetensors"), overwrite=True, seeds=seeds),
+                 "prompt-localize"),
+            Step("evaluate-prompt", "prompt-based: FT, the zero-shot prompt, the graft and baselines, with calibration",
+                 lambda R: _new(EvaluateRequest, regions=regions_of(R["localize-prompt"]), baselines=True, n=p["n"],
+                                no_ood=True), "prompt-evaluate"),
+        ]
     for label, optimizer, l1 in scale.optimizers:
         key = _optimizer_key(optimizer, l1)
         steps += [
@@ -367,6 +414,31 @@ def _sweep_rows(ev: dict, ft_accuracy: float) -> list[dict]:
     return out
 
 
+def _prompt_setting(scale: Scale, R: dict) -> dict:
+    """The paper's main setting: a causal LM read through label words, its fine-tune, and the learned region at
+    0.01 % against FT, the zero-shot prompt and the baselines, with paired differences (accuracy and ECE)."""
+    ft_step, ev = R["finetune-prompt"], R["evaluate-prompt"]
+    rows = ev["rows"]
+    graft_label, graft_rows = _graft(ev)
+    top = _label_of(rows, "top-movement")
+    recipe = FinetuneConfig(**ft_step["config"])
+    models = {"ft": _row(rows, FT_LABEL), "zero_shot": _row(rows, BODY_LABELS), "graft": _row(graft_rows, graft_label),
+              "top_movement": _row(rows, top), "random": _row(rows, _label_of(rows, "random"))}
+    return {
+        "base": short_ref(ev.get("base") or scale.prompt["base"]), "task": ev["task"], "finetuned": ft_step["out"],
+        "recipe": ft_step["config"], "regime": ("trained until the training loss plateaus: " if recipe.epochs > 1 else
+                                                "a short fine-tune: ") + _recipe_words(recipe),
+        "k": models["graft"]["region_size"], "sparsity": PROMPT_SPARSITY, "n": models["ft"]["n"],
+        "seeds": len(models["graft"].get("accuracy_seeds") or ()) or 1,
+        "models": {name: None if r is None else {"accuracy": r["accuracy"], "ece": r["ece"],
+                                                 "accuracy_std": r.get("accuracy_std"), "ece_std": r.get("ece_std")}
+                   for name, r in models.items()},
+        "graft_minus_ft": {m: _paired(ev, graft_label, FT_LABEL, m) for m in ("accuracy", "ece")},
+        "graft_minus_top_movement": {m: _paired(ev, graft_label, top, m) for m in ("accuracy", "ece")},
+        "retained": _ratio(models["graft"]["accuracy"], models["ft"]["accuracy"]),
+    }
+
+
 def build_report(scale: Scale, R: dict, log: list[dict], seconds: float) -> dict:
     """report.json: one key per experiment, numbers only, and the findings (report.md says them in words)."""
     ev, sweep = R["evaluate"], R["sweep"]
@@ -411,7 +483,13 @@ def build_report(scale: Scale, R: dict, log: list[dict], seconds: float) -> dict
     }
     calibration = {"settings": [_calibration(ev, "standard head (trained with the body)"),
                                 _calibration(R["evaluate-frozen-head"], "frozen head (the seed code's fixhead)")],
-                   "not_measured": ["prompt-based (label words scored by the LM head): needs causal/masked-LM heads"]}
+                   "not_measured": []}
+    prompt = _prompt_setting(scale, R) if "evaluate-prompt" in R else None
+    if prompt:
+        calibration["settings"].append(_calibration(R["evaluate-prompt"], f"prompt-based ({prompt['regime']})"))
+    else:
+        calibration["not_measured"].append("prompt-based (label words scored by the LM head): a run made before "
+                                           "this setting joined the plan")
     wise = {k: R["wise"][k] for k in ("task", "ood", "k", "rows")}
     mt = R["multitask"]
     multitask = {k: mt[k] for k in ("tasks", "overlap", "relative_gain", "union", "purified", "k", "sizes",
@@ -430,7 +508,7 @@ def build_report(scale: Scale, R: dict, log: list[dict], seconds: float) -> dict
         "graftui_version": __version__, "mode": scale.name, "seconds": round(seconds, 1),
         "step_seconds": round(sum(entry["seconds"] or 0 for entry in log), 1), "notes": notes,
         "cpu_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
-        "single_task": single, "calibration": calibration, "wise": wise, "multitask": multitask, "retrain": retrain,
+        "single_task": single, "prompt": prompt, "calibration": calibration, "wise": wise, "multitask": multitask, "retrain": retrain,
         "continual": continual, "optimizers": optimizers, "steps": log,
     }
     report["did_not_reproduce"], report["problems"] = did_not_reproduce(report), problems(report)
@@ -550,6 +628,33 @@ def _single_task(report: dict) -> list[str]:
                 "learned − top-movement: " + (difference(d) + f" (95 % interval; {verdict(d, 1)})" if d else
                                               f"{100 * low['margin_over_top_movement']:+.1f} points") + ".", ""]
     return out + ["Made by:", "", _commands(report, "finetune", "sweep", "localize", "evaluate"), ""]
+
+
+def _prompt_md(report: dict) -> list[str]:
+    p = report.get("prompt")
+    if not p:
+        return []
+    m, seeds = p["models"], p["seeds"]
+    over = f" (mean (std) over {seeds} mask-learning seeds)" if seeds > 1 else ""
+    names = {"ft": "fine-tuned", "zero_shot": "pre-trained, same prompt (zero-shot)", "graft": "learned region (graft)",
+             "top_movement": "top-movement, same size", "random": "random, same size"}
+    out = ["## 1b. The paper's main setting: prompt-based fine-tuning", "",
+           f"{p['base']} reads **{p['task']}** through a prompt whose label words its own LM head scores; the fine-tune "
+           f"({p['regime']}) trains the body, the head and the embeddings stay fixed. The learned region at sparsity "
+           f"{p['sparsity']:g} holds k = {p['k']:,} parameters; its graft keeps **{_p(p['retained'])} of the fine-tuned "
+           f"accuracy** on {p['n']:,} test examples{over}.", "",
+           markdown_table(["model", "accuracy", "ECE"],
+                          [[names[k], _fs(v["accuracy"], v.get("accuracy_std")), _fs(v["ece"], v.get("ece_std"))]
+                           for k, v in m.items() if v]), "",
+           f"Differences on the same test examples (95 % intervals{'; over seeds they add the seeds’ spread' if seeds > 1 else ''}):", ""]
+    for name, key, metric, sign in (("graft − FT accuracy", "graft_minus_ft", "accuracy", 0),
+                                    ("graft − FT ECE", "graft_minus_ft", "ece", -1),
+                                    ("learned − top-movement accuracy", "graft_minus_top_movement", "accuracy", 1),
+                                    ("learned − top-movement ECE", "graft_minus_top_movement", "ece", 0)):
+        d = p[key].get(metric)
+        if d:
+            out.append(f"- {name}: {difference(d)}" + (f" — {verdict(d, sign)}" if sign else ""))
+    return out + ["", "Made by:", "", _commands(report, "finetune-prompt", "localize-prompt", "evaluate-prompt"), ""]
 
 
 def _calibration_md(report: dict) -> list[str]:
@@ -693,7 +798,7 @@ def _closing(report: dict) -> list[str]:
 
 def write_markdown(report: dict) -> str:
     """report.md: the report in words, section by section (it reads the report and changes nothing in it)."""
-    sections = (_header, _single_task, _calibration_md, _optimizers_md, _wise_md, _multitask_md, _retrain_md,
+    sections = (_header, _single_task, _prompt_md, _calibration_md, _optimizers_md, _wise_md, _multitask_md, _retrain_md,
                 _continual_md, _closing)
     return "\n".join(line for section in sections for line in section(report))
 
