@@ -80,7 +80,7 @@ QUICK = Scale("quick", {"lr": 0.015, "epochs": 1, "train_examples": 1000}, 300, 
               ("movies", "amazon"), (), 0.01,  # three tasks' worth of steps at lr 0.015 diverged (measured)
               {"finetune": 30, "sweep": 40, "localize": 20, "evaluate": 25, "wise": 40, "retrain": 90,
                "multitask": 330, "continual": 250, "optimizer-finetune": 30, "optimizer-sweep": 50,
-               "prompt-finetune": 120, "prompt-localize": 90, "prompt-evaluate": 45},
+               "prompt-finetune": 175, "prompt-localize": 155, "prompt-evaluate": 35},
               prompt={"base": PROMPT_BASE, "recipe": PROMPT_SHORT_FIELDS, "n": 200, "steps": 20,
                       "regime": PROMPT_SHORT_WORDS})
 TINY = Scale("tiny", {}, 64, (1e-4,), (0.0, 1.0), ("movies", "amazon"), (("AdamW", "adamw", 0.0),), None,
