@@ -127,7 +127,8 @@ def multitask(req: MultitaskRequest, progress: Progress | None = None, cancel=No
     ``req.seeds`` once per mask seed (one multi-task model), every figure the mean over seeds, each seed's kept."""
     req.validate()
     if req.seeds:
-        return replicated(each_seed(multitask, req, progress, cancel, guard, out_folders=True), req, MULTITASK_FIGURES, ("regions",))
+        runs = each_seed(multitask, req, progress, cancel, guard, out_folders=True)
+        return replicated(runs, req, MULTITASK_FIGURES, kept=("regions",))
     start = time.time()
     check_model_ref(req.base)
     refuse_language_model(req.base, "the multi-task experiment", guard)
@@ -500,7 +501,8 @@ def continual(req: ContinualRequest, progress: Progress | None = None, cancel=No
     """
     req.validate()
     if req.seeds:
-        return replicated(each_seed(continual, req, progress, cancel, guard, out_folders=True), req, CONTINUAL_FIGURES, ("regions",))
+        runs = each_seed(continual, req, progress, cancel, guard, out_folders=True)
+        return replicated(runs, req, CONTINUAL_FIGURES, kept=("regions",))
     start = time.time()
     check_model_ref(req.base)
     refuse_language_model(req.base, "the continual-learning experiment", guard)

@@ -42,14 +42,14 @@ def _recipe_fields(recipe: FinetuneConfig) -> dict:
             "train_examples": recipe.train_examples, "batch_size": recipe.batch_size}
 
 
-def _recipe_words(recipe: FinetuneConfig) -> str:
-    return (f"{recipe.optimizer.upper()} at lr {recipe.lr:g}, {recipe.epochs} epoch{'s' if recipe.epochs > 1 else ''} of "
-            f"{recipe.train_examples:,} examples")
+def _regime(recipe: FinetuneConfig) -> str:
+    """A prompt-based fine-tune's regime in words, from its recipe: the step's title and the report say the same."""
+    return (("trained until the training loss plateaus: " if recipe.epochs > 1 else "a short fine-tune: ")
+            + f"{recipe.optimizer.upper()} at lr {recipe.lr:g}, {recipe.epochs} epoch{'s' if recipe.epochs > 1 else ''}"
+            + f" of {recipe.train_examples:,} examples")
 
 
 PROMPT_PLATEAU_FIELDS, PROMPT_SHORT_FIELDS = _recipe_fields(SMOLLM2_PLATEAU_RECIPE), _recipe_fields(SMOLLM2_RECIPE)
-PROMPT_PLATEAU_WORDS = "trained until the training loss plateaus: " + _recipe_words(SMOLLM2_PLATEAU_RECIPE)
-PROMPT_SHORT_WORDS = "the short default recipe: " + _recipe_words(SMOLLM2_RECIPE)
 
 
 @dataclass(frozen=True)
@@ -75,19 +75,18 @@ FULL = Scale("full", {}, None, (1e-5, 1e-4, 3e-4, 1e-2), tuple(round(0.1 * i, 1)
              {"finetune": 210, "sweep": 360, "localize": 40, "evaluate": 60, "wise": 240, "retrain": 420,
               "multitask": 960, "continual": 1500, "optimizer-finetune": 210, "optimizer-sweep": 240,
               "prompt-finetune": 900, "prompt-localize": 300, "prompt-evaluate": 180}, seeds=3,
-             prompt={"base": PROMPT_BASE, "recipe": PROMPT_PLATEAU_FIELDS, "n": 1000, "regime": PROMPT_PLATEAU_WORDS})
+             prompt={"base": PROMPT_BASE, "recipe": PROMPT_PLATEAU_FIELDS, "n": 1000})
 QUICK = Scale("quick", {"lr": 0.015, "epochs": 1, "train_examples": 1000}, 300, (1e-4,), (0.0, 0.5, 1.0),
               ("movies", "amazon"), (), 0.01,  # three tasks' worth of steps at lr 0.015 diverged (measured)
               {"finetune": 30, "sweep": 40, "localize": 20, "evaluate": 25, "wise": 40, "retrain": 90,
                "multitask": 330, "continual": 250, "optimizer-finetune": 30, "optimizer-sweep": 50,
                "prompt-finetune": 175, "prompt-localize": 155, "prompt-evaluate": 35},
-              prompt={"base": PROMPT_BASE, "recipe": PROMPT_SHORT_FIELDS, "n": 200, "steps": 20,
-                      "regime": PROMPT_SHORT_WORDS})
+              prompt={"base": PROMPT_BASE, "recipe": PROMPT_SHORT_FIELDS, "n": 200, "steps": 20})
 TINY = Scale("tiny", {}, 64, (1e-4,), (0.0, 1.0), ("movies", "amazon"), (("AdamW", "adamw", 0.0),), None,
              {"finetune": 5, "sweep": 15, "localize": 5, "evaluate": 5, "wise": 5, "retrain": 5, "multitask": 30,
               "continual": 30, "optimizer-finetune": 5, "optimizer-sweep": 10, "prompt-finetune": 60,
               "prompt-localize": 40, "prompt-evaluate": 10},
-             prompt={"base": PROMPT_BASE, "recipe": {}, "n": 64, "regime": "GRAFTUI_FAST's quick recipe"},
+             prompt={"base": PROMPT_BASE, "recipe": {}, "n": 64},
              multitask_tasks=("movies", "amazon"))  # GRAFTUI_FAST: tests and demos
 
 
@@ -164,10 +163,10 @@ def plan(scale: Scale, out: Path) -> list[Step]:
     p = scale.prompt
     if p:
         prompt = {"template": PROMPT_LOADING.template, "label_words": PROMPT_LOADING.label_words}
+        ft_prompt = _new(FinetuneRequest, base=p["base"], task=task, **prompt, **p["recipe"], test_examples=p["n"])
         steps += [
-            Step("finetune-prompt", f"prompt-based fine-tune of {p['base']} on {task} ({p['regime']})",
-                 lambda R: _new(FinetuneRequest, base=p["base"], task=task, **prompt, **p["recipe"],
-                                test_examples=p["n"]), "prompt-finetune"),
+            Step("finetune-prompt", f"prompt-based fine-tune of {p['base']} on {task} ({_regime(ft_prompt.recipe())})",
+                 lambda R: ft_prompt, "prompt-finetune"),
             Step("localize-prompt", f"the learned region of the prompt-based fine-tune at sparsity {PROMPT_SPARSITY:g}",
                  lambda R: _new(LocalizeRequest, base=p["base"], finetuned=R["finetune-prompt"]["out"], task=task,
                                 **prompt, sparsity=PROMPT_SPARSITY, steps=p.get("steps"), check_n=0,
@@ -426,8 +425,7 @@ def _prompt_setting(scale: Scale, R: dict) -> dict:
               "top_movement": _row(rows, top), "random": _row(rows, _label_of(rows, "random"))}
     return {
         "base": short_ref(ev.get("base") or scale.prompt["base"]), "task": ev["task"], "finetuned": ft_step["out"],
-        "recipe": ft_step["config"], "regime": ("trained until the training loss plateaus: " if recipe.epochs > 1 else
-                                                "a short fine-tune: ") + _recipe_words(recipe),
+        "recipe": ft_step["config"], "regime": _regime(recipe),
         "k": models["graft"]["region_size"], "sparsity": PROMPT_SPARSITY, "n": models["ft"]["n"],
         "seeds": len(models["graft"].get("accuracy_seeds") or ()) or 1,
         "models": {name: None if r is None else {"accuracy": r["accuracy"], "ece": r["ece"],

@@ -252,7 +252,7 @@ def localize(req: LocalizeRequest, progress: Progress | None = None, cancel=None
     else:
         out = save_new(record, settings.subdir("regions"), f"{short_ref(req.task)}-{req.method}-k{record.size}",
                        world is None or world.rank == 0)
-    if check:  # the quick check is the region's first entry in the regions table (made by one process only)
+    if check:  # the quick check is the region's first entry in the regions table (a data-parallel run makes none)
         remember_scores(check["rows"], [out], ["this region"], [record], notes)
     finish(progress)
     return LocalizeResult(req, notes, time.time() - start, str(out), record, check=check)
