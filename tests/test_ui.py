@@ -269,6 +269,31 @@ def test_the_submitted_banner_is_replaced_once_its_job_has_ended(home):
     assert settled is not None and "Submitted" not in settled and f"(job {job.id}) ended: done" in settled
 
 
+def test_a_run_buttons_answer_never_leaves_a_stale_line_under_the_panel(home):
+    """A Run button's answer can reach the page after a tick that already saw its (short) job end: its event is
+    slower under load. The panel writes its status line together with its record of what it shows, so the answer
+    must leave the line alone, or "running" stays under a finished job for good (ticks see nothing new)."""
+    import threading
+
+    import gradio as gr
+
+    from graftui.ui import store
+    from graftui.ui.wiring import job_panel, submitted
+
+    release = threading.Event()
+    job = store.runner().submit("predict", "two sentences", lambda ctx: release.wait(30) and {})
+    answer = submitted(job, ("predict",), "latest")  # the button's answer, made while the job waits or runs
+    release.set()
+    store.runner().runner.wait(job.id, 30)
+    with gr.Blocks():
+        picker, status, record = gr.Dropdown(), gr.Markdown(), gr.State()
+    tick, _, _ = job_panel(record, ("predict",), picker, status, [], lambda job: [], "latest")
+    _, line, state = tick(job.id, None)  # a tick that saw the job end; the answer lands after it
+    shown = line if answer[2] == gr.skip() else answer[2]
+    assert "done" in shown and job.id in answer[1]["value"]
+    assert tick(job.id, state)[1] == gr.skip()  # no later tick writes the line again: the end must be shown already
+
+
 def test_each_tab_polls_with_its_own_timer_and_only_the_open_one_ticks(home, monkeypatch):
     """One tick event per tab; its outputs are that tab's panels and the lists every tab shows."""
     import gradio as gr

@@ -165,8 +165,10 @@ def picker_for(kinds: tuple[str, ...], latest_label: str, job):
 
 
 def submitted(job, kinds: tuple[str, ...], latest_label: str) -> tuple:
-    """What a Run button's handler answers: the banner, the tab's picker showing the new job, its status line."""
-    return actions.submitted_line(job), picker_for(kinds, latest_label, job), actions.job_line(store.runner(), job)
+    """What a Run button's handler answers: the banner and the tab's picker showing the new job. The status line
+    (the third output, where a refused form says why) is left to the panel, which writes it together with its
+    record of what it shows: a line written here could land after a tick that saw the job end, and stay."""
+    return actions.submitted_line(job), picker_for(kinds, latest_label, job), gr.skip()
 
 
 JOB_FORMS = {  # which request field fills which widget when a panel shows a job (None: the widget's own value)

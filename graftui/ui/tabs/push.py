@@ -116,7 +116,7 @@ def build(page, tab, region) -> None:
     def on_push(region_id, repo_id, what_value, private_value, n_value):
         job = actions.submit_push(store.runner(), region_id=region_id, repo=repo_id, what=what_value,
                                   private=private_value, n=n_value, token=visitor_token())
-        return actions.submitted_line(job), job.id, actions.job_line(store.runner(), job)
+        return actions.submitted_line(job), job.id, gr.skip()  # the panel writes the line (see ``submitted``)
 
     push_job = page.state("")  # the push this page started: its panel shows that one
     page.on(with_sign_in(run.click), on_push, [region, repo, what, private, n], [page.status, push_job, status_md])

@@ -140,7 +140,7 @@ def build(page) -> gr.Tab:
     @page.guard(beside=reg_export_status, region=reg_sel)
     def on_export(region_id):
         job = actions.submit_export(store.runner(), region_id=region_id)
-        return actions.submitted_line(job), job.id, actions.job_line(store.runner(), job)
+        return actions.submitted_line(job), job.id, gr.skip()  # the panel writes the line (see ``submitted``)
 
     export_job = page.state("")  # the export this page started: its panel shows that one, not a picked one
     page.on(reg_export.click, on_export, [reg_sel], [status, export_job, reg_export_status])
