@@ -297,6 +297,11 @@ def localize_card(doc: dict) -> list[str]:
                          + ", ".join(f"seed {s} {pct(c['accuracy'], 1)}" for s, c in held)
                          + f" (fine-tuned {pct(held[0][1]['ft'], 1)}); Compare scores the seeds together, with the "
                            "spread over seeds in each interval.")
+    if doc.get("finetune_stability"):
+        lines.append(f"This is the region of '{doc['finetunes'][0]['finetuned']}'; on the other fine-tunes of the recipe "
+                     "see finetunes. " + stability_sentence(doc["finetune_stability"], "fine-tunes")
+                     + " Compare scores the fine-tunes' regions together, with the spread over fine-tunes in each "
+                       "interval.")
     share = (doc.get("meta") or {}).get("top_movement_overlap")
     if share is not None:
         lines.append(f"{pct(1 - share, 1)} of it lies outside the top-movement region it started from"
@@ -305,15 +310,16 @@ def localize_card(doc: dict) -> list[str]:
     return lines
 
 
-def stability_sentence(st: dict) -> str:
-    """Regions of several seeds: how much they share against chance, and their core."""
+def stability_sentence(st: dict, over: str = "seeds") -> str:
+    """Regions of several seeds (or fine-tunes, ``over``): how much they share against chance, and their core."""
     mean_k = sum(st["sizes"]) / len(st["sizes"])
-    text = (f"Across {st['seeds']} seeds the regions share {pct(st['mean_overlap'], 1)} of each other on average; two "
+    one = over[:-1]
+    text = (f"Across {st['seeds']} {over} the regions share {pct(st['mean_overlap'], 1)} of each other on average; two "
             f"random regions of this size would share {pct(st['chance_overlap'], 3)}")
     if st.get("over_chance"):
         text += f" ({st['over_chance']:,.0f}× chance)"
     text += (f". {st['core']:,} parameters ({pct(st['core'] / mean_k if mean_k else 0, 1)} of a region) were found by "
-             f"every seed, {st['only_one']:,} by one seed only; {st['union']:,} by any.")
+             f"every {one}, {st['only_one']:,} by one {one} only; {st['union']:,} by any.")
     if st.get("core_path") or st.get("union_path"):
         files = " ".join(f"--region {st[key]}" for key in ("core_path", "union_path") if st.get(key))
         text += f" Score the core and the union beside the seeds: graftui evaluate {files} --baselines."

@@ -223,7 +223,7 @@ def sweep_figure(rows: list[dict], task: str = "") -> go.Figure:
                      tickvals=budgets, ticktext=[f"{b:.0e}" for b in budgets])
     fig.update_yaxes(title_text="test accuracy of the graft", tickformat=".0%", range=[0, 1.02])
     where = f" on {task}" if task else ""
-    bars = f"mean ± std over {seeds} seeds" if seeds else "95 % intervals"
+    bars = f"mean ± std over {seeds} {rows[0].get('over', 'seeds')}" if seeds else "95 % intervals"
     return _layout(fig, f"Sparsity sweep{where}: accuracy of θ_pre + γ⊙δ against budget ({bars})",
                    height=440).update_layout(margin={"b": 110})
 

@@ -60,16 +60,17 @@ def difference_value(d: dict, between: str = "") -> str:
 def difference(d: dict, said: str = "") -> str:
     """A paired difference with its interval: "+3.2 pts [+0.9, +5.4]" for accuracy, "−0.012 [−0.020, −0.004]"
     for ECE, then ``said`` (" over top-movement"), then ": not distinguishable at n = 500" where the
-    interval holds zero. Over several seeds (``diff_std``): "+1.8 ± 0.9 pts over 3 seeds [t-interval]"
-    and in how many seeds the paired interval alone excludes zero."""
+    interval holds zero. Over several seeds or fine-tunes (``diff_std``, ``over``): "+1.8 ± 0.9 pts over 3 seeds
+    [t-interval]" and in how many of them the paired interval alone excludes zero."""
     lo, hi = d["ci"]
     m = d.get("seeds") or 1
-    text = difference_value(d, f" over {m} seeds" if m > 1 else "") + said
+    over = d.get("over", "seeds")  # or "fine-tunes": each one a replicate of the experiment
+    text = difference_value(d, f" over {m} {over}" if m > 1 else "") + said
     if m > 1:
-        text += f" (each seed's paired interval excludes zero in {d.get('distinguishable_in', 0)} of {m})"
+        text += f" (each {over[:-1]}'s paired interval excludes zero in {d.get('distinguishable_in', 0)} of {m})"
     if lo > 0 or hi < 0:
         return text
-    return text + (f": not distinguishable across {m} seeds" if m > 1 else f": not distinguishable at n = {d['n']:,}")
+    return text + (f": not distinguishable across {m} {over}" if m > 1 else f": not distinguishable at n = {d['n']:,}")
 
 
 def minutes(seconds: float) -> str:

@@ -208,8 +208,8 @@ def save_upload(path: str | Path, read=None):
 
 
 # -- what a request may ask of a shared server ------------------------------------------------------------
-MODEL_FIELDS = ("base", "finetuned", "checkpoint")
-LIST_FIELDS = ("ood", "regions", "tasks", "methods", "seeds")  # each item multiplies a job's work
+MODEL_FIELDS = ("base", "finetuned", "checkpoint", "finetuned_replicates")
+LIST_FIELDS = ("ood", "regions", "tasks", "methods", "seeds", "finetuned_replicates")  # each multiplies a job's work
 TASK_FIELDS = ("task", "ood", "tasks")
 
 
@@ -238,9 +238,10 @@ def check_request(request, guard: Guard) -> None:
                            f"to {settings.HOSTED_CEILINGS['train_examples']:,}")
     points = len(getattr(request, "sparsities", None) or []) * len(getattr(request, "methods", None) or [1])
     points = max(points, len(getattr(request, "alphas", None) or [])) * len(getattr(request, "seeds", None) or [1])
+    points *= 1 + len(getattr(request, "finetuned_replicates", None) or [])
     if points > settings.MAX_CURVE_POINTS:
         raise RequestError(f"{points} points on one curve are over this server's limit of {settings.MAX_CURVE_POINTS}; "
-                           "ask for fewer budgets, methods, α values or seeds")
+                           "ask for fewer budgets, methods, α values, seeds or fine-tunes")
     refs = lambda names: [r for n in names for v in [getattr(request, n, None)] if v  # noqa: E731
                           for r in (v if isinstance(v, list) else [v])]
     guard.allow_local(models=refs(MODEL_FIELDS), tasks=refs(TASK_FIELDS))

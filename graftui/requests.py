@@ -310,6 +310,33 @@ class ReplicateFields(Request):
 
 
 @dataclass
+class FinetuneReplicateFields(Request):
+    """Fine-tune replicates: the same run on other fine-tunes of one recipe (one per fine-tune seed), so that the
+    variance the paper reports, over fine-tunes, is measured and not only the mask seed's."""
+
+    finetuned_replicates: list[str] | None = arg(
+        None, "the same recipe's other fine-tunes, e.g. the folders of 'finetune --seeds' (comma-separated): run on "
+        "each as on --finetuned; every figure gets its mean ± standard deviation over the fine-tunes", metavar="LIST",
+        list="comma", group="replicates")
+
+    def finetunes(self) -> list[str]:
+        """--finetuned, then each replicate fine-tune."""
+        return [self.finetuned, *(self.finetuned_replicates or ())]
+
+    def check_finetune_replicates(self) -> None:
+        if self.finetuned_replicates is None:
+            return
+        refs = [str(r).strip() for r in self.finetunes()]
+        if not self.finetuned_replicates or not all(refs):
+            raise RequestError("--finetuned-replicates: give at least one other fine-tuned model, e.g. ft-seed1,ft-seed2")
+        if len(set(refs)) != len(refs):
+            raise RequestError(f"--finetuned-replicates: {', '.join(refs)} names a fine-tune twice (--finetuned "
+                               "counts); a replicate is another fine-tune")
+        if len(refs) > MAX_SEEDS:
+            raise RequestError(f"--finetuned-replicates: at most {MAX_SEEDS} fine-tunes, got {len(refs)}")
+
+
+@dataclass
 class GraftableFields(Request):
     include_embeddings: bool = arg(False, "let regions include embeddings (frozen in the paper's fine-tuning)",
                                    group="graftable parameters")
@@ -477,7 +504,7 @@ class FinetuneRequest(ReplicateFields, LoadFields, TaskFields):
 
 
 @dataclass
-class LocalizeRequest(ReplicateFields, LoadFields, GraftableFields, LearnFields, TaskFields, PairFields):
+class LocalizeRequest(FinetuneReplicateFields, ReplicateFields, LoadFields, GraftableFields, LearnFields, TaskFields, PairFields):
     """Find the k parameters of the fine-tuned model that carry the task's skill."""
 
     verb: ClassVar[str] = "localize"
@@ -507,13 +534,28 @@ class LocalizeRequest(ReplicateFields, LoadFields, GraftableFields, LearnFields,
         self.check_modules()
         self.check_loading(learning=True)
         self.check_seeds()
+        self.check_finetune_replicates()
         if isinstance(self.check_n, bool) or not isinstance(self.check_n, int) or self.check_n < 0:
             raise RequestError(f"{_name('check_n')} must be a whole number >= 0 (0: no check), got {self.check_n!r}")
+        if self.finetuned_replicates:
+            for i in range(len(self.finetunes())):
+                self.replace(out=self.finetune_out(i), finetuned_replicates=None).check_outs()
+        else:
+            self.check_outs()
+
+    def check_outs(self) -> None:
         if self.seeds:
             for path in self.seed_outs().values():
                 check_out_file(path, self.overwrite, resumable=True)
         else:
             check_out_file(self.out, self.overwrite)
+
+    def finetune_out(self, i: int) -> str | None:
+        """The region file of fine-tune ``i`` with --finetuned-replicates: --out with '-ft<i>' before its suffix."""
+        if not self.out:
+            return None
+        out = Path(self.out)
+        return str(out.with_name(f"{out.stem}-ft{i}{out.suffix or '.safetensors'}"))
 
     def seed_outs(self) -> dict[int, str | None]:
         """Each seed's region file with --seeds: --out with '-seed<N>' before its suffix (None: new files)."""
@@ -626,7 +668,7 @@ class PredictRequest(GraftsFields):
 
 
 @dataclass
-class SweepRequest(ReplicateFields, LoadFields, GraftableFields, LearnFields, OodFields, TaskFields, PairFields):
+class SweepRequest(FinetuneReplicateFields, ReplicateFields, LoadFields, GraftableFields, LearnFields, OodFields, TaskFields, PairFields):
     """Localize at several budgets with several methods and test each graft (accuracy against region size)."""
 
     verb: ClassVar[str] = "sweep"
@@ -652,6 +694,7 @@ class SweepRequest(ReplicateFields, LoadFields, GraftableFields, LearnFields, Oo
         self.check_modules()
         self.check_loading(learning=True)
         self.check_seeds()
+        self.check_finetune_replicates()
 
 
 @dataclass

@@ -191,7 +191,8 @@ def test_derived_requests_carry_every_shared_field():
                "seed": 7, "logit_dtype": "float16", "memory": "lean", "checkpoint_every": 2, "head": "causal-lm",
                "template": "{text} was", "label_words": "a= x,b= y", "label_scoring": "all", "dtype": "bfloat16",
                "device_map": "auto", "include_embeddings": True, "modules": ["ffn_in"], "base": "b", "finetuned": "f",
-               "task": "t", "text_column": "x", "pair_column": "y", "label_column": "z", "config": "c", "seeds": [1, 2]}
+               "task": "t", "text_column": "x", "pair_column": "y", "label_column": "z", "config": "c", "seeds": [1, 2],
+               "finetuned_replicates": ["g"]}
     for target, source in ((LocalizeRequest, SweepRequest), (LocalizeRequest, ContinualRequest),
                            (EvaluateRequest, PushRequest), (ExportRequest, PushRequest)):
         names = shared_fields(target, source)

@@ -789,6 +789,59 @@ def test_localize_seeds_are_the_single_seed_regions_with_their_stability(ft_dir,
     assert any(line.startswith("Read together, 'r (seeds 0, 1)'") for line in ev["card"])
 
 
+def test_regions_of_two_fine_tunes_are_evaluated_as_replicates_over_fine_tunes(ft_dir, top, tmp_path):
+    """Regions of the same experiment on two fine-tunes (fine-tune seeds): each fine-tune is scored with its own
+    region, FT and baselines, and every figure is the mean over the two, its own runs kept."""
+    from safetensors.torch import save_file
+
+    other = tmp_path / "ft-other"
+    shutil.copytree(ft_dir, other)
+    weights = load_file(str(other / "model.safetensors"))
+    save_file({n: (t * 1.01 if t.is_floating_point() else t) for n, t in weights.items()},
+              str(other / "model.safetensors"), metadata={"format": "pt"})
+    loc = run_json("localize", "--finetuned", ft_dir, "--finetuned-replicates", other, "--k", K, "--method",
+                   "top-movement", "--out", tmp_path / "r.safetensors")
+    paths = [tmp_path / f"r-ft{i}.safetensors" for i in (0, 1)]
+    assert [e["path"] for e in loc["finetunes"]] == [str(p) for p in paths] and loc["path"] == str(paths[0])
+    assert regions.load(paths[0]).indices.keys() == regions.load(top[0]).indices.keys()
+    assert regions.digest(regions.load(paths[0]).indices) == regions.digest(regions.load(top[0]).indices)
+    st = loc["finetune_stability"]
+    assert st["seeds"] == 2 and st["mean_overlap"] > st["chance_overlap"]
+    assert any("Across 2 fine-tunes" in line for line in loc["card"])
+    each = [run_json("evaluate", "--region", p, "--baselines", "--n", "32", "--no-ood") for p in paths]
+    both = run_json("evaluate", "--region", *paths, "--baselines", "--n", "32", "--no-ood")
+    assert both["finetunes"] == [str(ft_dir), str(other)] and len(both["per_finetune"]) == 2
+    for model, own in (("fine-tuned", "fine-tuned"), ("r", "r-ft0"), ("Random", "Random")):
+        row = next(r for r in both["rows"] if r["model"] == model)
+        alone = [next(r for r in e["rows"] if r["model"] in (own, own.replace("ft0", f"ft{i}")))["accuracy"]
+                 for i, e in enumerate(each)]
+        assert row["accuracy_seeds"] == alone and row["accuracy"] == pytest.approx(sum(alone) / 2), model
+    d = next(d for d in both["differences"] if (d["a"], d["b"], d["metric"]) == ("r", "fine-tuned", "accuracy"))
+    alone = [next(x for x in e["differences"] if x["b"] == "fine-tuned" and x["metric"] == "accuracy"
+                  and x["a"].startswith("r-ft"))["diff"] for e in each]
+    assert d["over"] == "fine-tunes" and d["seeds"] == 2 and d["diff"] == pytest.approx(sum(alone) / 2)
+    assert d["ci"][0] <= d["diff"] <= d["ci"][1]
+    assert any("over 2 fine-tunes" in line for line in both["card"])
+    code, out, err = run_cli("evaluate", "--region", *paths, "--n", "16", "--no-ood")
+    assert code == 0, err
+    assert "means over 2 fine-tunes" in out and "fine-tunes ≠ 0" in out
+    sw = run_json("sweep", "--finetuned", ft_dir, "--finetuned-replicates", other, "--methods", "top-movement,random",
+                  "--sparsities", "1e-3", "--n", "32", "--no-ood")
+    assert sw["finetunes"] == [str(ft_dir), str(other)] and len(sw["per_finetune"]) == 2
+    for row in sw["rows"]:
+        own = [next(r for r in p["rows"] if r["method"] == row["method"])["accuracy"] for p in sw["per_finetune"]]
+        assert row["accuracy_seeds"] == own and row["accuracy"] == pytest.approx(sum(own) / 2)
+    from graftui import figures
+
+    assert "over 2 fine-tunes" in figures.sweep_figure(sw["rows"], sw["task"]).layout.title.text
+    assert_one_line_error(*run_cli("sweep", "--finetuned", ft_dir, "--finetuned-replicates", ft_dir, "--n", "8"),
+                          "names a fine-tune twice")
+    # not the same experiment on each fine-tune: refused in one line, nothing scored
+    run_json("localize", "--finetuned", other, "--k", K // 2, "--method", "top-movement", "--out", tmp_path / "small.safetensors")
+    assert_one_line_error(*run_cli("evaluate", "--region", paths[0], tmp_path / "small.safetensors", "--n", "16"),
+                          "not the same regions on each", "--finetuned")
+
+
 def test_a_cancelled_replicate_run_keeps_its_finished_seeds_and_resumes(ft_dir, tmp_path):
     import threading
 

@@ -286,8 +286,10 @@ def save_new(record: RegionRecord, folder: Path, stem: str, write: bool = True) 
             continue
 
 
-def seed_progress(progress: Progress | None, i: int, n: int, seed: int) -> Progress | None:
-    """The progress of seed ``i`` of ``n`` as a part of the whole run, its stages named by the seed."""
+def seed_progress(progress: Progress | None, i: int, n: int, seed: int | None, name: str | None = None
+                  ) -> Progress | None:
+    """The progress of seed ``i`` of ``n`` (or of the part ``name``, such as one fine-tune) as a part of the whole
+    run, its stages named by it."""
     if progress is None:
         return None
 
@@ -296,8 +298,9 @@ def seed_progress(progress: Progress | None, i: int, n: int, seed: int) -> Progr
         if part is None and event.get("steps"):
             part = event.get("step", 0) / max(event["steps"], 1)
         stage = event.get("stage", "")
-        progress({**event, "stage": f"seed {seed} ({i + 1}/{n})" + (f": {stage}" if stage else ""),
-                  "fraction": (i + min(float(part or 0), 1.0)) / n, "seed": seed})
+        own = {"seed": seed} if name is None else {}
+        progress({**event, "stage": f"{name or f'seed {seed}'} ({i + 1}/{n})" + (f": {stage}" if stage else ""),
+                  "fraction": (i + min(float(part or 0), 1.0)) / n, **own})
     return inner
 
 

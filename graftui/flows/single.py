@@ -124,6 +124,8 @@ class LocalizeResult(Result):
     record: RegionRecord | None = None
     seeds: list[dict] = field(default_factory=list)  # with --seeds: {seed, path, k, reused, seconds, …} per seed
     stability: dict | None = None  # with --seeds: how alike the seeds' regions are (sets.stability), per module too
+    finetunes: list[dict] = field(default_factory=list)  # with --finetuned-replicates: {finetuned, path, …} per one
+    finetune_stability: dict | None = None  # … and how alike their regions are (each one's first seed)
     check: dict | None = None  # the quick held-out score: {task, n, rows, differences} (quick_check)
 
     @property
@@ -208,6 +210,8 @@ def region_record(req: LocalizeRequest, pair, region, made: dict, notes: list[st
 def localize(req: LocalizeRequest, progress: Progress | None = None, cancel=None, guard: Guard = LOCAL) -> LocalizeResult:
     """Find the region of ``req.finetuned`` that carries ``req.task``, and save it."""
     req.validate()
+    if req.finetuned_replicates:
+        return localize_finetunes(req, progress, cancel, guard)
     if req.seeds:
         return localize_seeds(req, progress, cancel, guard)
     start = time.time()
@@ -385,6 +389,27 @@ def localize_seeds(req: LocalizeRequest, progress=None, cancel=None, guard: Guar
     return LocalizeResult(req, notes, time.time() - start, found[0][2], records[0], seeds, stability)
 
 
+def localize_finetunes(req: LocalizeRequest, progress=None, cancel=None, guard: Guard = LOCAL) -> LocalizeResult:
+    """The region of each fine-tune of one recipe (--finetuned and its replicates; with --seeds, each seed's on each),
+    written as '<out>-ft<i>', and how alike the fine-tunes' regions are against chance: is the skill in the same place
+    whichever fine-tune carries it? The result is the first fine-tune's, with the others under ``finetunes``."""
+    start, runs, refs = time.time(), [], req.finetunes()
+    for i, ref in enumerate(refs):
+        one = req.replace(finetuned=ref, finetuned_replicates=None, out=req.finetune_out(i))
+        runs.append(localize(one, seed_progress(progress, i, len(refs), None, f"fine-tune {short_ref(ref)}"), cancel,
+                             guard))
+    records = [r.record for r in runs]
+    if len({r.graftable for r in records}) > 1:
+        raise RegionError("the fine-tunes have different graftable parameters: they are not fine-tunes of one base")
+    stability = {**sets.stability([r.indices for r in records], records[0].graftable),
+                 "by_module": _module_stability(records)}
+    finetunes = [{"finetuned": ref, "path": r.path, "k": r.k, "seconds": round(r.seconds, 1),
+                  "seeds": r.seeds, "stability": r.stability, "check": _held_out(r.check)} for ref, r in zip(refs, runs)]
+    notes = list(dict.fromkeys(n for r in runs for n in r.notes))
+    return replace(runs[0], request=req, notes=notes, seconds=time.time() - start, finetunes=finetunes,
+                   finetune_stability=stability)
+
+
 def _held_out(check: dict | None) -> dict | None:
     """A seed's quick check in brief: its region's and FT's held-out accuracy on the same n examples."""
     if not check:
@@ -460,6 +485,126 @@ def summarise_replicates(name: str, members: list[str], rows: list[dict], found:
             "differences": metrics.differences_over_seeds(paired)}
 
 
+# -- several fine-tunes ----------------------------------------------------------------------------
+def _role(record: RegionRecord) -> str:
+    """What makes regions of different fine-tunes one experiment: method, size, mask seed and every other setting of
+    the request that made them, but the fine-tuned model."""
+    made = record.meta.request if isinstance(record.meta.request, dict) else {}
+    setting = {k: v for k, v in made.items() if k == "seed" or k not in (*NOT_THE_SETTING, "finetuned")}
+    return json.dumps({"method": record.meta.method, "k": record.size, "sources": record.meta.sources, **setting},
+                      sort_keys=True, default=str)
+
+
+def _shared_name(stems: list[str]) -> str:
+    """The name that several fine-tunes' files of one region share: the '-'-separated parts alike in all
+    ('r-ft0-seed1', 'r-ft1-seed1' → 'r-seed1'); the first name where they differ in length."""
+    parts = [stem.split("-") for stem in stems]
+    if len({len(p) for p in parts}) == 1:
+        kept = [token for token, *others in zip(*parts) if all(o == token for o in others)]
+        if kept:
+            return "-".join(kept)
+    return stems[0]
+
+
+@dataclass
+class FinetuneReplicates:
+    """Regions of several fine-tunes of one base and task, the same regions on each (``finetune_replicates``)."""
+
+    finetuned: list[str]  # each fine-tune, as its regions recorded it
+    paths: list[list[str]]  # per fine-tune, its region files in the order of ``names``
+    names: list[str]  # each region's name across fine-tunes
+
+
+def finetune_replicates(req) -> FinetuneReplicates | None:
+    """The regions of ``req`` by the fine-tuned model each was learned on, when they come from several and
+    --finetuned does not name one for all: each fine-tune (one per fine-tune seed) is then a replicate of one
+    experiment, and must hold the same regions as the others. None when the regions share one fine-tune."""
+    if req.finetuned or len(req.regions) < 2:
+        return None
+    records = [load_region(p) for p in req.regions]
+    by_ft: dict[str, list[int]] = {}
+    for i, record in enumerate(records):
+        by_ft.setdefault(record.meta.finetuned_sha256 or record.meta.finetuned or "", []).append(i)
+    if len(by_ft) < 2:
+        return None
+    metas = [records[members[0]].meta for members in by_ft.values()]
+    for what in ("base", "task"):
+        values = sorted({str(getattr(m, what)) for m in metas})
+        if len(values) > 1:
+            raise RegionError(f"the regions come from fine-tunes of different {what}s ({', '.join(values)}): only "
+                              f"fine-tunes of one {what} are replicates; evaluate them one fine-tuned model at a time")
+    ordered = []
+    for members in by_ft.values():
+        roles = {}
+        for i in members:
+            twin = roles.setdefault(_role(records[i]), i)
+            if twin != i:
+                raise RegionError(f"'{req.regions[twin]}' and '{req.regions[i]}' are one experiment on one fine-tuned "
+                                  "model: give each fine-tune's region once")
+        ordered.append(roles)
+    first = ordered[0]
+    for roles, meta in zip(ordered[1:], metas[1:]):
+        if set(roles) != set(first):
+            raise RegionError(f"the regions come from several fine-tuned models ('{metas[0].finetuned}', "
+                              f"'{meta.finetuned}') but not the same regions on each (method, size, mask seed, "
+                              "settings): give every fine-tune the same regions, or --finetuned to graft them all on "
+                              "one")
+    keys = list(first)
+    paths = [[str(req.regions[roles[key]]) for key in keys] for roles in ordered]
+    names: list[str] = []
+    for j in range(len(keys)):
+        name = _shared_name([Path(group[j]).stem for group in paths])
+        names.append(name if name not in names else f"{name} ({j + 1})")
+    return FinetuneReplicates([m.finetuned for m in metas], paths, names)
+
+
+def _renamed(run: "EvaluateResult", names: dict[str, str], ft: str) -> "EvaluateResult":
+    """One fine-tune's evaluation with its regions named as across fine-tunes, its diagrams' models by its fine-tune."""
+    def name(model):
+        return names.get(model, model)
+
+    rows = [{**r, "model": name(r["model"])} for r in run.rows]
+    found = [{**d, "a": name(d["a"]), "b": name(d["b"])} for d in run.differences]
+    plots = {key: {f"{name(m)} · {ft}": v for m, v in getattr(run, key).items()} for key in ("reliability", "histogram")}
+    odd = [{**d, "model": name(d["model"])} for d in run.disagreements]
+    return replace(run, rows=rows, differences=found, disagreements=odd, **plots)
+
+
+def evaluate_finetunes(req, parts: FinetuneReplicates, progress=None, cancel=None, guard: Guard = LOCAL):
+    """Regions of several fine-tunes (one per fine-tune seed) as replicates of one experiment: each fine-tune is
+    evaluated with its own regions, FT row and baselines, all on the same test examples, and every figure is the
+    mean over fine-tunes with its spread: the variance the paper reports (over fine-tunes, not only mask seeds)."""
+    start, runs = time.time(), []
+    for i, (ft, paths) in enumerate(zip(parts.finetuned, parts.paths)):
+        one = req.replace(regions=paths, finetuned=None)
+        run = evaluate(one, seed_progress(progress, i, len(parts.paths), None, f"fine-tune {short_ref(ft)}"), cancel,
+                       guard)
+        runs.append(_renamed(run, dict(zip(run.regions, parts.names)), short_ref(ft)))
+    rows = metrics.over_seeds([r.rows for r in runs], ("model", "task", "distribution"))
+    card.annotate(rows)
+    found = metrics.differences_over_seeds([r.differences for r in runs])
+    for d in found:
+        d["over"], d["ci_kind"] = "fine-tunes", d["ci_kind"].replace("seeds", "fine-tunes")
+    names = ", ".join(f"'{short_ref(ft)}'" for ft in parts.finetuned)
+    lines = card.evaluate_card(rows, differences=found) + [
+        f"Each figure is the mean over {len(runs)} fine-tunes ({names}): each scored with its own regions, FT and "
+        "baselines, all on the same test examples; the diagrams are each fine-tune's own, and its numbers are under "
+        "per_finetune."]
+    first = [load_region(p) for p in parts.paths[0]]
+    together = [summarise_replicates(name, members, rows, found)
+                for name, members in replicate_groups(parts.names, first).items()]
+    lines += [card.replicate_sentence(group) for group in together]
+    notes = list(dict.fromkeys(n for r in runs for n in r.notes))
+    per_ft = [{"finetuned": ft, "regions": paths, "rows": r.rows, "differences": r.differences}
+              for ft, paths, r in zip(parts.finetuned, parts.paths, runs)]
+    plots = {key: {m: v for r in runs for m, v in getattr(r, key).items()} for key in ("reliability", "histogram")}
+    finish(progress)
+    return replace(runs[0], request=req, notes=notes, seconds=time.time() - start, rows=rows, differences=found,
+                   finetuned=None, regions={n: [g[j] for g in parts.paths] for j, n in enumerate(parts.names)},
+                   card=lines, replicates=together, disagreements=[], side_by_side=None, per_finetune=per_ft,
+                   finetunes=list(parts.finetuned), **plots)
+
+
 # -- evaluate --------------------------------------------------------------------------------------
 @dataclass
 class EvaluateResult(Result):
@@ -478,6 +623,8 @@ class EvaluateResult(Result):
     per_seed: list[dict] = field(default_factory=list)  # with --seeds: each seed's rows and differences
     replicates: list[dict] = field(default_factory=list)  # regions that differ only in their seed, read together
     disagreements: list[dict] = field(default_factory=list)  # test examples where a graft decides unlike FT
+    finetunes: list[str] = field(default_factory=list)  # regions of several fine-tunes: figures are means over these
+    per_finetune: list[dict] = field(default_factory=list)  # … and each fine-tune's own rows and differences
 
 
 def _merge_patches(records, labels):
@@ -595,6 +742,9 @@ def evaluate(req: EvaluateRequest, progress: Progress | None = None, cancel=None
             "seed; every seed is scored on the same test examples); each seed's own numbers are under per_seed."]
         return replace(runs[0], request=req, seconds=sum(r.seconds for r in runs), rows=rows, differences=found,
                        card=lines, seeds=list(req.seeds), per_seed=_per_seed(req.seeds, runs))
+    parts = finetune_replicates(req)
+    if parts is not None:
+        return evaluate_finetunes(req, parts, progress, cancel, guard)
     start = time.time()
     grafts = regions_setting(req, guard)
     records, labels, groups, tasks, notes = grafts.records, grafts.labels, grafts.groups, grafts.tasks, grafts.notes
@@ -749,6 +899,8 @@ class SweepResult(Result):
     differences: list[dict] = field(default_factory=list)  # paired, per sparsity: each method − FT, method − method
     seeds: list[int] = field(default_factory=list)  # with --seeds: rows and differences are means over these
     per_seed: list[dict] = field(default_factory=list)  # with --seeds: each seed's rows and differences
+    finetunes: list[str] = field(default_factory=list)  # with --finetuned-replicates: … means over these fine-tunes
+    per_finetune: list[dict] = field(default_factory=list)  # … and each one's rows and differences
 
     def as_dict(self) -> dict:
         out = super().as_dict()
@@ -756,21 +908,40 @@ class SweepResult(Result):
         return out
 
 
+def _sweep_over(runs: list[SweepResult], req, over: str, names: list) -> SweepResult:
+    """Sweeps of several seeds (or fine-tunes, ``over``) as one: every figure their mean, a row's interval their
+    spread (not one test's Wilson interval), each one's own rows and differences kept."""
+    rows = metrics.over_seeds([r.rows for r in runs], ("method", "sparsity"))
+    for row in rows:
+        row["accuracy_ci"] = metrics.seed_interval(row.get("accuracy_seeds") or ())
+        if over != "seeds":
+            row["over"] = over
+    found = metrics.differences_over_seeds([r.differences for r in runs])
+    if over != "seeds":
+        for d in found:
+            d["over"], d["ci_kind"] = over, d["ci_kind"].replace("seeds", over)
+    each = [{"seed" if over == "seeds" else "finetuned": name, "rows": r.rows, "differences": r.differences}
+            for name, r in zip(names, runs)]
+    kept = {"seeds": list(names), "per_seed": each} if over == "seeds" else {"finetunes": list(names),
+                                                                              "per_finetune": each}
+    mean = {name: metrics.mean_std([getattr(r, name) for r in runs])[0]
+            for name in ("ft_accuracy", "ft_ece", "body_accuracy")}
+    return replace(runs[0], request=req, seconds=sum(r.seconds for r in runs), rows=rows, differences=found, **mean,
+                   **kept)
+
+
 @verb(SweepRequest, "accuracy against region size for several methods", text.sweep)
 def sweep(req: SweepRequest, progress: Progress | None = None, cancel=None, guard: Guard = LOCAL) -> SweepResult:
     """Accuracy, ECE and OOD accuracy against budget for several methods (Fig. 2, Tables 6–7); writes no file."""
     req.validate()
+    if req.finetuned_replicates:
+        refs = req.finetunes()
+        runs = [sweep(req.replace(finetuned=ref, finetuned_replicates=None),
+                      seed_progress(progress, i, len(refs), None, f"fine-tune {short_ref(ref)}"), cancel, guard)
+                for i, ref in enumerate(refs)]
+        return _sweep_over(runs, req, "fine-tunes", refs)
     if req.seeds:
-        runs = each_seed(sweep, req, progress, cancel, guard)
-        rows = metrics.over_seeds([r.rows for r in runs], ("method", "sparsity"))
-        for row in rows:  # the interval of a mean over seeds is the seeds' spread, not one test's Wilson interval
-            row["accuracy_ci"] = metrics.seed_interval(row.get("accuracy_seeds") or ())
-        ft = metrics.mean_std([r.ft_accuracy for r in runs])[0]
-        return replace(runs[0], request=req, seconds=sum(r.seconds for r in runs), rows=rows, ft_accuracy=ft,
-                       ft_ece=metrics.mean_std([r.ft_ece for r in runs])[0],
-                       body_accuracy=metrics.mean_std([r.body_accuracy for r in runs])[0],
-                       differences=metrics.differences_over_seeds([r.differences for r in runs]),
-                       seeds=list(req.seeds), per_seed=_per_seed(req.seeds, runs))
+        return _sweep_over(each_seed(sweep, req, progress, cancel, guard), req, "seeds", req.seeds)
     start = time.time()
     for ref in (req.base, req.finetuned):
         check_model_ref(ref)

@@ -51,7 +51,22 @@ def localize(doc: dict) -> str:
         ("time", f"{doc['seconds']:.1f} s"),
         ("anatomy", "  ".join(f"{t['label']} {_pct(t['share'])}" for t in doc["top_modules"]) or "(empty region)"),
         ("", f"weights {doc['weights']:,}, biases {doc['biases']:,}"),
-    ]) + (check(doc["check"]) if doc.get("check") else "") + (seeds(doc) if doc.get("seeds") else "")
+    ]) + (check(doc["check"]) if doc.get("check") else "") + (seeds(doc) if doc.get("seeds") else "") + (
+        finetunes(doc) if doc.get("finetunes") else "")
+
+
+def finetunes(doc: dict) -> str:
+    """A localization on several fine-tunes of one recipe: each one's region, and how alike they are against chance."""
+    st = doc["finetune_stability"]
+    names = [f"ft{i}" for i in range(len(doc["finetunes"]))]
+    rows = [[name, e["finetuned"], e["path"], _count(e["k"]), f"{e['seconds']:.1f} s"]
+            for name, e in zip(names, doc["finetunes"])]
+    return "\n".join(["", "", table(["", "fine-tuned model", "region", "k", "time"], rows, "lllrr"), "",
+                      _matrix(r"overlap |γi∩γj|/|γj| across fine-tunes", names, st["pairwise_overlap"], _pct), "",
+                      pairs_table([("mean overlap", f"{_pct(st['mean_overlap'])}; two random regions of these sizes: "
+                                                    f"{_pct(st['chance_overlap'])}"),
+                                   ("core", f"{st['core']:,} parameters found on every fine-tune"),
+                                   ("union", f"{st['union']:,} parameters found on any")])])
 
 
 def check(found: dict) -> str:
@@ -105,9 +120,11 @@ def differences(found: list[dict]) -> str:
              f"{d.get('distinguishable_in', 0)}/{d.get('seeds', 1)}" if several else
              ("-" if d.get("p") is None else f"{d['p']:.3g}")] for d in found]
     if several:
-        title = ("differences a − b over seeds: mean ± std (accuracy in pts) and its 95 % interval (the seeds' spread and "
-                 "the shared test examples' noise together); last column: seeds whose own paired interval excludes zero")
-        return title + "\n" + table(["a", "b", "task", "metric", "n", "a − b ± std [95 % CI]", "≠ 0", "seeds ≠ 0"],
+        over = found[0].get("over", "seeds")
+        title = (f"differences a − b over {over}: mean ± std (accuracy in pts) and its 95 % interval (the {over}' spread "
+                 f"and the shared test examples' noise together); last column: {over} whose own paired interval "
+                 "excludes zero")
+        return title + "\n" + table(["a", "b", "task", "metric", "n", "a − b ± std [95 % CI]", "≠ 0", f"{over} ≠ 0"],
                                      rows, "llllrlll")
     return ("paired differences a − b on the same test examples (accuracy in pts; 95 % bootstrap interval; p: "
             "McNemar's exact test)\n" + table(["a", "b", "task", "metric", "n", "a − b [95 % CI]", "≠ 0", "p"], rows,
@@ -122,6 +139,10 @@ def _sd(row: dict, name: str) -> str:
 
 
 def _seeds_line(doc: dict) -> list[str]:
+    if doc.get("finetunes"):
+        return [f"means over {len(doc['finetunes'])} fine-tunes ({', '.join(doc['finetunes'])}; ± std across them), "
+                "each with its own regions, FT and baselines; each fine-tune's own numbers are under per_finetune in "
+                "--json"]
     return [f"means over seeds {', '.join(map(str, doc['seeds']))} (± std across seeds); each seed's own numbers are "
             "under per_seed in --json"] if doc.get("seeds") else []
 
