@@ -679,6 +679,39 @@ def test_the_forms_defaults_submit_as_they_stand(monkeypatch, fast):
     assert jobs[0][1]["examples_per_class"] == (16 if fast else None)
 
 
+def test_the_laboratorys_seeds_reach_its_requests(home, monkeypatch):
+    """Multi-task and continual take a Seeds box; WiSE's 'mean over its seeds' adds the other regions of the picked
+    region's localize run, and says in one line when there are none."""
+    from graftui.errors import RequestError
+    from graftui.ui import actions, store
+
+    jobs = []
+
+    class Runner:
+        def submit(self, kind, title, fn, params=None, owner=None):
+            jobs.append((kind, title, params))
+
+    actions.submit_multitask(Runner(), tasks=["movies", "amazon"], group=[], log_sparsity=-4, start="empty", steps=2,
+                             purify_steps=0, examples_per_class=8, n=16, seeds="0, 1")
+    actions.submit_continual(Runner(), tasks=["movies", "amazon"], log_sparsity=-4, steps=2, examples_per_class=8,
+                             n=16, seeds="2,3")
+    assert [(kind, params["seeds"]) for kind, _, params in jobs] == [("multitask", [0, 1]), ("continual", [2, 3])]
+    assert all(title.endswith(f"· seeds {', '.join(map(str, params['seeds']))}") for _, title, params in jobs)
+    monkeypatch.setattr(store, "region_path", lambda rid: Path(f"/regions/{rid}.safetensors"))
+    monkeypatch.setattr(actions.WiseRequest, "check", lambda self: None)  # no such files: the request is what is read
+    monkeypatch.setattr(actions, "seeds_of_run", lambda rid: ["r-seed1", "r-seed2"] if rid == "r-seed0" else [])
+    actions.submit_wise(Runner(), region_id="r-seed0", alphas="0, 1", ood=[], n=16, over_seeds=True)
+    assert jobs[-1][2]["replicates"] == ["/regions/r-seed1.safetensors", "/regions/r-seed2.safetensors"]
+    assert "mean over its 3 seeds" in jobs[-1][1]
+    actions.submit_wise(Runner(), region_id="r-seed0", alphas="0, 1", ood=[], n=16)
+    assert not jobs[-1][2].get("replicates")
+    with pytest.raises(RequestError, match="no other seeds saved"):
+        actions.submit_wise(Runner(), region_id="alone", alphas="0, 1", ood=[], n=16, over_seeds=True)
+    with pytest.raises(RequestError, match="seed"):
+        actions.submit_continual(Runner(), tasks=["movies", "amazon"], log_sparsity=-4, steps=2, examples_per_class=8,
+                                 n=16, seeds="1, one")
+
+
 def test_fast_mode_lowers_defaults(monkeypatch):
     from graftui.ui import store
 
@@ -1040,8 +1073,10 @@ def test_web_errors_name_the_widget_not_the_cli_flag(home, monkeypatch):
                       "auto", "", "", "0, -1", False)
     assert out[by_id["status-message"]] == "⚠️ Seeds: every seed is a whole number >= 0, got -1"
     multitask = _handler(demo, "on_multitask")
-    out = multitask.fn("", ["movies", "amazon"], [], -3, "empty", 5, -1, 10, False)
+    out = multitask.fn("", ["movies", "amazon"], [], -3, "empty", 5, -1, 10, "", False)
     assert out[by_id["status-message"]] == "⚠️ Purification steps must be 0 or more, got -1"
+    out = multitask.fn("", ["movies", "amazon"], [], -3, "empty", 5, 0, 10, "0, -2", False)
+    assert out[by_id["status-message"]] == "⚠️ Seeds: every seed is a whole number >= 0, got -2"
 
 
 def test_the_laboratory_shows_its_findings_in_tables():

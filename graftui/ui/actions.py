@@ -533,15 +533,19 @@ def submit_compose(runner, *, region_ids: list[str], resolve: str, n) -> Job:
     return submit(runner, request, title, saved)
 
 
+def _over_seeds(request) -> str:
+    return f" · seeds {', '.join(map(str, request.seeds))}" if request.seeds else ""
+
+
 def submit_multitask(runner, *, tasks: list[str], group: list[str], log_sparsity: float, start: str, steps,
-                     purify_steps, examples_per_class, n) -> Job:
+                     purify_steps, examples_per_class, n, seeds: str = "") -> Job:
     """The multi-task experiment on the offline default multi-task model (built on first need)."""
 
     request = MultitaskRequest(tasks=list(tasks or []), group=list(group) if group else None,
                                sparsity=10 ** float(log_sparsity), start=start, steps=whole(steps) or 0,
                                purify_steps=whole(purify_steps) if purify_steps is not None else 0,
-                               examples_per_class=per_class(examples_per_class), n=whole(n))
-    title = f"Multi-task regions of {', '.join(request.tasks)} · sparsity {request.sparsity:.1e}"
+                               examples_per_class=per_class(examples_per_class), n=whole(n), seeds=parse_seeds(seeds))
+    title = f"Multi-task regions of {', '.join(request.tasks)} · sparsity {request.sparsity:.1e}" + _over_seeds(request)
     return submit(runner, request, title)
 
 
@@ -550,10 +554,16 @@ def parse_alphas(text: str) -> list[float]:
     return sorted(set(parse_list(text, float, "α values", "α", "0, 0.5, 1")))
 
 
-def submit_wise(runner, *, region_id: str, alphas: str, ood: list[str], n) -> Job:
+def submit_wise(runner, *, region_id: str, alphas: str, ood: list[str], n, over_seeds: bool = False) -> Job:
+    """WiSE curves of a region; ``over_seeds``: averaged with the other seeds' regions of its localize run."""
+    others = seeds_of_run(region_id) if over_seeds and region_id else []
+    if over_seeds and region_id and not others:
+        raise RequestError(f"'{region_id}' has no other seeds saved: localize with Seeds such as 0, 1, 2, then pick one "
+                           "of its regions; or untick 'over its seeds'")
     request = WiseRequest(region=_paths([region_id] if region_id else [])[0], alphas=parse_alphas(alphas),
-                          ood=list(ood) if ood else None, n=whole(n))
-    return submit(runner, request, f"WiSE curves of {region_id} ({len(request.alphas)} values of α)")
+                          ood=list(ood) if ood else None, n=whole(n), replicates=_paths(others) if others else None)
+    over = f" · mean over its {len(others) + 1} seeds" if others else ""
+    return submit(runner, request, f"WiSE curves of {region_id} ({len(request.alphas)} values of α){over}")
 
 
 def submit_retrain(runner, *, region_id: str, epochs, train_examples, n) -> Job:
@@ -562,10 +572,11 @@ def submit_retrain(runner, *, region_id: str, epochs, train_examples, n) -> Job:
     return submit(runner, request, f"Re-train {region_id} from θ_pre, and BitFit")
 
 
-def submit_continual(runner, *, tasks: list[str], log_sparsity: float, steps, examples_per_class, n) -> Job:
+def submit_continual(runner, *, tasks: list[str], log_sparsity: float, steps, examples_per_class, n,
+                     seeds: str = "") -> Job:
     request = ContinualRequest(tasks=list(tasks or []), sparsity=10 ** float(log_sparsity), steps=whole(steps) or 0,
-                               examples_per_class=per_class(examples_per_class), n=whole(n))
-    return submit(runner, request, f"Continual learning of {' → '.join(request.tasks)}")
+                               examples_per_class=per_class(examples_per_class), n=whole(n), seeds=parse_seeds(seeds))
+    return submit(runner, request, f"Continual learning of {' → '.join(request.tasks)}" + _over_seeds(request))
 
 
 def submit_reproduce(runner, *, quick: bool) -> Job:

@@ -164,6 +164,13 @@ def picker_for(kinds: tuple[str, ...], latest_label: str, job):
     return gr.update(choices=choices, value=job.id)
 
 
+def seeds_box(elem_id: str, info: str = "the experiment once per mask seed; every figure becomes the mean over "
+              "seeds, with its spread and each seed's own numbers") -> gr.Textbox:
+    """The Seeds (replicates) box of a form: empty for one run, or seeds such as '0, 1, 2' (``actions.parse_seeds``)."""
+    return gr.Textbox("", label="Seeds (replicates)", placeholder="one run; or e.g. 0, 1, 2", info=info,
+                      elem_id=elem_id)
+
+
 def submitted(job, kinds: tuple[str, ...], latest_label: str) -> tuple:
     """What a Run button's handler answers: the banner and the tab's picker showing the new job. The status line
     (the third output, where a refused form says why) is left to the panel, which writes it together with its

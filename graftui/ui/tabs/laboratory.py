@@ -8,12 +8,12 @@ from pathlib import Path
 import gradio as gr
 import pandas as pd
 
-from ... import figures
+from ... import card, figures
 from ...data import OFFLINE_TASKS
 from ...paths import short_ref
 from ...requests import ContinualRequest, MultitaskRequest, WiseRequest
 from .. import actions, store
-from ..wiring import TABLE_HEIGHT, job_controls, request_radio, submitted
+from ..wiring import TABLE_HEIGHT, job_controls, request_radio, seeds_box, submitted
 
 INTRO = (
     "The paper's experiments with regions. **Multi-task** (§5.1): one model fine-tuned on several tasks (built "
@@ -45,6 +45,8 @@ def render_multitask(job) -> list:
                          "relative gain": "–" if gain is None else f"{gain:.3f}", "accuracy": f"{acc:.3f}"})
     note = (f"Multi-task model `{short_ref(res['checkpoint'])}`; every region has k = **{res['k']:,}** parameters. "
             "Relative gain 1 means the graft recovers all of what multi-task fine-tuning gained on that task, 0 none of it.")
+    if res.get("seeds"):
+        note += " " + " ".join(card.seeds_sentence(res["seeds"], "seeds"))
     if res.get("notes"):
         note += "\n\n" + "\n\n".join(f"Note: {n}" for n in res["notes"])
     matrix = {"names": res["tasks"], "overlap": res["overlap"], "intersection_counts": res["intersection_counts"],
@@ -76,11 +78,12 @@ def render_continual(job) -> list:
         return [figures.empty_figure(msg), pd.DataFrame(columns=CONTINUAL_COLUMNS)]
     res = job.result
     rows = []
+    over = f" (mean over seeds {', '.join(map(str, res['seeds']))})" if res.get("seeds") else ""
     for arm, key in (("forget-free", "forget_free"), ("sequential", "sequential")):
         for i, stage in enumerate(res["tasks"]):
             for task, acc in zip(res["tasks"], res[key][i]):
                 if acc is not None:
-                    rows.append({"arm": arm, "stage": f"{i + 1}: {stage}", "parameters trained": f"{res['trained'][arm][i]:,}",
+                    rows.append({"arm": arm + over, "stage": f"{i + 1}: {stage}", "parameters trained": f"{res['trained'][arm][i]:,}",
                                  "task": task, "accuracy": f"{acc:.3f}"})
     return [figures.continual_curves(res), pd.DataFrame(rows, columns=CONTINUAL_COLUMNS)]
 
@@ -113,6 +116,7 @@ def build(page) -> gr.Tab:
             mt_purify = gr.Number(MultitaskRequest().purify_steps, precision=0, label="Purification steps",
                                   elem_id="lab-purify")
             mt_n = gr.Number(d["test_examples"], precision=0, label="Test examples per task", elem_id="lab-n")
+            mt_seeds = seeds_box("lab-seeds")
         mt_run, mt_job, mt_status = job_controls("Run multi-task experiment", "lab-multitask", MULTITASK_LATEST)
         page.report("lab-multitask", mt_job, MULTITASK)
         with gr.Row():
@@ -129,6 +133,8 @@ def build(page) -> gr.Tab:
             ws_alphas = gr.Textbox(", ".join(f"{a:g}" for a in WiseRequest().alphas), label="α values",
                                    elem_id="lab-wise-alphas")
             ws_n = gr.Number(d["test_examples"], precision=0, label="Test examples per task", elem_id="lab-wise-n")
+            ws_seeds = gr.Checkbox(False, label="Mean over its seeds (the other regions of its localize run)",
+                                   elem_id="lab-wise-seeds")
         ws_run, ws_job, ws_status = job_controls("Run WiSE", "lab-wise", WISE_LATEST)
         page.report("lab-wise", ws_job, WISE)
         ws_plot = gr.Plot(figures.wise_curves([]), elem_id="lab-wise-plot")
@@ -158,6 +164,7 @@ def build(page) -> gr.Tab:
             cl_budget = gr.Slider(-5, -1, value=d["log_sparsity"], step=0.5, label="log10 sparsity per task",
                                   elem_id="lab-continual-budget")
             cl_n = gr.Number(d["test_examples"], precision=0, label="Test examples per task", elem_id="lab-continual-n")
+            cl_seeds = seeds_box("lab-continual-seeds")
         cl_run, cl_job, cl_status = job_controls("Run continual learning", "lab-continual", CONTINUAL_LATEST)
         page.report("lab-continual", cl_job, CONTINUAL)
         cl_plot = gr.Plot(figures.continual_curves({}), elem_id="lab-continual-plot")
@@ -180,24 +187,27 @@ def build(page) -> gr.Tab:
     page.keep(lab_tasks=mt_tasks, lab_group=mt_group, lab_start=mt_start, lab_budget=mt_budget, lab_steps=mt_steps,
               lab_purify=mt_purify, lab_n=mt_n, wise_region=ws_region, wise_alphas=ws_alphas, wise_n=ws_n,
               retrain_region=rt_region, retrain_epochs=rt_epochs, retrain_train=rt_train, retrain_n=rt_n,
-              continual_tasks=cl_tasks, continual_budget=cl_budget, continual_n=cl_n, reproduce_quick=rp_quick)
+              continual_tasks=cl_tasks, continual_budget=cl_budget, continual_n=cl_n, reproduce_quick=rp_quick,
+              lab_seeds=mt_seeds, continual_seeds=cl_seeds, wise_seeds=ws_seeds)
 
     @page.guard(beside=mt_status, tasks=mt_tasks, group=mt_group, sparsity=mt_budget, start=mt_start, steps=mt_steps,
-                purify_steps=mt_purify, n=mt_n)
-    def on_multitask(tasks, group, log_s, start, steps, purify, n):
+                purify_steps=mt_purify, n=mt_n, seeds=mt_seeds)
+    def on_multitask(tasks, group, log_s, start, steps, purify, n, seeds):
         job = actions.submit_multitask(store.runner(), tasks=tasks, group=group, log_sparsity=log_s, start=start,
-                                       steps=steps, purify_steps=purify, examples_per_class=d["examples_per_class"], n=n)
+                                       steps=steps, purify_steps=purify, examples_per_class=d["examples_per_class"], n=n,
+                                       seeds=seeds)
         return submitted(job, MULTITASK, MULTITASK_LATEST)
 
-    page.on(mt_run.click, on_multitask, [mt_tasks, mt_group, mt_budget, mt_start, mt_steps, mt_purify, mt_n],
+    page.on(mt_run.click, on_multitask, [mt_tasks, mt_group, mt_budget, mt_start, mt_steps, mt_purify, mt_n, mt_seeds],
             [status, mt_job, mt_status])
 
-    @page.guard(beside=ws_status, region=ws_region, alphas=ws_alphas, n=ws_n)
-    def on_wise(region_id, alphas, n):
-        job = actions.submit_wise(store.runner(), region_id=region_id, alphas=alphas, ood=[], n=n)
+    @page.guard(beside=ws_status, region=ws_region, alphas=ws_alphas, n=ws_n, replicates=ws_seeds)
+    def on_wise(region_id, alphas, n, over_seeds):
+        job = actions.submit_wise(store.runner(), region_id=region_id, alphas=alphas, ood=[], n=n,
+                                  over_seeds=over_seeds)
         return submitted(job, WISE, WISE_LATEST)
 
-    page.on(ws_run.click, on_wise, [ws_region, ws_alphas, ws_n], [status, ws_job, ws_status])
+    page.on(ws_run.click, on_wise, [ws_region, ws_alphas, ws_n, ws_seeds], [status, ws_job, ws_status])
 
     @page.guard(beside=rt_status, region=rt_region, epochs=rt_epochs, train_examples=rt_train, n=rt_n)
     def on_retrain(region_id, epochs, train, n):
@@ -206,13 +216,13 @@ def build(page) -> gr.Tab:
 
     page.on(rt_run.click, on_retrain, [rt_region, rt_epochs, rt_train, rt_n], [status, rt_job, rt_status])
 
-    @page.guard(beside=cl_status, tasks=cl_tasks, sparsity=cl_budget, n=cl_n)
-    def on_continual(tasks, log_s, n):
+    @page.guard(beside=cl_status, tasks=cl_tasks, sparsity=cl_budget, n=cl_n, seeds=cl_seeds)
+    def on_continual(tasks, log_s, n, seeds):
         job = actions.submit_continual(store.runner(), tasks=tasks, log_sparsity=log_s, steps=d["steps"],
-                                       examples_per_class=d["examples_per_class"], n=n)
+                                       examples_per_class=d["examples_per_class"], n=n, seeds=seeds)
         return submitted(job, CONTINUAL, CONTINUAL_LATEST)
 
-    page.on(cl_run.click, on_continual, [cl_tasks, cl_budget, cl_n], [status, cl_job, cl_status])
+    page.on(cl_run.click, on_continual, [cl_tasks, cl_budget, cl_n, cl_seeds], [status, cl_job, cl_status])
 
     @page.guard(beside=rp_status, quick=rp_quick)
     def on_reproduce(quick):

@@ -10,7 +10,7 @@ from ...config import DEFAULT_BASE, DEFAULT_EXAMPLES_PER_CLASS, DEFAULT_FINETUNE
 from ...localizers import METHODS, get_method
 from ...requests import LocalizeRequest
 from .. import actions, store
-from ..wiring import job_picker, submitted
+from ..wiring import job_picker, seeds_box, submitted
 
 INTRO = (
     "Find the few parameters that carry the skill: a region of k parameters (the budget) whose graft "
@@ -73,9 +73,8 @@ def build(page) -> gr.Tab:
                                      "all there are when a class has fewer, another number is used exactly",
                                 elem_id="localize-examples")
             loc_lr = gr.Number(d["mask_lr"], label="Mask learning rate (logit units per step)", elem_id="localize-lr")
-            loc_seeds = gr.Textbox("", label="Seeds (replicates)", placeholder="one run; or e.g. 0, 1, 2",
-                                   info="one region per seed (k-shot sample and batches), then their core, union and "
-                                        "how alike they are against chance", elem_id="localize-seeds")
+            loc_seeds = seeds_box("localize-seeds", "one region per seed (k-shot sample and batches), then their "
+                                  "core, union and how alike they are against chance")
         with gr.Row():
             loc_run = gr.Button("Run", variant="primary", elem_id="localize-run", scale=0)
             loc_cancel = gr.Button("Cancel", variant="stop", elem_id="localize-cancel", scale=0)
