@@ -21,7 +21,7 @@ import math
 
 from .config import FT_LABEL, LM_BODY_LABEL, is_body
 from .experiments import relative_gain
-from .formatting import difference, pct as _pct, pts
+from .formatting import ONE_OF, difference, pct as _pct, pts
 
 Z95 = 1.959963984540054
 BALANCED = 0.02  # |mean confidence − accuracy| up to this: neither over- nor under-confident on the whole
@@ -313,7 +313,7 @@ def localize_card(doc: dict) -> list[str]:
 def stability_sentence(st: dict, over: str = "seeds") -> str:
     """Regions of several seeds (or fine-tunes, ``over``): how much they share against chance, and their core."""
     mean_k = sum(st["sizes"]) / len(st["sizes"])
-    one = over[:-1]
+    one = ONE_OF.get(over, over)
     text = (f"Across {st['seeds']} {over} the regions share {pct(st['mean_overlap'], 1)} of each other on average; two "
             f"random regions of this size would share {pct(st['chance_overlap'], 3)}")
     if st.get("over_chance"):

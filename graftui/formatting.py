@@ -38,6 +38,9 @@ def count(n: int | None, missing: str = "-") -> str:
     return missing if n is None else f"{int(n):,}"
 
 
+ONE_OF = {"seeds": "seed", "fine-tunes": "fine-tune", "runs": "run"}  # what replicates are, and one of them
+
+
 def pts(x: float) -> str:
     """A difference of two accuracies in percentage points, signed."""
     return f"{100 * x:+.1f} pts"
@@ -64,10 +67,10 @@ def difference(d: dict, said: str = "") -> str:
     [t-interval]" and in how many of them the paired interval alone excludes zero."""
     lo, hi = d["ci"]
     m = d.get("seeds") or 1
-    over = d.get("over", "seeds")  # or "fine-tunes": each one a replicate of the experiment
+    over = d.get("over", "seeds")  # or "fine-tunes", or "runs" (fine-tunes × seeds): each a replicate
     text = difference_value(d, f" over {m} {over}" if m > 1 else "") + said
     if m > 1:
-        text += f" (each {over[:-1]}'s paired interval excludes zero in {d.get('distinguishable_in', 0)} of {m})"
+        text += f" (each {ONE_OF.get(over, over)}'s paired interval excludes zero in {d.get('distinguishable_in', 0)} of {m})"
     if lo > 0 or hi < 0:
         return text
     return text + (f": not distinguishable across {m} {over}" if m > 1 else f": not distinguishable at n = {d['n']:,}")

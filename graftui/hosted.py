@@ -233,6 +233,10 @@ def check_request(request, guard: Guard) -> None:
         if isinstance(value, list) and len(value) > settings.MAX_LIST_ITEMS:
             raise RequestError(f"{len(value)} {name} are over this server's limit of {settings.MAX_LIST_ITEMS} for one "
                                "job; ask for fewer")
+    runs = len(getattr(request, "seeds", None) or [1]) * (1 + len(getattr(request, "finetuned_replicates", None) or []))
+    if runs > settings.MAX_LIST_ITEMS:  # each fine-tune runs every seed
+        raise RequestError(f"{runs} runs (fine-tunes × seeds) are over this server's limit of {settings.MAX_LIST_ITEMS} "
+                           "for one job; ask for fewer seeds or fine-tunes")
     if getattr(request, "train_examples", None) == 0:
         raise RequestError("training on every example (0) is not offered here; give a number of training examples up "
                            f"to {settings.HOSTED_CEILINGS['train_examples']:,}")

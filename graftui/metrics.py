@@ -448,10 +448,11 @@ def mean_nested(values: list) -> tuple[Any, Any]:
 DIFFERENCE_KEYS = ("a", "b", "task", "distribution", "metric", "sparsity", "alpha", "stage", "head", "forgetting")
 
 
-def differences_over_seeds(runs: list[list[dict]]) -> list[dict]:
+def differences_over_seeds(runs: list[list[dict]], over: str = "seeds") -> list[dict]:
     """Paired differences of several seeds, one entry per comparison: ``diff`` the mean across seeds with
     ``diff_std`` and ``diff_seeds``, each seed's paired interval in ``ci_seeds`` (``distinguishable_in``:
-    how many exclude zero), and ``ci`` the 95 % interval of the mean.
+    how many exclude zero), and ``ci`` the 95 % interval of the mean. The replicates may be other fine-tunes, or
+    runs of fine-tunes × seeds (``over``, said in each entry where it is not seeds).
 
     Two noises move the mean: the seeds (another seed, another difference: the t-interval across seeds)
     and the test examples, which every seed shares, so averaging seeds does not shrink it (each seed's
@@ -471,11 +472,13 @@ def differences_over_seeds(runs: list[list[dict]]) -> list[dict]:
             half = math.sqrt(seed_half ** 2 + test_half ** 2)
             # accuracy and ECE differences lie in [−1, 1]; so does any interval of them
             d["ci"] = [max(-1.0, d["diff"] - half), min(1.0, d["diff"] + half)]
-            d["ci_kind"] = "seeds and test examples"
+            d["ci_kind"] = f"{over} and test examples"
         else:
             d["ci"] = per_seed[0] if per_seed else None
             d["ci_kind"] = "paired bootstrap"
         d["seeds"] = len([v for v in d.get("diff_seeds") or () if v is not None])
         d["distinguishable_in"] = sum(1 for lo, hi in per_seed if lo > 0 or hi < 0)
+        if over != "seeds":
+            d["over"] = over
         out.append(d)
     return out

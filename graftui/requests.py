@@ -309,6 +309,13 @@ class ReplicateFields(Request):
             raise RequestError(f"--seeds: at most {MAX_SEEDS} seeds, got {len(self.seeds)}")
 
 
+def _same_place(ref) -> str:
+    """A model reference as one place: a folder that exists by its resolved path ('./ft' and 'ft/' are one)."""
+    text = str(ref or "").strip()
+    path = Path(text).expanduser()
+    return str(path.resolve()) if text and path.exists() else text
+
+
 @dataclass
 class FinetuneReplicateFields(Request):
     """Fine-tune replicates: the same run on other fine-tunes of one recipe (one per fine-tune seed), so that the
@@ -326,12 +333,12 @@ class FinetuneReplicateFields(Request):
     def check_finetune_replicates(self) -> None:
         if self.finetuned_replicates is None:
             return
-        refs = [str(r).strip() for r in self.finetunes()]
+        refs = [_same_place(r) for r in self.finetunes()]
         if not self.finetuned_replicates or not all(refs):
             raise RequestError("--finetuned-replicates: give at least one other fine-tuned model, e.g. ft-seed1,ft-seed2")
         if len(set(refs)) != len(refs):
-            raise RequestError(f"--finetuned-replicates: {', '.join(refs)} names a fine-tune twice (--finetuned "
-                               "counts); a replicate is another fine-tune")
+            raise RequestError(f"--finetuned-replicates: {', '.join(map(str, self.finetunes()))} names a fine-tune twice "
+                               "(--finetuned counts); a replicate is another fine-tune")
         if len(refs) > MAX_SEEDS:
             raise RequestError(f"--finetuned-replicates: at most {MAX_SEEDS} fine-tunes, got {len(refs)}")
 
@@ -537,18 +544,18 @@ class LocalizeRequest(FinetuneReplicateFields, ReplicateFields, LoadFields, Graf
         self.check_finetune_replicates()
         if isinstance(self.check_n, bool) or not isinstance(self.check_n, int) or self.check_n < 0:
             raise RequestError(f"{_name('check_n')} must be a whole number >= 0 (0: no check), got {self.check_n!r}")
-        if self.finetuned_replicates:
+        if self.finetuned_replicates:  # each fine-tune's file may be an interrupted run's: the flow reads it back
             for i in range(len(self.finetunes())):
-                self.replace(out=self.finetune_out(i), finetuned_replicates=None).check_outs()
+                self.replace(out=self.finetune_out(i), finetuned_replicates=None).check_outs(resumable=True)
         else:
             self.check_outs()
 
-    def check_outs(self) -> None:
+    def check_outs(self, resumable: bool = False) -> None:
         if self.seeds:
             for path in self.seed_outs().values():
                 check_out_file(path, self.overwrite, resumable=True)
         else:
-            check_out_file(self.out, self.overwrite)
+            check_out_file(self.out, self.overwrite, resumable=resumable)
 
     def finetune_out(self, i: int) -> str | None:
         """The region file of fine-tune ``i`` with --finetuned-replicates: --out with '-ft<i>' before its suffix."""

@@ -836,6 +836,22 @@ def test_regions_of_two_fine_tunes_are_evaluated_as_replicates_over_fine_tunes(f
     assert "over 2 fine-tunes" in figures.sweep_figure(sw["rows"], sw["task"]).layout.title.text
     assert_one_line_error(*run_cli("sweep", "--finetuned", ft_dir, "--finetuned-replicates", ft_dir, "--n", "8"),
                           "names a fine-tune twice")
+    again = run_json("localize", "--finetuned", ft_dir, "--finetuned-replicates", other, "--k", K, "--method",
+                     "top-movement", "--out", tmp_path / "r.safetensors")  # the files of this request: read back
+    assert [e["path"] for e in again["finetunes"]] == [str(p) for p in paths] and again["finetunes"][0]["seconds"] == 0
+    # fine-tunes × seeds: every (fine-tune, seed) is one run of the mean; seed replicates are read together over all
+    rnd = run_json("localize", "--finetuned", ft_dir, "--finetuned-replicates", other, "--k", K, "--method", "random",
+                   "--seeds", "0,1", "--out", tmp_path / "rr.safetensors")
+    assert [len(e["seeds"]) for e in rnd["finetunes"]] == [2, 2]
+    files = [tmp_path / f"rr-ft{i}-seed{s}.safetensors" for i in (0, 1) for s in (0, 1)]
+    ev = run_json("evaluate", "--region", *files, "--n", "16", "--no-ood")
+    group = ev["replicates"][0]
+    assert group["name"] == "rr (seeds 0, 1)" and len(group["rows"][0]["accuracy_seeds"]) == 4
+    runs = run_json("evaluate", "--region", *paths, "--n", "16", "--no-ood", "--seeds", "0,1", "--baselines")
+    assert [(e["finetuned"], e["seed"]) for e in runs["per_finetune"]] == [(str(f), s) for f in (ft_dir, other)
+                                                                          for s in (0, 1)]
+    d = next(d for d in runs["differences"] if d["a"] == "r" and d["b"] == "Random" and d["metric"] == "accuracy")
+    assert d["over"] == "runs" and d["seeds"] == 4 and d["ci_kind"] == "runs and test examples"
     # not the same experiment on each fine-tune: refused in one line, nothing scored
     run_json("localize", "--finetuned", other, "--k", K // 2, "--method", "top-movement", "--out", tmp_path / "small.safetensors")
     assert_one_line_error(*run_cli("evaluate", "--region", paths[0], tmp_path / "small.safetensors", "--n", "16"),

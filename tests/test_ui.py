@@ -848,8 +848,12 @@ def test_laboratory_panels_render_results_with_every_value():
 
     res = {"tasks": ["movies", "bbc"], "forget_free": [[0.7, None], [0.7, 0.9]], "sequential": [[0.72, None], [0.55, 0.91]],
            "trained": {"forget-free": [100, 80], "sequential": [1000, 1000]}}
-    fig, table = laboratory.render_continual(SimpleNamespace(result=res))
+    fig, shown = laboratory.render_continual(SimpleNamespace(result=res))
+    table = shown["value"]
     assert len(table) == 6 and list(table["accuracy"]) == ["0.700", "0.700", "0.900", "0.720", "0.550", "0.910"]
+    assert shown["label"] == laboratory.CONTINUAL_TABLE
+    over = laboratory.render_continual(SimpleNamespace(result={**res, "seeds": [0, 1]}))[1]
+    assert over["label"].endswith("(mean over seeds 0, 1; Download has each seed's own)")
     assert [t.y for t in fig.data if t.name == "movies · sequential"][0] == (0.72, 0.55)
     mt = {"tasks": ["a", "b"], "k": 5, "checkpoint": "/x/mt", "overlap": [[1, 0.2], [0.4, 1]], "intersection_counts": [[5, 1], [1, 5]],
           "sizes": [5, 5], "relative_gain": [[1.0, None], [0.5, 0.9]], "scores": [[0.9, 0.5], [0.7, 0.8]],

@@ -286,7 +286,7 @@ def save_new(record: RegionRecord, folder: Path, stem: str, write: bool = True) 
             continue
 
 
-def seed_progress(progress: Progress | None, i: int, n: int, seed: int | None, name: str | None = None
+def part_progress(progress: Progress | None, i: int, n: int, seed: int | None, name: str | None = None
                   ) -> Progress | None:
     """The progress of seed ``i`` of ``n`` (or of the part ``name``, such as one fine-tune) as a part of the whole
     run, its stages named by it."""

@@ -36,7 +36,7 @@ from ..requests import (
 from . import text
 from .common import (
     LOCAL, Guard, Progress, Result, check_build, check_model_ref, examples_per_class, finish, get_pair, get_task,
-    kshot_batches, latest_region, load_region, ood_tasks, pair_for_regions, save_new, seed_progress,
+    kshot_batches, latest_region, load_region, ood_tasks, pair_for_regions, save_new, part_progress,
 )
 from .registry import verb
 from .single import each_seed, finetune as run_finetune, localize as run_localize, replicated
@@ -292,7 +292,7 @@ def wise(req: WiseRequest, progress: Progress | None = None, cancel=None, guard:
     if req.replicates:
         paths = [req.region or str(latest_region()), *req.replicates]
         seeds = [(load_region(p).meta.request or {}).get("seed", i) for i, p in enumerate(paths)]
-        runs = [wise(req.replace(region=p, replicates=None), seed_progress(progress, i, len(paths), seed), cancel, guard)
+        runs = [wise(req.replace(region=p, replicates=None), part_progress(progress, i, len(paths), seed), cancel, guard)
                 for i, (p, seed) in enumerate(zip(paths, seeds))]
         if len({(r.base, r.finetuned, r.task) for r in runs}) > 1:
             raise RegionError("--replicates: every region must come from the same fine-tuned model and task as --region")

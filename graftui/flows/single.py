@@ -36,7 +36,7 @@ from . import text
 from .common import (
     LOCAL, Guard, Progress, Result, check_build, check_model_ref, examples_per_class, finish, get_pair, get_task,
     graft_of, kshot_batches, labels_for, load_region, loadable, merged_shapes, needs_task_labels, ood_tasks,
-    pair_for_regions, plain, prompt_notes, remember_scores, same_regions, save_new, seed_progress, side_by_side,
+    pair_for_regions, plain, prompt_notes, remember_scores, same_regions, save_new, part_progress, side_by_side,
 )
 from .registry import verb
 
@@ -71,7 +71,7 @@ def finetune(req: FinetuneRequest, progress: Progress | None = None, cancel=None
         runs = []
         for i, (seed, out) in enumerate(req.seed_outs().items()):
             one = replace(req, seed=seed, seeds=None, out=out)  # the same request, one seed
-            runs.append(finetune(one, seed_progress(progress, i, len(req.seeds), seed), cancel, guard))
+            runs.append(finetune(one, part_progress(progress, i, len(req.seeds), seed), cancel, guard))
         mean, std = metrics.mean_std([r.test_accuracy for r in runs])
         per_seed = [{"seed": s, "out": r.out, "test_accuracy": r.test_accuracy, "reused": r.reused}
                     for s, r in zip(req.seeds, runs)]
@@ -289,8 +289,8 @@ def _same_request(made: dict | None, asked: Request) -> bool:
 
 
 def _earlier_seed(one: LocalizeRequest) -> RegionRecord | None:
-    """The seed's region from an earlier run of this very request (an interrupted replicate run), if its file is
-    there; a file made otherwise is refused unless --overwrite."""
+    """The seed's (or fine-tune's) region from an earlier run of this very request (an interrupted replicate run), if
+    its file is there; a file made otherwise is refused unless --overwrite."""
     path = Path(one.out).expanduser() if one.out else None
     if path is None or not path.exists():
         return None
@@ -354,7 +354,7 @@ def localize_seeds(req: LocalizeRequest, progress=None, cancel=None, guard: Guar
                           "fraction": (i + 1) / len(outs), "seed": seed})
             continue
         try:
-            result = localize(one, seed_progress(progress, i, len(outs), seed), cancel, guard)
+            result = localize(one, part_progress(progress, i, len(outs), seed), cancel, guard)
         except Cancelled:
             kept = ", ".join(f"seed {s} ({Path(p).name})" for s, _, p, _, _ in found)
             raise Cancelled("localization cancelled" + (f"; kept {kept}: run it again with the same --out to go on"
@@ -392,12 +392,24 @@ def localize_seeds(req: LocalizeRequest, progress=None, cancel=None, guard: Guar
 def localize_finetunes(req: LocalizeRequest, progress=None, cancel=None, guard: Guard = LOCAL) -> LocalizeResult:
     """The region of each fine-tune of one recipe (--finetuned and its replicates; with --seeds, each seed's on each),
     written as '<out>-ft<i>', and how alike the fine-tunes' regions are against chance: is the skill in the same place
-    whichever fine-tune carries it? The result is the first fine-tune's, with the others under ``finetunes``."""
+    whichever fine-tune carries it? The result is the first fine-tune's, with the others under ``finetunes``. The
+    stability compares one seed's region per fine-tune (the first seed), so that it measures the fine-tunes alone;
+    each fine-tune's seeds have their own under ``finetunes``. A fine-tune whose file an earlier run of this request
+    wrote is read back, so a cancelled run resumes; the fine-tunes it finished stay on disk."""
     start, runs, refs = time.time(), [], req.finetunes()
     for i, ref in enumerate(refs):
         one = req.replace(finetuned=ref, finetuned_replicates=None, out=req.finetune_out(i))
-        runs.append(localize(one, seed_progress(progress, i, len(refs), None, f"fine-tune {short_ref(ref)}"), cancel,
-                             guard))
+        earlier = None if one.seeds else _earlier_seed(one)
+        if earlier is not None:
+            runs.append(LocalizeResult(one, [], 0.0, str(Path(one.out).expanduser()), earlier))
+            continue
+        try:
+            runs.append(localize(one, part_progress(progress, i, len(refs), None, f"fine-tune {short_ref(ref)}"),
+                                 cancel, guard))
+        except Cancelled:
+            kept = ", ".join(Path(r.path).name for r in runs)
+            raise Cancelled("localization cancelled" + (f"; kept {kept}: run it again with the same --out to go on"
+                                                        if kept and req.out else "")) from None
     records = [r.record for r in runs]
     if len({r.graftable for r in records}) > 1:
         raise RegionError("the fine-tunes have different graftable parameters: they are not fine-tunes of one base")
@@ -429,7 +441,7 @@ def each_seed(flow, req, progress, cancel, guard, *, out_folders: bool = False) 
         one = req.replace(seed=seed, seeds=None)
         if out_folders and req.out:
             one = one.replace(out=str(Path(req.out).expanduser() / f"seed{seed}"))
-        runs.append(flow(one, seed_progress(progress, i, len(req.seeds), seed), cancel, guard))
+        runs.append(flow(one, part_progress(progress, i, len(req.seeds), seed), cancel, guard))
     finish(progress)
     return runs
 
@@ -477,33 +489,41 @@ def replicate_groups(labels: list[str], records: list[RegionRecord]) -> dict[str
     return out
 
 
-def summarise_replicates(name: str, members: list[str], rows: list[dict], found: list[dict]) -> dict:
+def summarise_replicates(name: str, members: list[str], rows: list[dict], found: list[dict],
+                         over: str = "seeds") -> dict:
     """The members' rows and differences as runs of one model ``name``: mean ± std across them."""
     runs = [[{**r, "model": name} for r in rows if r["model"] == m] for m in members]
     paired = [[{**d, "a": name} for d in found if d["a"] == m and d["b"] not in members] for m in members]
     return {"name": name, "regions": members, "rows": metrics.over_seeds(runs, ("model", "task", "distribution")),
-            "differences": metrics.differences_over_seeds(paired)}
+            "differences": metrics.differences_over_seeds(paired, over)}
 
 
 # -- several fine-tunes ----------------------------------------------------------------------------
+NOT_THE_EXPERIMENT = (*NOT_THE_SETTING, "finetuned", "finetuned_replicates")  # what differs across fine-tunes
+
+
 def _role(record: RegionRecord) -> str:
-    """What makes regions of different fine-tunes one experiment: method, size, mask seed and every other setting of
-    the request that made them, but the fine-tuned model."""
-    made = record.meta.request if isinstance(record.meta.request, dict) else {}
-    setting = {k: v for k, v in made.items() if k == "seed" or k not in (*NOT_THE_SETTING, "finetuned")}
-    return json.dumps({"method": record.meta.method, "k": record.size, "sources": record.meta.sources, **setting},
-                      sort_keys=True, default=str)
+    """What makes regions of different fine-tunes one experiment: the method and every setting of the request that
+    made them (the mask seed included) but the fine-tuned model; a region made by no request (a core, a union)
+    by its method and sources, whose size differs from one fine-tune to another."""
+    made = record.meta.request if isinstance(record.meta.request, dict) else None
+    if made is None:
+        return json.dumps({"method": record.meta.method, "sources": record.meta.sources}, sort_keys=True, default=str)
+    if made.get("verb") == LocalizeRequest.verb:  # a field added since a file was written counts as its default
+        made = {**json.loads(json.dumps(LocalizeRequest.defaults(), default=str)), **made}
+    setting = {k: v for k, v in made.items() if k == "seed" or k not in NOT_THE_EXPERIMENT}
+    return json.dumps({"method": record.meta.method, "k": record.size, **setting}, sort_keys=True, default=str)
 
 
 def _shared_name(stems: list[str]) -> str:
-    """The name that several fine-tunes' files of one region share: the '-'-separated parts alike in all
-    ('r-ft0-seed1', 'r-ft1-seed1' → 'r-seed1'); the first name where they differ in length."""
-    parts = [stem.split("-") for stem in stems]
+    """The name that several fine-tunes' files of one region share: the parts of their names (split at '-' and '_')
+    alike in all ('r-ft0-seed1', 'r-ft1-seed1' → 'r-seed1'); where none are, the first name and 'fine-tunes'."""
+    parts = [re.split(r"[-_]", stem) for stem in stems]
     if len({len(p) for p in parts}) == 1:
         kept = [token for token, *others in zip(*parts) if all(o == token for o in others)]
         if kept:
             return "-".join(kept)
-    return stems[0]
+    return f"{stems[0]} (fine-tunes)"
 
 
 @dataclass
@@ -514,17 +534,23 @@ class FinetuneReplicates:
     paths: list[list[str]]  # per fine-tune, its region files in the order of ``names``
     names: list[str]  # each region's name across fine-tunes
 
+    def short_names(self) -> list[str]:
+        """Each fine-tune's name in labels: its folder's name, or 'ft<i>' where two share one."""
+        short = [short_ref(ft) for ft in self.finetuned]
+        return short if len(set(short)) == len(short) else [f"ft{i}" for i in range(len(short))]
+
 
 def finetune_replicates(req) -> FinetuneReplicates | None:
     """The regions of ``req`` by the fine-tuned model each was learned on, when they come from several and
     --finetuned does not name one for all: each fine-tune (one per fine-tune seed) is then a replicate of one
-    experiment, and must hold the same regions as the others. None when the regions share one fine-tune."""
+    experiment, and must hold the same regions as the others. None when the regions share one fine-tune (a rebuilt
+    checkpoint under one name is evaluate's own check)."""
     if req.finetuned or len(req.regions) < 2:
         return None
     records = [load_region(p) for p in req.regions]
     by_ft: dict[str, list[int]] = {}
     for i, record in enumerate(records):
-        by_ft.setdefault(record.meta.finetuned_sha256 or record.meta.finetuned or "", []).append(i)
+        by_ft.setdefault(record.meta.finetuned or "", []).append(i)
     if len(by_ft) < 2:
         return None
     metas = [records[members[0]].meta for members in by_ft.values()]
@@ -570,39 +596,54 @@ def _renamed(run: "EvaluateResult", names: dict[str, str], ft: str) -> "Evaluate
     return replace(run, rows=rows, differences=found, disagreements=odd, **plots)
 
 
+def _read_together(name: str, members: list[str], runs: list) -> dict:
+    """Regions that differ only in their mask seed, read together over every fine-tune: each (fine-tune, seed) is one
+    replicate of ``name`` (``summarise_replicates`` on each run's own rows, not on means over fine-tunes)."""
+    tag = {(i, m): f"{m} · run {i}" for i in range(len(runs)) for m in members}
+    rows = [{**r, "model": tag[(i, r["model"])]} for i, run in enumerate(runs) for r in run.rows if r["model"] in members]
+    found = [{**d, "a": tag[(i, d["a"])], "b": tag.get((i, d["b"]), d["b"])}
+             for i, run in enumerate(runs) for d in run.differences if d["a"] in members]
+    group = summarise_replicates(name, list(tag.values()), rows, found, over="runs")
+    group["regions"] = members
+    return group
+
+
 def evaluate_finetunes(req, parts: FinetuneReplicates, progress=None, cancel=None, guard: Guard = LOCAL):
     """Regions of several fine-tunes (one per fine-tune seed) as replicates of one experiment: each fine-tune is
     evaluated with its own regions, FT row and baselines, all on the same test examples, and every figure is the
-    mean over fine-tunes with its spread: the variance the paper reports (over fine-tunes, not only mask seeds)."""
-    start, runs = time.time(), []
-    for i, (ft, paths) in enumerate(zip(parts.finetuned, parts.paths)):
-        one = req.replace(regions=paths, finetuned=None)
-        run = evaluate(one, seed_progress(progress, i, len(parts.paths), None, f"fine-tune {short_ref(ft)}"), cancel,
-                       guard)
-        runs.append(_renamed(run, dict(zip(run.regions, parts.names)), short_ref(ft)))
+    mean over fine-tunes with its spread: the variance the paper reports (over fine-tunes, not only mask seeds).
+    With --seeds, every (fine-tune, seed) is one run of the mean."""
+    start, runs, each = time.time(), [], []
+    seeds = req.seeds or [None]
+    short = parts.short_names()
+    jobs = [(ft, name, paths, seed) for ft, name, paths in zip(parts.finetuned, short, parts.paths) for seed in seeds]
+    for i, (ft, name, paths, seed) in enumerate(jobs):
+        one = req.replace(regions=paths, finetuned=None, seeds=None, **({} if seed is None else {"seed": seed}))
+        label = f"fine-tune {name}" + ("" if seed is None else f", seed {seed}")
+        run = evaluate(one, part_progress(progress, i, len(jobs), None, label), cancel, guard)
+        runs.append(_renamed(run, dict(zip(run.regions, parts.names)), name if seed is None else f"{name} s{seed}"))
+        each.append({"finetuned": ft, **({} if seed is None else {"seed": seed}), "regions": paths})
+    over = "runs" if req.seeds else "fine-tunes"
     rows = metrics.over_seeds([r.rows for r in runs], ("model", "task", "distribution"))
     card.annotate(rows)
-    found = metrics.differences_over_seeds([r.differences for r in runs])
-    for d in found:
-        d["over"], d["ci_kind"] = "fine-tunes", d["ci_kind"].replace("seeds", "fine-tunes")
-    names = ", ".join(f"'{short_ref(ft)}'" for ft in parts.finetuned)
+    found = metrics.differences_over_seeds([r.differences for r in runs], over)
+    listed = ", ".join(f"'{name}'" for name in short)
     lines = card.evaluate_card(rows, differences=found) + [
-        f"Each figure is the mean over {len(runs)} fine-tunes ({names}): each scored with its own regions, FT and "
-        "baselines, all on the same test examples; the diagrams are each fine-tune's own, and its numbers are under "
+        f"Each figure is the mean over {len(runs)} runs: {len(parts.finetuned)} fine-tunes ({listed})"
+        + (f" × seeds {', '.join(map(str, req.seeds))}" if req.seeds else "") + ", each scored with its own regions, "
+        "FT and baselines, all on the same test examples; the diagrams are each run's own, its numbers under "
         "per_finetune."]
     first = [load_region(p) for p in parts.paths[0]]
-    together = [summarise_replicates(name, members, rows, found)
-                for name, members in replicate_groups(parts.names, first).items()]
+    together = [_read_together(name, members, runs) for name, members in replicate_groups(parts.names, first).items()]
     lines += [card.replicate_sentence(group) for group in together]
     notes = list(dict.fromkeys(n for r in runs for n in r.notes))
-    per_ft = [{"finetuned": ft, "regions": paths, "rows": r.rows, "differences": r.differences}
-              for ft, paths, r in zip(parts.finetuned, parts.paths, runs)]
+    per_ft = [{**e, "rows": r.rows, "differences": r.differences} for e, r in zip(each, runs)]
     plots = {key: {m: v for r in runs for m, v in getattr(r, key).items()} for key in ("reliability", "histogram")}
     finish(progress)
     return replace(runs[0], request=req, notes=notes, seconds=time.time() - start, rows=rows, differences=found,
                    finetuned=None, regions={n: [g[j] for g in parts.paths] for j, n in enumerate(parts.names)},
                    card=lines, replicates=together, disagreements=[], side_by_side=None, per_finetune=per_ft,
-                   finetunes=list(parts.finetuned), **plots)
+                   finetunes=list(parts.finetuned), seeds=list(req.seeds or ()), per_seed=[], **plots)
 
 
 # -- evaluate --------------------------------------------------------------------------------------
@@ -732,6 +773,9 @@ def regions_pair(req, grafts: Grafts, task: Task, guard: Guard, progress=None, c
 def evaluate(req: EvaluateRequest, progress: Progress | None = None, cancel=None, guard: Guard = LOCAL) -> EvaluateResult:
     """FT, the pre-trained body with FT's head and every region's graft, in and out of distribution."""
     req.validate()
+    parts = finetune_replicates(req)
+    if parts is not None:  # before --seeds: every (fine-tune, seed) is one run of the mean, not a mean of means
+        return evaluate_finetunes(req, parts, progress, cancel, guard)
     if req.seeds:
         runs = each_seed(evaluate, req, progress, cancel, guard)
         rows = metrics.over_seeds([r.rows for r in runs], ("model", "task", "distribution"))
@@ -742,9 +786,6 @@ def evaluate(req: EvaluateRequest, progress: Progress | None = None, cancel=None
             "seed; every seed is scored on the same test examples); each seed's own numbers are under per_seed."]
         return replace(runs[0], request=req, seconds=sum(r.seconds for r in runs), rows=rows, differences=found,
                        card=lines, seeds=list(req.seeds), per_seed=_per_seed(req.seeds, runs))
-    parts = finetune_replicates(req)
-    if parts is not None:
-        return evaluate_finetunes(req, parts, progress, cancel, guard)
     start = time.time()
     grafts = regions_setting(req, guard)
     records, labels, groups, tasks, notes = grafts.records, grafts.labels, grafts.groups, grafts.tasks, grafts.notes
@@ -908,24 +949,21 @@ class SweepResult(Result):
         return out
 
 
-def _sweep_over(runs: list[SweepResult], req, over: str, names: list) -> SweepResult:
-    """Sweeps of several seeds (or fine-tunes, ``over``) as one: every figure their mean, a row's interval their
-    spread (not one test's Wilson interval), each one's own rows and differences kept."""
+def _sweep_over(runs: list[SweepResult], req, over: str, each: list[dict]) -> SweepResult:
+    """Sweeps of several seeds (or fine-tunes, or both: ``over``) as one: every figure their mean, a row's interval
+    their spread (not one test's Wilson interval), each run's own rows and differences kept beside ``each``'s entry."""
     rows = metrics.over_seeds([r.rows for r in runs], ("method", "sparsity"))
     for row in rows:
         row["accuracy_ci"] = metrics.seed_interval(row.get("accuracy_seeds") or ())
         if over != "seeds":
             row["over"] = over
-    found = metrics.differences_over_seeds([r.differences for r in runs])
-    if over != "seeds":
-        for d in found:
-            d["over"], d["ci_kind"] = over, d["ci_kind"].replace("seeds", over)
-    each = [{"seed" if over == "seeds" else "finetuned": name, "rows": r.rows, "differences": r.differences}
-            for name, r in zip(names, runs)]
-    kept = {"seeds": list(names), "per_seed": each} if over == "seeds" else {"finetunes": list(names),
-                                                                              "per_finetune": each}
+    found = metrics.differences_over_seeds([r.differences for r in runs], over)
+    per = [{**e, "rows": r.rows, "differences": r.differences} for e, r in zip(each, runs)]
+    kept = ({"seeds": list(req.seeds), "per_seed": per} if over == "seeds" else
+            {"finetunes": req.finetunes(), "per_finetune": per, "seeds": list(req.seeds or ())})
     mean = {name: metrics.mean_std([getattr(r, name) for r in runs])[0]
             for name in ("ft_accuracy", "ft_ece", "body_accuracy")}
+    mean["ft_ood"] = metrics.mean_nested([r.ft_ood for r in runs])[0]
     return replace(runs[0], request=req, seconds=sum(r.seconds for r in runs), rows=rows, differences=found, **mean,
                    **kept)
 
@@ -934,14 +972,19 @@ def _sweep_over(runs: list[SweepResult], req, over: str, names: list) -> SweepRe
 def sweep(req: SweepRequest, progress: Progress | None = None, cancel=None, guard: Guard = LOCAL) -> SweepResult:
     """Accuracy, ECE and OOD accuracy against budget for several methods (Fig. 2, Tables 6–7); writes no file."""
     req.validate()
-    if req.finetuned_replicates:
-        refs = req.finetunes()
-        runs = [sweep(req.replace(finetuned=ref, finetuned_replicates=None),
-                      seed_progress(progress, i, len(refs), None, f"fine-tune {short_ref(ref)}"), cancel, guard)
-                for i, ref in enumerate(refs)]
-        return _sweep_over(runs, req, "fine-tunes", refs)
+    if req.finetuned_replicates:  # with --seeds, every (fine-tune, seed) is one run of the mean
+        jobs = [(ref, seed) for ref in req.finetunes() for seed in req.seeds or [None]]
+        runs = [sweep(req.replace(finetuned=ref, finetuned_replicates=None, seeds=None,
+                                  **({} if seed is None else {"seed": seed})),
+                      part_progress(progress, i, len(jobs), None,
+                                    f"fine-tune {short_ref(ref)}" + ("" if seed is None else f", seed {seed}")),
+                      cancel, guard)
+                for i, (ref, seed) in enumerate(jobs)]
+        each = [{"finetuned": ref, **({} if seed is None else {"seed": seed})} for ref, seed in jobs]
+        return _sweep_over(runs, req, "runs" if req.seeds else "fine-tunes", each)
     if req.seeds:
-        return _sweep_over(each_seed(sweep, req, progress, cancel, guard), req, "seeds", req.seeds)
+        return _sweep_over(each_seed(sweep, req, progress, cancel, guard), req, "seeds",
+                           [{"seed": seed} for seed in req.seeds])
     start = time.time()
     for ref in (req.base, req.finetuned):
         check_model_ref(ref)

@@ -63,7 +63,7 @@ def build(page) -> gr.Tab:
         gr.Markdown(INTRO)
         with gr.Row():
             cmp_regions = gr.Dropdown(store.region_choices(), allow_custom_value=True, multiselect=True,
-                                      label="Regions to evaluate (same fine-tuned model)", elem_id="compare-regions")
+                                      label="Regions to evaluate (one fine-tuned model, or the same regions of several fine-tunes)", elem_id="compare-regions")
             cmp_n = gr.Number(d["test_examples"], precision=0, label="Test examples per task", elem_id="compare-n")
             cmp_base = gr.Checkbox(True, label="Add top-movement and random regions of the same k", elem_id="compare-baselines")
         gr.Markdown("The in-distribution task is the one each region was learned on; OOD tasks come from the **Models** tab.")

@@ -8,7 +8,7 @@ from pathlib import Path
 import gradio as gr
 import pandas as pd
 
-from ... import card, figures
+from ... import figures
 from ...data import OFFLINE_TASKS
 from ...paths import short_ref
 from ...requests import ContinualRequest, MultitaskRequest, WiseRequest
@@ -25,6 +25,7 @@ INTRO = (
 STARTS = {"empty": "∅ (paper)", "top-movement": "top movement"}
 MULTITASK_COLUMNS = ["region", "size", *("task", "relative gain", "accuracy")]
 CONTINUAL_COLUMNS = ["arm", "stage", "parameters trained", "task", "accuracy"]
+CONTINUAL_TABLE = "Accuracy on each task after each stage"
 MULTITASK, MULTITASK_LATEST = ("multitask",), "latest multi-task run"
 WISE, WISE_LATEST = ("wise",), "latest WiSE run"
 RETRAIN, RETRAIN_LATEST = ("retrain",), "latest re-training"
@@ -46,7 +47,7 @@ def render_multitask(job) -> list:
     note = (f"Multi-task model `{short_ref(res['checkpoint'])}`; every region has k = **{res['k']:,}** parameters. "
             "Relative gain 1 means the graft recovers all of what multi-task fine-tuning gained on that task, 0 none of it.")
     if res.get("seeds"):
-        note += " " + " ".join(card.seeds_sentence(res["seeds"], "seeds"))
+        note += f" Every figure is the mean over seeds {', '.join(map(str, res['seeds']))} (Download has each seed's own)."
     if res.get("notes"):
         note += "\n\n" + "\n\n".join(f"Note: {n}" for n in res["notes"])
     matrix = {"names": res["tasks"], "overlap": res["overlap"], "intersection_counts": res["intersection_counts"],
@@ -78,14 +79,16 @@ def render_continual(job) -> list:
         return [figures.empty_figure(msg), pd.DataFrame(columns=CONTINUAL_COLUMNS)]
     res = job.result
     rows = []
-    over = f" (mean over seeds {', '.join(map(str, res['seeds']))})" if res.get("seeds") else ""
     for arm, key in (("forget-free", "forget_free"), ("sequential", "sequential")):
         for i, stage in enumerate(res["tasks"]):
             for task, acc in zip(res["tasks"], res[key][i]):
                 if acc is not None:
-                    rows.append({"arm": arm + over, "stage": f"{i + 1}: {stage}", "parameters trained": f"{res['trained'][arm][i]:,}",
+                    rows.append({"arm": arm, "stage": f"{i + 1}: {stage}",
+                                 "parameters trained": f"{res['trained'][arm][i]:,.0f}",
                                  "task": task, "accuracy": f"{acc:.3f}"})
-    return [figures.continual_curves(res), pd.DataFrame(rows, columns=CONTINUAL_COLUMNS)]
+    label = CONTINUAL_TABLE + (f" (mean over seeds {', '.join(map(str, res['seeds']))}; Download has each seed's own)"
+                               if res.get("seeds") else "")
+    return [figures.continual_curves(res), gr.update(value=pd.DataFrame(rows, columns=CONTINUAL_COLUMNS), label=label)]
 
 
 def render_reproduce(job) -> list:
@@ -169,7 +172,7 @@ def build(page) -> gr.Tab:
         page.report("lab-continual", cl_job, CONTINUAL)
         cl_plot = gr.Plot(figures.continual_curves({}), elem_id="lab-continual-plot")
         cl_table = gr.Dataframe(max_height=TABLE_HEIGHT, value=pd.DataFrame(columns=CONTINUAL_COLUMNS), interactive=False,
-                                label="Accuracy on each task after each stage", elem_id="lab-continual-table")
+                                label=CONTINUAL_TABLE, elem_id="lab-continual-table")
 
         gr.Markdown("### Every experiment in one report (`graftui reproduce`)\n"
                     "Runs all of the above on the offline default, one after another, and writes a report with "
