@@ -211,25 +211,30 @@ def _offline_task(name: str) -> Task:
     return Task(name, SENTIMENT_LABELS, _carve(pool), source, max_length=64)
 
 
-def _carve(pool: Split, wanted: Sequence[str] = SPLIT_NAMES) -> dict[str, Split]:
-    """Cut the missing splits from `pool` with a fixed seed, so results are comparable across runs.
+def carve(n: int, wanted: Sequence[str] = SPLIT_NAMES) -> dict[str, list[int]]:
+    """The example indices of the missing splits of a pool of ``n``, cut with a fixed seed, so results are
+    comparable across runs (and across task kinds: a completion task is cut as a classification task is).
 
     test = min(1000, 20 %), validation = min(500, 10 %), the rest is train; on pools of
     3+ examples each carved split gets at least one, so no split is silently empty.
     """
-    n = len(pool)
     order = list(range(n))
     random.Random(CARVE_SEED).shuffle(order)
     sizes = {"test": min(MAX_TEST, n // 5), "validation": min(MAX_VALIDATION, n // 10)}
-    out: dict[str, Split] = {}
+    out: dict[str, list[int]] = {}
     start = 0
     for name in ("test", "validation"):
         if name in wanted:
             size = max(sizes[name], 1) if n >= 3 else sizes[name]
-            out[name] = pool.select(sorted(order[start:start + size]))
+            out[name] = sorted(order[start:start + size])
             start += size
-    out["train"] = pool.select(sorted(order[start:]))
+    out["train"] = sorted(order[start:])
     return {name: out[name] for name in SPLIT_NAMES if name in out}
+
+
+def _carve(pool: Split, wanted: Sequence[str] = SPLIT_NAMES) -> dict[str, Split]:
+    """Cut the missing splits from `pool` (``carve``)."""
+    return {name: pool.select(indices) for name, indices in carve(len(pool), wanted).items()}
 
 
 # --------------------------------------------------------------------------- sources
@@ -403,7 +408,8 @@ def _scan_csv(path: Path, sep: str) -> None:
         raise DataError(f"could not read '{path.name}' as {path.suffix[1:].upper()}: {_first_sentence(exc, hide=path)}") from None
 
 
-def _read_csv(path: Path) -> Any:
+def _read_csv(path: Path, strings: bool = False) -> Any:
+    """A CSV or TSV file; with ``strings`` every cell is kept as written (" 007" stays " 007", not the number 7)."""
     import pandas as pd
 
     _check_size(path)
@@ -414,7 +420,7 @@ def _read_csv(path: Path) -> Any:
         raise DataError(f"'{path.name}' is not UTF-8 text") from None
     try:
         # only empty cells count as missing, so texts such as "NA" or "null" survive
-        return pd.read_csv(path, sep=sep, keep_default_na=False, na_values=[""])
+        return pd.read_csv(path, sep=sep, keep_default_na=False, na_values=[""], **({"dtype": str} if strings else {}))
     except pd.errors.EmptyDataError:
         raise DataError(f"'{path.name}' is empty") from None
     except UnicodeDecodeError:
@@ -513,10 +519,10 @@ def _read_parquet(path: Path) -> tuple[Any, dict[str, tuple[str, ...]]]:
     return table.to_pandas(), names
 
 
-def _read_file(path: Path) -> tuple[Any, dict[str, tuple[str, ...]]]:
+def _read_file(path: Path, strings: bool = False) -> tuple[Any, dict[str, tuple[str, ...]]]:
     suffix = path.suffix.lower()
     if suffix in (".csv", ".tsv"):
-        return _read_csv(path), {}
+        return _read_csv(path, strings), {}
     if suffix in (".json", ".jsonl"):
         return _read_json(path), {}
     if suffix == ".parquet":
@@ -529,11 +535,11 @@ def _split_of(stem: str) -> str:
     return stem.split("-")[0].lower()
 
 
-def _load_local(path_str: str) -> _Source:
+def _load_local(path_str: str, strings: bool = False) -> _Source:
     path = Path(path_str)
     name = path.name
     if path.is_file():
-        table, names = _read_file(path)
+        table, names = _read_file(path, strings)
         return _Source(name, f"local file {path.resolve()}", {_split_of(path.stem): table}, names)
     if (path / "dataset_dict.json").is_file() or (path / "state.json").is_file():
         import datasets
@@ -551,15 +557,37 @@ def _load_local(path_str: str) -> _Source:
     grouped: dict[str, list] = {}
     class_names: dict[str, tuple[str, ...]] = {}
     for file in files:
-        table, names = _read_file(file)
+        table, names = _read_file(file, strings)
         grouped.setdefault(_split_of(file.stem), []).append(table)
         class_names.update(names)
     tables = {split: parts[0] if len(parts) == 1 else pd.concat(parts, ignore_index=True) for split, parts in grouped.items()}
     return _Source(name, f"local folder {path.resolve()}", tables, class_names)
 
 
-def _load_source(kind: str, target: str, spec: DataSpec) -> _Source:
-    return _load_local(target) if kind == "local" else _load_hub(target, spec.config)
+def _load_source(kind: str, target: str, spec: DataSpec, strings: bool = False) -> _Source:
+    return _load_local(target, strings) if kind == "local" else _load_hub(target, spec.config)
+
+
+def read_tables(ref: str | os.PathLike, config: str | None = None, *, allow_local: bool = True
+                ) -> tuple[str, str, dict[str, list[dict]]]:
+    """A local file or folder, or a Hub dataset, as (name, provenance, {split: rows as dicts}), for readers of
+    other task kinds (completion.py), every CSV cell as written; the checks and refusals are those of ``load_task``."""
+    kind, target = _resolve(os.fspath(ref), allow_local)
+    if kind == "offline":
+        raise DataError(f"'{ref}' is an offline classification task; give a file or dataset with the columns asked")
+    source = _load_source(kind, target, DataSpec(config=config), strings=True)
+    _check_rows(source)
+    rows = {}
+    for split, table in source.tables.items():
+        columns = _columns(table)
+        values = [_values(table, c) for c in columns]
+        rows[split] = [dict(zip(columns, cells)) for cells in zip(*values)]
+    return source.name, source.description, rows
+
+
+def pick_split(splits: Sequence[str], wanted: str | None, role: str) -> str | None:
+    """The source split that serves as ``role`` (train, validation, test): ``wanted``, or the usual names."""
+    return _pick_split(dict.fromkeys(splits), wanted, role, f"{role}_split")
 
 
 # --------------------------------------------------------------------------- column mapping

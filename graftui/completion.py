@@ -1,0 +1,269 @@
+"""Completion tasks: what a model learned from (prompt, completion) pairs, as supervised fine-tuning data is written.
+
+A classification task scores label words; a completion task scores the tokens of each completion given its
+prompt (the prompt is masked out of the loss, as in supervised fine-tuning) and is judged by what the model
+generates. An example is a conversation of (role, text) turns. A prompt/completion pair is one user turn and one
+assistant turn read as plain text, the prompt then the completion and the end-of-text token; a ``messages``
+example is rendered with the tokenizer's own chat template, and every assistant turn is scored. An example too
+long for the context loses the start of its prompt, never a scored token.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .data import SPLIT_NAMES, carve, pick_split, read_tables
+from .errors import DataError
+
+PROMPT_GUESSES = ("prompt", "question", "instruction", "input", "query")
+COMPLETION_GUESSES = ("completion", "answer", "response", "output", "target", "solution")
+MESSAGES_GUESSES = ("messages", "conversation", "conversations", "chat")
+ROLES = ("system", "user", "assistant")
+IGNORE = -100  # the label the loss skips: prompt tokens and padding
+MAX_LENGTH = 256
+
+Turn = tuple[str, str]  # (role, text)
+
+
+@dataclass(frozen=True)
+class Completions:
+    """The examples of one split, each a tuple of (role, text) turns ending in an assistant turn."""
+
+    examples: tuple[tuple[Turn, ...], ...]
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    def select(self, indices: Sequence[int]) -> "Completions":
+        return Completions(tuple(self.examples[i] for i in indices))
+
+    @property
+    def references(self) -> tuple[str, ...]:
+        """Each example's last assistant turn: what a model's generation is compared with."""
+        return tuple(example[-1][1] for example in self.examples)
+
+
+@dataclass(frozen=True)
+class CompletionTask:
+    """A completion task with the three splits the rest of graftui relies on."""
+
+    name: str
+    splits: dict[str, Completions]
+    source: str  # human-readable provenance
+    chat: bool = False  # rendered with the tokenizer's chat template (a messages column), else plain text
+    max_length: int = MAX_LENGTH
+    notes: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        missing = [s for s in SPLIT_NAMES if s not in self.splits]
+        if missing:
+            raise DataError(f"task '{self.name}' lacks the split(s) {', '.join(missing)}")
+
+
+@dataclass(frozen=True)
+class CompletionSpec:
+    """How to read a file or Hub dataset as a completion task; anything left as None is guessed."""
+
+    config: str | None = None
+    prompt_column: str | None = None
+    completion_column: str | None = None
+    messages_column: str | None = None
+    train_split: str | None = None
+    validation_split: str | None = None
+    test_split: str | None = None
+
+
+# -- reading ---------------------------------------------------------------------------------------
+def _guess(columns: Sequence[str], spec: CompletionSpec) -> CompletionSpec:
+    """The columns the spec leaves open, from common names (case-insensitive): a messages column only when no
+    prompt or completion column is named."""
+    lower = {c.lower(): c for c in reversed(list(columns))}
+    named = spec.prompt_column or spec.completion_column
+    messages = spec.messages_column or (None if named else next((lower[c] for c in MESSAGES_GUESSES if c in lower),
+                                                                  None))
+    if messages:
+        return CompletionSpec(**{**spec.__dict__, "messages_column": messages})
+    prompt = spec.prompt_column or next((lower[c] for c in PROMPT_GUESSES if c in lower), None)
+    completion = spec.completion_column or next((lower[c] for c in COMPLETION_GUESSES if c in lower), None)
+    return CompletionSpec(**{**spec.__dict__, "prompt_column": prompt, "completion_column": completion})
+
+
+def _check_columns(spec: CompletionSpec, columns: list[str], name: str) -> None:
+    available = ", ".join(columns)
+    for field in ("prompt_column", "completion_column", "messages_column"):
+        column = getattr(spec, field)
+        if column is not None and column not in columns:
+            raise DataError(f"column '{column}' ({field}) not found in {name}; available columns: {available}")
+    if spec.messages_column:
+        return
+    if spec.completion_column is None:
+        raise DataError(f"{name} has no completion column: name it with completion_column (or give a messages column "
+                        f"in the chat format); available columns: {available}")
+    if spec.prompt_column is None:
+        raise DataError(f"{name} has no prompt column: name it with prompt_column; available columns: {available}")
+
+
+def _missing(value: Any) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def _turns(value: Any, where: str) -> tuple[Turn, ...]:
+    """A messages cell as turns: a list of {"role", "content"} (or its JSON text), ending in an assistant turn."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise DataError(f"{where}: the messages cell is not a list of {{'role', 'content'}} turns") from None
+    if hasattr(value, "tolist"):  # a Parquet list column reads as an array
+        value = value.tolist()
+    if not isinstance(value, list) or not value or not all(isinstance(t, dict) for t in value):
+        raise DataError(f"{where}: the messages cell is not a list of {{'role', 'content'}} turns")
+    turns = []
+    for turn in value:
+        role, content = turn.get("role"), turn.get("content")
+        if role not in ROLES or not isinstance(content, str):
+            raise DataError(f"{where}: a turn needs a role ({', '.join(ROLES)}) and a text content, got {turn!r:.80}")
+        turns.append((role, content))
+    if turns[-1][0] != "assistant" or not turns[-1][1].strip():
+        raise DataError(f"{where}: the conversation must end in an assistant turn with text (the completion)")
+    return tuple(turns)
+
+
+def _examples(rows: list[dict], spec: CompletionSpec, name: str, split: str) -> list[tuple[Turn, ...]]:
+    out, empty = [], []
+    for i, row in enumerate(rows):
+        where = f"{name}, split '{split}', row {i + 1}"
+        if spec.messages_column:
+            out.append(_turns(row.get(spec.messages_column), where))
+            continue
+        prompt, completion = row.get(spec.prompt_column), row.get(spec.completion_column)
+        if _missing(completion) or not str(completion).strip():
+            empty.append(i + 1)
+            continue
+        out.append((("user", "" if _missing(prompt) else str(prompt)), ("assistant", str(completion))))
+    if empty:
+        raise DataError(f"{len(empty):,} row(s) of {name} (split '{split}', first row {empty[0]}) have an empty "
+                        f"completion in column '{spec.completion_column}': fill them or drop those rows")
+    return out
+
+
+def load_completion_task(ref: str | os.PathLike, spec: CompletionSpec = CompletionSpec(), *,
+                         allow_local: bool = True) -> CompletionTask:
+    """A local file or folder, or a Hub dataset, as a three-split completion task; splits the source lacks are cut
+    from its train split (or from all its rows) as a classification task's are."""
+    name, source, tables = read_tables(ref, spec.config, allow_local=allow_local)
+    keys = {role: pick_split(list(tables), getattr(spec, f"{role}_split"), role) for role in SPLIT_NAMES}
+    first = tables[keys["train"]] if keys["train"] else next(rows for rows in tables.values() if rows)
+    columns = list(first[0]) if first else []
+    spec = _guess(columns, spec)
+    _check_columns(spec, columns, name)
+    if keys["train"] is None:  # one pool of examples: every split is cut from it
+        pool = Completions(tuple(e for split, rows in tables.items() for e in _examples(rows, spec, name, split)))
+        splits = {role: pool.select(idx) for role, idx in carve(len(pool)).items()}
+    else:
+        given = {role: Completions(tuple(_examples(tables[key], spec, name, key)))
+                 for role, key in keys.items() if key is not None}
+        missing = [role for role in ("validation", "test") if role not in given]
+        cut = carve(len(given["train"]), missing) if missing else {}
+        splits = {**{role: given["train"].select(idx) for role, idx in cut.items()}, **given}
+        if cut:
+            splits["train"] = given["train"].select(cut["train"])
+    if not len(splits["train"]):
+        raise DataError(f"{name} has no training examples")
+    return CompletionTask(name, {s: splits[s] for s in SPLIT_NAMES}, source, chat=bool(spec.messages_column))
+
+
+# -- tokens ------------------------------------------------------------------------------------------
+def _render_chat(tokenizer: Any, turns: tuple[Turn, ...]) -> list[tuple[str, bool]]:
+    """The conversation as text pieces, each marked scored (an assistant turn as the template writes it) or not."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise DataError("this tokenizer has no chat template, so a messages column cannot be rendered: give prompt "
+                        "and completion columns instead, or a model whose tokenizer has one")
+    messages = [{"role": role, "content": text} for role, text in turns]
+    pieces, done = [], ""
+    for i, (role, _) in enumerate(turns):
+        if role != "assistant":
+            continue
+        before = tokenizer.apply_chat_template(messages[:i], tokenize=False, add_generation_prompt=True) if i else ""
+        upto = tokenizer.apply_chat_template(messages[:i + 1], tokenize=False)
+        if not before.startswith(done) or not upto.startswith(before):
+            raise DataError("this tokenizer's chat template does not write a conversation as the sum of its turns, so "
+                            "the assistant's turns cannot be told apart: give prompt and completion columns instead")
+        pieces += [(before[len(done):], False), (upto[len(before):], True)]
+        done = upto
+    return pieces
+
+
+def tokens(tokenizer: Any, example: tuple[Turn, ...], chat: bool) -> tuple[list[int], list[bool]]:
+    """An example's token ids and which of them are scored (the completion, or every assistant turn)."""
+    if chat:
+        pieces = _render_chat(tokenizer, example)
+    else:
+        (_, prompt), (_, completion) = example
+        pieces = [(prompt, False), (completion, True)]
+    ids, scored = [], []
+    for i, (text, score) in enumerate(pieces):
+        special = not chat and i == 0  # a plain prompt starts as the tokenizer starts any text (its BOS, if any)
+        part = tokenizer(text, add_special_tokens=special)["input_ids"] if text else []
+        ids += part
+        scored += [score] * len(part)
+    if not chat and tokenizer.eos_token_id is not None:  # the completion ends: generation learns to stop
+        ids.append(tokenizer.eos_token_id)
+        scored.append(True)
+    return ids, scored
+
+
+def encode(tokenizer: Any, split: Completions, chat: bool, max_length: int) -> tuple[list[list[int]], list[list[int]], int]:
+    """(input ids, labels, how many examples were cut): labels are the ids on scored tokens and IGNORE elsewhere; an
+    example longer than ``max_length`` loses the start of its prompt, and one whose scored tokens alone are longer
+    is refused."""
+    inputs, labels, cut = [], [], 0
+    for i, example in enumerate(split.examples):
+        ids, scored = tokens(tokenizer, example, chat)
+        over = len(ids) - max_length
+        if over > 0:
+            first = scored.index(True) if True in scored else len(ids)
+            if over > first:
+                raise DataError(f"example {i + 1} has {len(ids) - first:,} completion tokens, more than the context of "
+                                f"{max_length:,}: raise max_length or shorten its completion")
+            ids, scored, cut = ids[over:], scored[over:], cut + 1
+        inputs.append(ids)
+        labels.append([t if s else IGNORE for t, s in zip(ids, scored)])
+    return inputs, labels, cut
+
+
+def truncation_note(name: str, cut: int, total: int, max_length: int) -> tuple[str, ...]:
+    """The note a cut leaves: how many examples lost the start of their prompt."""
+    return (f"{name}: {cut:,} of {total:,} examples were longer than {max_length:,} tokens and lost the start of their "
+            "prompt (never a completion token)",) if cut else ()
+
+
+def batches(tokenizer: Any, split: Completions, chat: bool, batch_size: int, max_length: int, *,
+            shuffle_seed: int | None = None) -> Iterator[dict]:
+    """Batches padded on the right to their own longest example, with "labels" (IGNORE on prompt and padding)."""
+    import torch
+
+    if batch_size < 1:
+        raise DataError(f"batch_size must be at least 1, got {batch_size}")
+    inputs, labels, _ = encode(tokenizer, split, chat, max_length)
+    order = list(range(len(inputs)))
+    if shuffle_seed is not None:
+        random.Random(shuffle_seed).shuffle(order)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    for start in range(0, len(order), batch_size):
+        chosen = order[start:start + batch_size]
+        width = max(len(inputs[i]) for i in chosen)
+        ids = [inputs[i] + [pad] * (width - len(inputs[i])) for i in chosen]
+        mask = [[1] * len(inputs[i]) + [0] * (width - len(inputs[i])) for i in chosen]
+        lab = [labels[i] + [IGNORE] * (width - len(labels[i])) for i in chosen]
+        yield {"input_ids": torch.tensor(ids), "attention_mask": torch.tensor(mask), "labels": torch.tensor(lab)}
+
+
+__all__ = ["CompletionSpec", "CompletionTask", "Completions", "IGNORE", "batches", "encode", "load_completion_task",
+           "tokens", "truncation_note"]

@@ -1,0 +1,117 @@
+"""Completion tasks: reading (prompt, completion) and chat files, prompt masking and truncation, exact on the offline
+SmolLM2 tokenizer, and each bad input refused in one line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from graftui import completion
+from graftui.completion import IGNORE, CompletionSpec, Completions, load_completion_task
+from graftui.errors import DataError
+
+
+@pytest.fixture(scope="module")
+def tok():
+    from transformers import AutoTokenizer
+
+    from graftui.models import resolve
+
+    return AutoTokenizer.from_pretrained(resolve("smollm2"))
+
+
+def _csv(path, rows, header=("prompt", "completion")):
+    import csv
+
+    with open(path, "w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(header)
+        writer.writerows(rows)
+    return path
+
+
+def test_a_prompt_completion_file_is_a_task_whose_prompt_is_masked_out_of_the_loss(tmp_path, tok):
+    rows = [(f"What is {i} + {i}?", f" {2 * i}") for i in range(40)]
+    task = load_completion_task(_csv(tmp_path / "sums.csv", rows))
+    assert not task.chat and [len(task.splits[s]) for s in ("train", "validation", "test")] == [28, 4, 8]
+    every = {e for s in task.splits.values() for e in s.examples}
+    assert every == {(("user", p), ("assistant", c)) for p, c in rows}  # every row once, in one split
+    example = task.splits["test"].examples[0]
+    inputs, labels, cut = completion.encode(tok, Completions((example,)), False, 64)
+    prompt = tok(example[0][1])["input_ids"]
+    answer = tok(example[1][1], add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    assert inputs[0] == prompt + answer and cut == 0
+    assert labels[0] == [IGNORE] * len(prompt) + answer  # the completion and its end, nothing of the prompt
+
+
+def test_question_and_answer_columns_are_guessed_and_named_columns_win(tmp_path, tok):
+    path = _csv(tmp_path / "gsm.csv", [("Tom has 3 apples ...", "He has 5. #### 5")] * 5, ("question", "answer"))
+    task = load_completion_task(path)
+    assert task.splits["train"].examples[0] == (("user", "Tom has 3 apples ..."), ("assistant", "He has 5. #### 5"))
+    swapped = load_completion_task(path, CompletionSpec(prompt_column="answer", completion_column="question"))
+    assert swapped.splits["train"].examples[0][1] == ("assistant", "Tom has 3 apples ...")
+
+
+def test_a_chat_file_scores_every_assistant_turn_as_the_template_writes_it(tmp_path, tok):
+    talk = [{"role": "user", "content": "Say hi"}, {"role": "assistant", "content": "Hi!"},
+            {"role": "user", "content": "Again"}, {"role": "assistant", "content": "Hi again!"}]
+    path = tmp_path / "chat.jsonl"
+    path.write_text("\n".join(json.dumps({"messages": talk}) for _ in range(6)))
+    task = load_completion_task(path)
+    assert task.chat and task.splits["train"].references[0] == "Hi again!"
+    ids, scored = completion.tokens(tok, task.splits["train"].examples[0], True)
+    assert tok.decode(ids) == tok.apply_chat_template(talk, tokenize=False)
+    spans, run = [], []
+    for t, s in zip(ids, scored):
+        if s:
+            run.append(t)
+        elif run:
+            spans, run = spans + [run], []
+    spans += [run] if run else []
+    assert [tok.decode(s) for s in spans] == ["Hi!<|im_end|>\n", "Hi again!<|im_end|>\n"]
+
+
+def test_a_long_prompt_loses_its_start_and_never_a_completion_token(tmp_path, tok):
+    long = " ".join(["word"] * 80)
+    split = Completions(((("user", long), ("assistant", " yes")), (("user", "short"), ("assistant", " no"))))
+    inputs, labels, cut = completion.encode(tok, split, False, 20)
+    assert cut == 1 and len(inputs[0]) == 20 and len(inputs[1]) < 20
+    answer = tok(" yes", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    assert inputs[0][-len(answer):] == answer and labels[0][-len(answer):] == answer
+    assert labels[0][:-len(answer)] == [IGNORE] * (20 - len(answer))
+    assert "1 of 2 examples" in completion.truncation_note("t", cut, 2, 20)[0]
+    with pytest.raises(DataError, match="completion tokens, more than the context of 1: raise max_length"):
+        completion.encode(tok, split, False, 1)
+    batch = next(completion.batches(tok, split, False, 2, 20))
+    assert batch["input_ids"].shape == (2, 20) and batch["attention_mask"][1].sum() == len(inputs[1])
+    assert (batch["labels"][1][len(inputs[1]):] == IGNORE).all()  # padding is never scored
+
+
+@pytest.mark.parametrize("rows, header, needle", [
+    ([("a", "b")] * 4, ("prompt", "text"), "no completion column: name it with completion_column"),
+    ([("a", "b"), ("c", "")] * 3, ("prompt", "completion"), "have an empty completion in column 'completion'"),
+])
+def test_bad_completion_files_are_refused_in_one_line(tmp_path, rows, header, needle):
+    with pytest.raises(DataError, match=needle) as err:
+        load_completion_task(_csv(tmp_path / "bad.csv", rows, header))
+    assert "\n" not in str(err.value)
+
+
+def test_bad_chat_files_and_a_tokenizer_without_a_chat_template_are_refused(tmp_path, tok):
+    path = tmp_path / "chat.jsonl"
+    path.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")
+    with pytest.raises(DataError, match="must end in an assistant turn"):
+        load_completion_task(path)
+    path.write_text(json.dumps({"messages": [{"role": "robot", "content": "hi"}]}) + "\n")
+    with pytest.raises(DataError, match="a turn needs a role"):
+        load_completion_task(path)
+    import copy
+
+    bare = copy.copy(tok)
+    bare.chat_template = None
+    example = (("user", "hi"), ("assistant", "hello"))
+    with pytest.raises(DataError, match="no chat template.*give prompt and completion columns"):
+        completion.tokens(bare, example, True)
+    with pytest.raises(DataError, match="offline classification task"):
+        load_completion_task("movies")
