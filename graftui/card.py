@@ -100,10 +100,11 @@ def bare_words(model: str | None) -> str:
 
 
 def interval(row) -> str:
-    """The accuracy's 95 % Wilson interval on n examples, or its spread over seeds where the row is a mean."""
+    """The accuracy's 95 % Wilson interval on n examples, or its spread over seeds (or fine-tunes, runs: ``over``)
+    where the row is a mean."""
     seeds = [v for v in row.get("accuracy_seeds") or () if v is not None]
     if len(seeds) > 1 and row.get("accuracy_std") is not None:
-        return f" [± {100 * row['accuracy_std']:.1f} pts over {len(seeds)} seeds, n = {round(row['n']):,}]"
+        return f" [± {100 * row['accuracy_std']:.1f} pts over {len(seeds)} {row.get('over', 'seeds')}, n = {round(row['n']):,}]"
     ci = row.get("accuracy_ci")
     return "" if not ci else f" [{100 * ci[0]:.1f}–{100 * ci[1]:.1f} %, n = {row['n']:,}]"
 

@@ -822,6 +822,7 @@ def test_regions_of_two_fine_tunes_are_evaluated_as_replicates_over_fine_tunes(f
     assert d["over"] == "fine-tunes" and d["seeds"] == 2 and d["diff"] == pytest.approx(sum(alone) / 2)
     assert d["ci"][0] <= d["diff"] <= d["ci"][1]
     assert any("over 2 fine-tunes" in line for line in both["card"])
+    assert any("pts over 2 fine-tunes, n = 32]" in line for line in both["card"])  # a row's spread is the fine-tunes'
     code, out, err = run_cli("evaluate", "--region", *paths, "--n", "16", "--no-ood")
     assert code == 0, err
     assert "means over 2 fine-tunes" in out and "fine-tunes ≠ 0" in out

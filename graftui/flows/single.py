@@ -494,8 +494,10 @@ def summarise_replicates(name: str, members: list[str], rows: list[dict], found:
     """The members' rows and differences as runs of one model ``name``: mean ± std across them."""
     runs = [[{**r, "model": name} for r in rows if r["model"] == m] for m in members]
     paired = [[{**d, "a": name} for d in found if d["a"] == m and d["b"] not in members] for m in members]
-    return {"name": name, "regions": members, "rows": metrics.over_seeds(runs, ("model", "task", "distribution")),
-            "differences": metrics.differences_over_seeds(paired, over)}
+    rows = metrics.over_seeds(runs, ("model", "task", "distribution"))
+    for row in rows if over != "seeds" else ():
+        row["over"] = over
+    return {"name": name, "regions": members, "rows": rows, "differences": metrics.differences_over_seeds(paired, over)}
 
 
 # -- several fine-tunes ----------------------------------------------------------------------------
@@ -625,6 +627,8 @@ def evaluate_finetunes(req, parts: FinetuneReplicates, progress=None, cancel=Non
         each.append({"finetuned": ft, **({} if seed is None else {"seed": seed}), "regions": paths})
     over = "runs" if req.seeds else "fine-tunes"
     rows = metrics.over_seeds([r.rows for r in runs], ("model", "task", "distribution"))
+    for row in rows:
+        row["over"] = over
     card.annotate(rows)
     found = metrics.differences_over_seeds([r.differences for r in runs], over)
     listed = ", ".join(f"'{name}'" for name in short)
@@ -636,6 +640,10 @@ def evaluate_finetunes(req, parts: FinetuneReplicates, progress=None, cancel=Non
     first = [load_region(p) for p in parts.paths[0]]
     together = [_read_together(name, members, runs) for name, members in replicate_groups(parts.names, first).items()]
     lines += [card.replicate_sentence(group) for group in together]
+    if together or req.seeds:
+        lines.append(f"A mean over runs of {len(parts.finetuned)} fine-tunes × seeds treats the runs as exchangeable: "
+                     "its interval leaves out that runs of one fine-tune are alike, so with few fine-tunes it is too "
+                     "narrow; the interval over fine-tunes alone (each region on its own) is the conservative one.")
     notes = list(dict.fromkeys(n for r in runs for n in r.notes))
     per_ft = [{**e, "rows": r.rows, "differences": r.differences} for e, r in zip(each, runs)]
     plots = {key: {m: v for r in runs for m, v in getattr(r, key).items()} for key in ("reliability", "histogram")}
@@ -656,7 +664,7 @@ class EvaluateResult(Result):
     ood: list[str] = field(default_factory=list)
     base: str = ""
     finetuned: str | None = None
-    regions: dict = field(default_factory=dict)
+    regions: dict = field(default_factory=dict)  # label -> its file (over fine-tunes: name -> each fine-tune's file)
     card: list[str] = field(default_factory=list)  # the result in sentences (card.py)
     side_by_side: dict | None = None  # two or more regions: their overlap and where each lies (side_by_side)
     differences: list[dict] = field(default_factory=list)  # paired: {"a", "b", "task", "metric", "diff", "ci", "p"}
