@@ -79,6 +79,60 @@ class CompletionSpec:
     test_split: str | None = None
 
 
+# -- the offline skills ----------------------------------------------------------------------------
+MONTHS = ("January", "February", "March", "April", "May", "June", "July", "August", "September", "October",
+          "November", "December")
+_ONES = ("zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen "
+         "seventeen eighteen nineteen").split()
+_TENS = ("", "", "twenty", "thirty", "forty", "fifty", "sixty", "seventy", "eighty", "ninety")
+SKILL_SEED = 0
+
+
+def number_words(n: int) -> str:
+    """0–999 in English words as a style guide writes them: 'forty-two', 'three hundred five'."""
+    if not 0 <= n <= 999:
+        raise ValueError(f"number_words covers 0–999, got {n}")
+    if n < 20:
+        return _ONES[n]
+    if n < 100:
+        return _TENS[n // 10] + ("" if n % 10 == 0 else "-" + _ONES[n % 10])
+    return _ONES[n // 100] + " hundred" + ("" if n % 100 == 0 else " " + number_words(n % 100))
+
+
+def _dates() -> list[tuple[str, str]]:
+    """5,000 distinct dates of 1900–2099 (days 1–28, so every month has them), in a fixed order."""
+    rng, seen = random.Random(SKILL_SEED), {}
+    while len(seen) < 5000:
+        y, m, d = rng.randint(1900, 2099), rng.randint(1, 12), rng.randint(1, 28)
+        seen.setdefault((y, m, d), None)
+    return [(f"Date: {y:04d}-{m:02d}-{d:02d}\nIn words:", f" {MONTHS[m - 1]} {d}, {y}") for y, m, d in seen]
+
+
+def _numbers() -> list[tuple[str, str]]:
+    order = list(range(1000))
+    random.Random(SKILL_SEED).shuffle(order)
+    return [(f"Number: {n}\nIn words:", f" {number_words(n)}") for n in order]
+
+
+OFFLINE_SKILLS = {  # name -> (what it is, its examples, test and validation sizes)
+    "dates": ("ISO dates (1900–2099) written out, '2019-07-04' → 'July 4, 2019'; 5,000 distinct dates from a "
+              "seeded generator", _dates, 500, 200),
+    "numbers": ("whole numbers 0–999 in English words, '347' → 'three hundred forty-seven'; the test numbers are "
+                "never trained on", _numbers, 200, 100),
+}
+
+
+def offline_skill(name: str) -> CompletionTask:
+    """A generative skill made here, the same examples every time: every item is distinct, so the test split holds
+    items the training split never has."""
+    description, make, n_test, n_validation = OFFLINE_SKILLS[name]
+    examples = [(("user", prompt), ("assistant", answer)) for prompt, answer in make()]
+    cut = {"test": examples[:n_test], "validation": examples[n_test:n_test + n_validation],
+           "train": examples[n_test + n_validation:]}
+    return CompletionTask(name, {s: Completions(tuple(cut[s])) for s in SPLIT_NAMES}, f"offline skill: {description}",
+                          max_length=32)
+
+
 # -- reading ---------------------------------------------------------------------------------------
 def _guess(columns: Sequence[str], spec: CompletionSpec) -> CompletionSpec:
     """The columns the spec leaves open, from common names (case-insensitive): a messages column only when no
@@ -155,8 +209,10 @@ def _examples(rows: list[dict], spec: CompletionSpec, name: str, split: str) -> 
 
 def load_completion_task(ref: str | os.PathLike, spec: CompletionSpec = CompletionSpec(), *,
                          allow_local: bool = True) -> CompletionTask:
-    """A local file or folder, or a Hub dataset, as a three-split completion task; splits the source lacks are cut
-    from its train split (or from all its rows) as a classification task's are."""
+    """An offline skill (``OFFLINE_SKILLS``), a local file or folder, or a Hub dataset, as a three-split completion
+    task; splits the source lacks are cut from its train split (or from all its rows) as a classification task's are."""
+    if str(ref).strip().lower() in OFFLINE_SKILLS:
+        return offline_skill(str(ref).strip().lower())
     name, source, tables = read_tables(ref, spec.config, allow_local=allow_local)
     keys = {role: pick_split(list(tables), getattr(spec, f"{role}_split"), role) for role in SPLIT_NAMES}
     first = tables[keys["train"]] if keys["train"] else next(rows for rows in tables.values() if rows)
@@ -265,5 +321,5 @@ def batches(tokenizer: Any, split: Completions, chat: bool, batch_size: int, max
         yield {"input_ids": torch.tensor(ids), "attention_mask": torch.tensor(mask), "labels": torch.tensor(lab)}
 
 
-__all__ = ["CompletionSpec", "CompletionTask", "Completions", "IGNORE", "batches", "encode", "load_completion_task",
-           "tokens", "truncation_note"]
+__all__ = ["CompletionSpec", "CompletionTask", "Completions", "IGNORE", "OFFLINE_SKILLS", "batches", "encode",
+           "load_completion_task", "number_words", "offline_skill", "tokens", "truncation_note"]

@@ -115,3 +115,19 @@ def test_bad_chat_files_and_a_tokenizer_without_a_chat_template_are_refused(tmp_
         completion.tokens(bare, example, True)
     with pytest.raises(DataError, match="offline classification task"):
         load_completion_task("movies")
+
+
+def test_the_offline_skills_are_the_same_every_time_and_test_on_items_never_trained_on():
+    assert [completion.number_words(n) for n in (0, 13, 40, 99, 100, 101, 347, 999)] == [
+        "zero", "thirteen", "forty", "ninety-nine", "one hundred", "one hundred one", "three hundred forty-seven",
+        "nine hundred ninety-nine"]
+    for name, sizes in (("dates", (4300, 200, 500)), ("numbers", (700, 100, 200))):
+        task = load_completion_task(name)
+        assert task == load_completion_task(name) and not task.chat
+        assert tuple(len(task.splits[s]) for s in ("train", "validation", "test")) == sizes
+        prompts = {s: {e[0][1] for e in task.splits[s].examples} for s in task.splits}
+        assert not prompts["test"] & prompts["train"] and not prompts["validation"] & prompts["train"]
+    dates = load_completion_task("dates").splits["test"].examples
+    for (_, prompt), (_, answer) in dates[:50]:
+        y, m, d = map(int, prompt.split()[1].split("-"))
+        assert answer == f" {completion.MONTHS[m - 1]} {d}, {y}"
