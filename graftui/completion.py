@@ -300,6 +300,14 @@ def truncation_note(name: str, cut: int, total: int, max_length: int) -> tuple[s
             "prompt (never a completion token)",) if cut else ()
 
 
+def token_accuracy(logits, labels) -> tuple[int, int]:
+    """(right, scored): how many scored tokens the model predicts from the tokens before them (greedy, teacher
+    forced), and how many there are."""
+    predicted, target = logits[:, :-1].argmax(-1), labels[:, 1:]
+    scored = target != IGNORE
+    return int((predicted.eq(target) & scored).sum()), int(scored.sum())
+
+
 def batches(tokenizer: Any, split: Completions, chat: bool, batch_size: int, max_length: int, *,
             shuffle_seed: int | None = None) -> Iterator[dict]:
     """Batches padded on the right to their own longest example, with "labels" (IGNORE on prompt and padding)."""
@@ -322,4 +330,4 @@ def batches(tokenizer: Any, split: Completions, chat: bool, batch_size: int, max
 
 
 __all__ = ["CompletionSpec", "CompletionTask", "Completions", "IGNORE", "OFFLINE_SKILLS", "batches", "encode",
-           "load_completion_task", "number_words", "offline_skill", "tokens", "truncation_note"]
+           "load_completion_task", "number_words", "offline_skill", "token_accuracy", "tokens", "truncation_note"]

@@ -16,13 +16,13 @@ from typing import Callable
 
 import torch
 
-from . import settings
+from . import completion, settings
 from .config import (
     DEFAULT_FINETUNED_REFS, DEFAULT_LOADING, FinetuneConfig, GraftableSpec, LoadOptions, default_checkpoint_dir, recipe_for,
 )
 from .data import Split, Task, batches, load_task, subsample
 from .errors import Cancelled, ModelError
-from .models import load_classifier, load_reader, load_tokenizer, pair_kind
+from .models import load_classifier, load_lm, load_reader, load_tokenizer, pair_kind
 from .paths import atomic_dir, file_lock, slug
 from .version import __version__
 
@@ -128,6 +128,82 @@ def finetune(
         "train_examples": n_train,
         "config": config.as_dict(),
         "prompt": tokenizer.prompt.as_dict() if getattr(tokenizer, "prompt", None) else None,
+        "request": request,
+    })
+    return out_dir
+
+
+def finetune_completions(
+    base_ref: str,
+    task: "completion.CompletionTask",
+    config: FinetuneConfig,
+    out_dir: str | Path,
+    *,
+    progress: Callable[[FinetuneProgress], None] | None = None,
+    cancel: threading.Event | None = None,
+    device: str | None = None,
+    allow_local: bool = True,
+    request: dict | None = None,
+) -> Path:
+    """Supervised fine-tuning of a causal LM on a completion task (the loss on completion tokens only), with its
+    embeddings and its LM head fixed as for prompt-based fine-tuning, so that what moves is the body a region can
+    hold; writes an HF checkpoint with a record. ``accuracy`` in the progress is next-token accuracy on the
+    completion tokens of this epoch's batches."""
+    config.validate()
+    out_dir = Path(out_dir)
+    if out_dir.exists() and any(out_dir.iterdir()):
+        raise ModelError(f"'{out_dir}' exists and is not empty; choose a new folder")
+    device = device or settings.device()
+    torch.manual_seed(config.seed)
+    model = load_lm(base_ref, "causal-lm", allow_local=allow_local)
+    tokenizer = load_tokenizer(base_ref, allow_local=allow_local)
+    model.to(device)
+    head = {id(p) for p in model.get_output_embeddings().parameters()}
+    frozen = GraftableSpec(include_embeddings=False)
+    trainable, anchors = [], []
+    for name, p in model.named_parameters():
+        p.requires_grad_(id(p) not in head and not (config.freeze_embeddings and not frozen.admits(name)))
+        if p.requires_grad:
+            trainable.append(p)
+            if config.l1:
+                anchors.append((p, p.detach().clone()))
+    opt = optimizer(trainable, config)
+    train = task.splits["train"]
+    if config.train_examples and config.train_examples < len(train):
+        train = train.select(sorted(random.Random(config.seed).sample(range(len(train)), config.train_examples)))
+    _, _, cut = completion.encode(tokenizer, train, task.chat, task.max_length)  # refuses a completion too long
+    total = -(-len(train) // config.batch_size) * config.epochs
+    step = 0
+    model.train()
+    for epoch in range(config.epochs):
+        correct = seen = 0
+        for batch in completion.batches(tokenizer, train, task.chat, config.batch_size, task.max_length,
+                                        shuffle_seed=config.seed + epoch):
+            if cancel is not None and cancel.is_set():
+                raise Cancelled("fine-tuning cancelled")
+            batch = {k: v.to(device) for k, v in batch.items()}
+            out = model(**batch)
+            check_loss(out.loss, step + 1, config)
+            opt.zero_grad(set_to_none=True)
+            out.loss.backward()
+            l1_pull(anchors, config.l1)
+            opt.step()
+            step += 1
+            right, count = completion.token_accuracy(out.logits.detach(), batch["labels"])
+            correct, seen = correct + right, seen + count
+            if progress is not None:
+                progress(FinetuneProgress(step, total, epoch + 1, float(out.loss.detach()), correct / max(seen, 1)))
+    model.eval().to("cpu")
+    _save(out_dir, [(None, model)], tokenizer, {
+        "graftui_version": __version__,
+        "base": base_ref,
+        "task": task.name,
+        "task_source": task.source,
+        "task_kind": "completion",
+        "chat": task.chat,
+        "train_examples": len(train),
+        "notes": list(completion.truncation_note(task.name, cut, len(train), task.max_length)),
+        "config": config.as_dict(),
         "request": request,
     })
     return out_dir

@@ -131,3 +131,49 @@ def test_the_offline_skills_are_the_same_every_time_and_test_on_items_never_trai
     for (_, prompt), (_, answer) in dates[:50]:
         y, m, d = map(int, prompt.split()[1].split("-"))
         assert answer == f" {completion.MONTHS[m - 1]} {d}, {y}"
+
+
+def test_supervised_fine_tuning_moves_the_body_only_and_lowers_the_completion_loss(tmp_path):
+    """The paper's SGD recipe on completion tokens: embeddings and LM head stay where they were, the body moves, the
+    loss on the completions falls, and the checkpoint says what it was trained on."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from graftui import training
+    from graftui.config import FinetuneConfig
+    from lm_util import write_lm_pair
+
+    base, _ = write_lm_pair(tmp_path, "llama")
+    model = AutoModelForCausalLM.from_pretrained(base)
+    with torch.no_grad():  # a trained head's scale (a fresh one's logits are nearly flat): the body can then learn
+        model.lm_head.weight.mul_(50)
+    model.save_pretrained(base)
+    rows = [(f"the movie was {w} and", f" it was {'positive' if w in ('good', 'great') else 'negative'}")
+            for w in ("good", "bad", "great", "awful") for _ in range(6)]
+    task = load_completion_task(_csv(tmp_path / "says.csv", rows))
+    tok = AutoTokenizer.from_pretrained(base)
+    before = AutoModelForCausalLM.from_pretrained(base)
+    losses = []
+    config = FinetuneConfig(optimizer="adamw", lr=2e-2, epochs=8, batch_size=8, train_examples=None)
+    out = training.finetune_completions(str(base), task, config, tmp_path / "ft",
+                                        progress=lambda p: losses.append(p.loss))
+    after = AutoModelForCausalLM.from_pretrained(out)
+    moved = {n for (n, a), (_, b) in zip(before.named_parameters(), after.named_parameters()) if not torch.equal(a, b)}
+    assert not {n for n in moved if "embed" in n or "lm_head" in n} and any("mlp" in n for n in moved)
+    assert len(losses) == 8 * 3 and sum(losses[-3:]) < 0.5 * sum(losses[:3])
+    record = json.loads((out / "graftui_record.json").read_text())
+    assert (record["task_kind"], record["task"], record["train_examples"]) == ("completion", "says.csv", 18)
+    batch = next(completion.batches(tok, task.splits["train"], False, 16, 32))
+    with torch.no_grad():
+        logits = after(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    right, scored = completion.token_accuracy(logits, batch["labels"])
+    assert scored == int((batch["labels"][:, 1:] != IGNORE).sum()) and right / scored > 0.75
+
+
+def test_token_accuracy_predicts_each_scored_token_from_the_ones_before_it():
+    import torch
+
+    labels = torch.tensor([[IGNORE, IGNORE, 5, 6, 7, IGNORE]])
+    guesses = [1, 5, 6, 9, 3, 0]  # position t guesses token t + 1: 5 and 6 right, 9 for 7 wrong, the rest unscored
+    logits = torch.nn.functional.one_hot(torch.tensor([guesses]), 10).float()
+    assert completion.token_accuracy(logits, labels) == (2, 3)
