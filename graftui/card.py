@@ -270,6 +270,8 @@ def compose_card(doc: dict) -> list[str]:
                     f"{pct(over[i][j], 1)} of '{names[j]}' and {pct(over[j][i], 1)} of '{names[i]}'")
             lines.append(f"'{names[i]}' and '{names[j]}' share {both}; two random regions of these sizes would share "
                          f"{pct(chance, 3)}{ratio}.")
+    if doc.get("stitch"):
+        return lines + stitch_card(doc)
     for task in dict.fromkeys(r["task"] for r in doc.get("rows") or []):
         by = {r["model"]: r for r in doc["rows"] if r["task"] == task}
         alone, union = by.get("region alone"), by.get("union graft")
@@ -355,6 +357,9 @@ def finetune_card(doc: dict) -> list[str]:
         return [f"Held-out accuracy {pct(acc, 1)} ± {100 * (doc.get('test_accuracy_std') or 0):.1f} pts over "
                 f"{len(doc['per_seed'])} fine-tunes ({each}; n = {n:,} each). Localize in each checkpoint (--finetuned) "
                 "to see how much of a region's variance comes from the fine-tune."]
+    if doc.get("task_kind") == "completion":
+        return [f"Held-out exact match {pct(acc, 1)}{interval({'accuracy_ci': wilson(acc, n), 'n': n})} of greedy "
+                f"generations, loss {doc.get('test_loss') or 0:.3f} per completion token."]
     line = f"Held-out accuracy {pct(acc, 1)}{interval({'accuracy_ci': wilson(acc, n), 'n': n})}"
     if chance is not None:
         line += f"; chance (the most frequent class) is {pct(chance, 1)}"
@@ -489,4 +494,62 @@ def continual_card(doc: dict) -> list[str]:
         lines.append("ECE after the last stage: " + "; ".join(
             f"{arm} " + ", ".join(f"{t} {e:.3f}" for t, e in zip(tasks, ece[arm][n - 1]) if e is not None)
             for arm in ("forget-free", "sequential") if arm in ece) + ".")
+    return lines
+
+
+def completion_card(rows: list[dict], differences: list[dict], graftable: int | None = None) -> list[str]:
+    """The result in sentences: each graft's exact match against FT's and the pre-trained model's, with the paired
+    interval of the difference, and its loss per token."""
+    by = {r["model"]: r for r in rows}
+    ft, pre = by.get(FT_LABEL), by.get(LM_BODY_LABEL)
+    lines = []
+    if ft and pre:
+        lines.append(f"On {ft['n']:,} held-out examples of {ft['task']}, the fine-tuned model's greedy answers match "
+                     f"the reference on {100 * ft['exact_match']:.1f} % (loss {ft['loss']:.3f} per token), the "
+                     f"pre-trained model's on {100 * pre['exact_match']:.1f} % (loss {pre['loss']:.3f}).")
+    found = {(d["a"], d["b"], d["metric"]): d for d in differences}
+    for r in rows:
+        if r["model"] in (FT_LABEL, LM_BODY_LABEL):
+            continue
+        size = "" if r.get("region_size") is None else f" (k = {r['region_size']:,}" + (
+            f", {100 * r['region_size'] / graftable:.3g} % of the graftable set)" if graftable else ")")
+        text = f"{r['model']}{size}: exact match {100 * r['exact_match']:.1f} %"
+        d = found.get((r["model"], FT_LABEL, "exact_match"))
+        if d:
+            lo, hi = d["ci"]
+            decided = "distinguishable" if lo > 0 or hi < 0 else f"not distinguishable at n = {d['n']:,}"
+            text += (f", {100 * d['diff']:+.1f} pts against FT [{100 * lo:+.1f}, {100 * hi:+.1f}] ({decided})")
+        if ft and pre and ft["exact_match"] != pre["exact_match"]:
+            share = (r["exact_match"] - pre["exact_match"]) / (ft["exact_match"] - pre["exact_match"])
+            text += f"; {100 * share:.0f} % of the fine-tuning gain"
+        text += f"; loss {r['loss']:.3f} per token; its answers agree with FT's on {100 * r['agreement_with_ft']:.0f} %."
+        lines.append(text)
+    return lines
+
+
+def stitch_card(doc: dict) -> list[str]:
+    """Per task: the stitched model against the task's own fine-tune and task arithmetic, each with its paired
+    interval (accuracy, or exact match of generations on a completion task)."""
+    chosen, lines = doc["stitch"], []
+    arithmetic = chosen["model"]
+    for task in dict.fromkeys(r["task"] for r in doc["rows"]):
+        by = {r["model"]: r for r in doc["rows"] if r["task"] == task}
+        stitched, ft = by.get("stitched"), by.get(FT_LABEL)
+        if not (stitched and ft):
+            continue
+        what = "exact match" if "exact_match" in stitched else "accuracy"
+        metric = "exact_match" if what == "exact match" else "accuracy"
+        found = {d["b"]: d for d in doc.get("differences") or () if d["a"] == "stitched" and d["task"] == task
+                 and d["metric"] == metric}
+        text = f"On {task}, the stitched model's {what} is {pct(stitched['accuracy'], 1)}, against its own fine-tune's " \
+               f"{pct(ft['accuracy'], 1)}"
+        if FT_LABEL in found:
+            text += f" ({difference(found[FT_LABEL], '')})"
+        if arithmetic in by:
+            text += f" and {arithmetic}'s {pct(by[arithmetic]['accuracy'], 1)}"
+            if arithmetic in found:
+                text += f" ({difference(found[arithmetic], '')})"
+        lines.append(text + ".")
+    lines.append(f"λ of task arithmetic was chosen on {chosen['validation_n']:,} validation examples per task, "
+                 "never on the test examples.")
     return lines

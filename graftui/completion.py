@@ -148,6 +148,10 @@ def _guess(columns: Sequence[str], spec: CompletionSpec) -> CompletionSpec:
     return CompletionSpec(**{**spec.__dict__, "prompt_column": prompt, "completion_column": completion})
 
 
+class NoCompletionColumns(DataError):
+    """The source has no (prompt, completion) or messages columns: it is no completion task as it stands."""
+
+
 def _check_columns(spec: CompletionSpec, columns: list[str], name: str) -> None:
     available = ", ".join(columns)
     for field in ("prompt_column", "completion_column", "messages_column"):
@@ -157,10 +161,10 @@ def _check_columns(spec: CompletionSpec, columns: list[str], name: str) -> None:
     if spec.messages_column:
         return
     if spec.completion_column is None:
-        raise DataError(f"{name} has no completion column: name it with completion_column (or give a messages column "
+        raise NoCompletionColumns(f"{name} has no completion column: name it with --completion-column (or give a messages column "
                         f"in the chat format); available columns: {available}")
     if spec.prompt_column is None:
-        raise DataError(f"{name} has no prompt column: name it with prompt_column; available columns: {available}")
+        raise NoCompletionColumns(f"{name} has no prompt column: name it with --prompt-column; available columns: {available}")
 
 
 def _missing(value: Any) -> bool:
@@ -329,5 +333,5 @@ def batches(tokenizer: Any, split: Completions, chat: bool, batch_size: int, max
         yield {"input_ids": torch.tensor(ids), "attention_mask": torch.tensor(mask), "labels": torch.tensor(lab)}
 
 
-__all__ = ["CompletionSpec", "CompletionTask", "Completions", "IGNORE", "OFFLINE_SKILLS", "batches", "encode",
+__all__ = ["CompletionSpec", "CompletionTask", "Completions", "IGNORE", "NoCompletionColumns", "OFFLINE_SKILLS", "batches", "encode",
            "load_completion_task", "number_words", "offline_skill", "token_accuracy", "tokens", "truncation_note"]

@@ -28,7 +28,10 @@ DEFAULT_TASK = "movies"
 DEFAULT_FINETUNED_REFS = {  # built on first use, then cached
     DEFAULT_FINETUNED: (DEFAULT_BASE, DEFAULT_TASK),
     "smollm2-movies": ("smollm2", DEFAULT_TASK),  # prompt-based fine-tuning of a causal LM (the paper's main setting)
+    "smollm2-dates": ("smollm2", "dates"),  # generative skills: supervised fine-tuning on (prompt, completion) pairs
+    "smollm2-numbers": ("smollm2", "numbers"),
 }
+GENERATIVE_DEFAULTS = ("smollm2-dates", "smollm2-numbers")  # the offline generative default and its second skill
 SENTIMENT_TASKS = ("movies", "amazon", "tweets")  # one label space: each is out of distribution for the others
 DEFAULT_MULTITASK_TASKS = ("movies", "amazon", "bbc")  # a similar pair (two sentiment tasks) and a dissimilar task
 DEFAULT_MULTITASK = "minilm-multitask"  # cache key of the default multi-task fine-tune
@@ -85,7 +88,8 @@ class LearnConfig:
 # -- how checkpoints are read ----------------------------------------------------------------------------
 KINDS = ("classifier", "causal-lm", "masked-lm")  # what a checkpoint is read as
 LM_KINDS = ("causal-lm", "masked-lm")
-HEADS = ("auto", *KINDS)  # "auto": the checkpoint's own kind
+COMPLETION = "completion"  # a causal LM read as itself: scored on the tokens of completions, judged by what it generates
+HEADS = ("auto", *KINDS, COMPLETION)  # "auto": the checkpoint's own kind (a completion fine-tune's: completion)
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 
 
@@ -196,8 +200,17 @@ PROMPT_LOADING = DEFAULT_LOADING["smollm2-movies"]
 SMOLLM2_PLATEAU_RECIPE = FinetuneConfig(lr=0.001, epochs=4, train_examples=480)  # 9 min; ECE 0.069 (measured)
 
 
+# The generative defaults: supervised fine-tuning of SmolLM2 on 640 (prompt, completion) pairs of an offline skill,
+# 40 AdamW steps (about 6 s each on 2 CPU cores), the embeddings and the LM head fixed. Measured on 200 held-out
+# items: ISO dates written out, exact match 0.000 → 1.000; numbers in words, see the README.
+SMOLLM2_SKILL_RECIPE = FinetuneConfig(optimizer="adamw", lr=1e-4, epochs=1, train_examples=640)
+QUICK_SKILL_RECIPE = FinetuneConfig(optimizer="adamw", lr=1e-4, epochs=1, train_examples=64)  # GRAFTUI_FAST
+
+
 def recipe_for(key: str) -> FinetuneConfig:
     """The recipe of one default fine-tuned checkpoint."""
+    if key in GENERATIVE_DEFAULTS:
+        return QUICK_SKILL_RECIPE if settings.fast() else SMOLLM2_SKILL_RECIPE
     if key == "smollm2-movies" and not settings.fast():
         return SMOLLM2_RECIPE
     return default_recipe()

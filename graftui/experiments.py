@@ -7,6 +7,8 @@
     Table 1 re-training   train only the coordinates inside γ, from θ_pre
     §5.2   continual      task t_n trains only γ_{t_n} \\ ∪_{i<n} γ_{t_i}; inference uses ∪_{i≤n} γ_{t_i}
     ablation   drop part  θ_pre + (γ − γ_P) ⊙ δ: part P of γ (one layer, one module type) back to θ_pre
+    stitching  θ_pre + Σ_i γ_i ⊙ δ_i (Localize-and-Stitch, He et al. 2024), against task arithmetic
+               θ_pre + λ Σ_i δ_i (Ilharco et al. 2023), λ chosen on validation data
 
 The maths of localization itself (Eq. 1–4, and WiSE of Fig. 7) is ``method``; overlap
 |γ_i ∩ γ_j| / |γ_j| (Fig. 8a) and unions are ``sets``; the flows that run these experiments on
@@ -33,6 +35,23 @@ def relative_gain(p_graft: float, p_zero: float, p_one: float) -> float | None:
     """
     gap = p_one - p_zero
     return (p_graft - p_zero) / gap if gap != 0 else None
+
+
+def task_arithmetic(pre: dict[str, torch.Tensor], finetuned: list[dict[str, torch.Tensor]], lam: float,
+                    names) -> dict[str, torch.Tensor]:
+    """θ_pre + λ Σ_i (θ_i − θ_pre) for each tensor of ``names``: the merge that stitching is measured against."""
+    out = {}
+    for name in names:
+        moved = torch.zeros_like(pre[name])
+        for ft in finetuned:
+            moved += ft[name].to(moved.device) - pre[name]
+        out[name] = pre[name] + lam * moved
+    return out
+
+
+def best_lambda(scores: dict[float, float]) -> float:
+    """The λ with the best validation score; of equal scores the smallest λ (the merge that moves least)."""
+    return min(scores, key=lambda lam: (-scores[lam], lam))
 
 
 def gain_matrix(scores: list[list[float]], p_zero: list[float], p_one: list[float]) -> list[list[float | None]]:

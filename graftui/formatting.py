@@ -53,7 +53,7 @@ def _signed(x: float, digits: int) -> str:
 def difference_value(d: dict, between: str = "") -> str:
     """The number of a paired difference and its interval, "+3.2 pts [+0.9, +5.4]" (accuracy) or
     "−0.012 [−0.020, −0.004]" (ECE); "+1.8 ± 0.9 pts" over seeds; ``between`` goes before the interval."""
-    scale, digits, unit = (100, 1, " pts") if d["metric"] == "accuracy" else (1, 3, "")
+    scale, digits, unit = (100, 1, " pts") if d["metric"] in ("accuracy", "exact_match") else (1, 3, "")
     spread = f" ± {scale * d['diff_std']:.{digits}f}" if (d.get("seeds") or 1) > 1 and d.get("diff_std") is not None else ""
     lo, hi = d["ci"]
     return (f"{_signed(scale * d['diff'], digits)}{spread}{unit}{between} "

@@ -343,6 +343,67 @@ def paired_difference(probs_a: ArrayLike, probs_b: ArrayLike, labels: ArrayLike,
     return {"metric": metric, "diff": diff, "ci": [lo, hi], "n": n, "p": p}
 
 
+# -- completions: figures that are ratios of sums over examples ------------------------------------------
+# A completion is scored token by token, but its tokens are not independent draws: an interval resamples
+# whole examples. Each figure is Σ_i num_i / Σ_i den_i over the examples (exact match: num = 0/1, den = 1;
+# loss per token: num = the example's summed loss, den = its token count); a calibration error keeps one
+# num column per confidence bin, Σ_b |Σ_i num_ib| / Σ_i den_i (num_ib: the example's Σ (right − confidence)
+# over its tokens in bin b).
+COMPLETION_METRICS = ("exact_match", "loss", "token_ece")
+
+
+def calibration_sums(confidence: ArrayLike, right: ArrayLike, example: ArrayLike, n_examples: int,
+                     n_bins: int = 10) -> torch.Tensor:
+    """Per example and bin, Σ (right − confidence) over its tokens: the num of a token-level ECE."""
+    conf = torch.as_tensor(confidence).double().reshape(-1)
+    hit = torch.as_tensor(right).double().reshape(-1)
+    row = torch.as_tensor(example).long().reshape(-1)
+    _, b = _bins(conf, n_bins)
+    out = torch.zeros(n_examples * n_bins, dtype=torch.float64)
+    out.index_add_(0, row * n_bins + b, hit - conf)
+    return out.view(n_examples, n_bins)
+
+
+def ratio(num: ArrayLike, den: ArrayLike, weights: torch.Tensor | None = None) -> torch.Tensor | float:
+    """Σ w_i num_i / Σ w_i den_i (a bin matrix num gives Σ_b |·|): the figure itself without ``weights``, one per
+    row of ``weights`` (resampled example counts) with them."""
+    num, den = torch.as_tensor(num).double(), torch.as_tensor(den).double()
+    w = torch.ones(1, num.shape[0], dtype=torch.float64) if weights is None else weights
+    top = w @ num
+    if top.dim() == 2:
+        top = top.abs().sum(dim=1)
+    value = top / (w @ den).clamp_min(1e-12)
+    return float(value[0]) if weights is None else value
+
+
+def paired_ratio_difference(a: tuple, b: tuple, metric: str, *, resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0,
+                            level: float = 0.95) -> dict:
+    """metric(A) − metric(B) for two models scored on the same examples, each side a (num, den) of ``ratio``,
+    with a paired bootstrap over examples (each resample weighs both sides by the same draw). Exact match, a 0/1
+    per example, also gets McNemar's exact p-value. Returns the entry shape of ``paired_difference``."""
+    if metric not in COMPLETION_METRICS:
+        raise ValueError(f"no paired difference for '{metric}'; pick one of {', '.join(COMPLETION_METRICS)}")
+    n = int(torch.as_tensor(a[1]).numel())
+    if n == 0:
+        return {"metric": metric, "diff": 0.0, "ci": [0.0, 0.0], "n": 0, "p": 1.0 if metric == "exact_match" else None}
+    diff = ratio(*a) - ratio(*b)
+    p = None
+    if metric == "exact_match":
+        hit_a, hit_b = torch.as_tensor(a[0]).double(), torch.as_tensor(b[0]).double()
+        p = mcnemar_p(int((hit_a > hit_b).sum()), int((hit_b > hit_a).sum()))
+    gen = torch.Generator().manual_seed(seed)
+    chunk = max(1, min(resamples, 4_000_000 // n))
+    diffs = []
+    for start in range(0, resamples, chunk):
+        rows = min(chunk, resamples - start)
+        idx = torch.randint(n, (rows, n), generator=gen)
+        w = torch.zeros(rows, n, dtype=torch.float64).scatter_add_(1, idx, torch.ones(rows, n, dtype=torch.float64))
+        diffs.append(ratio(*a, weights=w) - ratio(*b, weights=w))
+    tail = (1 - level) / 2
+    lo, hi = torch.quantile(torch.cat(diffs), torch.tensor([tail, 1 - tail], dtype=torch.float64)).tolist()
+    return {"metric": metric, "diff": diff, "ci": [min(lo, diff), max(hi, diff)], "n": n, "p": p}
+
+
 def distinguishable(difference: dict) -> bool:
     """Whether a paired interval excludes zero."""
     lo, hi = difference["ci"]

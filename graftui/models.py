@@ -11,7 +11,7 @@ import hashlib
 import importlib.util
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Iterator
@@ -19,7 +19,8 @@ from typing import Iterator
 import torch
 
 from . import settings
-from .config import DEFAULT_FINETUNED_REFS, GraftableSpec, LoadOptions, default_checkpoint_dir
+from .completion import token_accuracy
+from .config import COMPLETION, DEFAULT_FINETUNED_REFS, GraftableSpec, LoadOptions, default_checkpoint_dir
 from .errors import ModelError
 from .method import region_to_mask, wise
 from .paths import atomic_dir, file_lock
@@ -213,16 +214,64 @@ def load_lm(ref: str, kind: str, *, trust_remote_code: bool = False, allow_local
     return model.eval()
 
 
+class CompletionLM(torch.nn.Module):
+    """A causal LM read as itself, for completion tasks: its own forward (with ``labels``, the supervised
+    fine-tuning loss on the labelled tokens) plus ``accuracy``, next-token accuracy on those tokens.
+
+    ``named_parameters``, ``generate`` and ``save_pretrained`` are the LM's, so regions name the LM's
+    parameters and an export is an ordinary ``*ForCausalLM`` checkpoint.
+    """
+
+    def __init__(self, lm: torch.nn.Module):
+        super().__init__()
+        self.lm = lm
+        prefix = getattr(lm, "base_model_prefix", "")
+        if not prefix or not hasattr(lm, prefix):
+            raise ModelError(f"{type(lm).__name__} has no separate body and head; graftui cannot hold its head fixed")
+        self.prefix = prefix
+
+    def named_parameters(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True):
+        return self.lm.named_parameters(prefix, recurse, remove_duplicate)
+
+    @property
+    def config(self):
+        return self.lm.config
+
+    @property
+    def architecture(self) -> str:
+        return type(self.lm).__name__
+
+    def head_names(self) -> set[str]:
+        """The LM head's parameters (outside the body); a tied head shows up as the embeddings."""
+        return {n for n, _ in self.lm.named_parameters() if not n.startswith(self.prefix + ".")}
+
+    def save_pretrained(self, folder, **kwargs) -> None:
+        self.lm.save_pretrained(folder, **kwargs)
+
+    def generate(self, *args, **kwargs):
+        return self.lm.generate(*args, **kwargs)
+
+    def forward(self, input_ids, attention_mask=None, labels=None, **kwargs):
+        out = self.lm(input_ids=input_ids, attention_mask=attention_mask, labels=labels, **kwargs)
+        if labels is not None:
+            right, scored = token_accuracy(out.logits.detach(), labels)
+            out["accuracy"] = right / max(scored, 1)
+        return out
+
+
 def load_prompted(ref: str, tokenizer, **kwargs):
     """A language model read as a classifier through ``tokenizer``'s prompt (prompts.PromptClassifier)."""
     return PromptClassifier(load_lm(ref, tokenizer.prompt.kind, **kwargs), tokenizer).eval()
 
 
 def pair_kind(finetuned_ref: str, options: LoadOptions, *, allow_local: bool = True) -> str:
-    """The kind a pair is read as: the one asked for, else the fine-tuned checkpoint's own."""
+    """The kind a pair is read as: the one asked for, else the fine-tuned checkpoint's own (a completion fine-tune
+    that graftui made says so in its record)."""
     if options.head != "auto":
         return options.head
     kind = checkpoint_kind(finetuned_ref, allow_local=allow_local)
+    if kind == "causal-lm" and not options.prompted() and completion_checkpoint(finetuned_ref, allow_local=allow_local):
+        return COMPLETION
     if kind == "classifier" and options.prompted():
         raise ModelError(f"'{finetuned_ref}' is a sequence classifier: --template, --label-words and "
                          "--label-scoring are for causal or masked language models")
@@ -253,6 +302,16 @@ def load_reader(ref: str, kind: str, labels, options: LoadOptions, *, tokenizer=
     """
     kw = {"trust_remote_code": trust_remote_code, "allow_local": allow_local, "dtype": options.dtype,
           "device_map": options.device_map}
+    if kind == COMPLETION:
+        if options.prompted():
+            raise ModelError("--template and --label-words read a language model as a classifier; a completion task "
+                             "scores the model's own completions: drop them")
+        own = checkpoint_kind(ref, trust_remote_code=trust_remote_code, allow_local=allow_local)
+        if own != "causal-lm":
+            raise ModelError(f"'{ref}' is a {own.replace('-', ' ')}: a completion task is scored on a causal LM's own "
+                             "completions; give causal LMs, e.g. --base smollm2 --finetuned smollm2-dates")
+        tokenizer = tokenizer or load_tokenizer(ref, trust_remote_code=trust_remote_code, allow_local=allow_local)
+        return CompletionLM(load_lm(ref, "causal-lm", **kw)), tokenizer, set()
     if kind == "classifier":
         model, info = load_classifier(ref, label_names=tuple(labels) if labels else None,
                                       as_classifier=options.head == "classifier", **kw)
@@ -364,17 +423,21 @@ class ModelPair:
         kind = pair_kind(finetuned_ref, options, allow_local=allow_local)
         finetuned, tokenizer, _ = load_reader(finetuned_ref, kind, None if kind == "classifier" else labels, options, **kw)
         prompt = getattr(tokenizer, "prompt", None)
-        if prompt is None:  # a classifier's labels are its own
+        if kind == COMPLETION:  # no labels: the skill is the completions
+            labels = ()
+        elif prompt is None:  # a classifier's labels are its own
             id2label = getattr(finetuned.config, "id2label", None) or {}
             labels = tuple(str(id2label.get(i, i)) for i in range(finetuned.config.num_labels))
         else:
             labels = prompt.labels
         base, _, new_in_base = load_reader(base_ref, kind, labels, options, tokenizer=tokenizer, **kw)
-        fixed = finetuned.head_names() if prompt else set()
+        fixed = finetuned.head_names() if hasattr(finetuned, "head_names") else set()
         check_pair(base, finetuned, new_in_base)
         pair = cls.from_models(base, finetuned, tokenizer, new_in_base, spec, base_ref, finetuned_ref, labels, fixed)
         pair.prompt = prompt
-        pair.options = options
+        pair.options = replace(options, head=COMPLETION) if kind == COMPLETION else options
+        if pair.completion:
+            pair.label_names = ()
         pair.hashes = {"base": content_hash(base_ref), "finetuned": content_hash(finetuned_ref)}
         for ref, values in ((finetuned_ref, pair.ft), (base_ref, pair.pre)):
             broken = next((n for n, t in values.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())),
@@ -383,6 +446,11 @@ class ModelPair:
                 raise ModelError(f"'{ref}' holds NaN or infinite weights (first in {broken}): it cannot be scored or "
                                  "grafted; check how it was trained or saved")
         return pair
+
+    @property
+    def completion(self) -> bool:
+        """Whether the pair is a causal LM scored on completions (not a classifier)."""
+        return self.options.head == COMPLETION
 
     def moved(self) -> bool:
         """Whether fine-tuning changed any graftable parameter (a pair of one checkpoint twice has nothing to find)."""
@@ -438,6 +506,8 @@ class ModelPair:
 
     def loading_record(self) -> dict:
         """How to read this pair again (LoadFields names): recorded in regions, so later verbs reuse the prompt."""
+        if self.completion:
+            return {"head": COMPLETION}
         if self.prompt is None:
             return {"head": "classifier"} if self.options.head == "classifier" else {}
         return {"head": self.prompt.kind, "template": self.prompt.template, "label_words": self.prompt.label_words(),
@@ -518,6 +588,21 @@ class ModelPair:
         finally:
             self.reset()
 
+    @contextlib.contextmanager
+    def holding(self, values: dict[str, torch.Tensor]) -> Iterator[torch.nn.Module]:
+        """The working model with whole tensors ``values`` (name -> tensor: another fine-tune, a task-arithmetic
+        merge) in place of θ_pre for the duration of the block; only graftable tensors may be given."""
+        unknown = set(values) - set(self.graftable)
+        if unknown:
+            raise ModelError(f"{sorted(unknown)[0]} is not a graftable tensor of this pair")
+        try:
+            with torch.no_grad():
+                for name, value in values.items():
+                    self._params[name].data.copy_(value)
+            yield self.model
+        finally:
+            self.reset()
+
     @torch.no_grad()
     def reset(self) -> None:
         """Back to pre-trained body + fine-tuned head."""
@@ -542,7 +627,7 @@ class ModelPair:
             "base": self.base_ref,
             "finetuned": self.finetuned_ref,
             "architecture": architecture(self.model),
-            "kind": self.prompt.kind if self.prompt else "classifier",
+            "kind": COMPLETION if self.completion else self.prompt.kind if self.prompt else "classifier",
             "prompt": self.prompt.as_dict() if self.prompt else None,
             "labels": list(self.label_names),
             **{f"{k}_params": v for k, v in counts.items()},
@@ -550,6 +635,15 @@ class ModelPair:
             "head_tensors": self.head,
             "hashes": self.hashes,
         }
+
+
+def completion_checkpoint(ref: str, *, allow_local: bool = True) -> bool:
+    """Whether ``ref`` is a checkpoint graftui fine-tuned on a completion task (its record says so)."""
+    try:
+        folder = Path(resolve(ref, allow_local=allow_local))
+    except ModelError:
+        return False
+    return folder.is_dir() and (checkpoint_record(folder) or {}).get("task_kind") == COMPLETION
 
 
 def checkpoint_record(path: str | Path) -> dict | None:

@@ -28,11 +28,17 @@ from .config import (
     DEFAULT_SPARSITY, DEFAULT_TASK, DTYPES, FAST, HEADS, LOGIT_DTYPES, LR_FOR, MEMORY_MODES, MODULE_TYPES, BINARISE_RULES,
     MASK_OPTIMIZERS, SENTIMENT_TASKS, Budget, FinetuneConfig, GraftableSpec, LearnConfig, LoadOptions, default_recipe,
 )
+from .completion import CompletionSpec
 from .data import DataSpec
-from .errors import RequestError
+from .errors import GraftuiError, RequestError
+from .generation import MAX_NEW_TOKENS, AnswerRule
 from .localizers import METHODS
 from .regions import LISTING_COLUMNS
 from .sets import RESOLVE_MODES
+
+
+TASK_KINDS = ("auto", "classification", "completion")
+MAX_GENERATED = 1024  # --max-new-tokens at most
 
 
 def arg(default, help: str, **cli):
@@ -70,6 +76,8 @@ class Request:
             choices = choices_of(type(self), f.name)
             if choices and value not in choices and not isinstance(value, list):
                 raise RequestError(f"unknown {f.name.replace('_', ' ')} '{value}'; choose from {', '.join(choices)}")
+        if isinstance(self, TaskFields):  # every verb that reads a task
+            self.check_task_fields()
         self.check()
         return self
 
@@ -235,9 +243,49 @@ class TaskFields(Request):
     label_column: str | None = arg(None, "column holding the label (guessed if omitted)", metavar="NAME", group="data")
     config: str | None = arg(None, "Hugging Face dataset config name", metavar="NAME", group="data")
 
+    task_kind: str = arg("auto", "classification (a label per text), completion ((prompt, completion) pairs or "
+                         "chats, scored on the completion) or auto (an offline skill, or the file's columns, decide)",
+                         choices=TASK_KINDS, group="data")
+    prompt_column: str | None = arg(None, "completion tasks: column holding the prompt (guessed if omitted)",
+                                    metavar="NAME", group="completion tasks")
+    completion_column: str | None = arg(None, "completion tasks: column holding the completion (guessed if omitted)",
+                                        metavar="NAME", group="completion tasks")
+    messages_column: str | None = arg(None, "completion tasks: column of chat conversations ([{role, content}, …]; "
+                                      "every assistant turn is scored)", metavar="NAME", group="completion tasks")
+    answer_regex: str | None = arg(None, r"completion tasks: compare only the answer this regex finds (its first "
+                                   r"group), e.g. '#### (\S+)'", metavar="REGEX", group="completion tasks")
+    ignore_case: bool = arg(AnswerRule.ignore_case, "completion tasks: exact match ignores case",
+                            group="completion tasks")
+    whole_generation: bool = arg(not AnswerRule.first_line, "completion tasks: compare the whole generation, not "
+                                 "only its first line (the default for a one-line reference)", group="completion tasks")
+    max_new_tokens: int = arg(MAX_NEW_TOKENS, "completion tasks: tokens a model may generate per prompt (greedy)",
+                              metavar="N", group="completion tasks")
+
     def data_spec(self) -> DataSpec:
         return DataSpec(config=self.config, text_column=self.text_column, pair_column=self.pair_column,
                         label_column=self.label_column)
+
+    def completion_spec(self) -> CompletionSpec:
+        return CompletionSpec(config=self.config, prompt_column=self.prompt_column,
+                              completion_column=self.completion_column, messages_column=self.messages_column)
+
+    def answer_rule(self) -> AnswerRule:
+        return AnswerRule(regex=self.answer_regex or None, ignore_case=self.ignore_case,
+                          first_line=not self.whole_generation)
+
+    def check_task_fields(self) -> None:
+        check_at_least_one("max_new_tokens", self.max_new_tokens)
+        if self.max_new_tokens > MAX_GENERATED:
+            raise RequestError(f"--max-new-tokens {self.max_new_tokens} is more than {MAX_GENERATED}; an answer this "
+                               "long is no exact-match task")
+        try:
+            self.answer_rule().compiled()
+        except GraftuiError as err:
+            raise RequestError(str(err)) from None
+        if self.task_kind == "classification" and (self.prompt_column or self.completion_column or
+                                                    self.messages_column):
+            raise RequestError("--prompt-column, --completion-column and --messages-column are for completion tasks; "
+                               "drop them or use --task-kind completion")
 
 
 @dataclass
@@ -767,7 +815,13 @@ class ComposeRequest(Request):
     resolve: str = arg("mean", "value where patches overlap: mean of their movements, first or last",
                        choices=RESOLVE_MODES)
     base: str | None = arg(None, H_BASE + " (default: the regions' own)", metavar="REF")
-    evaluate: bool = arg(False, "score each task alone, in the union graft and on the bare body (with its own head)")
+    evaluate: bool = arg(False, "score each task alone, in the union graft and on the bare body (with its own head); "
+                         "regions of completion tasks are stitched (--stitch)")
+    stitch: bool = arg(False, "Localize-and-Stitch: score the union θ_pre + Σ γ_i⊙δ_i on every region's task beside "
+                       "each fine-tune alone and task arithmetic θ_pre + λ Σ δ_i (λ chosen on validation examples)")
+    lambdas: list[float] = arg([0.2, 0.4, 0.6, 0.8, 1.0], "task arithmetic's λ grid, e.g. 0.2,0.5,1", metavar="LIST",
+                               list="comma")
+    validation_n: int = arg(100, "validation examples per task that choose λ", metavar="N")
     n: int | None = arg(None, "test examples per task when evaluating (default all)", metavar="N")
     out: str | None = arg(None, "the union file: a skill patch when every input is one (or --evaluate made them "
                           "patches), a region otherwise (default: not written)", metavar="FILE")
@@ -779,6 +833,10 @@ class ComposeRequest(Request):
         for path in self.regions:
             check_region_file(path)
         check_at_least_one("n", self.n)
+        check_at_least_one("validation_n", self.validation_n)
+        if not self.lambdas or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+                                       and 0 < x <= 2 for x in self.lambdas):
+            raise RequestError(f"--lambdas: give task arithmetic's λ values in (0, 2], e.g. 0.2,0.5,1; got {self.lambdas}")
         check_out_file(self.out, self.overwrite)
 
 

@@ -99,8 +99,8 @@ def sample(task: Task, split: str, n: int | None, seed: int = 0):
 
 def body_of(pair) -> str:
     """The name of ``pair``'s empty-region model: the bare body with FT's head, or, for a language model read through
-    label words, the pre-trained model under the same prompt."""
-    return body_label(pair.prompt is not None)
+    label words or scored on completions, the pre-trained model under the same prompt."""
+    return body_label(pair.prompt is not None or pair.completion)
 
 
 def predict(pair, task: Task, split: str, n: int | None, batch_size: int = 64, seed: int = 0):
@@ -197,8 +197,7 @@ def compare(
     done = 0
     for t in tasks:
         variants: list[tuple[str, object]] = [(FT_LABEL, None), (body, None)]  # the references: cached per pair
-        variants += [(label, pair.grafted(region) if isinstance(region, dict) else pair.grafted(*region))
-                     for label, region in models.items()]
+        variants += [(label, state_of(pair, region)) for label, region in models.items()]
         reference, predictions = None, {}
         for label, context in variants:
             if cancel is not None and cancel.is_set():
@@ -224,7 +223,7 @@ def compare(
                 "ece": m.ece,
                 "confidence": m.mean_confidence,
                 "agreement_with_ft": metrics.agreement(probs, reference),
-                "region_size": _size(models[label]) if label in models else None,
+                "region_size": region_size(models[label]) if label in models else None,
             })
             if t is task:
                 reliability[label] = metrics.reliability(probs, labels)
@@ -267,7 +266,18 @@ def differences(predictions: dict[str, torch.Tensor], labels, pairs, task: str, 
     return out
 
 
-def _size(model) -> int:
+def state_of(pair, model):
+    """The context in which the working model is ``model``: a region (its graft), (indices, values) written as
+    given, or a callable that returns a context of its own (whole tensors held: another fine-tune, a merge)."""
+    if callable(model):
+        return model()
+    return pair.grafted(model) if isinstance(model, dict) else pair.grafted(*model)
+
+
+def region_size(model) -> int | None:
+    """A graft's region size (None for whole tensors held)."""
+    if callable(model):
+        return None
     return method.region_size(model if isinstance(model, dict) else model[0])
 
 

@@ -361,6 +361,10 @@ def ensure_default_finetuned(
     with file_lock(out):  # another process building it meanwhile: wait, then reuse
         if (out / "config.json").exists():
             return out
+        if task_ref in completion.OFFLINE_SKILLS:
+            return finetune_completions(base_ref, completion.offline_skill(task_ref), recipe_for(key), out,
+                                        progress=progress, cancel=cancel,
+                                        request={"verb": "finetune", "base": base_ref, "task": task_ref})
         return finetune(base_ref, load_task(task_ref), recipe_for(key), out, progress=progress, cancel=cancel,
                         request={"verb": "finetune", "base": base_ref, "task": task_ref,
                                  **{k: v for k, v in options.as_dict().items() if v != getattr(LoadOptions(), k)}},

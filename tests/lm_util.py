@@ -83,3 +83,35 @@ def write_task(path: Path, n: int = 48) -> Path:
         w.writeheader()
         w.writerows(rows)
     return path
+
+
+OPPOSITES = {"good": "bad", "great": "terrible", "fine": "awful", "loved": "hated", "fun": "dull", "bad": "good",
+             "terrible": "great", "awful": "fine", "hated": "loved", "dull": "fun"}
+
+
+def write_completion_task(path: Path, n: int = 60) -> Path:
+    """A small (prompt, completion) CSV: a word and its opposite, which a tiny causal LM learns in a few steps."""
+    import csv
+
+    words = list(OPPOSITES)
+    with open(path, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=["prompt", "completion"])
+        w.writeheader()
+        for i in range(n):
+            word = words[i % len(words)]
+            w.writerow({"prompt": f"{WORDS[i % 7]} {WORDS[(i // 7) % 9]} {word} is not", "completion": f" {OPPOSITES[word]}"})
+    return path
+
+
+def write_echo_task(path: Path, n: int = 60) -> Path:
+    """A second skill for the same tiny LMs: repeat the word before 'twice'."""
+    import csv
+
+    words = list(OPPOSITES)
+    with open(path, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=["prompt", "completion"])
+        w.writeheader()
+        for i in range(n):
+            word = words[(i * 3) % len(words)]
+            w.writerow({"prompt": f"{WORDS[i % 5]} {word} twice", "completion": f" {word} {word}"})
+    return path

@@ -89,7 +89,7 @@ def test_a_long_prompt_loses_its_start_and_never_a_completion_token(tmp_path, to
 
 
 @pytest.mark.parametrize("rows, header, needle", [
-    ([("a", "b")] * 4, ("prompt", "text"), "no completion column: name it with completion_column"),
+    ([("a", "b")] * 4, ("prompt", "text"), "no completion column: name it with --completion-column"),
     ([("a", "b"), ("c", "")] * 3, ("prompt", "completion"), "have an empty completion in column 'completion'"),
 ])
 def test_bad_completion_files_are_refused_in_one_line(tmp_path, rows, header, needle):

@@ -24,6 +24,7 @@ from ..config import (
     DEFAULT_EXAMPLES_PER_CLASS, DEFAULT_FINETUNED_REFS, GraftableSpec, LoadOptions, default_checkpoint_dir,
     is_default_finetuned,
 )
+from ..completion import OFFLINE_SKILLS, CompletionSpec, CompletionTask, NoCompletionColumns, load_completion_task
 from ..data import OFFLINE_TASKS, DataSpec, Task, all_as_test, batches, kshot, load_task
 from ..errors import DataError, GraftuiError, ModelError, RegionError, RequestError
 from ..layout import MODULE_LABELS, anatomy as count_anatomy
@@ -123,6 +124,36 @@ def get_task(ref: str, spec, guard: Guard, notes: list[str] | None = None) -> Ta
     if notes is not None:
         notes += [note for note in task.notes if note not in notes]
     return task
+
+
+def load_task_as(ref: str, spec, guard: Guard, notes: list[str] | None = None) -> Task | CompletionTask:
+    """A task read as ``spec`` says: a CompletionSpec makes a completion task, a DataSpec a classification task."""
+    if not isinstance(spec, CompletionSpec):
+        return get_task(ref, spec, guard, notes)
+    task = guard.checked_task(load_completion_task(ref, spec, allow_local=guard.allow_local(tasks=[ref])))
+    if notes is not None:
+        notes += [note for note in task.notes if note not in notes]
+    return task
+
+
+def get_any_task(req, guard: Guard, notes: list[str] | None = None) -> Task | CompletionTask:
+    """The request's task as the kind it names (``TaskFields``): a classification task, or a completion task (an
+    offline skill, (prompt, completion) columns, chats). With kind auto, an offline skill or a completion column
+    given makes a completion task; any other source is read as a classification task first, then as a completion
+    task, and the error said is the one of the kind the source's columns fit."""
+    ref, kind = req.task, req.task_kind
+    named = req.prompt_column or req.completion_column or req.messages_column
+    if kind == "completion" or (kind == "auto" and (named or str(ref).strip().lower() in OFFLINE_SKILLS)):
+        return load_task_as(ref, req.completion_spec(), guard, notes)
+    try:
+        return get_task(ref, req.data_spec(), guard, notes)
+    except DataError as first:
+        if kind == "classification" or str(ref).strip().lower() in OFFLINE_TASKS:
+            raise
+        try:
+            return load_task_as(ref, req.completion_spec(), guard, notes)
+        except NoCompletionColumns:
+            raise first from None
 
 
 def get_pair(base: str, finetuned: str, spec: GraftableSpec, guard: Guard, progress=None, cancel=None,

@@ -11,20 +11,21 @@ from pathlib import Path
 
 import torch
 
-from .. import card, metrics, regions, scoring, sets, settings
+from .. import card, generation, metrics, regions, scoring, sets, settings
+from ..completion import CompletionTask
 from ..config import DEFAULT_BASE, DEFAULT_TASK
 from ..errors import Cancelled, ModelError, RegionError, RequestError
-from ..experiments import drop_part, row_of
+from ..experiments import best_lambda, drop_part, row_of, task_arithmetic
 from ..layout import MODULE_LABELS, Anatomy, anatomy as count_anatomy, param_role
 from ..metrics import distinguishable
 from ..models import architecture, checkpoint_kind, load_classifier, load_lm
 from ..paths import new_path, short_ref
 from ..regions import RegionRecord
 from ..requests import AnatomyRequest, ComposeRequest, EvaluateRequest, ExportRequest, RegionsRequest
-from . import text
+from . import completions, text
 from .common import (
     LOCAL, Guard, Progress, Result, check_build, check_model_ref, finish, get_task, labels_for, latest_region,
-    load_region, loadable, merged_shapes, pair_for_regions, plain, same_regions,
+    load_region, load_task_as, loadable, merged_shapes, pair_for_regions, plain, same_regions,
 )
 from .registry import verb
 from .single import regions_pair, regions_setting, replicate_groups
@@ -135,7 +136,11 @@ def ablate(req: AnatomyRequest, path: str, record: RegionRecord, anat: Anatomy, 
     grafts = regions_setting(ev, guard)
     task = next(iter(grafts.tasks.values()))
     pair = regions_pair(ev, grafts, task, guard, progress, cancel)
-    scoring.check_labels(pair, task)
+    generative = isinstance(task, CompletionTask)  # scored by the exact match of its generations
+    if not generative:
+        scoring.check_labels(pair, task)
+    rule, new = completions.recorded_rule(record.meta)
+    data = generation.sample(task, "test", req.n, scoring.TEST_SAMPLE_SEED) if generative else None
     notes += [note for note in grafts.notes if note not in notes]
     values = record.values if record.is_patch else None
     parts = [("layer", row) for row in anat.layers] + [("module", m) for m in anat.modules]
@@ -143,13 +148,23 @@ def ablate(req: AnatomyRequest, path: str, record: RegionRecord, anat: Anatomy, 
     totals.update({("module", m): sum(row[j] for row in anat.totals) for j, m in enumerate(anat.modules)})
 
     def score(indices, vals):
+        """Class probabilities and labels; a completion task's exact matches (and no labels)."""
         with pair.grafted(indices) if vals is None else pair.grafted(indices, vals):
+            if generative:
+                return generation.read(pair.model, pair.tokenizer, task, data, rule, new).hits, None
             return scoring.predict(pair, task, "test", req.n, seed=scoring.TEST_SAMPLE_SEED)
+
+    def paired(full, probs, labels) -> dict:
+        if generative:
+            ones = torch.ones_like(full)
+            return metrics.paired_ratio_difference((full, ones), (probs, ones), "exact_match",
+                                                   seed=scoring.TEST_SAMPLE_SEED)
+        return metrics.paired_difference(full, probs, labels, "accuracy", seed=scoring.TEST_SAMPLE_SEED)
 
     if progress:
         progress({"stage": "scoring the whole graft", "fraction": 0.0})
     full, labels = score(record.indices, values)
-    accuracy = metrics.accuracy(full, labels)
+    accuracy = float(full.mean()) if generative else metrics.accuracy(full, labels)
     rows = []
     for i, (by, part) in enumerate(parts):
         if cancel is not None and cancel.is_set():
@@ -161,13 +176,14 @@ def ablate(req: AnatomyRequest, path: str, record: RegionRecord, anat: Anatomy, 
         kept, kept_values = drop_part(record.indices, record.shapes, **{by: part}, values=values)
         dropped = record.size - sets.region_size(kept)
         probs = full if not dropped else score(kept, kept_values)[0]
-        d = metrics.paired_difference(full, probs, labels, "accuracy", seed=scoring.TEST_SAMPLE_SEED)
+        d = paired(full, probs, labels)
         rows.append({"by": by, "part": part, "label": label, "parameters": dropped, "graftable": totals[(by, part)],
-                     "share": dropped / max(record.size, 1), "accuracy": metrics.accuracy(probs, labels),
+                     "share": dropped / max(record.size, 1),
+                     "accuracy": float(probs.mean()) if generative else metrics.accuracy(probs, labels),
                      "drop": d["diff"], "ci": d["ci"], "p": d["p"], "distinguishable": distinguishable(d)})
     finish(progress)
-    return {"task": task.name, "n": len(labels), "accuracy": accuracy, "accuracy_ci": card.wilson(accuracy, len(labels)),
-            "rows": rows}
+    return {"task": task.name, "n": len(full), "accuracy": accuracy, "accuracy_ci": card.wilson(accuracy, len(full)),
+            "metric": "exact_match" if generative else "accuracy", "rows": rows}
 
 
 @verb(AnatomyRequest, "where a region sits: layers × module types", text.anatomy)
@@ -206,6 +222,8 @@ class ComposeResult(Result):
     rows: list[dict] = field(default_factory=list)  # with evaluate: each task alone / in the union / bare body
     written: dict | None = None
     differences: list[dict] = field(default_factory=list)  # with evaluate: union and bare body − region alone, paired
+    stitch: dict | None = None  # with --stitch: task arithmetic's λ (chosen on validation) and its validation scores
+    generations: list[dict] = field(default_factory=list)  # stitched completion tasks: each model's generations
 
     def matrix(self) -> dict:
         """The overlap matrix as sets.overlap_matrix returns it."""
@@ -258,6 +276,98 @@ def _as_patch(record: RegionRecord, name: str, guard: Guard, progress=None, canc
     return regions.with_patch(pair, record)
 
 
+STITCHED = "stitched"
+
+
+def _score(pair, task, models: dict, n, contrasts, judging, progress=None, cancel=None) -> dict:
+    """Every model of ``models`` (and FT, the pre-trained model) on ``task``, as evaluate scores it: by generation on
+    a completion task, by class probabilities otherwise."""
+    if isinstance(task, CompletionTask):
+        rule, new = judging
+        return generation.compare_completions(pair, task, models, n=n, seed=scoring.TEST_SAMPLE_SEED,
+                                              contrasts=contrasts, rule=rule, max_new_tokens=new, progress=progress,
+                                              cancel=cancel)
+    return scoring.compare(pair, task, models, n=n, seed=scoring.TEST_SAMPLE_SEED, contrasts=contrasts,
+                           progress=progress, cancel=cancel).as_dict()
+
+
+def _validation(pair, task, values: dict, n: int, judging) -> float:
+    """One merge's score on ``n`` validation examples: exact match (a completion task) or accuracy."""
+    with pair.holding(values):
+        if isinstance(task, CompletionTask):
+            data = generation.sample(task, "validation", n, scoring.TEST_SAMPLE_SEED)
+            rule, new = judging
+            return float(generation.read(pair.model, pair.tokenizer, task, data, rule, new).hits.mean())
+        probs, labels = scoring.predict(pair, task, "validation", n, seed=scoring.TEST_SAMPLE_SEED)
+        return metrics.accuracy(probs, labels)
+
+
+@dataclass
+class Stitched:
+    rows: list[dict]
+    differences: list[dict]
+    chosen: dict  # task arithmetic's λ and the validation score of each λ tried
+    patches: list[RegionRecord]  # the members as skill patches
+    union: tuple  # (indices, values) of θ_pre + Σ_i γ_i ⊙ δ_i
+    report: dict  # how overlaps were settled (sets.union_values)
+    generations: list[dict]  # completion tasks: prompt, reference and each model's generation
+
+
+def stitch(req: ComposeRequest, records: list[RegionRecord], names: list[str], base: str, guard: Guard,
+           progress=None, cancel=None) -> Stitched:
+    """Localize-and-Stitch as an experiment: θ_pre + Σ_i γ_i ⊙ δ_i scored on every member's task beside each
+    fine-tune alone, each region alone, the pre-trained model and task arithmetic θ_pre + λ Σ_i δ_i (λ chosen on
+    validation examples of every task)."""
+    finetunes = [r.meta.finetuned for r in records]
+    missing = next((f for f in finetunes if not loadable(f)), None)
+    if missing is not None:
+        raise RegionError(f"stitching compares the stitched model with each fine-tune and task arithmetic, so every "
+                          f"region's fine-tuned model must load; '{missing}' cannot: give regions made here")
+    tasks = [load_task_as(r.meta.task or DEFAULT_TASK, regions.recorded_columns(r.meta), guard) for r in records]
+    judging = [completions.recorded_rule(r.meta) for r in records]
+    pairs = []
+    for i, (record, name, finetuned) in enumerate(zip(records, names, finetunes)):
+        if progress:
+            progress({"stage": f"loading {short_ref(base)} and {short_ref(finetuned)}", "fraction": i / len(records) / 4})
+        pair = pair_for_regions(base, finetuned, [record], guard, progress, cancel)
+        regions.check_fits(record, pair)
+        check_build(record, pair, name, [])
+        pairs.append(pair)
+    graftable = [n for n in pairs[0].graftable if all(n in p.ft for p in pairs)]
+    patches = [regions.with_patch(p, r) if not r.is_patch else r for p, r in zip(pairs, records)]
+    union_idx, union_val, report = scoring.union_of(patches, names, pairs[0].pre, req.resolve)
+    ft_values = [{n: p.ft[n] for n in graftable} for p in pairs]
+    scores: dict[float, float] = {}
+    for j, lam in enumerate(req.lambdas):
+        if cancel is not None and cancel.is_set():
+            raise Cancelled("stitching cancelled")
+        if progress:
+            progress({"stage": f"task arithmetic: λ = {lam:g} on validation examples",
+                      "fraction": 0.25 + 0.25 * j / len(req.lambdas)})
+        merged = task_arithmetic(pairs[0].pre, ft_values, lam, graftable)
+        scores[lam] = sum(_validation(p, t, merged, req.validation_n, jd)
+                          for p, t, jd in zip(pairs, tasks, judging)) / len(pairs)
+    lam = best_lambda(scores)
+    merged = task_arithmetic(pairs[0].pre, ft_values, lam, graftable)
+    arithmetic = f"task arithmetic (λ = {lam:g})"
+    rows, found, shown = [], [], []
+    for i, (pair, task, record, name) in enumerate(zip(pairs, tasks, records, names)):
+        models = {STITCHED: (union_idx, union_val), f"{name} alone": record.indices,
+                  arithmetic: lambda p=pair: p.holding(merged)}
+        models.update({f"fine-tuned for {names[j]}": (lambda p=pair, v=ft_values[j]: p.holding(v))
+                       for j in range(len(pairs)) if j != i})
+        part = _score(pair, task, models, req.n, [(STITCHED, arithmetic), (STITCHED, f"{name} alone")], judging[i],
+                      progress, cancel)
+        for row in part["rows"]:
+            row["head"] = name
+        rows += part["rows"]
+        found += [{**d, "head": name} for d in part["differences"]]
+        shown += [{**g, "task": task.name} for g in part.get("generations", ())]
+    chosen = {"lambda": lam, "lambdas": [{"lambda": k, "validation": v} for k, v in scores.items()],
+              "validation_n": req.validation_n, "model": arithmetic}
+    return Stitched(rows, found, chosen, patches, (union_idx, union_val), report, shown)
+
+
 @verb(ComposeRequest, "overlap of regions, their union, and the union graft scored", text.compose)
 def compose(req: ComposeRequest, progress: Progress | None = None, cancel=None, guard: Guard = LOCAL) -> ComposeResult:
     """Overlap and union of regions; with ``evaluate``, the union graft scored on every region's task."""
@@ -275,7 +385,13 @@ def compose(req: ComposeRequest, progress: Progress | None = None, cancel=None, 
     found: list[dict] = []
     report = None
     union_idx = union_val = None
-    if req.evaluate:
+    stitched, generations = None, []
+    if req.stitch or (req.evaluate and any((r.meta.loading or {}).get("head") == "completion" for r in records)):
+        made = stitch(req, records, names, base, guard, progress, cancel)
+        rows, found, stitched, records, report = made.rows, made.differences, made.chosen, made.patches, made.report
+        union_idx, union_val = made.union
+        generations = made.generations
+    elif req.evaluate:
         records = [_as_patch(r, name, guard, progress, cancel) for r, name in zip(records, names)]
         scoring.check_composable(records)
         tasks = [get_task(r.meta.task or DEFAULT_TASK, regions.recorded_columns(r.meta), guard) for r in records]
@@ -318,7 +434,7 @@ def compose(req: ComposeRequest, progress: Progress | None = None, cancel=None, 
     return ComposeResult(req, same_regions(names, records), time.time() - start, names, list(req.regions),
                          [r.kind for r in records], matrix["sizes"],
                          matrix["intersection_counts"], matrix["overlap"], matrix["iou"], union_size, graftable, report,
-                         rows, written, found)
+                         rows, written, found, stitched, generations)
 
 
 # -- export ----------------------------------------------------------------------------------------

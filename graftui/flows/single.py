@@ -21,6 +21,7 @@ from ..config import (
     DEFAULT_BASE, DEFAULT_FINETUNED, DEFAULT_FINETUNED_REFS, DEFAULT_LOADING, DEFAULT_TASK, FT_LABEL, GraftableSpec,
     LoadOptions, default_checkpoint_dir,
 )
+from ..completion import CompletionTask
 from ..data import Split, Task, batches
 from ..errors import Cancelled, GraftuiError, ModelError, RegionError, RequestError
 from ..layout import MODULE_LABELS, anatomy as count_anatomy
@@ -32,9 +33,10 @@ from ..regions import RegionMeta, RegionRecord
 from ..requests import (
     EvaluateRequest, FinetuneRequest, LocalizeRequest, PairRequest, PredictRequest, Request, SweepRequest, derive,
 )
-from . import text
+from . import completions, text
 from .common import (
-    LOCAL, Guard, Progress, Result, check_build, check_model_ref, examples_per_class, finish, get_pair, get_task,
+    LOCAL, Guard, Progress, Result, check_build, check_model_ref, examples_per_class, finish, get_any_task, get_pair,
+    get_task, load_task_as,
     graft_of, kshot_batches, labels_for, load_region, loadable, merged_shapes, needs_task_labels, ood_tasks,
     pair_for_regions, plain, prompt_notes, remember_scores, same_regions, save_new, part_progress, side_by_side,
 )
@@ -54,6 +56,8 @@ class FinetuneResult(Result):
     seeds: list[int] = field(default_factory=list)  # with --seeds: test_accuracy is the mean over these
     per_seed: list[dict] = field(default_factory=list)  # with --seeds: {seed, out, test_accuracy, reused} per seed
     test_accuracy_std: float | None = None  # with --seeds: the spread of the seeds' test accuracies
+    task_kind: str = "classification"  # a completion task's test accuracy is the exact match of greedy generations
+    test_loss: float | None = None  # a completion task: loss per completion token on the test examples
 
     def as_dict(self) -> dict:
         out = super().as_dict()
@@ -81,9 +85,12 @@ def finetune(req: FinetuneRequest, progress: Progress | None = None, cancel=None
     config = req.recipe()
     check_model_ref(req.base)
     notes: list[str] = []
-    task = get_task(req.task, req.data_spec(), guard, notes)
+    task = get_any_task(req, guard, notes)
     allow = guard.allow_local(models=[req.base])
     options = req.load_options()
+    generative = isinstance(task, CompletionTask)
+    if generative:
+        options = completions.check_kind(options)
     if req.out:
         out, shared = Path(req.out).expanduser(), contextlib.nullcontext()
     else:
@@ -99,11 +106,18 @@ def finetune(req: FinetuneRequest, progress: Progress | None = None, cancel=None
 
     with shared:
         reused = not req.out and (out / "config.json").exists()
-        if not reused:
+        if not reused and generative:
+            completions.finetune(req, task, config, out, progress, cancel, allow)
+        elif not reused:
             training.finetune(req.base, task, config, out, progress=step, cancel=cancel, allow_local=allow,
                               request=req.as_dict(), options=options)
     if progress:
         progress({"stage": "testing", "fraction": 0.99})
+    if generative:
+        exact, n, loss = completions.test_score(out, task, req)
+        finish(progress)
+        return FinetuneResult(req, notes, time.time() - start, str(out), reused, task.name, exact, n, config.as_dict(),
+                              task_kind="completion", test_loss=loss)
     model, tokenizer, _, _ = training.load_trainable(str(out), task.label_names, LoadOptions(head=options.head,
                                                                                           dtype=options.dtype))
     checkpoint = SimpleNamespace(model=model.eval().to(settings.device()), tokenizer=tokenizer)
@@ -181,7 +195,9 @@ def find_region(req, pair: ModelPair, task: Task | None, k: int, notes: list[str
     info = get_method(req.method)
     config = req.learn_config()
     make_batches, n_train = None, 0
-    if info.needs_data:
+    if info.needs_data and pair.completion:
+        make_batches, n_train = completions.mask_batches(pair, task, req, notes)
+    elif info.needs_data:
         scoring.check_labels(pair, task)
         make_batches, n_train = kshot_batches(pair, task, req, notes)
 
@@ -221,16 +237,21 @@ def localize(req: LocalizeRequest, progress: Progress | None = None, cancel=None
     options = req.load_options()
     needs_task = info.needs_data or needs_task_labels(req.finetuned, options, guard)  # an LM's words follow the labels
     notes: list[str] = []
-    task = get_task(req.task, req.data_spec(), guard, notes) if needs_task else None
+    task = get_any_task(req, guard, notes) if needs_task else None
     if task is None and req.check_n:  # only the held-out check reads the task: without it the region is still made
         try:
-            task = get_task(req.task, req.data_spec(), guard, notes)
+            task = get_any_task(req, guard, notes)
         except GraftuiError as err:
             notes.append(f"no held-out check: {err}")
-    if info.needs_data:
+    generative = isinstance(task, CompletionTask)
+    if generative:
+        options = completions.check_kind(options)
+        if info.needs_data:
+            completions.train_sample(task, req, [])  # a bad sample size fails before any model is loaded
+    elif info.needs_data:
         examples_per_class(req, task, [])  # a bad k-shot size fails before any model is loaded
     pair = get_pair(req.base, req.finetuned, req.graftable_spec(), guard, progress, cancel, options,
-                    task.label_names if task else None)
+                    task.label_names if task is not None and not generative else None)
     notes += prompt_notes(pair)
     check_moved(pair)
     k = req.budget().resolve(pair.counts()["graftable"])
@@ -238,15 +259,20 @@ def localize(req: LocalizeRequest, progress: Progress | None = None, cancel=None
         progress({"stage": f"budget k = {k:,}", "k": k})
     world = data_parallel()
     checking = bool(req.check_n) and world is None and task is not None
-    if checking and len(task.label_names) != len(pair.label_names):
+    if checking and generative != pair.completion:
+        checking = False
+        notes.append(f"no held-out check: task '{task.name}' is a {'completion' if generative else 'classification'} "
+                     "task and the pair is not read as one")
+    if checking and not generative and len(task.label_names) != len(pair.label_names):
         checking = False
         notes.append(f"no held-out check: task '{task.name}' has {len(task.label_names)} labels, the fine-tuned model "
                      f"{len(pair.label_names)}; evaluate the region on its own task (--task)")
-    if checking and info.needs_data and progress:  # a first held-out figure in seconds: the region learning starts from
+    if checking and info.needs_data and progress and not generative:  # a first held-out figure in seconds: the region
+        # learning starts from (generating is slower: a completion task checks the learned region only)
         start_region = method.base_region(pair.pre, pair.ft, list(pair.graftable), k)
-        quick_check(pair, task, {"top-movement start": start_region}, req.check_n, 0, progress, cancel)
+        quick_check(pair, task, {"top-movement start": start_region}, req, 0, progress, cancel)
     region, made = find_region(req, pair, task, k, notes, progress, cancel)
-    check = quick_check(pair, task, {"this region": region}, req.check_n, req.steps if info.needs_data else 0,
+    check = quick_check(pair, task, {"this region": region}, req, req.steps if info.needs_data else 0,
                         progress, cancel) if checking else None
     record = region_record(req, pair, region, made, notes, time.time() - start)
     if req.out:
@@ -262,10 +288,14 @@ def localize(req: LocalizeRequest, progress: Progress | None = None, cancel=None
     return LocalizeResult(req, notes, time.time() - start, str(out), record, check=check)
 
 
-def quick_check(pair: ModelPair, task: Task, models: dict, n: int, step: int, progress=None, cancel=None) -> dict:
-    """A region scored at once on ``n`` held-out test examples beside FT and the empty region (theirs cached per
-    pair): {task, n, step, rows, differences}; each graft's accuracy goes to ``progress`` as a ``heldout`` event."""
-    part = scoring.compare(pair, task, models, n=n, seed=scoring.TEST_SAMPLE_SEED, cancel=cancel).as_dict()
+def quick_check(pair: ModelPair, task, models: dict, req, step: int, progress=None, cancel=None) -> dict:
+    """A region scored at once on ``req.check_n`` held-out test examples beside FT and the empty region (theirs cached
+    per pair): {task, n, step, rows, differences}; each graft's accuracy (a completion task's: its exact match) goes
+    to ``progress`` as a ``heldout`` event."""
+    if pair.completion:
+        part = completions.quick_check(pair, task, models, req, cancel=cancel)
+    else:
+        part = scoring.compare(pair, task, models, n=req.check_n, seed=scoring.TEST_SAMPLE_SEED, cancel=cancel).as_dict()
     rows = card.annotate(part["rows"])
     scored = {r["model"]: r for r in rows}
     ft, bare = scored[FT_LABEL], scored[scoring.body_of(pair)]
@@ -274,7 +304,8 @@ def quick_check(pair: ModelPair, task: Task, models: dict, n: int, step: int, pr
             progress({"stage": f"held-out check of {name}", "heldout": {
                 "step": step, "model": name, "accuracy": scored[name]["accuracy"], "ft": ft["accuracy"],
                 "bare": bare["accuracy"], "n": scored[name]["n"]}})
-    return {"task": part["task"], "n": ft["n"], "step": step, "rows": rows, "differences": part["differences"]}
+    return {"task": part["task"], "n": ft["n"], "step": step, "rows": rows, "differences": part["differences"],
+            **({"generations": part["generations"]} if "generations" in part else {})}
 
 
 SPEED_ONLY = ("memory", "checkpoint_every", "overwrite", "check_n")  # how a run goes, not what it finds
@@ -674,6 +705,7 @@ class EvaluateResult(Result):
     disagreements: list[dict] = field(default_factory=list)  # test examples where a graft decides unlike FT
     finetunes: list[str] = field(default_factory=list)  # regions of several fine-tunes: figures are means over these
     per_finetune: list[dict] = field(default_factory=list)  # … and each fine-tune's own rows and differences
+    generations: list[dict] = field(default_factory=list)  # a completion task: prompt, reference, each model's answer
 
 
 def _merge_patches(records, labels):
@@ -743,7 +775,10 @@ def regions_setting(req, guard: Guard) -> Grafts:
         groups.setdefault(key, []).append(i)
     if not groups:
         groups[(task_ref, None)] = []
-    tasks = {key: get_task(key[0], key[1] or spec, guard, notes) for key in groups}
+    tasks = {key: get_any_task(req, guard, notes) if key[1] is None and req.task else
+             load_task_as(key[0], key[1] or spec, guard, notes) for key in groups}
+    if len({isinstance(t, CompletionTask) for t in tasks.values()}) > 1:
+        raise RegionError("the regions were learned on completion and classification tasks: evaluate them apart")
     return Grafts(records, labels, first, base, finetuned, from_patch, groups, tasks, notes)
 
 
@@ -752,6 +787,8 @@ def regions_pair(req, grafts: Grafts, task: Task, guard: Guard, progress=None, c
     gains what the reader should know: a patch's fine-tuned model rebuilt, another build, the prompt)."""
     records, labels, first, notes = grafts.records, grafts.labels, grafts.first, grafts.notes
     options = req.load_options(regions.recorded_options(first) if records else None)
+    if isinstance(task, CompletionTask):
+        options = completions.check_kind(options)
     if grafts.from_patch:
         if progress:
             progress({"stage": f"loading {short_ref(grafts.base)} with the patch"})
@@ -766,7 +803,7 @@ def regions_pair(req, grafts: Grafts, task: Task, guard: Guard, progress=None, c
         pair = pair_for_regions(grafts.base, grafts.finetuned, records, guard, progress, cancel, options)
     else:
         pair = get_pair(grafts.base, grafts.finetuned, GraftableSpec(), guard, progress, cancel, options,
-                        task.label_names)
+                        getattr(task, "label_names", None))
     notes += prompt_notes(pair)
     for path, label, record in zip(req.regions, labels, records):
         try:
@@ -798,7 +835,12 @@ def evaluate(req: EvaluateRequest, progress: Progress | None = None, cancel=None
     grafts = regions_setting(req, guard)
     records, labels, groups, tasks, notes = grafts.records, grafts.labels, grafts.groups, grafts.tasks, grafts.notes
     task = next(iter(tasks.values()))
-    oods = {key: ood_tasks(req, key[0], tasks[key], guard, notes) for key in groups}  # checked before any model loads
+    generative = isinstance(task, CompletionTask)
+    if generative and req.ood:
+        raise RequestError("--ood names classification tasks in the same label space; a completion task has no "
+                           "labels: evaluate the other task as its own --task")
+    oods = {key: [] if generative else ood_tasks(req, key[0], tasks[key], guard, notes) for key in groups}  # checked
+    # before any model loads
     pair = regions_pair(req, grafts, task, guard, progress, cancel)
     graftable = pair.counts()["graftable"]
     kinds = {label: record.meta.method for label, record in zip(labels, records)}
@@ -819,7 +861,8 @@ def evaluate(req: EvaluateRequest, progress: Progress | None = None, cancel=None
                     for own, record in zip(labels, records):
                         if record.size == k and record.meta.method == "learned":
                             start_overlap.setdefault(own, sets.overlap(region, record.indices))
-    result = {"rows": [], "reliability": {}, "histogram": {}, "ood": [], "differences": [], "disagreements": []}
+    result = {"rows": [], "reliability": {}, "histogram": {}, "ood": [], "differences": [], "disagreements": [],
+              "generations": []}
     lines: list[str] = []
     several = len(groups) > 1
     for key, members in groups.items():
@@ -829,12 +872,16 @@ def evaluate(req: EvaluateRequest, progress: Progress | None = None, cancel=None
         for k in sorted({records[i].size for i in members}) or list(baselines):
             models.update(baselines.get(k, {}))
             contrasts += [(labels[i], other) for i in members if records[i].size == k for other in baselines.get(k, {})]
-        part = scoring.compare(pair, task_g, models, ood=oods[key], n=req.n, seed=scoring.TEST_SAMPLE_SEED,
-                               contrasts=contrasts,
-                               progress=progress, cancel=cancel).as_dict()
+        if generative:
+            part = completions.evaluate(req, pair, task_g, models, contrasts, progress, cancel)
+            part = {**part, "reliability": {}, "histogram": {}, "ood": [], "disagreements": []}
+        else:
+            part = scoring.compare(pair, task_g, models, ood=oods[key], n=req.n, seed=scoring.TEST_SAMPLE_SEED,
+                                   contrasts=contrasts, progress=progress, cancel=cancel).as_dict()
         for row in part["rows"]:
             row["method"] = kinds.get(row["model"])
         card.annotate(part["rows"])
+        result["generations"] += [{**g, "task": part["task"]} for g in part.get("generations", ())]
         if grafts.from_patch:
             ft_name = f"{FT_LABEL} (from patch)"
             for row in part["rows"]:
@@ -844,8 +891,9 @@ def evaluate(req: EvaluateRequest, progress: Progress | None = None, cancel=None
                 table[ft_name] = table.pop(FT_LABEL)
             for d in part["differences"]:
                 d["b"] = ft_name if d["b"] == FT_LABEL else d["b"]
-        lines += card.evaluate_card(part["rows"], graftable=graftable, start_overlap=start_overlap,
-                                    differences=part["differences"])
+        lines += card.completion_card(part["rows"], part["differences"], graftable) if generative else \
+            card.evaluate_card(part["rows"], graftable=graftable, start_overlap=start_overlap,
+                               differences=part["differences"])
         result["rows"] += part["rows"]
         result["differences"] += part["differences"]
         result["disagreements"] += [{**d, "task": part["task"]} for d in part["disagreements"]
@@ -997,7 +1045,9 @@ def sweep(req: SweepRequest, progress: Progress | None = None, cancel=None, guar
     for ref in (req.base, req.finetuned):
         check_model_ref(ref)
     notes: list[str] = []
-    task = get_task(req.task, req.data_spec(), guard, notes)
+    task = get_any_task(req, guard, notes)
+    if isinstance(task, CompletionTask):
+        return sweep_completions(req, task, notes, start, progress, cancel, guard)
     oods = ood_tasks(req, req.task, task, guard, notes)
     methods = list(dict.fromkeys(req.methods))
     if any(get_method(m).needs_data for m in methods):
@@ -1059,6 +1109,54 @@ def sweep(req: SweepRequest, progress: Progress | None = None, cancel=None, guar
                        [o.name for o in oods], bare.accuracy, ft.n, found)
 
 
+
+
+def sweep_completions(req: SweepRequest, task: CompletionTask, notes: list[str], start: float, progress=None,
+                      cancel=None, guard: Guard = LOCAL) -> SweepResult:
+    """The sweep on a completion task: at each budget, each method's region scored by generation beside FT and the
+    pre-trained model (exact match as the row's accuracy, token ECE as its ECE), every two methods paired."""
+    if req.ood:
+        raise RequestError("--ood names classification tasks in the same label space; a completion task has no labels")
+    methods = list(dict.fromkeys(req.methods))
+    if any(get_method(m).needs_data for m in methods):
+        completions.train_sample(task, req, [])
+    pair = get_pair(req.base, req.finetuned, req.graftable_spec(), guard, progress, cancel,
+                    completions.check_kind(req.load_options()))
+    check_moved(pair)
+    graftable = pair.counts()["graftable"]
+    rows, found, ft = [], [], None
+    sparsities = sorted(set(req.sparsities))
+    for i, s in enumerate(sparsities):
+        k = Budget(sparsity=s).resolve(graftable)
+        made = {}
+        for j, name in enumerate(methods):
+            if progress:
+                progress({"stage": f"{name} at sparsity {s:g}", "fraction": (i * len(methods) + j) / len(sparsities)
+                          / len(methods)})
+            one = derive(LocalizeRequest, req, method=name, sparsity=s)
+            began = time.time()
+            region, record = find_region(one, pair, task, k, notes, cancel=cancel)
+            made[name] = region
+            if req.keep:
+                save_new(region_record(one, pair, region, record, [], time.time() - began), Path(req.keep).expanduser(),
+                         f"{short_ref(req.task)}-{name}-k{region_size(region)}")
+        part = completions.evaluate(req, pair, task, made, [(a, b) for x, a in enumerate(methods)
+                                                             for b in methods[x + 1:]], cancel=cancel)
+        by = {r["model"]: r for r in part["rows"]}
+        ft, bare = by[FT_LABEL], by[scoring.body_of(pair)]
+        for name in methods:
+            r = by[name]
+            rows.append({"method": name, "region": None, "sparsity": s, "k": r["region_size"], "n": r["n"],
+                         "accuracy": r["exact_match"], "exact_match": r["exact_match"], "loss": r["loss"],
+                         "accuracy_ci": card.wilson(r["exact_match"], r["n"]), "ece": r["token_ece"],
+                         "calibration": None, "ood": {}, "ft_accuracy": ft["exact_match"],
+                         "retained": r["exact_match"] / ft["exact_match"] if ft["exact_match"] else None,
+                         "gain_recovered": card.gain_recovered(r["exact_match"], ft["exact_match"],
+                                                               bare["exact_match"])})
+        found += [{**d, "sparsity": s} for d in part["differences"] if d["b"] != scoring.body_of(pair)]
+    finish(progress)
+    return SweepResult(req, list(dict.fromkeys(notes)), time.time() - start, rows, ft["exact_match"], ft["token_ece"], {},
+                       task.name, [], bare["exact_match"], ft["n"], found)
 
 
 # -- pair ---------------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ def finetune(doc: dict) -> str:
         ("base / task", f"{doc['request']['base']} / {doc['task']}"),
         ("recipe", f"{c['optimizer']}, lr {c['lr']:g}, {c['epochs']} epoch(s), batch {c['batch_size']}"
          + (f", l1 {c['l1']:g}" if c["l1"] else "") + f", {c['train_examples'] or 'all'} training examples"),
-        ("test accuracy", f"{doc['test_accuracy']:.3f}"
+        ("test exact match" if doc.get("task_kind") == "completion" else "test accuracy", f"{doc['test_accuracy']:.3f}"
          + (f" ± {doc['test_accuracy_std']:.3f} over {len(doc['seeds'])} seeds" if doc.get("seeds") else "")
          + f"  (n={doc['test_examples']:,})"),
         ("time", f"{doc['seconds']:.1f} s"),
@@ -72,8 +72,9 @@ def finetunes(doc: dict) -> str:
 def check(found: dict) -> str:
     """Localize's quick held-out score: the region beside FT and the empty region on the same examples."""
     rows = [[r["model"], _count(r["n"]), _num(r["accuracy"]), _num(r["ece"])] for r in found["rows"]]
+    names = ["exact match", "token ECE"] if found["rows"] and "exact_match" in found["rows"][0] else ["accuracy", "ECE"]
     return "\n".join(["", "", f"held-out check on {found['n']:,} test examples of {found['task']}:",
-                      table(["model", "n", "accuracy", "ECE"], rows, "lrrr")])
+                      table(["model", "n", *names], rows, "lrrr")])
 
 
 def seeds(doc: dict) -> str:
@@ -111,7 +112,7 @@ def differences(found: list[dict]) -> str:
     several = any((d.get("seeds") or 1) > 1 for d in found)
 
     def cell(d):
-        scale, digits = (100, 1) if d["metric"] == "accuracy" else (1, 3)
+        scale, digits = (100, 1) if d["metric"] in ("accuracy", "exact_match") else (1, 3)
         lo, hi = d["ci"]
         spread = f" ± {scale * d['diff_std']:.{digits}f}" if several and d.get("diff_std") is not None else ""
         return f"{scale * d['diff']:+.{digits}f}{spread} [{scale * lo:+.{digits}f}, {scale * hi:+.{digits}f}]"
@@ -147,7 +148,36 @@ def _seeds_line(doc: dict) -> list[str]:
             "under per_seed in --json"] if doc.get("seeds") else []
 
 
+def generations(shown: list[dict], models: list[str]) -> str:
+    """Prompt, reference and each model's greedy generation, side by side (✓: its answer matches)."""
+    def cell(g, name):
+        text = " ".join(str(g.get(name, "")).split())
+        return ("✓ " if g.get("exact", {}).get(name) else "✗ ") + (text[:40] + "…" if len(text) > 41 else text)
+
+    rows = [[" ".join(g["prompt"].split())[-40:], " ".join(g["reference"].split())[:40],
+             *(cell(g, name) for name in models)] for g in shown]
+    return table(["prompt (end)", "reference", *models], rows, "l" * (2 + len(models)))
+
+
+def completion_rows(doc: dict) -> str:
+    rows = [[r["model"], r["task"], _count(round(r["n"])), _sd(r, "exact_match"), _sd(r, "loss"),
+             _num(r.get("perplexity")), _sd(r, "token_ece"), _num(r["agreement_with_ft"]),
+             _count(r["region_size"] and round(r["region_size"]))] for r in doc["rows"]]
+    return table(["model", "task", "n", "exact match", "loss/token", "ppl", "token ECE", "agree w/ FT", "k"], rows,
+                 "llrrrrrrr")
+
+
 def evaluate(doc: dict) -> str:
+    if doc["rows"] and "exact_match" in doc["rows"][0]:
+        names = list(dict.fromkeys(r["model"] for r in doc["rows"]))
+        parts = [completion_rows(doc), "", "exact match of greedy generations (the answer rule of the request); "
+                 "loss, perplexity and token ECE of the reference tokens; agreement: the same answer as the "
+                 "fine-tuned model", *_seeds_line(doc)]
+        if doc.get("differences"):
+            parts += ["", differences(doc["differences"])]
+        if doc.get("generations"):
+            parts += ["", generations(doc["generations"], names)]
+        return "\n".join(parts)
     rows = [[r["model"], r["task"], r["distribution"], _count(round(r["n"])), _sd(r, "accuracy"), _num(r["f1"]),
              _sd(r, "ece"), _num(r["agreement_with_ft"]), _count(r["region_size"] and round(r["region_size"]))]
             for r in doc["rows"]]
@@ -307,7 +337,16 @@ def compose(doc: dict) -> str:
                  [[f"i={ids[i]}", *[_pct(doc["overlap"][i][j]) for j in range(n)]] for i in range(n)])
     iou = table(["IoU"] + ids, [[ids[i], *[_num(doc["iou"][i][j]) for j in range(n)]] for i in range(n)])
     parts = [legend, "", over, "", iou, "", f"union: {doc['union_size']:,} parameters"]
-    if doc["rows"]:
+    chosen = doc.get("stitch")
+    if chosen:
+        grid = ", ".join(f"{e['lambda']:g}: {e['validation']:.3f}" for e in chosen["lambdas"])
+        parts += ["", table(["task", "model", "n", "accuracy / exact match", "loss/token", "k"],
+                            [[r["task"], r["model"], _count(r["n"]), _num(r["accuracy"]),
+                              _num(r.get("loss")) if "loss" in r else "-", _count(r["region_size"])]
+                             for r in doc["rows"]], "llrrrr"),
+                  f"task arithmetic: λ = {chosen['lambda']:g}, the best mean validation score over the tasks "
+                  f"({chosen['validation_n']:,} examples each; λ: score {grid})"]
+    elif doc["rows"]:
         parts += ["", table(["task", "head", "model", "n", "accuracy", "Δ vs alone", "ECE", "k"],
                             [[r["task"], r["head"], r["model"], _count(r["n"]), _num(r["accuracy"]),
                               f"{100 * r['delta_vs_alone']:+.1f} pts", _num(r["ece"]), _count(r["region_size"])]

@@ -1,0 +1,117 @@
+"""The single-task verbs on completion tasks: what fine-tune, localize and evaluate do when the skill is a completion.
+
+A completion pair is a causal LM read as itself (``models.CompletionLM``): mask learning takes its steps on the
+supervised fine-tuning loss of the completion tokens, and a model is judged by what it generates
+(``generation.compare_completions``). The verbs in ``single`` call these when their task is a completion task.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+from .. import generation, training
+from ..scoring import TEST_SAMPLE_SEED
+from ..completion import CompletionTask, batches, encode, truncation_note
+from ..config import LoadOptions
+from ..errors import DataError, ModelError
+from ..models import load_reader
+from .common import Progress
+
+DEFAULT_TRAIN_SAMPLE = 256  # examples mask learning steps over (a completion task has no classes to count per)
+
+
+def check_kind(options: LoadOptions) -> LoadOptions:
+    """The reading of a pair for a completion task: the causal LM itself (a prompt or a classifier head is refused)."""
+    if options.head not in ("auto", "completion", "causal-lm"):
+        raise ModelError(f"--head {options.head}: a completion task is scored on a causal LM's own completions; drop "
+                         "--head or give --head completion")
+    if options.prompted():
+        raise ModelError("--template and --label-words read a language model as a classifier; a completion task "
+                         "scores the model's own completions: drop them")
+    return LoadOptions(head="completion", dtype=options.dtype, device_map=options.device_map)
+
+
+def train_sample(task: CompletionTask, req, notes: list[str]):
+    """The examples mask learning uses: ``--examples-per-class`` of the training split in all (a completion task
+    has no classes), by default up to DEFAULT_TRAIN_SAMPLE, drawn with the request's seed."""
+    train = task.splits["train"]
+    want = req.examples_per_class if req.examples_per_class is not None else DEFAULT_TRAIN_SAMPLE
+    if req.examples_per_class is not None and want > len(train):
+        raise DataError(f"--examples-per-class {want} is more than the {len(train):,} training examples of "
+                        f"'{task.name}' (a completion task counts its examples in all)")
+    if want < len(train):
+        train = train.select(sorted(random.Random(req.seed).sample(range(len(train)), want)))
+    elif req.examples_per_class is None:
+        notes.append(f"task '{task.name}' has {len(train):,} training examples: mask learning uses them all "
+                     f"(default {DEFAULT_TRAIN_SAMPLE})")
+    return train
+
+
+def mask_batches(pair, task: CompletionTask, req, notes: list[str], seed_offset: int = 0):
+    """Mask learning's data on a completion task: ``make_batches(epoch)`` of (prompt, completion) tokens with the
+    prompt masked out of the loss, and how many examples they hold."""
+    train = train_sample(task, req, notes)
+    config = req.learn_config()
+    _, _, cut = encode(pair.tokenizer, train, task.chat, task.max_length)  # refuses a completion longer than the context
+    notes += [n for n in truncation_note(task.name, cut, len(train), task.max_length) if n not in notes]
+
+    def make_batches(epoch: int):
+        return batches(pair.tokenizer, train, task.chat, config.batch_size, task.max_length,
+                       shuffle_seed=config.seed + seed_offset + epoch)
+
+    return make_batches, len(train)
+
+
+def finetune(req, task: CompletionTask, config, out: Path, progress: Progress | None, cancel, allow: bool) -> None:
+    """Supervised fine-tuning of ``req.base`` on the completions (``training.finetune_completions``)."""
+    check_kind(req.load_options())
+
+    def step(p):
+        if progress:
+            progress({"stage": f"fine-tuning on {task.name}", **p.__dict__})
+
+    training.finetune_completions(req.base, task, config, out, progress=step, cancel=cancel, allow_local=allow,
+                                  request=req.as_dict())
+
+
+def test_score(out: Path, task: CompletionTask, req) -> tuple[float, int, float]:
+    """The fine-tuned checkpoint's exact match on the test split (``req.test_examples`` of it), with n and its loss
+    per token."""
+    model, tokenizer, _ = load_reader(str(out), "completion", None, LoadOptions(head="completion"))
+    data = generation.sample(task, "test", req.test_examples, TEST_SAMPLE_SEED)
+    reading = generation.read(model.eval(), tokenizer, task, data, req.answer_rule(), req.max_new_tokens)
+    return float(reading.hits.mean()), len(data), reading.forced.loss()
+
+
+def quick_check(pair, task: CompletionTask, models: dict, req, progress=None, cancel=None) -> dict:
+    """A region's held-out score right after localize: ``req.check_n`` test examples, beside FT and the pre-trained
+    model, with paired differences."""
+    part = generation.compare_completions(pair, task, models, n=req.check_n, seed=TEST_SAMPLE_SEED,
+                                          rule=req.answer_rule(), max_new_tokens=req.max_new_tokens,
+                                          progress=progress, cancel=cancel)
+    return {"task": task.name, "n": part["rows"][0]["n"], "rows": part["rows"], "differences": part["differences"],
+            "generations": part["generations"]}
+
+
+def evaluate(req, pair, task: CompletionTask, models: dict, contrasts: list, progress=None, cancel=None) -> dict:
+    """FT, the pre-trained model and every graft on the completion task: rows, paired differences, generations."""
+    return generation.compare_completions(pair, task, models, n=req.n, seed=TEST_SAMPLE_SEED,
+                                          contrasts=contrasts, rule=req.answer_rule(),
+                                          max_new_tokens=req.max_new_tokens, progress=progress, cancel=cancel)
+
+
+def recorded_rule(meta) -> tuple[generation.AnswerRule, int]:
+    """The answer rule and generation length a region's own request asked for (the defaults where it is silent)."""
+    asked = {k: v for k, v in (getattr(meta, "request", None) or {}).items()
+             if k in ("answer_regex", "ignore_case", "whole_generation", "max_new_tokens")}
+    rule = generation.AnswerRule(regex=asked.get("answer_regex") if isinstance(asked.get("answer_regex"), str) else None,
+                                 ignore_case=asked.get("ignore_case") is True,
+                                 first_line=asked.get("whole_generation") is not True)
+    new = asked.get("max_new_tokens")
+    return rule, new if isinstance(new, int) and not isinstance(new, bool) and 0 < new <= 1024 else \
+        generation.MAX_NEW_TOKENS
+
+
+__all__ = ["DEFAULT_TRAIN_SAMPLE", "check_kind", "recorded_rule", "evaluate", "finetune", "mask_batches", "quick_check", "test_score",
+           "train_sample"]

@@ -1,0 +1,299 @@
+"""How a completion skill is judged: what a causal LM generates for each prompt, and how well it predicts the reference.
+
+Two readings of one model on one split, both over the same examples so that two models can be compared pair by pair:
+
+* **generation**: greedy decoding of every prompt (batched, left-padded, bounded by ``max_new_tokens``), then exact
+  match of the answer (``AnswerRule``: the first line, an extraction regex, case) against the reference's;
+* **teacher forcing**: the reference completion's tokens scored given everything before them — the loss per token
+  (the supervised fine-tuning loss; its exponential is the perplexity) and a token-level calibration error (the
+  probability of the argmax token against whether it is the reference token).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import math
+import random
+import re
+import threading
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
+
+import torch
+
+from . import metrics
+from .completion import IGNORE, Completions, encode, tokens
+from .config import FT_LABEL, LM_BODY_LABEL
+from .errors import Cancelled, DataError
+from .scoring import region_size, state_of
+
+MAX_NEW_TOKENS = 32
+GENERATION_BATCH = 32
+
+
+@dataclass(frozen=True)
+class AnswerRule:
+    """What of a generation counts as its answer, the same rule for the reference: the first line (when the
+    reference is one line), the first group of ``regex`` (or its whole match), compared as written or ignoring case."""
+
+    regex: str | None = None
+    ignore_case: bool = False
+    first_line: bool = True
+
+    def compiled(self) -> re.Pattern | None:
+        if not self.regex:
+            return None
+        try:
+            return re.compile(self.regex)
+        except re.error as err:
+            raise DataError(f"the answer regex '{self.regex}' is not a regular expression ({err}); write one such "
+                            r"as '#### (\S+)'") from None
+
+    def answer(self, text: str, reference: str | None = None) -> str | None:
+        """The answer in ``text`` (None where the regex finds none); ``reference`` decides the first-line cut."""
+        if self.first_line and "\n" not in (reference if reference is not None else text).strip():
+            text = text.strip().split("\n", 1)[0]
+        pattern = self.compiled()
+        if pattern is not None:
+            found = pattern.search(text)
+            if found is None:
+                return None
+            text = found.group(1) if found.groups() else found.group(0)
+        text = " ".join(text.split())
+        return text.lower() if self.ignore_case else text
+
+    def check(self, references) -> None:
+        """Refuse a regex that finds no answer in any reference: every exact match would be 0, whatever the model."""
+        if self.compiled() is not None and references and all(self.answer(r, r) is None for r in references):
+            raise DataError(f"the answer regex '{self.regex}' matches none of the references (e.g. "
+                            f"{references[0].strip()[:60]!r}): fix the regex or drop it")
+
+
+def prompt_ids(tokenizer: Any, example, chat: bool, max_length: int) -> list[int]:
+    """The tokens a model sees before it answers: the example as trained on, up to its last scored turn (a long
+    prompt keeps its end, as in training)."""
+    ids, scored = tokens(tokenizer, example, chat)
+    end = len(scored)
+    while end and scored[end - 1]:  # the last scored run is the answer
+        end -= 1
+    return ids[:end][-max_length:]
+
+
+def _pad_id(tokenizer) -> int:
+    return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+
+def generate(model, tokenizer, split: Completions, chat: bool, *, max_new_tokens: int = MAX_NEW_TOKENS,
+             batch_size: int = GENERATION_BATCH, max_length: int = 256,
+             cancel: Callable[[], None] | None = None) -> list[str]:
+    """Greedy generations for every prompt of ``split``, in order (deterministic: no sampling). Prompts are grouped
+    by length, so a batch pads little."""
+    if max_new_tokens < 1:
+        raise DataError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+    prompts = [prompt_ids(tokenizer, e, chat, max_length) for e in split.examples]
+    order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    out: list[str] = [""] * len(prompts)
+    pad = _pad_id(tokenizer)
+    device = next(model.parameters()).device
+    for start in range(0, len(order), batch_size):
+        if cancel is not None:
+            cancel()
+        chosen = order[start:start + batch_size]
+        width = max(len(prompts[i]) for i in chosen)
+        ids = torch.tensor([[pad] * (width - len(prompts[i])) + prompts[i] for i in chosen], device=device)
+        mask = torch.tensor([[0] * (width - len(prompts[i])) + [1] * len(prompts[i]) for i in chosen], device=device)
+        with torch.no_grad():
+            new = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
+                                 temperature=None, top_p=None, top_k=None, pad_token_id=pad,
+                                 eos_token_id=tokenizer.eos_token_id)[:, width:]
+        for i, row in zip(chosen, new.tolist()):
+            out[i] = tokenizer.decode(row, skip_special_tokens=True)
+    return out
+
+
+@dataclass
+class TeacherForced:
+    """One model's scores of the reference completions: per example its summed loss and scored-token count, and the
+    per-example, per-bin calibration sums of ``metrics.calibration_sums``."""
+
+    loss_sum: torch.Tensor
+    tokens: torch.Tensor
+    calibration: torch.Tensor
+
+    def loss(self) -> float:
+        return metrics.ratio(self.loss_sum, self.tokens)
+
+    def token_ece(self) -> float:
+        return metrics.ratio(self.calibration, self.tokens)
+
+
+def teacher_forced(model, tokenizer, split: Completions, chat: bool, *, max_length: int = 256, batch_size: int = 16,
+                   n_bins: int = 10, cancel: Callable[[], None] | None = None) -> TeacherForced:
+    """Score every reference completion of ``split`` token by token (next-token loss and calibration)."""
+    inputs, labels, _ = encode(tokenizer, split, chat, max_length)
+    n = len(inputs)
+    loss_sum = torch.zeros(n, dtype=torch.float64)
+    count = torch.zeros(n, dtype=torch.float64)
+    conf, right, rows = [], [], []
+    pad = _pad_id(tokenizer)
+    device = next(model.parameters()).device
+    for start in range(0, n, batch_size):
+        if cancel is not None:
+            cancel()
+        chosen = list(range(start, min(n, start + batch_size)))
+        width = max(len(inputs[i]) for i in chosen)
+        ids = torch.tensor([inputs[i] + [pad] * (width - len(inputs[i])) for i in chosen], device=device)
+        mask = torch.tensor([[1] * len(inputs[i]) + [0] * (width - len(inputs[i])) for i in chosen], device=device)
+        target = torch.tensor([labels[i] + [IGNORE] * (width - len(labels[i])) for i in chosen])[:, 1:]
+        with torch.no_grad():
+            logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float().cpu()
+        logp = torch.log_softmax(logits, dim=-1)
+        scored = target != IGNORE
+        safe = target.clamp_min(0)
+        nll = -logp.gather(-1, safe.unsqueeze(-1)).squeeze(-1)
+        top, pred = logp.max(dim=-1)
+        where = scored.nonzero(as_tuple=True)
+        example = torch.tensor(chosen)[where[0]]
+        loss_sum.index_add_(0, example, nll[where].double())
+        count.index_add_(0, example, torch.ones(len(example), dtype=torch.float64))
+        conf.append(top[where].exp())
+        right.append((pred[where] == target[where]).double())
+        rows.append(example)
+    cat = (lambda xs: torch.cat(xs)) if conf else (lambda xs: torch.zeros(0))
+    return TeacherForced(loss_sum, count, metrics.calibration_sums(cat(conf), cat(right), cat(rows).long(), n, n_bins))
+
+
+def exact_matches(generations: list[str], references, rule: AnswerRule) -> torch.Tensor:
+    """1.0 where the generation's answer equals the reference's (a generation without one never matches)."""
+    hits = []
+    for text, ref in zip(generations, references):
+        want, got = rule.answer(ref, ref), rule.answer(text, ref)
+        hits.append(float(got is not None and got == want))
+    return torch.tensor(hits, dtype=torch.float64)
+
+
+def agreement(generations: list[str], others: list[str], references, rule: AnswerRule) -> float:
+    """The share of examples on which two models give the same answer."""
+    same = [rule.answer(a, r) == rule.answer(b, r) for a, b, r in zip(generations, others, references)]
+    return sum(same) / len(same) if same else 0.0
+
+
+# -- one pair, several grafts, the same examples ------------------------------------------------------------
+SHOWN = 12  # examples of the generations table
+Progress = Callable[[dict], None]
+
+
+def sample(task, split: str, n: int | None, seed: int = 0) -> Completions:
+    """The examples of ``split`` a comparison scores: all, or ``n`` drawn with ``seed`` (kept in split order)."""
+    data = task.splits[split]
+    if n is None or n >= len(data):
+        return data
+    return data.select(sorted(random.Random(seed).sample(range(len(data)), n)))
+
+
+@dataclass
+class Reading:
+    """One model on one sample: its generations, their exact matches, and the teacher-forced scores."""
+
+    generations: list[str]
+    hits: torch.Tensor
+    forced: TeacherForced
+
+
+def read(model, tokenizer, task, data: Completions, rule: AnswerRule, max_new_tokens: int,
+         cancel: Callable[[], None] | None = None) -> Reading:
+    generations = generate(model, tokenizer, data, task.chat, max_new_tokens=max_new_tokens,
+                           max_length=task.max_length, cancel=cancel)
+    forced = teacher_forced(model, tokenizer, data, task.chat, max_length=task.max_length, cancel=cancel)
+    return Reading(generations, exact_matches(generations, data.references, rule), forced)
+
+
+def _key(name: str, task, data: Completions, rule: AnswerRule, max_new_tokens: int) -> tuple:
+    h = hashlib.sha256(repr((task.chat, task.max_length, rule, max_new_tokens, data.examples)).encode()).hexdigest()
+    return ("completion", name, h)
+
+
+def reference_read(pair, name: str, task, data: Completions, rule: AnswerRule, max_new_tokens: int,
+                   cancel: Callable[[], None] | None = None) -> Reading:
+    """``read`` of the fine-tuned or the pre-trained model (``name``), kept with the pair: every later comparison
+    of the same examples reuses it."""
+    key = _key(name, task, data, rule, max_new_tokens)
+    found = pair.references.get(key)
+    if found is None:
+        with pair.finetuned() if name == FT_LABEL else contextlib.nullcontext():
+            found = read(pair.model, pair.tokenizer, task, data, rule, max_new_tokens, cancel)
+        pair.references[key] = found
+    return found
+
+
+def _figures(reading: Reading) -> dict[str, tuple]:
+    """Each metric as the (num, den) of ``metrics.ratio``."""
+    ones = torch.ones_like(reading.hits)
+    f = reading.forced
+    return {"exact_match": (reading.hits, ones), "loss": (f.loss_sum, f.tokens), "token_ece": (f.calibration, f.tokens)}
+
+
+def compare_completions(pair, task, models: dict, *, split: str = "test", n: int | None = None, seed: int = 0,
+                        contrasts: list[tuple[str, str]] = (), rule: AnswerRule = AnswerRule(),
+                        max_new_tokens: int = MAX_NEW_TOKENS, progress: Progress | None = None,
+                        cancel: threading.Event | None = None) -> dict:
+    """The fine-tuned model, the pre-trained model and each graft of ``models`` (label -> region, or (indices,
+    values)) on the same examples of a completion task: one row each (exact match — also its ``accuracy`` —, loss
+    per token and perplexity, token-level ECE — also its ``ece`` —, agreement of answers with FT), paired
+    differences with intervals (each graft against FT and the pre-trained model, and each pair of ``contrasts``),
+    and a generations table of the first examples."""
+    data = sample(task, split, n, seed)
+    if not len(data):
+        raise DataError(f"task '{task.name}' has no examples in its {split} split")
+    rule.check(data.references)
+
+    def stop() -> None:
+        if cancel is not None and cancel.is_set():
+            raise Cancelled("evaluation cancelled")
+
+    body = LM_BODY_LABEL
+    names = [FT_LABEL, body, *models]
+    readings: dict[str, Reading] = {}
+    for i, name in enumerate(names):
+        stop()
+        if progress:
+            progress({"stage": f"generating with {name} on {task.name}", "fraction": i / len(names)})
+        if name in models:
+            with state_of(pair, models[name]):
+                readings[name] = read(pair.model, pair.tokenizer, task, data, rule, max_new_tokens, stop)
+        else:
+            readings[name] = reference_read(pair, name, task, data, rule, max_new_tokens, stop)
+    ft = readings[FT_LABEL]
+    rows = []
+    for name, r in readings.items():
+        loss = r.forced.loss()
+        rows.append({
+            "model": name, "task": task.name, "distribution": "in", "n": len(data),
+            "exact_match": float(r.hits.mean()), "accuracy": float(r.hits.mean()),
+            "loss": loss, "perplexity": math.exp(min(loss, 50.0)), "token_ece": r.forced.token_ece(),
+            "ece": r.forced.token_ece(), "confidence": None,
+            "agreement_with_ft": agreement(r.generations, ft.generations, data.references, rule),
+            "region_size": region_size(models[name]) if name in models else None,
+        })
+    wanted = [(m, FT_LABEL, metric) for m in models for metric in COMPARED]
+    wanted += [(m, body, "exact_match") for m in models] + [(a, b, metric) for a, b in contrasts for metric in COMPARED]
+    differences = []
+    for a, b, metric in wanted:
+        if a in readings and b in readings and a != b:
+            d = metrics.paired_ratio_difference(_figures(readings[a])[metric], _figures(readings[b])[metric], metric,
+                                                seed=seed)
+            differences.append({"a": a, "b": b, "task": task.name, "distribution": "in", **d})
+    shown = [{"prompt": e[-2][1] if len(e) > 1 else "", "reference": e[-1][1],
+              **{name: readings[name].generations[i] for name in names},
+              "exact": {name: bool(readings[name].hits[i]) for name in names}}
+             for i, e in enumerate(data.examples[:SHOWN])]
+    return {"rows": rows, "differences": differences, "generations": shown, "task": task.name, "models": names,
+            "rule": asdict(rule), "max_new_tokens": max_new_tokens}
+
+
+COMPARED = ("exact_match", "loss", "token_ece")
+
+__all__ = ["AnswerRule", "COMPARED", "GENERATION_BATCH", "MAX_NEW_TOKENS", "Reading", "TeacherForced", "agreement",
+           "compare_completions", "exact_matches", "generate", "prompt_ids", "read", "reference_read", "sample",
+           "teacher_forced"]

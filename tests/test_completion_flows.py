@@ -1,0 +1,263 @@
+"""Completion tasks through the verbs, on tiny config-built causal LMs: supervised fine-tuning, a region learned on
+the completion loss, evaluation by generation beside the baselines, an exported graft that generates what the graft
+did, and each bad input refused in one line by the CLI."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+import graftui
+from graftui import cli, completion, generation, regions
+from graftui.config import LoadOptions, kind_of_architecture
+from graftui.models import load_lm, load_tokenizer, pair_kind
+
+from lm_util import make_lm, make_tokenizer, write_completion_task, write_lm_pair
+
+
+@pytest.fixture(scope="module", params=["llama", "gpt2"])
+def trained(request, tmp_path_factory):
+    """A base, a completion task, and the base fine-tuned on it by graftui (once per architecture)."""
+    root = tmp_path_factory.mktemp(f"sft-{request.param}")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("GRAFTUI_HOME", str(root / "home"))
+        base_dir = root / "base"
+        tok = make_tokenizer(base_dir)
+        make_lm(request.param, len(tok)).save_pretrained(base_dir)
+        task = write_completion_task(root / "opposites.csv")
+        epochs = {"llama": 15, "gpt2": 30}[request.param]  # the tiny GPT-2, its positions fixed too, learns slower
+        ft = graftui.finetune(base=str(base_dir), task=str(task), optimizer="adamw", lr=0.02, epochs=epochs,
+                              train_examples=0, out=str(root / "ft"), max_new_tokens=4)
+        yield {"root": root, "base": str(base_dir), "task": str(task), "ft": ft, "arch": request.param}
+
+
+def test_supervised_fine_tuning_learns_the_completions_and_records_its_kind(trained):
+    ft = trained["ft"]
+    assert ft.task_kind == "completion" and ft.test_examples == 12
+    record = json.loads((trained["root"] / "ft" / "graftui_record.json").read_text())
+    assert record["task_kind"] == "completion" and record["request"]["task_kind"] == "auto"
+    assert pair_kind(ft.out, LoadOptions()) == "completion"  # a completion fine-tune is read as one, unasked
+    task = completion.load_completion_task(trained["task"])
+    before = generation.read(load_lm(trained["base"], "causal-lm"), load_tokenizer(trained["base"]), task,
+                             task.splits["test"], generation.AnswerRule(), 4)
+    assert ft.test_accuracy > float(before.hits.mean()) == 0.0  # the skill is the fine-tune's, not the base's
+    assert ft.test_accuracy >= (0.5 if trained["arch"] == "llama" else 0.25) and ft.test_loss < before.forced.loss()
+    base_params, ft_params = (dict(load_lm(r, "causal-lm").named_parameters()) for r in (trained["base"], ft.out))
+    for name, p in ft_params.items():  # the embeddings and the LM head stayed where they were
+        if "embed" in name or "wte" in name or "wpe" in name or "lm_head" in name:
+            assert torch.equal(p, base_params[name]), name
+
+
+@pytest.fixture(scope="module")
+def localized(trained):
+    out = trained["root"] / "r.safetensors"
+    loc = graftui.localize(base=trained["base"], finetuned=trained["ft"].out, task=trained["task"], sparsity=0.05,
+                           steps=4, check_n=8, out=str(out), max_new_tokens=4)
+    ev = graftui.evaluate(regions=[str(out)], baselines=True, max_new_tokens=4)
+    return loc, ev, out
+
+
+def test_localize_learns_on_the_completion_loss_and_checks_its_region_by_generation(trained, localized):
+    loc, _, out = localized
+    record = regions.load(out)
+    assert record.meta.loading == {"head": "completion"} and record.meta.method == "learned"
+    assert record.meta.train_examples == 42  # every training example (fewer than the default sample)
+    rows = {r["model"]: r for r in loc.check["rows"]}
+    assert set(rows) == {"fine-tuned", "pre-trained, same prompt", "this region"}
+    assert all(r["n"] == 8 and 0 <= r["exact_match"] <= 1 and r["loss"] > 0 for r in rows.values())
+    assert rows["this region"]["accuracy"] == rows["this region"]["exact_match"]
+    assert len(loc.check["generations"]) == 8
+
+
+def test_evaluate_scores_every_model_by_generation_with_paired_intervals(trained, localized):
+    _, ev, out = localized
+    doc = ev.as_dict()
+    rows = {r["model"]: r for r in doc["rows"]}
+    assert set(rows) == {"fine-tuned", "pre-trained, same prompt", "r", "Top movement", "Random"}
+    # the same test split and answer rule as the fine-tune's own test score
+    assert rows["fine-tuned"]["exact_match"] == trained["ft"].test_accuracy
+    assert rows["fine-tuned"]["loss"] == pytest.approx(trained["ft"].test_loss)
+    assert rows["fine-tuned"]["agreement_with_ft"] == 1.0
+    assert all(r["perplexity"] == pytest.approx(torch.tensor(r["loss"]).exp().item()) for r in rows.values())
+    found = {(d["a"], d["b"], d["metric"]): d for d in doc["differences"]}
+    for name in ("r", "Top movement", "Random"):
+        d = found[(name, "fine-tuned", "exact_match")]
+        assert d["diff"] == pytest.approx(rows[name]["exact_match"] - rows["fine-tuned"]["exact_match"])
+        assert d["ci"][0] <= d["diff"] <= d["ci"][1] and set(d) >= {"a", "b", "task", "metric", "diff", "ci", "p"}
+        assert (name, "fine-tuned", "loss") in found and (name, "fine-tuned", "token_ece") in found
+    assert ("r", "Top movement", "exact_match") in found and ("r", "Random", "loss") in found
+    shown = doc["generations"]
+    assert len(shown) == 12 and all({"prompt", "reference", "fine-tuned", "r", "exact"} <= set(g) for g in shown)
+    assert [g["exact"]["fine-tuned"] for g in shown].count(True) == round(12 * rows["fine-tuned"]["exact_match"])
+    assert any("exact match" in line and "against FT" in line for line in doc["card"])
+
+
+def test_an_exported_graft_generates_what_the_graft_generated_token_for_token(trained, localized, tmp_path):
+    _, ev, out = localized
+    exported = graftui.export(region=str(out), finetuned=trained["ft"].out, out=str(tmp_path / "graft"))
+    model, tok = load_lm(exported.out, "causal-lm"), load_tokenizer(exported.out)
+    assert kind_of_architecture([exported.architecture]) == "causal-lm" and exported.labels == []
+    task = completion.load_completion_task(trained["task"])
+    again = generation.generate(model, tok, task.splits["test"], False, max_new_tokens=4)
+    assert again == [g["r"] for g in ev.as_dict()["generations"]]
+
+
+def test_the_cli_prints_the_scores_the_differences_and_the_generations(trained, localized, capsys):
+    _, _, out = localized
+    assert cli.main(["evaluate", "--region", str(out), "--max-new-tokens", "4", "--n", "6"]) == 0
+    text = capsys.readouterr().out
+    assert "exact match" in text and "loss/token" in text and "prompt (end)" in text and "exact_match" in text
+    assert cli.main(["evaluate", "--region", str(out), "--max-new-tokens", "4", "--n", "6", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert {"a", "b", "task", "metric", "diff", "ci"} <= set(doc["differences"][0])
+    assert len(doc["generations"]) == 6
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--task-kind", "completion", "--task", "{labels}"], "has no completion column: name it with --completion-column"),
+    (["--task", "{empty}"], "have an empty completion in column 'completion': fill them or drop those rows"),
+    (["--task-kind", "classification", "--completion-column", "answer"], "are for completion tasks"),
+    (["--answer-regex", "(", "--task", "{task}"], "is not a regular expression"),
+    (["--max-new-tokens", "0"], "--max-new-tokens must be at least 1"),
+])
+def test_bad_completion_input_is_one_line_and_writes_nothing(trained, tmp_path, capsys, args, message):
+    labels = tmp_path / "labels.csv"
+    labels.write_text("text,label\ngood,1\nbad,0\n" * 10)
+    empty = tmp_path / "empty.csv"
+    empty.write_text("prompt,completion\nsay,\n" + "say, hi\n" * 10)
+    args = [a.format(labels=labels, empty=empty, task=trained["task"]) for a in args]
+    out = tmp_path / "never.safetensors"
+    code = cli.main(["localize", "--base", trained["base"], "--finetuned", trained["ft"].out, "--task", trained["task"],
+                     "--steps", "1", "--out", str(out), *args])
+    err = capsys.readouterr().err.strip()
+    assert code != 0 and message in err and len(err.splitlines()) == 1 and "Traceback" not in err
+    assert not out.exists()
+
+
+def test_a_regex_that_matches_no_reference_and_a_masked_lm_are_refused_in_one_line(trained, localized, tmp_path,
+                                                                                    capsys):
+    _, _, out = localized
+    assert cli.main(["evaluate", "--region", str(out), "--answer-regex", r"#### (\d+)"]) != 0
+    err = capsys.readouterr().err.strip()
+    assert "matches none of the references" in err and len(err.splitlines()) == 1
+    mlm_base, mlm_ft = write_lm_pair(tmp_path, "bert-mlm")
+    assert cli.main(["localize", "--base", str(mlm_base), "--finetuned", str(mlm_ft), "--task", trained["task"],
+                     "--steps", "1", "--out", str(tmp_path / "x.safetensors")]) != 0
+    err = capsys.readouterr().err.strip()
+    assert "is a masked lm: a completion task is scored on a causal LM's own completions" in err
+    assert len(err.splitlines()) == 1 and not (tmp_path / "x.safetensors").exists()
+    shutil.rmtree(tmp_path / "bert-mlm-base")
+
+
+# -- stitching skills of two fine-tunes -----------------------------------------------------------------------------
+def test_task_arithmetic_and_the_choice_of_lambda_are_exact():
+    from graftui.experiments import best_lambda, task_arithmetic
+
+    pre = {"w": torch.tensor([1.0, 2.0, 3.0])}
+    fts = [{"w": torch.tensor([2.0, 2.0, 3.0])}, {"w": torch.tensor([1.0, 4.0, 2.0])}]
+    assert task_arithmetic(pre, fts, 0.5, ["w"])["w"].tolist() == [1.5, 3.0, 2.5]
+    assert task_arithmetic(pre, fts, 1.0, ["w"])["w"].tolist() == [2.0, 4.0, 2.0]
+    assert best_lambda({0.2: 0.5, 0.4: 0.7, 0.8: 0.7, 1.0: 0.6}) == 0.4  # ties go to the merge that moves least
+
+
+def test_holding_whole_tensors_restores_the_pre_trained_model(tiny_pair):
+    pair, base, ft = tiny_pair
+    name = pair.graftable[0]
+    with pair.holding({name: pair.ft[name] * 2}) as model:
+        assert torch.equal(dict(model.named_parameters())[name], pair.ft[name] * 2)
+    assert torch.equal(pair.param(name), pair.pre[name])
+    with pytest.raises(Exception, match="not a graftable tensor"):
+        with pair.holding({"classifier.weight": torch.zeros(2, 16)}):
+            pass
+
+
+@pytest.fixture(scope="module")
+def two_skills(tmp_path_factory):
+    """One tiny Llama base, fine-tuned on two skills, a region of each."""
+    from lm_util import write_echo_task
+
+    root = tmp_path_factory.mktemp("stitch")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("GRAFTUI_HOME", str(root / "home"))
+        base = root / "base"
+        tok = make_tokenizer(base)
+        make_lm("llama", len(tok)).save_pretrained(base)
+        made = {}
+        for name, task in (("opposites", write_completion_task(root / "opposites.csv")),
+                           ("echo", write_echo_task(root / "echo.csv"))):
+            ft = graftui.finetune(base=str(base), task=str(task), optimizer="adamw", lr=0.02, epochs=15,
+                                  train_examples=0, out=str(root / f"ft-{name}"), max_new_tokens=4)
+            region = root / f"{name}.safetensors"
+            graftui.localize(base=str(base), finetuned=ft.out, task=str(task), sparsity=0.1, steps=2, check_n=0,
+                             out=str(region), max_new_tokens=4)
+            made[name] = (task, ft, region)
+        yield root, base, made
+
+
+def test_stitching_scores_the_union_against_each_fine_tune_and_task_arithmetic(two_skills):
+    root, base, made = two_skills
+    union = root / "union.safetensors"
+    result = graftui.compose(regions=[str(made["opposites"][2]), str(made["echo"][2])], stitch=True,
+                             lambdas=[0.5, 1.0], validation_n=6, n=8, out=str(union))
+    doc = result.as_dict()
+    chosen = doc["stitch"]
+    assert [e["lambda"] for e in chosen["lambdas"]] == [0.5, 1.0] and chosen["validation_n"] == 6
+    best = max(e["validation"] for e in chosen["lambdas"])
+    assert chosen["lambda"] == min(e["lambda"] for e in chosen["lambdas"] if e["validation"] == best)
+    arithmetic = f"task arithmetic (λ = {chosen['lambda']:g})"
+    for task in ("opposites.csv", "echo.csv"):
+        rows = {r["model"]: r for r in doc["rows"] if r["task"] == task}
+        other = "echo" if task == "opposites.csv" else "opposites"
+        assert {"stitched", "fine-tuned", arithmetic, f"fine-tuned for {other}", "pre-trained, same prompt"} <= set(rows)
+        assert rows["stitched"]["region_size"] == written_size(union) and rows[arithmetic]["region_size"] is None
+        assert all(r["n"] == 8 for r in rows.values())
+        pairs = {(d["a"], d["b"], d["metric"]) for d in doc["differences"] if d["task"] == task}
+        assert ("stitched", "fine-tuned", "exact_match") in pairs and ("stitched", arithmetic, "exact_match") in pairs
+    assert any("stitched model's exact match" in line for line in doc["card"])
+    # the stitched patch, exported, generates what the stitched graft generated
+    exported = graftui.export(region=str(union), base=str(base), out=str(root / "stitched"))
+    model, tok = load_lm(exported.out, "causal-lm"), load_tokenizer(exported.out)
+    for name in ("opposites", "echo"):
+        task = completion.load_completion_task(str(made[name][0]))
+        shown = [g for g in doc["generations"] if g["task"] == task.name]
+        data = generation.sample(task, "test", 8, 0)
+        again = generation.generate(model, tok, data, False, max_new_tokens=4)
+        assert again[:len(shown)] == [g["stitched"] for g in shown] and shown
+
+
+def written_size(path) -> int:
+    return regions.load(path).size
+
+
+def test_the_app_shows_a_completion_comparison_and_its_generations(localized):
+    from types import SimpleNamespace
+
+    from graftui.ui import actions
+    from graftui.ui.tabs import compare, models
+
+    _, ev, _ = localized
+    table, diffs, _, _, note, _, _, shown = compare.render_compare(SimpleNamespace(result=ev.as_dict()))
+    assert list(table.columns) == actions.COMPLETION_COLUMNS and len(table) == 5
+    assert table.loc[table["model"] == "fine-tuned", "Δ vs FT"].item() == "+0.0 pts"
+    assert set(diffs["metric"]) == {"exact_match", "loss", "token_ece"} and "Completion task" in note
+    assert list(shown.columns)[:3] == ["task", "prompt", "reference"] and len(shown) == 12
+    assert shown["fine-tuned"].str.match(r"^[✓✗] ").all()
+    assert ("dates" in dict((v, k) for k, v in models.task_choices())) and actions.data_columns("numbers", "x") == {}
+
+
+def test_sweep_and_ablation_score_completion_regions_by_generation(trained, localized):
+    sweep = graftui.sweep(base=trained["base"], finetuned=trained["ft"].out, task=trained["task"],
+                          sparsities=[0.02, 0.1], methods=["learned", "top-movement", "random"], steps=2, n=6,
+                          max_new_tokens=4).as_dict()
+    assert [(r["method"], r["sparsity"]) for r in sweep["rows"]] == [
+        (m, s) for s in (0.02, 0.1) for m in ("learned", "top-movement", "random")]
+    assert all(r["accuracy"] == r["exact_match"] and r["n"] == 6 and r["loss"] > 0 for r in sweep["rows"])
+    assert {(d["a"], d["b"], d["sparsity"]) for d in sweep["differences"] if d["metric"] == "exact_match"} >= {
+        ("learned", "top-movement", 0.02), ("learned", "random", 0.1), ("random", "fine-tuned", 0.1)}
+    _, _, out = localized
+    anatomy = graftui.anatomy(region=str(out), ablate=True, n=6).as_dict()["ablation"]
+    assert anatomy["metric"] == "exact_match" and anatomy["n"] == 6
+    assert all(r["drop"] == pytest.approx(anatomy["accuracy"] - r["accuracy"]) for r in anatomy["rows"])
