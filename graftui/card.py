@@ -290,7 +290,9 @@ def localize_card(doc: dict) -> list[str]:
              f"{doc['method']}; " + (f"a quick check on {check['n']:,} held-out test examples of {check['task']} follows "
                                      "(Compare scores every test example, beside baselines of the same size)." if check
                                      else "evaluate it (Compare, or graftui evaluate) to see what it keeps.")]
-    if check:
+    if check and check["rows"] and "exact_match" in check["rows"][0]:  # a completion task: judged by generation
+        lines += completion_card(check["rows"], check["differences"], doc.get("graftable_params"))
+    elif check:
         lines += evaluate_card(check["rows"], graftable=doc.get("graftable_params"), differences=check["differences"])
     if doc.get("stability"):
         lines.append(stability_sentence(doc["stability"]))
@@ -516,9 +518,7 @@ def completion_card(rows: list[dict], differences: list[dict], graftable: int | 
         text = f"{r['model']}{size}: exact match {100 * r['exact_match']:.1f} %"
         d = found.get((r["model"], FT_LABEL, "exact_match"))
         if d:
-            lo, hi = d["ci"]
-            decided = "distinguishable" if lo > 0 or hi < 0 else f"not distinguishable at n = {d['n']:,}"
-            text += (f", {100 * d['diff']:+.1f} pts against FT [{100 * lo:+.1f}, {100 * hi:+.1f}] ({decided})")
+            text += ", " + difference(d, " against FT")
         if ft and pre and ft["exact_match"] != pre["exact_match"]:
             share = (r["exact_match"] - pre["exact_match"]) / (ft["exact_match"] - pre["exact_match"])
             text += f"; {100 * share:.0f} % of the fine-tuning gain"

@@ -96,6 +96,8 @@ HOSTED_CEILINGS = {
     "test_examples": int(os.environ.get("GRAFTUI_MAX_TEST_EXAMPLES", "2000")),
     "check_n": int(os.environ.get("GRAFTUI_MAX_TEST_EXAMPLES", "2000")),  # localize's quick held-out score
     "batch_size": int(os.environ.get("GRAFTUI_MAX_BATCH", "64")),
+    "max_new_tokens": int(os.environ.get("GRAFTUI_MAX_NEW_TOKENS", "64")),  # generated per prompt, completion tasks
+    "validation_n": int(os.environ.get("GRAFTUI_MAX_TEST_EXAMPLES", "2000")),  # stitching: examples that choose λ
 }
 MAX_CURVE_POINTS = int(os.environ.get("GRAFTUI_MAX_CURVE_POINTS", "24"))  # sweep budgets × methods, WiSE α values
 MAX_LIST_ITEMS = int(os.environ.get("GRAFTUI_MAX_LIST_ITEMS", "8"))  # OOD tasks, regions, tasks or methods of one job

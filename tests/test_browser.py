@@ -659,3 +659,48 @@ def test_a_reload_keeps_the_form_and_the_uploaded_task(page, server):
     assert page.input_value("#lab-purify input") == "3"
     assert page.input_value("#lab-wise-alphas textarea, #lab-wise-alphas input") == "0, 1"
     assert page.input_value("#lab-wise-n input") == "32"
+
+
+def test_a_completion_skill_is_localized_and_compared_by_its_generations(page, tmp_path_factory):
+    """A tiny causal LM fine-tuned on an uploaded (prompt, completion) file: Localize checks its region by generation
+    and Compare shows exact match, loss and the generations side by side."""
+    import graftui
+    from lm_util import make_lm, make_tokenizer, write_completion_task
+
+    root = tmp_path_factory.mktemp("completion-pair")
+    tok = make_tokenizer(root / "base")
+    make_lm("llama", len(tok)).save_pretrained(root / "base")
+    task = write_completion_task(root / "opposites.csv")
+    ft = graftui.finetune(base=str(root / "base"), task=str(task), optimizer="adamw", lr=0.02, epochs=15,
+                          train_examples=0, out=str(root / "ft"), max_new_tokens=4)
+    bu.open_tab(page, "models")
+    for elem, value in (("models-base", root / "base"), ("models-finetuned", ft.out)):
+        page.fill(f"#{elem} input", str(value))
+        page.press(f"#{elem} input", "Enter")
+    page.click("text=Upload a dataset")
+    page.set_input_files("#models-data-upload input[type=file]", files=[
+        {"name": "opposites.csv", "mimeType": "text/csv", "buffer": task.read_bytes()}])
+    page.wait_for_function("() => document.querySelector('#models-task').innerText.includes('opposites.csv') || "
+                           "document.querySelector('#models-task input').value.includes('opposites.csv')", timeout=30_000)
+    bu.open_tab(page, "localize")
+    page.fill("#localize-steps input", "2")
+    page.press("#localize-steps input", "Tab")
+    line, _ = bu.run_job(page, "#localize-run", "#localize-status", "localize-job", timeout_s=JOB_S)
+    assert "· done" in line and re.search(r"held-out examples of opposites\.csv.*exact match", line, re.S), line
+    region = _region_id(line)
+    bu.open_tab(page, "compare")
+    page.wait_for_function("id => document.querySelector('#compare-regions').innerText.includes(id)", arg=region,
+                           timeout=30_000)
+    for old in [r for r in (STATE.get("region1"), STATE.get("region2")) if r]:  # compare this region alone
+        page.evaluate("id => [...document.querySelectorAll('#compare-regions .token')].filter(t => t.innerText.includes(id))"
+                      ".forEach(t => t.querySelector('.token-remove')?.click())", old)
+    if region not in bu.text(page, "#compare-regions"):
+        bu.choose(page, "compare-regions", region)
+    line, _ = bu.run_job(page, "#compare-run", "#compare-status", "compare-job", timeout_s=JOB_S)
+    assert "· done" in line and "against FT" in line, line
+    page.wait_for_function("() => document.querySelector('#compare-table').innerText.includes('exact match')",
+                           timeout=30_000)
+    models = [r[0] for r in bu.table_rows(page, "compare-table") if r]
+    assert models[:2] == ["fine-tuned", "pre-trained, same prompt"] and region in models, models
+    shown = [r for r in bu.table_rows(page, "compare-disagreements") if r]
+    assert len(shown) == 12 and all(any(c.startswith(("✓", "✗")) for c in r) for r in shown), shown

@@ -122,13 +122,20 @@ def test_the_cli_prints_the_scores_the_differences_and_the_generations(trained, 
     (["--task-kind", "classification", "--completion-column", "answer"], "are for completion tasks"),
     (["--answer-regex", "(", "--task", "{task}"], "is not a regular expression"),
     (["--max-new-tokens", "0"], "--max-new-tokens must be at least 1"),
+    (["--task", "{chat}"], "this tokenizer has no chat template, so a messages column cannot be rendered"),
+    (["--task", "{long}"], "completion tokens, more than the context of 256: raise max_length or shorten its completion"),
 ])
 def test_bad_completion_input_is_one_line_and_writes_nothing(trained, tmp_path, capsys, args, message):
     labels = tmp_path / "labels.csv"
     labels.write_text("text,label\ngood,1\nbad,0\n" * 10)
     empty = tmp_path / "empty.csv"
     empty.write_text("prompt,completion\nsay,\n" + "say, hi\n" * 10)
-    args = [a.format(labels=labels, empty=empty, task=trained["task"]) for a in args]
+    chat = tmp_path / "chat.jsonl"
+    chat.write_text("\n".join(json.dumps({"messages": [{"role": "user", "content": "good"},
+                                                        {"role": "assistant", "content": "bad"}]}) for _ in range(12)))
+    long = tmp_path / "long.csv"
+    long.write_text("prompt,completion\n" + "".join(f"say {i},{' good' * 300}\n" for i in range(12)))
+    args = [a.format(labels=labels, empty=empty, task=trained["task"], chat=chat, long=long) for a in args]
     out = tmp_path / "never.safetensors"
     code = cli.main(["localize", "--base", trained["base"], "--finetuned", trained["ft"].out, "--task", trained["task"],
                      "--steps", "1", "--out", str(out), *args])

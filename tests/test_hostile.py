@@ -812,6 +812,8 @@ def test_hosted_ceilings_and_paths_are_checked_before_a_job_is_queued(monkeypatc
         hosted.check_request(SweepRequest.make(n=100, ood=[f"t{i}" for i in range(9)]), guard)
     with pytest.raises(DataError, match="local paths"):
         hosted.check_request(LocalizeRequest.make(task="/etc/passwd"), guard)
+    with pytest.raises(RequestError, match="max new tokens 1,000 is over this server's limit of 64"):
+        hosted.check_request(LocalizeRequest.make(task="dates", max_new_tokens=1000), guard)  # generation is per prompt
     hosted.check_request(LocalizeRequest.make(), guard)  # the defaults pass, the default model not built yet
     assert settings.job_seconds() == 1800
 

@@ -837,8 +837,8 @@ def evaluate(req: EvaluateRequest, progress: Progress | None = None, cancel=None
     task = next(iter(tasks.values()))
     generative = isinstance(task, CompletionTask)
     if generative and req.ood:
-        raise RequestError("--ood names classification tasks in the same label space; a completion task has no "
-                           "labels: evaluate the other task as its own --task")
+        notes.append(f"--ood names classification tasks in the task's label space; the completion task {task.name} "
+                     "has none, so they are not scored: evaluate another completion task as its own --task")
     oods = {key: [] if generative else ood_tasks(req, key[0], tasks[key], guard, notes) for key in groups}  # checked
     # before any model loads
     pair = regions_pair(req, grafts, task, guard, progress, cancel)
@@ -1116,7 +1116,8 @@ def sweep_completions(req: SweepRequest, task: CompletionTask, notes: list[str],
     """The sweep on a completion task: at each budget, each method's region scored by generation beside FT and the
     pre-trained model (exact match as the row's accuracy, token ECE as its ECE), every two methods paired."""
     if req.ood:
-        raise RequestError("--ood names classification tasks in the same label space; a completion task has no labels")
+        notes.append(f"--ood names classification tasks in the task's label space; the completion task {task.name} has "
+                     "none, so they are not scored")
     methods = list(dict.fromkeys(req.methods))
     if any(get_method(m).needs_data for m in methods):
         completions.train_sample(task, req, [])

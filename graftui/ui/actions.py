@@ -21,6 +21,7 @@ from .. import bundle, card, flows, hosted, settings
 from ..card import wilson
 from ..config import (DEFAULT_BASE, DEFAULT_EXAMPLES_PER_CLASS, DEFAULT_FINETUNED, Budget, GraftableSpec, is_body,
                       is_default_finetuned)
+from ..completion import OFFLINE_SKILLS
 from ..data import OFFLINE_TASKS, all_as_test, preview
 from ..errors import ModelError, RegionError, RequestError
 from ..hosted import check_rows, check_upload, safe_name, save_upload
@@ -220,7 +221,7 @@ def data_columns(task: str, text=None, pair=None, label=None) -> dict:
     """The column fields of a request from the mapping widgets; offline tasks have their own columns,
     so a mapping left over from an uploaded file is not sent with them."""
 
-    if str(task).strip().lower() in OFFLINE_TASKS:
+    if str(task).strip().lower() in OFFLINE_TASKS or str(task).strip().lower() in OFFLINE_SKILLS:
         return {}
     clean = lambda v: (str(v).strip() or None) if v not in (None, "", "(none)", "(guess)") else None  # noqa: E731
     return {"text_column": clean(text), "pair_column": clean(pair), "label_column": clean(label)}
@@ -521,10 +522,10 @@ def overlap_for(region_ids: list[str]) -> dict:
     return flows.compose(ComposeRequest(regions=_paths(region_ids, 2))).matrix()
 
 
-def submit_compose(runner, *, region_ids: list[str], resolve: str, n) -> Job:
+def submit_compose(runner, *, region_ids: list[str], resolve: str, n, stitch: bool = False) -> Job:
     paths = _paths(region_ids, 2)
     out = new_path(store.regions_dir(), "union", ".safetensors")
-    request = ComposeRequest(regions=paths, resolve=resolve, evaluate=True, n=whole(n), out=str(out))
+    request = ComposeRequest.make(regions=paths, resolve=resolve, evaluate=True, stitch=stitch, n=whole(n), out=str(out))
 
     def saved(result, doc) -> dict:
         return {**doc, "region": out.stem}
@@ -717,6 +718,57 @@ def compare_table(result: dict) -> pd.DataFrame:
     return pd.DataFrame(out, columns=COMPARE_COLUMNS)
 
 
+COMPLETION_COLUMNS = ["model", "task", "n", "exact match ↑ [95 % CI]", "share of FT gain", "Δ vs FT", "loss/token ↓",
+                      "perplexity ↓", "token ECE ↓", "agree w/ FT", "k (params)"]
+
+
+def completion_table(result: dict) -> pd.DataFrame:
+    """A completion task's comparison: exact match of greedy generations, and the reference tokens' loss and
+    calibration, one row per model."""
+    rows = result.get("rows") or []
+    ft = {r["task"]: r["exact_match"] for r in rows if r["model"] == "fine-tuned"}
+    out = []
+    for r in rows:
+        ci = r.get("accuracy_ci") or wilson(r["exact_match"], r["n"])
+        size = r.get("region_size")
+        out.append({
+            "model": r["model"], "task": r["task"], "n": f"{round(r['n']):,}",
+            "exact match ↑ [95 % CI]": _pct(r["exact_match"]) + (f" [{100 * ci[0]:.0f}–{100 * ci[1]:.0f}]" if ci else ""),
+            "share of FT gain": _pct(r.get("gain_recovered")),
+            "Δ vs FT": "" if r["task"] not in ft else f"{100 * (r['exact_match'] - ft[r['task']]):+.1f} pts",
+            "loss/token ↓": _num(r.get("loss")), "perplexity ↓": _num(r.get("perplexity")),
+            "token ECE ↓": _num(r.get("token_ece")), "agree w/ FT": _pct(r.get("agreement_with_ft")),
+            "k (params)": "" if size is None else f"{round(size):,}"})
+    return pd.DataFrame(out, columns=COMPLETION_COLUMNS)
+
+
+def generations_table(result: dict) -> pd.DataFrame:
+    """Prompt, reference and each model's greedy generation side by side (✓ where its answer matches)."""
+    shown = result.get("generations") or []
+    models = list(dict.fromkeys(r["model"] for r in result.get("rows") or []))
+    out = [{"task": g.get("task", ""), "prompt": g["prompt"], "reference": g["reference"],
+            **{m: ("✓ " if g.get("exact", {}).get(m) else "✗ ") + str(g.get(m, "")) for m in models if m in g}}
+           for g in shown]
+    return pd.DataFrame(out, columns=["task", "prompt", "reference", *models])
+
+
+def is_completion(result: dict) -> bool:
+    rows = result.get("rows") or []
+    return bool(rows) and "exact_match" in rows[0]
+
+
+STITCH_COLUMNS = ["task", "model", "test examples", "accuracy / exact match ↑", "loss/token ↓", "params grafted"]
+
+
+def stitch_table(result: dict) -> pd.DataFrame:
+    """Stitching: every model on every member's task (the stitched union, each fine-tune, task arithmetic)."""
+    out = [{"task": r["task"], "model": r["model"], "test examples": r["n"], "accuracy / exact match ↑": _pct(r["accuracy"]),
+            "loss/token ↓": _num(r.get("loss")) if "loss" in r else "",
+            "params grafted": f"{r['region_size']:,}" if r.get("region_size") is not None else ""}
+           for r in result.get("rows") or []]
+    return pd.DataFrame(out, columns=STITCH_COLUMNS)
+
+
 DIFFERENCE_COLUMNS = ["a − b", "task", "dist.", "metric", "difference [95 % CI]", "McNemar p", "reading"]
 
 
@@ -802,6 +854,8 @@ COMPOSE_COLUMNS = ["task", "head from", "model", "test examples", "accuracy ↑"
 
 
 def compose_table(result: dict) -> pd.DataFrame:
+    if result.get("stitch"):
+        return stitch_table(result)
     out = [{
         "task": r["task"],
         "head from": r["head"],

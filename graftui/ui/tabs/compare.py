@@ -22,6 +22,10 @@ NOTE = ("Accuracy and agreement (with the fine-tuned model's predictions) are sh
         "where FT does not beat bare there is no gain to share (n/a); Δ is the accuracy difference to the fine-tuned model on the same task; F1 of the "
         "positive class (macro if more than two); ECE is the expected calibration error over 10 equal-width confidence "
         "bins (lower is better); calibration compares mean confidence with accuracy.")
+COMPLETION_NOTE = ("Exact match: the share of the n test prompts whose greedy generation gives the reference's answer "
+                   "(first line, or what the answer regex finds), with a 95 % Wilson interval; loss/token and perplexity "
+                   "of the reference completion's tokens (teacher forced); token ECE: the calibration error of the "
+                   "next-token prediction over those tokens; agreement: the same answer as the fine-tuned model.")
 KINDS, LATEST = ("compare",), "latest comparison"
 SWEEP_KINDS, SWEEP_LATEST = ("sweep",), "latest sweep"
 PREDICT_KINDS, PREDICT_LATEST = ("predict",), "latest sentences"
@@ -35,6 +39,13 @@ def render_compare(job) -> list:
                 figures.empty_figure(msg), "", figures.side_by_side(None), "",
                 pd.DataFrame(columns=actions.DISAGREEMENT_COLUMNS)]
     res = job.result
+    if actions.is_completion(res):  # a completion task: scored by generation; the generations take the last table
+        note = f"Completion task: **{res['task']}**. " + COMPLETION_NOTE
+        msg = "A completion task: its token-level calibration error is in the table."
+        return [actions.completion_table(res), actions.differences_table(res), figures.empty_figure(msg),
+                figures.empty_figure(msg), note, figures.side_by_side(res.get("side_by_side")),
+                "Greedy generations of each model on the first test examples (✓: the answer matches the reference).",
+                actions.generations_table(res)]
     note = f"In-distribution task: **{res['task']}**; OOD tasks: **{', '.join(res['ood']) or 'none'}**. " + NOTE
     if res.get("notes"):
         note += "\n\n" + "\n\n".join(f"Note: {n}" for n in res["notes"])

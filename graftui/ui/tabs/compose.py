@@ -41,6 +41,8 @@ def build(page) -> gr.Tab:
                                         elem_id="compose-resolve")
             cps_n = gr.Number(page.defaults["test_examples"], precision=0, label="Test examples per task",
                               elem_id="compose-n")
+            cps_stitch = gr.Checkbox(False, label="Stitch: against each fine-tune and task arithmetic (λ chosen on "
+                                     "validation examples); always on for completion tasks", elem_id="compose-stitch")
         cps_run, cps_job, cps_status = job_controls("Build union and evaluate", "compose", LATEST)
         page.report("compose", cps_job, KINDS)
         cps_report = gr.Markdown("", elem_id="compose-report")
@@ -60,11 +62,12 @@ def build(page) -> gr.Tab:
     for ev in (cmp_sel.change, cps_measure.change, tab.select):
         page.on(ev, on_overlap, [cmp_sel, cps_measure], [cps_heat, cps_pairs, page.status])
 
-    @page.guard(beside=cps_status, regions=cmp_sel, region=cmp_sel, resolve=cps_resolve, n=cps_n)
-    def on_compose(region_ids, resolve, n):
-        job = actions.submit_compose(store.runner(), region_ids=region_ids or [], resolve=resolve, n=n)
+    @page.guard(beside=cps_status, regions=cmp_sel, region=cmp_sel, resolve=cps_resolve, n=cps_n, stitch=cps_stitch)
+    def on_compose(region_ids, resolve, n, stitch):
+        job = actions.submit_compose(store.runner(), region_ids=region_ids or [], resolve=resolve, n=n,
+                                     stitch=bool(stitch))
         return submitted(job, KINDS, LATEST)
 
-    page.on(cps_run.click, on_compose, [cmp_sel, cps_resolve, cps_n], [page.status, cps_job, cps_status])
+    page.on(cps_run.click, on_compose, [cmp_sel, cps_resolve, cps_n, cps_stitch], [page.status, cps_job, cps_status])
     page.panel("compose", KINDS, cps_job, cps_status, [cps_report, cps_table], render_compose, LATEST)
     return tab

@@ -10,6 +10,7 @@ import pandas as pd
 
 from ... import settings
 from ...config import DEFAULT_BASE, DEFAULT_FINETUNED, DEFAULT_TASK
+from ...completion import OFFLINE_SKILLS
 from ...data import OFFLINE_TASKS
 from ...paths import short_ref
 from ...requests import EvaluateRequest, LoadFields, choices_of
@@ -24,7 +25,8 @@ INTRO = (
 
 
 def task_choices() -> list[tuple[str, str]]:
-    return [(f"{name}: {desc}", name) for name, desc in OFFLINE_TASKS.items()] + store.upload_choices()
+    skills = [(f"{name} (completion): {about[0]}", name) for name, about in OFFLINE_SKILLS.items()]
+    return [(f"{name}: {desc}", name) for name, desc in OFFLINE_TASKS.items()] + skills + store.upload_choices()
 
 
 def ood_choices() -> list[tuple[str, str]]:
