@@ -268,3 +268,19 @@ def test_sweep_and_ablation_score_completion_regions_by_generation(trained, loca
     anatomy = graftui.anatomy(region=str(out), ablate=True, n=6).as_dict()["ablation"]
     assert anatomy["metric"] == "exact_match" and anatomy["n"] == 6
     assert all(r["drop"] == pytest.approx(anatomy["accuracy"] - r["accuracy"]) for r in anatomy["rows"])
+
+
+def test_a_region_is_judged_by_its_own_answer_rule_where_a_later_request_is_silent(trained, localized, tmp_path):
+    """Localize recorded --max-new-tokens 4: evaluate and push (whose requests do not say) generate 4 tokens, not 32."""
+    _, _, out = localized
+    ev = graftui.evaluate(regions=[str(out)], n=4).as_dict()
+    task = completion.load_completion_task(trained["task"])
+    data = generation.sample(task, "test", 4, 0)
+    base, tok = load_lm(trained["base"], "causal-lm"), load_tokenizer(trained["base"])
+    shown = [g["pre-trained, same prompt"] for g in ev["generations"]]
+    assert shown == generation.generate(base, tok, data, False, max_new_tokens=4)  # the region's own length
+    assert shown != generation.generate(base, tok, data, False, max_new_tokens=32)  # not the default's
+    pushed = graftui.push(repo="me/opposites-skill", region=str(out), n=4, out=str(tmp_path / "repo"))
+    card = (tmp_path / "repo" / "README.md").read_text()
+    assert "| exact match (95 % interval) | loss per token | token ECE |" in card and "| fine-tuned |" in card
+    assert "model.safetensors" not in pushed.files  # a patch, not a checkpoint

@@ -94,11 +94,27 @@ def quick_check(pair, task: CompletionTask, models: dict, req, progress=None, ca
             "generations": part["generations"]}
 
 
-def evaluate(req, pair, task: CompletionTask, models: dict, contrasts: list, progress=None, cancel=None) -> dict:
-    """FT, the pre-trained model and every graft on the completion task: rows, paired differences, generations."""
-    return generation.compare_completions(pair, task, models, n=req.n, seed=TEST_SAMPLE_SEED,
-                                          contrasts=contrasts, rule=req.answer_rule(),
-                                          max_new_tokens=req.max_new_tokens, progress=progress, cancel=cancel)
+def judging(req, meta=None) -> tuple[generation.AnswerRule, int]:
+    """The answer rule and generation length of a request; what it leaves at the default comes from the request that
+    made the region (``meta``), so a region is judged as it was made unless asked otherwise."""
+    new = getattr(req, "max_new_tokens", generation.MAX_NEW_TOKENS)
+    asked = req.answer_rule() if hasattr(req, "answer_rule") else generation.AnswerRule()
+    if meta is None:
+        return asked, new
+    made, made_new = recorded_rule(meta)
+    rule = generation.AnswerRule(regex=asked.regex if asked.regex is not None else made.regex,
+                                 ignore_case=asked.ignore_case or made.ignore_case,
+                                 first_line=asked.first_line and made.first_line)
+    return rule, new if new != generation.MAX_NEW_TOKENS else made_new
+
+
+def evaluate(req, pair, task: CompletionTask, models: dict, contrasts: list, progress=None, cancel=None,
+             meta=None) -> dict:
+    """FT, the pre-trained model and every graft on the completion task: rows, paired differences, generations;
+    judged by the request's answer rule, the region's own (``meta``) where the request is silent."""
+    rule, new = judging(req, meta)
+    return generation.compare_completions(pair, task, models, n=req.n, seed=TEST_SAMPLE_SEED, contrasts=contrasts,
+                                          rule=rule, max_new_tokens=new, progress=progress, cancel=cancel)
 
 
 def recorded_rule(meta) -> tuple[generation.AnswerRule, int]:
@@ -113,5 +129,5 @@ def recorded_rule(meta) -> tuple[generation.AnswerRule, int]:
         generation.MAX_NEW_TOKENS
 
 
-__all__ = ["DEFAULT_TRAIN_SAMPLE", "check_kind", "recorded_rule", "evaluate", "finetune", "mask_batches", "quick_check", "test_score",
+__all__ = ["DEFAULT_TRAIN_SAMPLE", "check_kind", "judging", "recorded_rule", "evaluate", "finetune", "mask_batches", "quick_check", "test_score",
            "train_sample"]

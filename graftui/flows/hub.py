@@ -94,7 +94,15 @@ def model_card(req: PushRequest, record, metrics: list[dict], region_file: str):
              f"| method | {m.method} |", f"| budget | {m.budget or f'k = {record.size:,}'} |",
              f"| region | {card.pct(frac, 3) if frac else ''} · k = {record.size:,} · content id "
              f"`#{regions.digest(record.indices)}` |", ""]
-    if metrics:
+    if metrics and "exact_match" in metrics[0]:  # a completion task: judged by its greedy generations
+        lines += ["## Metrics", "", "| model | task | n | exact match (95 % interval) | loss per token | token ECE | "
+                  "share of FT gain |", "|---|---|---|---|---|---|---|"]
+        for r in metrics:
+            ci = r.get("accuracy_ci") or [None, None]
+            lines.append(f"| {r['model']} | {r['task']} | {r['n']:,} | {r['exact_match']:.3f} ({ci[0]:.3f}–{ci[1]:.3f}) "
+                         f"| {r['loss']:.3f} | {r['token_ece']:.3f} | {card.pct(r.get('gain_recovered'))} |")
+        lines.append("")
+    elif metrics:
         lines += ["## Metrics", "", "| model | task | n | accuracy (95 % interval) | ECE | share of FT gain |",
                   "|---|---|---|---|---|---|"]
         for r in metrics:

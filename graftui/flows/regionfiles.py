@@ -139,7 +139,7 @@ def ablate(req: AnatomyRequest, path: str, record: RegionRecord, anat: Anatomy, 
     generative = isinstance(task, CompletionTask)  # scored by the exact match of its generations
     if not generative:
         scoring.check_labels(pair, task)
-    rule, new = completions.recorded_rule(record.meta)
+    rule, new = completions.judging(req, record.meta)
     data = generation.sample(task, "test", req.n, scoring.TEST_SAMPLE_SEED) if generative else None
     notes += [note for note in grafts.notes if note not in notes]
     values = record.values if record.is_patch else None
