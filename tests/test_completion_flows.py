@@ -284,3 +284,36 @@ def test_a_region_is_judged_by_its_own_answer_rule_where_a_later_request_is_sile
     card = (tmp_path / "repo" / "README.md").read_text()
     assert "| exact match (95 % interval) | loss per token | token ECE |" in card and "| fine-tuned |" in card
     assert "model.safetensors" not in pushed.files  # a patch, not a checkpoint
+
+
+def test_stitching_classification_regions_of_two_prompt_fine_tunes(tmp_path, monkeypatch):
+    """Stitching is not only for completions: two prompt-read GPT-2 fine-tunes of one base, each with a region of the
+    same label-word task, scored by accuracy beside each fine-tune and task arithmetic."""
+    from lm_util import write_task
+
+    monkeypatch.setenv("GRAFTUI_HOME", str(tmp_path / "home"))
+    base, ft1 = write_lm_pair(tmp_path, "gpt2")
+    ft2 = tmp_path / "gpt2-ft2"
+    shutil.copytree(ft1, ft2)
+    model = load_lm(str(ft2), "causal-lm")
+    gen = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.startswith("transformer.h."):
+                p.add_(torch.randn(p.shape, generator=gen) * 0.05)
+    model.save_pretrained(ft2)
+    task = write_task(tmp_path / "words.csv", n=60)
+    made = []
+    for i, ft in enumerate((ft1, ft2)):
+        out = tmp_path / f"r{i}.safetensors"
+        graftui.localize(base=str(base), finetuned=str(ft), task=str(task), method="top-movement", sparsity=0.05,
+                         check_n=0, label_words="negative= bad,positive= good", out=str(out))
+        made.append(str(out))
+    doc = graftui.compose(regions=made, stitch=True, lambdas=[0.5, 1.0], validation_n=8, n=12).as_dict()
+    arithmetic = f"task arithmetic (λ = {doc['stitch']['lambda']:g})"
+    for head, other in (("r0", "r1"), ("r1", "r0")):
+        rows = {r["model"]: r for r in doc["rows"] if r["head"] == head}
+        assert {"stitched", "fine-tuned", arithmetic, f"fine-tuned for {other}", f"{head} alone"} <= set(rows)
+        assert all("f1" in r and r["n"] == 12 for r in rows.values())  # scored as a classifier
+    assert {(d["a"], d["b"], d["metric"]) for d in doc["differences"]} >= {("stitched", "fine-tuned", "accuracy"),
+                                                                            ("stitched", arithmetic, "accuracy")}
