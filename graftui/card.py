@@ -231,8 +231,10 @@ def sweep_card(doc: dict) -> list[str]:
     rows, ft = doc["rows"], doc.get("ft_accuracy")
     if not rows or not ft:
         return []
-    lines = [f"Fine-tuned: {pct(ft, 1)} on {doc['task']}" + (f"; bare body {pct(doc['body_accuracy'], 1)}."
-                                                            if doc.get("body_accuracy") is not None else ".")]
+    generative = "exact_match" in rows[0]  # a completion task: its accuracy is the exact match of generations
+    lines = [f"Fine-tuned: {pct(ft, 1)}" + (" exact match" if generative else "") + f" on {doc['task']}"
+             + (f"; {'pre-trained' if generative else 'bare body'} {pct(doc['body_accuracy'], 1)}."
+                if doc.get("body_accuracy") is not None else ".")]
     for m in dict.fromkeys(r["method"] for r in rows):
         mine = sorted((r for r in rows if r["method"] == m), key=lambda r: r["sparsity"])
         good = next((r for r in mine if r["accuracy"] >= 0.95 * ft), None)
@@ -242,7 +244,8 @@ def sweep_card(doc: dict) -> list[str]:
                                  f"never keeps 95 % of FT here; at best {pct(best['accuracy'] / ft)} of it, at sparsity "
                                  f"{best['sparsity']:g}") + ".")
     by = {(r["method"], r["sparsity"]): r for r in rows}
-    paired = {(d["a"], d["b"], d.get("sparsity")): d for d in doc.get("differences") or () if d["metric"] == "accuracy"}
+    paired = {(d["a"], d["b"], d.get("sparsity")): d for d in doc.get("differences") or ()
+              if d["metric"] == ("exact_match" if generative else "accuracy")}
     gaps = []
     for (m, s) in sorted(by, key=lambda key: key[1]):
         if m == "learned" and ("top-movement", s) in by:
@@ -499,11 +502,12 @@ def continual_card(doc: dict) -> list[str]:
     return lines
 
 
-def completion_card(rows: list[dict], differences: list[dict], graftable: int | None = None) -> list[str]:
+def completion_card(rows: list[dict], differences: list[dict], graftable: int | None = None,
+                    ft_name: str = FT_LABEL) -> list[str]:
     """The result in sentences: each graft's exact match against FT's and the pre-trained model's, with the paired
     interval of the difference, and its loss per token."""
     by = {r["model"]: r for r in rows}
-    ft, pre = by.get(FT_LABEL), by.get(LM_BODY_LABEL)
+    ft, pre = by.get(ft_name), by.get(LM_BODY_LABEL)
     lines = []
     if ft and pre:
         lines.append(f"On {ft['n']:,} held-out examples of {ft['task']}, the fine-tuned model's greedy answers match "
@@ -511,12 +515,12 @@ def completion_card(rows: list[dict], differences: list[dict], graftable: int | 
                      f"pre-trained model's on {100 * pre['exact_match']:.1f} % (loss {pre['loss']:.3f}).")
     found = {(d["a"], d["b"], d["metric"]): d for d in differences}
     for r in rows:
-        if r["model"] in (FT_LABEL, LM_BODY_LABEL):
+        if r["model"] in (ft_name, LM_BODY_LABEL):
             continue
         size = "" if r.get("region_size") is None else f" (k = {r['region_size']:,}" + (
             f", {100 * r['region_size'] / graftable:.3g} % of the graftable set)" if graftable else ")")
         text = f"{r['model']}{size}: exact match {100 * r['exact_match']:.1f} %"
-        d = found.get((r["model"], FT_LABEL, "exact_match"))
+        d = found.get((r["model"], ft_name, "exact_match"))
         if d:
             text += ", " + difference(d, " against FT")
         if ft and pre and ft["exact_match"] != pre["exact_match"]:

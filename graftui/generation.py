@@ -26,7 +26,8 @@ from . import metrics
 from .completion import IGNORE, Completions, encode, tokens
 from .config import FT_LABEL, LM_BODY_LABEL
 from .errors import Cancelled, DataError
-from .scoring import region_size, state_of
+from .metrics import COMPLETION_METRICS
+from .scoring import kept_reference, region_size, state_of
 
 MAX_NEW_TOKENS = 32
 GENERATION_BATCH = 32
@@ -84,6 +85,18 @@ def _pad_id(tokenizer) -> int:
     return tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
 
+END_OF_TURN = ("<|im_end|>", "<|eot_id|>", "<end_of_turn>", "<|end|>")  # how chat templates end an assistant turn
+
+
+def stop_ids(tokenizer, chat: bool) -> list[int]:
+    """Where greedy decoding stops: the end-of-text token and, for a chat, the template's end-of-turn token."""
+    ids = [] if tokenizer.eos_token_id is None else [tokenizer.eos_token_id]
+    if chat:
+        vocab = tokenizer.get_vocab()
+        ids += [vocab[t] for t in END_OF_TURN if t in vocab and vocab[t] not in ids]
+    return ids
+
+
 def generate(model, tokenizer, split: Completions, chat: bool, *, max_new_tokens: int = MAX_NEW_TOKENS,
              batch_size: int = GENERATION_BATCH, max_length: int = 256,
              cancel: Callable[[], None] | None = None) -> list[str]:
@@ -91,8 +104,11 @@ def generate(model, tokenizer, split: Completions, chat: bool, *, max_new_tokens
     by length, so a batch pads little."""
     if max_new_tokens < 1:
         raise DataError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
-    prompts = [prompt_ids(tokenizer, e, chat, max_length) for e in split.examples]
+    start_id = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+    prompts = [prompt_ids(tokenizer, e, chat, max_length) or [start_id] for e in split.examples]  # an empty prompt
+    # starts as any text does
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
+    stops = stop_ids(tokenizer, chat)
     out: list[str] = [""] * len(prompts)
     pad = _pad_id(tokenizer)
     device = next(model.parameters()).device
@@ -106,7 +122,7 @@ def generate(model, tokenizer, split: Completions, chat: bool, *, max_new_tokens
         with torch.no_grad():
             new = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
                                  temperature=None, top_p=None, top_k=None, pad_token_id=pad,
-                                 eos_token_id=tokenizer.eos_token_id)[:, width:]
+                                 eos_token_id=stops or None)[:, width:]
         for i, row in zip(chosen, new.tolist()):
             out[i] = tokenizer.decode(row, skip_special_tokens=True)
     return out
@@ -146,19 +162,18 @@ def teacher_forced(model, tokenizer, split: Completions, chat: bool, *, max_leng
         ids = torch.tensor([inputs[i] + [pad] * (width - len(inputs[i])) for i in chosen], device=device)
         mask = torch.tensor([[1] * len(inputs[i]) + [0] * (width - len(inputs[i])) for i in chosen], device=device)
         target = torch.tensor([labels[i] + [IGNORE] * (width - len(labels[i])) for i in chosen])[:, 1:]
-        with torch.no_grad():
-            logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1].float().cpu()
-        logp = torch.log_softmax(logits, dim=-1)
-        scored = target != IGNORE
-        safe = target.clamp_min(0)
-        nll = -logp.gather(-1, safe.unsqueeze(-1)).squeeze(-1)
+        where = (target != IGNORE).nonzero(as_tuple=True)
+        with torch.no_grad():  # only the scored positions' logits leave the model's device, then as float32
+            logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1]
+            logp = torch.log_softmax(logits[where[0].to(logits.device), where[1].to(logits.device)].float(), dim=-1).cpu()
+        wanted = target[where]
+        nll = -logp.gather(-1, wanted.unsqueeze(-1)).squeeze(-1)
         top, pred = logp.max(dim=-1)
-        where = scored.nonzero(as_tuple=True)
-        example = torch.tensor(chosen)[where[0]]
-        loss_sum.index_add_(0, example, nll[where].double())
+        example = torch.tensor(chosen, dtype=torch.long)[where[0]]
+        loss_sum.index_add_(0, example, nll.double())
         count.index_add_(0, example, torch.ones(len(example), dtype=torch.float64))
-        conf.append(top[where].exp())
-        right.append((pred[where] == target[where]).double())
+        conf.append(top.exp())
+        right.append((pred == wanted).double())
         rows.append(example)
     cat = (lambda xs: torch.cat(xs)) if conf else (lambda xs: torch.zeros(0))
     return TeacherForced(loss_sum, count, metrics.calibration_sums(cat(conf), cat(right), cat(rows).long(), n, n_bins))
@@ -201,8 +216,24 @@ class Reading:
     forced: TeacherForced
 
 
+def _check_examples(task, data: Completions) -> None:
+    if not len(data):
+        raise DataError(f"task '{task.name}' has no examples to score here: give a task with more examples in each split")
+
+
+def exact(model, tokenizer, task, data: Completions, rule: AnswerRule, max_new_tokens: int,
+          cancel: Callable[[], None] | None = None) -> torch.Tensor:
+    """Exact match only (1.0 per matching example), for readings that need no token scores."""
+    _check_examples(task, data)
+    generations = generate(model, tokenizer, data, task.chat, max_new_tokens=max_new_tokens,
+                           max_length=task.max_length, cancel=cancel)
+    return exact_matches(generations, data.references, rule)
+
+
 def read(model, tokenizer, task, data: Completions, rule: AnswerRule, max_new_tokens: int,
          cancel: Callable[[], None] | None = None) -> Reading:
+    """One model's generations, their exact matches and its teacher-forced scores of the references."""
+    _check_examples(task, data)
     generations = generate(model, tokenizer, data, task.chat, max_new_tokens=max_new_tokens,
                            max_length=task.max_length, cancel=cancel)
     forced = teacher_forced(model, tokenizer, data, task.chat, max_length=task.max_length, cancel=cancel)
@@ -218,13 +249,11 @@ def reference_read(pair, name: str, task, data: Completions, rule: AnswerRule, m
                    cancel: Callable[[], None] | None = None) -> Reading:
     """``read`` of the fine-tuned or the pre-trained model (``name``), kept with the pair: every later comparison
     of the same examples reuses it."""
-    key = _key(name, task, data, rule, max_new_tokens)
-    found = pair.references.get(key)
-    if found is None:
+    def make() -> Reading:
         with pair.finetuned() if name == FT_LABEL else contextlib.nullcontext():
-            found = read(pair.model, pair.tokenizer, task, data, rule, max_new_tokens, cancel)
-        pair.references[key] = found
-    return found
+            return read(pair.model, pair.tokenizer, task, data, rule, max_new_tokens, cancel)
+
+    return kept_reference(pair, _key(name, task, data, rule, max_new_tokens), make)
 
 
 def _figures(reading: Reading) -> dict[str, tuple]:
@@ -276,8 +305,9 @@ def compare_completions(pair, task, models: dict, *, split: str = "test", n: int
             "agreement_with_ft": agreement(r.generations, ft.generations, data.references, rule),
             "region_size": region_size(models[name]) if name in models else None,
         })
-    wanted = [(m, FT_LABEL, metric) for m in models for metric in COMPARED]
-    wanted += [(m, body, "exact_match") for m in models] + [(a, b, metric) for a, b in contrasts for metric in COMPARED]
+    wanted = [(m, FT_LABEL, metric) for m in models for metric in COMPLETION_METRICS]
+    wanted += [(m, body, "exact_match") for m in models]
+    wanted += [(a, b, metric) for a, b in contrasts for metric in COMPLETION_METRICS]
     differences = []
     for a, b, metric in wanted:
         if a in readings and b in readings and a != b:
@@ -292,8 +322,6 @@ def compare_completions(pair, task, models: dict, *, split: str = "test", n: int
             "rule": asdict(rule), "max_new_tokens": max_new_tokens}
 
 
-COMPARED = ("exact_match", "loss", "token_ece")
-
-__all__ = ["AnswerRule", "COMPARED", "GENERATION_BATCH", "MAX_NEW_TOKENS", "Reading", "TeacherForced", "agreement",
-           "compare_completions", "exact_matches", "generate", "prompt_ids", "read", "reference_read", "sample",
-           "teacher_forced"]
+__all__ = ["AnswerRule", "END_OF_TURN", "GENERATION_BATCH", "MAX_NEW_TOKENS", "Reading", "TeacherForced", "agreement",
+           "compare_completions", "exact", "exact_matches", "generate", "prompt_ids", "read", "reference_read", "sample",
+           "stop_ids", "teacher_forced"]

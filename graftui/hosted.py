@@ -209,7 +209,8 @@ def save_upload(path: str | Path, read=None):
 
 # -- what a request may ask of a shared server ------------------------------------------------------------
 MODEL_FIELDS = ("base", "finetuned", "checkpoint", "finetuned_replicates")
-LIST_FIELDS = ("ood", "regions", "tasks", "methods", "seeds", "finetuned_replicates")  # each multiplies a job's work
+LIST_FIELDS = ("ood", "regions", "tasks", "methods", "seeds", "finetuned_replicates", "lambdas")  # each multiplies a
+# job's work
 TASK_FIELDS = ("task", "ood", "tasks")
 
 
@@ -237,6 +238,9 @@ def check_request(request, guard: Guard) -> None:
     if runs > settings.MAX_LIST_ITEMS:  # each fine-tune runs every seed
         raise RequestError(f"{runs} runs (fine-tunes × seeds) are over this server's limit of {settings.MAX_LIST_ITEMS} "
                            "for one job; ask for fewer seeds or fine-tunes")
+    if getattr(request, "answer_regex", None):  # a regular expression can backtrack for ever, and holds the server
+        raise RequestError("answer regexes are not run on a shared server: drop --answer-regex (the first line of each "
+                           "answer is compared), or run graftui on your own machine")
     if getattr(request, "train_examples", None) == 0:
         raise RequestError("training on every example (0) is not offered here; give a number of training examples up "
                            f"to {settings.HOSTED_CEILINGS['train_examples']:,}")

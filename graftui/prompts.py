@@ -282,22 +282,17 @@ class _Output:
         self.logits, self.loss = logits, loss
 
 
-class PromptClassifier(torch.nn.Module):
-    """A causal or masked LM read as a classifier through its fixed head and the label words.
+class LMReader(torch.nn.Module):
+    """A language model inside a reader (label words, or completions): ``named_parameters`` and ``save_pretrained``
+    are the LM's own, so parameter names in regions are the LM's and an export is an ordinary ``*ForCausalLM`` /
+    ``*ForMaskedLM`` checkpoint; its head (outside the body) is what stays fixed."""
 
-    ``named_parameters`` and ``save_pretrained`` are the LM's own, so parameter names in regions
-    are the LM's and an export is an ordinary ``*ForCausalLM`` / ``*ForMaskedLM`` checkpoint.
-    """
-
-    def __init__(self, lm: torch.nn.Module, tokenizer: PromptTokenizer):
+    def __init__(self, lm: torch.nn.Module, why: str):
         super().__init__()
-        self.lm, self.prompt = lm, tokenizer.prompt
-        self.label_ids = torch.tensor(tokenizer.label_ids, dtype=torch.long)
-        self.word_ids = [torch.tensor(ids, dtype=torch.long) for ids in tokenizer.word_ids]
-        self.mask_id = tokenizer.mask_token_id if self.prompt.kind == "masked-lm" else None
+        self.lm = lm
         prefix = getattr(lm, "base_model_prefix", "")
         if not prefix or not hasattr(lm, prefix):
-            raise ModelError(f"{type(lm).__name__} has no separate body and head; graftui cannot score label words with it")
+            raise ModelError(f"{type(lm).__name__} has no separate body and head; graftui cannot {why}")
         self.prefix = prefix
 
     # the LM's parameters, under the LM's names
@@ -318,6 +313,20 @@ class PromptClassifier(torch.nn.Module):
 
     def save_pretrained(self, folder, **kwargs) -> None:
         self.lm.save_pretrained(folder, **kwargs)
+
+
+class PromptClassifier(LMReader):
+    """A causal or masked LM read as a classifier through its fixed head and the label words (saved beside it)."""
+
+    def __init__(self, lm: torch.nn.Module, tokenizer: PromptTokenizer):
+        super().__init__(lm, "score label words with it")
+        self.prompt = tokenizer.prompt
+        self.label_ids = torch.tensor(tokenizer.label_ids, dtype=torch.long)
+        self.word_ids = [torch.tensor(ids, dtype=torch.long) for ids in tokenizer.word_ids]
+        self.mask_id = tokenizer.mask_token_id if self.prompt.kind == "masked-lm" else None
+
+    def save_pretrained(self, folder, **kwargs) -> None:
+        super().save_pretrained(folder, **kwargs)
         (Path(folder) / PROMPT_FILE).write_text(json.dumps(self.prompt.as_dict(), indent=2))
 
     def _hidden(self, input_ids, attention_mask):

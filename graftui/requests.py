@@ -258,8 +258,9 @@ class TaskFields(Request):
                             group="completion tasks")
     whole_generation: bool = arg(not AnswerRule.first_line, "completion tasks: compare the whole generation, not "
                                  "only its first line (the default for a one-line reference)", group="completion tasks")
-    max_new_tokens: int = arg(MAX_NEW_TOKENS, "completion tasks: tokens a model may generate per prompt (greedy)",
-                              metavar="N", group="completion tasks")
+    max_new_tokens: int | None = arg(None, f"completion tasks: tokens a model may generate per prompt, greedy (default: "
+                                     f"what the region was made with, else {MAX_NEW_TOKENS})", metavar="N",
+                                     group="completion tasks")
 
     def data_spec(self) -> DataSpec:
         return DataSpec(config=self.config, text_column=self.text_column, pair_column=self.pair_column,
@@ -275,7 +276,7 @@ class TaskFields(Request):
 
     def check_task_fields(self) -> None:
         check_at_least_one("max_new_tokens", self.max_new_tokens)
-        if self.max_new_tokens > MAX_GENERATED:
+        if self.max_new_tokens is not None and self.max_new_tokens > MAX_GENERATED:
             raise RequestError(f"--max-new-tokens {self.max_new_tokens} is more than {MAX_GENERATED}; an answer this "
                                "long is no exact-match task")
         try:

@@ -132,21 +132,29 @@ def _sample_key(task: Task, split: str, n: int | None, seed: int) -> str:
     return h.hexdigest()
 
 
-def reference_predict(pair, name: str, task: Task, split: str, n: int | None, seed: int = 0):
-    """``predict`` of FT or the bare body (``name``; the pair at rest in the matching state), cached per pair."""
-    key = (name, _sample_key(task, split, n, seed))
+def kept_reference(pair, key, make: Callable[[], object]):
+    """What ``make()`` returns for ``key``, kept with the pair (the oldest of more than REFERENCES_PER_PAIR dropped):
+    FT's and the empty region's scores, which every comparison of the same examples shares."""
     with _references_lock:
         found = pair.references.get(key)
     if found is not None:
         return found
-    with pair.finetuned() if name == FT_LABEL else contextlib.nullcontext():
-        found = predict(pair, task, split, n, seed=seed)
+    found = make()
     with _references_lock:
         kept = pair.references
         kept[key] = found
         while len(kept) > REFERENCES_PER_PAIR:
             kept.pop(next(iter(kept)))
     return found
+
+
+def reference_predict(pair, name: str, task: Task, split: str, n: int | None, seed: int = 0):
+    """``predict`` of FT or the bare body (``name``; the pair at rest in the matching state), cached per pair."""
+    def make():
+        with pair.finetuned() if name == FT_LABEL else contextlib.nullcontext():
+            return predict(pair, task, split, n, seed=seed)
+
+    return kept_reference(pair, (name, _sample_key(task, split, n, seed)), make)
 
 
 @dataclass

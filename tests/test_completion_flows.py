@@ -12,6 +12,7 @@ import torch
 
 import graftui
 from graftui import cli, completion, generation, regions
+from graftui.completion import Completions
 from graftui.config import LoadOptions, kind_of_architecture
 from graftui.models import load_lm, load_tokenizer, pair_kind
 
@@ -86,7 +87,7 @@ def test_evaluate_scores_every_model_by_generation_with_paired_intervals(trained
     for name in ("r", "Top movement", "Random"):
         d = found[(name, "fine-tuned", "exact_match")]
         assert d["diff"] == pytest.approx(rows[name]["exact_match"] - rows["fine-tuned"]["exact_match"])
-        assert d["ci"][0] <= d["diff"] <= d["ci"][1] and set(d) >= {"a", "b", "task", "metric", "diff", "ci", "p"}
+        assert set(d) >= {"a", "b", "task", "metric", "diff", "ci", "p"} and d["n"] == 12
         assert (name, "fine-tuned", "loss") in found and (name, "fine-tuned", "token_ece") in found
     assert ("r", "Top movement", "exact_match") in found and ("r", "Random", "loss") in found
     shown = doc["generations"]
@@ -317,3 +318,65 @@ def test_stitching_classification_regions_of_two_prompt_fine_tunes(tmp_path, mon
         assert all("f1" in r and r["n"] == 12 for r in rows.values())  # scored as a classifier
     assert {(d["a"], d["b"], d["metric"]) for d in doc["differences"]} >= {("stitched", "fine-tuned", "accuracy"),
                                                                             ("stitched", arithmetic, "accuracy")}
+
+
+def test_a_completion_patch_evaluates_without_its_fine_tune(trained, localized, tmp_path):
+    """A downloaded skill patch, its fine-tuned model gone: FT is rebuilt from the patch and named so, everywhere."""
+    _, _, out = localized
+    moved = tmp_path / "patch.safetensors"
+    shutil.copyfile(out, moved)
+    record = regions.load(moved)
+    record.meta.finetuned = str(tmp_path / "gone")
+    regions.save(record, moved, exclusive=False)
+    doc = graftui.evaluate(regions=[str(moved)], n=6).as_dict()
+    ft = "fine-tuned (from patch)"
+    assert [r["model"] for r in doc["rows"]][:2] == [ft, "pre-trained, same prompt"]
+    assert all(ft in g and ft in g["exact"] and "fine-tuned" not in g for g in doc["generations"])
+    assert any("against FT" in line for line in doc["card"]) and any("rebuilt from the patch" in n for n in doc["notes"])
+
+
+def test_a_pair_and_a_task_of_other_kinds_are_refused_in_one_line(trained, tmp_path, capsys):
+    from lm_util import write_task
+
+    words = write_task(tmp_path / "words.csv")
+    assert cli.main(["localize", "--base", trained["base"], "--finetuned", trained["ft"].out, "--task", str(words),
+                     "--method", "top-movement", "--out", str(tmp_path / "x.safetensors")]) != 0
+    err = capsys.readouterr().err.strip()
+    assert "was fine-tuned on completions, and 'words.csv' is a classification task" in err
+    assert len(err.splitlines()) == 1 and not (tmp_path / "x.safetensors").exists()
+
+
+def test_a_chat_is_prompted_with_its_template_and_stops_at_the_end_of_its_turn(tmp_path):
+    """The tokenizer's chat template renders the prompt up to the assistant's turn; greedy decoding stops at the
+    template's end-of-turn token as at the end of text."""
+    tok = make_tokenizer(tmp_path / "tok")
+    tok.add_tokens(["<|im_end|>"])  # an ordinary token here, so the text shows how often it was generated
+    tok.chat_template = ("{% for m in messages %}<s>{{ m['role'] }} {{ m['content'] }}<|im_end|>{% endfor %}"
+                         "{% if add_generation_prompt %}<s>assistant{% endif %}")
+    model = make_lm("llama", len(tok)).eval()
+    example = (("user", "good"), ("assistant", " bad"))
+    ids = generation.prompt_ids(tok, example, True, 64)
+    assert tok.decode(ids) == "<s>user good<|im_end|><s>assistant"
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    assert set(generation.stop_ids(tok, True)) == {tok.eos_token_id, end} and generation.stop_ids(tok, False) == [
+        tok.eos_token_id]
+    head = torch.nn.Linear(model.lm_head.in_features, len(tok), bias=True)
+    with torch.no_grad():  # a model whose every next token is the end of turn
+        head.weight.zero_()
+        head.bias.zero_()
+        head.bias[end] = 10.0
+    model.lm_head = head
+    assert generation.generate(model, tok, Completions((example,)), True, max_new_tokens=8) == ["<|im_end|>"]
+    assert generation.generate(model, tok, Completions((example,)), False, max_new_tokens=8) == ["<|im_end|>" * 8]
+
+
+def test_task_arithmetic_is_chosen_on_validation_examples_only(two_skills, monkeypatch):
+    root, base, made = two_skills
+    read = []
+    real = generation.sample
+    monkeypatch.setattr(generation, "sample", lambda task, split, n, seed=0: read.append(split) or real(task, split, n,
+                                                                                                          seed))
+    graftui.compose(regions=[str(made["opposites"][2]), str(made["echo"][2])], stitch=True, lambdas=[0.5, 1.0],
+                    validation_n=4, n=4)
+    first_test = read.index("test")
+    assert read[:first_test] == ["validation"] * 4 and set(read[first_test:]) == {"test"}  # 2 λ × 2 tasks, then test

@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from .. import generation, training
+from .. import generation, settings, training
 from ..scoring import TEST_SAMPLE_SEED
 from ..completion import CompletionTask, batches, encode, truncation_note
 from ..config import LoadOptions
@@ -78,18 +78,20 @@ def finetune(req, task: CompletionTask, config, out: Path, progress: Progress | 
 def test_score(out: Path, task: CompletionTask, req) -> tuple[float, int, float]:
     """The fine-tuned checkpoint's exact match on the test split (``req.test_examples`` of it), with n and its loss
     per token."""
-    model, tokenizer, _ = load_reader(str(out), "completion", None, LoadOptions(head="completion"))
+    options = req.load_options()
+    model, tokenizer, _ = load_reader(str(out), "completion", None, LoadOptions(head="completion", dtype=options.dtype))
     data = generation.sample(task, "test", req.test_examples, TEST_SAMPLE_SEED)
-    reading = generation.read(model.eval(), tokenizer, task, data, req.answer_rule(), req.max_new_tokens)
+    rule, new = judging(req)
+    reading = generation.read(model.eval().to(settings.device()), tokenizer, task, data, rule, new)
     return float(reading.hits.mean()), len(data), reading.forced.loss()
 
 
 def quick_check(pair, task: CompletionTask, models: dict, req, progress=None, cancel=None) -> dict:
     """A region's held-out score right after localize: ``req.check_n`` test examples, beside FT and the pre-trained
     model, with paired differences."""
-    part = generation.compare_completions(pair, task, models, n=req.check_n, seed=TEST_SAMPLE_SEED,
-                                          rule=req.answer_rule(), max_new_tokens=req.max_new_tokens,
-                                          progress=progress, cancel=cancel)
+    rule, new = judging(req)
+    part = generation.compare_completions(pair, task, models, n=req.check_n, seed=TEST_SAMPLE_SEED, rule=rule,
+                                          max_new_tokens=new, progress=progress, cancel=cancel)
     return {"task": task.name, "n": part["rows"][0]["n"], "rows": part["rows"], "differences": part["differences"],
             "generations": part["generations"]}
 
@@ -97,15 +99,15 @@ def quick_check(pair, task: CompletionTask, models: dict, req, progress=None, ca
 def judging(req, meta=None) -> tuple[generation.AnswerRule, int]:
     """The answer rule and generation length of a request; what it leaves at the default comes from the request that
     made the region (``meta``), so a region is judged as it was made unless asked otherwise."""
-    new = getattr(req, "max_new_tokens", generation.MAX_NEW_TOKENS)
+    new = getattr(req, "max_new_tokens", None)  # None: not asked
     asked = req.answer_rule() if hasattr(req, "answer_rule") else generation.AnswerRule()
     if meta is None:
-        return asked, new
+        return asked, new or generation.MAX_NEW_TOKENS
     made, made_new = recorded_rule(meta)
     rule = generation.AnswerRule(regex=asked.regex if asked.regex is not None else made.regex,
                                  ignore_case=asked.ignore_case or made.ignore_case,
                                  first_line=asked.first_line and made.first_line)
-    return rule, new if new != generation.MAX_NEW_TOKENS else made_new
+    return rule, new or made_new
 
 
 def evaluate(req, pair, task: CompletionTask, models: dict, contrasts: list, progress=None, cancel=None,

@@ -151,7 +151,7 @@ def ablate(req: AnatomyRequest, path: str, record: RegionRecord, anat: Anatomy, 
         """Class probabilities and labels; a completion task's exact matches (and no labels)."""
         with pair.grafted(indices) if vals is None else pair.grafted(indices, vals):
             if generative:
-                return generation.read(pair.model, pair.tokenizer, task, data, rule, new).hits, None
+                return generation.exact(pair.model, pair.tokenizer, task, data, rule, new), None
             return scoring.predict(pair, task, "test", req.n, seed=scoring.TEST_SAMPLE_SEED)
 
     def paired(full, probs, labels) -> dict:
@@ -297,7 +297,7 @@ def _validation(pair, task, values: dict, n: int, judging) -> float:
         if isinstance(task, CompletionTask):
             data = generation.sample(task, "validation", n, scoring.TEST_SAMPLE_SEED)
             rule, new = judging
-            return float(generation.read(pair.model, pair.tokenizer, task, data, rule, new).hits.mean())
+            return float(generation.exact(pair.model, pair.tokenizer, task, data, rule, new).mean())
         probs, labels = scoring.predict(pair, task, "validation", n, seed=scoring.TEST_SAMPLE_SEED)
         return metrics.accuracy(probs, labels)
 
@@ -314,16 +314,19 @@ class Stitched:
 
 
 def stitch(req: ComposeRequest, records: list[RegionRecord], names: list[str], base: str, guard: Guard,
-           progress=None, cancel=None) -> Stitched:
+           notes: list[str], progress=None, cancel=None) -> Stitched:
     """Localize-and-Stitch as an experiment: θ_pre + Σ_i γ_i ⊙ δ_i scored on every member's task beside each
     fine-tune alone, each region alone, the pre-trained model and task arithmetic θ_pre + λ Σ_i δ_i (λ chosen on
-    validation examples of every task)."""
+    validation examples of every task); what the reader should know goes to ``notes``."""
     finetunes = [r.meta.finetuned for r in records]
     missing = next((f for f in finetunes if not loadable(f)), None)
     if missing is not None:
         raise RegionError(f"stitching compares the stitched model with each fine-tune and task arithmetic, so every "
                           f"region's fine-tuned model must load; '{missing}' cannot: give regions made here")
     tasks = [load_task_as(r.meta.task or DEFAULT_TASK, regions.recorded_columns(r.meta), guard) for r in records]
+    if len({isinstance(t, CompletionTask) for t in tasks}) > 1:
+        raise RegionError("stitching chooses task arithmetic's λ on one score for every task: give regions of "
+                          "completion tasks only, or of classification tasks only")
     judging = [completions.recorded_rule(r.meta) for r in records]
     pairs = []
     for i, (record, name, finetuned) in enumerate(zip(records, names, finetunes)):
@@ -331,7 +334,7 @@ def stitch(req: ComposeRequest, records: list[RegionRecord], names: list[str], b
             progress({"stage": f"loading {short_ref(base)} and {short_ref(finetuned)}", "fraction": i / len(records) / 4})
         pair = pair_for_regions(base, finetuned, [record], guard, progress, cancel)
         regions.check_fits(record, pair)
-        check_build(record, pair, name, [])
+        check_build(record, pair, name, notes)
         pairs.append(pair)
     graftable = [n for n in pairs[0].graftable if all(n in p.ft for p in pairs)]
     patches = [regions.with_patch(p, r) if not r.is_patch else r for p, r in zip(pairs, records)]
@@ -385,12 +388,12 @@ def compose(req: ComposeRequest, progress: Progress | None = None, cancel=None, 
     found: list[dict] = []
     report = None
     union_idx = union_val = None
-    stitched, generations = None, []
+    stitched, generations, notes = None, [], []
     if req.stitch or (req.evaluate and any((r.meta.loading or {}).get("head") == "completion" for r in records)):
-        made = stitch(req, records, names, base, guard, progress, cancel)
-        rows, found, stitched, records, report = made.rows, made.differences, made.chosen, made.patches, made.report
-        union_idx, union_val = made.union
-        generations = made.generations
+        done = stitch(req, records, names, base, guard, notes, progress, cancel)
+        rows, found, stitched, records, report = done.rows, done.differences, done.chosen, done.patches, done.report
+        union_idx, union_val = done.union
+        generations = done.generations
     elif req.evaluate:
         records = [_as_patch(r, name, guard, progress, cancel) for r, name in zip(records, names)]
         scoring.check_composable(records)
@@ -431,7 +434,7 @@ def compose(req: ComposeRequest, progress: Progress | None = None, cancel=None, 
         regions.save(record, out, exclusive=not req.overwrite)
         written = {"path": str(out), "kind": record.kind, "k": record.size}
     finish(progress)
-    return ComposeResult(req, same_regions(names, records), time.time() - start, names, list(req.regions),
+    return ComposeResult(req, same_regions(names, records) + notes, time.time() - start, names, list(req.regions),
                          [r.kind for r in records], matrix["sizes"],
                          matrix["intersection_counts"], matrix["overlap"], matrix["iou"], union_size, graftable, report,
                          rows, written, found, stitched, generations)

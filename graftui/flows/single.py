@@ -79,8 +79,9 @@ def finetune(req: FinetuneRequest, progress: Progress | None = None, cancel=None
         mean, std = metrics.mean_std([r.test_accuracy for r in runs])
         per_seed = [{"seed": s, "out": r.out, "test_accuracy": r.test_accuracy, "reused": r.reused}
                     for s, r in zip(req.seeds, runs)]
+        loss = metrics.mean_std([r.test_loss for r in runs])[0]  # None for classification
         return replace(runs[0], request=req, seconds=sum(r.seconds for r in runs), test_accuracy=mean,
-                       test_accuracy_std=std, seeds=list(req.seeds), per_seed=per_seed)
+                       test_accuracy_std=std, seeds=list(req.seeds), per_seed=per_seed, test_loss=loss)
     start = time.time()
     config = req.recipe()
     check_model_ref(req.base)
@@ -182,6 +183,18 @@ class LocalizeResult(Result):
         return out
 
 
+def check_kinds(pair: ModelPair, task) -> None:
+    """Refuse a task the pair cannot be scored on: a completion pair on a classification task, or the other way."""
+    if task is None or pair.completion == isinstance(task, CompletionTask):
+        return
+    if pair.completion:
+        raise ModelError(f"'{short_ref(pair.finetuned_ref)}' was fine-tuned on completions, and '{task.name}' is a "
+                         "classification task: give its completion task as --task (e.g. --task dates for "
+                         "smollm2-dates)")
+    raise ModelError(f"'{task.name}' is a completion task, and the pair is read as a classifier: give the causal LMs "
+                     "fine-tuned on it (e.g. --base smollm2 --finetuned smollm2-dates)")
+
+
 def check_moved(pair: ModelPair) -> None:
     """Refuse a pair whose fine-tuned model is its base: no parameter moved, so no region carries anything."""
     if not pair.moved():
@@ -253,6 +266,7 @@ def localize(req: LocalizeRequest, progress: Progress | None = None, cancel=None
     pair = get_pair(req.base, req.finetuned, req.graftable_spec(), guard, progress, cancel, options,
                     task.label_names if task is not None and not generative else None)
     notes += prompt_notes(pair)
+    check_kinds(pair, task)
     check_moved(pair)
     k = req.budget().resolve(pair.counts()["graftable"])
     if progress:
@@ -308,7 +322,8 @@ def quick_check(pair: ModelPair, task, models: dict, req, step: int, progress=No
             **({"generations": part["generations"]} if "generations" in part else {})}
 
 
-SPEED_ONLY = ("memory", "checkpoint_every", "overwrite", "check_n")  # how a run goes, not what it finds
+SPEED_ONLY = ("memory", "checkpoint_every", "overwrite", "check_n",  # how a run goes, not what it finds; nor how its
+              "answer_regex", "ignore_case", "whole_generation", "max_new_tokens")  # quick check judges generations
 
 
 def _same_request(made: dict | None, asked: Request) -> bool:
@@ -508,6 +523,7 @@ def replicate_groups(labels: list[str], records: list[RegionRecord]) -> dict[str
         made = record.meta.request
         if not isinstance(made, dict) or made.get("verb") != "localize":
             continue
+        made = {**json.loads(json.dumps(LocalizeRequest.defaults())), **made}  # a field added since: its default
         key = json.dumps({**{k: v for k, v in made.items() if k not in NOT_THE_SETTING},
                           "finetuned_sha256": record.meta.finetuned_sha256}, sort_keys=True, default=str)
         groups.setdefault(key, []).append(label)
@@ -805,6 +821,7 @@ def regions_pair(req, grafts: Grafts, task: Task, guard: Guard, progress=None, c
         pair = get_pair(grafts.base, grafts.finetuned, GraftableSpec(), guard, progress, cancel, options,
                         getattr(task, "label_names", None))
     notes += prompt_notes(pair)
+    check_kinds(pair, task)
     for path, label, record in zip(req.regions, labels, records):
         try:
             regions.check_fits(record, pair)
@@ -882,17 +899,21 @@ def evaluate(req: EvaluateRequest, progress: Progress | None = None, cancel=None
         for row in part["rows"]:
             row["method"] = kinds.get(row["model"])
         card.annotate(part["rows"])
-        result["generations"] += [{**g, "task": part["task"]} for g in part.get("generations", ())]
+        ft_name = FT_LABEL
         if grafts.from_patch:
             ft_name = f"{FT_LABEL} (from patch)"
             for row in part["rows"]:
                 if row["model"] == FT_LABEL:
                     row["model"] = ft_name
             for table in (part["reliability"], part["histogram"]):
-                table[ft_name] = table.pop(FT_LABEL)
+                if FT_LABEL in table:
+                    table[ft_name] = table.pop(FT_LABEL)
             for d in part["differences"]:
                 d["b"] = ft_name if d["b"] == FT_LABEL else d["b"]
-        lines += card.completion_card(part["rows"], part["differences"], graftable) if generative else \
+            for g in part.get("generations", ()):
+                g[ft_name], g["exact"][ft_name] = g.pop(FT_LABEL), g["exact"].pop(FT_LABEL)
+        result["generations"] += [{**g, "task": part["task"]} for g in part.get("generations", ())]
+        lines += card.completion_card(part["rows"], part["differences"], graftable, ft_name) if generative else \
             card.evaluate_card(part["rows"], graftable=graftable, start_overlap=start_overlap,
                                differences=part["differences"])
         result["rows"] += part["rows"]
@@ -1055,6 +1076,7 @@ def sweep(req: SweepRequest, progress: Progress | None = None, cancel=None, guar
         examples_per_class(req, task, [])
     pair = get_pair(req.base, req.finetuned, req.graftable_spec(), guard, progress, cancel, req.load_options(),
                     task.label_names)
+    check_kinds(pair, task)
     scoring.check_labels(pair, task)
     notes += prompt_notes(pair)
     check_moved(pair)
@@ -1124,13 +1146,14 @@ def sweep_completions(req: SweepRequest, task: CompletionTask, notes: list[str],
         completions.train_sample(task, req, [])
     pair = get_pair(req.base, req.finetuned, req.graftable_spec(), guard, progress, cancel,
                     completions.check_kind(req.load_options()))
+    check_kinds(pair, task)
     check_moved(pair)
     graftable = pair.counts()["graftable"]
     rows, found, ft = [], [], None
     sparsities = sorted(set(req.sparsities))
     for i, s in enumerate(sparsities):
         k = Budget(sparsity=s).resolve(graftable)
-        made = {}
+        made, kept = {}, {}
         for j, name in enumerate(methods):
             if progress:
                 progress({"stage": f"{name} at sparsity {s:g}", "fraction": (i * len(methods) + j) / len(sparsities)
@@ -1140,15 +1163,15 @@ def sweep_completions(req: SweepRequest, task: CompletionTask, notes: list[str],
             region, record = find_region(one, pair, task, k, notes, cancel=cancel)
             made[name] = region
             if req.keep:
-                save_new(region_record(one, pair, region, record, [], time.time() - began), Path(req.keep).expanduser(),
-                         f"{short_ref(req.task)}-{name}-k{region_size(region)}")
+                kept[name] = str(save_new(region_record(one, pair, region, record, [], time.time() - began),
+                                          Path(req.keep).expanduser(), f"{short_ref(req.task)}-{name}-k{region_size(region)}"))
         part = completions.evaluate(req, pair, task, made, [(a, b) for x, a in enumerate(methods)
                                                              for b in methods[x + 1:]], cancel=cancel)
         by = {r["model"]: r for r in part["rows"]}
         ft, bare = by[FT_LABEL], by[scoring.body_of(pair)]
         for name in methods:
             r = by[name]
-            rows.append({"method": name, "region": None, "sparsity": s, "k": r["region_size"], "n": r["n"],
+            rows.append({"method": name, "region": kept.get(name), "sparsity": s, "k": r["region_size"], "n": r["n"],
                          "accuracy": r["exact_match"], "exact_match": r["exact_match"], "loss": r["loss"],
                          "accuracy_ci": card.wilson(r["exact_match"], r["n"]), "ece": r["token_ece"],
                          "calibration": None, "ood": {}, "ft_accuracy": ft["exact_match"],

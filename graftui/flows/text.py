@@ -219,15 +219,17 @@ def sweep(doc: dict) -> str:
     body = [[f"{s:g}", "/".join(_count(round(k)) for k in sorted({by[(m, s)]["k"] for m in methods if (m, s) in by})),
              *[_sd(by[(m, s)], "accuracy") if (m, s) in by else "-" for m in methods]] for s in sparsities]
     oods = doc.get("ood") or []
+    generative = bool(doc["rows"]) and "exact_match" in doc["rows"][0]  # accuracy: exact match; ECE: token ECE
+    score, ece = ("exact match", "token ECE") if generative else ("accuracy", "ECE")
     detail = [[FT_LABEL, "", "", _num(doc["ft_accuracy"]), _num(doc.get("ft_ece")),
                *(_num(doc["ft_ood"].get(o)) for o in oods)]]
     detail += [[r["method"], f"{r['sparsity']:g}", _count(round(r["k"])), _sd(r, "accuracy"), _sd(r, "ece"),
                 *(_num(r["ood"].get(o)) for o in oods)] for r in doc["rows"]]
     return "\n".join([
         table(["sparsity", "k", *methods], body),
-        f"\ntest accuracy on {doc['task']}; fine-tuned: {_num(doc['ft_accuracy'])}  ({doc['seconds']:.1f} s)",
+        f"\ntest {score} on {doc['task']}; fine-tuned: {_num(doc['ft_accuracy'])}  ({doc['seconds']:.1f} s)",
         *_seeds_line(doc), "",
-        table(["model", "sparsity", "k", "accuracy", "ECE", *(f"OOD {o}" for o in oods)], detail,
+        table(["model", "sparsity", "k", score, ece, *(f"OOD {o}" for o in oods)], detail,
               "llr" + "r" * (2 + len(oods))),
         *(["", differences([{**d, "a": f"{d['a']} at {d['sparsity']:g}"} for d in doc["differences"]])]
           if doc.get("differences") else []),
