@@ -814,6 +814,8 @@ def test_hosted_ceilings_and_paths_are_checked_before_a_job_is_queued(monkeypatc
         hosted.check_request(LocalizeRequest.make(task="/etc/passwd"), guard)
     with pytest.raises(RequestError, match="max new tokens 1,000 is over this server's limit of 64"):
         hosted.check_request(LocalizeRequest.make(task="dates", max_new_tokens=1000), guard)  # generation is per prompt
+    with pytest.raises(RequestError, match="answer regexes are not run on a shared server"):
+        hosted.check_request(LocalizeRequest.make(task="dates", answer_regex="(a+)+$"), guard)  # can backtrack for ever
     hosted.check_request(LocalizeRequest.make(), guard)  # the defaults pass, the default model not built yet
     assert settings.job_seconds() == 1800
 
