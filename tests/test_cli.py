@@ -159,8 +159,9 @@ def test_listings():
     assert next(m for m in doc["methods"] if m["name"] == "learned")["needs_data"] is True
     doc = run_json("tasks")
     assert [t["name"] for t in doc["tasks"]][:3] == ["movies", "amazon", "tweets"]
+    assert {(t["name"], t["kind"]) for t in doc["tasks"]} >= {("dates", "completion"), ("movies", "classification")}
     code, out, _ = run_cli("tasks")
-    assert code == 0 and out.splitlines()[0].split() == ["task", "description"]
+    assert code == 0 and out.splitlines()[0].split() == ["task", "kind", "description"]
 
 
 def test_finetune_default_folder_is_per_recipe_and_reused(ft_dir, home):
