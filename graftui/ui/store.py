@@ -445,7 +445,7 @@ def checkpoint_choices(include_base: bool = False) -> list[tuple[str, str]]:
     """Dropdown choices: the offline default (base or fine-tuned), then checkpoints made here."""
     if include_base:
         choices = [(f"{DEFAULT_BASE} (offline base model)", DEFAULT_BASE),
-                   ("smollm2 (offline causal LM, read through a prompt)", "smollm2")]
+                   ("smollm2 (offline causal LM: read through a prompt, or on completions)", "smollm2")]
     else:
         choices = [(f"{key} (offline default, {'cached' if default_ready(key) else 'built on first use'})", key)
                    for key in DEFAULT_FINETUNED_REFS]
