@@ -89,29 +89,25 @@ OPPOSITES = {"good": "bad", "great": "terrible", "fine": "awful", "loved": "hate
              "terrible": "great", "awful": "fine", "hated": "loved", "dull": "fun"}
 
 
-def write_completion_task(path: Path, n: int = 60) -> Path:
-    """A small (prompt, completion) CSV: a word and its opposite, which a tiny causal LM learns in a few steps."""
+def _write_pairs(path: Path, pairs) -> Path:
     import csv
 
-    words = list(OPPOSITES)
     with open(path, "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=["prompt", "completion"])
         w.writeheader()
-        for i in range(n):
-            word = words[i % len(words)]
-            w.writerow({"prompt": f"{WORDS[i % 7]} {WORDS[(i // 7) % 9]} {word} is not", "completion": f" {OPPOSITES[word]}"})
+        w.writerows({"prompt": p, "completion": c} for p, c in pairs)
     return path
+
+
+def write_completion_task(path: Path, n: int = 60) -> Path:
+    """A small (prompt, completion) CSV: a word and its opposite, which a tiny causal LM learns in a few steps."""
+    words = list(OPPOSITES)
+    return _write_pairs(path, ((f"{WORDS[i % 7]} {WORDS[(i // 7) % 9]} {w} is not", f" {OPPOSITES[w]}")
+                               for i, w in ((i, words[i % len(words)]) for i in range(n))))
 
 
 def write_echo_task(path: Path, n: int = 60) -> Path:
     """A second skill for the same tiny LMs: repeat the word before 'twice'."""
-    import csv
-
     words = list(OPPOSITES)
-    with open(path, "w", newline="") as fh:
-        w = csv.DictWriter(fh, fieldnames=["prompt", "completion"])
-        w.writeheader()
-        for i in range(n):
-            word = words[(i * 3) % len(words)]
-            w.writerow({"prompt": f"{WORDS[i % 5]} {word} twice", "completion": f" {word} {word}"})
-    return path
+    return _write_pairs(path, ((f"{WORDS[i % 5]} {w} twice", f" {w} {w}")
+                               for i, w in ((i, words[(i * 3) % len(words)]) for i in range(n))))
