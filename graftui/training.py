@@ -99,25 +99,7 @@ def finetune(
                 anchors.append((p, p.detach().clone()))
     opt = optimizer(trainable, config)
     make_batches, total, n_train = recipe_batches(tokenizer, task, config)
-    step = 0
-    model.train()
-    for epoch in range(config.epochs):
-        correct = seen = 0
-        for batch in make_batches(epoch):
-            if cancel is not None and cancel.is_set():
-                raise Cancelled("fine-tuning cancelled")
-            batch = {k: v.to(device) for k, v in batch.items()}
-            out = model(**batch)
-            check_loss(out.loss, step + 1, config)
-            opt.zero_grad(set_to_none=True)
-            out.loss.backward()
-            l1_pull(anchors, config.l1)
-            opt.step()
-            step += 1
-            correct += int((out.logits.argmax(-1) == batch["labels"]).sum())
-            seen += int(batch["labels"].numel())
-            if progress is not None:
-                progress(FinetuneProgress(step, total, epoch + 1, float(out.loss.detach()), correct / max(seen, 1)))
+    train_epochs(model, opt, anchors, make_batches, total, config, device, _label_accuracy, progress, cancel)
     model.eval().to("cpu")
     _save(out_dir, [(None, model)], tokenizer, {
         "graftui_version": __version__,
@@ -173,26 +155,13 @@ def finetune_completions(
         train = train.select(sorted(random.Random(config.seed).sample(range(len(train)), config.train_examples)))
     _, _, cut = completion.encode(tokenizer, train, task.chat, task.max_length)  # refuses a completion too long
     total = -(-len(train) // config.batch_size) * config.epochs
-    step = 0
-    model.train()
-    for epoch in range(config.epochs):
-        correct = seen = 0
-        for batch in completion.batches(tokenizer, train, task.chat, config.batch_size, task.max_length,
-                                        shuffle_seed=config.seed + epoch):
-            if cancel is not None and cancel.is_set():
-                raise Cancelled("fine-tuning cancelled")
-            batch = {k: v.to(device) for k, v in batch.items()}
-            out = model(**batch)
-            check_loss(out.loss, step + 1, config)
-            opt.zero_grad(set_to_none=True)
-            out.loss.backward()
-            l1_pull(anchors, config.l1)
-            opt.step()
-            step += 1
-            right, count = completion.token_accuracy(out.logits.detach(), batch["labels"])
-            correct, seen = correct + right, seen + count
-            if progress is not None:
-                progress(FinetuneProgress(step, total, epoch + 1, float(out.loss.detach()), correct / max(seen, 1)))
+
+    def make_batches(epoch: int):
+        return completion.batches(tokenizer, train, task.chat, config.batch_size, task.max_length,
+                                  shuffle_seed=config.seed + epoch)
+
+    train_epochs(model, opt, anchors, make_batches, total, config, device,
+                 lambda out, labels: completion.token_accuracy(out.logits.detach(), labels), progress, cancel)
     model.eval().to("cpu")
     _save(out_dir, [(None, model)], tokenizer, {
         "graftui_version": __version__,
@@ -207,6 +176,38 @@ def finetune_completions(
         "request": request,
     })
     return out_dir
+
+
+def _label_accuracy(out, labels) -> tuple[int, int]:
+    """(right, counted) of a classifier's batch: its argmax against the labels."""
+    return int((out.logits.argmax(-1) == labels).sum()), int(labels.numel())
+
+
+def train_epochs(model, opt, anchors, make_batches: Callable[[int], object], total: int, config: FinetuneConfig,
+                 device, count: Callable[[object, torch.Tensor], tuple[int, int]],
+                 progress: Callable[[FinetuneProgress], None] | None = None,
+                 cancel: threading.Event | None = None) -> None:
+    """The recipe's epochs over ``make_batches(epoch)``: a step on each batch's loss (with the ℓ1 pull), a stop on a
+    diverged loss or a cancel; ``count(out, labels)`` gives (right, counted) for the epoch's running accuracy."""
+    step = 0
+    model.train()
+    for epoch in range(config.epochs):
+        correct = seen = 0
+        for batch in make_batches(epoch):
+            if cancel is not None and cancel.is_set():
+                raise Cancelled("fine-tuning cancelled")
+            batch = {k: v.to(device) for k, v in batch.items()}
+            out = model(**batch)
+            check_loss(out.loss, step + 1, config)
+            opt.zero_grad(set_to_none=True)
+            out.loss.backward()
+            l1_pull(anchors, config.l1)
+            opt.step()
+            step += 1
+            right, counted = count(out, batch["labels"])
+            correct, seen = correct + right, seen + counted
+            if progress is not None:
+                progress(FinetuneProgress(step, total, epoch + 1, float(out.loss.detach()), correct / max(seen, 1)))
 
 
 def check_loss(loss: torch.Tensor, step: int, config: FinetuneConfig) -> None:
