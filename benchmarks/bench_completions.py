@@ -5,12 +5,14 @@
 Prints three figures against their targets:
 
 1. one mask step on completion batches of ``--tokens`` tokens (the prompt masked out of the loss) against one plain
-   fine-tuning step of the same model on the same batch (the body trained, embeddings and head fixed, as
-   ``graftui finetune`` trains on completions), interleaved round by round; median ratio and the per-round paired
-   ratios (target <= 1.10x);
+   fine-tuning step of the same model on the same batch (the body trained, embeddings and head fixed, through the
+   same forward as ``graftui finetune`` trains on completions), interleaved round by round; median ratio and the
+   per-round paired ratios (target <= 1.10x); the mask step with every layer's activations recomputed
+   (``--checkpoint-every 1``) is timed in the same rounds;
 2. peak resident memory of a process stepping each way, in units of the model's size, above what the process held
    before it loaded a model (the interpreter and its libraries; the whole-process peak is printed too; target for mask
-   learning <= 4.5: working copy, θ_pre, θ_ft, the logits, no full gradient);
+   learning <= 4.5: working copy, θ_pre, θ_ft, the logits, no full gradient), for mask learning with all activations
+   kept and with them recomputed layer by layer;
 3. generation throughput of the evaluation (``generation.generate``: greedy, batched, prompts grouped by length)
    against plain ``model.generate`` on the same prompts in batches of the same size (target >= 0.9x).
 
@@ -66,13 +68,13 @@ def trainable_body(model) -> list:
     return [p for p in model.parameters() if id(p) not in head]
 
 
-def plain_step(model, batch, body) -> None:
-    for p in model.parameters():
+def plain_step(reader, batch, body) -> None:
+    for p in reader.parameters():
         p.requires_grad_(False)
         p.grad = None
     for p in body:
         p.requires_grad_(True)
-    model(**batch).loss.backward()
+    reader(**batch).loss.backward()
     for p in body:
         p.grad = None
 
@@ -84,23 +86,27 @@ def bench_speed(pair, batch, repeats: int) -> dict:
     body = trainable_body(lm)
     params = {n: pair.param(n) for n in pair.graftable}
     k = max(1, pair.counts()["graftable"] // 1000)
-    plain, mask = [], []
+    times = {"plain": [], "mask": [], "checkpointed": []}
     for i in range(repeats + 1):  # one warm-up round
         t = time.perf_counter()
-        plain_step(lm, batch, body)
-        t_plain = time.perf_counter() - t
-        learner = MaskLearner(pair.model, params, pair.pre, pair.ft, k, LearnConfig(memory="lean"))
-        learner.step(batch)  # a run's first step also pays for memory its set-up handed back
-        t = time.perf_counter()
-        learner.step(batch)
-        t_mask = time.perf_counter() - t
-        learner.finish()
+        plain_step(pair.model, batch, body)
+        took = {"plain": time.perf_counter() - t}
+        for name, every in (("mask", 0), ("checkpointed", 1)):
+            learner = MaskLearner(pair.model, params, pair.pre, pair.ft, k,
+                                  LearnConfig(memory="lean", checkpoint_every=every))
+            learner.step(batch)  # a run's first step also pays for memory its set-up handed back
+            t = time.perf_counter()
+            learner.step(batch)
+            took[name] = time.perf_counter() - t
+            learner.finish()
         if i:
-            plain.append(t_plain)
-            mask.append(t_mask)
-    paired = sorted(m / p for m, p in zip(mask, plain))
-    return {"plain_s": statistics.median(plain), "mask_s": statistics.median(mask),
-            "ratio": statistics.median(mask) / statistics.median(plain), "paired": paired}
+            for name, seconds in took.items():
+                times[name].append(seconds)
+    plain = statistics.median(times["plain"])
+    return {"plain_s": plain, "mask_s": statistics.median(times["mask"]),
+            "ratio": statistics.median(times["mask"]) / plain,
+            "paired": sorted(m / p for m, p in zip(times["mask"], times["plain"])),
+            "checkpointed_ratio": statistics.median(times["checkpointed"]) / plain}
 
 
 def bench_generation(pair, prompts: int, repeats: int, new_tokens: int = 16, batch: int = 32) -> dict:
@@ -164,27 +170,27 @@ def child(mode: str, size: int, tokens: int) -> None:
     from graftui.config import LoadOptions
     from graftui.flows import load_pair
     from graftui.method import LearnConfig, MaskLearner
-    from graftui.models import load_lm, load_tokenizer, resolve
+    from graftui.models import CompletionLM, load_lm, load_tokenizer, resolve
 
     tok = load_tokenizer(resolve(PAIR[1]))
     batch = batch_of(tok, size, tokens)
     before = _resident()  # the interpreter, torch and transformers, before any model
     if mode == "plain":
         lm = load_lm(resolve(PAIR[1]), "causal-lm")
-        body = trainable_body(lm)
+        reader, body = CompletionLM(lm), trainable_body(lm)
         unit = sum(p.numel() * p.element_size() for p in lm.parameters())
         _reset_peak()
         for _ in range(3):
             for p in body:
                 p.requires_grad_(True)
             lm.zero_grad(set_to_none=False)
-            lm(**batch).loss.backward()  # gradients stay alive, as in training
+            reader(**batch).loss.backward()  # gradients stay alive, as in training
     else:
         pair = load_pair(PAIR[0], resolve(PAIR[1]), options=LoadOptions(head="completion"))
         unit = sum(p.numel() * p.element_size() for p in pair.model.parameters())
         params = {n: pair.param(n) for n in pair.graftable}
         learner = MaskLearner(pair.model, params, pair.pre, pair.ft, pair.counts()["graftable"] // 1000,
-                              LearnConfig(memory="lean"))
+                              LearnConfig(memory="lean", checkpoint_every=int(mode == "checkpointed")))
         _reset_peak()
         for _ in range(3):
             learner.step(batch)
@@ -193,7 +199,7 @@ def child(mode: str, size: int, tokens: int) -> None:
 
 def measure_memory(size: int, tokens: int) -> dict:
     out = {}
-    for mode in ("plain", "mask"):
+    for mode in ("plain", "mask", "checkpointed"):
         done = subprocess.run([sys.executable, __file__, "--child", mode, "--batch", str(size), "--tokens", str(tokens)],
                               capture_output=True, text=True)
         if done.returncode:
@@ -208,7 +214,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--prompts", type=int, default=64)
-    parser.add_argument("--child", choices=("plain", "mask"))
+    parser.add_argument("--child", choices=("plain", "mask", "checkpointed"))
     args = parser.parse_args()
     if args.child:
         child(args.child, args.batch, args.tokens)
@@ -225,13 +231,15 @@ def main() -> None:
           f"{tuple(batch['input_ids'].shape)} tokens ({scored} scored); {torch.get_num_threads()} threads")
     speed = bench_speed(pair, batch, args.repeats)
     print(f"1. plain fine-tuning step {speed['plain_s']:.2f} s, mask step {speed['mask_s']:.2f} s -> ratio "
-          f"{speed['ratio']:.2f}x (target <= 1.10x); per-round ratios " + ", ".join(f"{r:.2f}" for r in speed["paired"]))
+          f"{speed['ratio']:.2f}x (target <= 1.10x); per-round ratios " + ", ".join(f"{r:.2f}" for r in speed["paired"])
+          + f"; with every layer recomputed {speed['checkpointed_ratio']:.2f}x")
     memory = measure_memory(args.batch, args.tokens)
     unit = memory["mask"]["unit"]
     above = {m: (memory[m]["peak"] - memory[m]["before"]) / unit for m in memory}
     print(f"2. peak resident memory while stepping, in model sizes ({unit / 2**20:.0f} MiB), above the process before "
-          f"any model was loaded: plain fine-tuning {above['plain']:.2f}, mask learning {above['mask']:.2f} (target <= "
-          f"4.5); whole process: {memory['plain']['peak'] / unit:.2f} and {memory['mask']['peak'] / unit:.2f}")
+          f"any model was loaded: plain fine-tuning {above['plain']:.2f}, mask learning {above['mask']:.2f}, with every "
+          f"layer recomputed {above['checkpointed']:.2f} (target <= 4.5); whole process: "
+          + ", ".join(f"{memory[m]['peak'] / unit:.2f}" for m in memory))
     gen = bench_generation(pair, args.prompts, max(2, args.repeats // 2))
     print(f"3. generation: plain generate {gen['plain_tps']:.0f} tokens/s, the evaluation's {gen['ours_tps']:.0f} "
           f"tokens/s -> {gen['ratio']:.2f}x (target >= 0.9x); per-round " + ", ".join(f"{r:.2f}" for r in gen["paired"]))

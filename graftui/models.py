@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib.util
+import inspect
 import json
 import re
 from dataclasses import dataclass, field, replace
@@ -19,7 +20,7 @@ from typing import Iterator
 import torch
 
 from . import settings
-from .completion import token_accuracy
+from .completion import IGNORE, token_accuracy
 from .config import COMPLETION, DEFAULT_FINETUNED_REFS, GraftableSpec, LoadOptions, default_checkpoint_dir
 from .errors import ModelError
 from .method import region_to_mask, wise
@@ -215,20 +216,35 @@ def load_lm(ref: str, kind: str, *, trust_remote_code: bool = False, allow_local
 
 
 class CompletionLM(LMReader):
-    """A causal LM read as itself, for completion tasks: its own forward (with ``labels``, the supervised
-    fine-tuning loss on the labelled tokens) plus ``accuracy``, next-token accuracy on those tokens."""
+    """A causal LM read as itself, for completion tasks: its own forward, and with ``labels`` the supervised
+    fine-tuning loss (mean over the labelled tokens) plus ``accuracy``, next-token accuracy on those tokens.
+
+    With labels, logits are made only at the positions that predict a labelled token in some row (``logits_to_keep``):
+    at a 49k-word vocabulary the logits of a whole few-shot prompt take as much memory as the model itself."""
 
     def __init__(self, lm: torch.nn.Module):
         super().__init__(lm, "hold its head fixed")
+        self.keeps_logits = "logits_to_keep" in inspect.signature(lm.forward).parameters
 
     def generate(self, *args, **kwargs):
         return self.lm.generate(*args, **kwargs)
 
     def forward(self, input_ids, attention_mask=None, labels=None, **kwargs):
-        out = self.lm(input_ids=input_ids, attention_mask=attention_mask, labels=labels, **kwargs)
-        if labels is not None:
+        if labels is None:
+            return self.lm(input_ids=input_ids, attention_mask=attention_mask, **kwargs)
+        if not self.keeps_logits:
+            out = self.lm(input_ids=input_ids, attention_mask=attention_mask, labels=labels, **kwargs)
             right, scored = token_accuracy(out.logits.detach(), labels)
-            out["accuracy"] = right / max(scored, 1)
+        else:
+            target = labels[:, 1:]
+            keep = (target != IGNORE).any(0).nonzero().squeeze(1)  # position t predicts token t + 1
+            out = self.lm(input_ids=input_ids, attention_mask=attention_mask, logits_to_keep=keep, **kwargs)
+            logits, wanted = out.logits.float(), target[:, keep]
+            out["loss"] = torch.nn.functional.cross_entropy(logits.flatten(0, 1), wanted.flatten(), ignore_index=IGNORE)
+            counted = wanted != IGNORE
+            right, scored = int((logits.detach().argmax(-1).eq(wanted) & counted).sum()), int(counted.sum())
+        out["right"], out["scored"] = right, scored
+        out["accuracy"] = right / max(scored, 1)
         return out
 
 

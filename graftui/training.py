@@ -22,7 +22,7 @@ from .config import (
 )
 from .data import Split, Task, batches, load_task, subsample
 from .errors import Cancelled, ModelError
-from .models import load_classifier, load_lm, load_reader, load_tokenizer, pair_kind
+from .models import CompletionLM, load_classifier, load_lm, load_reader, load_tokenizer, pair_kind
 from .paths import atomic_dir, file_lock, slug
 from .version import __version__
 
@@ -160,8 +160,8 @@ def finetune_completions(
         return completion.batches(tokenizer, train, task.chat, config.batch_size, task.max_length,
                                   shuffle_seed=config.seed + epoch)
 
-    train_epochs(model, opt, anchors, make_batches, total, config, device,
-                 lambda out, labels: completion.token_accuracy(out.logits.detach(), labels), progress, cancel)
+    train_epochs(CompletionLM(model), opt, anchors, make_batches, total, config, device,
+                 lambda out, labels: (out.right, out.scored), progress, cancel)
     model.eval().to("cpu")
     _save(out_dir, [(None, model)], tokenizer, {
         "graftui_version": __version__,

@@ -177,3 +177,28 @@ def test_token_accuracy_predicts_each_scored_token_from_the_ones_before_it():
     guesses = [1, 5, 6, 9, 3, 0]  # position t guesses token t + 1: 5 and 6 right, 9 for 7 wrong, the rest unscored
     logits = torch.nn.functional.one_hot(torch.tensor([guesses]), 10).float()
     assert completion.token_accuracy(logits, labels) == (2, 3)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_the_completion_loss_from_scored_positions_only_equals_the_models_own(arch, tmp_path):
+    import torch
+    from lm_util import make_lm, make_tokenizer
+
+    from graftui.models import CompletionLM
+
+    tok = make_tokenizer(tmp_path)
+    lm = make_lm(arch, len(tok)).eval()
+    rows = [("the good movie was great and " * (1 + i % 3) + "so", f" it was {'good' if i % 2 else 'bad'}")
+            for i in range(6)]
+    task = load_completion_task(_csv(tmp_path / "t.csv", rows))
+    batch = next(completion.batches(tok, task.splits["train"], False, 6, 60))
+    reader = CompletionLM(lm)
+    lean = reader(**batch)
+    lean_grads = torch.autograd.grad(lean.loss, list(lm.parameters()), allow_unused=True)
+    full = lm(**batch)
+    full_grads = torch.autograd.grad(full.loss, list(lm.parameters()), allow_unused=True)
+    assert torch.allclose(lean.loss, full.loss, atol=1e-6)
+    for a, b in zip(lean_grads, full_grads):
+        assert (a is None and b is None) or torch.allclose(a, b, atol=1e-6)
+    assert (lean.right, lean.scored) == completion.token_accuracy(full.logits, batch["labels"])
+    assert lean.logits.shape[1] < batch["input_ids"].shape[1] - 1  # logits only where a completion token is predicted
