@@ -503,16 +503,17 @@ def continual_card(doc: dict) -> list[str]:
 
 
 def completion_card(rows: list[dict], differences: list[dict], graftable: int | None = None,
-                    ft_name: str = FT_LABEL) -> list[str]:
+                    ft_name: str = FT_LABEL, judged: str = "") -> list[str]:
     """The result in sentences: each graft's exact match against FT's and the pre-trained model's, with the paired
-    interval of the difference, and its loss per token."""
+    interval of the difference, and its loss per token; ``judged`` says how answers were read."""
     by = {r["model"]: r for r in rows}
     ft, pre = by.get(ft_name), by.get(LM_BODY_LABEL)
     lines = []
     if ft and pre:
         lines.append(f"On {ft['n']:,} held-out examples of {ft['task']}, the fine-tuned model's greedy answers match "
                      f"the reference on {100 * ft['exact_match']:.1f} % (loss {ft['loss']:.3f} per token), the "
-                     f"pre-trained model's on {100 * pre['exact_match']:.1f} % (loss {pre['loss']:.3f}).")
+                     f"pre-trained model's on {100 * pre['exact_match']:.1f} % (loss {pre['loss']:.3f})"
+                     + (f" ({judged})." if judged else "."))
     found = {(d["a"], d["b"], d["metric"]): d for d in differences}
     for r in rows:
         if r["model"] in (ft_name, LM_BODY_LABEL):

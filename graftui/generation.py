@@ -42,6 +42,13 @@ class AnswerRule:
     ignore_case: bool = False
     first_line: bool = True
 
+    def describe(self, max_new_tokens: int) -> str:
+        """The rule in words, for the card: what a number of exact match was decided by."""
+        answer = f"the first match of '{self.regex}'" if self.regex else \
+            "the first line (of one-line references)" if self.first_line else "the whole generation"
+        return (f"greedy, at most {max_new_tokens} new tokens; answer: {answer}"
+                + ("; case ignored" if self.ignore_case else ""))
+
     def compiled(self) -> re.Pattern | None:
         if not self.regex:
             return None

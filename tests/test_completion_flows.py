@@ -395,3 +395,66 @@ def test_task_arithmetic_is_chosen_on_validation_examples_only(two_skills, monke
                     validation_n=4, n=4)
     first_test = read.index("test")
     assert read[:first_test] == ["validation"] * 4 and set(read[first_test:]) == {"test"}  # 2 λ × 2 tasks, then test
+
+
+def _gsm8k_like(folder):
+    """A dataset repository laid out as GSM8K's is on the Hub: configs ``main`` and ``socratic``, each with train and
+    test parquet files named in the card's YAML, columns ``question`` and ``answer`` (working, then ``#### n``)."""
+    import pandas as pd
+
+    card = ["---", "configs:"]
+    for config in ("main", "socratic"):
+        card.append(f"- config_name: {config}\n  data_files:")
+        for split, numbers in (("train", range(2, 34)), ("test", range(34, 42))):
+            (folder / config).mkdir(parents=True, exist_ok=True)
+            rows = [{"question": f"good {a} great {a}?", "answer": f"{a} plus {a} is {2 * a}.\n#### {2 * a}"}
+                    for a in numbers]
+            pd.DataFrame(rows).to_parquet(folder / config / f"{split}-00000-of-00001.parquet")
+            card.append(f"  - split: {split}\n    path: {config}/{split}-*")
+    (folder / "README.md").write_text("\n".join(card + ["---", "A GSM8K-shaped dataset.", ""]))
+    return folder
+
+
+def test_a_hub_sft_dataset_is_read_through_its_config_and_judged_by_its_answer_regex(trained, tmp_path, monkeypatch):
+    """The Hub path of ``datasets.load_dataset`` (an id and a config) on a repository laid out as GSM8K's: columns
+    mapped, the test split the dataset's own, the validation split cut from its train split, the answer after
+    ``####`` what exact match compares."""
+    one_architecture(trained)
+    import datasets
+
+    repo, real = _gsm8k_like(tmp_path / "gsm8k"), datasets.load_dataset
+    asked = []
+
+    def from_the_hub(ref, config=None, *args, **kwargs):
+        asked.append((ref, config))
+        assert ref == "openai/gsm8k"
+        return real(str(repo), config, *args, **kwargs)
+
+    monkeypatch.setattr(datasets, "load_dataset", from_the_hub)
+    columns = dict(config="main", prompt_column="question", completion_column="answer")
+    task = completion.load_completion_task("openai/gsm8k", completion.CompletionSpec(**columns))
+    assert asked == [("openai/gsm8k", "main")] and task.name == "openai/gsm8k/main"
+    assert len(task.splits["test"]) == 8 and len(task.splits["train"]) + len(task.splits["validation"]) == 32
+    assert {c for _, (_, c) in task.splits["test"].examples} == {f"{a} plus {a} is {2 * a}.\n#### {2 * a}"
+                                                                 for a in range(34, 42)}
+    rule = generation.AnswerRule(regex=r"#### (\S+)")
+    assert rule.answer("8 plus 8 is 16.\n#### 16", None) == "16" and rule.answer("no answer here", None) is None
+    ft = graftui.finetune(base=trained["base"], task="openai/gsm8k", optimizer="adamw", lr=0.02, epochs=2,
+                          train_examples=0, out=str(tmp_path / "ft"), answer_regex=r"#### (\S+)", max_new_tokens=12,
+                          **columns)
+    assert ft.task_kind == "completion" and ft.test_examples == 8
+    out = tmp_path / "r.safetensors"
+    graftui.localize(base=trained["base"], finetuned=ft.out, task="openai/gsm8k", sparsity=0.05, steps=2, check_n=0,
+                     out=str(out), answer_regex=r"#### (\S+)", max_new_tokens=12, **columns)
+    ev = graftui.evaluate(regions=[str(out)]).as_dict()
+    assert ev["judging"] == [{"task": task.name, "rule": {"regex": r"#### (\S+)", "ignore_case": False, "first_line": True},
+                               "max_new_tokens": 12}]  # the region's own rule and length
+    assert any("answer: the first match of '#### (\\S+)'" in line for line in ev["card"])
+    judged = generation.AnswerRule(**ev["judging"][0]["rule"])
+    shown = ev["generations"]
+    assert len(shown) == 8 and {g["reference"] for g in shown} <= {c for _, (_, c) in task.splits["test"].examples}
+    assert [g["exact"]["fine-tuned"] for g in shown] == [
+        judged.answer(g["fine-tuned"], g["reference"]) == judged.answer(g["reference"], g["reference"]) for g in shown]
+    other_working = (["16 is 8 and 8.\n#### 16"], ["8 plus 8 is 16.\n#### 16"])
+    assert generation.exact_matches(*other_working, judged).tolist() == [1.0]  # the answer, not the working
+    assert generation.exact_matches(*other_working, generation.AnswerRule()).tolist() == [0.0]

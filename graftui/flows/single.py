@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from types import SimpleNamespace
 
-from .. import card, method, metrics, regions, scoring, sets, settings, training
+from .. import card, generation, method, metrics, regions, scoring, sets, settings, training
 from ..config import (
     DEFAULT_BASE, DEFAULT_FINETUNED, DEFAULT_FINETUNED_REFS, DEFAULT_LOADING, DEFAULT_TASK, FT_LABEL, GraftableSpec,
     LoadOptions, default_checkpoint_dir,
@@ -722,6 +722,7 @@ class EvaluateResult(Result):
     finetunes: list[str] = field(default_factory=list)  # regions of several fine-tunes: figures are means over these
     per_finetune: list[dict] = field(default_factory=list)  # … and each fine-tune's own rows and differences
     generations: list[dict] = field(default_factory=list)  # a completion task: prompt, reference, each model's answer
+    judging: list[dict] = field(default_factory=list)  # a completion task: {"task", "rule", "max_new_tokens"} it was judged by
 
 
 def _merge_patches(records, labels):
@@ -879,7 +880,7 @@ def evaluate(req: EvaluateRequest, progress: Progress | None = None, cancel=None
                         if record.size == k and record.meta.method == "learned":
                             start_overlap.setdefault(own, sets.overlap(region, record.indices))
     result = {"rows": [], "reliability": {}, "histogram": {}, "ood": [], "differences": [], "disagreements": [],
-              "generations": []}
+              "generations": [], "judging": []}
     lines: list[str] = []
     several = len(groups) > 1
     for key, members in groups.items():
@@ -913,7 +914,10 @@ def evaluate(req: EvaluateRequest, progress: Progress | None = None, cancel=None
             for g in part.get("generations", ()):
                 g[ft_name], g["exact"][ft_name] = g.pop(FT_LABEL), g["exact"].pop(FT_LABEL)
         result["generations"] += [{**g, "task": part["task"]} for g in part.get("generations", ())]
-        lines += card.completion_card(part["rows"], part["differences"], graftable, ft_name) if generative else \
+        if generative:
+            result["judging"].append({k: part[k] for k in ("task", "rule", "max_new_tokens")})
+        lines += card.completion_card(part["rows"], part["differences"], graftable, ft_name, judged=generation.AnswerRule(
+            **part["rule"]).describe(part["max_new_tokens"])) if generative else \
             card.evaluate_card(part["rows"], graftable=graftable, start_overlap=start_overlap,
                                differences=part["differences"])
         result["rows"] += part["rows"]
