@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 import graftui
-from graftui import flows, generation
+from graftui import flows, generation, settings
 from graftui.completion import offline_skill
 from graftui.models import load_lm, load_tokenizer
 
@@ -21,6 +21,8 @@ NEW = 10  # the skills' answers are a few words
 @pytest.fixture(scope="module")
 def skills(tmp_path_factory):
     root = tmp_path_factory.mktemp("skills")
+    (root / "home").mkdir()
+    (root / "home" / "models").symlink_to(settings.shared("models"), target_is_directory=True)  # SmolLM2, made once
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("GRAFTUI_HOME", str(root / "home"))
         mp.setenv("GRAFTUI_FAST", "1")
