@@ -102,16 +102,12 @@ def finetune(
     train_epochs(model, opt, anchors, make_batches, total, config, device, _label_accuracy, progress, cancel)
     model.eval().to("cpu")
     _save(out_dir, [(None, model)], tokenizer, {
-        "graftui_version": __version__,
-        "base": base_ref,
         "task": task.name,
         "task_source": task.source,
         "labels": list(task.label_names),
         "train_examples": n_train,
-        "config": config.as_dict(),
         "prompt": tokenizer.prompt.as_dict() if getattr(tokenizer, "prompt", None) else None,
-        "request": request,
-    })
+    }, base_ref, config, request)
     return out_dir
 
 
@@ -164,17 +160,13 @@ def finetune_completions(
                  lambda out, labels: (out.right, out.scored), progress, cancel)
     model.eval().to("cpu")
     _save(out_dir, [(None, model)], tokenizer, {
-        "graftui_version": __version__,
-        "base": base_ref,
         "task": task.name,
         "task_source": task.source,
         "task_kind": "completion",
         "chat": task.chat,
         "train_examples": len(train),
         "notes": list(completion.truncation_note(task.name, cut, len(train), task.max_length)),
-        "config": config.as_dict(),
-        "request": request,
-    })
+    }, base_ref, config, request)
     return out_dir
 
 
@@ -243,12 +235,15 @@ def load_trainable(base_ref: str, labels, options: LoadOptions, *, allow_local: 
     return model, tokenizer, new if freeze_head else set(), new
 
 
-def _save(out_dir: Path, models: list[tuple[str | None, torch.nn.Module]], tokenizer, record: dict) -> None:
-    """Write each model (in ``out_dir``, or its named sub-folder) with the tokenizer and the record.
+def _save(out_dir: Path, models: list[tuple[str | None, torch.nn.Module]], tokenizer, record: dict, base_ref: str,
+          config: FinetuneConfig, request: dict | None) -> None:
+    """Write each model (in ``out_dir``, or its named sub-folder) with the tokenizer and its record: what every
+    fine-tune records (version, base, recipe, request, time) around ``record``, what this kind of fine-tune adds.
 
     Everything is written aside and renamed: an interrupted run never leaves a half checkpoint.
     """
-    record = {**record, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    record = {"graftui_version": __version__, "base": base_ref, **record, "config": config.as_dict(),
+              "request": request, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     with atomic_dir(out_dir) as tmp:
         for sub, model in models:
             folder = tmp / sub if sub else tmp
@@ -335,15 +330,11 @@ def finetune_multitask(
     for m in models:
         m.eval().to("cpu")
     _save(out_dir, list(zip(names, models)), tokenizer, {
-        "graftui_version": __version__,
-        "base": base_ref,
         "tasks": [t.name for t in tasks],
         "task_sources": [t.source for t in tasks],
         "labels": {t.name: list(t.label_names) for t in tasks},
         "train_examples": {t.name: n for t, (_, _, n) in zip(tasks, streams_of)},
-        "config": config.as_dict(),
-        "request": request,
-    })
+    }, base_ref, config, request)
     return out_dir
 
 
