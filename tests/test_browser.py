@@ -689,14 +689,11 @@ def test_a_completion_skill_is_localized_and_compared_by_its_generations(page, t
     assert "· done" in line and re.search(r"held-out examples of opposites\.csv.*exact match", line, re.S), line
     region = _region_id(line)
     bu.open_tab(page, "compare")
-    for _ in range(10):  # compare this region alone: the regions earlier tests picked come off, one at a time
-        others = page.evaluate("id => [...document.querySelectorAll('#compare-regions .token')].filter("
-                               "t => !t.innerText.includes(id)).length", region)
-        if not others:
-            break
-        page.evaluate("id => [...document.querySelectorAll('#compare-regions .token')].find(t => !t.innerText.includes(id))"
-                      ".querySelector('.token-remove').click()", region)
-        time.sleep(0.3)
+    # compare this region alone: the regions earlier tests picked come off, each waited for until it is gone
+    others = "id => [...document.querySelectorAll('#compare-regions .token')].filter(t => !t.innerText.includes(id))"
+    while left := page.evaluate(f"id => ({others})(id).length", region):
+        page.evaluate(f"id => ({others})(id)[0].querySelector('.token-remove').click()", region)
+        page.wait_for_function(f"([id, n]) => ({others})(id).length < n", arg=[region, left], timeout=15_000)
     if region not in bu.text(page, "#compare-regions"):
         bu.choose(page, "compare-regions", region)  # offered once the finished job has refreshed the pickers
     assert page.evaluate("() => document.querySelectorAll('#compare-regions .token').length") == 1
