@@ -12,14 +12,15 @@ Two readings of one model on one split, both over the same examples so that two 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import math
 import random
-import re
 import threading
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
+import regex
 import torch
 
 from . import metrics
@@ -33,10 +34,18 @@ MAX_NEW_TOKENS = 32
 GENERATION_BATCH = 32
 
 
+MAX_REGEX_CHARS = 500  # an answer regex longer than this is no answer rule
+REGEX_SECONDS = 0.25  # one search's budget: a sane answer regex takes microseconds; one that backtracks never ends
+
+
 @dataclass(frozen=True)
 class AnswerRule:
     """What of a generation counts as its answer, the same rule for the reference: the first line (when the
-    reference is one line), the first group of ``regex`` (or its whole match), compared as written or ignoring case."""
+    reference is one line), the first group of ``regex`` (or its whole match), compared as written or ignoring case.
+
+    The regex comes from a user, a region file or a bundle, so it is run by the ``regex`` engine under a time budget
+    per search (``REGEX_SECONDS``): a pattern that backtracks for ever (``(a|aa)+$``) ends in one line, not a hang;
+    the engine releases the interpreter lock while it searches, so a server keeps answering meanwhile."""
 
     regex: str | None = None
     ignore_case: bool = False
@@ -49,14 +58,9 @@ class AnswerRule:
         return (f"greedy, at most {max_new_tokens} new tokens; answer: {answer}"
                 + ("; case ignored" if self.ignore_case else ""))
 
-    def compiled(self) -> re.Pattern | None:
-        if not self.regex:
-            return None
-        try:
-            return re.compile(self.regex)
-        except re.error as err:
-            raise DataError(f"the answer regex '{self.regex}' is not a regular expression ({err}); write one such "
-                            r"as '#### (\S+)'") from None
+    def compiled(self):
+        """The compiled regex (None without one); a bad pattern is one line."""
+        return _compile(self.regex) if self.regex else None
 
     def answer(self, text: str, reference: str | None = None) -> str | None:
         """The answer in ``text`` (None where the regex finds none); ``reference`` decides the first-line cut."""
@@ -64,7 +68,12 @@ class AnswerRule:
             text = text.strip().split("\n", 1)[0]
         pattern = self.compiled()
         if pattern is not None:
-            found = pattern.search(text)
+            try:
+                found = pattern.search(text, timeout=REGEX_SECONDS)
+            except TimeoutError:
+                raise DataError(f"the answer regex '{self.regex:.80}' ran over {REGEX_SECONDS:g} s on one answer "
+                                f"({len(text):,} characters), so it backtracks without end: write one without nested "
+                                r"repeats such as '(a|aa)+', e.g. '#### (\S+)'") from None
             if found is None:
                 return None
             text = found.group(1) if found.groups() else found.group(0)
@@ -76,6 +85,18 @@ class AnswerRule:
         if self.compiled() is not None and references and all(self.answer(r, r) is None for r in references):
             raise DataError(f"the answer regex '{self.regex}' matches none of the references (e.g. "
                             f"{references[0].strip()[:60]!r}): fix the regex or drop it")
+
+
+@functools.lru_cache(maxsize=64)
+def _compile(pattern: str):
+    if len(pattern) > MAX_REGEX_CHARS:
+        raise DataError(f"the answer regex is {len(pattern):,} characters long, over {MAX_REGEX_CHARS}: write a "
+                        r"shorter one, e.g. '#### (\S+)'")
+    try:
+        return regex.compile(pattern, flags=regex.VERSION0)  # Python's own syntax, so a pattern reads as with re
+    except (regex.error, TypeError, ValueError, OverflowError, RecursionError) as err:
+        raise DataError(f"the answer regex '{pattern:.80}' is not a regular expression ({err}); write one such "
+                        r"as '#### (\S+)'") from None
 
 
 def prompt_ids(tokenizer: Any, example, chat: bool, max_length: int) -> list[int]:

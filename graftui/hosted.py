@@ -134,6 +134,14 @@ class HostedGuard(Guard):
         check_rows(task.name, sum(len(s) for s in task.splits.values()))
         return task
 
+    def checked_rule(self, rule, source: str):
+        """No answer regex runs here, whoever asks: a request, a region file or a bundle."""
+        if rule.regex:
+            raise RequestError(f"{source} judges answers by the regex '{rule.regex:.60}', and answer regexes are not "
+                               "run on a shared server: use a region made without --answer-regex, or run graftui on "
+                               "your own machine")
+        return rule
+
     def checked_pair(self, pair):
         try:
             check_pair_size(pair.counts()["total"])

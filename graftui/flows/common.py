@@ -52,6 +52,10 @@ class Guard:
     def checked_pair(self, pair: ModelPair) -> ModelPair:
         return pair
 
+    def checked_rule(self, rule, source: str):
+        """The answer rule a completion task is judged by (``source``: where it came from, for the refusal)."""
+        return rule
+
 
 LOCAL = Guard()
 

@@ -16,7 +16,7 @@ from ..completion import CompletionTask, batches, encode, truncation_note
 from ..config import LoadOptions
 from ..errors import DataError, ModelError
 from ..models import load_reader
-from .common import Progress
+from .common import LOCAL, Guard, Progress
 
 DEFAULT_TRAIN_SAMPLE = 256  # examples mask learning steps over (a completion task has no classes to count per)
 
@@ -96,14 +96,14 @@ def quick_check(pair, task: CompletionTask, models: dict, req, progress=None, ca
             "generations": part["generations"]}
 
 
-def judging(req, meta=None) -> tuple[generation.AnswerRule, int]:
+def judging(req, meta=None, guard: Guard = LOCAL) -> tuple[generation.AnswerRule, int]:
     """The answer rule and generation length of a request; what it leaves at the default comes from the request that
     made the region (``meta``), so a region is judged as it was made unless asked otherwise."""
     new = getattr(req, "max_new_tokens", None)  # None: not asked
     asked = req.answer_rule() if hasattr(req, "answer_rule") else generation.AnswerRule()
     if meta is None:
-        return asked, new or generation.MAX_NEW_TOKENS
-    made, made_new = recorded_rule(meta)
+        return guard.checked_rule(asked, "the request"), new or generation.MAX_NEW_TOKENS
+    made, made_new = recorded_rule(meta, guard)
     rule = generation.AnswerRule(regex=asked.regex if asked.regex is not None else made.regex,
                                  ignore_case=asked.ignore_case or made.ignore_case,
                                  first_line=asked.first_line and made.first_line)
@@ -111,21 +111,23 @@ def judging(req, meta=None) -> tuple[generation.AnswerRule, int]:
 
 
 def evaluate(req, pair, task: CompletionTask, models: dict, contrasts: list, progress=None, cancel=None,
-             meta=None) -> dict:
+             meta=None, guard: Guard = LOCAL) -> dict:
     """FT, the pre-trained model and every graft on the completion task: rows, paired differences, generations;
     judged by the request's answer rule, the region's own (``meta``) where the request is silent."""
-    rule, new = judging(req, meta)
+    rule, new = judging(req, meta, guard)
     return generation.compare_completions(pair, task, models, n=req.n, seed=TEST_SAMPLE_SEED, contrasts=contrasts,
                                           rule=rule, max_new_tokens=new, progress=progress, cancel=cancel)
 
 
-def recorded_rule(meta) -> tuple[generation.AnswerRule, int]:
-    """The answer rule and generation length a region's own request asked for (the defaults where it is silent)."""
+def recorded_rule(meta, guard: Guard = LOCAL) -> tuple[generation.AnswerRule, int]:
+    """The answer rule and generation length a region's own request asked for (the defaults where it is silent); a
+    region file is data, so its rule passes the same guard as a request's."""
     asked = {k: v for k, v in (getattr(meta, "request", None) or {}).items()
              if k in ("answer_regex", "ignore_case", "whole_generation", "max_new_tokens")}
     rule = generation.AnswerRule(regex=asked.get("answer_regex") if isinstance(asked.get("answer_regex"), str) else None,
                                  ignore_case=asked.get("ignore_case") is True,
                                  first_line=asked.get("whole_generation") is not True)
+    rule = guard.checked_rule(rule, "this region file")
     new = asked.get("max_new_tokens")
     return rule, new if isinstance(new, int) and not isinstance(new, bool) and 0 < new <= 1024 else \
         generation.MAX_NEW_TOKENS

@@ -139,7 +139,7 @@ def ablate(req: AnatomyRequest, path: str, record: RegionRecord, anat: Anatomy, 
     generative = isinstance(task, CompletionTask)  # scored by the exact match of its generations
     if not generative:
         scoring.check_labels(pair, task)
-    rule, new = completions.judging(req, record.meta)
+    rule, new = completions.judging(req, record.meta, guard)
     data = generation.sample(task, "test", req.n, scoring.TEST_SAMPLE_SEED) if generative else None
     notes += [note for note in grafts.notes if note not in notes]
     values = record.values if record.is_patch else None
@@ -327,7 +327,7 @@ def stitch(req: ComposeRequest, records: list[RegionRecord], names: list[str], b
     if len({isinstance(t, CompletionTask) for t in tasks}) > 1:
         raise RegionError("stitching chooses task arithmetic's λ on one score for every task: give regions of "
                           "completion tasks only, or of classification tasks only")
-    judging = [completions.recorded_rule(r.meta) for r in records]
+    judging = [completions.recorded_rule(r.meta, guard) for r in records]
     pairs = []
     for i, (record, name, finetuned) in enumerate(zip(records, names, finetunes)):
         if progress:

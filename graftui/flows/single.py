@@ -892,7 +892,7 @@ def evaluate(req: EvaluateRequest, progress: Progress | None = None, cancel=None
             contrasts += [(labels[i], other) for i in members if records[i].size == k for other in baselines.get(k, {})]
         if generative:
             part = completions.evaluate(req, pair, task_g, models, contrasts, progress, cancel,
-                                        records[members[0]].meta if members else None)
+                                        records[members[0]].meta if members else None, guard)
             part = {**part, "reliability": {}, "histogram": {}, "ood": [], "disagreements": []}
         else:
             part = scoring.compare(pair, task_g, models, ood=oods[key], n=req.n, seed=scoring.TEST_SAMPLE_SEED,
