@@ -3,8 +3,8 @@
 Jobs run one at a time on a background thread, so the models they share are never touched by two
 jobs at once. Waiting jobs are served client by client in turn (a client is the address a job came
 from, else its owner; the one served longest ago goes next, and a client's own jobs in the order
-submitted), so one busy client cannot hold the queue; a job over the runner's time limit is stopped
-at its next progress report. Each job lives in ``$GRAFTUI_HOME/jobs/<id>/`` as
+submitted), so one busy client cannot hold the queue; a job over the runner's time limit, or cancelled, is
+stopped at its next progress report, and one that reports no more is stopped in its thread a few seconds later. Each job lives in ``$GRAFTUI_HOME/jobs/<id>/`` as
 ``job.json`` (status, parameters, progress history, result) plus whatever files it writes, so
 a reloaded page, or a restarted server, sees every job again.
 
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import ctypes
 import json
 import logging
 import threading
@@ -34,6 +35,8 @@ log = logging.getLogger(__name__)
 
 QUEUED, RUNNING, DONE, FAILED, CANCELLED, INTERRUPTED = "queued", "running", "done", "failed", "cancelled", "interrupted"
 FINISHED = {DONE, FAILED, CANCELLED, INTERRUPTED}
+STOP_GRACE = 5.0  # seconds a job past its time limit, or cancelled, has to stop at its own next step
+WATCH_SECONDS = 0.2  # how often the runner looks at a running job
 NOBODY = ""  # the owner of a record whose owner is unknown: no hosted session's id (those have 32 characters)
 
 
@@ -232,30 +235,67 @@ class JobRunner:
                 self._contexts[job_id] = ctx
                 job.status, job.started = RUNNING, time.time()
             self._save(job)
+            outcome: dict = {}
+
+            def body(fn=fn, context=context, ctx=ctx, outcome=outcome):
+                try:
+                    outcome["result"] = context.run(fn, ctx)
+                except BaseException as err:  # noqa: BLE001 - a job must never take the runner down
+                    outcome["error"], outcome["trace"] = err, traceback.format_exc()
+
+            thread = threading.Thread(target=body, name=f"graftui-job-{job_id}", daemon=True)
+            thread.start()
+            stopped = self._watch(thread, job, ctx)
+            err = stopped or outcome.get("error")
             try:
-                result = context.run(fn, ctx)
-                with self._lock:
-                    job.result, job.status, job.fraction = result or {}, DONE, 1.0
-                    job.message = "done"
-            except TimeLimit as err:
-                with self._lock:
-                    job.status, job.error = FAILED, message(err)
-                    job.message = job.error
-            except Cancelled:
-                with self._lock:
-                    job.status, job.message = CANCELLED, "cancelled"
-            except BaseException as err:  # noqa: BLE001 - a job must never take the runner down
-                with contextlib.suppress(OSError):
-                    (self.job_dir(job_id) / "error.log").write_text(traceback.format_exc())
-                log.warning("job %s failed: %s", job_id, err)
-                with self._lock:
-                    job.status, job.error = FAILED, message(err)
-                    job.message = job.error
+                if err is None:
+                    with self._lock:
+                        job.result, job.status, job.fraction = outcome.get("result") or {}, DONE, 1.0
+                        job.message = "done"
+                elif isinstance(err, TimeLimit):
+                    with self._lock:
+                        job.status, job.error = FAILED, message(err)
+                        job.message = job.error
+                elif isinstance(err, Cancelled):
+                    with self._lock:
+                        job.status, job.message = CANCELLED, "cancelled"
+                else:
+                    with contextlib.suppress(OSError):
+                        (self.job_dir(job_id) / "error.log").write_text(outcome.get("trace", ""))
+                    log.warning("job %s failed: %s", job_id, err)
+                    with self._lock:
+                        job.status, job.error = FAILED, message(err)
+                        job.message = job.error
             finally:
                 with self._lock:
                     job.finished = time.time()
                     self._contexts.pop(job_id, None)
                 self._save(job)
+
+    def _watch(self, thread: threading.Thread, job: Job, ctx: JobContext) -> BaseException | None:
+        """Wait for a job's thread. A job that stops reporting (a loop that never calls ``report``) is stopped all
+        the same: STOP_GRACE seconds past its time limit, or after a cancel, the runner raises in its thread
+        (``PyThreadState_SetAsyncExc``; it lands at the thread's next Python instruction, so a long call into torch
+        ends first). Returns the error that stopped it, None when it ended by itself."""
+        cancelled_at, stop, raised_at = None, None, 0.0
+        while thread.is_alive():
+            thread.join(WATCH_SECONDS)
+            now = time.time()
+            if not thread.is_alive():
+                break
+            if ctx.cancel.is_set() and cancelled_at is None:
+                cancelled_at = now
+            limit = self.max_seconds
+            if stop is None and limit and now - (job.started or now) > limit + STOP_GRACE:
+                stop = TimeLimit(f"stopped after {limit:,.0f} s, this server's limit for one job: ask for less work "
+                                 "(fewer steps, examples or test examples)")
+            elif stop is None and cancelled_at is not None and now - cancelled_at > STOP_GRACE:
+                stop = Cancelled(f"{job.kind} cancelled")
+            if stop is not None and now - raised_at > STOP_GRACE:  # again, should the job have caught it
+                log.warning("job %s did not stop by itself; raising %s in its thread", job.id, type(stop).__name__)
+                _raise_in(thread, type(stop))
+                raised_at = now
+        return stop
 
     def _save(self, job: Job, throttle: bool = False, required: bool = False) -> None:
         """Write a job's record; a record that cannot be written (a full disk) is logged, and the runner goes on
@@ -281,6 +321,11 @@ class JobRunner:
                 job.finished = job.finished or time.time()
                 self._save(job)
             self._jobs[job.id] = job
+
+
+def _raise_in(thread: threading.Thread, kind: type[BaseException]) -> None:
+    """Raise ``kind`` in another thread at its next Python instruction."""
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(kind))
 
 
 def _without_out(params: dict | None) -> dict:

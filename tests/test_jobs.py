@@ -107,3 +107,31 @@ def test_damaged_job_records_are_listed_as_damaged_and_never_stop_the_runner(tmp
         assert damaged.status == FAILED and damaged.kind == "damaged" and "damaged" in damaged.error, name
         assert (tmp_path / name / "job.json").read_text() == text  # left as it was
     assert runner.get(job.id).status == DONE and runner.get(job.id).result == {"ok": 1}
+
+
+def test_a_job_that_never_reports_is_stopped_past_its_time_limit_and_after_a_cancel(tmp_path, monkeypatch):
+    """A loop that never calls report (as a hung answer regex once was) is stopped in its thread, and the runner
+    goes on to the next job."""
+    from graftui import jobs
+
+    monkeypatch.setattr(jobs, "STOP_GRACE", 0.3)
+    runner = JobRunner(tmp_path, max_seconds=0.5)
+    spinning = threading.Event()
+
+    def spin(ctx):
+        spinning.set()
+        while True:  # pure Python, never yields to the runner
+            pass
+
+    over = runner.submit("compare", "spins past its limit", spin)
+    after = runner.submit("compare", "next", lambda ctx: {"ok": 1})
+    job = runner.wait(over.id, 30)
+    assert job.status == FAILED and "limit for one job" in job.error, job
+    assert runner.wait(after.id, 10).status == DONE
+
+    spinning.clear()
+    runner = JobRunner(tmp_path / "again")  # no time limit: only a cancel stops it
+    job = runner.submit("compare", "spins until cancelled", spin)
+    assert spinning.wait(10)
+    assert runner.cancel(job.id)
+    assert runner.wait(job.id, 30).status == CANCELLED
