@@ -204,7 +204,16 @@ def cmd_verb(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    return run_request(flows.read_request(args.file, args.out), args)
+    request = flows.read_request(args.file, args.out, args.overwrite)
+    request.validate()
+    if type(request).writes:  # a file handed over is run only after saying where it writes
+        places = request.destinations()
+        said = ", ".join(f"{name} {place}" for name, place in places.items()) or \
+            f"a new place under {settings.home()} (the result names it)"
+        print(f"{PROG}: running '{request.verb}' from {args.file}; it writes {said}"
+              + ("; --overwrite: an existing file there is replaced" if getattr(request, "overwrite", False) else ""),
+              file=sys.stderr)
+    return run_request(request, args)
 
 
 def cmd_methods(args: argparse.Namespace) -> int:
@@ -252,7 +261,10 @@ def build_parser() -> argparse.ArgumentParser:
                        "region file or a checkpoint folder graftui wrote. With the same seed a region is made again "
                        "bit for bit.")
     p.add_argument("file", metavar="FILE")
-    p.add_argument("--out", metavar="PATH", help="where to write (default: the verb's default place, never the file read)")
+    p.add_argument("--out", metavar="PATH", help="where to write (default: the place the file names beneath this folder "
+                   "or $GRAFTUI_HOME, else the verb's default place; never the file read)")
+    p.add_argument("--overwrite", action="store_true", help="replace the output if it exists (an 'overwrite' inside "
+                   "the file is ignored)")
     p.set_defaults(func=cmd_run)
     p = sub.add_parser("methods", parents=[common], help="list localization methods")
     p.set_defaults(func=cmd_methods)

@@ -54,11 +54,18 @@ def arg(default, help: str, **cli):
     return field(default=default, metadata=meta)
 
 
+WRITE_FIELDS = ("out", "keep")  # fields that name where a verb writes
+
+
 # -- the request base --------------------------------------------------------------------------------
 @dataclass
 class Request:
     verb: ClassVar[str] = ""
     writes: ClassVar[bool] = False  # whether the verb writes files (then ``out`` says where)
+
+    def destinations(self) -> dict[str, str]:
+        """The places this request names to write (field -> path): ``out``, and a sweep's ``keep``."""
+        return {name: value for name in WRITE_FIELDS if isinstance(value := getattr(self, name, None), str) and value}
 
     def validate(self) -> "Request":
         """Cheap checks (no model, no data set loaded); returns self so calls chain."""
@@ -833,6 +840,10 @@ class ComposeRequest(Request):
             raise RequestError(f"compose needs at least two regions, got {len(self.regions)}")
         for path in self.regions:
             check_region_file(path)
+        seen = [Path(p).expanduser().resolve() for p in self.regions]
+        twice = next((p for i, p in enumerate(self.regions) if seen[i] in seen[:i]), None)
+        if twice is not None and (self.stitch or self.evaluate):  # a union scored with one member twice
+            raise RequestError(f"--region '{twice}' is given twice; give each region once")
         check_at_least_one("n", self.n)
         check_at_least_one("validation_n", self.validation_n)
         if not self.lambdas or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)

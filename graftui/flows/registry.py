@@ -18,6 +18,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Callable
 
+from .. import settings
 from ..errors import RequestError
 from ..formatting import pairs_table
 from ..requests import Request
@@ -77,11 +78,13 @@ def run(req: Request, progress: Progress | None = None, cancel=None, guard: Guar
     return VERBS[req.verb].flow(req, progress=progress, cancel=cancel, guard=guard)
 
 
-def read_request(path, out: str | None = None) -> Request:
+def read_request(path, out: str | None = None, overwrite: bool = False) -> Request:
     """The request in a config (JSON or YAML), a report, a region file or a checkpoint folder.
 
-    A request read back from a file graftui wrote gets a new output place (``out``, or the
-    default), never the file it was read from.
+    A file is data, never authority: a request read back from a file graftui wrote gets a new output place
+    (``out``, or the default), never the file it was read from; a config may name where to write only beneath the
+    working folder or ``$GRAFTUI_HOME``; and only the caller's ``overwrite`` (the command line's), never the file's,
+    replaces an existing file.
     """
     p = Path(str(path)).expanduser()
     if not p.exists():
@@ -119,7 +122,27 @@ def read_request(path, out: str | None = None) -> Request:
     request = _beside(request, p.parent if p.is_file() else p)
     if type(request).writes and (out is not None or written):
         request = request.replace(out=out)
+    if "overwrite" in {f.name for f in fields(request)}:
+        request = request.replace(overwrite=bool(overwrite))
+    elif overwrite:
+        raise RequestError(f"--overwrite: '{request.verb}' never replaces what it writes; drop --overwrite")
+    for name, place in request.destinations().items():
+        if not (name == "out" and out is not None) and not _may_write(place):
+            flag = "--out PATH" if name == "out" else f"'graftui {request.verb} --{name} DIR'"
+            raise RequestError(f"'{path}' asks to write '{place}' ({name}), outside the working folder and "
+                               f"$GRAFTUI_HOME; a request file cannot choose where to write: give {flag} on the "
+                               "command line")
     return request
+
+
+def _may_write(place: str) -> bool:
+    """Whether a place a file names to write lies beneath the working folder or $GRAFTUI_HOME (links resolved)."""
+    try:
+        target = Path(place).expanduser().resolve()
+        roots = [Path.cwd().resolve(), settings.home().resolve()]
+    except (OSError, RuntimeError, ValueError):
+        return False
+    return any(target != root and target.is_relative_to(root) for root in roots)
 
 
 def _beside(request: Request, folder: Path) -> Request:
@@ -139,6 +162,6 @@ def _beside(request: Request, folder: Path) -> Request:
 
 
 def run_file(path, out: str | None = None, progress: Progress | None = None, cancel=None,
-             guard: Guard = LOCAL) -> Result:
-    """``graftui run FILE``: run the request a file holds, again."""
-    return run(read_request(path, out), progress, cancel, guard)
+             guard: Guard = LOCAL, overwrite: bool = False) -> Result:
+    """``graftui run FILE``: run the request a file holds, again (``out`` and ``overwrite`` are the caller's)."""
+    return run(read_request(path, out, overwrite), progress, cancel, guard)
