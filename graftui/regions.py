@@ -401,6 +401,10 @@ def load(path: str | Path) -> RegionRecord:
                 raise RegionError(f"'{path.name}' is a patch without matching values for {name}")
     if kind == "patch" and set(values) - set(indices):
         raise RegionError(f"'{path.name}' has values for tensors outside its region")
+    said = metadata.get("region_digest")
+    if said is not None and said != digest(indices):
+        raise RegionError(f"'{path.name}' says its region is #{said:.12} but its indices are #{digest(indices)}: the "
+                          "file was altered after graftui wrote it; use the file as graftui wrote it")
     for group, tensors_ in (("values", values), ("head", head)):
         for name, tensor in tensors_.items():
             if not tensor.is_floating_point() or not tensor.numel():
@@ -441,11 +445,12 @@ def read_header(path: str | Path) -> RegionHeader | None:
         return None
     if "graftui_format" not in header:
         return None
-    return RegionHeader(path, header.get("kind", "region"), meta, header.get("region_digest") or _old_digest(path))
+    # the id is computed from the indices, never taken from the header: scores are kept under it, and a header can lie
+    return RegionHeader(path, header.get("kind", "region"), meta, _indices_digest(path))
 
 
-def _old_digest(path: Path) -> str:
-    """The content id of a file written before ids were recorded (read once per file version)."""
+def _indices_digest(path: Path) -> str:
+    """The content id of a file's indices (read once per file version: O(k))."""
     from safetensors import safe_open
 
     stat = path.stat()

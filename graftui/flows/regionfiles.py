@@ -319,6 +319,12 @@ def stitch(req: ComposeRequest, records: list[RegionRecord], names: list[str], b
     fine-tune alone, each region alone, the pre-trained model and task arithmetic θ_pre + λ Σ_i δ_i (λ chosen on
     validation examples of every task); what the reader should know goes to ``notes``."""
     finetunes = [r.meta.finetuned for r in records]
+    again = next((i for i, f in enumerate(finetunes) if f in finetunes[:i]), None)
+    if again is not None:
+        first = finetunes.index(finetunes[again])
+        raise RegionError(f"'{names[first]}' and '{names[again]}' are regions of one fine-tune "
+                          f"('{short_ref(finetunes[again])}'): stitching adds each member's movement, so it would count "
+                          "twice; give one region per fine-tune")
     missing = next((f for f in finetunes if not loadable(f)), None)
     if missing is not None:
         raise RegionError(f"stitching compares the stitched model with each fine-tune and task arithmetic, so every "
