@@ -21,9 +21,11 @@ from . import settings
 from .config import is_default_finetuned
 from .data import check_reference
 from .errors import DataError, ModelError, RequestError, SessionError
+from .generation import AnswerRule
 from .flows import Guard, clear_cache
 from .models import resolve
 from .paths import DATA_SUFFIXES, atomic_write, short_ref
+from .regions import read_header
 
 REGION_SUFFIXES = (".safetensors",)  # what a page may upload as a region or skill patch
 
@@ -220,6 +222,7 @@ MODEL_FIELDS = ("base", "finetuned", "checkpoint", "finetuned_replicates")
 LIST_FIELDS = ("ood", "regions", "tasks", "methods", "seeds", "finetuned_replicates", "lambdas")  # each multiplies a
 # job's work
 TASK_FIELDS = ("task", "ood", "tasks")
+REGION_FIELDS = ("region", "regions", "replicates")
 
 
 def check_request(request, guard: Guard) -> None:
@@ -260,4 +263,9 @@ def check_request(request, guard: Guard) -> None:
                            "ask for fewer budgets, methods, α values, seeds or fine-tunes")
     refs = lambda names: [r for n in names for v in [getattr(request, n, None)] if v  # noqa: E731
                           for r in (v if isinstance(v, list) else [v])]
+    for ref in refs(REGION_FIELDS):  # a region file's own answer rule, refused before its job is queued
+        header = read_header(ref) if isinstance(ref, str) else None
+        recorded = (header.meta.request or {}).get("answer_regex") if header is not None else None
+        if isinstance(recorded, str) and recorded:
+            guard.checked_rule(AnswerRule(regex=recorded), f"region '{header.path.stem}'")
     guard.allow_local(models=refs(MODEL_FIELDS), tasks=refs(TASK_FIELDS))
