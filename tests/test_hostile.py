@@ -16,6 +16,7 @@ import json
 import os
 import pickle
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -176,6 +177,7 @@ def files(tmp_path_factory):
     f["inflated"] = edited("inflated.safetensors", inflate)
     f["k_lie"] = edited("k-lie.safetensors", lambda m: m.update(meta=json.dumps({**json.loads(m["meta"]), "k": 5})))
     f["no_tag"] = edited("no-tag.safetensors", lambda m: m.pop("graftui_format"))
+    f["digest_lie"] = edited("digest-lie.safetensors", lambda m: m.update(region_digest="0badc0de"))
     (d / "random.safetensors").write_bytes(os.urandom(256))
     (d / "pickled.safetensors").write_bytes(pickle.dumps({"idx": [1, 2]}))
     f["random"], f["pickled"] = d / "random.safetensors", d / "pickled.safetensors"
@@ -325,6 +327,7 @@ def test_hosted_models_never_name_a_server_path(server, files):
 @pytest.mark.parametrize("name, needle", [
     ("nan", "NaN or infinite"), ("inflated", "header"), ("k_lie", "k = 5"), ("no_tag", "not a graftui region"),
     ("random", "not a readable safetensors"), ("pickled", "not a readable safetensors"),
+    ("digest_lie", "the file was altered"),
 ])
 def test_a_region_file_refused_anywhere_is_refused_everywhere(server, files, name, needle):
     cli_refuses(["anatomy", "--region", files[name]], needle)
@@ -867,3 +870,185 @@ def test_seeds_count_against_a_hosted_servers_ceilings(monkeypatch, tmp_path):
     hosted.check_request(EvaluateRequest.make(n=100, seeds=[0, 1, 2]), guard)
     with pytest.raises(RequestError, match="whole number"):
         hosted.check_request(EvaluateRequest.make(n=100, seeds=[0, "1"]), guard)
+
+
+# -- answer rules that cannot hang, files that are data ---------------------------------------------------
+BACKTRACKS = "(a|aa)+$"  # exponential in a run of a's that ends otherwise; Python's re takes minutes on 40 of them
+
+
+def test_a_backtracking_answer_regex_ends_in_one_line_and_never_holds_the_interpreter():
+    from graftui.errors import DataError
+    from graftui.generation import REGEX_SECONDS, AnswerRule
+
+    import re
+
+    for pattern, text in ((BACKTRACKS, "aaaa"), (r"#### (\S+)", "so 6 × 7 #### 42\n"), (r"(?i)ANSWER: (\w+)", "answer: Yes")):
+        found = re.search(pattern, text)
+        assert AnswerRule(regex=pattern).answer(text) == found.group(1)  # read as Python's re reads it
+    rule = AnswerRule(regex=BACKTRACKS)
+    ticks, stop = [], threading.Event()
+
+    def tick():
+        while not stop.is_set():
+            ticks.append(time.monotonic())
+            time.sleep(0.01)
+
+    ticker = threading.Thread(target=tick)
+    ticker.start()
+    began = time.monotonic()
+    try:
+        with pytest.raises(DataError, match=r"backtracks without end.*nested repeats"):
+            rule.answer("a" * 60 + "!")
+    finally:
+        stop.set()
+        ticker.join()
+    assert time.monotonic() - began < 20 * REGEX_SECONDS  # the budget, not the pattern's exponential time
+    gaps = [b - a for a, b in zip(ticks, ticks[1:])]
+    assert len(ticks) > 5 and max(gaps) < 0.2, max(gaps)  # another thread ran all along
+    with pytest.raises(DataError, match="over 500"):
+        AnswerRule(regex="a" * 501).answer("a")
+
+
+@pytest.fixture(scope="module")
+def aaa_skill(server):
+    """A tiny Llama pair among the hosted server's own checkpoints, a completion task whose answers are runs of a's,
+    and two regions of it: one made with a backtracking answer regex (recorded in its file), one without."""
+    import graftui
+    from lm_util import _write_pairs, write_lm_pair
+
+    root = server.home / "checkpoints"
+    base, ft = write_lm_pair(root, "llama")
+    task = _write_pairs(root / "aaa.csv", ((f"the a {i % 7}", " " + "a" * (40 + i % 3) + "!") for i in range(40)))
+    made = {}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv("GRAFTUI_HOSTED")  # made by a user on their own machine
+        for name, rule in (("plain", None), ("backtracking", BACKTRACKS)):
+            made[name] = root.parent / f"aaa-{name}.safetensors"
+            graftui.localize(base=str(base), finetuned=str(ft), task=str(task), sparsity=0.05, steps=1, check_n=0,
+                             max_new_tokens=4, answer_regex=rule, out=str(made[name]))
+    return {"base": base, "ft": ft, "task": task, **made}
+
+
+def test_a_backtracking_regex_on_the_command_line_ends_in_one_line_while_the_interpreter_runs(aaa_skill, monkeypatch):
+    monkeypatch.delenv("GRAFTUI_HOSTED")
+    ticks, stop = [], threading.Event()
+
+    def tick():
+        while not stop.is_set():
+            ticks.append(time.monotonic())
+            time.sleep(0.01)
+
+    ticker = threading.Thread(target=tick)
+    ticker.start()
+    began = time.monotonic()
+    try:
+        line = cli_refuses(["evaluate", "--region", aaa_skill["plain"], "--n", "4", "--answer-regex", BACKTRACKS],
+                           "backtracks without end")
+    finally:
+        stop.set()
+        ticker.join()
+    assert BACKTRACKS in line and time.monotonic() - began < 60
+    gaps = [b - a for a, b in zip(ticks, ticks[1:])]
+    assert max(gaps) < 1.0, max(gaps)  # no single stall holds the interpreter (model loading included)
+
+
+def test_a_region_with_a_backtracking_rule_is_refused_by_a_shared_server_which_answers_others_meanwhile(
+        server, aaa_skill):
+    from graftui import flows, regions
+    from graftui.errors import RequestError
+    from graftui.hosted import HostedGuard
+    from graftui.requests import EvaluateRequest
+    from graftui.ui import store
+
+    hostile, other = server.session(), server.session()  # two visitors
+    with store.session(hostile):
+        saved = store.save_region(regions.load(aaa_skill["backtracking"]))
+        plain = store.save_region(regions.load(aaa_skill["plain"]))
+    answered, refused = [], []
+
+    def compare():
+        refused.append(server.refuses("/on_compare", (hostile, [saved.stem], [], "", 10, False),
+                                      "answer regexes are not run on a shared server"))
+
+    attacker = threading.Thread(target=compare)
+    attacker.start()
+    for _ in range(3):  # another visitor's requests are answered meanwhile, each within 2 s
+        began = time.monotonic()
+        server.call("/on_load", other)
+        answered.append(time.monotonic() - began)
+    attacker.join(60)
+    assert not attacker.is_alive() and refused and BACKTRACKS in refused[0]
+    assert max(answered) < 2.0, answered
+    assert not [j for j in own_jobs(hostile)]  # refused before a job was queued
+    with store.session(hostile):  # the rule is refused in the job too (a request file or bundle reaching a flow)
+        with pytest.raises(RequestError, match="answer regexes are not run on a shared server"):
+            flows.evaluate(EvaluateRequest(regions=[str(saved)], n=4), guard=HostedGuard())
+    status = server.call("/on_compare", hostile, [plain.stem], [], "", 4, False)[0]
+    assert status.startswith("Submitted"), status  # a region without a regex is compared as ever
+    job_id = status.split("(job ")[1].split(")")[0]
+    assert store.runner().runner.wait(job_id, 120).status == "done"
+
+
+def _two_regions(folder: Path) -> list[Path]:
+    from graftui import regions
+    from graftui.localizers import Budget, run_method
+
+    pair, _, _ = make_tiny_pair()
+    return [regions.save(regions.make_record(pair, run_method(pair, Budget(k=k), "top-movement")[0], {}),
+                         folder / f"r{k}.safetensors") for k in (20, 30)]
+
+
+def test_a_request_file_writes_only_beneath_its_folder_and_replaces_nothing_by_itself(tmp_path, monkeypatch):
+    monkeypatch.delenv("GRAFTUI_HOSTED", raising=False)
+    monkeypatch.setenv("GRAFTUI_HOME", str(tmp_path / "home"))
+    work, elsewhere = tmp_path / "work", tmp_path / "elsewhere"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    regions_ = [str(p) for p in _two_regions(work)]
+    precious = work / "precious.safetensors"
+    precious.write_bytes(b"keep me")
+
+    def config(name: str, **fields) -> Path:
+        path = work / name
+        path.write_text(json.dumps({"verb": "compose", "regions": regions_, **fields}))
+        return path
+
+    outside = config("outside.json", out=str(elsewhere / "pwn.safetensors"))
+    cli_refuses(["run", outside], "a request file cannot choose where to write: give --out")
+    up = config("up.json", out="../elsewhere/pwn.safetensors")
+    cli_refuses(["run", up], "outside the working folder")
+    link = work / "link"
+    link.symlink_to(elsewhere, target_is_directory=True) if not link.exists() else None
+    cli_refuses(["run", config("link.json", out="link/pwn.safetensors")], "outside the working folder")
+    assert not elsewhere.exists()
+
+    replace = config("replace.json", out=str(precious), overwrite=True)
+    cli_refuses(["run", replace], "add --overwrite")  # the file's own overwrite is ignored
+    assert precious.read_bytes() == b"keep me"
+
+    code, out, err = run_cli("run", config("here.json", out="union.safetensors"))
+    assert code == 0 and (work / "union.safetensors").is_file()
+    assert err.strip().splitlines()[0] == (f"graftui: running 'compose' from {work / 'here.json'}; it writes out "
+                                            "union.safetensors")  # said before it ran
+    code, out, err = run_cli("run", replace, "--overwrite")  # the command line may replace it
+    assert code == 0 and precious.read_bytes() != b"keep me" and "--overwrite" in err
+    code, out, err = run_cli("run", outside, "--out", elsewhere / "asked.safetensors")  # and may write anywhere
+    assert code == 0 and (elsewhere / "asked.safetensors").is_file()
+    with pytest.raises(Exception, match="a request file cannot choose where to write"):
+        import graftui
+
+        graftui.run_file(str(outside))  # the API reads files as data too
+
+
+def test_stitching_a_region_with_itself_and_a_diverging_mask_are_one_line(tmp_path, aaa_skill, monkeypatch):
+    monkeypatch.delenv("GRAFTUI_HOSTED")
+    r = aaa_skill["plain"]
+    cli_refuses(["compose", "--region", r, "--region", r, "--stitch"], "is given twice")
+    copy = tmp_path / "copy.safetensors"
+    copy.write_bytes(Path(r).read_bytes())
+    cli_refuses(["compose", "--region", r, "--region", copy, "--stitch"], "regions of one fine-tune")
+    out = tmp_path / "diverged.safetensors"
+    cli_refuses(["localize", "--base", aaa_skill["base"], "--finetuned", aaa_skill["ft"], "--task", aaa_skill["task"],
+                 "--sparsity", "0.05", "--steps", "3", "--check-n", "0", "--lr", "1e308", "--out", out],
+                "mask learning diverged at step 1")
+    assert not out.exists()
