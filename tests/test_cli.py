@@ -648,8 +648,10 @@ def test_ctrl_c_exits_130_with_one_line(monkeypatch):
 
 
 # -- one front door: re-runs, small data, integer labels ------------------------------------------
-def test_run_remakes_a_region_bit_for_bit_from_its_file_and_from_a_config(learned, ft_dir, tmp_path):
+def test_run_remakes_a_region_bit_for_bit_from_its_file_and_from_a_config(learned, ft_dir, tmp_path, monkeypatch):
     import yaml
+
+    monkeypatch.chdir(tmp_path)  # a config writes beneath the folder it is run from
 
     original = regions.load(learned[0])
     request = original.meta["request"]
