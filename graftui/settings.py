@@ -82,8 +82,9 @@ SESSION_MB = float(os.environ.get("GRAFTUI_SESSION_MB", "1024"))
 SESSION_IDLE_HOURS = float(os.environ.get("GRAFTUI_SESSION_IDLE_HOURS", "24"))
 MAX_JOBS = int(os.environ.get("GRAFTUI_MAX_JOBS", "8"))
 CLIENT_JOBS = int(os.environ.get("GRAFTUI_CLIENT_JOBS", "4"))  # waiting or running per client address, whatever its sessions
-# Proxies in front of the server that append the client's address to X-Forwarded-For (a Space has one); 0: none,
-# the socket's peer is the client (a header the client sends itself is then never believed).
+# Proxies in front of the server that append the client's address to X-Forwarded-For (a Space has one); 0, the
+# default: none, the socket's peer is the client and X-Forwarded-For is never read, whoever sends it (the loopback
+# address included: the web server's own reading of the header is turned off, see ui.app.launch_options).
 TRUSTED_PROXIES = int(os.environ.get("GRAFTUI_TRUSTED_PROXIES", "0"))
 # Hosted ceilings on one job's work, so that no request holds the queue for long; and a wall-clock limit per job.
 HOSTED_CEILINGS = {

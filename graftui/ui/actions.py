@@ -590,6 +590,7 @@ def submit_export(runner, *, region_id: str) -> Job:
     request = ExportRequest(region=str(store.region_path(region_id)), out=str(folder))
 
     def zipped(result, doc) -> dict:
+        public_texts(folder)
         archive = shutil.make_archive(str(folder), "zip", root_dir=folder)
         shutil.rmtree(folder, ignore_errors=True)
         return {"zip": archive, "region": region_id, "k": result.k}
@@ -617,8 +618,8 @@ def request_file(job: Job | None) -> Path | None:
     if job is None or "verb" not in (job.params or {}):
         return None
     path = store.downloads_dir() / f"request-{job.id}.json"
-    if not path.exists():
-        atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(job.params, indent=2)))
+    if not path.exists():  # as the page sees it: no server path, no session id (store.public)
+        atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(store.public(job.params), indent=2)))
     return path
 
 
@@ -630,7 +631,7 @@ def report_bundle(job: Job | None) -> str:
         raise ValueError(f"'{job.title}' has no result to report ({job.status}); pick a finished job")
     path = store.downloads_dir() / f"report-{job.id}.zip"
     if not path.exists():
-        bundle.write(job.params, job.result, path)
+        bundle.write(store.public(job.params), store.public(job.result), path)
     return str(path)
 
 
@@ -1030,9 +1031,40 @@ def adopt_region(file, base: str, finetuned: str) -> Path:
 
 
 def region_only_file(region_id: str):
-    """A region file without values (indices only) next to the downloads; written once."""
+    """A region file without values (indices only) next to the downloads; written once, its metadata as the page
+    may see it (``store.public``)."""
     path = store.downloads_dir() / f"{region_id}-region.safetensors"
     if not path.exists():
         record = store.load_region(region_id)
-        save(RegionRecord(record.indices, record.shapes, dict(record.meta)), path)
+        save(RegionRecord(record.indices, record.shapes, store.public(dict(record.meta))), path)
     return path
+
+
+def region_file(region_id: str) -> Path:
+    """A saved region or skill patch as a page downloads it: locally the file itself; hosted a copy next to the
+    downloads whose metadata names no server path and no session (``store.public``), written once."""
+    path = store.region_path(region_id)
+    if not settings.hosted():
+        return path
+    copy = store.downloads_dir() / path.name
+    if not copy.exists() or copy.stat().st_mtime < path.stat().st_mtime:
+        record = store.load_region(region_id)
+        record = RegionRecord(record.indices, record.shapes, store.public(dict(record.meta)), record.values, record.head)
+        atomic_write(copy, lambda tmp: save(record, tmp))
+    return copy
+
+
+PUBLIC_TEXTS = (".json", ".md", ".txt")
+
+
+def public_texts(folder: Path) -> None:
+    """Every text file (JSON, Markdown) of a folder a page downloads rewritten as the page may see it (a checkpoint's
+    config names the folder it was read from, a region's record its request)."""
+    if not settings.hosted():
+        return
+    for path in Path(folder).rglob("*"):
+        if path.is_file() and path.suffix.lower() in PUBLIC_TEXTS:
+            text = path.read_text(errors="replace")
+            shown = store.public(text)
+            if shown != text:
+                path.write_text(shown)

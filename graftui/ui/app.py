@@ -9,6 +9,8 @@ jobs. Every handler is wrapped by ``wiring.guarded``, which turns any exception 
 
 from __future__ import annotations
 
+import os
+
 import gradio as gr
 
 from .. import settings
@@ -208,7 +210,13 @@ def launch_options() -> dict:
     """How the server is launched: the folders it may serve, the upload cap, and Gradio's own refusals
     (a non-number in a slider, a file path no page uploaded) shown as their message, not a bare error, and
     the page's early script (``pagescript``), which needs the page served by this server, not rendered by
-    Gradio's Node server (``ssr_mode``)."""
+    Gradio's Node server (``ssr_mode``).
+
+    It also turns off the web server's own reading of X-Forwarded-For (uvicorn believes it from any client on
+    the loopback address unless FORWARDED_ALLOW_IPS says otherwise, and would hand the app a client address a
+    local script chose): the app sees the socket's peer, and believes the header only as GRAFTUI_TRUSTED_PROXIES
+    says (``store.client_address``)."""
+    os.environ["FORWARDED_ALLOW_IPS"] = ""  # read by uvicorn when the server starts: trust no peer's header
     max_size = f"{int(settings.MAX_UPLOAD_MB)}mb" if settings.hosted() else None
     return {"allowed_paths": store.served_dirs(), "max_file_size": max_size, "show_error": True,
             "css": CSS + number_css(TABLES),

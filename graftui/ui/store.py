@@ -185,15 +185,17 @@ CLIENT = ".client"
 def client_address(request) -> str | None:
     """The address a page's request came from: behind GRAFTUI_TRUSTED_PROXIES proxies (a Space has one) the
     address the outermost of them appended to X-Forwarded-For (earlier ones are the sender's word); else the
-    socket's peer."""
+    socket's peer, whatever X-Forwarded-For the client sent (the web server does not read it either:
+    ``app.launch_options``)."""
     if request is None:
         return None
+    peer = getattr(getattr(request, "client", None), "host", None)
+    trusted = settings.TRUSTED_PROXIES
+    if trusted <= 0:
+        return peer
     forwarded = (getattr(request, "headers", None) or {}).get("x-forwarded-for", "")
     hops = [h.strip() for h in str(forwarded).split(",") if h.strip()]
-    trusted = settings.TRUSTED_PROXIES
-    if trusted and len(hops) >= trusted:
-        return hops[-trusted]
-    return getattr(getattr(request, "client", None), "host", None)
+    return hops[-trusted] if len(hops) >= trusted else peer
 
 
 def session_client(sid) -> str | None:
@@ -296,12 +298,118 @@ def gallery_dir() -> Path:
     return settings.shared("regions")
 
 
+def served_dir() -> Path:
+    """Where a hosted server puts each download a page asked for (:func:`serve`)."""
+    return settings.shared("served")
+
+
 def served_dirs() -> list[str]:
-    """The only folders under GRAFTUI_HOME whose files the page may download. Hosted: the gallery, and the
-    sessions' folders, each of which only a holder of its unguessable id can name."""
+    """The only folders under GRAFTUI_HOME whose files the page may download. Hosted: the served folder alone,
+    whose sub-folders have unguessable names that carry no session id (:func:`serve`); never a workspace, whose
+    path carries its session's key."""
     if settings.hosted():
-        return [str(gallery_dir()), str(sessions_dir())]
+        return [str(served_dir())]
     return [str(regions_dir()), str(downloads_dir()), str(settings.subdir("reports"))]
+
+
+SERVED_HOURS = 1.0  # a served copy outlives the page's fetch of it (Gradio copies it into its cache at once)
+
+
+def serve(path):
+    """A file of the workspace as a page downloads it. Hosted: a copy (a hard link where it can) in a fresh folder
+    of ``served/`` with an unguessable name that names no session, the file's own name kept; copies older than
+    SERVED_HOURS go. Locally (and for anything that is not a file): ``path`` as it is."""
+    if not settings.hosted() or not isinstance(path, (str, Path)) or not Path(path).is_file():
+        return path
+    src, root = Path(path), served_dir()
+    now = time.time()
+    for old in root.iterdir():
+        try:
+            if now - old.stat().st_mtime > SERVED_HOURS * 3600:
+                shutil.rmtree(old, ignore_errors=True)
+        except OSError:
+            pass
+    folder = root / secrets.token_urlsafe(24)
+    folder.mkdir(mode=0o700)
+    dest = folder / src.name
+    try:
+        os.link(src, dest)
+    except OSError:
+        shutil.copyfile(src, dest)
+    return str(dest)
+
+
+# -- what a page sees of server paths (hosted mode) ---------------------------------------------------
+WORKSPACE_REF = "workspace:"  # the page's name for a file of its own workspace, taken back in its requests
+SERVER_REF = "server:"  # the page's name for another file of GRAFTUI_HOME (shown only; never taken back)
+HIDDEN_ID = "(session)"
+
+
+def _rewrites() -> list[tuple[re.Pattern, str]]:
+    """(pattern, replacement) for the current request: its workspace, GRAFTUI_HOME, then its bare session id."""
+    sid, home, out = session_id(), settings.home(), []
+    folders = [(sessions_dir() / sid, WORKSPACE_REF)] if sid else []
+    for folder, ref in [*folders, (home, SERVER_REF)]:
+        for form in dict.fromkeys([str(folder), str(folder.resolve())]):
+            out.append((re.compile(re.escape(form) + r"(?![\w.-])/?"), ref))
+    if sid:
+        out.append((re.compile(re.escape(sid)), HIDDEN_ID))
+    return out
+
+
+def _walk(value, fn):
+    """``value`` with ``fn`` applied to every string in it (in lists, tuples, dicts and their keys, tables)."""
+    import pandas as pd
+
+    if isinstance(value, str):
+        return fn(value)
+    if isinstance(value, list):
+        return [_walk(v, fn) for v in value]
+    if isinstance(value, tuple) and not hasattr(value, "_fields"):
+        return tuple(_walk(v, fn) for v in value)
+    if isinstance(value, dict):
+        return {_walk(k, fn) if isinstance(k, str) else k: _walk(v, fn) for k, v in value.items()}
+    if isinstance(value, pd.DataFrame):
+        out = value.map(lambda c: fn(c) if isinstance(c, str) else c)
+        out.columns = [fn(c) if isinstance(c, str) else c for c in value.columns]
+        return out
+    return value
+
+
+def public(value):
+    """``value`` as a page may see it. Hosted: every path of the request's workspace as ``workspace:…`` (what
+    :func:`private` takes back), any other path under GRAFTUI_HOME as ``server:…``, and the session id nowhere,
+    in every string of it (messages, dropdown values and choices, job requests, tables). Locally unchanged."""
+    if not settings.hosted():
+        return value
+    rewrites = _rewrites()
+
+    def rewrite(text: str) -> str:
+        for pattern, ref in rewrites:
+            if pattern.search(text):
+                text = pattern.sub(ref, text)
+        return text
+
+    return _walk(value, rewrite)
+
+
+def private(value):
+    """What a page sent, with its ``workspace:…`` names (:func:`public`) back as the paths of the request's own
+    workspace; a name that would lead out of it is left as it came (and refused as any unknown name is)."""
+    if not settings.hosted():
+        return value
+    sid = session_id()
+    if sid is None:
+        return value
+    folder = (sessions_dir() / sid).resolve()
+
+    def back(text: str) -> str:
+        if not text.startswith(WORKSPACE_REF):
+            return text
+        path = (folder / text[len(WORKSPACE_REF):]).resolve()
+        return str(path) if path == folder or path.is_relative_to(folder) else text
+
+    return _walk(value, back)
 
 
 # -- regions -------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 import gradio as gr
 
+from .. import settings
 from ..errors import message
 from ..jobs import QUEUED
 from ..requests import choices_of
@@ -78,7 +79,7 @@ def guarded(status, toast: bool = True, beside=None, fields: dict | None = None)
                 return fn(*args, **kwargs)
             except Exception as err:  # noqa: BLE001 - the page must never show a traceback
                 log.warning("handler %s failed", fn.__name__, exc_info=True)
-                message = friendly_message(err, fields)
+                message = store.public(friendly_message(err, fields))  # a toast does not pass ``page_view``
                 if toast:
                     gr.Warning(message)
                 return {status: f"{WARNING}{message}", **({beside: f"{WARNING}{message}"} if beside is not None else {})}
@@ -121,15 +122,54 @@ def _is_error(value) -> bool:
     return isinstance(value, str) and value.startswith(WARNING)
 
 
-def in_session(fn):
-    """``fn`` called as ``call(session_id, *inputs)``: the store's workspace is the session's for the call."""
+def in_session(fn, outputs: list | None = None):
+    """``fn`` called as ``call(session_id, *inputs)``: the store's workspace is the session's for the call.
+
+    What crosses the page's boundary is translated here, once for every handler: the inputs' ``workspace:…`` names
+    become the workspace's paths (``store.private``), and what ``fn`` answers for ``outputs`` is what the page may
+    see (:func:`page_view`): no server path, no session id, downloads from a served copy."""
 
     def call(session_id, *args):
         with store.session(session_id):
-            return fn(*args)
+            got = fn(*store.private(list(args)))
+            return got if outputs is None else page_view(got, outputs)
 
     call.__name__ = getattr(fn, "__name__", "handler")
     return call
+
+
+FILE_WIDGETS = (gr.File, gr.DownloadButton)  # their value is a file the page downloads
+
+
+def page_view(got, outputs: list):
+    """A handler's answer for ``outputs`` as the page may see it (hosted; locally as it is): each file a page
+    downloads is served from a copy that names no session (``store.serve``); every other value through
+    ``store.public``; a State, which never leaves the server, as it is."""
+    if not settings.hosted():
+        return got
+    if isinstance(got, dict) and "__type__" not in got:  # {component: value}, as ``guarded`` answers a failure
+        return {c: _view(c, v) for c, v in got.items()}
+    if len(outputs) == 1:
+        return _view(outputs[0], got)
+    if isinstance(got, (tuple, list)) and len(got) == len(outputs):
+        return type(got)(_view(c, v) for c, v in zip(outputs, got))
+    return store.public(got)  # gr.skip() for every output
+
+
+def _view(component, value):
+    if isinstance(component, gr.State) and not isinstance(component, gr.BrowserState):
+        return value
+    if isinstance(component, FILE_WIDGETS):
+        if isinstance(value, dict) and "value" in value:  # gr.update(value=…)
+            return {**value, "value": _served(value["value"])}
+        return _served(value)
+    return store.public(value)
+
+
+def _served(value):
+    if isinstance(value, (list, tuple)):
+        return [store.serve(v) for v in value]
+    return store.serve(value)
 
 
 # -- widgets read from the requests ------------------------------------------------------------------
@@ -282,7 +322,6 @@ class Poll:
         kept = [[(i, j) for j, c in enumerate(outs) if isinstance(c, gr.State) for i, x in enumerate(ins) if x is c]
                 for _, ins, outs in parts]
 
-        @in_session
         def tick(banner, *values):
             settled = actions.settled_banner(banner)  # "Submitted…" once its job has ended
             out, at, problem = [], 0, gr.skip() if settled is None else settled
@@ -301,6 +340,7 @@ class Poll:
             out.append(problem)
             return gr.skip() if all(_skipped(v) for v in out) else tuple(out)
 
+        tick = in_session(tick, [*outputs, status])
         timer.tick(tick, inputs, [*outputs, status], show_progress="hidden")
         if opened is not None:
             opened.then(tick, inputs, [*outputs, status], show_progress="hidden")
@@ -366,7 +406,7 @@ class Page:
             at = next(i for i, o in enumerate(outputs) if o is self.status)
             fn = clears_error(fn, self.status, self.shows_error, at, len(outputs))
             inputs, outputs = [*inputs, self.shows_error], [*outputs, self.shows_error]
-        return event(in_session(fn), [self.sid, *inputs], outputs, **kwargs)
+        return event(in_session(fn, outputs), [self.sid, *inputs], outputs, **kwargs)
 
     def named(self, **widgets) -> dict:
         """Request field -> the widget that holds it, for messages (``in_words``): the pair, task and prompt of the

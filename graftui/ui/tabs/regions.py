@@ -111,9 +111,8 @@ def build(page) -> gr.Tab:
     def on_region_select(region_id):
         if not region_id:
             return gr.update(value=None), gr.update(value=None), actions.region_meta_table(None), gr.skip()
-        path = store.region_path(region_id)
         record = store.load_region(region_id)
-        indices = actions.region_only_file(region_id)
+        path, indices = actions.region_file(region_id), actions.region_only_file(region_id)
         return gr.update(value=str(path)), gr.update(value=str(indices)), actions.region_meta_table(record), gr.skip()
 
     for event in (reg_sel.change, tab.select):
