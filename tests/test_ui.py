@@ -1151,3 +1151,63 @@ def test_the_differences_table_reads_replicate_groups_over_seeds():
     assert first["reading"] == "a is higher"
     assert second["difference [95 % CI]"] == "−0.004 ± 0.002 (3 seeds) [−0.020, +0.010]"
     assert second["reading"] == "not distinguishable across 3 seeds" and second["McNemar p"] == ""
+
+
+def test_the_try_box_shows_each_models_generation_for_a_completion_region():
+    """A completion region's predict result (kind "completion": one prompt, a generation per model) is drawn as one
+    row per model with its generation; a classification result keeps its class columns."""
+    from graftui.ui import actions
+    from graftui.ui.tabs import compare
+
+    result = {"kind": "completion", "task": "dates", "texts": ["Q: the day after Monday?\nA:"], "rows": [
+        {"text": 0, "model": "pre-trained", "generation": "Sunday", "agrees_with_ft": False},
+        {"text": 0, "model": "fine-tuned", "generation": "Tuesday", "agrees_with_ft": None},
+        {"text": 0, "model": "dates-learned-k9", "generation": "Tuesday", "agrees_with_ft": True}]}
+    frame = actions.predict_table(result)
+    assert list(frame.columns) == actions.GENERATION_COLUMNS
+    assert frame.values.tolist() == [
+        ["Q: the day after Monday?\nA:", "pre-trained", "Sunday", "no"],
+        ["Q: the day after Monday?\nA:", "fine-tuned", "Tuesday", ""],
+        ["Q: the day after Monday?\nA:", "dates-learned-k9", "Tuesday", "yes"]]
+
+    (drawn,) = compare.render_predict(type("Job", (), {"result": result})())
+    assert drawn.equals(frame)
+    classified = actions.predict_table({"label_names": ["neg", "pos"], "texts": ["fine"], "rows": [
+        {"text": 0, "model": "fine-tuned", "probs": {"neg": 0.2, "pos": 0.8}, "predicted": "pos", "confidence": 0.8,
+         "agrees_with_ft": None}]})
+    assert list(classified.columns) == [*actions.PREDICT_COLUMNS, "p(neg)", "p(pos)"]
+
+
+def test_the_try_box_is_one_prompt_for_completion_regions_and_sentences_otherwise(home, monkeypatch):
+    """For completion regions the whole box is one prompt (its lines kept) and the box, its button and the table say
+    Prompt / Generate; for classification regions it is one sentence per line; both kinds at once: one line."""
+    from graftui.errors import RequestError
+    from graftui.ui import actions, store
+    from graftui.ui.tabs import compare
+
+    kinds = {"gen": True, "cls": False}
+    monkeypatch.setattr(store, "completion_regions", lambda ids: [kinds[i] for i in ids])
+    monkeypatch.setattr(actions, "_paths", lambda ids, at_least=1: [f"/regions/{i}.safetensors" for i in ids])
+
+    class Runner:  # what the button's handler hands on: the request and its title
+        params = title = None
+
+    runner = Runner()
+
+    def submit(runner, request, title):
+        runner.params, runner.title = request.as_dict(), title
+        return "job"
+
+    monkeypatch.setattr(actions, "submit", submit)
+    actions.submit_predict(runner, region_ids=["gen"], text="  Q: the day after Monday?\nA:  \n")
+    assert runner.params["texts"] == ["Q: the day after Monday?\nA:"] and "prompt" in runner.title
+    actions.submit_predict(runner, region_ids=["cls"], text="a fine film\n\nawful")
+    assert runner.params["texts"] == ["a fine film", "awful"]
+    with pytest.raises(RequestError, match="type a prompt"):
+        actions.submit_predict(runner, region_ids=["gen"], text=" \n ")
+    with pytest.raises(RequestError, match="pick regions of one kind") as err:
+        actions.submit_predict(runner, region_ids=["gen", "cls"], text="x")
+    assert "\n" not in str(err.value)
+    assert compare.predict_kind_or_default(["gen"]) == "completion"
+    assert compare.predict_kind_or_default(["gen", "cls"]) == compare.predict_kind_or_default([]) == "classification"
+    assert actions.PREDICT_WORDS["completion"][:2] == ("Prompt (the whole box is one prompt)", "Generate")

@@ -470,11 +470,35 @@ def submit_compare(runner, *, region_ids: list[str], ood: list[str], n, baseline
     return submit(runner, request, title, kind="compare")
 
 
+def predict_kind(region_ids) -> str:
+    """What the Try box does for the picked regions: "completion" (the whole box is one prompt, each model
+    generates) when they are completion regions, else "classification" (one sentence per line)."""
+    kinds = store.completion_regions(region_ids)
+    if any(kinds) and not all(kinds):
+        generative = [rid for rid, c in zip(region_ids, kinds) if c]
+        raise RequestError(f"{', '.join(generative)} learned a completion task and the other regions a classification "
+                           "task; pick regions of one kind to try them on the same text")
+    return "completion" if kinds and all(kinds) else "classification"
+
+
+PREDICT_WORDS = {  # the Try box's label, its button and the table's label, by what the picked regions do
+    "classification": ("Sentences (one per line)", "Classify", "Each model on each sentence"),
+    "completion": ("Prompt (the whole box is one prompt)", "Generate", "Each model's greedy generation for the prompt"),
+}
+
+
 def submit_predict(runner, *, region_ids: list[str], text: str) -> Job:
-    """The sentences typed in the box, one per line, through the bare body, FT and each picked region's graft."""
-    texts = [line.strip() for line in (text or "").splitlines() if line.strip()]
+    """The text typed in the box through the bare body, FT and each picked region's graft: one sentence per line to
+    classify, or for completion regions the whole box as one prompt to generate from."""
     if not region_ids:
         raise RegionError("pick at least one region (run Localize first if the list is empty)")
+    if predict_kind(region_ids) == "completion":
+        prompt = (text or "").strip()
+        if not prompt:
+            raise RequestError("type a prompt: the whole box is one prompt for a completion region")
+        request = PredictRequest(regions=_paths(region_ids), texts=[prompt])
+        return submit(runner, request, f"Generate from a prompt with {len(region_ids)} region(s)")
+    texts = [line.strip() for line in (text or "").splitlines() if line.strip()]
     if not texts:
         raise RequestError("type one or more sentences, one per line")
     request = PredictRequest(regions=_paths(region_ids), texts=texts)
@@ -482,11 +506,23 @@ def submit_predict(runner, *, region_ids: list[str], text: str) -> Job:
 
 
 PREDICT_COLUMNS = ["sentence", "model", "class", "p", "same as FT"]
+GENERATION_COLUMNS = ["prompt", "model", "generation", "same answer as FT"]
 
 
 def predict_table(result: dict) -> pd.DataFrame:
     """One row per sentence and model: the predicted class, its probability, every class's, and whether it
-    decides as the fine-tuned model."""
+    decides as the fine-tuned model. For completion regions one row per model: its greedy generation for the
+    prompt, and whether its answer is the fine-tuned model's."""
+    if result.get("kind") == "completion":
+        texts = result.get("texts") or []
+        out = []
+        for r in result.get("rows") or []:
+            text = texts[r["text"]] if r["text"] < len(texts) else ""
+            agrees = r.get("agrees_with_ft")
+            out.append({"prompt": text if len(text) <= 80 else text[:77] + "...", "model": r["model"],
+                        "generation": r.get("generation") or "", "same answer as FT": "" if agrees is None
+                        else ("yes" if agrees else "no")})
+        return pd.DataFrame(out, columns=GENERATION_COLUMNS)
     names = result.get("label_names") or []
     texts = result.get("texts") or []
     out = []

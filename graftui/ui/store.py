@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import hosted, regions, settings
-from ..config import DEFAULT_BASE, DEFAULT_EXAMPLES_PER_CLASS, DEFAULT_FINETUNED_REFS, INTERACTIVE, default_checkpoint_dir
+from ..config import (COMPLETION, DEFAULT_BASE, DEFAULT_EXAMPLES_PER_CLASS, DEFAULT_FINETUNED_REFS, INTERACTIVE,
+                      default_checkpoint_dir)
 from ..errors import RegionError, SessionError
 from ..hosted import check_disk, own_dir
 
@@ -429,6 +430,11 @@ class RegionEntry:
         return self.meta.k
 
     @property
+    def completion(self) -> bool:
+        """Learned on a completion task (the pair read as a language model on its completions): its models generate."""
+        return (self.meta.loading or {}).get("head") == COMPLETION
+
+    @property
     def label(self) -> str:
         """Method, k and the settings that tell runs apart, the model, and the content id."""
         parts = [regions.describe(self.meta), short_ref(self.meta.finetuned or "?")]
@@ -508,6 +514,13 @@ def region_scores() -> dict[str, dict]:
             if key not in out or str(entry.get("when") or "") >= str(out[key].get("when") or ""):
                 out[key] = entry
     return out
+
+
+def completion_regions(region_ids) -> list[bool]:
+    """For each picked region id, whether it is a completion region (an id not saved here: False; the flow that
+    reads it says why)."""
+    entries = {e.id: e for e in list_regions()}
+    return [bool(entries.get(rid) and entries[rid].completion) for rid in region_ids or []]
 
 
 def load_region(region_id: str):

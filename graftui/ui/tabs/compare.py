@@ -7,6 +7,7 @@ import gradio as gr
 import pandas as pd
 
 from ... import figures
+from ...errors import RequestError
 from ...paths import short_ref
 from .. import actions, store
 from ..wiring import TABLE_HEIGHT, job_picker, submitted
@@ -68,6 +69,15 @@ def render_predict(job) -> list:
     return [actions.predict_table(job.result)]
 
 
+def predict_kind_or_default(region_ids) -> str:
+    """The Try box's kind for the picked regions; regions of both kinds read as classification until the button
+    says why they cannot be tried together."""
+    try:
+        return actions.predict_kind(region_ids or [])
+    except RequestError:
+        return "classification"
+
+
 def build(page) -> gr.Tab:
     d = page.defaults
     with gr.Tab("Compare", elem_id="tab-compare") as tab:
@@ -104,14 +114,16 @@ def build(page) -> gr.Tab:
                                         "to sort)")
         gr.Markdown("### Try sentences\nType sentences, one per line: the bare body, the fine-tuned model and the "
                     "graft of each region picked above classify them side by side (for a language model, its label "
-                    "words' scores under its prompt).")
+                    "words' scores under its prompt). For completion regions the whole box is one prompt, and each "
+                    "model's greedy generation for it is shown.")
+        text_label, button, table_label = actions.PREDICT_WORDS["classification"]
         with gr.Row():
-            prd_text = gr.Textbox("", lines=3, label="Sentences (one per line)", elem_id="predict-text")
-            prd_run = gr.Button("Classify", elem_id="predict-run", scale=0)
+            prd_text = gr.Textbox("", lines=3, label=text_label, elem_id="predict-text")
+            prd_run = gr.Button(button, elem_id="predict-run", scale=0)
             prd_job = job_picker(PREDICT_LATEST, "predict")
         prd_status = gr.Markdown("", elem_id="predict-status")
         prd_table = gr.Dataframe(pd.DataFrame(columns=actions.PREDICT_COLUMNS), interactive=False, wrap=True,
-                                 max_height=TABLE_HEIGHT, label="Each model on each sentence", elem_id="predict-table")
+                                 max_height=TABLE_HEIGHT, label=table_label, elem_id="predict-table")
         gr.Markdown("### Sparsity sweep\nLearned vs top-movement vs random regions over several budgets, for the pair "
                     "and task of the **Models** tab, with the mask settings of the **Localize** tab.")
         with gr.Row():
@@ -146,6 +158,12 @@ def build(page) -> gr.Tab:
         return submitted(job, PREDICT_KINDS, PREDICT_LATEST)
 
     page.on(prd_run.click, on_predict, [cmp_regions, prd_text], [page.status, prd_job, prd_status])
+
+    def on_predict_kind(region_ids):  # the box, its button and the table say what the picked regions do
+        text_label, button, table_label = actions.PREDICT_WORDS[predict_kind_or_default(region_ids)]
+        return gr.update(label=text_label), gr.update(value=button), gr.update(label=table_label)
+
+    page.on(cmp_regions.change, on_predict_kind, [cmp_regions], [prd_text, prd_run, prd_table], show_progress="hidden")
 
     @page.guard(beside=swp_status, sparsities=swp_budgets, steps=page.mask[0], examples_per_class=page.mask[1],
                 lr=page.mask[2], n=cmp_n, keep=swp_keep)
