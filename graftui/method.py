@@ -344,7 +344,9 @@ class MaskLearner:
             sq, loss = world.reduce([grads[n] for n in self.names], share, loss, need_peak)
         with torch.no_grad():
             scale = _step_scale(self.config, sq, self.count)
-            largest = torch.finfo(self.logits[self.names[0]].dtype).max if self.names else math.inf
+            first = self.names[0] if self.names else None  # the step is taken in the wider of ℓ's and ∇'s dtypes
+            largest = torch.finfo(torch.promote_types(self.logits[first].dtype, grads[first].dtype)).max \
+                if first is not None else math.inf
             if not (math.isfinite(float(loss)) and scale <= largest and 10 * self.config.lr <= largest):  # stop now,
                 # not after the last step (adam's first step is 10 lr)
                 raise ModelError(f"mask learning diverged at step {self.steps_done} (loss {float(loss):g}, step "
