@@ -62,7 +62,8 @@ def batches(steps: int):
 def child(mode: str, size: str, steps: int, device: str, dtype: str, logit_dtype: str, memory: str,
           checkpoint_every: int) -> None:
     from graftui.models import GraftableSpec, ModelPair
-    from graftui.method import MaskLearner, _checkpoint_layers, _checkpointable_layers
+    from graftui.compute import checkpoint_layers, checkpointable_layers
+    from graftui.method import MaskLearner
     from graftui.requests import LearnConfig
 
     model = build(size, dtype)
@@ -72,7 +73,7 @@ def child(mode: str, size: str, steps: int, device: str, dtype: str, logit_dtype
     if mode == "plain":
         model.to(device)
         if checkpoint_every:
-            _checkpoint_layers(model, _checkpointable_layers(model), checkpoint_every)
+            checkpoint_layers(model, checkpointable_layers(model), checkpoint_every)
         loaded = _peak()
         _reset_peak()
         for batch in batches(steps):

@@ -29,15 +29,15 @@ serves every model.
 
 from __future__ import annotations
 
-import ctypes
 import math
-import sys
 import threading
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
 import torch
 
+from . import compute
+from .compute import data_parallel  # noqa: F401 - flows read it from here
 from .errors import Cancelled, ModelError
 from .config import LOGIT_DTYPES, MEMORY_MODES, LearnConfig
 
@@ -236,11 +236,11 @@ class RegionCounter:
         self.buffers = list(roots.values())
         self.base = [(roots[r], torch.cat(i)) for r, i in where.items()]
 
-    def __call__(self, scratch: _Scratch) -> tuple[int, int]:
+    def __call__(self, scratch: compute.Scratch) -> tuple[int, int]:
         size = 0
         for flat in self.buffers:  # one buffer per device: each count is read on its own device
             here = 0  # count_nonzero: a bool .sum() widens every element to int64, 6× slower
-            for c in _chunks(flat):
+            for c in compute.chunks(flat):
                 here += torch.count_nonzero(torch.gt(flat[c], 0, out=scratch.take(2, flat[c], torch.bool)))
             size += int(here)
         kept = sum(int(torch.count_nonzero(flat[idx] > 0)) for flat, idx in self.base)
@@ -303,7 +303,7 @@ class MaskLearner:
             raise ValueError(f"unknown memory mode '{config.memory}' (use {', '.join(MEMORY_MODES)})")
         if config.checkpoint_every < 0:
             raise ValueError(f"checkpoint_every must be 0 (none) or a layer count >= 1, got {config.checkpoint_every}")
-        layers = _checkpointable_layers(model) if config.checkpoint_every else None  # refused before any work
+        layers = compute.checkpointable_layers(model) if config.checkpoint_every else None  # refused before any work
         self.model, self.params, self.pre, self.ft, self.k, self.config = model, params, pre, ft, k, config
         self.names = list(params)
         self.device = params[self.names[0]].device
@@ -314,7 +314,7 @@ class MaskLearner:
         self.logits = initial_logits(self.base, shapes, config.sigmoid_bias, {n: params[n].device for n in self.names},
                                      getattr(torch, config.logit_dtype))
         self.count = sum(l.numel() for l in self.logits.values())
-        self.scratch = _Scratch()  # reused by every step
+        self.scratch = compute.Scratch()  # reused by every step
         self.counter = RegionCounter(self.logits, self.base)
         self.held = Held.make(params, pre, ft, self.logits) if _holds(config.memory, params, self.logits) else None
         self.adam = {n: (torch.zeros_like(l, dtype=torch.float32), torch.zeros_like(l, dtype=torch.float32))
@@ -325,13 +325,13 @@ class MaskLearner:
         self._saved_flags = {n: p.requires_grad for n, p in model.named_parameters()}
         for p in model.parameters():  # gradients only where a mask can act
             p.requires_grad_(id(p) in trainable)
-        _return_freed_memory()  # what ranking the movement used is free again
-        self._uncheckpoint = _checkpoint_layers(model, layers, config.checkpoint_every) if layers else None
+        compute.return_freed_memory()  # what ranking the movement used is free again
+        self._uncheckpoint = compute.checkpoint_layers(model, layers, config.checkpoint_every) if layers else None
 
     def step(self, batch: dict[str, torch.Tensor], count_region: bool = True) -> StepReport:
         """One step of Eq. 3; ``count_region=False`` skips counting the region (a pass over every logit)."""
         self.steps_done += 1
-        world = data_parallel()
+        world = compute.data_parallel()
         if world is not None:  # every process gets the same global batch and keeps its own rows
             batch, share = world.shard(batch)
         batch = {key: value.to(self.device) for key, value in batch.items()}
@@ -382,53 +382,6 @@ class MaskLearner:
         return binarise(self.logits, self.k, self.config.binarise)
 
 
-class DataParallel:
-    """Mask learning over several processes (``torch.distributed``, e.g. under ``accelerate launch``).
-
-    Each process scores its rows of the same global batch; the region-logit gradients are summed
-    across processes, weighted by each process's share of the rows, so every process takes the
-    step one process would take on the whole batch and all keep identical logits.
-    """
-
-    def __init__(self, rank: int, size: int):
-        self.rank, self.size = rank, size
-
-    def shard(self, batch: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], float]:
-        rows = next(iter(batch.values())).shape[0]
-        mine = torch.arange(rows)[self.rank::self.size]
-        return {k: v[mine] for k, v in batch.items()}, mine.numel() / rows
-
-    def reduce(self, grads, share: float, loss: torch.Tensor, need_peak: bool):
-        import torch.distributed as dist
-
-        sq = torch.zeros((), dtype=torch.float64)
-        peak = torch.zeros((), dtype=torch.float32)
-        with torch.no_grad():
-            for g in grads:
-                g.mul_(share)
-                dist.all_reduce(g)
-                flat = g.view(-1).float()
-                sq += torch.dot(flat, flat).double().cpu()
-                if need_peak:
-                    peak = torch.maximum(peak, g.abs().max().float().cpu())
-            total = (loss * share).reshape(1).float()
-            dist.all_reduce(total)
-        return (sq, peak), total[0]
-
-
-def data_parallel() -> DataParallel | None:
-    """The process group mask learning runs in, when started as several processes (WORLD_SIZE > 1)."""
-    import os
-
-    import torch.distributed as dist
-
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or not dist.is_available():
-        return None
-    if not dist.is_initialized():
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
-    return DataParallel(dist.get_rank(), dist.get_world_size())
-
-
 def learn_region(
     model: torch.nn.Module,
     params: dict[str, torch.nn.Parameter],
@@ -471,7 +424,7 @@ def logit_gradient(
     hard_k: int | None = None,
     need_peak: bool = True,
     held: Held | None = None,
-    scratch: _Scratch | None = None,
+    scratch: compute.Scratch | None = None,
 ):
     """One forward/backward of the relaxed graft; returns the output, ∇_ℓ L per tensor and its size.
 
@@ -486,10 +439,10 @@ def logit_gradient(
     σ(ℓ) and δ from there instead of computing them again: the same values, two passes fewer.
     The size is (Σ(∇_ℓ L)², max |∇_ℓ L|); the max only when ``need_peak`` (the "max" norm).
 
-    On CPU every element-wise pass goes through a tensor ``CHUNK`` values at a time, the same
+    On CPU every element-wise pass goes through a tensor ``compute.CHUNK`` values at a time, the same
     chunks in both memory modes (σ of a slice can differ from a slice of σ in the last bit).
     """
-    scratch = scratch or _Scratch()
+    scratch = scratch or compute.Scratch()
     with torch.no_grad():  # θ ← θ_pre + σ(ℓ) ⊙ δ
         hard = region_to_mask(top_k(logits, hard_k), {n: tuple(l.shape) for n, l in logits.items()}) if hard_k else None
         for n, p in params.items():
@@ -497,12 +450,12 @@ def logit_gradient(
             if hard is not None:
                 torch.where(hard[n].to(p.device), ft[n], pre[n], out=p.data)
                 if held is not None:
-                    for c in _chunks(ell):
+                    for c in compute.chunks(ell):
                         torch.sigmoid(ell[c], out=held.sigma[n].view(-1)[c])
                 p.grad = None
                 continue
             work, lo, hi = p.data.view(-1), pre[n].reshape(-1), ft[n].reshape(-1)
-            for c in _chunks(ell):  # σ(ℓ) in ℓ's precision, rounded to the model's dtype
+            for c in compute.chunks(ell):  # σ(ℓ) in ℓ's precision, rounded to the model's dtype
                 s = torch.sigmoid(ell[c], out=held.sigma[n].view(-1)[c] if held else scratch.take(0, ell[c]))
                 w = s if s.dtype == p.dtype else scratch.take(1, work[c]).copy_(s)
                 torch.lerp(lo[c], hi[c], w, out=work[c])
@@ -517,7 +470,7 @@ def logit_gradient(
         grad, work, ell = p.grad.reshape(-1), p.data.view(-1), logits[n].reshape(-1)
         lo, hi = pre[n].reshape(-1), ft[n].reshape(-1)
         sq = peak = None
-        for c in _chunks(work):
+        for c in compute.chunks(work):
             if held is not None:
                 s, d = held.sigma[n].view(-1)[c], held.delta[n].view(-1)[c]
             else:  # again, rather than held through the backward pass
@@ -583,154 +536,7 @@ def _holds(memory: str, params: dict[str, torch.nn.Parameter], logits: dict[str,
     need: dict[torch.device, int] = {}
     for n, p in params.items():
         need[p.device] = need.get(p.device, 0) + p.numel() * (p.element_size() + logits[n].element_size())
-    return all(4 * bytes_ <= _free_memory(device) for device, bytes_ in need.items())
-
-
-def _free_memory(device: torch.device) -> int:
-    """Bytes that can still be allocated on ``device``; 0 where that is unknown (then "auto" stays lean).
-
-    On CPU: the system's available memory, or less where the process's cgroup (v2 or v1) sets a
-    limit; page cache the kernel can drop (inactive files) counts as free, as in MemAvailable.
-    """
-    if device.type == "cuda":
-        reusable = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-        return torch.cuda.mem_get_info(device)[0] + reusable
-    if device.type != "cpu":
-        return 0
-    try:
-        with open("/proc/meminfo") as fh:
-            free = next(int(line.split()[1]) * 1024 for line in fh if line.startswith("MemAvailable:"))
-    except (OSError, ValueError, StopIteration):
-        return 0
-    for limit in _cgroup_room():
-        free = min(free, limit)
-    return max(free, 0)
-
-
-def _cgroup_room(proc: str = "/proc/self/cgroup", mounts: str = "/sys/fs/cgroup") -> Iterator[int]:
-    """Room left under the memory limits of this process's cgroups (none where there is no limit)."""
-    try:
-        with open(proc) as fh:
-            lines = [line.strip().split(":", 2) for line in fh if line.count(":") >= 2]
-    except OSError:
-        return
-    for _, controllers, path in lines:
-        if controllers == "":  # v2: limit, usage, and "inactive_file" in memory.stat
-            files, root = ("memory.max", "memory.current", "inactive_file"), mounts
-        elif "memory" in controllers.split(","):
-            files, root = ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file"), f"{mounts}/memory"
-        else:
-            continue
-        for folder in dict.fromkeys([f"{root}{path}".rstrip("/"), root]):  # a container may not mount the named path
-            try:
-                with open(f"{folder}/{files[0]}") as fh:
-                    limit = fh.read().strip()
-                with open(f"{folder}/{files[1]}") as fh:
-                    used = int(fh.read())
-                with open(f"{folder}/memory.stat") as fh:
-                    cache = next((int(line.split()[1]) for line in fh if line.startswith(files[2] + " ")), 0)
-            except (OSError, ValueError, IndexError):
-                continue
-            if limit.isdigit() and int(limit) < 1 << 60:  # v1 says "no limit" with a huge number, v2 with "max"
-                yield int(limit) - used + cache
-            break
-
-
-def _checkpointable_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """transformers' repeated layers, found anywhere in ``model`` (a prompt or a joint loss wraps the model)."""
-    from transformers.modeling_layers import GradientCheckpointingLayer
-
-    layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
-    if not layers:
-        raise ModelError(f"{type(model).__name__} has no layers transformers can checkpoint; "
-                         "learn without --checkpoint-every")
-    return layers
-
-
-def _checkpoint_layers(model: torch.nn.Module, layers: list[torch.nn.Module], every: int) -> Callable[[], None]:
-    """Checkpoint every ``every``-th layer: its activations are recomputed in the backward pass, not kept.
-
-    Activations are what mask learning holds beyond its four copies of the graftable set; this
-    trades them for one more forward pass of the checkpointed layers. Each chosen layer's forward
-    is wrapped here rather than by transformers, which checkpoints only layers in training mode:
-    many layers call dropout with their own training flag, and the mask, not noise, must explain
-    the loss. The recomputation repeats the same operations, so the gradients and the region are
-    those of the plain pass. Returns the undo.
-    """
-    from functools import partial
-
-    from torch.utils.checkpoint import checkpoint
-
-    def replayed(forward, *args, **kwargs):
-        for cache in ("past_key_values", "layer_past"):  # a replayed layer would write its cache twice
-            if kwargs.get(cache) is not None:
-                kwargs[cache] = None
-        return checkpoint(forward, *args, use_reentrant=False, **kwargs)  # re-entrant ones drop frozen-input grads
-
-    chosen = layers[::every]
-    before = [layer.__dict__.get("forward") for layer in chosen]  # accelerate's device hooks live there
-    for layer in chosen:
-        layer.forward = partial(replayed, layer.forward)
-    configs = {id(c): c for c in (getattr(m, "config", None) for m in model.modules()) if getattr(c, "use_cache", False)}
-    for config in configs.values():  # no key/value cache in a training pass
-        config.use_cache = False
-
-    def undo() -> None:
-        for layer, forward in zip(chosen, before):
-            if forward is None:
-                del layer.forward
-            else:
-                layer.forward = forward
-        for config in configs.values():
-            config.use_cache = True
-
-    return undo
-
-
-def _return_freed_memory() -> None:
-    """Hand memory that was freed back to the operating system (glibc's ``malloc_trim``; elsewhere nothing).
-
-    Finding γ_base makes and frees temporaries the size of each tensor; glibc keeps much of that
-    for reuse (0.2–0.3 model sizes at 1 B parameters, varying from run to run), where it would
-    stay resident on top of everything mask learning holds. Trimming once takes tens of milliseconds.
-    """
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        ctypes.CDLL(None).malloc_trim(0)
-    except Exception:  # not glibc (musl has no malloc_trim): nothing to hand back this way
-        pass
-
-
-CHUNK = 1 << 20  # values per slice of an element-wise pass on CPU: its temporaries stay in cache, and small
-
-
-_WHOLE = (slice(None),)
-
-
-def _chunks(flat: torch.Tensor) -> Iterable[slice]:
-    """Slices of a CPU pass over ``flat``; a GPU pass takes the whole tensor (a GPU pays per kernel launch
-    and its caching allocator takes no fresh pages)."""
-    n = flat.numel()
-    return _WHOLE if n <= CHUNK or flat.device.type != "cpu" else [slice(i, min(i + CHUNK, n)) for i in range(0, n, CHUNK)]
-
-
-class _Scratch:
-    """Buffers reused by every tensor's temporaries (σ(ℓ), δ, the region count), each as large as
-    the largest slice it has served (at most one chunk on CPU).
-
-    Without them each step allocates and frees a few temporaries per tensor, and those of large
-    tensors come as fresh zeroed pages from the operating system every time.
-    """
-
-    def __init__(self):
-        self.buffers: dict[tuple, torch.Tensor] = {}
-
-    def take(self, slot: int, like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
-        key = (slot, dtype or like.dtype, like.device)
-        if key not in self.buffers or self.buffers[key].numel() < like.numel():
-            self.buffers[key] = torch.empty(like.numel(), dtype=key[1], device=like.device)
-        return self.buffers[key][: like.numel()].view(like.shape)
+    return all(4 * bytes_ <= compute.free_memory(device) for device, bytes_ in need.items())
 
 
 def _step_scale(config: LearnConfig, size: tuple[torch.Tensor, torch.Tensor], count: int) -> float:

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.func import functional_call
 
-from graftui import method
+from graftui import compute, method
 from graftui.method import Cancelled, LearnConfig
 
 from conftest import mask_to_region, random_batches
@@ -80,7 +80,7 @@ def test_binarise_round_never_exceeds_budget():
 def test_logit_gradient_matches_autograd_through_the_relaxation(tiny_pair, monkeypatch, chunk):
     """Also when every element-wise pass goes through the tensors in many slices (odd-sized, with a ragged last one)."""
     if chunk:
-        monkeypatch.setattr(method, "CHUNK", chunk)
+        monkeypatch.setattr(compute, "CHUNK", chunk)
     pair, _, _ = tiny_pair
     params = {n: pair.param(n) for n in pair.graftable}
     gen = torch.Generator().manual_seed(3)
@@ -163,7 +163,7 @@ def test_learn_region_keeps_budget_and_restores_the_model(tiny_pair, optimizer, 
 def test_step_reports_count_the_region_and_an_uncounted_step_learns_the_same(tiny_pair, monkeypatch, chunk):
     """region_size = #{ℓ > 0} and swapped = those outside γ_base; count_region=False changes only the report."""
     if chunk:  # the count goes through the logits' buffer in slices
-        monkeypatch.setattr(method, "CHUNK", chunk)
+        monkeypatch.setattr(compute, "CHUNK", chunk)
     pair, _, _ = tiny_pair
     params = {n: pair.param(n) for n in pair.graftable}
     batch = next(iter(random_batches()(0)))
@@ -318,8 +318,8 @@ def test_sliced_passes_learn_what_whole_tensor_passes_learn(tiny_pair, monkeypat
     params = {n: pair.param(n) for n in pair.graftable}
     assert max(p.numel() for p in params.values()) > 4 * 37  # several slices per tensor
     found = {}
-    for chunk, memory in ((method.CHUNK, "lean"), (37, "lean"), (37, "fast")):
-        monkeypatch.setattr(method, "CHUNK", chunk)
+    for chunk, memory in ((compute.CHUNK, "lean"), (37, "lean"), (37, "fast")):
+        monkeypatch.setattr(compute, "CHUNK", chunk)
         found[chunk, memory] = method.learn_region(pair.model, params, pair.pre, pair.ft, 150, random_batches(),
                                                    LearnConfig(steps=4, lr=0.5, memory=memory, forward=forward))
     (whole, ell), (sliced, ell_sliced), (fast, ell_fast) = found.values()
@@ -333,22 +333,22 @@ def test_sliced_passes_learn_what_whole_tensor_passes_learn(tiny_pair, monkeypat
 
 
 def test_region_counter_reads_one_buffer_or_the_tensors_themselves(monkeypatch):
-    monkeypatch.setattr(method, "CHUNK", 3)  # the buffer is read in slices
+    monkeypatch.setattr(compute, "CHUNK", 3)  # the buffer is read in slices
     logits = method.initial_logits({"a": torch.tensor([0, 4])}, {"a": (2, 3), "b": (4,)}, bias=1.0)
     logits["b"][1:3] = 0.5  # a, b: + - - - + -, - + + -
     counter = method.RegionCounter(logits, {"a": torch.tensor([0, 4]), "b": torch.tensor([0, 2])})
-    assert len(counter.buffers) == 1 and counter(method._Scratch()) == (4, 3)
+    assert len(counter.buffers) == 1 and counter(compute.Scratch()) == (4, 3)
     outer = torch.tensor([9.0, 1.0, -1.0, 9.0, 2.0, 0.0, 9.0])  # views that leave parts of their buffer out
     cut = {"a": outer[1:3], "b": outer[4:6].view(2, 1)}
     counter = method.RegionCounter(cut, {"a": torch.tensor([0, 1]), "b": torch.tensor([1])})
-    assert len(counter.buffers) == 2 and counter(method._Scratch()) == (2, 1)
+    assert len(counter.buffers) == 2 and counter(compute.Scratch()) == (2, 1)
 
 
 def test_only_cpu_passes_are_sliced(monkeypatch):
     """A GPU pays per kernel launch and has no page faults to save: its passes take the whole tensor."""
-    monkeypatch.setattr(method, "CHUNK", 4)
-    assert [(c.start, c.stop) for c in method._chunks(torch.empty(10))] == [(0, 4), (4, 8), (8, 10)]
-    assert method._chunks(torch.empty(4)) == method._chunks(torch.empty(10, device="meta")) == (slice(None),)
+    monkeypatch.setattr(compute, "CHUNK", 4)
+    assert [(c.start, c.stop) for c in compute.chunks(torch.empty(10))] == [(0, 4), (4, 8), (8, 10)]
+    assert compute.chunks(torch.empty(4)) == compute.chunks(torch.empty(10, device="meta")) == (slice(None),)
 
 
 def test_logits_of_a_device_are_views_of_one_buffer():
@@ -362,16 +362,16 @@ def test_logits_of_a_device_are_views_of_one_buffer():
 def test_auto_memory_holds_sigma_and_delta_only_when_they_fit(tiny_pair, monkeypatch):
     with open("/proc/meminfo") as fh:
         total = next(int(line.split()[1]) * 1024 for line in fh if line.startswith("MemTotal:"))
-    assert 0 < method._free_memory(torch.device("cpu")) <= total
+    assert 0 < compute.free_memory(torch.device("cpu")) <= total
     pair, _, _ = tiny_pair
     params = {n: pair.param(n) for n in pair.graftable}
     need = sum(p.numel() for p in params.values()) * (4 + 2)  # δ in float32, σ in float16
     for free, holds in ((4 * need, True), (4 * need - 1, False), (0, False)):
-        monkeypatch.setattr(method, "_free_memory", lambda device, free=free: free)
+        monkeypatch.setattr(compute, "free_memory", lambda device, free=free: free)
         learner = method.MaskLearner(pair.model, params, pair.pre, pair.ft, 10, LearnConfig(logit_dtype="float16"))
         assert (learner.held is not None) == holds
         learner.finish()
-    monkeypatch.setattr(method, "_free_memory", lambda device: 0)
+    monkeypatch.setattr(compute, "free_memory", lambda device: 0)
     learner = method.MaskLearner(pair.model, params, pair.pre, pair.ft, 10, LearnConfig(memory="fast"))
     assert learner.held is not None  # an explicit choice is obeyed
     learner.finish()
@@ -396,10 +396,10 @@ def test_cgroup_room_is_the_limit_less_what_cannot_be_dropped(tmp_path, version)
     (folder / names[0]).write_text("1000000\n")
     (folder / names[1]).write_text("600000\n")
     (folder / "memory.stat").write_text(f"anon 5\n\nactive_file 7\n{names[2]} 100000\n")
-    assert list(method._cgroup_room(str(proc), str(tmp_path))) == [500000]
+    assert list(compute.cgroup_room(str(proc), str(tmp_path))) == [500000]
     (folder / names[0]).write_text("max\n" if version == "v2" else f"{2**63 - 4096}\n")  # no limit
-    assert list(method._cgroup_room(str(proc), str(tmp_path))) == []
-    assert list(method._cgroup_room(str(tmp_path / "absent"), str(tmp_path))) == []
+    assert list(compute.cgroup_room(str(proc), str(tmp_path))) == []
+    assert list(compute.cgroup_room(str(tmp_path / "absent"), str(tmp_path))) == []
 
 
 def _lm_with_layers(arch: str, seed: int = 0):

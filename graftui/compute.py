@@ -1,0 +1,207 @@
+"""How the maths runs on a machine: memory probes, sliced element-wise passes, activation checkpointing and data
+parallelism — what mask learning (``method``) needs to fit a model's memory and use several processes, kept apart so
+that ``method`` reads as the paper.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+from typing import Callable, Iterable, Iterator
+
+import torch
+
+from .errors import ModelError
+
+
+class DataParallel:
+    """Mask learning over several processes (``torch.distributed``, e.g. under ``accelerate launch``).
+
+    Each process scores its rows of the same global batch; the region-logit gradients are summed
+    across processes, weighted by each process's share of the rows, so every process takes the
+    step one process would take on the whole batch and all keep identical logits.
+    """
+
+    def __init__(self, rank: int, size: int):
+        self.rank, self.size = rank, size
+
+    def shard(self, batch: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Tensor], float]:
+        rows = next(iter(batch.values())).shape[0]
+        mine = torch.arange(rows)[self.rank::self.size]
+        return {k: v[mine] for k, v in batch.items()}, mine.numel() / rows
+
+    def reduce(self, grads, share: float, loss: torch.Tensor, need_peak: bool):
+        import torch.distributed as dist
+
+        sq = torch.zeros((), dtype=torch.float64)
+        peak = torch.zeros((), dtype=torch.float32)
+        with torch.no_grad():
+            for g in grads:
+                g.mul_(share)
+                dist.all_reduce(g)
+                flat = g.view(-1).float()
+                sq += torch.dot(flat, flat).double().cpu()
+                if need_peak:
+                    peak = torch.maximum(peak, g.abs().max().float().cpu())
+            total = (loss * share).reshape(1).float()
+            dist.all_reduce(total)
+        return (sq, peak), total[0]
+
+
+def data_parallel() -> DataParallel | None:
+    """The process group mask learning runs in, when started as several processes (WORLD_SIZE > 1)."""
+    import torch.distributed as dist
+
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1 or not dist.is_available():
+        return None
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    return DataParallel(dist.get_rank(), dist.get_world_size())
+
+
+def free_memory(device: torch.device) -> int:
+    """Bytes that can still be allocated on ``device``; 0 where that is unknown (then "auto" stays lean).
+
+    On CPU: the system's available memory, or less where the process's cgroup (v2 or v1) sets a
+    limit; page cache the kernel can drop (inactive files) counts as free, as in MemAvailable.
+    """
+    if device.type == "cuda":
+        reusable = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        return torch.cuda.mem_get_info(device)[0] + reusable
+    if device.type != "cpu":
+        return 0
+    try:
+        with open("/proc/meminfo") as fh:
+            free = next(int(line.split()[1]) * 1024 for line in fh if line.startswith("MemAvailable:"))
+    except (OSError, ValueError, StopIteration):
+        return 0
+    for limit in cgroup_room():
+        free = min(free, limit)
+    return max(free, 0)
+
+
+def cgroup_room(proc: str = "/proc/self/cgroup", mounts: str = "/sys/fs/cgroup") -> Iterator[int]:
+    """Room left under the memory limits of this process's cgroups (none where there is no limit)."""
+    try:
+        with open(proc) as fh:
+            lines = [line.strip().split(":", 2) for line in fh if line.count(":") >= 2]
+    except OSError:
+        return
+    for _, controllers, path in lines:
+        if controllers == "":  # v2: limit, usage, and "inactive_file" in memory.stat
+            files, root = ("memory.max", "memory.current", "inactive_file"), mounts
+        elif "memory" in controllers.split(","):
+            files, root = ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file"), f"{mounts}/memory"
+        else:
+            continue
+        for folder in dict.fromkeys([f"{root}{path}".rstrip("/"), root]):  # a container may not mount the named path
+            try:
+                with open(f"{folder}/{files[0]}") as fh:
+                    limit = fh.read().strip()
+                with open(f"{folder}/{files[1]}") as fh:
+                    used = int(fh.read())
+                with open(f"{folder}/memory.stat") as fh:
+                    cache = next((int(line.split()[1]) for line in fh if line.startswith(files[2] + " ")), 0)
+            except (OSError, ValueError, IndexError):
+                continue
+            if limit.isdigit() and int(limit) < 1 << 60:  # v1 says "no limit" with a huge number, v2 with "max"
+                yield int(limit) - used + cache
+            break
+
+
+def checkpointable_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """transformers' repeated layers, found anywhere in ``model`` (a prompt or a joint loss wraps the model)."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+    if not layers:
+        raise ModelError(f"{type(model).__name__} has no layers transformers can checkpoint; "
+                         "learn without --checkpoint-every")
+    return layers
+
+
+def checkpoint_layers(model: torch.nn.Module, layers: list[torch.nn.Module], every: int) -> Callable[[], None]:
+    """Checkpoint every ``every``-th layer: its activations are recomputed in the backward pass, not kept.
+
+    Activations are what mask learning holds beyond its four copies of the graftable set; this
+    trades them for one more forward pass of the checkpointed layers. Each chosen layer's forward
+    is wrapped here rather than by transformers, which checkpoints only layers in training mode:
+    many layers call dropout with their own training flag, and the mask, not noise, must explain
+    the loss. The recomputation repeats the same operations, so the gradients and the region are
+    those of the plain pass. Returns the undo.
+    """
+    from functools import partial
+
+    from torch.utils.checkpoint import checkpoint
+
+    def replayed(forward, *args, **kwargs):
+        for cache in ("past_key_values", "layer_past"):  # a replayed layer would write its cache twice
+            if kwargs.get(cache) is not None:
+                kwargs[cache] = None
+        return checkpoint(forward, *args, use_reentrant=False, **kwargs)  # re-entrant ones drop frozen-input grads
+
+    chosen = layers[::every]
+    before = [layer.__dict__.get("forward") for layer in chosen]  # accelerate's device hooks live there
+    for layer in chosen:
+        layer.forward = partial(replayed, layer.forward)
+    configs = {id(c): c for c in (getattr(m, "config", None) for m in model.modules()) if getattr(c, "use_cache", False)}
+    for config in configs.values():  # no key/value cache in a training pass
+        config.use_cache = False
+
+    def undo() -> None:
+        for layer, forward in zip(chosen, before):
+            if forward is None:
+                del layer.forward
+            else:
+                layer.forward = forward
+        for config in configs.values():
+            config.use_cache = True
+
+    return undo
+
+
+def return_freed_memory() -> None:
+    """Hand memory that was freed back to the operating system (glibc's ``malloc_trim``; elsewhere nothing).
+
+    Finding γ_base makes and frees temporaries the size of each tensor; glibc keeps much of that
+    for reuse (0.2–0.3 model sizes at 1 B parameters, varying from run to run), where it would
+    stay resident on top of everything mask learning holds. Trimming once takes tens of milliseconds.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except Exception:  # not glibc (musl has no malloc_trim): nothing to hand back this way
+        pass
+
+
+CHUNK = 1 << 20  # values per slice of an element-wise pass on CPU: its temporaries stay in cache, and small
+
+
+_WHOLE = (slice(None),)
+
+
+def chunks(flat: torch.Tensor) -> Iterable[slice]:
+    """Slices of a CPU pass over ``flat``; a GPU pass takes the whole tensor (a GPU pays per kernel launch
+    and its caching allocator takes no fresh pages)."""
+    n = flat.numel()
+    return _WHOLE if n <= CHUNK or flat.device.type != "cpu" else [slice(i, min(i + CHUNK, n)) for i in range(0, n, CHUNK)]
+
+
+class Scratch:
+    """Buffers reused by every tensor's temporaries (σ(ℓ), δ, the region count), each as large as
+    the largest slice it has served (at most one chunk on CPU).
+
+    Without them each step allocates and frees a few temporaries per tensor, and those of large
+    tensors come as fresh zeroed pages from the operating system every time.
+    """
+
+    def __init__(self):
+        self.buffers: dict[tuple, torch.Tensor] = {}
+
+    def take(self, slot: int, like: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+        key = (slot, dtype or like.dtype, like.device)
+        if key not in self.buffers or self.buffers[key].numel() < like.numel():
+            self.buffers[key] = torch.empty(like.numel(), dtype=key[1], device=like.device)
+        return self.buffers[key][: like.numel()].view(like.shape)
