@@ -4,8 +4,12 @@ A classification task scores label words; a completion task scores the tokens of
 prompt (the prompt is masked out of the loss, as in supervised fine-tuning) and is judged by what the model
 generates. An example is a conversation of (role, text) turns. A prompt/completion pair is one user turn and one
 assistant turn read as plain text, the prompt then the completion and the end-of-text token; a ``messages``
-example is rendered with the tokenizer's own chat template, and every assistant turn is scored. An example too
-long for the context loses the start of its prompt, never a scored token.
+example is rendered with the tokenizer's own chat template, and every assistant turn is scored.
+
+The model's context (its config's ``n_positions`` or ``max_position_embeddings``: ``context_length``) is the limit:
+an example longer than it loses the start of its prompt, never a scored token, and a prompt to generate from keeps
+room for the tokens to generate (``prompt_room``); a completion longer than the context, or more tokens to generate
+than it holds, is refused before any work.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ COMPLETION_GUESSES = ("completion", "answer", "response", "output", "target", "s
 MESSAGES_GUESSES = ("messages", "conversation", "conversations", "chat")
 ROLES = ("system", "user", "assistant")
 IGNORE = -100  # the label the loss skips: prompt tokens and padding
-MAX_LENGTH = 256
+CONTEXT_FIELDS = ("n_positions", "max_position_embeddings", "n_ctx", "max_sequence_length", "seq_length")
 
 Turn = tuple[str, str]  # (role, text)
 
@@ -57,7 +61,6 @@ class CompletionTask:
     splits: dict[str, Completions]
     source: str  # human-readable provenance
     chat: bool = False  # rendered with the tokenizer's chat template (a messages column), else plain text
-    max_length: int = MAX_LENGTH
     notes: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -129,8 +132,7 @@ def offline_skill(name: str) -> CompletionTask:
     examples = [(("user", prompt), ("assistant", answer)) for prompt, answer in make()]
     cut = {"test": examples[:n_test], "validation": examples[n_test:n_test + n_validation],
            "train": examples[n_test + n_validation:]}
-    return CompletionTask(name, {s: Completions(tuple(cut[s])) for s in SPLIT_NAMES}, f"offline skill: {description}",
-                          max_length=32)
+    return CompletionTask(name, {s: Completions(tuple(cut[s])) for s in SPLIT_NAMES}, f"offline skill: {description}")
 
 
 # -- reading ---------------------------------------------------------------------------------------
@@ -279,29 +281,61 @@ def tokens(tokenizer: Any, example: tuple[Turn, ...], chat: bool) -> tuple[list[
     return ids, scored
 
 
-def encode(tokenizer: Any, split: Completions, chat: bool, max_length: int) -> tuple[list[list[int]], list[list[int]], int]:
+def context_length(model) -> int | None:
+    """The tokens ``model`` (or its config) attends over: its config's ``n_positions``, ``max_position_embeddings``
+    (or another name for it); None when the config names none, and nothing is cut for it."""
+    config = getattr(model, "config", model)
+    for name in CONTEXT_FIELDS:
+        value = getattr(config, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def prompt_room(context: int | None, max_new_tokens: int) -> int | None:
+    """The tokens a prompt may keep so that ``max_new_tokens`` generated after it stay in the context (None: no
+    limit); refused when the tokens to generate leave no room for a prompt."""
+    if context is None:
+        return None
+    if max_new_tokens >= context:
+        raise DataError(f"--max-new-tokens {max_new_tokens:,} leaves no room for a prompt in the model's context of "
+                        f"{context:,} tokens: give --max-new-tokens {context - 1:,} or fewer")
+    return context - max_new_tokens
+
+
+def encode(tokenizer: Any, split: Completions, chat: bool, max_length: int | None,
+           name: str = "") -> tuple[list[list[int]], list[list[int]], int]:
     """(input ids, labels, how many examples were cut): labels are the ids on scored tokens and IGNORE elsewhere; an
-    example longer than ``max_length`` loses the start of its prompt, and one whose scored tokens alone are longer
-    is refused."""
+    example longer than ``max_length`` (the model's context; None: no limit) loses the start of its prompt, and one
+    whose scored tokens alone are longer is refused."""
     inputs, labels, cut = [], [], 0
     for i, example in enumerate(split.examples):
         ids, scored = tokens(tokenizer, example, chat)
-        over = len(ids) - max_length
+        over = len(ids) - max_length if max_length is not None else 0
         if over > 0:
             first = scored.index(True) if True in scored else len(ids)
             if over > first:
-                raise DataError(f"example {i + 1} has {len(ids) - first:,} completion tokens, more than the context of "
-                                f"{max_length:,}: raise max_length or shorten its completion")
+                where = f"example {i + 1}" + (f" of {name}" if name else "")
+                raise DataError(f"{where} has {len(ids) - first:,} completion tokens, more than the model's context of "
+                                f"{max_length:,} tokens: shorten its completion or drop the example (a completion is "
+                                "never cut), or give a model with a longer context")
             ids, scored, cut = ids[over:], scored[over:], cut + 1
         inputs.append(ids)
         labels.append([t if s else IGNORE for t, s in zip(ids, scored)])
     return inputs, labels, cut
 
 
-def truncation_note(name: str, cut: int, total: int, max_length: int) -> tuple[str, ...]:
-    """The note a cut leaves: how many examples lost the start of their prompt."""
-    return (f"{name}: {cut:,} of {total:,} examples were longer than {max_length:,} tokens and lost the start of their "
-            "prompt (never a completion token)",) if cut else ()
+def truncation_note(name: str, cut: int, total: int, max_length: int | None, new_tokens: int = 0) -> tuple[str, ...]:
+    """The note a cut leaves: how many examples lost the start of their prompt to the model's context
+    (``max_length``), or, with ``new_tokens``, how many prompts to generate from were cut to leave room for them."""
+    if not cut or max_length is None:
+        return ()
+    if new_tokens:
+        return (f"{name}: {cut:,} of {total:,} prompts were longer than the {max_length - new_tokens:,} tokens the "
+                f"model's context of {max_length:,} leaves beside {new_tokens:,} new tokens, and were generated from "
+                "their last tokens (lower --max-new-tokens to keep more of them)",)
+    return (f"{name}: {cut:,} of {total:,} examples were longer than the model's context of {max_length:,} tokens and "
+            "lost the start of their prompt (never a completion token)",)
 
 
 def token_accuracy(logits, labels) -> tuple[int, int]:
@@ -312,7 +346,7 @@ def token_accuracy(logits, labels) -> tuple[int, int]:
     return int((predicted.eq(target) & scored).sum()), int(scored.sum())
 
 
-def batches(tokenizer: Any, split: Completions, chat: bool, batch_size: int, max_length: int, *,
+def batches(tokenizer: Any, split: Completions, chat: bool, batch_size: int, max_length: int | None, *,
             shuffle_seed: int | None = None) -> Iterator[dict]:
     """Batches padded on the right to their own longest example, with "labels" (IGNORE on prompt and padding)."""
     import torch
@@ -333,5 +367,6 @@ def batches(tokenizer: Any, split: Completions, chat: bool, batch_size: int, max
         yield {"input_ids": torch.tensor(ids), "attention_mask": torch.tensor(mask), "labels": torch.tensor(lab)}
 
 
-__all__ = ["CompletionSpec", "CompletionTask", "Completions", "IGNORE", "NoCompletionColumns", "OFFLINE_SKILLS", "batches", "encode",
-           "load_completion_task", "number_words", "offline_skill", "token_accuracy", "tokens", "truncation_note"]
+__all__ = ["CompletionSpec", "CompletionTask", "Completions", "IGNORE", "NoCompletionColumns", "OFFLINE_SKILLS", "batches",
+           "context_length", "encode", "load_completion_task", "number_words", "offline_skill", "prompt_room",
+           "token_accuracy", "tokens", "truncation_note"]

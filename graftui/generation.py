@@ -2,7 +2,8 @@
 
 Two readings of one model on one split, both over the same examples so that two models can be compared pair by pair:
 
-* **generation**: greedy decoding of every prompt (batched, left-padded, bounded by ``max_new_tokens``), then exact
+* **generation**: greedy decoding of every prompt (batched, left-padded, bounded by ``max_new_tokens``; a prompt keeps
+  its last tokens so that it and its generation stay in the model's context), then exact
   match of the answer (``AnswerRule``: the first line, an extraction regex, case) against the reference's;
 * **teacher forcing**: the reference completion's tokens scored given everything before them — the loss per token
   (the supervised fine-tuning loss; its exponential is the perplexity) and a token-level calibration error (the
@@ -24,7 +25,7 @@ import regex
 import torch
 
 from . import metrics
-from .completion import IGNORE, Completions, encode, tokens
+from .completion import IGNORE, Completions, context_length, encode, prompt_room, tokens, truncation_note
 from .config import FT_LABEL, LM_BODY_LABEL
 from .errors import Cancelled, DataError
 from .metrics import COMPLETION_METRICS
@@ -99,14 +100,14 @@ def _compile(pattern: str):
                         r"as '#### (\S+)'") from None
 
 
-def prompt_ids(tokenizer: Any, example, chat: bool, max_length: int) -> list[int]:
-    """The tokens a model sees before it answers: the example as trained on, up to its last scored turn (a long
-    prompt keeps its end, as in training)."""
+def prompt_ids(tokenizer: Any, example, chat: bool, max_length: int | None) -> list[int]:
+    """The tokens a model sees before it answers: the example as trained on, up to its last scored turn (a prompt
+    longer than ``max_length`` keeps its end, as in training; None: the whole prompt)."""
     ids, scored = tokens(tokenizer, example, chat)
     end = len(scored)
     while end and scored[end - 1]:  # the last scored run is the answer
         end -= 1
-    return ids[:end][-max_length:]
+    return ids[:end] if max_length is None else ids[:end][max(0, end - max_length):]
 
 
 def _pad_id(tokenizer) -> int:
@@ -126,14 +127,16 @@ def stop_ids(tokenizer, chat: bool) -> list[int]:
 
 
 def generate(model, tokenizer, split: Completions, chat: bool, *, max_new_tokens: int = MAX_NEW_TOKENS,
-             batch_size: int = GENERATION_BATCH, max_length: int = 256,
+             batch_size: int = GENERATION_BATCH, max_length: int | None = None,
              cancel: Callable[[], None] | None = None) -> list[str]:
-    """Greedy generations for every prompt of ``split``, in order (deterministic: no sampling). Prompts are grouped
-    by length, so a batch pads little."""
+    """Greedy generations for every prompt of ``split``, in order (deterministic: no sampling). A prompt and its
+    generation stay within ``max_length`` tokens (the model's context by default): a longer prompt keeps its last
+    ones. Prompts are grouped by length, so a batch pads little."""
     if max_new_tokens < 1:
         raise DataError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
+    room = prompt_room(max_length or context_length(model), max_new_tokens)
     start_id = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
-    prompts = [prompt_ids(tokenizer, e, chat, max_length) or [start_id] for e in split.examples]  # an empty prompt
+    prompts = [prompt_ids(tokenizer, e, chat, room) or [start_id] for e in split.examples]  # an empty prompt
     # starts as any text does
     order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))
     stops = stop_ids(tokenizer, chat)
@@ -172,10 +175,11 @@ class TeacherForced:
         return metrics.ratio(self.calibration, self.tokens)
 
 
-def teacher_forced(model, tokenizer, split: Completions, chat: bool, *, max_length: int = 256, batch_size: int = 16,
-                   n_bins: int = 10, cancel: Callable[[], None] | None = None) -> TeacherForced:
-    """Score every reference completion of ``split`` token by token (next-token loss and calibration)."""
-    inputs, labels, _ = encode(tokenizer, split, chat, max_length)
+def teacher_forced(model, tokenizer, split: Completions, chat: bool, *, max_length: int | None = None,
+                   batch_size: int = 16, n_bins: int = 10, cancel: Callable[[], None] | None = None) -> TeacherForced:
+    """Score every reference completion of ``split`` token by token (next-token loss and calibration); an example
+    longer than ``max_length`` (the model's context by default) loses the start of its prompt."""
+    inputs, labels, _ = encode(tokenizer, split, chat, max_length or context_length(model))
     n = len(inputs)
     loss_sum = torch.zeros(n, dtype=torch.float64)
     count = torch.zeros(n, dtype=torch.float64)
@@ -205,6 +209,20 @@ def teacher_forced(model, tokenizer, split: Completions, chat: bool, *, max_leng
         rows.append(example)
     cat = (lambda xs: torch.cat(xs)) if conf else (lambda xs: torch.zeros(0))
     return TeacherForced(loss_sum, count, metrics.calibration_sums(cat(conf), cat(right), cat(rows).long(), n, n_bins))
+
+
+def fit(tokenizer, task, data: Completions, context: int | None, max_new_tokens: int | None = None) -> tuple[str, ...]:
+    """Check, before any model runs, that ``data`` fits the model's ``context``: every completion (scored whole), and
+    with ``max_new_tokens`` the tokens to generate beside a prompt; refused in one line where it does not. Returns the
+    notes of what will be cut: examples that lose the start of their prompt (loss, training), prompts cut to leave room
+    for the generation."""
+    room = None if max_new_tokens is None else prompt_room(context, max_new_tokens)
+    _, _, cut = encode(tokenizer, data, task.chat, context, task.name)
+    notes = truncation_note(task.name, cut, len(data), context)
+    if room is not None:
+        long = sum(len(prompt_ids(tokenizer, e, task.chat, None)) > room for e in data.examples)
+        notes += truncation_note(task.name, long, len(data), context, max_new_tokens)
+    return notes
 
 
 def exact_matches(generations: list[str], references, rule: AnswerRule) -> torch.Tensor:
@@ -253,8 +271,7 @@ def exact(model, tokenizer, task, data: Completions, rule: AnswerRule, max_new_t
           cancel: Callable[[], None] | None = None) -> torch.Tensor:
     """Exact match only (1.0 per matching example), for readings that need no token scores."""
     _check_examples(task, data)
-    generations = generate(model, tokenizer, data, task.chat, max_new_tokens=max_new_tokens,
-                           max_length=task.max_length, cancel=cancel)
+    generations = generate(model, tokenizer, data, task.chat, max_new_tokens=max_new_tokens, cancel=cancel)
     return exact_matches(generations, data.references, rule)
 
 
@@ -262,14 +279,13 @@ def read(model, tokenizer, task, data: Completions, rule: AnswerRule, max_new_to
          cancel: Callable[[], None] | None = None) -> Reading:
     """One model's generations, their exact matches and its teacher-forced scores of the references."""
     _check_examples(task, data)
-    generations = generate(model, tokenizer, data, task.chat, max_new_tokens=max_new_tokens,
-                           max_length=task.max_length, cancel=cancel)
-    forced = teacher_forced(model, tokenizer, data, task.chat, max_length=task.max_length, cancel=cancel)
+    generations = generate(model, tokenizer, data, task.chat, max_new_tokens=max_new_tokens, cancel=cancel)
+    forced = teacher_forced(model, tokenizer, data, task.chat, cancel=cancel)
     return Reading(generations, exact_matches(generations, data.references, rule), forced)
 
 
 def _key(name: str, task, data: Completions, rule: AnswerRule, max_new_tokens: int) -> tuple:
-    h = hashlib.sha256(repr((task.chat, task.max_length, rule, max_new_tokens, data.examples)).encode()).hexdigest()
+    h = hashlib.sha256(repr((task.chat, rule, max_new_tokens, data.examples)).encode()).hexdigest()
     return ("completion", name, h)
 
 
@@ -299,11 +315,13 @@ def compare_completions(pair, task, models: dict, *, split: str = "test", n: int
     values)) on the same examples of a completion task: one row each (exact match — also its ``accuracy`` —, loss
     per token and perplexity, token-level ECE — also its ``ece`` —, agreement of answers with FT), paired
     differences with intervals (each graft against FT and the pre-trained model, and each pair of ``contrasts``),
-    and a generations table of the first examples."""
+    and a generations table of the first examples; ``notes`` say what the model's context cut (``fit``, checked
+    before any model runs)."""
     data = sample(task, split, n, seed)
     if not len(data):
         raise DataError(f"task '{task.name}' has no examples in its {split} split")
     rule.check(data.references)
+    notes = fit(pair.tokenizer, task, data, context_length(pair.model), max_new_tokens)
 
     def stop() -> None:
         if cancel is not None and cancel.is_set():
@@ -347,9 +365,9 @@ def compare_completions(pair, task, models: dict, *, split: str = "test", n: int
               "exact": {name: bool(readings[name].hits[i]) for name in names}}
              for i, e in enumerate(data.examples[:SHOWN])]
     return {"rows": rows, "differences": differences, "generations": shown, "task": task.name, "models": names,
-            "rule": asdict(rule), "max_new_tokens": max_new_tokens}
+            "rule": asdict(rule), "max_new_tokens": max_new_tokens, "notes": list(notes)}
 
 
 __all__ = ["AnswerRule", "END_OF_TURN", "GENERATION_BATCH", "MAX_NEW_TOKENS", "Reading", "TeacherForced", "agreement",
-           "compare_completions", "exact", "exact_matches", "generate", "prompt_ids", "read", "reference_read", "sample",
-           "stop_ids", "teacher_forced"]
+           "compare_completions", "exact", "exact_matches", "fit", "generate", "prompt_ids", "read", "reference_read",
+           "sample", "stop_ids", "teacher_forced"]

@@ -20,7 +20,7 @@ from typing import Iterator
 import torch
 
 from . import settings
-from .completion import IGNORE, token_accuracy
+from .completion import IGNORE, context_length, token_accuracy
 from .config import COMPLETION, DEFAULT_FINETUNED_REFS, GraftableSpec, LoadOptions, default_checkpoint_dir
 from .errors import ModelError
 from .method import region_to_mask, wise
@@ -141,6 +141,11 @@ def _config(ref: str, target: str, trust_remote_code: bool):
         return AutoConfig.from_pretrained(target, trust_remote_code=trust_remote_code)
     except Exception as err:  # noqa: BLE001
         raise _load_error(ref, err) from err
+
+
+def context_of(ref: str, *, trust_remote_code: bool = False, allow_local: bool = True) -> int | None:
+    """The tokens ``ref`` attends over (``completion.context_length``), read from its config: no weights loaded."""
+    return context_length(_config(ref, resolve(ref, allow_local=allow_local), trust_remote_code))
 
 
 def checkpoint_kind(ref: str, *, trust_remote_code: bool = False, allow_local: bool = True) -> str:

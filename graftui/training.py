@@ -111,6 +111,26 @@ def finetune(
     return out_dir
 
 
+def completion_split(task: "completion.CompletionTask", config: FinetuneConfig) -> "completion.Completions":
+    """The examples a recipe fine-tunes on: ``train_examples`` of the task's training split drawn with its seed (in
+    split order), or all."""
+    train = task.splits["train"]
+    if config.train_examples and config.train_examples < len(train):
+        train = train.select(sorted(random.Random(config.seed).sample(range(len(train)), config.train_examples)))
+    return train
+
+
+def recorded_train_examples(out_dir: str | Path):
+    """The training examples a checkpoint graftui fine-tuned was trained on, as its record says (per task for a
+    multi-task fine-tune); None without a record."""
+    try:
+        record = json.loads((Path(out_dir) / "graftui_record.json").read_text())
+    except (OSError, ValueError):
+        return None
+    value = record.get("train_examples") if isinstance(record, dict) else None
+    return value if isinstance(value, (int, dict)) and not isinstance(value, bool) else None
+
+
 def finetune_completions(
     base_ref: str,
     task: "completion.CompletionTask",
@@ -146,14 +166,13 @@ def finetune_completions(
             if config.l1:
                 anchors.append((p, p.detach().clone()))
     opt = optimizer(trainable, config)
-    train = task.splits["train"]
-    if config.train_examples and config.train_examples < len(train):
-        train = train.select(sorted(random.Random(config.seed).sample(range(len(train)), config.train_examples)))
-    _, _, cut = completion.encode(tokenizer, train, task.chat, task.max_length)  # refuses a completion too long
+    train = completion_split(task, config)
+    context = completion.context_length(model)
+    _, _, cut = completion.encode(tokenizer, train, task.chat, context, task.name)  # refuses a completion too long
     total = -(-len(train) // config.batch_size) * config.epochs
 
     def make_batches(epoch: int):
-        return completion.batches(tokenizer, train, task.chat, config.batch_size, task.max_length,
+        return completion.batches(tokenizer, train, task.chat, config.batch_size, context,
                                   shuffle_seed=config.seed + epoch)
 
     train_epochs(CompletionLM(model), opt, anchors, make_batches, total, config, device,
@@ -165,7 +184,7 @@ def finetune_completions(
         "task_kind": "completion",
         "chat": task.chat,
         "train_examples": len(train),
-        "notes": list(completion.truncation_note(task.name, cut, len(train), task.max_length)),
+        "notes": list(completion.truncation_note(task.name, cut, len(train), context)),
     }, base_ref, config, request)
     return out_dir
 

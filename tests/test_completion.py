@@ -81,8 +81,11 @@ def test_a_long_prompt_loses_its_start_and_never_a_completion_token(tmp_path, to
     assert inputs[0][-len(answer):] == answer and labels[0][-len(answer):] == answer
     assert labels[0][:-len(answer)] == [IGNORE] * (20 - len(answer))
     assert "1 of 2 examples" in completion.truncation_note("t", cut, 2, 20)[0]
-    with pytest.raises(DataError, match="completion tokens, more than the context of 1: raise max_length"):
-        completion.encode(tok, split, False, 1)
+    with pytest.raises(DataError, match="example 1 of t has 2 completion tokens, more than the model's context of 1 "
+                                        "tokens: shorten its completion or drop the example") as err:
+        completion.encode(tok, split, False, 1, "t")
+    assert "max_length" not in str(err.value)
+    assert completion.encode(tok, split, False, None)[2] == 0  # a model that names no context cuts nothing
     batch = next(completion.batches(tok, split, False, 2, 20))
     assert batch["input_ids"].shape == (2, 20) and batch["attention_mask"][1].sum() == len(inputs[1])
     assert (batch["labels"][1][len(inputs[1]):] == IGNORE).all()  # padding is never scored

@@ -131,7 +131,7 @@ def test_the_cli_prints_the_scores_the_differences_and_the_generations(trained, 
     (["--answer-regex", "(", "--task", "{task}"], "is not a regular expression"),
     (["--max-new-tokens", "0"], "--max-new-tokens must be at least 1"),
     (["--task", "{chat}"], "this tokenizer has no chat template, so a messages column cannot be rendered"),
-    (["--task", "{long}"], "completion tokens, more than the context of 256: raise max_length or shorten its completion"),
+    (["--task", "{long}"], "completion tokens, more than the model's context of 64 tokens: shorten its completion"),
 ])
 def test_bad_completion_input_is_one_line_and_writes_nothing(trained, tmp_path, capsys, args, message):
     one_architecture(trained)

@@ -3,6 +3,10 @@
 A completion pair is a causal LM read as itself (``models.CompletionLM``): mask learning takes its steps on the
 supervised fine-tuning loss of the completion tokens, and a model is judged by what it generates
 (``generation.compare_completions``). The verbs in ``single`` call these when their task is a completion task.
+
+The model's context is the limit of every example and generation; what does not fit it (a completion longer than the
+context, more tokens to generate than it holds) is refused by ``check_context`` and ``check_finetune`` before any
+mask step, fine-tuning step or generation, and what it cuts is said in the notes.
 """
 
 from __future__ import annotations
@@ -12,10 +16,10 @@ from pathlib import Path
 
 from .. import generation, settings, training
 from ..scoring import TEST_SAMPLE_SEED
-from ..completion import CompletionTask, batches, encode, truncation_note
+from ..completion import CompletionTask, batches, context_length, prompt_room
 from ..config import LoadOptions
 from ..errors import DataError, ModelError
-from ..models import load_reader
+from ..models import context_of, load_reader, load_tokenizer
 from .common import LOCAL, Guard, Progress
 
 DEFAULT_TRAIN_SAMPLE = 256  # examples mask learning steps over (a completion task has no classes to count per)
@@ -53,14 +57,43 @@ def mask_batches(pair, task: CompletionTask, req, notes: list[str], seed_offset:
     prompt masked out of the loss, and how many examples they hold."""
     train = train_sample(task, req, notes)
     config = req.learn_config()
-    _, _, cut = encode(pair.tokenizer, train, task.chat, task.max_length)  # refuses a completion longer than the context
-    notes += [n for n in truncation_note(task.name, cut, len(train), task.max_length) if n not in notes]
+    context = context_length(pair.model)
+    add(notes, generation.fit(pair.tokenizer, task, train, context))  # refuses a completion longer than the context
 
     def make_batches(epoch: int):
-        return batches(pair.tokenizer, train, task.chat, config.batch_size, task.max_length,
+        return batches(pair.tokenizer, train, task.chat, config.batch_size, context,
                        shuffle_seed=config.seed + seed_offset + epoch)
 
     return make_batches, len(train)
+
+
+def add(notes: list[str], more) -> None:
+    notes += [n for n in more if n not in notes]
+
+
+def check_context(pair, task: CompletionTask, req, notes: list[str], n: int | None = 0, meta=None,
+                  guard: Guard = LOCAL) -> None:
+    """Before any mask step or generation: the tokens the request generates leave room for a prompt in the pair's
+    context, and the ``n`` test examples a check will judge (all with None, none with 0) fit it; what the context
+    cuts goes to ``notes``."""
+    _, new = judging(req, meta, guard)
+    context = context_length(pair.model)
+    prompt_room(context, new)
+    if n != 0:
+        add(notes, generation.fit(pair.tokenizer, task, generation.sample(task, "test", n, TEST_SAMPLE_SEED), context,
+                                  new))
+
+
+def check_finetune(req, task: CompletionTask, config, allow: bool, notes: list[str]) -> None:
+    """Before any fine-tuning step: the training examples the recipe takes and the test examples its score judges fit
+    the base's context (read from its config), with room for the tokens to generate; what it cuts goes to ``notes``."""
+    context = context_of(req.base, allow_local=allow)
+    tokenizer = load_tokenizer(req.base, allow_local=allow)
+    _, new = judging(req)
+    prompt_room(context, new)
+    add(notes, generation.fit(tokenizer, task, training.completion_split(task, config), context))
+    add(notes, generation.fit(tokenizer, task, generation.sample(task, "test", req.test_examples, TEST_SAMPLE_SEED),
+                              context, new))
 
 
 def finetune(req, task: CompletionTask, config, out: Path, progress: Progress | None, cancel, allow: bool) -> None:
@@ -133,5 +166,5 @@ def recorded_rule(meta, guard: Guard = LOCAL) -> tuple[generation.AnswerRule, in
         generation.MAX_NEW_TOKENS
 
 
-__all__ = ["DEFAULT_TRAIN_SAMPLE", "check_kind", "judging", "recorded_rule", "evaluate", "finetune", "mask_batches", "quick_check", "test_score",
-           "train_sample"]
+__all__ = ["DEFAULT_TRAIN_SAMPLE", "check_context", "check_finetune", "check_kind", "judging", "recorded_rule", "evaluate",
+           "finetune", "mask_batches", "quick_check", "test_score", "train_sample"]

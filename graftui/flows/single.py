@@ -58,6 +58,7 @@ class FinetuneResult(Result):
     test_accuracy_std: float | None = None  # with --seeds: the spread of the seeds' test accuracies
     task_kind: str = "classification"  # a completion task's test accuracy is the exact match of greedy generations
     test_loss: float | None = None  # a completion task: loss per completion token on the test examples
+    train_examples: int | dict | None = None  # the examples it was trained on (the recipe's train_examples is a cap)
 
     def as_dict(self) -> dict:
         out = super().as_dict()
@@ -92,6 +93,7 @@ def finetune(req: FinetuneRequest, progress: Progress | None = None, cancel=None
     generative = isinstance(task, CompletionTask)
     if generative:
         options = completions.check_kind(options)
+        completions.check_finetune(req, task, config, allow, notes)  # what the base's context cannot hold, refused now
     if req.out:
         out, shared = Path(req.out).expanduser(), contextlib.nullcontext()
     else:
@@ -114,11 +116,12 @@ def finetune(req: FinetuneRequest, progress: Progress | None = None, cancel=None
                               request=req.as_dict(), options=options)
     if progress:
         progress({"stage": "testing", "fraction": 0.99})
+    trained_on = training.recorded_train_examples(out)
     if generative:
         exact, n, loss = completions.test_score(out, task, req)
         finish(progress)
         return FinetuneResult(req, notes, time.time() - start, str(out), reused, task.name, exact, n, config.as_dict(),
-                              task_kind="completion", test_loss=loss)
+                              task_kind="completion", test_loss=loss, train_examples=trained_on)
     model, tokenizer, _, _ = training.load_trainable(str(out), task.label_names, LoadOptions(head=options.head,
                                                                                           dtype=options.dtype))
     checkpoint = SimpleNamespace(model=model.eval().to(settings.device()), tokenizer=tokenizer)
@@ -129,7 +132,7 @@ def finetune(req: FinetuneRequest, progress: Progress | None = None, cancel=None
         notes.append(f"fine-tuned through its prompt: {tokenizer.prompt.describe()}")
     finish(progress)
     return FinetuneResult(req, notes, time.time() - start, str(out), reused, task.name, accuracy, n, config.as_dict(),
-                          chance)
+                          chance, train_examples=trained_on)
 
 
 # -- localize --------------------------------------------------------------------------------------
@@ -281,6 +284,8 @@ def localize(req: LocalizeRequest, progress: Progress | None = None, cancel=None
         checking = False
         notes.append(f"no held-out check: task '{task.name}' has {len(task.label_names)} labels, the fine-tuned model "
                      f"{len(pair.label_names)}; evaluate the region on its own task (--task)")
+    if generative and pair.completion:  # what the model's context cannot hold is refused before the first mask step
+        completions.check_context(pair, task, req, notes, req.check_n if checking else 0)
     if checking and info.needs_data and progress and not generative:  # a first held-out figure in seconds: the region
         # learning starts from (generating is slower: a completion task checks the learned region only)
         start_region = method.base_region(pair.pre, pair.ft, list(pair.graftable), k)
@@ -893,6 +898,7 @@ def evaluate(req: EvaluateRequest, progress: Progress | None = None, cancel=None
         if generative:
             part = completions.evaluate(req, pair, task_g, models, contrasts, progress, cancel,
                                         records[members[0]].meta if members else None, guard)
+            notes += [n for n in part["notes"] if n not in notes]  # what the model's context cut
             part = {**part, "reliability": {}, "histogram": {}, "ood": [], "disagreements": []}
         else:
             part = scoring.compare(pair, task_g, models, ood=oods[key], n=req.n, seed=scoring.TEST_SAMPLE_SEED,
@@ -1152,6 +1158,7 @@ def sweep_completions(req: SweepRequest, task: CompletionTask, notes: list[str],
                     completions.check_kind(req.load_options()))
     check_kinds(pair, task)
     check_moved(pair)
+    completions.check_context(pair, task, req, notes, req.n)  # before the first mask step: what the context cannot hold
     graftable = pair.counts()["graftable"]
     rows, found, ft = [], [], None
     sparsities = sorted(set(req.sparsities))

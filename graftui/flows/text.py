@@ -27,7 +27,7 @@ def finetune(doc: dict) -> str:
         ("checkpoint", doc["out"] + ("  (already built with this recipe; reused)" if doc["reused"] else "")),
         ("base / task", f"{doc['request']['base']} / {doc['task']}"),
         ("recipe", f"{c['optimizer']}, lr {c['lr']:g}, {c['epochs']} epoch(s), batch {c['batch_size']}"
-         + (f", l1 {c['l1']:g}" if c["l1"] else "") + f", {c['train_examples'] or 'all'} training examples"),
+         + (f", l1 {c['l1']:g}" if c["l1"] else "") + f", {_trained_on(doc)} training examples"),
         ("test exact match" if doc.get("task_kind") == "completion" else "test accuracy", f"{doc['test_accuracy']:.3f}"
          + (f" ± {doc['test_accuracy_std']:.3f} over {len(doc['seeds'])} seeds" if doc.get("seeds") else "")
          + f"  (n={doc['test_examples']:,})"),
@@ -35,6 +35,16 @@ def finetune(doc: dict) -> str:
     ]) + ("\n\n" + table(["seed", "checkpoint", "test accuracy"],
                           [[e["seed"], e["out"] + ("  (reused)" if e["reused"] else ""), _num(e["test_accuracy"])]
                            for e in doc["per_seed"]], "llr") if doc.get("per_seed") else "")
+
+
+def _trained_on(doc: dict) -> str:
+    """The training examples a fine-tune used (its record's count), else the recipe's cap ('all' without one)."""
+    used, cap = doc.get("train_examples"), doc["config"]["train_examples"]
+    if isinstance(used, int):
+        return f"{used:,}"
+    if isinstance(used, dict):
+        return ", ".join(f"{n:,} of {name}" for name, n in used.items())
+    return f"up to {cap:,}" if cap else "all"
 
 
 def localize(doc: dict) -> str:
