@@ -151,7 +151,17 @@ def _guess(columns: Sequence[str], spec: CompletionSpec) -> CompletionSpec:
 
 
 class NoCompletionColumns(DataError):
-    """The source has no (prompt, completion) or messages columns: it is no completion task as it stands."""
+    """The source has no (prompt, completion) or messages columns: it is no completion task as it stands. ``partial``:
+    it has one of the two (a completion file missing the other), so it is read as one rather than as a classification
+    task."""
+
+    partial: bool = False
+
+
+def _no_columns(message: str, partial: bool) -> NoCompletionColumns:
+    err = NoCompletionColumns(message)
+    err.partial = partial
+    return err
 
 
 def _check_columns(spec: CompletionSpec, columns: list[str], name: str) -> None:
@@ -163,10 +173,16 @@ def _check_columns(spec: CompletionSpec, columns: list[str], name: str) -> None:
     if spec.messages_column:
         return
     if spec.completion_column is None:
-        raise NoCompletionColumns(f"{name} has no completion column: name it with --completion-column (or give a messages column "
-                        f"in the chat format); available columns: {available}")
+        if spec.prompt_column is not None:
+            raise _no_columns(f"{name} has a prompt column ('{spec.prompt_column}') but no completion column: name it "
+                              "with --completion-column (and the prompt's with --prompt-column if it is not "
+                              f"'{spec.prompt_column}'); available columns: {available}", True)
+        raise _no_columns(f"{name} has no completion column: name it with --completion-column (or give a messages "
+                          f"column in the chat format); available columns: {available}", False)
     if spec.prompt_column is None:
-        raise NoCompletionColumns(f"{name} has no prompt column: name it with --prompt-column; available columns: {available}")
+        raise _no_columns(f"{name} has a completion column ('{spec.completion_column}') but no prompt column: name it "
+                          "with --prompt-column (and the completion's with --completion-column if it is not "
+                          f"'{spec.completion_column}'); available columns: {available}", True)
 
 
 def _missing(value: Any) -> bool:

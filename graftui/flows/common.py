@@ -25,7 +25,7 @@ from ..config import (
     is_default_finetuned,
 )
 from ..completion import OFFLINE_SKILLS, CompletionSpec, CompletionTask, NoCompletionColumns, load_completion_task
-from ..data import OFFLINE_TASKS, DataSpec, Task, all_as_test, batches, kshot, load_task
+from ..data import OFFLINE_TASKS, DataSpec, MissingColumn, Task, all_as_test, batches, kshot, load_task
 from ..errors import DataError, GraftuiError, ModelError, RegionError, RequestError
 from ..layout import MODULE_LABELS, anatomy as count_anatomy
 from ..models import ModelPair, pair_kind, resolve
@@ -156,7 +156,10 @@ def get_any_task(req, guard: Guard, notes: list[str] | None = None) -> Task | Co
             raise
         try:
             return load_task_as(ref, req.completion_spec(), guard, notes)
-        except NoCompletionColumns:
+        except NoCompletionColumns as second:  # a prompt or a completion column and no text or label column: a
+            # completion file missing its other column, told in its own words
+            if second.partial and isinstance(first, MissingColumn) and not first.found_any:
+                raise second from None
             raise first from None
 
 
