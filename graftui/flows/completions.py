@@ -17,7 +17,7 @@ from pathlib import Path
 from .. import generation, settings, training
 from ..scoring import TEST_SAMPLE_SEED
 from ..completion import CompletionTask, batches, context_length, prompt_room
-from ..config import LoadOptions
+from ..config import COMPLETION, LoadOptions
 from ..errors import DataError, ModelError
 from ..models import context_of, load_reader, load_tokenizer
 from .common import LOCAL, Guard, Progress
@@ -26,14 +26,36 @@ DEFAULT_TRAIN_SAMPLE = 256  # examples mask learning steps over (a completion ta
 
 
 def check_kind(options: LoadOptions) -> LoadOptions:
-    """The reading of a pair for a completion task: the causal LM itself (a prompt or a classifier head is refused)."""
+    """The reading of a pair for a completion task: the causal LM itself (a prompt or a classifier head the request
+    gave is refused, naming what it gave)."""
     if options.head not in ("auto", "completion", "causal-lm"):
         raise ModelError(f"--head {options.head}: a completion task is scored on a causal LM's own completions; drop "
                          "--head or give --head completion")
     if options.prompted():
-        raise ModelError("--template and --label-words read a language model as a classifier; a completion task "
-                         "scores the model's own completions: drop them")
+        given = [flag for flag, value in (("--template", options.template), ("--label-words", options.label_words),
+                                          ("--label-scoring", options.label_scoring != "first")) if value]
+        raise ModelError(f"{' and '.join(given)} read a language model as a classifier; a completion task scores the "
+                         f"model's own completions: drop {'it' if len(given) == 1 else 'them'}")
     return LoadOptions(head="completion", dtype=options.dtype, device_map=options.device_map)
+
+
+def check_classification(options: LoadOptions, task) -> None:
+    """Refuse --head completion on a classification task: it reads a causal LM on its own completions, and the task
+    has labels to score."""
+    if options.head == COMPLETION:
+        raise ModelError(f"--head completion reads a causal LM on its own completions, and '{task.name}' is a "
+                         "classification task: drop --head completion, or give a completion task as --task")
+
+
+def check_region_kind(label: str, meta, task) -> None:
+    """Refuse a region learned on one kind of task (its recorded reading) scored on a task of the other kind: its
+    pair is read as that kind, whatever the request gives."""
+    made = COMPLETION if (getattr(meta, "loading", None) or {}).get("head") == COMPLETION else "classification"
+    asked = COMPLETION if isinstance(task, CompletionTask) else "classification"
+    if made != asked:
+        learned = f" '{meta.task}'" if getattr(meta, "task", None) else ""
+        raise ModelError(f"'{label}' was learned on the {made} task{learned}, and '{task.name}' is a {asked} task: "
+                         f"score it on its own task (drop --task), or give a region learned on a {asked} task")
 
 
 def train_sample(task: CompletionTask, req, notes: list[str]):
@@ -166,5 +188,6 @@ def recorded_rule(meta, guard: Guard = LOCAL) -> tuple[generation.AnswerRule, in
         generation.MAX_NEW_TOKENS
 
 
-__all__ = ["DEFAULT_TRAIN_SAMPLE", "check_context", "check_finetune", "check_kind", "judging", "recorded_rule", "evaluate",
+__all__ = ["DEFAULT_TRAIN_SAMPLE", "check_classification", "check_context", "check_finetune", "check_kind",
+           "check_region_kind", "judging", "recorded_rule", "evaluate",
            "finetune", "mask_batches", "quick_check", "test_score", "train_sample"]

@@ -94,6 +94,8 @@ def finetune(req: FinetuneRequest, progress: Progress | None = None, cancel=None
     if generative:
         options = completions.check_kind(options)
         completions.check_finetune(req, task, config, allow, notes)  # what the base's context cannot hold, refused now
+    else:
+        completions.check_classification(options, task)
     if req.out:
         out, shared = Path(req.out).expanduser(), contextlib.nullcontext()
     else:
@@ -264,8 +266,10 @@ def localize(req: LocalizeRequest, progress: Progress | None = None, cancel=None
         options = completions.check_kind(options)
         if info.needs_data:
             completions.train_sample(task, req, [])  # a bad sample size fails before any model is loaded
-    elif info.needs_data:
-        examples_per_class(req, task, [])  # a bad k-shot size fails before any model is loaded
+    elif task is not None:
+        completions.check_classification(options, task)
+        if info.needs_data:
+            examples_per_class(req, task, [])  # a bad k-shot size fails before any model is loaded
     pair = get_pair(req.base, req.finetuned, req.graftable_spec(), guard, progress, cancel, options,
                     task.label_names if task is not None and not generative else None)
     notes += prompt_notes(pair)
@@ -808,9 +812,13 @@ def regions_pair(req, grafts: Grafts, task: Task, guard: Guard, progress=None, c
     """The pair the regions of ``grafts`` are grafted onto, each region checked against it (``grafts.notes``
     gains what the reader should know: a patch's fine-tuned model rebuilt, another build, the prompt)."""
     records, labels, first, notes = grafts.records, grafts.labels, grafts.first, grafts.notes
+    for path, record in zip(req.regions, records):  # before the reading the region recorded meets the request's
+        completions.check_region_kind(Path(path).name, record.meta, task)
     options = req.load_options(regions.recorded_options(first) if records else None)
     if isinstance(task, CompletionTask):
         options = completions.check_kind(options)
+    else:
+        completions.check_classification(options, task)
     if grafts.from_patch:
         if progress:
             progress({"stage": f"loading {short_ref(grafts.base)} with the patch"})
@@ -1080,6 +1088,7 @@ def sweep(req: SweepRequest, progress: Progress | None = None, cancel=None, guar
     task = get_any_task(req, guard, notes)
     if isinstance(task, CompletionTask):
         return sweep_completions(req, task, notes, start, progress, cancel, guard)
+    completions.check_classification(req.load_options(), task)
     oods = ood_tasks(req, req.task, task, guard, notes)
     methods = list(dict.fromkeys(req.methods))
     if any(get_method(m).needs_data for m in methods):
