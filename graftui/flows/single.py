@@ -419,6 +419,14 @@ def localize_seeds(req: LocalizeRequest, progress=None, cancel=None, guard: Guar
         checks[seed] = result.check
         notes += [n for n in result.notes if n not in notes]
     records = [r for _, r, _, _, _ in found]
+    seeds = [{"seed": s, "path": p, "k": r.size, "reused": reused, "seconds": round(secs, 1),
+              "top_movement_overlap": r.meta.top_movement_overlap, "check": _held_out(checks.get(s))}
+             for s, r, p, reused, secs in found]
+    if len(records) == 1:  # one seed's region is its own core and union: nothing more to write or compare
+        notes.append(f"one seed ({found[0][0]}): its region is written alone; give two or more --seeds for their core, "
+                     "union and stability")
+        finish(progress)
+        return LocalizeResult(req, notes, time.time() - start, found[0][2], records[0], seeds, None)
     core, union = sets.core([r.indices for r in records]), sets.union(*(r.indices for r in records))
     stability = {**sets.stability([r.indices for r in records], records[0].graftable),
                  "by_module": _module_stability(records), "core_path": None, "union_path": None}
@@ -437,9 +445,6 @@ def localize_seeds(req: LocalizeRequest, progress=None, cancel=None, guard: Guar
         else:
             target = save_new(record, folder, f"{stem}-{how}")
         stability[f"{how}_path"] = str(target)
-    seeds = [{"seed": s, "path": p, "k": r.size, "reused": reused, "seconds": round(secs, 1),
-              "top_movement_overlap": r.meta.top_movement_overlap, "check": _held_out(checks.get(s))}
-             for s, r, p, reused, secs in found]
     finish(progress)
     return LocalizeResult(req, notes, time.time() - start, found[0][2], records[0], seeds, stability)
 

@@ -94,8 +94,10 @@ def seeds(doc: dict) -> str:
     rows = [[e["seed"], e["path"] + ("  (read back)" if e["reused"] else ""), _count(e["k"]),
              _pct(e["top_movement_overlap"]) if e["top_movement_overlap"] is not None else "-", f"{e['seconds']:.1f} s"]
             for e in doc["seeds"]]
-    parts = ["", "", table(["seed", "region", "k", "in top-movement", "time"], rows, "llrrr"), "",
-             _matrix(r"overlap |γi∩γj|/|γj| across seeds", names, st["pairwise_overlap"], _pct), "",
+    parts = ["", "", table(["seed", "region", "k", "in top-movement", "time"], rows, "llrrr")]
+    if not st:  # one seed: no core, union or stability
+        return "\n".join(parts)
+    parts += ["", _matrix(r"overlap |γi∩γj|/|γj| across seeds", names, st["pairwise_overlap"], _pct), "",
              pairs_table([
                  ("mean overlap", f"{_pct(st['mean_overlap'])}; two random regions of these sizes: "
                                   f"{_pct(st['chance_overlap'])}"
