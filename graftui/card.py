@@ -375,19 +375,25 @@ def finetune_card(doc: dict) -> list[str]:
     return [line + "."]
 
 
-def predict_card(rows: list[dict], ft_name: str, texts: int) -> list[str]:
+def predict_card(rows: list[dict], ft_name: str, texts: int, judged: str | None = None) -> list[str]:
     """Hand-typed sentences: where each graft decides as the fine-tuned model does, and where the bare body did
-    not (the sentences on which the region carries the skill). A handful of sentences shows, it does not measure."""
+    not (the sentences on which the region carries the skill). A handful of sentences shows, it does not measure.
+    With ``judged`` (how a completion's answer is read) the texts are prompts and a model answers as FT or not."""
     grafts = list(dict.fromkeys(r["model"] for r in rows if r["model"] != ft_name and not is_body(r["model"])))
     body_differs = {r["text"] for r in rows if is_body(r["model"]) and r["agrees_with_ft"] is False}
-    lines = [f"On {texts} sentence(s), the bare body decides as the fine-tuned model on "
-             f"{texts - len(body_differs)} of {texts}."]
+    things, does, body = ("prompt(s)", "answers", "pre-trained model") if judged else ("sentence(s)", "decides",
+                                                                                        "bare body")
+    lines = [f"On {texts} {things}, the {body} {does} as the fine-tuned model on {texts - len(body_differs)} of "
+             f"{texts}."]
     for name in grafts:
         same = {r["text"] for r in rows if r["model"] == name and r["agrees_with_ft"]}
         restored = len(same & body_differs)
-        lines.append(f"The graft '{name}' decides as the fine-tuned model on {len(same)} of {texts}"
-                     + (f", {restored} of the {len(body_differs)} where the bare body does not" if body_differs else "")
+        lines.append(f"The graft '{name}' {does} as the fine-tuned model on {len(same)} of {texts}"
+                     + (f", {restored} of the {len(body_differs)} where the {body} does not" if body_differs else "")
                      + ".")
+    if judged:
+        return lines + [f"Generations: {judged}. A few prompts show what a model does, they do not measure it: score "
+                        "a test set (evaluate, Compare) for exact match with its interval."]
     return lines + ["A few sentences show what a model does, they do not measure it: score a test set (evaluate, "
                     "Compare) for accuracy with its interval."]
 

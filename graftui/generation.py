@@ -240,6 +240,13 @@ def agreement(generations: list[str], others: list[str], references, rule: Answe
     return sum(same) / len(same) if same else 0.0
 
 
+def same_answer(text: str, other: str, rule: AnswerRule, one_line: bool) -> bool:
+    """Whether two generations give the same answer under ``rule`` where there is no reference (a prompt typed by
+    hand): each is cut at its first line as for a one-line reference when ``one_line`` (the task's references are)."""
+    reference = "answer" if one_line else "answer\nand more"
+    return rule.answer(text, reference) == rule.answer(other, reference)
+
+
 # -- one pair, several grafts, the same examples ------------------------------------------------------------
 SHOWN = 12  # examples of the generations table
 Progress = Callable[[dict], None]
@@ -370,4 +377,4 @@ def compare_completions(pair, task, models: dict, *, split: str = "test", n: int
 
 __all__ = ["AnswerRule", "END_OF_TURN", "GENERATION_BATCH", "MAX_NEW_TOKENS", "Reading", "TeacherForced", "agreement",
            "compare_completions", "exact", "exact_matches", "fit", "generate", "prompt_ids", "read", "reference_read",
-           "sample", "stop_ids", "teacher_forced"]
+           "same_answer", "sample", "stop_ids", "teacher_forced"]

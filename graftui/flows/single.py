@@ -21,7 +21,7 @@ from ..config import (
     DEFAULT_BASE, DEFAULT_FINETUNED, DEFAULT_FINETUNED_REFS, DEFAULT_LOADING, DEFAULT_TASK, FT_LABEL, GraftableSpec,
     LoadOptions, default_checkpoint_dir,
 )
-from ..completion import CompletionTask
+from ..completion import Completions, CompletionTask, context_length
 from ..data import Split, Task, batches
 from ..errors import Cancelled, GraftuiError, ModelError, RegionError, RequestError
 from ..layout import MODULE_LABELS, anatomy as count_anatomy
@@ -972,20 +972,26 @@ class PredictResult(Result):
     label_names: list[str] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)
     rows: list[dict] = field(default_factory=list)  # one per (text, model): probs per class, predicted, confidence
+    # (a completion region: {text, model, generation, agrees_with_ft})
     base: str = ""
     finetuned: str | None = None
     card: list[str] = field(default_factory=list)
+    kind: str = "classification"  # or "completion": each text is a prompt, each row a model's generation for it
 
 
-@verb(PredictRequest, "each model's class probabilities for sentences you give", text.predict)
+@verb(PredictRequest, "each model's class probabilities (a completion region: its generation) for texts you give",
+      text.predict)
 def predict(req: PredictRequest, progress: Progress | None = None, cancel=None, guard: Guard = LOCAL) -> PredictResult:
     """The bare body, the fine-tuned model and every region's graft on the same sentences, side by side: the
-    first look at what a region changes (for a language model, the label words' scores under its prompt)."""
+    first look at what a region changes (for a language model, the label words' scores under its prompt; for a
+    completion region, each model's greedy generation for each text as a prompt: ``predict_completions``)."""
     req.validate()
     start = time.time()
     grafts = regions_setting(req, guard)
     tasks = list(grafts.tasks.values())
     task = tasks[0]
+    if isinstance(task, CompletionTask):
+        return predict_completions(req, grafts, task, start, progress, cancel, guard)
     if any(t.label_names != task.label_names for t in tasks):
         raise RequestError("the regions were learned on tasks with different labels ("
                            + "; ".join(f"{t.name}: {', '.join(t.label_names)}" for t in tasks)
@@ -998,10 +1004,7 @@ def predict(req: PredictRequest, progress: Progress | None = None, cancel=None, 
     sentences = Split(tuple(req.texts), (0,) * len(req.texts), tuple(req.pairs) if req.pairs else None)
     ft_name = f"{FT_LABEL} (from patch)" if grafts.from_patch else FT_LABEL
     body = scoring.body_of(pair)
-    models = [(body, contextlib.nullcontext), (ft_name, pair.finetuned)]  # the pair rests as the bare body
-    for label, record in zip(grafts.labels, grafts.records):
-        region = graft_of(record)
-        models.append((label, functools.partial(pair.grafted, *(region if isinstance(region, tuple) else (region,)))))
+    models = _models(pair, grafts, ft_name)
     names = list(task.label_names)
     rows, ft_says = [], {}
     for m, (model, context) in enumerate(models):
@@ -1025,6 +1028,50 @@ def predict(req: PredictRequest, progress: Progress | None = None, cancel=None, 
     finish(progress)
     return PredictResult(req, grafts.notes, time.time() - start, task.name, names, list(req.texts), rows, grafts.base,
                          None if grafts.from_patch else grafts.finetuned, card.predict_card(rows, ft_name, len(req.texts)))
+
+
+def _models(pair: ModelPair, grafts: Grafts, ft_name: str) -> list[tuple[str, object]]:
+    """(name, context) of each model predict shows: the bare body, FT, then every region's graft."""
+    models = [(scoring.body_of(pair), contextlib.nullcontext), (ft_name, pair.finetuned)]  # the pair rests as the body
+    for label, record in zip(grafts.labels, grafts.records):
+        region = graft_of(record)
+        models.append((label, functools.partial(pair.grafted, *(region if isinstance(region, tuple) else (region,)))))
+    return models
+
+
+def predict_completions(req: PredictRequest, grafts: Grafts, task: CompletionTask, start: float, progress=None,
+                        cancel=None, guard: Guard = LOCAL) -> PredictResult:
+    """Predict on completion regions: each model's greedy generation for each prompt (each --text one whole prompt),
+    judged as the region is (its answer rule and tokens to generate, unless the request says otherwise); a model
+    ``agrees_with_ft`` where its answer is FT's."""
+    if req.pairs:
+        raise RequestError(f"--pair: '{task.name}' is a completion task, and each --text is one whole prompt; drop "
+                           "--pair (a prompt of several lines is one --text)")
+    notes = grafts.notes
+    pair = regions_pair(req, grafts, task, guard, progress, cancel)
+    rule, new = completions.judging(req, grafts.first if grafts.records else None, guard)
+    prompts = Completions(tuple(((("user", t), ("assistant", "")) for t in req.texts)))
+    notes += [n for n in generation.fit(pair.tokenizer, task, prompts, context_length(pair.model), new)
+              if n not in notes]  # refused here when the tokens to generate leave no room for a prompt
+    one_line = all("\n" not in r.strip() for r in task.splits["test"].references)  # how evaluate cuts answers
+    ft_name = f"{FT_LABEL} (from patch)" if grafts.from_patch else FT_LABEL
+    models = _models(pair, grafts, ft_name)
+    said: dict[str, list[str]] = {}
+    for m, (model, context) in enumerate(models):
+        if cancel is not None and cancel.is_set():
+            raise Cancelled("predict cancelled")
+        if progress:
+            progress({"stage": f"generating with {model}", "fraction": m / len(models)})
+        with context():
+            said[model] = generation.generate(pair.model, pair.tokenizer, prompts, task.chat, max_new_tokens=new)
+    rows = [{"text": i, "model": model, "generation": said[model][i],
+             "agrees_with_ft": None if model == ft_name else
+             generation.same_answer(said[model][i], said[ft_name][i], rule, one_line)}
+            for i in range(len(req.texts)) for model, _ in models]
+    finish(progress)
+    return PredictResult(req, notes, time.time() - start, task.name, [], list(req.texts), rows, grafts.base,
+                         None if grafts.from_patch else grafts.finetuned,
+                         card.predict_card(rows, ft_name, len(req.texts), judged=rule.describe(new)), kind="completion")
 
 
 # -- sweep ---------------------------------------------------------------------------------------

@@ -210,8 +210,23 @@ def evaluate(doc: dict) -> str:
     return "\n".join(parts)
 
 
+def _one_line(text: str, width: int = 0) -> str:
+    """A text on one line (its line breaks written as ⏎), cut to ``width`` characters when given."""
+    flat = text.replace("\r\n", "\n").replace("\n", "⏎")
+    return flat if not width or len(flat) <= width else flat[:width - 3] + "..."
+
+
 def predict(doc: dict) -> str:
-    """One block per sentence: each model's predicted class, its probability, and every class's."""
+    """One block per sentence: each model's predicted class, its probability, and every class's (a completion region:
+    each model's generation for each prompt, and whether its answer is FT's)."""
+    if doc.get("kind") == "completion":
+        parts = []
+        for i, text in enumerate(doc["texts"]):
+            rows = [[r["model"], repr(r["generation"]), "" if r["agrees_with_ft"] is None else
+                     ("same answer as FT" if r["agrees_with_ft"] else "differs from FT")]
+                    for r in doc["rows"] if r["text"] == i]
+            parts += [f"{i + 1}. {_one_line(text, 100)}", table(["model", "generation", ""], rows, "lll"), ""]
+        return "\n".join(parts).rstrip()
     names = doc["label_names"]
     parts = []
     for i, text in enumerate(doc["texts"]):

@@ -1,0 +1,103 @@
+"""predict on every kind of region: a completion region shows each model's greedy generation for each prompt (the
+bare pre-trained model, FT, each graft), judged by the region's own answer rule and generation length; a
+classification region still shows class probabilities. In the CLI and the API, on tiny config-built models."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+
+import pytest
+
+import graftui
+from graftui import cli, generation
+from graftui.completion import Completions
+from graftui.models import load_lm, load_tokenizer
+
+from lm_util import make_lm, make_tokenizer, write_completion_task, write_lm_pair, write_task
+
+PROMPTS = ["movie bad loved is not", "fine good\ngreat is not"]  # the second: one prompt of two lines
+
+
+def run_cli(*args) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli.main([str(a) for a in args])
+    return code, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory):
+    """A tiny Llama fine-tuned on a completion task, and a region of it made with --max-new-tokens 3."""
+    root = tmp_path_factory.mktemp("predict")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("GRAFTUI_HOME", str(root / "home"))
+        base = root / "base"
+        tok = make_tokenizer(base)
+        make_lm("llama", len(tok)).save_pretrained(base)
+        task = write_completion_task(root / "opposites.csv")
+        ft = graftui.finetune(base=str(base), task=str(task), optimizer="adamw", lr=0.02, epochs=15, train_examples=0,
+                              out=str(root / "ft"), max_new_tokens=3)
+        region = root / "r.safetensors"
+        graftui.localize(base=str(base), finetuned=ft.out, task=str(task), method="top-movement", sparsity=0.5,
+                         check_n=0, max_new_tokens=3, out=str(region))
+        yield {"root": root, "base": str(base), "ft": ft.out, "task": task, "region": region}
+
+
+def _generate(ref: str, new: int) -> list[str]:
+    data = Completions(tuple((("user", p), ("assistant", "")) for p in PROMPTS))
+    return generation.generate(load_lm(ref, "causal-lm"), load_tokenizer(ref), data, False, max_new_tokens=new)
+
+
+def _answer(text: str) -> str:  # the default rule on one-line references: the first line, spaces collapsed
+    return " ".join(text.strip().split("\n", 1)[0].split())
+
+
+def test_the_api_shows_each_model_s_generation_judged_as_the_region_is(made, tmp_path):
+    doc = graftui.predict(regions=[str(made["region"])], texts=PROMPTS).as_dict()
+    assert doc["kind"] == "completion" and doc["label_names"] == [] and doc["texts"] == PROMPTS
+    body, ft = "pre-trained, same prompt", "fine-tuned"
+    assert [(r["text"], r["model"]) for r in doc["rows"]] == [(i, m) for i in range(2) for m in (body, ft, "r")]
+    assert all(set(r) == {"text", "model", "generation", "agrees_with_ft"} for r in doc["rows"])
+    said = {(r["text"], r["model"]): r["generation"] for r in doc["rows"]}
+    # greedy, with the region's own 3 new tokens (its request's), each model exactly as loaded on its own
+    exported = graftui.export(region=str(made["region"]), finetuned=made["ft"], out=str(tmp_path / "graft")).out
+    for name, ref in ((body, made["base"]), (ft, made["ft"]), ("r", exported)):
+        assert [said[(i, name)] for i in range(2)] == _generate(ref, 3), name
+    assert _generate(made["base"], 3) != _generate(made["base"], 12)  # so the length was the region's, not the default
+    for r in doc["rows"]:
+        want = None if r["model"] == ft else _answer(r["generation"]) == _answer(said[(r["text"], ft)])
+        assert r["agrees_with_ft"] == want
+    assert doc["card"][0].startswith("On 2 prompt(s), the pre-trained model answers as the fine-tuned model on ")
+    assert any("greedy, at most 3 new tokens" in line for line in doc["card"])
+    longer = graftui.predict(regions=[str(made["region"])], texts=PROMPTS[:1], max_new_tokens=12).as_dict()
+    assert [r["generation"] for r in longer["rows"]][0] == _generate(made["base"], 12)[0]  # the request may ask more
+
+
+def test_the_cli_prints_each_generation_and_refuses_a_second_text(made):
+    code, out, err = run_cli("predict", "--region", made["region"], "--text", PROMPTS[0], "--text", PROMPTS[1])
+    assert code == 0, err
+    assert "1. movie bad loved is not" in out and "2. fine good⏎great is not" in out
+    for block, (bare, ft) in zip(out.split("\n\n")[:2], zip(*[_generate(made[k], 3) for k in ("base", "ft")])):
+        assert f"fine-tuned                {ft!r}" in block  # each model's own row, under its prompt
+        assert f"pre-trained, same prompt  {bare!r}" in block
+    code, out, err = run_cli("predict", "--region", made["region"], "--text", PROMPTS[0], "--json")
+    assert code == 0 and json.loads(out)["kind"] == "completion"
+    code, out, err = run_cli("predict", "--region", made["region"], "--text", PROMPTS[0], "--pair", "x")
+    assert (code, out) == (2, "") and err.strip().splitlines() == [
+        "graftui: error: --pair: 'opposites.csv' is a completion task, and each --text is one whole prompt; drop "
+        "--pair (a prompt of several lines is one --text)"]
+
+
+def test_a_classification_region_still_predicts_class_probabilities(tmp_path, monkeypatch):
+    monkeypatch.setenv("GRAFTUI_HOME", str(tmp_path / "home"))
+    base, ft = write_lm_pair(tmp_path, "gpt2")
+    task = write_task(tmp_path / "words.csv")
+    region = tmp_path / "c.safetensors"
+    graftui.localize(base=str(base), finetuned=str(ft), task=str(task), method="top-movement", sparsity=0.05,
+                     check_n=0, label_words="negative= bad,positive= good", out=str(region))
+    doc = graftui.predict(regions=[str(region)], texts=["the movie was good"]).as_dict()
+    assert doc["kind"] == "classification" and doc["label_names"] == ["negative", "positive"]
+    assert all(set(r) == {"text", "model", "probs", "predicted", "confidence", "agrees_with_ft"} for r in doc["rows"])
+    assert all(sum(r["probs"].values()) == pytest.approx(1.0) for r in doc["rows"])
