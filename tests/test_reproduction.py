@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from graftui.flows import reproduction as rep
+from graftui.flows import reproduction_report as report_of
 from graftui.errors import Cancelled
 from graftui.requests import (
     ContinualRequest, EvaluateRequest, FinetuneRequest, LocalizeRequest, MultitaskRequest, ReproduceRequest,
@@ -174,8 +175,8 @@ def test_the_report_says_what_did_not_reproduce(reduced_run, tmp_path):
     path.write_text(json.dumps(doc))
     results = {p.stem: json.loads(p.read_text())["result"] for p in (out / "steps").glob("*.json")}
     results["multitask"]["p_one"][1] = results["multitask"]["p_zero"][1] + 0.01  # a task the model did not learn
-    report = rep.build_report(rep.TINY, results, reduced_run["resumed"].report["steps"], 1.0)
-    text = rep.write_markdown(report)
+    report = report_of.build_report(rep.TINY, results, reduced_run["resumed"].report["steps"], 1.0)
+    text = report_of.write_markdown(report)
     assert "the finding **does not reproduce** in this setting" in text
     assert any(x.startswith("the multi-task model did not learn amazon") for x in report["problems"])
     assert "## Problems with this run" in text
@@ -187,11 +188,11 @@ def test_the_report_says_what_did_not_reproduce(reduced_run, tmp_path):
         d.update(diff=0.19, ci=[-0.01, 0.4])
     path.write_text(json.dumps(doc))
     results["evaluate"] = doc["result"]
-    report = rep.build_report(rep.TINY, results, reduced_run["resumed"].report["steps"], 1.0)
+    report = report_of.build_report(rep.TINY, results, reduced_run["resumed"].report["steps"], 1.0)
     assert report["calibration"]["settings"][0]["verdict"] == "undecided"
     assert not any("lower ECE for the graft with a standard head" in x for x in report["did_not_reproduce"])
-    assert "the finding **is not decided at this n**" in rep.write_markdown(report)
-    assert rep.verdict({"ci": [0.01, 0.02]}, 1) == "reproduces" and rep.verdict({"ci": [-0.3, -0.1]}, 1) == "contradicted"
+    assert "the finding **is not decided at this n**" in report_of.write_markdown(report)
+    assert report_of.verdict({"ci": [0.01, 0.02]}, 1) == "reproduces" and report_of.verdict({"ci": [-0.3, -0.1]}, 1) == "contradicted"
 
 
 def test_reproduce_refuses_a_folder_it_did_not_write(tmp_path):
@@ -283,18 +284,18 @@ def test_seeds_replicate_the_single_task_steps_and_the_report_reads_them_togethe
     # the evaluate step as two seeds' regions would leave it: a replicate group, its rows and differences
     results = {p.stem: json.loads(p.read_text())["result"] for p in (reduced_run["out"] / "steps").glob("*.json")}
     ev = results["evaluate"]
-    label = rep._label_of(ev["rows"])
+    label = report_of._label_of(ev["rows"])
     group = "movies-learned (seeds 0, 1)"
     rows = [{**r, "model": group, "accuracy_std": 0.02, "ece_std": 0.004, "accuracy_seeds": [r["accuracy"]] * 2}
             for r in ev["rows"] if r["model"] == label]
     diffs = [{**d, "a": group, "seeds": 2, "diff": -0.05, "ci": [-0.09, -0.01]} for d in ev["differences"]
              if d["a"] == label]
     ev["replicates"] = [{"name": group, "regions": [label, label], "rows": rows, "differences": diffs}]
-    report = rep.build_report(scale, results, reduced_run["resumed"].report["steps"], 1.0)
+    report = report_of.build_report(scale, results, reduced_run["resumed"].report["steps"], 1.0)
     single = report["single_task"]
     assert single["seeds"] == 2 and single["graft_std"]["accuracy"] == 0.02
     assert single["graft_minus_ft"]["ece"]["a"] == group and single["graft_minus_ft"]["ece"]["seeds"] == 2
     assert report["calibration"]["settings"][0]["verdict"] == "reproduces"  # ECE −0.05 [−0.09, −0.01]
-    text = rep.write_markdown(report)
+    text = report_of.write_markdown(report)
     assert "(mean (std) over 2 mask-learning seeds)" in text and "graft − FT ECE: " in text
     assert f"{single['accuracy']['graft']:.3f} (0.020)" in text
