@@ -731,3 +731,16 @@ def test_a_completion_skill_is_localized_and_compared_by_its_generations(page, t
     assert models[:2] == ["fine-tuned", "pre-trained, same prompt"] and region in models, models
     shown = [r for r in bu.table_rows(page, "compare-disagreements") if r]
     assert len(shown) == 12 and all(any(c.startswith(("✓", "✗")) for c in r) for r in shown), shown
+    # Try it: for a completion region the whole box is one prompt (two lines here), and each model's greedy generation
+    # for it is a row of the table
+    page.wait_for_function("() => document.querySelector('#predict-run').innerText.includes('Generate') && "
+                           "document.querySelector('#predict-text').innerText.includes('Prompt')", timeout=15_000)
+    page.fill("#predict-text textarea", "north south\nhot is not")
+    line, _ = bu.run_job(page, "#predict-run", "#predict-status", "predict-job", timeout_s=JOB_S)
+    assert "· done" in line, line
+    page.wait_for_function("() => document.querySelector('#predict-table').innerText.includes('generation')",
+                           timeout=30_000)
+    rows = [r for r in bu.table_rows(page, "predict-table") if r]
+    assert len(rows) == 3 and [r[1] for r in rows][1:] == ["fine-tuned", region], rows  # body, FT, the graft: one prompt
+    assert all(" ".join(r[0].split()) == "north south hot is not" for r in rows), rows
+    assert rows[1][3] == "" and {rows[0][3], rows[2][3]} <= {"yes", "no"}, rows
