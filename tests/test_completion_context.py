@@ -191,3 +191,29 @@ def test_a_completion_longer_than_the_context_is_refused_before_any_work(long, t
              "--out", tmp_path / "r.safetensors"], line)
     refused(["finetune", "--base", long["base"], "--task", answers, "--out", tmp_path / "ft"], line)
     assert not (tmp_path / "r.safetensors").exists() and not (tmp_path / "ft").exists()
+
+
+def test_ablation_and_stitching_check_the_context_first_and_note_what_it_cut(long, tmp_path):
+    """The two region-file verbs that generate (anatomy --ablate, with the region's own generation length, and compose
+    --stitch) check the context before they score anything, and say what it cut."""
+    regions = []
+    for seed, ft in ((0, long["ft"]), (1, str(tmp_path / "ft-1"))):
+        if seed:
+            code, _, err = run_cli("finetune", "--base", long["base"], "--task", long["task"], "--epochs", "1",
+                                   "--seed", "1", "--max-new-tokens", "8", "--out", ft)
+            assert code == 0, err
+        regions.append(tmp_path / f"r{seed}.safetensors")
+        code, _, err = run_cli("localize", "--base", long["base"], "--finetuned", ft, "--task", long["task"], "--steps",
+                               "1", "--check-n", "0", "--max-new-tokens", "8", "--out", regions[-1])
+        assert code == 0, err
+    code, out, err = run_cli("anatomy", "--region", regions[0], "--ablate", "--n", "4", "--json")
+    assert code == 0, err
+    assert "long.csv: 4 of 4 prompts were longer than the 120 tokens the model's context of 128 leaves beside 8 new " \
+           "tokens, and were generated from their last tokens (lower --max-new-tokens to keep more of them)" \
+           in json.loads(out)["notes"]
+    code, out, err = run_cli("compose", "--region", regions[0], "--region", regions[1], "--stitch", "--n", "4",
+                             "--validation-n", "4", "--lambdas", "1", "--json")
+    assert code == 0, err
+    assert "long.csv: 4 of 4 prompts were longer than the 120 tokens the model's context of 128 leaves beside 8 new " \
+           "tokens, and were generated from their last tokens (lower --max-new-tokens to keep more of them)" \
+           in json.loads(out)["notes"]

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from .. import card, generation, metrics, regions, scoring, sets, settings
-from ..completion import CompletionTask
+from ..completion import CompletionTask, context_length
 from ..config import DEFAULT_BASE, DEFAULT_TASK
 from ..errors import Cancelled, ModelError, RegionError, RequestError
 from ..experiments import best_lambda, drop_part, row_of, task_arithmetic
@@ -141,6 +141,8 @@ def ablate(req: AnatomyRequest, path: str, record: RegionRecord, anat: Anatomy, 
         scoring.check_labels(pair, task)
     rule, new = completions.judging(req, record.meta, guard)
     data = generation.sample(task, "test", req.n, scoring.TEST_SAMPLE_SEED) if generative else None
+    if generative:  # what the model's context cannot hold is refused before the first drop is scored
+        completions.add(notes, generation.fit(pair.tokenizer, task, data, context_length(pair.model), new))
     notes += [note for note in grafts.notes if note not in notes]
     values = record.values if record.is_patch else None
     parts = [("layer", row) for row in anat.layers] + [("module", m) for m in anat.modules]
@@ -342,6 +344,11 @@ def stitch(req: ComposeRequest, records: list[RegionRecord], names: list[str], b
         regions.check_fits(record, pair)
         check_build(record, pair, name, notes)
         pairs.append(pair)
+    for pair, task, (_, new) in zip(pairs, tasks, judging):  # what the context cannot hold, refused before any merge
+        if isinstance(task, CompletionTask):
+            for split, n in (("validation", req.validation_n), ("test", req.n)):
+                completions.add(notes, generation.fit(pair.tokenizer, task, generation.sample(
+                    task, split, n, scoring.TEST_SAMPLE_SEED), context_length(pair.model), new))
     graftable = [n for n in pairs[0].graftable if all(n in p.ft for p in pairs)]
     patches = [regions.with_patch(p, r) if not r.is_patch else r for p, r in zip(pairs, records)]
     union_idx, union_val, report = scoring.union_of(patches, names, pairs[0].pre, req.resolve)
@@ -367,6 +374,7 @@ def stitch(req: ComposeRequest, records: list[RegionRecord], names: list[str], b
                        for j in range(len(pairs)) if j != i})
         part = _score(pair, task, models, req.n, [(STITCHED, arithmetic), (STITCHED, f"{name} alone")], judging[i],
                       progress, cancel)
+        completions.add(notes, part.get("notes", ()))
         for row in part["rows"]:
             row["head"] = name
         rows += part["rows"]
