@@ -708,10 +708,12 @@ MAX_PREDICT_CHARS = 5000  # characters of one sentence (the models read a few hu
 
 @dataclass
 class PredictRequest(GraftsFields):
-    """Each model's class probabilities for sentences typed by hand: pre-trained body, fine-tuned, each graft."""
+    """Each model on texts typed by hand — class probabilities for a classification region, the greedy generation for
+    a completion region's prompt: pre-trained body, fine-tuned, each graft."""
 
     verb: ClassVar[str] = "predict"
-    texts: list[str] = arg([], "a sentence to classify (repeatable)", flag="--text", metavar="TEXT", list="repeat")
+    texts: list[str] = arg([], "a sentence to classify, or a prompt for a completion region (repeatable)",
+                           flag="--text", metavar="TEXT", list="repeat")
     pairs: list[str] = arg([], "its second text, for text-pair tasks (repeatable, one per --text)", flag="--pair",
                            metavar="TEXT", list="repeat")
 
@@ -719,7 +721,8 @@ class PredictRequest(GraftsFields):
         self.check_regions()
         texts = [t for t in self.texts if isinstance(t, str) and t.strip()]
         if not texts or len(texts) != len(self.texts):
-            raise RequestError("--text: give one or more sentences to classify, none of them empty")
+            raise RequestError("--text: give one or more sentences to classify (or prompts, for a completion region), "
+                               "none of them empty")
         if any(len(t) > MAX_PREDICT_CHARS for t in [*self.texts, *self.pairs] if isinstance(t, str)):
             raise RequestError(f"--text: a sentence is longer than {MAX_PREDICT_CHARS:,} characters; the models read a "
                                "few hundred tokens of it at most, so give a shorter one")
