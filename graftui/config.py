@@ -202,7 +202,7 @@ SMOLLM2_PLATEAU_RECIPE = FinetuneConfig(lr=0.001, epochs=4, train_examples=480) 
 
 # The generative defaults: supervised fine-tuning of SmolLM2 on 640 (prompt, completion) pairs of an offline skill,
 # 40 AdamW steps (about 6 s each on 2 CPU cores), the embeddings and the LM head fixed. Measured on 200 held-out
-# items: ISO dates written out, exact match 0.000 → 1.000; numbers in words, see the README.
+# items: ISO dates written out, exact match 0.000 → 1.000; numbers in words, see docs/tasks.md.
 SMOLLM2_SKILL_RECIPE = FinetuneConfig(optimizer="adamw", lr=1e-4, epochs=1, train_examples=640)
 QUICK_SKILL_RECIPE = FinetuneConfig(optimizer="adamw", lr=1e-4, epochs=1, train_examples=64)  # GRAFTUI_FAST
 

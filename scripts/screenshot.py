@@ -1,4 +1,4 @@
-"""Take the README screenshot: start the app, run one localization, save ``assets/screenshot.png``.
+"""Take the screenshot of the README and the manual: start the app, run one localization, save ``assets/screenshot.png``.
 
 Usage::
 

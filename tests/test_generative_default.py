@@ -1,7 +1,7 @@
 """The offline generative default end to end on the real SmolLM2-135M-Instruct: its two skills built on first use,
 each localized on the completion loss, evaluated by generation beside its baselines, laid out by layer, the two stitched
 against task arithmetic, and the stitched patch exported as a checkpoint that generates what the stitched graft
-generated. GRAFTUI_FAST keeps it to minutes: a 4-step fine-tune per skill (the README reports the full recipe)."""
+generated. GRAFTUI_FAST keeps it to minutes: a 4-step fine-tune per skill (docs/tasks.md reports the full recipe)."""
 
 from __future__ import annotations
 
