@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 from .. import card, generation, metrics, regions, scoring, sets, settings
-from ..completion import CompletionTask, context_length
+from ..completion import CompletionTask, context_length, prompt_room
 from ..config import DEFAULT_BASE, DEFAULT_TASK
 from ..errors import Cancelled, ModelError, RegionError, RequestError
 from ..experiments import best_lambda, drop_part, row_of, task_arithmetic
@@ -344,11 +344,9 @@ def stitch(req: ComposeRequest, records: list[RegionRecord], names: list[str], b
         regions.check_fits(record, pair)
         check_build(record, pair, name, notes)
         pairs.append(pair)
-    for pair, task, (_, new) in zip(pairs, tasks, judging):  # what the context cannot hold, refused before any merge
+    for pair, task, (_, new) in zip(pairs, tasks, judging):  # no room for a prompt: refused before any merge
         if isinstance(task, CompletionTask):
-            for split, n in (("validation", req.validation_n), ("test", req.n)):
-                completions.add(notes, generation.fit(pair.tokenizer, task, generation.sample(
-                    task, split, n, scoring.TEST_SAMPLE_SEED), context_length(pair.model), new))
+            prompt_room(context_length(pair.model), new)
     graftable = [n for n in pairs[0].graftable if all(n in p.ft for p in pairs)]
     patches = [regions.with_patch(p, r) if not r.is_patch else r for p, r in zip(pairs, records)]
     union_idx, union_val, report = scoring.union_of(patches, names, pairs[0].pre, req.resolve)
