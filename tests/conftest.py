@@ -54,6 +54,28 @@ def mask_to_region(masks: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {n: m.reshape(-1).nonzero().squeeze(1) for n, m in masks.items() if bool(m.any())}
 
 
+TIERS = ("e2e", "browser", "slow")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every test not marked e2e, browser or slow is a unit test: ``pytest -m unit`` is the tier to run after each
+    change."""
+    for item in items:
+        if not any(item.get_closest_marker(tier) for tier in TIERS):
+            item.add_marker(pytest.mark.unit)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_home(tmp_path_factory):
+    """Nothing a test writes lands in the user's ``~/.graftui``: the session has a home of its own (SmolLM2 is made in
+    it once), and a module or a test may set its own inside that."""
+    mp = pytest.MonkeyPatch()
+    path = tmp_path_factory.mktemp("graftui-home")
+    mp.setenv("GRAFTUI_HOME", str(path))
+    yield path
+    mp.undo()
+
+
 @pytest.fixture
 def home(tmp_path, monkeypatch):
     """A fresh GRAFTUI_HOME, and a fresh app-wide job runner rooted in it."""

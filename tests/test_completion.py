@@ -31,6 +31,7 @@ def _csv(path, rows, header=("prompt", "completion")):
     return path
 
 
+@pytest.mark.e2e
 def test_a_prompt_completion_file_is_a_task_whose_prompt_is_masked_out_of_the_loss(tmp_path, tok):
     rows = [(f"What is {i} + {i}?", f" {2 * i}") for i in range(40)]
     task = load_completion_task(_csv(tmp_path / "sums.csv", rows))
@@ -45,6 +46,7 @@ def test_a_prompt_completion_file_is_a_task_whose_prompt_is_masked_out_of_the_lo
     assert labels[0] == [IGNORE] * len(prompt) + answer  # the completion and its end, nothing of the prompt
 
 
+@pytest.mark.e2e
 def test_question_and_answer_columns_are_guessed_and_named_columns_win(tmp_path, tok):
     path = _csv(tmp_path / "gsm.csv", [("Tom has 3 apples ...", "He has 5. #### 5")] * 5, ("question", "answer"))
     task = load_completion_task(path)
@@ -53,6 +55,7 @@ def test_question_and_answer_columns_are_guessed_and_named_columns_win(tmp_path,
     assert swapped.splits["train"].examples[0][1] == ("assistant", "Tom has 3 apples ...")
 
 
+@pytest.mark.e2e
 def test_a_chat_file_scores_every_assistant_turn_as_the_template_writes_it(tmp_path, tok):
     talk = [{"role": "user", "content": "Say hi"}, {"role": "assistant", "content": "Hi!"},
             {"role": "user", "content": "Again"}, {"role": "assistant", "content": "Hi again!"}]
@@ -72,6 +75,7 @@ def test_a_chat_file_scores_every_assistant_turn_as_the_template_writes_it(tmp_p
     assert [tok.decode(s) for s in spans] == ["Hi!<|im_end|>\n", "Hi again!<|im_end|>\n"]
 
 
+@pytest.mark.e2e
 def test_a_long_prompt_loses_its_start_and_never_a_completion_token(tmp_path, tok):
     long = " ".join(["word"] * 80)
     split = Completions(((("user", long), ("assistant", " yes")), (("user", "short"), ("assistant", " no"))))
@@ -101,6 +105,7 @@ def test_bad_completion_files_are_refused_in_one_line(tmp_path, rows, header, ne
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.e2e
 def test_bad_chat_files_and_a_tokenizer_without_a_chat_template_are_refused(tmp_path, tok):
     path = tmp_path / "chat.jsonl"
     path.write_text(json.dumps({"messages": [{"role": "user", "content": "hi"}]}) + "\n")

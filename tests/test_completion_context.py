@@ -193,6 +193,7 @@ def test_a_completion_longer_than_the_context_is_refused_before_any_work(long, t
     assert not (tmp_path / "r.safetensors").exists() and not (tmp_path / "ft").exists()
 
 
+@pytest.mark.e2e  # two fine-tunes through the CLI
 def test_ablation_and_stitching_check_the_context_first_and_note_what_it_cut(long, tmp_path):
     """The two region-file verbs that generate (anatomy --ablate, with the region's own generation length, and compose
     --stitch) check the context before they score anything, and say what it cut."""

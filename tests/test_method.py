@@ -260,6 +260,7 @@ def test_top_k_equals_the_whole_sort_ties_included():
         {n: i.tolist() for n, i in reference(scores, 9).items()}
 
 
+@pytest.mark.e2e
 def test_data_parallel_mask_learning_gives_the_single_process_region(tmp_path):
     """Two gloo processes, each on its rows of the same global batch (7 rows: 4 and 3), learn one region."""
     import subprocess

@@ -148,6 +148,7 @@ def test_the_lm_head_and_embeddings_stay_out_of_regions(arch, lm_root):
     assert pair.head == [] and pair.describe()["architecture"] == type(make_lm(arch, 10)).__name__
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("arch", ["gpt2", "llama", "bert-mlm"])
 def test_cli_localize_then_export_rebuilds_the_graft_bit_exactly(arch, lm_root, tmp_path):
     from safetensors.torch import load_file
@@ -285,6 +286,7 @@ def test_the_app_checks_and_previews_a_language_model_pair(lm_root):
         actions.check_pair(str(base), str(ft), actions.prompt_fields("classifier", "{text} x", ""), str(task), {})
 
 
+@pytest.mark.e2e
 def test_smollm2_is_made_once_from_the_package_gguf(tmp_path, monkeypatch):
     """The offline causal default: dequantised to an ordinary safetensors folder under GRAFTUI_HOME."""
     import importlib.util

@@ -100,6 +100,7 @@ def reduced_run(tmp_path_factory):
         mp.undo()
 
 
+@pytest.mark.slow
 def test_reduced_run_writes_the_report_with_every_experiment(reduced_run):
     out = reduced_run["out"]
     doc = json.loads((out / "report.json").read_text())
@@ -136,6 +137,7 @@ def test_reduced_run_writes_the_report_with_every_experiment(reduced_run):
     assert all((out / f).stat().st_size > 1000 for f in doc["figures"]) and (out / "figures" / "plotly.min.js").exists()
 
 
+@pytest.mark.slow
 def test_reduced_run_announces_its_plan_and_resumes_where_it_stopped(reduced_run):
     first = reduced_run["events"][0]
     assert first["announce"] and "steps, about" in first["stage"]
@@ -148,6 +150,7 @@ def test_reduced_run_announces_its_plan_and_resumes_where_it_stopped(reduced_run
     assert reduced_run["again"].report["single_task"] == resumed.report["single_task"]
 
 
+@pytest.mark.slow
 def test_one_step_re_runs_from_its_saved_request(reduced_run, monkeypatch, tmp_path):
     from graftui import flows
 
@@ -157,6 +160,7 @@ def test_one_step_re_runs_from_its_saved_request(reduced_run, monkeypatch, tmp_p
     assert again.as_dict()["rows"] == saved["result"]["rows"]
 
 
+@pytest.mark.slow
 def test_the_report_says_what_did_not_reproduce(reduced_run, tmp_path):
     """Make the graft worse calibrated than FT in the saved numbers: the report must say so."""
     import shutil
@@ -207,6 +211,7 @@ def test_reproduce_refuses_a_folder_it_did_not_write(tmp_path):
     assert (tmp_path / "precious.txt").read_text() == "keep me"
 
 
+@pytest.mark.slow
 def test_the_app_shows_a_finished_report_and_offers_its_files(reduced_run, tmp_path):
     from types import SimpleNamespace
 
@@ -221,6 +226,7 @@ def test_the_app_shows_a_finished_report_and_offers_its_files(reduced_run, tmp_p
     assert gone == [None, "The report file is gone."]
 
 
+@pytest.mark.slow
 def test_a_resumed_run_reruns_every_step_after_a_missing_one(reduced_run, tmp_path, monkeypatch):
     import shutil
 
@@ -259,6 +265,7 @@ def test_a_saved_step_from_before_a_request_field_existed_is_reused_at_that_fiel
     assert _saved(path, request) == {"k": 7}  # the memory mode changes the speed, not the result
 
 
+@pytest.mark.slow
 def test_seeds_replicate_the_single_task_steps_and_the_report_reads_them_together(reduced_run, monkeypatch,
                                                                                   tmp_path):
     """``--seeds N`` runs sweep, localize and evaluate once per mask-learning seed; the report gives mean (std)
