@@ -5,18 +5,17 @@ more tokens to generate than it has) is refused in one line before any work, nam
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 
 import pytest
 import torch
 
-from graftui import cli, completion, generation
+from graftui import completion, generation
 from graftui.flows import text
 from graftui.completion import Completions
 from graftui.errors import DataError
 
+from cli_util import refused, run_cli
 from lm_util import OPPOSITES, WORDS, _write_pairs, make_lm, make_tokenizer
 
 CONTEXT = 128
@@ -39,20 +38,6 @@ def write_long_task(path, n: int = 249):
     words = list(OPPOSITES)
     return _write_pairs(path, ((long_prompt(i, w), f" {OPPOSITES[w]}") for i, w in ((i, words[i % len(words)])
                                                                                    for i in range(n))))
-
-
-def run_cli(*args) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = cli.main([str(a) for a in args])
-    return code, out.getvalue(), err.getvalue()
-
-
-def refused(args, line: str) -> None:
-    """The CLI refuses in exactly this one line, exit 2, no traceback."""
-    code, out, err = run_cli(*args)
-    assert (code, out) == (2, ""), (code, out, err)
-    assert err.strip().splitlines() == [f"graftui: error: {line}"], err
 
 
 @pytest.fixture(scope="module")

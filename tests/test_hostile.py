@@ -10,8 +10,6 @@ deleted, existing files stay as they were, no job is queued, no other session is
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import pickle
@@ -24,6 +22,7 @@ import pytest
 import torch
 
 from browser_util import free_port
+from cli_util import run_cli
 from conftest import make_tiny_pair
 
 pytestmark = pytest.mark.e2e
@@ -32,15 +31,6 @@ WARN = "⚠️ "
 
 
 # -- the two front ends ------------------------------------------------------------------------------
-def run_cli(*args) -> tuple[int, str, str]:
-    from graftui import cli
-
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = cli.main([str(a) for a in args])
-    return code, out.getvalue(), err.getvalue()
-
-
 def cli_refuses(args, needle: str) -> str:
     code, out, err = run_cli(*args)
     assert code == 2, (args, code, out, err)
@@ -876,6 +866,26 @@ def test_seeds_count_against_a_hosted_servers_ceilings(monkeypatch, tmp_path):
 BACKTRACKS = "(a|aa)+$"  # exponential in a run of a's that ends otherwise; Python's re takes minutes on 40 of them
 
 
+def ticking():
+    """A thread that notes the time every 10 ms until stopped: a gap in its ticks is a stall of the interpreter.
+    Returns (ticks, stop)."""
+    ticks, done = [], threading.Event()
+
+    def tick():
+        while not done.is_set():
+            ticks.append(time.monotonic())
+            time.sleep(0.01)
+
+    ticker = threading.Thread(target=tick)
+    ticker.start()
+
+    def stop():
+        done.set()
+        ticker.join()
+
+    return ticks, stop
+
+
 def test_a_backtracking_answer_regex_ends_in_one_line_and_never_holds_the_interpreter():
     from graftui.errors import DataError
     from graftui.generation import REGEX_SECONDS, AnswerRule
@@ -886,22 +896,13 @@ def test_a_backtracking_answer_regex_ends_in_one_line_and_never_holds_the_interp
         found = re.search(pattern, text)
         assert AnswerRule(regex=pattern).answer(text) == found.group(1)  # read as Python's re reads it
     rule = AnswerRule(regex=BACKTRACKS)
-    ticks, stop = [], threading.Event()
-
-    def tick():
-        while not stop.is_set():
-            ticks.append(time.monotonic())
-            time.sleep(0.01)
-
-    ticker = threading.Thread(target=tick)
-    ticker.start()
+    ticks, stop = ticking()
     began = time.monotonic()
     try:
         with pytest.raises(DataError, match=r"backtracks without end.*nested repeats"):
             rule.answer("a" * 60 + "!")
     finally:
-        stop.set()
-        ticker.join()
+        stop()
     assert time.monotonic() - began < 20 * REGEX_SECONDS  # the budget, not the pattern's exponential time
     gaps = [b - a for a, b in zip(ticks, ticks[1:])]
     assert len(ticks) > 5 and max(gaps) < 0.2, max(gaps)  # another thread ran all along
@@ -931,22 +932,13 @@ def aaa_skill(server):
 
 def test_a_backtracking_regex_on_the_command_line_ends_in_one_line_while_the_interpreter_runs(aaa_skill, monkeypatch):
     monkeypatch.delenv("GRAFTUI_HOSTED")
-    ticks, stop = [], threading.Event()
-
-    def tick():
-        while not stop.is_set():
-            ticks.append(time.monotonic())
-            time.sleep(0.01)
-
-    ticker = threading.Thread(target=tick)
-    ticker.start()
+    ticks, stop = ticking()
     began = time.monotonic()
     try:
         line = cli_refuses(["evaluate", "--region", aaa_skill["plain"], "--n", "4", "--answer-regex", BACKTRACKS],
                            "backtracks without end")
     finally:
-        stop.set()
-        ticker.join()
+        stop()
     assert BACKTRACKS in line and time.monotonic() - began < 60
     gaps = [b - a for a, b in zip(ticks, ticks[1:])]
     assert max(gaps) < 1.0, max(gaps)  # no single stall holds the interpreter (model loading included)

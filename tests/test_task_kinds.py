@@ -4,29 +4,13 @@ kind, and a localization with one seed (which has no core or union to write)."""
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 
 import pytest
 
-from graftui import cli
 
+from cli_util import refused, run_cli
 from lm_util import write_completion_task, write_lm_pair, write_task
-
-
-def run_cli(*args) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = cli.main([str(a) for a in args])
-    return code, out.getvalue(), err.getvalue()
-
-
-def refused(args, line: str) -> str:
-    code, out, err = run_cli(*args)
-    assert (code, out) == (2, ""), (code, out, err)
-    assert err.strip().splitlines() == [f"graftui: error: {line}"], err
-    return line
 
 
 @pytest.fixture(scope="module")
