@@ -35,7 +35,8 @@ log = logging.getLogger(__name__)
 
 QUEUED, RUNNING, DONE, FAILED, CANCELLED, INTERRUPTED = "queued", "running", "done", "failed", "cancelled", "interrupted"
 FINISHED = {DONE, FAILED, CANCELLED, INTERRUPTED}
-STOP_GRACE = 5.0  # seconds a job past its time limit, or cancelled, has to stop at its own next step
+STOP_GRACE = 30.0  # seconds a job past its time limit, or cancelled, has to stop at its own next step (a batch of
+# generations on a CPU may take this long between two)
 WATCH_SECONDS = 0.2  # how often the runner looks at a running job
 NOBODY = ""  # the owner of a record whose owner is unknown: no hosted session's id (those have 32 characters)
 
@@ -105,10 +106,13 @@ JobFn = Callable[[JobContext], dict]
 
 
 class JobRunner:
-    def __init__(self, root: str | Path, max_seconds: float | None = None):
+    def __init__(self, root: str | Path, max_seconds: float | None = None,
+                 after_forced_stop: Callable[[], None] | None = None):
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.max_seconds = max_seconds  # a job running longer is stopped at its next progress report
+        # what to drop after a job was stopped in its thread: it may have been stopped anywhere, a model half-grafted
+        self.after_forced_stop = after_forced_stop
         self._lock = threading.RLock()
         self._wake = threading.Condition(self._lock)
         self._jobs: dict[str, Job] = {}
@@ -246,6 +250,9 @@ class JobRunner:
             thread = threading.Thread(target=body, name=f"graftui-job-{job_id}", daemon=True)
             thread.start()
             stopped = self._watch(thread, job, ctx)
+            if stopped is not None and self.after_forced_stop is not None:
+                with contextlib.suppress(Exception):
+                    self.after_forced_stop()
             err = stopped or outcome.get("error")
             try:
                 if err is None:

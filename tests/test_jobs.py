@@ -115,7 +115,8 @@ def test_a_job_that_never_reports_is_stopped_past_its_time_limit_and_after_a_can
     from graftui import jobs
 
     monkeypatch.setattr(jobs, "STOP_GRACE", 0.3)
-    runner = JobRunner(tmp_path, max_seconds=0.5)
+    dropped = []
+    runner = JobRunner(tmp_path, max_seconds=0.5, after_forced_stop=lambda: dropped.append(1))
     spinning = threading.Event()
 
     def spin(ctx):
@@ -128,6 +129,7 @@ def test_a_job_that_never_reports_is_stopped_past_its_time_limit_and_after_a_can
     job = runner.wait(over.id, 30)
     assert job.status == FAILED and "limit for one job" in job.error, job
     assert runner.wait(after.id, 10).status == DONE
+    assert dropped == [1]  # what the stopped job may have left half done is dropped once; a job that ends does not
 
     spinning.clear()
     runner = JobRunner(tmp_path / "again")  # no time limit: only a cancel stops it

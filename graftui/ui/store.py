@@ -32,7 +32,7 @@ from ..config import (COMPLETION, DEFAULT_BASE, DEFAULT_EXAMPLES_PER_CLASS, DEFA
 from ..errors import RegionError, SessionError
 from ..hosted import check_disk, own_dir
 
-from ..flows.common import save_new
+from ..flows.common import clear_cache, save_new
 from ..jobs import QUEUED, RUNNING, JobRunner
 from ..models import checkpoint_record
 from ..paths import DATA_SUFFIXES, atomic_write, short_ref
@@ -73,7 +73,8 @@ def runner() -> "Jobs":
     with _runner_lock:
         if _runner is None:
             settings.configure_torch()
-            _runner = JobRunner(settings.shared("jobs"), max_seconds=settings.job_seconds())
+            _runner = JobRunner(settings.shared("jobs"), max_seconds=settings.job_seconds(),
+                                after_forced_stop=clear_cache)  # a job stopped anywhere may leave a pair grafted
     return Jobs(_runner, session_id())
 
 
