@@ -206,9 +206,11 @@ def cmd_verb(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     request = flows.read_request(args.file, args.out, args.overwrite)
     request.validate()
-    if type(request).writes:  # a file handed over is run only after saying where it writes
-        places = request.destinations()
-        said = ", ".join(f"{name} {place}" for name, place in places.items()) or \
+    places = request.destinations()
+    if type(request).writes or places:  # a file handed over is run only after saying where it writes
+        seeds = " and, beside it, one per seed (-seedN; a localization also -core and -union)" \
+            if isinstance(getattr(request, "seeds", None), list) and request.seeds else ""
+        said = ", ".join(f"{name} {place}" for name, place in places.items()) + seeds if places else \
             f"a new place under {settings.home()} (the result names it)"
         print(f"{PROG}: running '{request.verb}' from {args.file}; it writes {said}"
               + ("; --overwrite: an existing file there is replaced" if getattr(request, "overwrite", False) else ""),

@@ -36,6 +36,7 @@ GENERATION_BATCH = 32
 
 
 MAX_REGEX_CHARS = 500  # an answer regex longer than this is no answer rule
+MAX_REGEX_REPEATS = 10_000  # nor is one whose counted repeats ({n}) multiply past this: compiling expands them
 REGEX_SECONDS = 0.25  # one search's budget: a sane answer regex takes microseconds; one that backtracks never ends
 
 
@@ -74,7 +75,8 @@ class AnswerRule:
             except TimeoutError:
                 raise DataError(f"the answer regex '{self.regex:.80}' ran over {REGEX_SECONDS:g} s on one answer "
                                 f"({len(text):,} characters), so it backtracks without end: write one without nested "
-                                r"repeats such as '(a|aa)+', e.g. '#### (\S+)'") from None
+                                r"repeats such as '(a|aa)+', e.g. '#### (\S+)' (a region's own regex is dropped with "
+                                "--answer-regex '')") from None
             if found is None:
                 return None
             text = found.group(1) if found.groups() else found.group(0)
@@ -88,14 +90,29 @@ class AnswerRule:
                             f"{references[0].strip()[:60]!r}): fix the regex or drop it")
 
 
+_REPEAT = regex.compile(r"\{\s*(\d*)\s*(?:,\s*(\d*)\s*)?\}")  # {m}, {m,}, {m,n}, {,n}
+
+
+def _repeats(pattern: str) -> int:
+    """The product of the pattern's counted repeats (an upper bound on how far they nest): compiling expands them, so a
+    30-character '(?:(?:a{65535}){65535}){65535}' would take all the memory before any search starts."""
+    product = 1
+    for found in _REPEAT.finditer(pattern):
+        product *= max([int(x) for x in found.groups() if x] or [1], default=1)
+    return product
+
+
 @functools.lru_cache(maxsize=64)
 def _compile(pattern: str):
     if len(pattern) > MAX_REGEX_CHARS:
         raise DataError(f"the answer regex is {len(pattern):,} characters long, over {MAX_REGEX_CHARS}: write a "
                         r"shorter one, e.g. '#### (\S+)'")
+    if _repeats(pattern) > MAX_REGEX_REPEATS:
+        raise DataError(f"the answer regex '{pattern:.80}' repeats by counts ({{n}}) whose product is over "
+                        f"{MAX_REGEX_REPEATS:,}: write one with smaller counts, e.g. '\d{{4}}'")
     try:
         return regex.compile(pattern, flags=regex.VERSION0)  # Python's own syntax, so a pattern reads as with re
-    except (regex.error, TypeError, ValueError, OverflowError, RecursionError) as err:
+    except (regex.error, TypeError, ValueError, OverflowError, RecursionError, MemoryError) as err:
         raise DataError(f"the answer regex '{pattern:.80}' is not a regular expression ({err}); write one such "
                         r"as '#### (\S+)'") from None
 

@@ -228,6 +228,9 @@ REGION_FIELDS = ("region", "regions", "replicates")
 def check_request(request, guard: Guard) -> None:
     """What a server checks before it queues a job: the request's own checks and, hosted, the ceilings on one
     job's work and every model and data reference it names (a server path is refused here, not in the job)."""
+    if settings.hosted() and getattr(request, "answer_regex", None):  # refused before validate() compiles it
+        raise RequestError("answer regexes are not run on a shared server: drop --answer-regex (the first line of each "
+                           "answer is compared), or run graftui on your own machine")
     request.validate()
     if not settings.hosted():
         return
@@ -249,9 +252,6 @@ def check_request(request, guard: Guard) -> None:
     if runs > settings.MAX_LIST_ITEMS:  # each fine-tune runs every seed
         raise RequestError(f"{runs} runs (fine-tunes × seeds) are over this server's limit of {settings.MAX_LIST_ITEMS} "
                            "for one job; ask for fewer seeds or fine-tunes")
-    if getattr(request, "answer_regex", None):  # a regular expression can backtrack for ever, and holds the server
-        raise RequestError("answer regexes are not run on a shared server: drop --answer-regex (the first line of each "
-                           "answer is compared), or run graftui on your own machine")
     if getattr(request, "train_examples", None) == 0:
         raise RequestError("training on every example (0) is not offered here; give a number of training examples up "
                            f"to {settings.HOSTED_CEILINGS['train_examples']:,}")

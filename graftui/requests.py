@@ -260,7 +260,8 @@ class TaskFields(Request):
     messages_column: str | None = arg(None, "completion tasks: column of chat conversations ([{role, content}, …]; "
                                       "every assistant turn is scored)", metavar="NAME", group="completion tasks")
     answer_regex: str | None = arg(None, r"completion tasks: compare only the answer this regex finds (its first "
-                                   r"group), e.g. '#### (\S+)'", metavar="REGEX", group="completion tasks")
+                                   r"group), e.g. '#### (\S+)'; '' compares without one, even where the region was "
+                                   "made with one", metavar="REGEX", group="completion tasks")
     ignore_case: bool = arg(AnswerRule.ignore_case, "completion tasks: exact match ignores case",
                             group="completion tasks")
     whole_generation: bool = arg(not AnswerRule.first_line, "completion tasks: compare the whole generation, not "
@@ -278,14 +279,11 @@ class TaskFields(Request):
                               completion_column=self.completion_column, messages_column=self.messages_column)
 
     def answer_rule(self) -> AnswerRule:
-        return AnswerRule(regex=self.answer_regex or None, ignore_case=self.ignore_case,
+        return AnswerRule(regex=self.answer_regex, ignore_case=self.ignore_case,  # '': none, not even the region's
                           first_line=not self.whole_generation)
 
     def check_task_fields(self) -> None:
-        check_at_least_one("max_new_tokens", self.max_new_tokens)
-        if self.max_new_tokens is not None and self.max_new_tokens > MAX_GENERATED:
-            raise RequestError(f"--max-new-tokens {self.max_new_tokens} is more than {MAX_GENERATED}; an answer this "
-                               "long is no exact-match task")
+        check_max_new_tokens(self.max_new_tokens)
         try:
             self.answer_rule().compiled()
         except GraftuiError as err:
@@ -459,6 +457,13 @@ def check_task_list(tasks: list[str]) -> list[str]:
 def check_sparsity(value: float) -> None:
     if not (isinstance(value, (int, float)) and math.isfinite(value) and 0 < value <= 1):
         raise RequestError(f"sparsity must be in (0, 1], a fraction of the graftable parameters; got {value}")
+
+
+def check_max_new_tokens(value: int | None) -> None:
+    check_at_least_one("max_new_tokens", value)
+    if value is not None and value > MAX_GENERATED:
+        raise RequestError(f"--max-new-tokens {value} is more than {MAX_GENERATED}; an answer this long is no "
+                           "exact-match task")
 
 
 def check_out_file(out: str | None, overwrite: bool = False, resumable: bool = False) -> None:
@@ -777,6 +782,8 @@ class AnatomyRequest(Request):
     ablate: bool = arg(False, "also score the graft without each layer's and each module type's part of the region "
                        "(put back to θ_pre) on the region's own task: what each part is worth (loads the region's pair)")
     n: int = arg(200, "test examples for --ablate (the sample evaluate scores with this n)", metavar="N")
+    max_new_tokens: int | None = arg(None, "completion regions: tokens a model may generate per prompt, greedy "
+                                     "(default: what the region was made with)", metavar="N")
 
     def check(self) -> None:
         if self.region is not None:
@@ -784,6 +791,7 @@ class AnatomyRequest(Request):
         for path in self.replicates:
             check_region_file(path)
         check_at_least_one("n", self.n)
+        check_max_new_tokens(self.max_new_tokens)
 
 
 @dataclass
@@ -837,8 +845,11 @@ class ComposeRequest(Request):
     out: str | None = arg(None, "the union file: a skill patch when every input is one (or --evaluate made them "
                           "patches), a region otherwise (default: not written)", metavar="FILE")
     overwrite: bool = arg(False, "replace --out if it exists (refused otherwise)")
+    max_new_tokens: int | None = arg(None, "completion regions: tokens a model may generate per prompt, greedy "
+                                     "(default: what the region was made with)", metavar="N")
 
     def check(self) -> None:
+        check_max_new_tokens(self.max_new_tokens)
         if len(self.regions) < 2:
             raise RequestError(f"compose needs at least two regions, got {len(self.regions)}")
         for path in self.regions:

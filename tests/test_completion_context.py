@@ -203,3 +203,30 @@ def test_ablation_and_stitching_check_the_context_first_and_note_what_it_cut(lon
     assert "long.csv: 4 of 4 prompts were longer than the 120 tokens the model's context of 128 leaves beside 8 new " \
            "tokens, and were generated from their last tokens (lower --max-new-tokens to keep more of them)" \
            in json.loads(out)["notes"]
+
+
+def test_a_regions_recorded_generation_length_beyond_the_context_is_told_with_an_option_the_verb_has(long, tmp_path):
+    """anatomy and compose take --max-new-tokens too, so the line that refuses a region's recorded 200 names a fix."""
+    from safetensors import safe_open
+    from safetensors.torch import save_file
+
+    made = tmp_path / "r.safetensors"
+    code, _, err = run_cli("localize", "--base", long["base"], "--finetuned", long["ft"], "--task", long["task"],
+                           "--steps", "1", "--check-n", "0", "--max-new-tokens", "8", "--out", made)
+    assert code == 0, err
+    with safe_open(str(made), framework="pt") as fh:
+        header, tensors = dict(fh.metadata()), {k: fh.get_tensor(k) for k in fh.keys()}
+    meta = json.loads(header["meta"])
+    meta["request"]["max_new_tokens"] = 200  # as a file from elsewhere may say
+    header["meta"] = json.dumps(meta)
+    edited = tmp_path / "r200.safetensors"
+    save_file(tensors, str(edited), metadata=header)
+    refused(["anatomy", "--region", edited, "--ablate", "--n", "2"],
+            "--max-new-tokens 200 leaves no room for a prompt in the model's context of 128 tokens: give "
+            "--max-new-tokens 127 or fewer")
+    code, out, err = run_cli("anatomy", "--region", edited, "--ablate", "--n", "2", "--max-new-tokens", "8", "--json")
+    assert code == 0, err
+    refused(["anatomy", "--region", edited, "--max-new-tokens", "2000"],
+            "--max-new-tokens 2000 is more than 1024; an answer this long is no exact-match task")
+    refused(["compose", "--region", edited, "--region", made, "--max-new-tokens", "0"],
+            "--max-new-tokens must be at least 1, got 0")

@@ -1044,3 +1044,63 @@ def test_stitching_a_region_with_itself_and_a_diverging_mask_are_one_line(tmp_pa
                  "--sparsity", "0.05", "--steps", "3", "--check-n", "0", "--lr", "1e308", "--out", out],
                 "mask learning diverged at step 1")
     assert not out.exists()
+
+
+def test_an_answer_regex_whose_counts_would_fill_the_memory_is_refused_before_it_is_compiled(monkeypatch):
+    """regex expands counted repeats when it compiles: a 30-character pattern took all the memory before any search."""
+    from graftui import hosted, settings
+    from graftui.errors import DataError, RequestError
+    from graftui.flows import LOCAL
+    from graftui.generation import AnswerRule
+    from graftui.requests import EvaluateRequest
+
+    monkeypatch.delenv("GRAFTUI_HOSTED", raising=False)
+    huge = "(?:(?:a{65535}){65535}){65535}"
+    began = time.monotonic()
+    with pytest.raises(DataError, match=r"repeats by counts \(\{n\}\) whose product is over 10,000"):
+        AnswerRule(regex=huge).compiled()
+    assert time.monotonic() - began < 1
+    assert AnswerRule(regex=r"(\d{4})-\d{2}-\d{2}").answer("on 2019-07-04.") == "2019"  # ordinary counts are fine
+    cli_refuses(["evaluate", "--answer-regex", huge], "whose product is over 10,000")
+    monkeypatch.setattr(settings, "hosted", lambda: True)  # a shared server refuses it before compiling anything
+    with pytest.raises(RequestError, match="answer regexes are not run on a shared server"):
+        hosted.check_request(EvaluateRequest(answer_regex=huge), LOCAL)
+
+
+def test_a_regions_own_backtracking_regex_is_dropped_with_an_empty_one(aaa_skill, monkeypatch):
+    monkeypatch.delenv("GRAFTUI_HOSTED")
+    line = cli_refuses(["evaluate", "--region", aaa_skill["backtracking"], "--n", "4"], "backtracks without end")
+    assert "a region's own regex is dropped with --answer-regex ''" in line
+    code, out, err = run_cli("evaluate", "--region", aaa_skill["backtracking"], "--n", "4", "--answer-regex", "",
+                             "--json")
+    assert code == 0, err
+    assert json.loads(out)["judging"][0]["rule"]["regex"] == ""  # judged by the first line, as asked
+
+
+def test_a_request_file_never_writes_where_graftui_keeps_its_models_nor_over_itself(tmp_path, monkeypatch, aaa_skill):
+    monkeypatch.delenv("GRAFTUI_HOSTED", raising=False)
+    home = tmp_path / "home"
+    monkeypatch.setenv("GRAFTUI_HOME", str(home))
+    monkeypatch.chdir(tmp_path)
+    regions_ = [str(p) for p in _two_regions(tmp_path)]
+
+    def config(name: str, **fields) -> Path:
+        path = tmp_path / name
+        path.write_text(json.dumps({"verb": "compose", "regions": regions_, **fields}))
+        return path
+
+    for kept in ("checkpoints/minilm-movies-f4a547c7", "models/x", "jobs/x", "sessions/x"):
+        cli_refuses(["run", config("kept.json", out=str(home / kept / "union.safetensors"))],
+                    "among the checkpoints, models, jobs, sessions, served graftui keeps there")
+    assert not (home / "checkpoints").exists()
+    selfish = config("self.json", out="self.json")
+    before = selfish.read_text()
+    cli_refuses(["run", selfish, "--overwrite"], "is the file this request was read from")
+    own = tmp_path / "own.safetensors"  # a region file holds the request that made it
+    own.write_bytes(aaa_skill["plain"].read_bytes())
+    cli_refuses(["run", own, "--out", own, "--overwrite"], "is the file this request was read from")
+    assert selfish.read_text() == before and own.read_bytes() == aaa_skill["plain"].read_bytes()
+    sweep = tmp_path / "sweep.json"
+    sweep.write_text(json.dumps({"verb": "sweep", "task": "no-such-task.csv", "keep": "kept"}))
+    code, out, err = run_cli("run", sweep)
+    assert code == 2 and err.splitlines()[0] == f"graftui: running 'sweep' from {sweep}; it writes keep kept", err

@@ -335,7 +335,7 @@ def stitch(req: ComposeRequest, records: list[RegionRecord], names: list[str], b
     if len({isinstance(t, CompletionTask) for t in tasks}) > 1:
         raise RegionError("stitching chooses task arithmetic's λ on one score for every task: give regions of "
                           "completion tasks only, or of classification tasks only")
-    judging = [completions.recorded_rule(r.meta, guard) for r in records]
+    judging = [completions.judging(req, r.meta, guard) for r in records]  # each region's own, unless asked
     pairs = []
     for i, (record, name, finetuned) in enumerate(zip(records, names, finetunes)):
         if progress:

@@ -127,22 +127,39 @@ def read_request(path, out: str | None = None, overwrite: bool = False) -> Reque
     elif overwrite:
         raise RequestError(f"--overwrite: '{request.verb}' never replaces what it writes; drop --overwrite")
     for name, place in request.destinations().items():
+        if _same_file(place, p):
+            raise RequestError(f"'{path}' is the file this request was read from, and a run never writes over it: give "
+                               "another --out")
         if not (name == "out" and out is not None) and not _may_write(place):
             flag = "--out PATH" if name == "out" else f"'graftui {request.verb} --{name} DIR'"
             raise RequestError(f"'{path}' asks to write '{place}' ({name}), outside the working folder and "
-                               f"$GRAFTUI_HOME; a request file cannot choose where to write: give {flag} on the "
-                               "command line")
+                               f"$GRAFTUI_HOME, or among the {', '.join(KEPT)} graftui keeps there; a request file "
+                               f"cannot choose where to write: give {flag} on the command line")
     return request
 
 
+KEPT = ("checkpoints", "models", "jobs", "sessions", "served")  # $GRAFTUI_HOME's folders graftui itself fills and reads
+
+
 def _may_write(place: str) -> bool:
-    """Whether a place a file names to write lies beneath the working folder or $GRAFTUI_HOME (links resolved)."""
+    """Whether a place a file names to write lies beneath the working folder or $GRAFTUI_HOME (links resolved), and not
+    in a folder graftui keeps there (a default checkpoint written by a file would be read as the default)."""
     try:
         target = Path(place).expanduser().resolve()
-        roots = [Path.cwd().resolve(), settings.home().resolve()]
+        home = settings.home().resolve()
+        roots = [Path.cwd().resolve(), home]
     except (OSError, RuntimeError, ValueError):
         return False
+    if any(target.is_relative_to(home / kept) for kept in KEPT):
+        return False
     return any(target != root and target.is_relative_to(root) for root in roots)
+
+
+def _same_file(place: str, read: Path) -> bool:
+    try:
+        return Path(place).expanduser().resolve() == read.resolve()
+    except (OSError, RuntimeError, ValueError):
+        return False
 
 
 def _beside(request: Request, folder: Path) -> Request:

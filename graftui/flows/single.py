@@ -7,6 +7,7 @@ once with its request, summary and text (``registry.verb``).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import json
@@ -1051,7 +1052,8 @@ def predict_completions(req: PredictRequest, grafts: Grafts, task: CompletionTas
     pair = regions_pair(req, grafts, task, guard, progress, cancel)
     rule, new = completions.judging(req, grafts.first if grafts.records else None, guard)
     prompts = Completions(tuple(((("user", t), ("assistant", "")) for t in req.texts)))
-    notes += [n for n in generation.fit(pair.tokenizer, task, prompts, context_length(pair.model), new)
+    given = dataclasses.replace(task, name="the prompts given")  # what the notes name: the --text, not the task
+    notes += [n for n in generation.fit(pair.tokenizer, given, prompts, context_length(pair.model), new)
               if n not in notes]  # refused here when the tokens to generate leave no room for a prompt
     one_line = all("\n" not in r.strip() for r in task.splits["test"].references)  # how evaluate cuts answers
     ft_name = f"{FT_LABEL} (from patch)" if grafts.from_patch else FT_LABEL
