@@ -49,3 +49,5 @@ def test_the_api_offers_every_verb_and_the_request_types():
         assert getattr(graftui, cls.__name__) is cls
     with pytest.raises(graftui.GraftuiError, match="sparsity"):
         graftui.localize(sparsity=2.0)
+    with pytest.raises(graftui.GraftuiError, match="predict\\(\\) has no field 'region'; its fields are .*regions"):
+        graftui.predict(region="r.safetensors")  # a field of another verb, named as that verb names it
