@@ -679,7 +679,7 @@ def test_run_remakes_a_region_bit_for_bit_from_its_file_and_from_a_config(learne
     assert code == 0 and str(report) in out
     saved = json.loads(report.read_text())
     assert saved["request"] == {"verb": "anatomy", "region": str(learned[0]), "by": "cell", "replicates": [],
-                                "ablate": False, "n": 200}
+                                "ablate": False, "n": 200, "max_new_tokens": None}
     assert run_json("run", report)["k"] == K
 
 
