@@ -18,7 +18,7 @@ import urllib.request
 
 import pytest
 
-from test_hostile import LOCALIZE, WARN, files, server, upload  # noqa: F401 - the module's hosted server and files
+from test_hostile import LOCALIZE, WARN, files, release, server, upload  # noqa: F401 - the module's hosted server and files
 
 pytestmark = pytest.mark.e2e
 
@@ -128,11 +128,8 @@ def test_what_a_page_receives_names_no_server_path_nor_session(server, files):
         assert status == 200 and json.loads(body)["task"] == task
         assert not leaks(server, a, body.decode())
     finally:
-        for j in store.runner().runner.jobs():
-            if j.status == "queued":
-                store.runner().runner.cancel(j.id)
-        gate.set()
-    assert store.runner().runner.wait(blocker.id, 30).status == "done"
+        ended = release(gate, blocker)
+    assert ended.status == "done"
     for what, answer in answers.items():
         assert not leaks(server, a, answer), (what, leaks(server, a, answer), json.dumps(answer, default=str)[:600])
     print(f"[hosted] {len(answers)} answers checked; the upload is named {task!r}")
@@ -181,8 +178,5 @@ def test_a_loopback_clients_forwarded_for_is_believed_only_behind_a_configured_p
         line = proxied.predict(sid, *LOCALIZE, -3, 60, 8, 0.02, "auto", "", "", api_name="/on_localize")[0]
         assert line.startswith("Submitted"), line  # another client: its own quota
     finally:
-        for job in store.runner().runner.jobs():
-            if job.status == "queued":
-                store.runner().runner.cancel(job.id)
-        gate.set()
-    assert store.runner().runner.wait(blocker.id, 30).status == "done"
+        ended = release(gate, blocker)
+    assert ended.status == "done"

@@ -191,6 +191,17 @@ def own_jobs(sid: str) -> list:
     return [j for j in store.runner().runner.jobs() if j.owner == sid]
 
 
+def release(gate: threading.Event, blocker):
+    """Cancel what still waits behind a blocking job, then let the blocker end; returns it as it ended."""
+    from graftui.ui import store
+
+    for job in store.runner().runner.jobs():
+        if job.status == "queued":
+            store.runner().runner.cancel(job.id)
+    gate.set()
+    return store.runner().runner.wait(blocker.id, 30)
+
+
 def uploads_of(server: Server, sid: str) -> list[str]:
     folder = server.home / "sessions" / sid / "uploads"
     return sorted(p.name for p in folder.glob("*/*")) if folder.exists() else []
@@ -453,11 +464,8 @@ def test_twenty_sessions_of_one_address_cannot_keep_another_address_from_startin
         status = other.predict(sid, *LOCALIZE, -3, 5, 8, 0.02, "auto", "", "", api_name="/on_localize")[0]
         assert status.startswith("Submitted"), status
     finally:
-        for job in store.runner().runner.jobs():
-            if job.status == "queued":
-                store.runner().runner.cancel(job.id)
-        gate.set()
-    assert store.runner().runner.wait(blocker.id, 30).status == "done"
+        ended = release(gate, blocker)
+    assert ended.status == "done"
 
 
 def test_disk_quota_and_idle_expiry(server, files, monkeypatch):

@@ -4,27 +4,19 @@ classification region still shows class probabilities. In the CLI and the API, o
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 
 import pytest
 
 import graftui
-from graftui import cli, generation
+from graftui import generation
 from graftui.completion import Completions
 from graftui.models import load_lm, load_tokenizer
 
+from cli_util import run_cli
 from lm_util import make_lm, make_tokenizer, write_completion_task, write_lm_pair, write_task
 
 PROMPTS = ["movie bad loved is not", "fine good\ngreat is not"]  # the second: one prompt of two lines
-
-
-def run_cli(*args) -> tuple[int, str, str]:
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = cli.main([str(a) for a in args])
-    return code, out.getvalue(), err.getvalue()
 
 
 @pytest.fixture(scope="module")
