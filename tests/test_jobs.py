@@ -76,10 +76,10 @@ def test_failures_show_one_clear_line_and_keep_the_traceback_in_a_log(tmp_path):
 
 def test_a_restart_lists_old_jobs_and_marks_unfinished_ones_interrupted(tmp_path):
     runner = JobRunner(tmp_path)
-    gate = threading.Event()
+    gate, started = threading.Event(), threading.Event()
     done = runner.wait(runner.submit("localize", "done", lambda ctx: {"v": 2}).id, 5)
-    running = runner.submit("finetune", "running", lambda ctx: gate.wait(10) and {})
-    time.sleep(0.2)
+    running = runner.submit("finetune", "running", lambda ctx: started.set() or gate.wait(10) and {})
+    assert started.wait(10)  # its record says it runs
     again = JobRunner(tmp_path)  # a new server process over the same folder
     listed = {j.id: j for j in again.jobs()}
     assert listed[done.id].status == DONE and listed[done.id].result == {"v": 2}
