@@ -137,11 +137,11 @@ class HostedGuard(Guard):
         return task
 
     def checked_rule(self, rule, source: str):
-        """No answer regex runs here, whoever asks: a request, a region file or a bundle."""
-        if rule.regex:
+        """On a hosted server no answer regex runs, whoever gives it: a request, a region file or a bundle."""
+        if settings.hosted() and rule.regex:
             raise RequestError(f"{source} judges answers by the regex '{rule.regex:.60}', and answer regexes are not "
-                               "run on a shared server: use a region made without --answer-regex, or run graftui on "
-                               "your own machine")
+                               "run on a shared server: drop --answer-regex, use a region made without one, or run "
+                               "graftui on your own machine")
         return rule
 
     def checked_pair(self, pair):
@@ -228,9 +228,8 @@ REGION_FIELDS = ("region", "regions", "replicates")
 def check_request(request, guard: Guard) -> None:
     """What a server checks before it queues a job: the request's own checks and, hosted, the ceilings on one
     job's work and every model and data reference it names (a server path is refused here, not in the job)."""
-    if settings.hosted() and getattr(request, "answer_regex", None):  # refused before validate() compiles it
-        raise RequestError("answer regexes are not run on a shared server: drop --answer-regex (the first line of each "
-                           "answer is compared), or run graftui on your own machine")
+    guard.checked_rule(AnswerRule(regex=getattr(request, "answer_regex", None)), "the request")  # before validate()
+    # compiles it
     request.validate()
     if not settings.hosted():
         return

@@ -1058,7 +1058,6 @@ def test_an_answer_regex_whose_counts_would_fill_the_memory_is_refused_before_it
     """regex expands counted repeats when it compiles: a 30-character pattern took all the memory before any search."""
     from graftui import hosted, settings
     from graftui.errors import DataError, RequestError
-    from graftui.flows import LOCAL
     from graftui.generation import AnswerRule
     from graftui.requests import EvaluateRequest
 
@@ -1070,9 +1069,13 @@ def test_an_answer_regex_whose_counts_would_fill_the_memory_is_refused_before_it
     assert time.monotonic() - began < 1
     assert AnswerRule(regex=r"(\d{4})-\d{2}-\d{2}").answer("on 2019-07-04.") == "2019"  # ordinary counts are fine
     cli_refuses(["evaluate", "--answer-regex", huge], "whose product is over 10,000")
+    rule = AnswerRule(regex=BACKTRACKS)
+    assert hosted.HostedGuard().checked_rule(rule, "region 'r'") is rule  # the app run locally judges by it
     monkeypatch.setattr(settings, "hosted", lambda: True)  # a shared server refuses it before compiling anything
     with pytest.raises(RequestError, match="answer regexes are not run on a shared server"):
-        hosted.check_request(EvaluateRequest(answer_regex=huge), LOCAL)
+        hosted.check_request(EvaluateRequest(answer_regex=huge), hosted.HostedGuard())
+    with pytest.raises(RequestError, match="region 'r' judges answers by the regex"):
+        hosted.HostedGuard().checked_rule(rule, "region 'r'")
 
 
 def test_a_regions_own_backtracking_regex_is_dropped_with_an_empty_one(aaa_skill, monkeypatch):

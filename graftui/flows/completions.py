@@ -153,16 +153,18 @@ def quick_check(pair, task: CompletionTask, models: dict, req, progress=None, ca
 
 def judging(req, meta=None, guard: Guard = LOCAL) -> tuple[generation.AnswerRule, int]:
     """The answer rule and generation length of a request; what it leaves at the default comes from the request that
-    made the region (``meta``), so a region is judged as it was made unless asked otherwise."""
+    made the region (``meta``), so a region is judged as it was made unless asked otherwise. The rule judged by passes
+    the guard, whether the request or the region file gave its regex."""
     new = getattr(req, "max_new_tokens", None)  # None: not asked
     asked = req.answer_rule() if hasattr(req, "answer_rule") else generation.AnswerRule()
     if meta is None:
         return guard.checked_rule(asked, "the request"), new or generation.MAX_NEW_TOKENS
-    made, made_new = recorded_rule(meta, guard)
+    made, made_new = recorded_rule(meta)
     rule = generation.AnswerRule(regex=asked.regex if asked.regex is not None else made.regex,
                                  ignore_case=asked.ignore_case or made.ignore_case,
                                  first_line=asked.first_line and made.first_line)
-    return rule, new or made_new
+    return guard.checked_rule(rule, "the request" if asked.regex is not None else "this region file"), \
+        new or made_new
 
 
 def evaluate(req, pair, task: CompletionTask, models: dict, contrasts: list, progress=None, cancel=None,
@@ -174,15 +176,13 @@ def evaluate(req, pair, task: CompletionTask, models: dict, contrasts: list, pro
                                           rule=rule, max_new_tokens=new, progress=progress, cancel=cancel)
 
 
-def recorded_rule(meta, guard: Guard = LOCAL) -> tuple[generation.AnswerRule, int]:
-    """The answer rule and generation length a region's own request asked for (the defaults where it is silent); a
-    region file is data, so its rule passes the same guard as a request's."""
+def recorded_rule(meta) -> tuple[generation.AnswerRule, int]:
+    """The answer rule and generation length a region's own request asked for (the defaults where it is silent)."""
     asked = {k: v for k, v in (getattr(meta, "request", None) or {}).items()
              if k in ("answer_regex", "ignore_case", "whole_generation", "max_new_tokens")}
     rule = generation.AnswerRule(regex=asked.get("answer_regex") if isinstance(asked.get("answer_regex"), str) else None,
                                  ignore_case=asked.get("ignore_case") is True,
                                  first_line=asked.get("whole_generation") is not True)
-    rule = guard.checked_rule(rule, "this region file")
     new = asked.get("max_new_tokens")
     return rule, new if isinstance(new, int) and not isinstance(new, bool) and 0 < new <= 1024 else \
         generation.MAX_NEW_TOKENS
