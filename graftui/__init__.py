@@ -12,7 +12,6 @@ and their request types come from the verb registry (``graftui.flows.VERBS``), l
 so that ``import graftui`` stays cheap.
 """
 
-from dataclasses import fields as dataclass_fields
 from importlib import import_module
 from pathlib import Path
 
@@ -25,11 +24,7 @@ _TYPES = ("LearnConfig", "FinetuneConfig", "LoadOptions", "GraftableSpec", "Budg
 
 def _verb(entry):
     def call(request=None, /, *, progress=None, cancel=None, **fields):
-        known = {f.name for f in dataclass_fields(entry.request)}
-        unknown = sorted(set(fields) - known)
-        if unknown:  # one line naming the fields, as a config file's unknown field gets
-            raise _module("errors").RequestError(f"{entry.name}() has no field {unknown[0]!r}; its fields are "
-                                                 f"{', '.join(sorted(known))}")
+        _module("flows.registry").check_fields(entry.request, fields, f"{entry.name}()")  # one line, as a config's
         if request is None:
             request = entry.request.make(**fields)
         elif fields:

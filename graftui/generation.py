@@ -98,7 +98,7 @@ def _repeats(pattern: str) -> int:
     30-character '(?:(?:a{65535}){65535}){65535}' would take all the memory before any search starts."""
     product = 1
     for found in _REPEAT.finditer(pattern):
-        product *= max([int(x) for x in found.groups() if x] or [1], default=1)
+        product *= max((int(x) for x in found.groups() if x), default=1)
     return product
 
 

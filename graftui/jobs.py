@@ -4,7 +4,8 @@ Jobs run one at a time on a background thread, so the models they share are neve
 jobs at once. Waiting jobs are served client by client in turn (a client is the address a job came
 from, else its owner; the one served longest ago goes next, and a client's own jobs in the order
 submitted), so one busy client cannot hold the queue; a job over the runner's time limit, or cancelled, is
-stopped at its next progress report, and one that reports no more is stopped in its thread a few seconds later. Each job lives in ``$GRAFTUI_HOME/jobs/<id>/`` as
+stopped at its next progress report, and one that reports no more is stopped in its thread STOP_GRACE seconds
+later. Each job lives in ``$GRAFTUI_HOME/jobs/<id>/`` as
 ``job.json`` (status, parameters, progress history, result) plus whatever files it writes, so
 a reloaded page, or a restarted server, sees every job again.
 
@@ -259,17 +260,14 @@ class JobRunner:
                     with self._lock:
                         job.result, job.status, job.fraction = outcome.get("result") or {}, DONE, 1.0
                         job.message = "done"
-                elif isinstance(err, TimeLimit):
-                    with self._lock:
-                        job.status, job.error = FAILED, message(err)
-                        job.message = job.error
-                elif isinstance(err, Cancelled):
+                elif isinstance(err, Cancelled) and not isinstance(err, TimeLimit):
                     with self._lock:
                         job.status, job.message = CANCELLED, "cancelled"
                 else:
-                    with contextlib.suppress(OSError):
-                        (self.job_dir(job_id) / "error.log").write_text(outcome.get("trace", ""))
-                    log.warning("job %s failed: %s", job_id, err)
+                    if not isinstance(err, TimeLimit):  # a failure, not a limit: its traceback is kept
+                        with contextlib.suppress(OSError):
+                            (self.job_dir(job_id) / "error.log").write_text(outcome.get("trace", ""))
+                        log.warning("job %s failed: %s", job_id, err)
                     with self._lock:
                         job.status, job.error = FAILED, message(err)
                         job.message = job.error

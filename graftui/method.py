@@ -37,7 +37,6 @@ from typing import Callable, Iterable, Iterator
 import torch
 
 from . import compute
-from .compute import data_parallel  # noqa: F401 - flows read it from here
 from .errors import Cancelled, ModelError
 from .config import LOGIT_DTYPES, MEMORY_MODES, LearnConfig
 

@@ -66,11 +66,16 @@ def from_dict(data: dict) -> Request:
     if name not in VERBS:
         raise RequestError(f"unknown verb {name!r}; choose from {', '.join(VERBS)}")
     cls = VERBS[name].request
-    known = {f.name for f in fields(cls)}
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise RequestError(f"'{name}' has no field {unknown[0]!r}; its fields are {', '.join(sorted(known))}")
+    check_fields(cls, data, f"'{name}'")
     return cls(**data)
+
+
+def check_fields(cls, given, who: str) -> None:
+    """Refuse, in one line naming them all, a field the request type ``cls`` does not have (``who``: how to name it)."""
+    known = {f.name for f in fields(cls)}
+    unknown = sorted(set(given) - known)
+    if unknown:
+        raise RequestError(f"{who} has no field {unknown[0]!r}; its fields are {', '.join(sorted(known))}")
 
 
 def run(req: Request, progress: Progress | None = None, cancel=None, guard: Guard = LOCAL) -> Result:

@@ -27,7 +27,8 @@ from ..data import Split, Task, batches
 from ..errors import Cancelled, GraftuiError, ModelError, RegionError, RequestError
 from ..layout import MODULE_LABELS, anatomy as count_anatomy
 from ..localizers import Budget, get_method, run_method
-from ..method import data_parallel, region_size
+from ..compute import data_parallel
+from ..method import region_size
 from ..models import ModelPair, pair_kind, prompt_tokenizer
 from ..paths import file_lock, short_ref, slug
 from ..regions import RegionMeta, RegionRecord
