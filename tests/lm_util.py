@@ -48,6 +48,13 @@ def make_lm(arch: str, vocab: int, seed: int = 0):
     raise ValueError(arch)
 
 
+def write_base(folder: Path, arch: str) -> Path:
+    """A base checkpoint folder: the tiny tokenizer and a fresh ``arch`` LM of its vocabulary."""
+    tok = make_tokenizer(folder)
+    make_lm(arch, len(tok)).save_pretrained(folder)
+    return folder
+
+
 def write_lm_pair(root: Path, arch: str, *, scale: float = 0.05) -> tuple[Path, Path]:
     """Base and 'fine-tuned' checkpoint folders: the body moves (heavy-tailed), head and embeddings stay."""
     root = Path(root)

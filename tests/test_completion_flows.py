@@ -16,7 +16,7 @@ from graftui.completion import Completions
 from graftui.config import LoadOptions, kind_of_architecture
 from graftui.models import load_lm, load_tokenizer, pair_kind
 
-from lm_util import make_lm, make_tokenizer, write_completion_task, write_lm_pair
+from lm_util import make_lm, make_tokenizer, write_base, write_completion_task, write_lm_pair
 
 
 @pytest.fixture(scope="module", params=["llama", "gpt2"])
@@ -25,9 +25,7 @@ def trained(request, tmp_path_factory):
     root = tmp_path_factory.mktemp(f"sft-{request.param}")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("GRAFTUI_HOME", str(root / "home"))
-        base_dir = root / "base"
-        tok = make_tokenizer(base_dir)
-        make_lm(request.param, len(tok)).save_pretrained(base_dir)
+        base_dir = write_base(root / "base", request.param)
         task = write_completion_task(root / "opposites.csv")
         epochs = {"llama": 15, "gpt2": 30}[request.param]  # the tiny GPT-2, its positions fixed too, learns slower
         ft = graftui.finetune(base=str(base_dir), task=str(task), optimizer="adamw", lr=0.02, epochs=epochs,
@@ -199,9 +197,7 @@ def two_skills(tmp_path_factory):
     root = tmp_path_factory.mktemp("stitch")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("GRAFTUI_HOME", str(root / "home"))
-        base = root / "base"
-        tok = make_tokenizer(base)
-        make_lm("llama", len(tok)).save_pretrained(base)
+        base = write_base(root / "base", "llama")
         made = {}
         for name, task in (("opposites", write_completion_task(root / "opposites.csv")),
                            ("echo", write_echo_task(root / "echo.csv"))):

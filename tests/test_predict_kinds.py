@@ -14,7 +14,7 @@ from graftui.completion import Completions
 from graftui.models import load_lm, load_tokenizer
 
 from cli_util import run_cli
-from lm_util import make_lm, make_tokenizer, write_completion_task, write_lm_pair, write_task
+from lm_util import write_base, write_completion_task, write_lm_pair, write_task
 
 PROMPTS = ["movie bad loved is not", "fine good\ngreat is not"]  # the second: one prompt of two lines
 
@@ -25,9 +25,7 @@ def made(tmp_path_factory):
     root = tmp_path_factory.mktemp("predict")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("GRAFTUI_HOME", str(root / "home"))
-        base = root / "base"
-        tok = make_tokenizer(base)
-        make_lm("llama", len(tok)).save_pretrained(base)
+        base = write_base(root / "base", "llama")
         task = write_completion_task(root / "opposites.csv")
         ft = graftui.finetune(base=str(base), task=str(task), optimizer="adamw", lr=0.02, epochs=15, train_examples=0,
                               out=str(root / "ft"), max_new_tokens=3)
