@@ -5,7 +5,8 @@ and show its result. The verbs live in families, each registered once in :data:`
 (``registry.verb``): ``single`` (fine-tune, localize, evaluate, predict, sweep, pair), ``regionfiles``
 (anatomy, compose, export), ``laboratory`` (the paper's experiments), ``hub`` (push) and
 ``reproduction`` (every experiment in one report). ``common`` holds what they share: the guard,
-the pair cache, task and pair loading, region helpers and ``Result``.
+the pair cache, task and pair loading, region helpers and ``Result``; ``replicates`` runs one verb over
+mask seeds or fine-tune replicates and reads the runs together.
 """
 
 from __future__ import annotations

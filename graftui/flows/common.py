@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
-from .. import bundle, regions, sets, settings, training
+from .. import bundle, card, regions, sets, settings, training
 from ..config import (
     DEFAULT_EXAMPLES_PER_CLASS, DEFAULT_FINETUNED_REFS, GraftableSpec, LoadOptions, default_checkpoint_dir,
     is_default_finetuned,
@@ -380,6 +380,59 @@ class Result:
             return bundle.write(self.request.as_dict(), self.as_dict(), path)
         doc = {"graftui_version": __version__, "request": self.request.as_dict(), "result": self.as_dict()}
         return atomic_write(Path(path).expanduser(), lambda tmp: Path(tmp).write_text(json.dumps(doc, indent=2)))
+
+
+@dataclass
+class LocalizeResult(Result):
+    """What ``localize`` returns: its region, or with --seeds or --finetuned-replicates the first run's with the others
+    beside it (here, not in ``single``, because ``replicates`` builds it too)."""
+
+    path: str = ""  # with --seeds: the first seed's region
+    record: RegionRecord | None = None
+    seeds: list[dict] = field(default_factory=list)  # with --seeds: {seed, path, k, reused, seconds, …} per seed
+    stability: dict | None = None  # with --seeds: how alike the seeds' regions are (sets.stability), per module too
+    finetunes: list[dict] = field(default_factory=list)  # with --finetuned-replicates: {finetuned, path, …} per one
+    finetune_stability: dict | None = None  # … and how alike their regions are (each one's first seed)
+    check: dict | None = None  # the quick held-out score: {task, n, rows, differences} (quick_check)
+
+    @property
+    def k(self) -> int:
+        return self.record.size
+
+    @property
+    def region(self):
+        """The region γ as flat indices per graftable tensor."""
+        return self.record.indices
+
+    def save(self, path) -> Path:
+        """Write the region (or skill patch) to ``path``."""
+        return regions.save(self.record, Path(path).expanduser())
+
+    def _private(self) -> set[str]:
+        return {"record"}
+
+    def as_dict(self) -> dict:
+        out = super().as_dict()
+        r = self.record
+        a = count_anatomy(r.indices, r.shapes)
+        top = sorted(a.by_module.items(), key=lambda kv: -kv[1])[:3]
+        out.update({
+            "kind": r.kind,
+            "method": self.request.method,
+            "task": self.request.task,
+            "k": r.size,
+            "graftable_params": r.graftable,
+            "total_params": r.meta.total_params or r.graftable,
+            "fraction_of_graftable": r.size / max(r.graftable, 1),
+            "fraction_of_all": r.size / max(r.meta.total_params or r.graftable, 1),
+            "top_modules": [{"module": m, "label": MODULE_LABELS.get(m, m), "count": c, "share": c / max(r.size, 1)}
+                            for m, c in top if c],
+            "weights": a.weight_count,
+            "biases": a.bias_count,
+            "meta": json.loads(json.dumps(r.meta.as_dict(), default=plain)),
+        })
+        out["card"] = card.localize_card(out)
+        return out
 
 
 def plain(value):

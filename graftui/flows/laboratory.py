@@ -39,7 +39,8 @@ from .common import (
     kshot_batches, latest_region, load_region, ood_tasks, pair_for_regions, save_new, part_progress,
 )
 from .registry import verb
-from .single import each_seed, finetune as run_finetune, localize as run_localize, replicated
+from .replicates import each_seed, replicated
+from .single import finetune as run_finetune, localize as run_localize
 
 
 # -- multi-task ------------------------------------------------------------------------------------

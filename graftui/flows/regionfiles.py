@@ -28,7 +28,8 @@ from .common import (
     load_region, load_task_as, loadable, merged_shapes, pair_for_regions, plain, same_regions,
 )
 from .registry import verb
-from .single import regions_pair, regions_setting, replicate_groups
+from .replicates import replicate_groups
+from .single import regions_pair, regions_setting
 
 
 # -- anatomy -------------------------------------------------------------------------------------

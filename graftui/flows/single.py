@@ -11,7 +11,6 @@ import dataclasses
 import functools
 import hashlib
 import json
-import re
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -25,7 +24,6 @@ from ..config import (
 from ..completion import Completions, CompletionTask, context_length
 from ..data import Split, Task, batches
 from ..errors import Cancelled, GraftuiError, ModelError, RegionError, RequestError
-from ..layout import MODULE_LABELS, anatomy as count_anatomy
 from ..localizers import Budget, get_method, run_method
 from ..compute import data_parallel
 from ..method import region_size
@@ -33,16 +31,20 @@ from ..models import ModelPair, pair_kind, prompt_tokenizer
 from ..paths import file_lock, short_ref, slug
 from ..regions import RegionMeta, RegionRecord
 from ..requests import (
-    EvaluateRequest, FinetuneRequest, LocalizeRequest, PairRequest, PredictRequest, Request, SweepRequest, derive,
+    EvaluateRequest, FinetuneRequest, LocalizeRequest, PairRequest, PredictRequest, SweepRequest, derive,
 )
 from . import completions, text
 from .common import (
-    LOCAL, Guard, Progress, Result, check_build, check_model_ref, examples_per_class, finish, get_any_task, get_pair,
-    get_task, load_task_as,
+    LOCAL, Guard, LocalizeResult, Progress, Result, check_build, check_model_ref, examples_per_class, finish,
+    get_any_task, get_pair, get_task, load_task_as,
     graft_of, kshot_batches, labels_for, load_region, loadable, merged_shapes, needs_task_labels, ood_tasks,
-    pair_for_regions, plain, prompt_notes, remember_scores, same_regions, save_new, part_progress, side_by_side,
+    pair_for_regions, prompt_notes, remember_scores, same_regions, save_new, part_progress, side_by_side,
 )
 from .registry import verb
+from .replicates import (
+    each_seed, evaluate_finetunes, finetune_replicates, localize_finetunes, localize_seeds, per_seed_rows,
+    replicate_groups, summarise_replicates,
+)
 
 
 # -- finetune --------------------------------------------------------------------------------------
@@ -140,56 +142,6 @@ def finetune(req: FinetuneRequest, progress: Progress | None = None, cancel=None
 
 
 # -- localize --------------------------------------------------------------------------------------
-@dataclass
-class LocalizeResult(Result):
-    path: str = ""  # with --seeds: the first seed's region
-    record: RegionRecord | None = None
-    seeds: list[dict] = field(default_factory=list)  # with --seeds: {seed, path, k, reused, seconds, …} per seed
-    stability: dict | None = None  # with --seeds: how alike the seeds' regions are (sets.stability), per module too
-    finetunes: list[dict] = field(default_factory=list)  # with --finetuned-replicates: {finetuned, path, …} per one
-    finetune_stability: dict | None = None  # … and how alike their regions are (each one's first seed)
-    check: dict | None = None  # the quick held-out score: {task, n, rows, differences} (quick_check)
-
-    @property
-    def k(self) -> int:
-        return self.record.size
-
-    @property
-    def region(self):
-        """The region γ as flat indices per graftable tensor."""
-        return self.record.indices
-
-    def save(self, path) -> Path:
-        """Write the region (or skill patch) to ``path``."""
-        return regions.save(self.record, Path(path).expanduser())
-
-    def _private(self) -> set[str]:
-        return {"record"}
-
-    def as_dict(self) -> dict:
-        out = super().as_dict()
-        r = self.record
-        a = count_anatomy(r.indices, r.shapes)
-        top = sorted(a.by_module.items(), key=lambda kv: -kv[1])[:3]
-        out.update({
-            "kind": r.kind,
-            "method": self.request.method,
-            "task": self.request.task,
-            "k": r.size,
-            "graftable_params": r.graftable,
-            "total_params": r.meta.total_params or r.graftable,
-            "fraction_of_graftable": r.size / max(r.graftable, 1),
-            "fraction_of_all": r.size / max(r.meta.total_params or r.graftable, 1),
-            "top_modules": [{"module": m, "label": MODULE_LABELS.get(m, m), "count": c, "share": c / max(r.size, 1)}
-                            for m, c in top if c],
-            "weights": a.weight_count,
-            "biases": a.bias_count,
-            "meta": json.loads(json.dumps(r.meta.as_dict(), default=plain)),
-        })
-        out["card"] = card.localize_card(out)
-        return out
-
-
 def check_kinds(pair: ModelPair, task) -> None:
     """Refuse a task the pair cannot be scored on: a completion pair on a classification task, or the other way."""
     if task is None or pair.completion == isinstance(task, CompletionTask):
@@ -247,9 +199,9 @@ def localize(req: LocalizeRequest, progress: Progress | None = None, cancel=None
     """Find the region of ``req.finetuned`` that carries ``req.task``, and save it."""
     req.validate()
     if req.finetuned_replicates:
-        return localize_finetunes(req, progress, cancel, guard)
+        return localize_finetunes(localize, req, progress, cancel, guard)
     if req.seeds:
-        return localize_seeds(req, progress, cancel, guard)
+        return localize_seeds(localize, req, progress, cancel, guard)
     start = time.time()
     info = get_method(req.method)
     for ref in (req.base, req.finetuned):
@@ -331,390 +283,6 @@ def quick_check(pair: ModelPair, task, models: dict, req, step: int, progress=No
                 "bare": bare["accuracy"], "n": scored[name]["n"]}})
     return {"task": part["task"], "n": ft["n"], "step": step, "rows": rows, "differences": part["differences"],
             **({"generations": part["generations"]} if "generations" in part else {})}
-
-
-SPEED_ONLY = ("memory", "checkpoint_every", "overwrite", "check_n",  # how a run goes, not what it finds; nor how its
-              "answer_regex", "ignore_case", "whole_generation", "max_new_tokens")  # quick check judges generations
-
-
-def _same_request(made: dict | None, asked: Request) -> bool:
-    if not isinstance(made, dict):
-        return False
-    saved = {**json.loads(json.dumps(type(asked).defaults())), **made}  # a field added since counts as its default
-    want = json.loads(json.dumps(asked.as_dict()))
-    return {k: v for k, v in saved.items() if k not in SPEED_ONLY} == {k: v for k, v in want.items() if k not in SPEED_ONLY}
-
-
-def _earlier_seed(one: LocalizeRequest) -> RegionRecord | None:
-    """The seed's (or fine-tune's) region from an earlier run of this very request (an interrupted replicate run), if
-    its file is there; a file made otherwise is refused unless --overwrite."""
-    path = Path(one.out).expanduser() if one.out else None
-    if path is None or not path.exists():
-        return None
-    try:
-        record = regions.load(path)
-    except RegionError:
-        record = None
-    if record is not None and _same_request(record.meta.request, one):
-        return record
-    if not one.overwrite:
-        raise RequestError(f"'{one.out}' exists and was not made by this request with seed {one.seed}; choose another "
-                           "--out, or add --overwrite to replace it")
-    return None
-
-
-def _module_stability(records: list[RegionRecord]) -> dict:
-    """Per module type: the parameters every seed found against a seed's mean count there, and against chance."""
-    return sets.stability_by_part([r.indices for r in records], records[0].shapes)["by_module"]
-
-
-def _seed_record(records: list[RegionRecord], indices: dict, how: str, req: LocalizeRequest) -> RegionRecord:
-    """The core or the union of the seeds' regions as one region (a skill patch when the seeds' are)."""
-    first = records[0]
-    values = head = None
-    if all(r.is_patch for r in records):  # one fine-tuned model: every seed holds the same value at an index
-        values = sets.union_values([sets.Contribution(str(i), r.indices, r.values) for i, r in enumerate(records)],
-                                   {}, "first")[1]
-        merged = sets.union(*(r.indices for r in records))
-        values = {n: values[n][sets._isin(merged[n], idx)] for n, idx in indices.items()}
-        head = first.head
-    made = {"method": how, "sources": [str(s) for s in req.seeds], "source_methods": [req.method],
-            "task": first.meta.task, "request": None, "learn": first.meta.learn,
-            "notes": [f"the {how} of the regions of seeds {', '.join(map(str, req.seeds))}"]}
-    return regions.derived_record(first.meta, indices, first.shapes, made, values, head)
-
-
-def _holds(path: Path, indices: dict) -> bool:
-    try:
-        return regions.digest(regions.load(path).indices) == regions.digest(indices)
-    except RegionError:
-        return False
-
-
-def localize_seeds(req: LocalizeRequest, progress=None, cancel=None, guard: Guard = LOCAL) -> LocalizeResult:
-    """One region per seed (each the region ``--seed N`` finds, bit for bit), their stability against chance,
-    and their core and union as region files. A seed whose file an earlier run of this request wrote is
-    read back, so a cancelled run resumes where it stopped; the seeds it finished stay on disk."""
-    start = time.time()
-    outs = req.seed_outs()
-    found: list[tuple[int, RegionRecord, str, bool, float]] = []
-    checks: dict[int, dict | None] = {}  # each learned seed's quick held-out check
-    notes: list[str] = []
-    for i, (seed, out) in enumerate(outs.items()):
-        one = derive(LocalizeRequest, req, seed=seed, seeds=None, out=out, overwrite=req.overwrite,
-                     method=req.method, sparsity=req.sparsity, k=req.k, region_only=req.region_only)
-        earlier = _earlier_seed(one)
-        if earlier is not None:
-            found.append((seed, earlier, str(Path(out).expanduser()), True, 0.0))
-            if progress:
-                progress({"stage": f"seed {seed} ({i + 1}/{len(outs)}): read back from {Path(out).name}",
-                          "fraction": (i + 1) / len(outs), "seed": seed})
-            continue
-        try:
-            result = localize(one, part_progress(progress, i, len(outs), seed), cancel, guard)
-        except Cancelled:
-            kept = ", ".join(f"seed {s} ({Path(p).name})" for s, _, p, _, _ in found)
-            raise Cancelled("localization cancelled" + (f"; kept {kept}: run it again with the same --out to go on"
-                                                        if kept and req.out else f"; kept {kept}" if kept else "")) \
-                from None
-        found.append((seed, result.record, result.path, False, result.seconds))
-        checks[seed] = result.check
-        notes += [n for n in result.notes if n not in notes]
-    records = [r for _, r, _, _, _ in found]
-    seeds = [{"seed": s, "path": p, "k": r.size, "reused": reused, "seconds": round(secs, 1),
-              "top_movement_overlap": r.meta.top_movement_overlap, "check": _held_out(checks.get(s))}
-             for s, r, p, reused, secs in found]
-    if len(records) == 1:  # one seed's region is its own core and union: nothing more to write or compare
-        notes.append(f"one seed ({found[0][0]}): its region is written alone; give two or more --seeds for their core, "
-                     "union and stability")
-        finish(progress)
-        return LocalizeResult(req, notes, time.time() - start, found[0][2], records[0], seeds, None)
-    core, union = sets.core([r.indices for r in records]), sets.union(*(r.indices for r in records))
-    stability = {**sets.stability([r.indices for r in records], records[0].graftable),
-                 "by_module": _module_stability(records), "core_path": None, "union_path": None}
-    folder = Path(req.out).expanduser().parent if req.out else settings.subdir("regions")
-    stem = Path(req.out).stem if req.out else f"{short_ref(req.task)}-{req.method}-k{records[0].size}"
-    for how, indices in (("core", core), ("union", union)):
-        if not sets.region_size(indices):
-            notes.append("no parameter was found by every seed: there is no core region to write")
-            continue
-        record = _seed_record(records, indices, how, req)
-        target = folder / f"{stem}-{how}.safetensors"
-        if req.out and target.exists() and not req.overwrite and _holds(target, indices):
-            pass  # written by the interrupted run this one resumes
-        elif req.out and (req.overwrite or not target.exists()):
-            regions.save(record, target, exclusive=not req.overwrite)
-        else:
-            target = save_new(record, folder, f"{stem}-{how}")
-        stability[f"{how}_path"] = str(target)
-    finish(progress)
-    return LocalizeResult(req, notes, time.time() - start, found[0][2], records[0], seeds, stability)
-
-
-def localize_finetunes(req: LocalizeRequest, progress=None, cancel=None, guard: Guard = LOCAL) -> LocalizeResult:
-    """The region of each fine-tune of one recipe (--finetuned and its replicates; with --seeds, each seed's on each),
-    written as '<out>-ft<i>', and how alike the fine-tunes' regions are against chance: is the skill in the same place
-    whichever fine-tune carries it? The result is the first fine-tune's, with the others under ``finetunes``. The
-    stability compares one seed's region per fine-tune (the first seed), so that it measures the fine-tunes alone;
-    each fine-tune's seeds have their own under ``finetunes``. A fine-tune whose file an earlier run of this request
-    wrote is read back, so a cancelled run resumes; the fine-tunes it finished stay on disk."""
-    start, runs, refs = time.time(), [], req.finetunes()
-    for i, ref in enumerate(refs):
-        one = req.replace(finetuned=ref, finetuned_replicates=None, out=req.finetune_out(i))
-        earlier = None if one.seeds else _earlier_seed(one)
-        if earlier is not None:
-            runs.append(LocalizeResult(one, [], 0.0, str(Path(one.out).expanduser()), earlier))
-            continue
-        try:
-            runs.append(localize(one, part_progress(progress, i, len(refs), None, f"fine-tune {short_ref(ref)}"),
-                                 cancel, guard))
-        except Cancelled:
-            kept = ", ".join(Path(r.path).name for r in runs)
-            raise Cancelled("localization cancelled" + (f"; kept {kept}: run it again with the same --out to go on"
-                                                        if kept and req.out else "")) from None
-    records = [r.record for r in runs]
-    if len({r.graftable for r in records}) > 1:
-        raise RegionError("the fine-tunes have different graftable parameters: they are not fine-tunes of one base")
-    stability = {**sets.stability([r.indices for r in records], records[0].graftable),
-                 "by_module": _module_stability(records)}
-    finetunes = [{"finetuned": ref, "path": r.path, "k": r.k, "seconds": round(r.seconds, 1),
-                  "seeds": r.seeds, "stability": r.stability, "check": _held_out(r.check)} for ref, r in zip(refs, runs)]
-    notes = list(dict.fromkeys(n for r in runs for n in r.notes))
-    return replace(runs[0], request=req, notes=notes, seconds=time.time() - start, finetunes=finetunes,
-                   finetune_stability=stability)
-
-
-def _held_out(check: dict | None) -> dict | None:
-    """A seed's quick check in brief: its region's and FT's held-out accuracy on the same n examples."""
-    if not check:
-        return None
-    rows = {r["model"]: r["accuracy"] for r in check["rows"]}
-    return {"n": check["n"], "accuracy": rows.get("this region"), "ft": rows.get(FT_LABEL)}
-
-
-# -- replicates ------------------------------------------------------------------------------------
-def each_seed(flow, req, progress, cancel, guard, *, out_folders: bool = False) -> list:
-    """``flow`` run once per seed of ``req.seeds`` (the request otherwise unchanged), progress shown per seed. With
-    ``out_folders`` a seed writes into its own new folder ``<out>/seed<N>`` of the request's output folder."""
-    runs = []
-    for i, seed in enumerate(req.seeds):
-        if cancel is not None and cancel.is_set():
-            raise Cancelled("cancelled")
-        one = req.replace(seed=seed, seeds=None)
-        if out_folders and req.out:
-            one = one.replace(out=str(Path(req.out).expanduser() / f"seed{seed}"))
-        runs.append(flow(one, part_progress(progress, i, len(req.seeds), seed), cancel, guard))
-    finish(progress)
-    return runs
-
-
-def replicated(runs: list, req, figures: tuple[str, ...], kept: tuple[str, ...] = ()):
-    """Several seeds' results as one: each of ``figures`` the mean over seeds (its std in ``spread``, each seed's
-    own under ``per_seed`` with the ``kept`` fields, such as the region files it wrote), paired differences over
-    seeds with both noises in their interval (``metrics.differences_over_seeds``)."""
-    means, spread = {}, {}
-    for name in figures:
-        means[name], spread[name] = metrics.mean_nested([getattr(r, name) for r in runs])
-    if hasattr(runs[0], "differences"):
-        means["differences"] = metrics.differences_over_seeds([r.differences for r in runs])
-    per_seed = [{"seed": seed, **{name: getattr(r, name) for name in (*figures, *kept, "differences")
-                                  if hasattr(r, name)}} for seed, r in zip(req.seeds, runs)]
-    notes = list(dict.fromkeys(note for r in runs for note in r.notes))
-    return replace(runs[0], request=req, notes=notes, seconds=sum(r.seconds for r in runs), **means, spread=spread,
-                   seeds=list(req.seeds), per_seed=per_seed)
-
-
-def _per_seed(seeds, runs) -> list[dict]:
-    """Each seed's own rows and differences, as its single run gave them."""
-    return [{"seed": seed, "rows": run.rows, "differences": run.differences} for seed, run in zip(seeds, runs)]
-
-
-NOT_THE_SETTING = ("seed", "seeds", "out", "overwrite", *SPEED_ONLY)  # what replicate regions may differ in
-
-
-def replicate_groups(labels: list[str], records: list[RegionRecord]) -> dict[str, list[str]]:
-    """Regions made by one request but for its seed (``localize --seeds``): {group name: their labels}."""
-    groups: dict[str, list[str]] = {}
-    for label, record in zip(labels, records):
-        made = record.meta.request
-        if not isinstance(made, dict) or made.get("verb") != "localize":
-            continue
-        made = {**json.loads(json.dumps(LocalizeRequest.defaults())), **made}  # a field added since: its default
-        key = json.dumps({**{k: v for k, v in made.items() if k not in NOT_THE_SETTING},
-                          "finetuned_sha256": record.meta.finetuned_sha256}, sort_keys=True, default=str)
-        groups.setdefault(key, []).append(label)
-    out = {}
-    for members in groups.values():
-        seeds = [records[labels.index(m)].meta.request.get("seed") for m in members]
-        if len(members) > 1 and len(set(map(str, seeds))) == len(seeds):
-            name = re.sub(r"-seed\d+( \(seed \d+\))?$", "", members[0])
-            out[f"{name} (seeds {', '.join(map(str, seeds))})"] = members
-    return out
-
-
-def summarise_replicates(name: str, members: list[str], rows: list[dict], found: list[dict],
-                         over: str = "seeds") -> dict:
-    """The members' rows and differences as runs of one model ``name``: mean ± std across them."""
-    runs = [[{**r, "model": name} for r in rows if r["model"] == m] for m in members]
-    paired = [[{**d, "a": name} for d in found if d["a"] == m and d["b"] not in members] for m in members]
-    rows = metrics.over_seeds(runs, ("model", "task", "distribution"))
-    for row in rows if over != "seeds" else ():
-        row["over"] = over
-    return {"name": name, "regions": members, "rows": rows, "differences": metrics.differences_over_seeds(paired, over)}
-
-
-# -- several fine-tunes ----------------------------------------------------------------------------
-NOT_THE_EXPERIMENT = (*NOT_THE_SETTING, "finetuned", "finetuned_replicates")  # what differs across fine-tunes
-
-
-def _role(record: RegionRecord) -> str:
-    """What makes regions of different fine-tunes one experiment: the method and every setting of the request that
-    made them (the mask seed included) but the fine-tuned model; a region made by no request (a core, a union)
-    by its method and sources, whose size differs from one fine-tune to another."""
-    made = record.meta.request if isinstance(record.meta.request, dict) else None
-    if made is None:
-        return json.dumps({"method": record.meta.method, "sources": record.meta.sources}, sort_keys=True, default=str)
-    if made.get("verb") == LocalizeRequest.verb:  # a field added since a file was written counts as its default
-        made = {**json.loads(json.dumps(LocalizeRequest.defaults(), default=str)), **made}
-    setting = {k: v for k, v in made.items() if k == "seed" or k not in NOT_THE_EXPERIMENT}
-    return json.dumps({"method": record.meta.method, "k": record.size, **setting}, sort_keys=True, default=str)
-
-
-def _shared_name(stems: list[str]) -> str:
-    """The name that several fine-tunes' files of one region share: the parts of their names (split at '-' and '_')
-    alike in all ('r-ft0-seed1', 'r-ft1-seed1' → 'r-seed1'); where none are, the first name and 'fine-tunes'."""
-    parts = [re.split(r"[-_]", stem) for stem in stems]
-    if len({len(p) for p in parts}) == 1:
-        kept = [token for token, *others in zip(*parts) if all(o == token for o in others)]
-        if kept:
-            return "-".join(kept)
-    return f"{stems[0]} (fine-tunes)"
-
-
-@dataclass
-class FinetuneReplicates:
-    """Regions of several fine-tunes of one base and task, the same regions on each (``finetune_replicates``)."""
-
-    finetuned: list[str]  # each fine-tune, as its regions recorded it
-    paths: list[list[str]]  # per fine-tune, its region files in the order of ``names``
-    names: list[str]  # each region's name across fine-tunes
-
-    def short_names(self) -> list[str]:
-        """Each fine-tune's name in labels: its folder's name, or 'ft<i>' where two share one."""
-        short = [short_ref(ft) for ft in self.finetuned]
-        return short if len(set(short)) == len(short) else [f"ft{i}" for i in range(len(short))]
-
-
-def finetune_replicates(req) -> FinetuneReplicates | None:
-    """The regions of ``req`` by the fine-tuned model each was learned on, when they come from several and
-    --finetuned does not name one for all: each fine-tune (one per fine-tune seed) is then a replicate of one
-    experiment, and must hold the same regions as the others. None when the regions share one fine-tune (a rebuilt
-    checkpoint under one name is evaluate's own check)."""
-    if req.finetuned or len(req.regions) < 2:
-        return None
-    records = [load_region(p) for p in req.regions]
-    by_ft: dict[str, list[int]] = {}
-    for i, record in enumerate(records):
-        by_ft.setdefault(record.meta.finetuned or "", []).append(i)
-    if len(by_ft) < 2:
-        return None
-    metas = [records[members[0]].meta for members in by_ft.values()]
-    for what in ("base", "task"):
-        values = sorted({str(getattr(m, what)) for m in metas})
-        if len(values) > 1:
-            raise RegionError(f"the regions come from fine-tunes of different {what}s ({', '.join(values)}): only "
-                              f"fine-tunes of one {what} are replicates; evaluate them one fine-tuned model at a time")
-    ordered = []
-    for members in by_ft.values():
-        roles = {}
-        for i in members:
-            twin = roles.setdefault(_role(records[i]), i)
-            if twin != i:
-                raise RegionError(f"'{req.regions[twin]}' and '{req.regions[i]}' are one experiment on one fine-tuned "
-                                  "model: give each fine-tune's region once")
-        ordered.append(roles)
-    first = ordered[0]
-    for roles, meta in zip(ordered[1:], metas[1:]):
-        if set(roles) != set(first):
-            raise RegionError(f"the regions come from several fine-tuned models ('{metas[0].finetuned}', "
-                              f"'{meta.finetuned}') but not the same regions on each (method, size, mask seed, "
-                              "settings): give every fine-tune the same regions, or --finetuned to graft them all on "
-                              "one")
-    keys = list(first)
-    paths = [[str(req.regions[roles[key]]) for key in keys] for roles in ordered]
-    names: list[str] = []
-    for j in range(len(keys)):
-        name = _shared_name([Path(group[j]).stem for group in paths])
-        names.append(name if name not in names else f"{name} ({j + 1})")
-    return FinetuneReplicates([m.finetuned for m in metas], paths, names)
-
-
-def _renamed(run: "EvaluateResult", names: dict[str, str], ft: str) -> "EvaluateResult":
-    """One fine-tune's evaluation with its regions named as across fine-tunes, its diagrams' models by its fine-tune."""
-    def name(model):
-        return names.get(model, model)
-
-    rows = [{**r, "model": name(r["model"])} for r in run.rows]
-    found = [{**d, "a": name(d["a"]), "b": name(d["b"])} for d in run.differences]
-    plots = {key: {f"{name(m)} · {ft}": v for m, v in getattr(run, key).items()} for key in ("reliability", "histogram")}
-    odd = [{**d, "model": name(d["model"])} for d in run.disagreements]
-    return replace(run, rows=rows, differences=found, disagreements=odd, **plots)
-
-
-def _read_together(name: str, members: list[str], runs: list) -> dict:
-    """Regions that differ only in their mask seed, read together over every fine-tune: each (fine-tune, seed) is one
-    replicate of ``name`` (``summarise_replicates`` on each run's own rows, not on means over fine-tunes)."""
-    tag = {(i, m): f"{m} · run {i}" for i in range(len(runs)) for m in members}
-    rows = [{**r, "model": tag[(i, r["model"])]} for i, run in enumerate(runs) for r in run.rows if r["model"] in members]
-    found = [{**d, "a": tag[(i, d["a"])], "b": tag.get((i, d["b"]), d["b"])}
-             for i, run in enumerate(runs) for d in run.differences if d["a"] in members]
-    group = summarise_replicates(name, list(tag.values()), rows, found, over="runs")
-    group["regions"] = members
-    return group
-
-
-def evaluate_finetunes(req, parts: FinetuneReplicates, progress=None, cancel=None, guard: Guard = LOCAL):
-    """Regions of several fine-tunes (one per fine-tune seed) as replicates of one experiment: each fine-tune is
-    evaluated with its own regions, FT row and baselines, all on the same test examples, and every figure is the
-    mean over fine-tunes with its spread: the variance the paper reports (over fine-tunes, not only mask seeds).
-    With --seeds, every (fine-tune, seed) is one run of the mean."""
-    start, runs, each = time.time(), [], []
-    seeds = req.seeds or [None]
-    short = parts.short_names()
-    jobs = [(ft, name, paths, seed) for ft, name, paths in zip(parts.finetuned, short, parts.paths) for seed in seeds]
-    for i, (ft, name, paths, seed) in enumerate(jobs):
-        one = req.replace(regions=paths, finetuned=None, seeds=None, **({} if seed is None else {"seed": seed}))
-        label = f"fine-tune {name}" + ("" if seed is None else f", seed {seed}")
-        run = evaluate(one, part_progress(progress, i, len(jobs), None, label), cancel, guard)
-        runs.append(_renamed(run, dict(zip(run.regions, parts.names)), name if seed is None else f"{name} s{seed}"))
-        each.append({"finetuned": ft, **({} if seed is None else {"seed": seed}), "regions": paths})
-    over = "runs" if req.seeds else "fine-tunes"
-    rows = metrics.over_seeds([r.rows for r in runs], ("model", "task", "distribution"))
-    for row in rows:
-        row["over"] = over
-    card.annotate(rows)
-    found = metrics.differences_over_seeds([r.differences for r in runs], over)
-    listed = ", ".join(f"'{name}'" for name in short)
-    lines = card.evaluate_card(rows, differences=found) + [
-        f"Each figure is the mean over {len(runs)} runs: {len(parts.finetuned)} fine-tunes ({listed})"
-        + (f" × seeds {', '.join(map(str, req.seeds))}" if req.seeds else "") + ", each scored with its own regions, "
-        "FT and baselines, all on the same test examples; the diagrams are each run's own, its numbers under "
-        "per_finetune."]
-    first = [load_region(p) for p in parts.paths[0]]
-    together = [_read_together(name, members, runs) for name, members in replicate_groups(parts.names, first).items()]
-    lines += [card.replicate_sentence(group) for group in together]
-    if together or req.seeds:
-        lines.append(f"A mean over runs of {len(parts.finetuned)} fine-tunes × seeds treats the runs as exchangeable: "
-                     "its interval leaves out that runs of one fine-tune are alike, so with few fine-tunes it is too "
-                     "narrow; the interval over fine-tunes alone (each region on its own) is the conservative one.")
-    notes = list(dict.fromkeys(n for r in runs for n in r.notes))
-    per_ft = [{**e, "rows": r.rows, "differences": r.differences} for e, r in zip(each, runs)]
-    plots = {key: {m: v for r in runs for m, v in getattr(r, key).items()} for key in ("reliability", "histogram")}
-    finish(progress)
-    return replace(runs[0], request=req, notes=notes, seconds=time.time() - start, rows=rows, differences=found,
-                   finetuned=None, regions={n: [g[j] for g in parts.paths] for j, n in enumerate(parts.names)},
-                   card=lines, replicates=together, disagreements=[], side_by_side=None, per_finetune=per_ft,
-                   finetunes=list(parts.finetuned), seeds=list(req.seeds or ()), per_seed=[], **plots)
 
 
 # -- evaluate --------------------------------------------------------------------------------------
@@ -858,7 +426,7 @@ def evaluate(req: EvaluateRequest, progress: Progress | None = None, cancel=None
     req.validate()
     parts = finetune_replicates(req)
     if parts is not None:  # before --seeds: every (fine-tune, seed) is one run of the mean, not a mean of means
-        return evaluate_finetunes(req, parts, progress, cancel, guard)
+        return evaluate_finetunes(evaluate, req, parts, progress, cancel, guard)
     if req.seeds:
         runs = each_seed(evaluate, req, progress, cancel, guard)
         rows = metrics.over_seeds([r.rows for r in runs], ("model", "task", "distribution"))
@@ -868,7 +436,7 @@ def evaluate(req: EvaluateRequest, progress: Progress | None = None, cancel=None
             f"Each figure is the mean over seeds {', '.join(map(str, req.seeds))} (the random baseline is drawn per "
             "seed; every seed is scored on the same test examples); each seed's own numbers are under per_seed."]
         return replace(runs[0], request=req, seconds=sum(r.seconds for r in runs), rows=rows, differences=found,
-                       card=lines, seeds=list(req.seeds), per_seed=_per_seed(req.seeds, runs))
+                       card=lines, seeds=list(req.seeds), per_seed=per_seed_rows(req.seeds, runs))
     start = time.time()
     grafts = regions_setting(req, guard)
     records, labels, groups, tasks, notes = grafts.records, grafts.labels, grafts.groups, grafts.tasks, grafts.notes

@@ -36,7 +36,7 @@ from ..requests import (
     PushRequest, parse_label_map, parse_list,
 )
 from ..scoring import MAX_DISAGREEMENTS as MAX_SHOWN, align_labels
-from ..flows.single import replicate_groups
+from ..flows.replicates import replicate_groups
 from . import store
 
 # -- jobs table ----------------------------------------------------------------------------------
