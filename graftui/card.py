@@ -18,6 +18,7 @@ Every difference a sentence states comes with its paired 95 % interval on the sa
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from .config import FT_LABEL, LM_BODY_LABEL, is_body
 from .experiments import relative_gain
@@ -226,14 +227,30 @@ def evaluate_card(rows: list[dict], *, graftable: int | None = None, start_overl
     return lines
 
 
-def sweep_card(doc: dict) -> list[str]:
-    """Sentences for a sparsity sweep: the smallest budget keeping 95 % of FT per method, and the gaps."""
+@dataclass(frozen=True)
+class Words:
+    """How a task kind's scores are named in cards, tables and the app (each kind has its own: ``tasks``)."""
+
+    score: str  # "accuracy", "exact match"
+    calibration: str  # "ECE", "token ECE"
+    reference: str  # the model a graft of the empty region is: "bare body", "pre-trained"
+    scored_by: str  # a clause: how a model is judged
+    key: str = "accuracy"  # the metric paired differences name the score by
+    score_suffix: str = ""  # what follows a bare percentage in a sentence ("" or " exact match")
+
+
+ACCURACY = Words(score="accuracy", calibration="ECE", reference="bare body",
+                 scored_by="accuracy of its class probabilities")  # a classification task's
+
+
+def sweep_card(doc: dict, words: Words = ACCURACY) -> list[str]:
+    """Sentences for a sparsity sweep: the smallest budget keeping 95 % of FT per method, and the gaps (``words``:
+    how the task's kind names its score, ``tasks.Words``)."""
     rows, ft = doc["rows"], doc.get("ft_accuracy")
     if not rows or not ft:
         return []
-    generative = "exact_match" in rows[0]  # a completion task: its accuracy is the exact match of generations
-    lines = [f"Fine-tuned: {pct(ft, 1)}" + (" exact match" if generative else "") + f" on {doc['task']}"
-             + (f"; {'pre-trained' if generative else 'bare body'} {pct(doc['body_accuracy'], 1)}."
+    lines = [f"Fine-tuned: {pct(ft, 1)}{words.score_suffix} on {doc['task']}"
+             + (f"; {words.reference} {pct(doc['body_accuracy'], 1)}."
                 if doc.get("body_accuracy") is not None else ".")]
     for m in dict.fromkeys(r["method"] for r in rows):
         mine = sorted((r for r in rows if r["method"] == m), key=lambda r: r["sparsity"])
@@ -245,7 +262,7 @@ def sweep_card(doc: dict) -> list[str]:
                                  f"{best['sparsity']:g}") + ".")
     by = {(r["method"], r["sparsity"]): r for r in rows}
     paired = {(d["a"], d["b"], d.get("sparsity")): d for d in doc.get("differences") or ()
-              if d["metric"] == ("exact_match" if generative else "accuracy")}
+              if d["metric"] == words.key}
     gaps = []
     for (m, s) in sorted(by, key=lambda key: key[1]):
         if m == "learned" and ("top-movement", s) in by:
@@ -260,8 +277,9 @@ def sweep_card(doc: dict) -> list[str]:
     return lines
 
 
-def compose_card(doc: dict) -> list[str]:
-    """Overlaps against what chance gives, and what the union graft does to each task."""
+def compose_card(doc: dict, words: Words = ACCURACY) -> list[str]:
+    """Overlaps against what chance gives, and what the union graft does to each task (a stitch's in ``words``, its
+    task kind's names of its score)."""
     names, sizes, over, graftable = doc["names"], doc["sizes"], doc["overlap"], doc.get("graftable_params")
     lines = []
     for i in range(len(names)):
@@ -274,7 +292,7 @@ def compose_card(doc: dict) -> list[str]:
             lines.append(f"'{names[i]}' and '{names[j]}' share {both}; two random regions of these sizes would share "
                          f"{pct(chance, 3)}{ratio}.")
     if doc.get("stitch"):
-        return lines + stitch_card(doc)
+        return lines + stitch_card(doc, words)
     for task in dict.fromkeys(r["task"] for r in doc.get("rows") or []):
         by = {r["model"]: r for r in doc["rows"] if r["task"] == task}
         alone, union = by.get("region alone"), by.get("union graft")
@@ -286,17 +304,15 @@ def compose_card(doc: dict) -> list[str]:
     return lines
 
 
-def localize_card(doc: dict) -> list[str]:
-    """What was found, whether mask learning moved away from its start, and (with seeds) how stable it is."""
+def localize_card(doc: dict, checked: list[str] = ()) -> list[str]:
+    """What was found, whether mask learning moved away from its start, and (with seeds) how stable it is;
+    ``checked``: the sentences of its quick held-out check, in its task kind's words."""
     check = doc.get("check")
     lines = [f"Region of {doc['k']:,} parameters ({pct(doc['fraction_of_graftable'], 3)} of the graftable set), by "
              f"{doc['method']}; " + (f"a quick check on {check['n']:,} held-out test examples of {check['task']} follows "
                                      "(Compare scores every test example, beside baselines of the same size)." if check
                                      else "evaluate it (Compare, or graftui evaluate) to see what it keeps.")]
-    if check and check["rows"] and "exact_match" in check["rows"][0]:  # a completion task: judged by generation
-        lines += completion_card(check["rows"], check["differences"], doc.get("graftable_params"))
-    elif check:
-        lines += evaluate_card(check["rows"], graftable=doc.get("graftable_params"), differences=check["differences"])
+    lines += checked
     if doc.get("stability"):
         lines.append(stability_sentence(doc["stability"]))
         held = [(e["seed"], e["check"]) for e in doc.get("seeds") or () if e.get("check")]
@@ -353,7 +369,8 @@ def seeds_sentence(seeds: list[int] | None, what: str) -> list[str]:
             "to the test examples' noise."]
 
 
-def finetune_card(doc: dict) -> list[str]:
+def finetune_card(doc: dict, words: Words = ACCURACY) -> list[str]:
+    """The fine-tune's held-out score in sentences (``words``: how its task kind names the score)."""
     acc, n, chance = doc.get("test_accuracy"), doc.get("test_examples"), doc.get("chance_accuracy")
     if not n:
         return []
@@ -362,10 +379,9 @@ def finetune_card(doc: dict) -> list[str]:
         return [f"Held-out accuracy {pct(acc, 1)} ± {100 * (doc.get('test_accuracy_std') or 0):.1f} pts over "
                 f"{len(doc['per_seed'])} fine-tunes ({each}; n = {n:,} each). Localize in each checkpoint (--finetuned) "
                 "to see how much of a region's variance comes from the fine-tune."]
-    if doc.get("task_kind") == "completion":
-        return [f"Held-out exact match {pct(acc, 1)}{interval({'accuracy_ci': wilson(acc, n), 'n': n})} of greedy "
-                f"generations, loss {doc.get('test_loss') or 0:.3f} per completion token."]
-    line = f"Held-out accuracy {pct(acc, 1)}{interval({'accuracy_ci': wilson(acc, n), 'n': n})}"
+    line = f"Held-out {words.score} {pct(acc, 1)}{interval({'accuracy_ci': wilson(acc, n), 'n': n})}"
+    if doc.get("test_loss") is not None:  # scored on its completion tokens too
+        return [f"{line} of greedy generations, loss {doc['test_loss']:.3f} per completion token."]
     if chance is not None:
         line += f"; chance (the most frequent class) is {pct(chance, 1)}"
         ci = wilson(acc, n)
@@ -538,9 +554,9 @@ def completion_card(rows: list[dict], differences: list[dict], graftable: int | 
     return lines
 
 
-def stitch_card(doc: dict) -> list[str]:
+def stitch_card(doc: dict, words: Words = ACCURACY) -> list[str]:
     """Per task: the stitched model against the task's own fine-tune and task arithmetic, each with its paired
-    interval (accuracy, or exact match of generations on a completion task)."""
+    interval (of the score ``words`` name: accuracy, or exact match of generations on a completion task)."""
     chosen, lines = doc["stitch"], []
     arithmetic = chosen["model"]
     for task in dict.fromkeys(r["task"] for r in doc["rows"]):
@@ -548,8 +564,7 @@ def stitch_card(doc: dict) -> list[str]:
         stitched, ft = by.get("stitched"), by.get(FT_LABEL)
         if not (stitched and ft):
             continue
-        what = "exact match" if "exact_match" in stitched else "accuracy"
-        metric = "exact_match" if what == "exact match" else "accuracy"
+        what, metric = words.score, words.key
         found = {d["b"]: d for d in doc.get("differences") or () if d["a"] == "stitched" and d["task"] == task
                  and d["metric"] == metric}
         text = f"On {task}, the stitched model's {what} is {pct(stitched['accuracy'], 1)}, against its own fine-tune's " \

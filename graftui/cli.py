@@ -27,6 +27,8 @@ from typing import Sequence  # noqa: E402
 
 from . import flows, settings  # noqa: E402
 from .completion import OFFLINE_SKILLS  # noqa: E402
+from .lmeval import OFFLINE as OFFLINE_HARNESS, PREFIX  # noqa: E402
+from .tasks import HARNESS  # noqa: E402
 from .data import OFFLINE_TASKS  # noqa: E402
 from .errors import RequestError, is_user_error, message  # noqa: E402
 from .formatting import table  # noqa: E402
@@ -229,11 +231,12 @@ def cmd_methods(args: argparse.Namespace) -> int:
 def cmd_tasks(args: argparse.Namespace) -> int:
     tasks = [(n, "classification", d) for n, d in OFFLINE_TASKS.items()]
     tasks += [(n, "completion", about[0]) for n, about in OFFLINE_SKILLS.items()]
+    tasks += [(PREFIX + n, HARNESS.name, about[0]) for n, about in OFFLINE_HARNESS.items()]
     doc = {"tasks": [{"name": n, "kind": k, "description": d} for n, k, d in tasks]}
     text = table(["task", "kind", "description"], [list(t) for t in tasks], "lll")
     text += ("\n\n--task also takes a CSV/TSV/JSON(L)/Parquet file, a folder of them, or a Hugging Face dataset id: "
              "text and label columns make a classification task, prompt and completion (or messages) columns a "
-             "completion task.")
+             "completion task; lm-eval:NAME (or lm-eval:a,b) any lm-evaluation-harness task, scored by the harness.")
     Terminal(args).emit(doc, text)
     return 0
 

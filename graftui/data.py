@@ -4,6 +4,9 @@ Every source ends in the same shape, a `Task` with train/validation/test `Split`
 (text, optional second text, integer label), so fine-tuning, grafting and evaluation
 never need to know where the examples came from. Sources that ship fewer splits get a
 fixed, seeded cut, so a task name always means the same examples.
+
+Over 700 lines because reading untrusted files is most of it: each reader (CSV, JSON(L), Parquet, the Hub) checks
+sizes, cells and columns before it trusts a byte, and those checks belong beside the reader they guard.
 """
 
 from __future__ import annotations
@@ -732,7 +735,7 @@ def _dropped_note(name: str, dropped: dict[str, int], column: str) -> tuple[str,
 
 class MissingColumn(DataError):
     """A text or label column that could not be guessed; ``found_any`` says whether the other one was (a source with
-    neither may be a completion task: ``flows.common.get_any_task`` decides which error to tell)."""
+    neither may be a completion task: ``tasks.read_task`` decides which error to tell)."""
 
     found_any: bool = False
 

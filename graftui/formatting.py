@@ -41,6 +41,12 @@ def count(n: int | None, missing: str = "-") -> str:
 ONE_OF = {"seeds": "seed", "fine-tunes": "fine-tune", "runs": "run"}  # what replicates are, and one of them
 
 
+def one_line(text: str, width: int = 0) -> str:
+    """A text on one line (its line breaks written as ⏎), cut to ``width`` characters when given."""
+    flat = text.replace("\r\n", "\n").replace("\n", "⏎")
+    return flat if not width or len(flat) <= width else flat[:width - 3] + "..."
+
+
 def pts(x: float) -> str:
     """A difference of two accuracies in percentage points, signed."""
     return f"{100 * x:+.1f} pts"
@@ -53,7 +59,8 @@ def _signed(x: float, digits: int) -> str:
 def difference_value(d: dict, between: str = "") -> str:
     """The number of a paired difference and its interval, "+3.2 pts [+0.9, +5.4]" (accuracy) or
     "−0.012 [−0.020, −0.004]" (ECE); "+1.8 ± 0.9 pts" over seeds; ``between`` goes before the interval."""
-    scale, digits, unit = (100, 1, " pts") if d["metric"] in ("accuracy", "exact_match") else (1, 3, "")
+    shares = d["metric"] in ("accuracy", "exact_match") or d.get("share")  # of examples: in points
+    scale, digits, unit = (100, 1, " pts") if shares else (1, 3, "")
     spread = f" ± {scale * d['diff_std']:.{digits}f}" if (d.get("seeds") or 1) > 1 and d.get("diff_std") is not None else ""
     lo, hi = d["ci"]
     return (f"{_signed(scale * d['diff'], digits)}{spread}{unit}{between} "

@@ -22,6 +22,7 @@ from .config import is_default_finetuned
 from .data import check_reference
 from .errors import DataError, ModelError, RequestError, SessionError
 from .generation import AnswerRule
+from .lmeval import OFFLINE as HARNESS_OFFLINE
 from .flows import Guard, clear_cache
 from .models import resolve
 from .paths import DATA_SUFFIXES, atomic_write, short_ref
@@ -135,6 +136,16 @@ class HostedGuard(Guard):
     def checked_task(self, task):
         check_rows(task.name, sum(len(s) for s in task.splits.values()))
         return task
+
+    def checked_harness(self, names: list[str]) -> list[str]:
+        """On a hosted server only the offline harness tasks run: a registry task downloads a dataset of any size
+        and its YAML may run code."""
+        other = [n for n in names if n not in HARNESS_OFFLINE]
+        if settings.hosted() and other:
+            raise RequestError(f"lm-eval task '{other[0]}' is read from the harness's registry, which a shared server "
+                               f"does not run: use {', '.join('lm-eval:' + n for n in HARNESS_OFFLINE)}, or run "
+                               "graftui on your own machine")
+        return names
 
     def checked_rule(self, rule, source: str):
         """On a hosted server no answer regex runs, whoever gives it: a request, a region file or a bundle."""

@@ -296,7 +296,7 @@ def load_reader(ref: str, kind: str, labels, options: LoadOptions, *, tokenizer=
     """
     kw = {"trust_remote_code": trust_remote_code, "allow_local": allow_local, "dtype": options.dtype,
           "device_map": options.device_map}
-    if kind == COMPLETION:  # (a prompt given with it is refused before: flows.completions.check_kind)
+    if kind == COMPLETION:  # (a prompt given with it is refused before: tasks.completion.Completion.reading)
         own = checkpoint_kind(ref, trust_remote_code=trust_remote_code, allow_local=allow_local)
         if own != "causal-lm":
             raise ModelError(f"'{ref}' is a {own.replace('-', ' ')}: a completion task is scored on a causal LM's own "

@@ -203,3 +203,73 @@ def test_derived_requests_carry_every_shared_field():
         assert set(given) == set(names), f"no test value for {set(names) - set(given)}"
         made = derive(target, source.make(**given))
         assert {n: getattr(made, n) for n in names} == given, (target.__name__, source.__name__)
+
+
+# -- task kinds are objects ---------------------------------------------------------------------------------------
+TASK_CLASSES = {"Task", "CompletionTask", "HarnessTask", "HarnessSkill"}
+KIND_NAMES = {"classification", "completion", "lm-eval"}
+KIND_HOMES = ("tasks",)  # the kinds themselves
+KIND_MACHINERY = {"data", "completion", "generation", "lmeval", "models", "training", "config", "requests", "regions",
+                  "scoring"}  # what the kinds are made of, below them: reading data, generating, reading a model as a
+# classifier or as itself (a pair's ``completion`` reading, recorded in its region files) and scoring it
+
+
+def kind_branches(path: Path) -> list[str]:
+    """Where a module asks which kind its task is: isinstance on a task class, a result sniffed by its keys
+    ("exact_match" in row), a kind's name or reading compared, a ``generative`` flag, a branch on ``.completion``."""
+    tree = ast.parse(path.read_text())
+    found = []
+
+    def names(node) -> set[str]:
+        return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)} | \
+            {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)}
+
+    for node in ast.walk(tree):
+        where = f"{path.relative_to(PACKAGE.parent)}:{getattr(node, 'lineno', '?')}"
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "isinstance" and len(node.args) == 2 \
+                and names(node.args[1]) & TASK_CLASSES:
+            found.append(f"{where} isinstance on a task class")
+        elif isinstance(node, ast.Compare):
+            consts = {c.value for c in [node.left, *node.comparators] if isinstance(c, ast.Constant)}
+            if "exact_match" in consts and any(isinstance(op, (ast.In, ast.NotIn)) for op in node.ops):
+                found.append(f"{where} a result sniffed by its keys")
+            elif consts & KIND_NAMES or names(node) & {"COMPLETION"}:
+                found.append(f"{where} a kind's name compared")
+        elif isinstance(node, (ast.Name, ast.arg)) and getattr(node, "id", getattr(node, "arg", None)) in (
+                "generative", "is_completion"):
+            found.append(f"{where} a generative flag")
+        elif isinstance(node, (ast.If, ast.IfExp, ast.BoolOp)):
+            test = node.test if not isinstance(node, ast.BoolOp) else node
+            if any(isinstance(n, ast.Attribute) and n.attr == "completion" for n in ast.walk(test)):
+                found.append(f"{where} a branch on .completion")
+    return sorted(set(found))
+
+
+def test_no_branch_on_the_task_kind_outside_the_kinds():
+    """A verb, a card, a text or the app asks the task's kind (``tasks.kind_of``), never which kind it is."""
+    found = []
+    for name, path in modules().items():
+        if name.split(".")[0] in KIND_HOMES or name in KIND_MACHINERY:
+            continue
+        found += kind_branches(path)
+    assert not found, "branches on the task kind outside graftui/tasks/:\n" + "\n".join(found)
+
+
+def test_the_kind_branch_check_can_fail(tmp_path):
+    """The check above finds each form of branch it names."""
+    path = PACKAGE / "_probe.py"
+    source = ('def f(task, rows, pair, kind):\n'
+              '    a = isinstance(task, CompletionTask)\n'
+              '    b = "exact_match" in rows[0]\n'
+              '    c = kind == "completion"\n'
+              '    generative = 1\n'
+              '    if pair.completion:\n'
+              '        pass\n')
+    try:
+        path.write_text(source)
+        found = kind_branches(path)
+    finally:
+        path.unlink()
+    assert sorted(f.split(" ", 1)[1] for f in found) == sorted(
+        ["isinstance on a task class", "a result sniffed by its keys", "a kind's name compared", "a generative flag",
+         "a branch on .completion"])

@@ -1185,8 +1185,8 @@ def test_the_try_box_is_one_prompt_for_completion_regions_and_sentences_otherwis
     from graftui.ui import actions, store
     from graftui.ui.tabs import compare
 
-    kinds = {"gen": True, "cls": False}
-    monkeypatch.setattr(store, "completion_regions", lambda ids: [kinds[i] for i in ids])
+    kinds = {"gen": "completion", "cls": "classification"}
+    monkeypatch.setattr(store, "region_kinds", lambda ids: [kinds[i] for i in ids])
     monkeypatch.setattr(actions, "_paths", lambda ids, at_least=1: [f"/regions/{i}.safetensors" for i in ids])
 
     class Runner:  # what the button's handler hands on: the request and its title

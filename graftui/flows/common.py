@@ -21,18 +21,18 @@ from typing import Callable
 
 from .. import bundle, card, regions, sets, settings, training
 from ..config import (
-    DEFAULT_EXAMPLES_PER_CLASS, DEFAULT_FINETUNED_REFS, GraftableSpec, LoadOptions, default_checkpoint_dir,
+    DEFAULT_FINETUNED_REFS, FT_LABEL, GraftableSpec, LoadOptions, default_checkpoint_dir,
     is_default_finetuned,
 )
-from ..completion import OFFLINE_SKILLS, CompletionSpec, CompletionTask, NoCompletionColumns, load_completion_task
-from ..data import OFFLINE_TASKS, DataSpec, MissingColumn, Task, all_as_test, batches, kshot, load_task
-from ..errors import DataError, GraftuiError, ModelError, RegionError, RequestError
+from ..data import DataSpec, Task, all_as_test
+from ..errors import GraftuiError, ModelError, RegionError, RequestError
 from ..layout import MODULE_LABELS, anatomy as count_anatomy
 from ..models import ModelPair, pair_kind, resolve
 from ..paths import Exists, atomic_write, new_path, short_ref
 from ..regions import RegionRecord
 from ..requests import Request
 from ..scoring import align_labels
+from ..tasks import kind_named, read_classification as get_task
 from ..version import __version__
 
 Progress = Callable[[dict], None]
@@ -48,6 +48,10 @@ class Guard:
 
     def checked_task(self, task: Task) -> Task:
         return task
+
+    def checked_harness(self, names: list[str]) -> list[str]:
+        """The lm-evaluation-harness tasks a request names, before any is read (its data may come from the Hub)."""
+        return names
 
     def checked_pair(self, pair: ModelPair) -> ModelPair:
         return pair
@@ -113,54 +117,6 @@ def ensure_models(refs, progress: Progress | None = None, cancel=None) -> None:
                               "fraction": p.step / max(p.steps, 1)})
 
             training.ensure_default_finetuned(key, progress=step, cancel=cancel)
-
-
-def get_task(ref: str, spec, guard: Guard, notes: list[str] | None = None) -> Task:
-    """A task; column options given for an offline task must name its own columns (text, label). What reading it
-    left out (rows without a text or a label) is said in ``notes``."""
-    if str(ref).strip().lower() in OFFLINE_TASKS:
-        for name, allowed in (("text_column", "text"), ("label_column", "label"), ("pair_column", None)):
-            column = getattr(spec, name)
-            if column is not None and column != allowed:
-                raise DataError(f"column '{column}' ({name}) not found in the offline task '{ref}'; "
-                                "its columns are text, label")
-    task = guard.checked_task(load_task(ref, spec, allow_local=guard.allow_local(tasks=[ref])))
-    if notes is not None:
-        notes += [note for note in task.notes if note not in notes]
-    return task
-
-
-def load_task_as(ref: str, spec, guard: Guard, notes: list[str] | None = None) -> Task | CompletionTask:
-    """A task read as ``spec`` says: a CompletionSpec makes a completion task, a DataSpec a classification task."""
-    if not isinstance(spec, CompletionSpec):
-        return get_task(ref, spec, guard, notes)
-    task = guard.checked_task(load_completion_task(ref, spec, allow_local=guard.allow_local(tasks=[ref])))
-    if notes is not None:
-        notes += [note for note in task.notes if note not in notes]
-    return task
-
-
-def get_any_task(req, guard: Guard, notes: list[str] | None = None) -> Task | CompletionTask:
-    """The request's task as the kind it names (``TaskFields``): a classification task, or a completion task (an
-    offline skill, (prompt, completion) columns, chats). With kind auto, an offline skill or a completion column
-    given makes a completion task; any other source is read as a classification task first, then as a completion
-    task, and the error said is the one of the kind the source's columns fit."""
-    ref, kind = req.task, req.task_kind
-    named = req.prompt_column or req.completion_column or req.messages_column
-    if kind == "completion" or (kind == "auto" and (named or str(ref).strip().lower() in OFFLINE_SKILLS)):
-        return load_task_as(ref, req.completion_spec(), guard, notes)
-    try:
-        return get_task(ref, req.data_spec(), guard, notes)
-    except DataError as first:
-        if kind == "classification" or str(ref).strip().lower() in OFFLINE_TASKS:
-            raise
-        try:
-            return load_task_as(ref, req.completion_spec(), guard, notes)
-        except NoCompletionColumns as second:  # a prompt or a completion column and no text or label column: a
-            # completion file missing its other column, told in its own words
-            if second.partial and isinstance(first, MissingColumn) and not first.found_any:
-                raise second from None
-            raise first from None
 
 
 def get_pair(base: str, finetuned: str, spec: GraftableSpec, guard: Guard, progress=None, cancel=None,
@@ -431,7 +387,9 @@ class LocalizeResult(Result):
             "biases": a.bias_count,
             "meta": json.loads(json.dumps(r.meta.as_dict(), default=plain)),
         })
-        out["card"] = card.localize_card(out)
+        check = out.get("check")
+        checked = kind_named(check.get("task_kind")).card(check, out["graftable_params"], FT_LABEL) if check else []
+        out["card"] = card.localize_card(out, checked)
         return out
 
 
@@ -444,39 +402,6 @@ def plain(value):
     if hasattr(value, "tolist"):
         return value.tolist()
     return str(value)
-
-def examples_per_class(req, task: Task, notes: list[str]) -> int:
-    """The k-shot size: as asked (and checked), or by default up to 256, all there are when fewer."""
-    counts: dict[int, int] = {}
-    for y in task.splits["train"].labels:
-        counts[y] = counts.get(y, 0) + 1
-    if not counts:
-        raise DataError(f"task '{task.name}' has no training examples")
-    fewest = min(counts.values())
-    if req.examples_per_class is not None:
-        if req.examples_per_class > fewest:
-            short = min(counts, key=lambda c: counts[c])
-            raise DataError(f"--examples-per-class {req.examples_per_class} is too large for task '{task.name}': "
-                            f"class {task.label_names[short]} has only {fewest} training examples")
-        return req.examples_per_class
-    if fewest < DEFAULT_EXAMPLES_PER_CLASS:
-        notes.append(f"task '{task.name}' has only {fewest} training examples in its smallest class: mask learning "
-                     f"uses {fewest} per class (default {DEFAULT_EXAMPLES_PER_CLASS})")
-        return fewest
-    return DEFAULT_EXAMPLES_PER_CLASS
-
-
-def kshot_batches(pair: ModelPair, task: Task, req, notes: list[str], seed_offset: int = 0):
-    """Mask learning's data: the k-shot training sample of ``task`` and ``make_batches(epoch)`` over it."""
-    config = req.learn_config()
-    train = kshot(task.splits["train"], examples_per_class(req, task, notes), config.seed)
-
-    def make_batches(epoch: int):
-        return batches(pair.tokenizer, train, config.batch_size, task.max_length,
-                       shuffle_seed=config.seed + seed_offset + epoch)
-
-    return make_batches, len(train)
-
 
 def ood_tasks(req, task_ref: str, task: Task, guard: Guard, notes: list[str]) -> list[Task]:
     """The request's out-of-distribution tasks, in ``task``'s label space (a note for each mapping by position)."""

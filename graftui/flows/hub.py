@@ -20,6 +20,7 @@ from pathlib import Path
 
 from .. import card, regions, settings
 from ..errors import RequestError
+from ..tasks import CLASSIFICATION, kind_named
 from ..requests import EvaluateRequest, ExportRequest, PushRequest, derive
 from ..version import __version__
 from . import text
@@ -74,8 +75,18 @@ def hub_refusal(err: BaseException, repo: str) -> RequestError:
                         "repository id and your connection, then push again")
 
 
-def model_card(req: PushRequest, record, metrics: list[dict], region_file: str):
-    """The repository's README: YAML metadata (ModelCardData) and a body that says what the files are."""
+def _cell(row: dict, key: str) -> str:
+    """A metric of the card's table: the score with its 95 % interval, the share of FT's gain, or a number."""
+    if key == "gain_recovered":
+        return card.pct(row.get(key))
+    value = f"{row[key]:.3f}" if row.get(key) is not None else "-"
+    ci = row.get("accuracy_ci") if key == "score" else None
+    return value + (f" ({ci[0]:.3f}–{ci[1]:.3f})" if ci and None not in ci else "")
+
+
+def model_card(req: PushRequest, record, metrics: list[dict], region_file: str, kind=CLASSIFICATION):
+    """The repository's README: YAML metadata (ModelCardData) and a body that says what the files are; the metrics
+    table in the columns of the task's ``kind``."""
     from huggingface_hub import ModelCard, ModelCardData
 
     m = record.meta
@@ -94,21 +105,12 @@ def model_card(req: PushRequest, record, metrics: list[dict], region_file: str):
              f"| method | {m.method} |", f"| budget | {m.budget or f'k = {record.size:,}'} |",
              f"| region | {card.pct(frac, 3) if frac else ''} · k = {record.size:,} · content id "
              f"`#{regions.digest(record.indices)}` |", ""]
-    if metrics and "exact_match" in metrics[0]:  # a completion task: judged by its greedy generations
-        lines += ["## Metrics", "", "| model | task | n | exact match (95 % interval) | loss per token | token ECE | "
-                  "share of FT gain |", "|---|---|---|---|---|---|---|"]
-        for r in metrics:
-            ci = r.get("accuracy_ci") or [None, None]
-            lines.append(f"| {r['model']} | {r['task']} | {r['n']:,} | {r['exact_match']:.3f} ({ci[0]:.3f}–{ci[1]:.3f}) "
-                         f"| {r['loss']:.3f} | {r['token_ece']:.3f} | {card.pct(r.get('gain_recovered'))} |")
-        lines.append("")
-    elif metrics:
-        lines += ["## Metrics", "", "| model | task | n | accuracy (95 % interval) | ECE | share of FT gain |",
-                  "|---|---|---|---|---|---|"]
-        for r in metrics:
-            ci = r.get("accuracy_ci") or [None, None]
-            lines.append(f"| {r['model']} | {r['task']} | {r['n']:,} | {r['accuracy']:.3f} "
-                         f"({ci[0]:.3f}–{ci[1]:.3f}) | {r['ece']:.3f} | {card.pct(r.get('gain_recovered'))} |")
+    if metrics:
+        columns = kind.markdown_columns
+        lines += ["## Metrics", "", "| model | task | n | " + " | ".join(h for h, _ in columns) + " |",
+                  "|---|---|---|" + "---|" * len(columns)]
+        lines += [f"| {r['model']} | {r['task']} | {r['n']:,} | " + " | ".join(_cell(r, key) for _, key in columns) + " |"
+                  for r in metrics]
         lines.append("")
     lines += ["## Use", ""]
     if req.what == "patch":
@@ -144,12 +146,13 @@ def push(req: PushRequest, progress: Progress | None = None, cancel=None, guard:
     record = load_region(path)
     notes: list[str] = []
     metrics: list[dict] = []
+    kind = CLASSIFICATION
     if req.n:
         if progress:
             progress({"stage": "scoring the graft for the card", "fraction": 0.1})
         scored = evaluate(derive(EvaluateRequest, req, regions=[path], base=req.base, finetuned=req.finetuned, n=req.n,
                                  ood=[]), progress=None, cancel=cancel, guard=guard)
-        metrics, notes = scored.rows, list(scored.notes)
+        metrics, notes, kind = scored.rows, list(scored.notes), kind_named(scored.task_kind)
     with tempfile.TemporaryDirectory(prefix="graftui-push-") as tmp:
         folder = Path(tmp) / "repo"
         if req.what == "checkpoint":
@@ -162,7 +165,7 @@ def push(req: PushRequest, progress: Progress | None = None, cancel=None, guard:
             shutil.copyfile(path, folder / PATCH_FILE)
         made = record.meta.request
         (folder / "request.json").write_text(json.dumps(made or {"note": "the region records no request"}, indent=2))
-        text = str(model_card(req, record, metrics, Path(path).name))
+        text = str(model_card(req, record, metrics, Path(path).name, kind))
         (folder / "README.md").write_text(text)
         files = [str(f.relative_to(folder)) for f in sorted(folder.rglob("*")) if f.is_file()]
         url = repo_url = None

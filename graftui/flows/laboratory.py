@@ -34,9 +34,9 @@ from ..requests import (
     ContinualRequest, FinetuneRequest, LocalizeRequest, MultitaskRequest, RetrainRequest, WiseRequest, derive,
 )
 from . import text
+from ..tasks import examples_per_class, kshot_batches
 from .common import (
-    LOCAL, Guard, Progress, Result, check_build, check_model_ref, examples_per_class, finish, get_pair, get_task,
-    kshot_batches, latest_region, load_region, ood_tasks, pair_for_regions, save_new, part_progress,
+    LOCAL, Guard, Progress, Result, check_build, check_model_ref, finish, get_pair, get_task, latest_region, load_region, ood_tasks, pair_for_regions, save_new, part_progress,
 )
 from .registry import verb
 from .replicates import each_seed, replicated

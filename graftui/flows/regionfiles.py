@@ -11,8 +11,7 @@ from pathlib import Path
 
 import torch
 
-from .. import card, generation, metrics, regions, scoring, sets, settings
-from ..completion import CompletionTask, context_length, prompt_room
+from .. import card, regions, scoring, sets, settings
 from ..config import DEFAULT_BASE, DEFAULT_TASK
 from ..errors import Cancelled, ModelError, RegionError, RequestError
 from ..experiments import best_lambda, drop_part, row_of, task_arithmetic
@@ -22,10 +21,11 @@ from ..models import architecture, checkpoint_kind, load_classifier, load_lm
 from ..paths import new_path, short_ref
 from ..regions import RegionRecord
 from ..requests import AnatomyRequest, ComposeRequest, EvaluateRequest, ExportRequest, RegionsRequest
-from . import completions, text
+from ..tasks import kind_named, kind_of, read_task_as, region_kind
+from . import text
 from .common import (
     LOCAL, Guard, Progress, Result, check_build, check_model_ref, finish, get_task, labels_for, latest_region,
-    load_region, load_task_as, loadable, merged_shapes, pair_for_regions, plain, same_regions,
+    load_region, loadable, merged_shapes, pair_for_regions, plain, same_regions,
 )
 from .registry import verb
 from .replicates import replicate_groups
@@ -137,13 +137,10 @@ def ablate(req: AnatomyRequest, path: str, record: RegionRecord, anat: Anatomy, 
     grafts = regions_setting(ev, guard)
     task = next(iter(grafts.tasks.values()))
     pair = regions_pair(ev, grafts, task, guard, progress, cancel)
-    generative = isinstance(task, CompletionTask)  # scored by the exact match of its generations
-    if not generative:
-        scoring.check_labels(pair, task)
-    rule, new = completions.judging(req, record.meta, guard)
-    data = generation.sample(task, "test", req.n, scoring.TEST_SAMPLE_SEED) if generative else None
-    if generative:  # what the model's context cannot hold is refused before the first drop is scored
-        completions.add(notes, generation.fit(pair.tokenizer, task, data, context_length(pair.model), new))
+    kind = kind_of(task)
+    kind.supports("anatomy", task)
+    scorer = kind.scorer(pair, task, "test", req.n, kind.judging(req, record.meta, guard), notes)  # what the model's
+    # context cannot hold is refused before the first drop is scored
     notes += [note for note in grafts.notes if note not in notes]
     values = record.values if record.is_patch else None
     parts = [("layer", row) for row in anat.layers] + [("module", m) for m in anat.modules]
@@ -151,23 +148,12 @@ def ablate(req: AnatomyRequest, path: str, record: RegionRecord, anat: Anatomy, 
     totals.update({("module", m): sum(row[j] for row in anat.totals) for j, m in enumerate(anat.modules)})
 
     def score(indices, vals):
-        """Class probabilities and labels; a completion task's exact matches (and no labels)."""
         with pair.grafted(indices) if vals is None else pair.grafted(indices, vals):
-            if generative:
-                return generation.exact(pair.model, pair.tokenizer, task, data, rule, new), None
-            return scoring.predict(pair, task, "test", req.n, seed=scoring.TEST_SAMPLE_SEED)
-
-    def paired(full, probs, labels) -> dict:
-        if generative:
-            ones = torch.ones_like(full)
-            return metrics.paired_ratio_difference((full, ones), (probs, ones), "exact_match",
-                                                   seed=scoring.TEST_SAMPLE_SEED)
-        return metrics.paired_difference(full, probs, labels, "accuracy", seed=scoring.TEST_SAMPLE_SEED)
+            return scorer()
 
     if progress:
         progress({"stage": "scoring the whole graft", "fraction": 0.0})
-    full, labels = score(record.indices, values)
-    accuracy = float(full.mean()) if generative else metrics.accuracy(full, labels)
+    full = score(record.indices, values)
     rows = []
     for i, (by, part) in enumerate(parts):
         if cancel is not None and cancel.is_set():
@@ -178,15 +164,14 @@ def ablate(req: AnatomyRequest, path: str, record: RegionRecord, anat: Anatomy, 
                       "steps": len(parts)})
         kept, kept_values = drop_part(record.indices, record.shapes, **{by: part}, values=values)
         dropped = record.size - sets.region_size(kept)
-        probs = full if not dropped else score(kept, kept_values)[0]
-        d = paired(full, probs, labels)
+        without = full if not dropped else score(kept, kept_values)
+        d = kind.paired(full, without, scoring.TEST_SAMPLE_SEED)
         rows.append({"by": by, "part": part, "label": label, "parameters": dropped, "graftable": totals[(by, part)],
-                     "share": dropped / max(record.size, 1),
-                     "accuracy": float(probs.mean()) if generative else metrics.accuracy(probs, labels),
+                     "share": dropped / max(record.size, 1), "accuracy": without.score,
                      "drop": d["diff"], "ci": d["ci"], "p": d["p"], "distinguishable": distinguishable(d)})
     finish(progress)
-    return {"task": task.name, "n": len(full), "accuracy": accuracy, "accuracy_ci": card.wilson(accuracy, len(full)),
-            "metric": "exact_match" if generative else "accuracy", "rows": rows}
+    return {"task": task.name, "n": full.n, "accuracy": full.score, "accuracy_ci": card.wilson(full.score, full.n),
+            "metric": kind.words.key, "rows": rows}
 
 
 @verb(AnatomyRequest, "where a region sits: layers × module types", text.anatomy)
@@ -227,6 +212,7 @@ class ComposeResult(Result):
     differences: list[dict] = field(default_factory=list)  # with evaluate: union and bare body − region alone, paired
     stitch: dict | None = None  # with --stitch: task arithmetic's λ (chosen on validation) and its validation scores
     generations: list[dict] = field(default_factory=list)  # stitched completion tasks: each model's generations
+    task_kind: str = "classification"  # the kind its rows are scored by (tasks.KINDS)
 
     def matrix(self) -> dict:
         """The overlap matrix as sets.overlap_matrix returns it."""
@@ -239,7 +225,7 @@ class ComposeResult(Result):
             row.setdefault("gain_recovered", None)  # the fine-tuned models are not scored here
         # |γi ∩ γj| / |γj| expected for random regions of these sizes: |γi| / N
         out["chance_overlap"] = [[card.chance_overlap(si, self.graftable_params) for _ in self.sizes] for si in self.sizes]
-        out["card"] = card.compose_card(out)
+        out["card"] = card.compose_card(out, kind_named(self.task_kind).words)
         return out
 
 
@@ -283,26 +269,15 @@ STITCHED = "stitched"
 
 
 def _score(pair, task, models: dict, n, contrasts, judging, progress=None, cancel=None) -> dict:
-    """Every model of ``models`` (and FT, the pre-trained model) on ``task``, as evaluate scores it: by generation on
-    a completion task, by class probabilities otherwise."""
-    if isinstance(task, CompletionTask):
-        rule, new = judging
-        return generation.compare_completions(pair, task, models, n=n, seed=scoring.TEST_SAMPLE_SEED,
-                                              contrasts=contrasts, rule=rule, max_new_tokens=new, progress=progress,
-                                              cancel=cancel)
-    return scoring.compare(pair, task, models, n=n, seed=scoring.TEST_SAMPLE_SEED, contrasts=contrasts,
-                           progress=progress, cancel=cancel).as_dict()
+    """Every model of ``models`` (and FT, the pre-trained model) on ``task``, as evaluate scores it."""
+    return kind_of(task).compare(pair, task, models, n=n, contrasts=contrasts, judging=judging, progress=progress,
+                                 cancel=cancel)
 
 
 def _validation(pair, task, values: dict, n: int, judging) -> float:
-    """One merge's score on ``n`` validation examples: exact match (a completion task) or accuracy."""
+    """One merge's score on ``n`` validation examples (accuracy, exact match: the task kind's score)."""
     with pair.holding(values):
-        if isinstance(task, CompletionTask):
-            data = generation.sample(task, "validation", n, scoring.TEST_SAMPLE_SEED)
-            rule, new = judging
-            return float(generation.exact(pair.model, pair.tokenizer, task, data, rule, new).mean())
-        probs, labels = scoring.predict(pair, task, "validation", n, seed=scoring.TEST_SAMPLE_SEED)
-        return metrics.accuracy(probs, labels)
+        return kind_of(task).scorer(pair, task, "validation", n, judging)().score
 
 
 @dataclass
@@ -314,6 +289,7 @@ class Stitched:
     union: tuple  # (indices, values) of θ_pre + Σ_i γ_i ⊙ δ_i
     report: dict  # how overlaps were settled (sets.union_values)
     generations: list[dict]  # completion tasks: prompt, reference and each model's generation
+    task_kind: str  # the kind every member's task is
 
 
 def stitch(req: ComposeRequest, records: list[RegionRecord], names: list[str], base: str, guard: Guard,
@@ -332,11 +308,14 @@ def stitch(req: ComposeRequest, records: list[RegionRecord], names: list[str], b
     if missing is not None:
         raise RegionError(f"stitching compares the stitched model with each fine-tune and task arithmetic, so every "
                           f"region's fine-tuned model must load; '{missing}' cannot: give regions made here")
-    tasks = [load_task_as(r.meta.task or DEFAULT_TASK, regions.recorded_columns(r.meta), guard) for r in records]
-    if len({isinstance(t, CompletionTask) for t in tasks}) > 1:
+    tasks = [read_task_as(r.meta.task or DEFAULT_TASK, regions.recorded_columns(r.meta), guard) for r in records]
+    kinds = {kind_of(t).name: kind_of(t) for t in tasks}
+    if len(kinds) > 1:
         raise RegionError("stitching chooses task arithmetic's λ on one score for every task: give regions of "
-                          "completion tasks only, or of classification tasks only")
-    judging = [completions.judging(req, r.meta, guard) for r in records]  # each region's own, unless asked
+                          f"{' tasks only, or of '.join(sorted(kinds, reverse=True))} tasks only")
+    kind = next(iter(kinds.values()))
+    kind.supports("compose", tasks[0])
+    judging = [kind.judging(req, r.meta, guard) for r in records]  # each region's own, unless asked
     pairs = []
     for i, (record, name, finetuned) in enumerate(zip(records, names, finetunes)):
         if progress:
@@ -345,9 +324,8 @@ def stitch(req: ComposeRequest, records: list[RegionRecord], names: list[str], b
         regions.check_fits(record, pair)
         check_build(record, pair, name, notes)
         pairs.append(pair)
-    for pair, task, (_, new) in zip(pairs, tasks, judging):  # no room for a prompt: refused before any merge
-        if isinstance(task, CompletionTask):
-            prompt_room(context_length(pair.model), new)
+    for pair, task, record in zip(pairs, tasks, records):  # no room for a prompt: refused before any merge
+        kind.check_context(pair, task, req, notes, 0, record.meta, guard)
     graftable = [n for n in pairs[0].graftable if all(n in p.ft for p in pairs)]
     patches = [regions.with_patch(p, r) if not r.is_patch else r for p, r in zip(pairs, records)]
     union_idx, union_val, report = scoring.union_of(patches, names, pairs[0].pre, req.resolve)
@@ -373,7 +351,7 @@ def stitch(req: ComposeRequest, records: list[RegionRecord], names: list[str], b
                        for j in range(len(pairs)) if j != i})
         part = _score(pair, task, models, req.n, [(STITCHED, arithmetic), (STITCHED, f"{name} alone")], judging[i],
                       progress, cancel)
-        completions.add(notes, part.get("notes", ()))
+        notes += [n for n in part["notes"] if n not in notes]
         for row in part["rows"]:
             row["head"] = name
         rows += part["rows"]
@@ -381,7 +359,7 @@ def stitch(req: ComposeRequest, records: list[RegionRecord], names: list[str], b
         shown += [{**g, "task": task.name} for g in part.get("generations", ())]
     chosen = {"lambda": lam, "lambdas": [{"lambda": k, "validation": v} for k, v in scores.items()],
               "validation_n": req.validation_n, "model": arithmetic}
-    return Stitched(rows, found, chosen, patches, (union_idx, union_val), report, shown)
+    return Stitched(rows, found, chosen, patches, (union_idx, union_val), report, shown, kind.name)
 
 
 @verb(ComposeRequest, "overlap of regions, their union, and the union graft scored", text.compose)
@@ -401,12 +379,12 @@ def compose(req: ComposeRequest, progress: Progress | None = None, cancel=None, 
     found: list[dict] = []
     report = None
     union_idx = union_val = None
-    stitched, generations, notes = None, [], []
-    if req.stitch or (req.evaluate and any((r.meta.loading or {}).get("head") == "completion" for r in records)):
+    stitched, generations, notes, task_kind = None, [], [], "classification"
+    if req.stitch or (req.evaluate and any(region_kind(r.meta).stitches_only for r in records)):
         done = stitch(req, records, names, base, guard, notes, progress, cancel)
         rows, found, stitched, records, report = done.rows, done.differences, done.chosen, done.patches, done.report
         union_idx, union_val = done.union
-        generations = done.generations
+        generations, task_kind = done.generations, done.task_kind
     elif req.evaluate:
         records = [_as_patch(r, name, guard, progress, cancel) for r, name in zip(records, names)]
         scoring.check_composable(records)
@@ -450,7 +428,7 @@ def compose(req: ComposeRequest, progress: Progress | None = None, cancel=None, 
     return ComposeResult(req, same_regions(names, records) + notes, time.time() - start, names, list(req.regions),
                          [r.kind for r in records], matrix["sizes"],
                          matrix["intersection_counts"], matrix["overlap"], matrix["iou"], union_size, graftable, report,
-                         rows, written, found, stitched, generations)
+                         rows, written, found, stitched, generations, task_kind)
 
 
 # -- export ----------------------------------------------------------------------------------------

@@ -7,23 +7,20 @@ once with its request, summary and text (``registry.verb``).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import functools
 import hashlib
 import json
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from types import SimpleNamespace
 
-from .. import card, generation, method, metrics, regions, scoring, sets, settings, training
+from .. import card, method, metrics, regions, scoring, sets, settings, training
 from ..config import (
     DEFAULT_BASE, DEFAULT_FINETUNED, DEFAULT_FINETUNED_REFS, DEFAULT_LOADING, DEFAULT_TASK, FT_LABEL, GraftableSpec,
     LoadOptions, default_checkpoint_dir,
 )
-from ..completion import Completions, CompletionTask, context_length
-from ..data import Split, Task, batches
-from ..errors import Cancelled, GraftuiError, ModelError, RegionError, RequestError
+from ..data import Task
+from ..errors import GraftuiError, ModelError, RegionError, RequestError
 from ..localizers import Budget, get_method, run_method
 from ..compute import data_parallel
 from ..method import region_size
@@ -33,11 +30,12 @@ from ..regions import RegionMeta, RegionRecord
 from ..requests import (
     EvaluateRequest, FinetuneRequest, LocalizeRequest, PairRequest, PredictRequest, SweepRequest, derive,
 )
-from . import completions, text
+from ..tasks import kind_named, kind_of, read_task, read_task_as
+from . import text
 from .common import (
-    LOCAL, Guard, LocalizeResult, Progress, Result, check_build, check_model_ref, examples_per_class, finish,
-    get_any_task, get_pair, get_task, load_task_as,
-    graft_of, kshot_batches, labels_for, load_region, loadable, merged_shapes, needs_task_labels, ood_tasks,
+    LOCAL, Guard, LocalizeResult, Progress, Result, check_build, check_model_ref, finish,
+    get_pair, get_task,
+    graft_of, labels_for, load_region, loadable, merged_shapes, needs_task_labels, ood_tasks,
     pair_for_regions, prompt_notes, remember_scores, same_regions, save_new, part_progress, side_by_side,
 )
 from .registry import verb
@@ -67,7 +65,7 @@ class FinetuneResult(Result):
     def as_dict(self) -> dict:
         out = super().as_dict()
         out["test_accuracy_ci"] = card.wilson(self.test_accuracy, self.test_examples)
-        out["card"] = card.finetune_card(out)
+        out["card"] = card.finetune_card(out, kind_named(self.task_kind).words)
         return out
 
 
@@ -91,15 +89,12 @@ def finetune(req: FinetuneRequest, progress: Progress | None = None, cancel=None
     config = req.recipe()
     check_model_ref(req.base)
     notes: list[str] = []
-    task = get_any_task(req, guard, notes)
+    task = read_task(req, guard, notes)
+    kind = kind_of(task)
+    kind.supports("finetune", task)
     allow = guard.allow_local(models=[req.base])
-    options = req.load_options()
-    generative = isinstance(task, CompletionTask)
-    if generative:
-        options = completions.check_kind(options)
-        completions.check_finetune(req, task, config, allow, notes)  # what the base's context cannot hold, refused now
-    else:
-        completions.check_classification(options, task)
+    options = kind.reading(req.load_options(), task)
+    kind.check_finetune(req, task, config, allow, notes)  # what the base cannot be fine-tuned on, refused now
     if req.out:
         out, shared = Path(req.out).expanduser(), contextlib.nullcontext()
     else:
@@ -108,52 +103,21 @@ def finetune(req: FinetuneRequest, progress: Progress | None = None, cancel=None
             key += "-" + hashlib.sha256(json.dumps(options.reading(), sort_keys=True).encode()).hexdigest()[:6]
         out = default_checkpoint_dir(key, config)
         shared = file_lock(out)  # another run building this very checkpoint: wait for it, then reuse it
-
-    def step(p):
-        if progress:
-            progress({"stage": f"fine-tuning on {task.name}", **asdict(p)})
-
     with shared:
         reused = not req.out and (out / "config.json").exists()
-        if not reused and generative:
-            completions.finetune(req, task, config, out, progress, cancel, allow)
-        elif not reused:
-            training.finetune(req.base, task, config, out, progress=step, cancel=cancel, allow_local=allow,
-                              request=req.as_dict(), options=options)
+        if not reused:
+            kind.finetune(req, task, config, out, options, progress, cancel, allow)
     if progress:
         progress({"stage": "testing", "fraction": 0.99})
     trained_on = training.recorded_train_examples(out)
-    if generative:
-        exact, n, loss = completions.test_score(out, task, req)
-        finish(progress)
-        return FinetuneResult(req, notes, time.time() - start, str(out), reused, task.name, exact, n, config.as_dict(),
-                              task_kind="completion", test_loss=loss, train_examples=trained_on)
-    model, tokenizer, _, _ = training.load_trainable(str(out), task.label_names, LoadOptions(head=options.head,
-                                                                                          dtype=options.dtype))
-    checkpoint = SimpleNamespace(model=model.eval().to(settings.device()), tokenizer=tokenizer)
-    probs, labels = scoring.predict(checkpoint, task, "test", req.test_examples)
-    accuracy, n = metrics.accuracy(probs, labels), len(labels)
-    chance = float(labels.bincount().max()) / n if n else None  # always answering the most frequent class
-    if getattr(tokenizer, "prompt", None):
-        notes.append(f"fine-tuned through its prompt: {tokenizer.prompt.describe()}")
+    scored = kind.test_score(out, task, req, options, notes)
     finish(progress)
-    return FinetuneResult(req, notes, time.time() - start, str(out), reused, task.name, accuracy, n, config.as_dict(),
-                          chance, train_examples=trained_on)
+    return FinetuneResult(req, notes, time.time() - start, str(out), reused, task.name, scored["test_accuracy"],
+                          scored["test_examples"], config.as_dict(), scored["chance_accuracy"], task_kind=kind.name,
+                          test_loss=scored["test_loss"], train_examples=trained_on)
 
 
 # -- localize --------------------------------------------------------------------------------------
-def check_kinds(pair: ModelPair, task) -> None:
-    """Refuse a task the pair cannot be scored on: a completion pair on a classification task, or the other way."""
-    if task is None or pair.completion == isinstance(task, CompletionTask):
-        return
-    if pair.completion:
-        raise ModelError(f"'{short_ref(pair.finetuned_ref)}' was fine-tuned on completions, and '{task.name}' is a "
-                         "classification task: give its completion task as --task (e.g. --task dates for "
-                         "smollm2-dates)")
-    raise ModelError(f"'{task.name}' is a completion task, and the pair is read as a classifier: give the causal LMs "
-                     "fine-tuned on it (e.g. --base smollm2 --finetuned smollm2-dates)")
-
-
 def check_moved(pair: ModelPair) -> None:
     """Refuse a pair whose fine-tuned model is its base: no parameter moved, so no region carries anything."""
     if not pair.moved():
@@ -167,11 +131,8 @@ def find_region(req, pair: ModelPair, task: Task | None, k: int, notes: list[str
     info = get_method(req.method)
     config = req.learn_config()
     make_batches, n_train = None, 0
-    if info.needs_data and pair.completion:
-        make_batches, n_train = completions.mask_batches(pair, task, req, notes)
-    elif info.needs_data:
-        scoring.check_labels(pair, task)
-        make_batches, n_train = kshot_batches(pair, task, req, notes)
+    if info.needs_data:
+        make_batches, n_train = kind_of(task).mask_batches(pair, task, req, notes)
 
     def on_step(report) -> None:
         progress({"stage": "mask learning", "k": k, **asdict(report)})
@@ -209,43 +170,37 @@ def localize(req: LocalizeRequest, progress: Progress | None = None, cancel=None
     options = req.load_options()
     needs_task = info.needs_data or needs_task_labels(req.finetuned, options, guard)  # an LM's words follow the labels
     notes: list[str] = []
-    task = get_any_task(req, guard, notes) if needs_task else None
+    task = read_task(req, guard, notes) if needs_task else None
     if task is None and req.check_n:  # only the held-out check reads the task: without it the region is still made
         try:
-            task = get_any_task(req, guard, notes)
+            task = read_task(req, guard, notes)
         except GraftuiError as err:
             notes.append(f"no held-out check: {err}")
-    generative = isinstance(task, CompletionTask)
-    if generative:
-        options = completions.check_kind(options)
+    kind = kind_of(task) if task is not None else None
+    if kind is not None:
+        kind.supports("localize", task)
+        options = kind.reading(options, task)
         if info.needs_data:
-            completions.train_sample(task, req, [])  # a bad sample size fails before any model is loaded
-    elif task is not None:
-        completions.check_classification(options, task)
-        if info.needs_data:
-            examples_per_class(req, task, [])  # a bad k-shot size fails before any model is loaded
+            kind.check_sample(task, req)  # a bad sample size fails before any model is loaded
     pair = get_pair(req.base, req.finetuned, req.graftable_spec(), guard, progress, cancel, options,
-                    task.label_names if task is not None and not generative else None)
+                    kind.labels(task) if kind is not None else None)
     notes += prompt_notes(pair)
-    check_kinds(pair, task)
+    if kind is not None:
+        kind.check_pair(pair, task)
     check_moved(pair)
     k = req.budget().resolve(pair.counts()["graftable"])
     if progress:
         progress({"stage": f"budget k = {k:,}", "k": k})
     world = data_parallel()
-    checking = bool(req.check_n) and world is None and task is not None
-    if checking and generative != pair.completion:
+    checking = bool(req.check_n) and world is None and kind is not None
+    problem = kind.heldout_problem(pair, task) if checking else None
+    if problem:
         checking = False
-        notes.append(f"no held-out check: task '{task.name}' is a {'completion' if generative else 'classification'} "
-                     "task and the pair is not read as one")
-    if checking and not generative and len(task.label_names) != len(pair.label_names):
-        checking = False
-        notes.append(f"no held-out check: task '{task.name}' has {len(task.label_names)} labels, the fine-tuned model "
-                     f"{len(pair.label_names)}; evaluate the region on its own task (--task)")
-    if generative and pair.completion:  # what the model's context cannot hold is refused before the first mask step
-        completions.check_context(pair, task, req, notes, req.check_n if checking else 0)
-    if checking and info.needs_data and progress and not generative:  # a first held-out figure in seconds: the region
-        # learning starts from (generating is slower: a completion task checks the learned region only)
+        notes.append(problem)
+    if kind is not None:  # what the model's context cannot hold is refused before the first mask step
+        kind.check_context(pair, task, req, notes, req.check_n if checking else 0)
+    if checking and info.needs_data and progress and kind.cheap_check:  # a first held-out figure in seconds: the
+        # region learning starts from (generating is slower: such a task checks the learned region only)
         start_region = method.base_region(pair.pre, pair.ft, list(pair.graftable), k)
         quick_check(pair, task, {"top-movement start": start_region}, req, 0, progress, cancel)
     region, made = find_region(req, pair, task, k, notes, progress, cancel)
@@ -269,10 +224,8 @@ def quick_check(pair: ModelPair, task, models: dict, req, step: int, progress=No
     """A region scored at once on ``req.check_n`` held-out test examples beside FT and the empty region (theirs cached
     per pair): {task, n, step, rows, differences}; each graft's accuracy (a completion task's: its exact match) goes
     to ``progress`` as a ``heldout`` event."""
-    if pair.completion:
-        part = completions.quick_check(pair, task, models, req, cancel=cancel)
-    else:
-        part = scoring.compare(pair, task, models, n=req.check_n, seed=scoring.TEST_SAMPLE_SEED, cancel=cancel).as_dict()
+    kind = kind_of(task)
+    part = kind.compare(pair, task, models, n=req.check_n, judging=kind.judging(req), cancel=cancel)
     rows = card.annotate(part["rows"])
     scored = {r["model"]: r for r in rows}
     ft, bare = scored[FT_LABEL], scored[scoring.body_of(pair)]
@@ -281,8 +234,8 @@ def quick_check(pair: ModelPair, task, models: dict, req, step: int, progress=No
             progress({"stage": f"held-out check of {name}", "heldout": {
                 "step": step, "model": name, "accuracy": scored[name]["accuracy"], "ft": ft["accuracy"],
                 "bare": bare["accuracy"], "n": scored[name]["n"]}})
-    return {"task": part["task"], "n": ft["n"], "step": step, "rows": rows, "differences": part["differences"],
-            **({"generations": part["generations"]} if "generations" in part else {})}
+    return {"task": part["task"], "task_kind": kind.name, "n": ft["n"], "step": step, "rows": rows,
+            "differences": part["differences"], **({"generations": part["generations"]} if part["generations"] else {})}
 
 
 # -- evaluate --------------------------------------------------------------------------------------
@@ -307,6 +260,7 @@ class EvaluateResult(Result):
     per_finetune: list[dict] = field(default_factory=list)  # … and each fine-tune's own rows and differences
     generations: list[dict] = field(default_factory=list)  # a completion task: prompt, reference, each model's answer
     judging: list[dict] = field(default_factory=list)  # a completion task: {"task", "rule", "max_new_tokens"} it was judged by
+    task_kind: str = "classification"  # the kind its rows are scored by (tasks.KINDS)
 
 
 def _merge_patches(records, labels):
@@ -376,10 +330,11 @@ def regions_setting(req, guard: Guard) -> Grafts:
         groups.setdefault(key, []).append(i)
     if not groups:
         groups[(task_ref, None)] = []
-    tasks = {key: get_any_task(req, guard, notes) if key[1] is None and req.task else
-             load_task_as(key[0], key[1] or spec, guard, notes) for key in groups}
-    if len({isinstance(t, CompletionTask) for t in tasks.values()}) > 1:
-        raise RegionError("the regions were learned on completion and classification tasks: evaluate them apart")
+    tasks = {key: read_task(req, guard, notes) if key[1] is None and req.task else
+             read_task_as(key[0], key[1] or spec, guard, notes) for key in groups}
+    kinds = {kind_of(t).name for t in tasks.values()}
+    if len(kinds) > 1:
+        raise RegionError(f"the regions were learned on {' and '.join(sorted(kinds))} tasks: evaluate them apart")
     return Grafts(records, labels, first, base, finetuned, from_patch, groups, tasks, notes)
 
 
@@ -387,13 +342,10 @@ def regions_pair(req, grafts: Grafts, task: Task, guard: Guard, progress=None, c
     """The pair the regions of ``grafts`` are grafted onto, each region checked against it (``grafts.notes``
     gains what the reader should know: a patch's fine-tuned model rebuilt, another build, the prompt)."""
     records, labels, first, notes = grafts.records, grafts.labels, grafts.first, grafts.notes
+    kind = kind_of(task)
     for path, record in zip(req.regions, records):  # before the reading the region recorded meets the request's
-        completions.check_region_kind(Path(path).name, record.meta, task)
-    options = req.load_options(regions.recorded_options(first) if records else None)
-    if isinstance(task, CompletionTask):
-        options = completions.check_kind(options)
-    else:
-        completions.check_classification(options, task)
+        kind.check_region(Path(path).name, record.meta, task)
+    options = kind.reading(req.load_options(regions.recorded_options(first) if records else None), task)
     if grafts.from_patch:
         if progress:
             progress({"stage": f"loading {short_ref(grafts.base)} with the patch"})
@@ -408,9 +360,9 @@ def regions_pair(req, grafts: Grafts, task: Task, guard: Guard, progress=None, c
         pair = pair_for_regions(grafts.base, grafts.finetuned, records, guard, progress, cancel, options)
     else:
         pair = get_pair(grafts.base, grafts.finetuned, GraftableSpec(), guard, progress, cancel, options,
-                        getattr(task, "label_names", None))
+                        kind.labels(task))
     notes += prompt_notes(pair)
-    check_kinds(pair, task)
+    kind.check_pair(pair, task)
     for path, label, record in zip(req.regions, labels, records):
         try:
             regions.check_fits(record, pair)
@@ -441,11 +393,12 @@ def evaluate(req: EvaluateRequest, progress: Progress | None = None, cancel=None
     grafts = regions_setting(req, guard)
     records, labels, groups, tasks, notes = grafts.records, grafts.labels, grafts.groups, grafts.tasks, grafts.notes
     task = next(iter(tasks.values()))
-    generative = isinstance(task, CompletionTask)
-    if generative and req.ood:
-        notes.append(f"--ood names classification tasks in the task's label space; the completion task {task.name} "
-                     "has none, so they are not scored: evaluate another completion task as its own --task")
-    oods = {key: [] if generative else ood_tasks(req, key[0], tasks[key], guard, notes) for key in groups}  # checked
+    kind = kind_of(task)
+    kind.supports("evaluate", task)
+    no_ood = kind.ood_note(task)
+    if no_ood and req.ood:
+        notes.append(f"{no_ood}: evaluate another {kind.name} task as its own --task")
+    oods = {key: [] if no_ood else ood_tasks(req, key[0], tasks[key], guard, notes) for key in groups}  # checked
     # before any model loads
     pair = regions_pair(req, grafts, task, guard, progress, cancel)
     graftable = pair.counts()["graftable"]
@@ -478,14 +431,10 @@ def evaluate(req: EvaluateRequest, progress: Progress | None = None, cancel=None
         for k in sorted({records[i].size for i in members}) or list(baselines):
             models.update(baselines.get(k, {}))
             contrasts += [(labels[i], other) for i in members if records[i].size == k for other in baselines.get(k, {})]
-        if generative:
-            part = completions.evaluate(req, pair, task_g, models, contrasts, progress, cancel,
-                                        records[members[0]].meta if members else None, guard)
-            notes += [n for n in part["notes"] if n not in notes]  # what the model's context cut
-            part = {**part, "reliability": {}, "histogram": {}, "ood": [], "disagreements": []}
-        else:
-            part = scoring.compare(pair, task_g, models, ood=oods[key], n=req.n, seed=scoring.TEST_SAMPLE_SEED,
-                                   contrasts=contrasts, progress=progress, cancel=cancel).as_dict()
+        part = kind.compare(pair, task_g, models, n=req.n, contrasts=contrasts, oods=oods[key],
+                            judging=kind.judging(req, records[members[0]].meta if members else None, guard),
+                            progress=progress, cancel=cancel)
+        notes += [n for n in part["notes"] if n not in notes]  # what the model's context cut
         for row in part["rows"]:
             row["method"] = kinds.get(row["model"])
         card.annotate(part["rows"])
@@ -503,12 +452,9 @@ def evaluate(req: EvaluateRequest, progress: Progress | None = None, cancel=None
             for g in part.get("generations", ()):
                 g[ft_name], g["exact"][ft_name] = g.pop(FT_LABEL), g["exact"].pop(FT_LABEL)
         result["generations"] += [{**g, "task": part["task"]} for g in part.get("generations", ())]
-        if generative:
+        if "rule" in part:  # how its answers were judged
             result["judging"].append({k: part[k] for k in ("task", "rule", "max_new_tokens")})
-        lines += card.completion_card(part["rows"], part["differences"], graftable, ft_name, judged=generation.AnswerRule(
-            **part["rule"]).describe(part["max_new_tokens"])) if generative else \
-            card.evaluate_card(part["rows"], graftable=graftable, start_overlap=start_overlap,
-                               differences=part["differences"])
+        lines += kind.card(part, graftable, ft_name, start_overlap)
         result["rows"] += part["rows"]
         result["differences"] += part["differences"]
         result["disagreements"] += [{**d, "task": part["task"]} for d in part["disagreements"]
@@ -532,7 +478,7 @@ def evaluate(req: EvaluateRequest, progress: Progress | None = None, cancel=None
     return EvaluateResult(req, notes, time.time() - start, **result, base=grafts.base,
                           finetuned=None if grafts.from_patch else grafts.finetuned,
                           regions={label: str(p) for label, p in zip(labels, req.regions)}, card=lines,
-                          side_by_side=side, replicates=together)
+                          side_by_side=side, replicates=together, task_kind=kind.name)
 
 
 # -- predict ---------------------------------------------------------------------------------------
@@ -546,7 +492,8 @@ class PredictResult(Result):
     base: str = ""
     finetuned: str | None = None
     card: list[str] = field(default_factory=list)
-    kind: str = "classification"  # or "completion": each text is a prompt, each row a model's generation for it
+    kind: str = "classification"  # its task's kind (tasks.KINDS): "completion": each text is a prompt, each row a
+    # model's generation for it
 
 
 @verb(PredictRequest, "each model's class probabilities (a completion region: its generation) for texts you give",
@@ -560,44 +507,21 @@ def predict(req: PredictRequest, progress: Progress | None = None, cancel=None, 
     grafts = regions_setting(req, guard)
     tasks = list(grafts.tasks.values())
     task = tasks[0]
-    if isinstance(task, CompletionTask):
-        return predict_completions(req, grafts, task, start, progress, cancel, guard)
-    if any(t.label_names != task.label_names for t in tasks):
+    kind = kind_of(task)
+    kind.supports("predict", task)
+    if len({kind.labels(t) for t in tasks}) > 1:
         raise RequestError("the regions were learned on tasks with different labels ("
                            + "; ".join(f"{t.name}: {', '.join(t.label_names)}" for t in tasks)
                            + "); predict with regions of one task at a time")
-    if task.is_pair and not req.pairs:
-        raise RequestError(f"task '{task.name}' reads two texts: give a second text (--pair) for each --text")
-    if req.pairs and not task.is_pair:
-        raise RequestError(f"--pair: task '{task.name}' reads one text; drop --pair")
+    kind.check_texts(req, task)
     pair = regions_pair(req, grafts, task, guard, progress, cancel)
-    sentences = Split(tuple(req.texts), (0,) * len(req.texts), tuple(req.pairs) if req.pairs else None)
+    judging = kind.judging(req, grafts.first if grafts.records else None, guard)
     ft_name = f"{FT_LABEL} (from patch)" if grafts.from_patch else FT_LABEL
-    body = scoring.body_of(pair)
-    models = _models(pair, grafts, ft_name)
-    names = list(task.label_names)
-    rows, ft_says = [], {}
-    for m, (model, context) in enumerate(models):
-        if cancel is not None and cancel.is_set():
-            raise Cancelled("predict cancelled")
-        if progress:
-            progress({"stage": f"scoring {model}", "fraction": m / len(models)})
-        with context():
-            probs, _ = metrics.predict_proba(pair.model, batches(pair.tokenizer, sentences, 16, task.max_length))
-        for i, p in enumerate(probs.tolist()):
-            best = max(range(len(names)), key=p.__getitem__)
-            if model == ft_name:
-                ft_says[i] = best
-            rows.append({"text": i, "model": model, "probs": dict(zip(names, p)), "predicted": names[best],
-                         "confidence": p[best], "agrees_with_ft": None if model in (ft_name, body) else best})
-    for r in rows:  # grafts against FT's own prediction on the same sentence
-        if r["agrees_with_ft"] is not None:
-            r["agrees_with_ft"] = r["agrees_with_ft"] == ft_says[r["text"]]
-        elif r["model"] == body:
-            r["agrees_with_ft"] = names.index(r["predicted"]) == ft_says[r["text"]]
+    rows, names, lines = kind.predict(pair, task, req, _models(pair, grafts, ft_name), ft_name, judging, grafts.notes,
+                                      progress, cancel)
     finish(progress)
     return PredictResult(req, grafts.notes, time.time() - start, task.name, names, list(req.texts), rows, grafts.base,
-                         None if grafts.from_patch else grafts.finetuned, card.predict_card(rows, ft_name, len(req.texts)))
+                         None if grafts.from_patch else grafts.finetuned, lines, kind=kind.name)
 
 
 def _models(pair: ModelPair, grafts: Grafts, ft_name: str) -> list[tuple[str, object]]:
@@ -607,42 +531,6 @@ def _models(pair: ModelPair, grafts: Grafts, ft_name: str) -> list[tuple[str, ob
         region = graft_of(record)
         models.append((label, functools.partial(pair.grafted, *(region if isinstance(region, tuple) else (region,)))))
     return models
-
-
-def predict_completions(req: PredictRequest, grafts: Grafts, task: CompletionTask, start: float, progress=None,
-                        cancel=None, guard: Guard = LOCAL) -> PredictResult:
-    """Predict on completion regions: each model's greedy generation for each prompt (each --text one whole prompt),
-    judged as the region is (its answer rule and tokens to generate, unless the request says otherwise); a model
-    ``agrees_with_ft`` where its answer is FT's."""
-    if req.pairs:
-        raise RequestError(f"--pair: '{task.name}' is a completion task, and each --text is one whole prompt; drop "
-                           "--pair (a prompt of several lines is one --text)")
-    notes = grafts.notes
-    pair = regions_pair(req, grafts, task, guard, progress, cancel)
-    rule, new = completions.judging(req, grafts.first if grafts.records else None, guard)
-    prompts = Completions(tuple(((("user", t), ("assistant", "")) for t in req.texts)))
-    given = dataclasses.replace(task, name="the prompts given")  # what the notes name: the --text, not the task
-    notes += [n for n in generation.fit(pair.tokenizer, given, prompts, context_length(pair.model), new)
-              if n not in notes]  # refused here when the tokens to generate leave no room for a prompt
-    one_line = all("\n" not in r.strip() for r in task.splits["test"].references)  # how evaluate cuts answers
-    ft_name = f"{FT_LABEL} (from patch)" if grafts.from_patch else FT_LABEL
-    models = _models(pair, grafts, ft_name)
-    said: dict[str, list[str]] = {}
-    for m, (model, context) in enumerate(models):
-        if cancel is not None and cancel.is_set():
-            raise Cancelled("predict cancelled")
-        if progress:
-            progress({"stage": f"generating with {model}", "fraction": m / len(models)})
-        with context():
-            said[model] = generation.generate(pair.model, pair.tokenizer, prompts, task.chat, max_new_tokens=new)
-    rows = [{"text": i, "model": model, "generation": said[model][i],
-             "agrees_with_ft": None if model == ft_name else
-             generation.same_answer(said[model][i], said[ft_name][i], rule, one_line)}
-            for i in range(len(req.texts)) for model, _ in models]
-    finish(progress)
-    return PredictResult(req, notes, time.time() - start, task.name, [], list(req.texts), rows, grafts.base,
-                         None if grafts.from_patch else grafts.finetuned,
-                         card.predict_card(rows, ft_name, len(req.texts), judged=rule.describe(new)), kind="completion")
 
 
 # -- sweep ---------------------------------------------------------------------------------------
@@ -661,10 +549,11 @@ class SweepResult(Result):
     per_seed: list[dict] = field(default_factory=list)  # with --seeds: each seed's rows and differences
     finetunes: list[str] = field(default_factory=list)  # with --finetuned-replicates: … means over these fine-tunes
     per_finetune: list[dict] = field(default_factory=list)  # … and each one's rows and differences
+    task_kind: str = "classification"  # the kind its rows are scored by (tasks.KINDS)
 
     def as_dict(self) -> dict:
         out = super().as_dict()
-        out["card"] = card.sweep_card(out)
+        out["card"] = card.sweep_card(out, kind_named(self.task_kind).words)
         return out
 
 
@@ -708,123 +597,47 @@ def sweep(req: SweepRequest, progress: Progress | None = None, cancel=None, guar
     for ref in (req.base, req.finetuned):
         check_model_ref(ref)
     notes: list[str] = []
-    task = get_any_task(req, guard, notes)
-    if isinstance(task, CompletionTask):
-        return sweep_completions(req, task, notes, start, progress, cancel, guard)
-    completions.check_classification(req.load_options(), task)
-    oods = ood_tasks(req, req.task, task, guard, notes)
+    task = read_task(req, guard, notes)
+    kind = kind_of(task)
+    kind.supports("sweep", task)
+    options = kind.reading(req.load_options(), task)
+    no_ood = kind.ood_note(task)
+    if no_ood and req.ood:
+        notes.append(no_ood)
+    oods = [] if no_ood else ood_tasks(req, req.task, task, guard, notes)
     methods = list(dict.fromkeys(req.methods))
     if any(get_method(m).needs_data for m in methods):
-        examples_per_class(req, task, [])
-    pair = get_pair(req.base, req.finetuned, req.graftable_spec(), guard, progress, cancel, req.load_options(),
-                    task.label_names)
-    check_kinds(pair, task)
-    scoring.check_labels(pair, task)
+        kind.check_sample(task, req)
+    pair = get_pair(req.base, req.finetuned, req.graftable_spec(), guard, progress, cancel, options, kind.labels(task))
+    kind.check_pair(pair, task)
     notes += prompt_notes(pair)
     check_moved(pair)
-
-    def score(region):
-        """(metrics in distribution, {OOD task: accuracy}, test predictions) of a graft; ``None`` is the fine-tuned
-        model, ``{}`` the empty region (both cached per pair)."""
-        seed = scoring.TEST_SAMPLE_SEED
-        if region is None or region == {}:
-            name = FT_LABEL if region is None else scoring.body_of(pair)
-            probs, labels = scoring.reference_predict(pair, name, task, "test", req.n, seed)
-            ood = {o.name: metrics.accuracy(*scoring.reference_predict(pair, name, o, "test", req.n, seed)) for o in oods}
-            return metrics.metrics(probs, labels), ood, probs, labels
-        with pair.grafted(region):
-            probs, labels = scoring.predict(pair, task, "test", req.n, seed=seed)
-            ood = {o.name: metrics.accuracy(*scoring.predict(pair, o, "test", req.n, seed=seed)) for o in oods}
-            return metrics.metrics(probs, labels), ood, probs, labels
-
-    ft, ft_ood, ft_probs, labels = score(None)
-    bare, _, bare_probs, _ = score({})
+    kind.check_context(pair, task, req, notes, req.n)  # before the first mask step: what the context cannot hold
+    reference = kind.sweep_reference(pair, task, req, oods, cancel)
     graftable = pair.counts()["graftable"]
     rows, found = [], []
     sparsities = sorted(set(req.sparsities))
     total = len(sparsities) * len(methods)
     for i, s in enumerate(sparsities):
         k = Budget(sparsity=s).resolve(graftable)
-        predictions = {FT_LABEL: ft_probs, scoring.body_of(pair): bare_probs}
+        made, kept = {}, {}
         for j, name in enumerate(methods):
             if progress:
                 progress({"stage": f"{name} at sparsity {s:g}", "fraction": (i * len(methods) + j) / total})
             one = derive(LocalizeRequest, req, method=name, sparsity=s)
             began = time.time()
-            region, made = find_region(one, pair, task, k, notes, cancel=cancel)
-            kept = None
+            made[name], record = find_region(one, pair, task, k, notes, cancel=cancel)
             if req.keep:  # the region as a file that `graftui run` re-makes, like one from localize
-                kept = save_new(region_record(one, pair, region, made, [], time.time() - began),
-                                Path(req.keep).expanduser(), f"{short_ref(req.task)}-{name}-k{region_size(region)}")
-            own, ood, predictions[name], _ = score(region)
-            rows.append({"method": name, "region": None if kept is None else str(kept), "sparsity": s,
-                         "k": region_size(region), "n": own.n, "accuracy": own.accuracy,
-                         "accuracy_ci": card.wilson(own.accuracy, own.n), "ece": own.ece,
-                         "calibration": card.calibration(own.accuracy, own.mean_confidence), "ood": ood,
-                         "ft_accuracy": ft.accuracy, "retained": own.accuracy / ft.accuracy if ft.accuracy else None,
-                         "gain_recovered": card.gain_recovered(own.accuracy, ft.accuracy, bare.accuracy)})
-        # each method against FT, and every two methods at this budget, on the same test examples
-        pairs = [(m, FT_LABEL, metric) for m in methods for metric in metrics.PAIRED_METRICS]
-        pairs += [(a, b, metric) for x, a in enumerate(methods) for b in methods[x + 1:]
-                  for metric in metrics.PAIRED_METRICS]
-        found += [{**d, "sparsity": s} for d in scoring.differences(predictions, labels, pairs, task.name,
-                                                                     seed=req.seed)]
+                kept[name] = str(save_new(region_record(one, pair, made[name], record, [], time.time() - began),
+                                          Path(req.keep).expanduser(),
+                                          f"{short_ref(req.task)}-{name}-k{region_size(made[name])}"))
+        budget_rows, budget_found = kind.sweep_rows(reference, pair, task, req, made, kept, s, cancel)
+        rows += budget_rows
+        found += budget_found
     finish(progress)
-    return SweepResult(req, list(dict.fromkeys(notes)), time.time() - start, rows, ft.accuracy, ft.ece, ft_ood, task.name,
-                       [o.name for o in oods], bare.accuracy, ft.n, found)
-
-
-
-
-def sweep_completions(req: SweepRequest, task: CompletionTask, notes: list[str], start: float, progress=None,
-                      cancel=None, guard: Guard = LOCAL) -> SweepResult:
-    """The sweep on a completion task: at each budget, each method's region scored by generation beside FT and the
-    pre-trained model (exact match as the row's accuracy, token ECE as its ECE), every two methods paired."""
-    if req.ood:
-        notes.append(f"--ood names classification tasks in the task's label space; the completion task {task.name} has "
-                     "none, so they are not scored")
-    methods = list(dict.fromkeys(req.methods))
-    if any(get_method(m).needs_data for m in methods):
-        completions.train_sample(task, req, [])
-    pair = get_pair(req.base, req.finetuned, req.graftable_spec(), guard, progress, cancel,
-                    completions.check_kind(req.load_options()))
-    check_kinds(pair, task)
-    check_moved(pair)
-    completions.check_context(pair, task, req, notes, req.n)  # before the first mask step: what the context cannot hold
-    graftable = pair.counts()["graftable"]
-    rows, found, ft = [], [], None
-    sparsities = sorted(set(req.sparsities))
-    for i, s in enumerate(sparsities):
-        k = Budget(sparsity=s).resolve(graftable)
-        made, kept = {}, {}
-        for j, name in enumerate(methods):
-            if progress:
-                progress({"stage": f"{name} at sparsity {s:g}", "fraction": (i * len(methods) + j) / len(sparsities)
-                          / len(methods)})
-            one = derive(LocalizeRequest, req, method=name, sparsity=s)
-            began = time.time()
-            region, record = find_region(one, pair, task, k, notes, cancel=cancel)
-            made[name] = region
-            if req.keep:
-                kept[name] = str(save_new(region_record(one, pair, region, record, [], time.time() - began),
-                                          Path(req.keep).expanduser(), f"{short_ref(req.task)}-{name}-k{region_size(region)}"))
-        part = completions.evaluate(req, pair, task, made, [(a, b) for x, a in enumerate(methods)
-                                                             for b in methods[x + 1:]], cancel=cancel)
-        by = {r["model"]: r for r in part["rows"]}
-        ft, bare = by[FT_LABEL], by[scoring.body_of(pair)]
-        for name in methods:
-            r = by[name]
-            rows.append({"method": name, "region": kept.get(name), "sparsity": s, "k": r["region_size"], "n": r["n"],
-                         "accuracy": r["exact_match"], "exact_match": r["exact_match"], "loss": r["loss"],
-                         "accuracy_ci": card.wilson(r["exact_match"], r["n"]), "ece": r["token_ece"],
-                         "calibration": None, "ood": {}, "ft_accuracy": ft["exact_match"],
-                         "retained": r["exact_match"] / ft["exact_match"] if ft["exact_match"] else None,
-                         "gain_recovered": card.gain_recovered(r["exact_match"], ft["exact_match"],
-                                                               bare["exact_match"])})
-        found += [{**d, "sparsity": s} for d in part["differences"] if d["b"] != scoring.body_of(pair)]
-    finish(progress)
-    return SweepResult(req, list(dict.fromkeys(notes)), time.time() - start, rows, ft["exact_match"], ft["token_ece"], {},
-                       task.name, [], bare["exact_match"], ft["n"], found)
+    return SweepResult(req, list(dict.fromkeys(notes)), time.time() - start, rows, task=task.name,
+                       ood=[o.name for o in oods], differences=found, task_kind=kind.name,
+                       **kind.sweep_fields(reference))
 
 
 # -- pair ---------------------------------------------------------------------------------------

@@ -9,12 +9,13 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..config import BODY_LABEL, FT_LABEL, is_body, kind_of_architecture
+from ..config import FT_LABEL, kind_of_architecture
 from ..formatting import count as _count, num as _num, pairs_table, pct, table
 from ..metrics import distinguishable
 from ..paths import short_ref
 from ..layout import MODULE_LABELS
 from ..localizers import get_method
+from ..tasks import kind_named
 
 
 def _pct(x) -> str:
@@ -28,7 +29,7 @@ def finetune(doc: dict) -> str:
         ("base / task", f"{doc['request']['base']} / {doc['task']}"),
         ("recipe", f"{c['optimizer']}, lr {c['lr']:g}, {c['epochs']} epoch(s), batch {c['batch_size']}"
          + (f", l1 {c['l1']:g}" if c["l1"] else "") + f", {_trained_on(doc)} training examples"),
-        ("test exact match" if doc.get("task_kind") == "completion" else "test accuracy", f"{doc['test_accuracy']:.3f}"
+        (f"test {kind_named(doc.get('task_kind')).words.score}", f"{doc['test_accuracy']:.3f}"
          + (f" ± {doc['test_accuracy_std']:.3f} over {len(doc['seeds'])} seeds" if doc.get("seeds") else "")
          + f"  (n={doc['test_examples']:,})"),
         ("time", f"{doc['seconds']:.1f} s"),
@@ -82,7 +83,8 @@ def finetunes(doc: dict) -> str:
 def check(found: dict) -> str:
     """Localize's quick held-out score: the region beside FT and the empty region on the same examples."""
     rows = [[r["model"], _count(r["n"]), _num(r["accuracy"]), _num(r["ece"])] for r in found["rows"]]
-    names = ["exact match", "token ECE"] if found["rows"] and "exact_match" in found["rows"][0] else ["accuracy", "ECE"]
+    words = kind_named(found.get("task_kind")).words
+    names = [words.score, words.calibration]
     return "\n".join(["", "", f"held-out check on {found['n']:,} test examples of {found['task']}:",
                       table(["model", "n", *names], rows, "lrrr")])
 
@@ -171,35 +173,30 @@ def generations(shown: list[dict], models: list[str]) -> str:
     return table(["prompt (end)", "reference", *models], rows, "l" * (2 + len(models)))
 
 
-def completion_rows(doc: dict) -> str:
-    rows = [[r["model"], r["task"], _count(round(r["n"])), _sd(r, "exact_match"), _sd(r, "loss"),
-             _num(r.get("perplexity")), _sd(r, "token_ece"), _num(r["agreement_with_ft"]),
-             _count(r["region_size"] and round(r["region_size"]))] for r in doc["rows"]]
-    return table(["model", "task", "n", "exact match", "loss/token", "ppl", "token ECE", "agree w/ FT", "k"], rows,
-                 "llrrrrrrr")
+def rows_table(doc: dict) -> str:
+    """A comparison's rows in the columns its task kind declares (``TaskKind.columns``)."""
+    columns = kind_named(doc.get("task_kind")).columns
+    words = ("model", "task", "distribution", "metric")
+
+    def cell(row, key):
+        value = row.get(key)
+        if key in words:
+            return "" if value is None else str(value)
+        if key in ("n", "region_size"):
+            return _count(value and round(value))
+        return _sd(row, key)
+
+    return table([header for header, _ in columns], [[cell(r, key) for _, key in columns] for r in doc["rows"]],
+                 "".join("l" if key in words else "r" for _, key in columns))
 
 
 def evaluate(doc: dict) -> str:
-    if doc["rows"] and "exact_match" in doc["rows"][0]:
-        names = list(dict.fromkeys(r["model"] for r in doc["rows"]))
-        parts = [completion_rows(doc), "", "exact match of greedy generations (the answer rule of the request); "
-                 "loss, perplexity and token ECE of the reference tokens; agreement: the same answer as the "
-                 "fine-tuned model", *_seeds_line(doc)]
-        if doc.get("differences"):
-            parts += ["", differences(doc["differences"])]
-        if doc.get("generations"):
-            parts += ["", generations(doc["generations"], names)]
-        return "\n".join(parts)
-    rows = [[r["model"], r["task"], r["distribution"], _count(round(r["n"])), _sd(r, "accuracy"), _num(r["f1"]),
-             _sd(r, "ece"), _num(r["agreement_with_ft"]), _count(r["region_size"] and round(r["region_size"]))]
-            for r in doc["rows"]]
-    text = table(["model", "task", "dist", "n", "accuracy", "F1", "ECE", "agree w/ FT", "k"], rows, "lllrrrrrr")
-    ft = next(r["model"] for r in doc["rows"]) if doc["rows"] else FT_LABEL
-    body = next((r["model"] for r in doc["rows"] if is_body(r["model"])), BODY_LABEL)
-    parts = [text, "", f"'{body}' is the graft of the empty region; agreement is with the {ft} model.",
-             *_seeds_line(doc)]
+    kind = kind_named(doc.get("task_kind"))
+    parts = [rows_table(doc), "", kind.legend(doc["rows"]), *_seeds_line(doc)]
     if doc.get("differences"):
         parts += ["", differences(doc["differences"])]
+    if doc.get("generations"):
+        parts += ["", generations(doc["generations"], list(dict.fromkeys(r["model"] for r in doc["rows"])))]
     side = doc.get("side_by_side")
     if side:
         names = side["names"]
@@ -210,33 +207,9 @@ def evaluate(doc: dict) -> str:
     return "\n".join(parts)
 
 
-def _one_line(text: str, width: int = 0) -> str:
-    """A text on one line (its line breaks written as ⏎), cut to ``width`` characters when given."""
-    flat = text.replace("\r\n", "\n").replace("\n", "⏎")
-    return flat if not width or len(flat) <= width else flat[:width - 3] + "..."
-
-
 def predict(doc: dict) -> str:
-    """One block per sentence: each model's predicted class, its probability, and every class's (a completion region:
-    each model's generation for each prompt, and whether its answer is FT's)."""
-    if doc.get("kind") == "completion":
-        parts = []
-        for i, text in enumerate(doc["texts"]):
-            rows = [[r["model"], repr(r["generation"]), "" if r["agrees_with_ft"] is None else
-                     ("same answer as FT" if r["agrees_with_ft"] else "differs from FT")]
-                    for r in doc["rows"] if r["text"] == i]
-            parts += [f"{i + 1}. {_one_line(text, 100)}", table(["model", "generation", ""], rows, "lll"), ""]
-        return "\n".join(parts).rstrip()
-    names = doc["label_names"]
-    parts = []
-    for i, text in enumerate(doc["texts"]):
-        rows = [[r["model"], r["predicted"], _pct(r["confidence"]), *(_pct(r["probs"][n]) for n in names),
-                 "" if r["agrees_with_ft"] is None else ("same as FT" if r["agrees_with_ft"] else "differs from FT")]
-                for r in doc["rows"] if r["text"] == i]
-        shown = text if len(text) <= 100 else text[:97] + "..."
-        parts += [f"{i + 1}. {shown}", table(["model", "class", "p", *names, ""], rows, "llrr" + "r" * len(names) + "l"),
-                  ""]
-    return "\n".join(parts).rstrip()
+    """One block per text: each model's answer to it, in the words of the task's kind."""
+    return kind_named(doc.get("kind")).predict_text(doc)
 
 
 def sweep(doc: dict) -> str:
@@ -246,8 +219,8 @@ def sweep(doc: dict) -> str:
     body = [[f"{s:g}", "/".join(_count(round(k)) for k in sorted({by[(m, s)]["k"] for m in methods if (m, s) in by})),
              *[_sd(by[(m, s)], "accuracy") if (m, s) in by else "-" for m in methods]] for s in sparsities]
     oods = doc.get("ood") or []
-    generative = bool(doc["rows"]) and "exact_match" in doc["rows"][0]  # accuracy: exact match; ECE: token ECE
-    score, ece = ("exact match", "token ECE") if generative else ("accuracy", "ECE")
+    words = kind_named(doc.get("task_kind")).words
+    score, ece = words.score, words.calibration
     detail = [[FT_LABEL, "", "", _num(doc["ft_accuracy"]), _num(doc.get("ft_ece")),
                *(_num(doc["ft_ood"].get(o)) for o in oods)]]
     detail += [[r["method"], f"{r['sparsity']:g}", _count(round(r["k"])), _sd(r, "accuracy"), _sd(r, "ece"),

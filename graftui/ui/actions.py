@@ -3,6 +3,9 @@
 Each ``submit_*`` function takes plain values (what the widgets hold), defines the job body as a
 closure over library calls and hands it to the shared :class:`~graftui.jobs.JobRunner`. The
 tables are built from job results only, so they can be rebuilt after a reload or a restart.
+
+Over 700 lines because it holds one submit function per form of the app (about twenty) and the tables of each
+result; splitting them by tab would split the one place a widget's value becomes a request.
 """
 
 from __future__ import annotations
@@ -18,8 +21,7 @@ from pathlib import Path
 import pandas as pd
 
 from .. import bundle, card, flows, hosted, settings
-from ..card import wilson
-from ..config import (DEFAULT_BASE, DEFAULT_EXAMPLES_PER_CLASS, DEFAULT_FINETUNED, Budget, GraftableSpec, is_body,
+from ..config import (DEFAULT_BASE, DEFAULT_EXAMPLES_PER_CLASS, DEFAULT_FINETUNED, Budget, GraftableSpec,
                       is_default_finetuned)
 from ..completion import OFFLINE_SKILLS
 from ..data import OFFLINE_TASKS, all_as_test, preview
@@ -37,6 +39,7 @@ from ..requests import (
 )
 from ..scoring import MAX_DISAGREEMENTS as MAX_SHOWN, align_labels
 from ..flows.replicates import replicate_groups
+from ..tasks import CLASSIFICATION, COMPLETION_KIND, KINDS, kind_named
 from . import store
 
 # -- jobs table ----------------------------------------------------------------------------------
@@ -471,20 +474,17 @@ def submit_compare(runner, *, region_ids: list[str], ood: list[str], n, baseline
 
 
 def predict_kind(region_ids) -> str:
-    """What the Try box does for the picked regions: "completion" (the whole box is one prompt, each model
-    generates) when they are completion regions, else "classification" (one sentence per line)."""
-    kinds = store.completion_regions(region_ids)
-    if any(kinds) and not all(kinds):
-        generative = [rid for rid, c in zip(region_ids, kinds) if c]
-        raise RequestError(f"{', '.join(generative)} learned a completion task and the other regions a classification "
-                           "task; pick regions of one kind to try them on the same text")
-    return "completion" if kinds and all(kinds) else "classification"
+    """The kind of task the picked regions were learned on, which decides what the Try box does: one sentence per
+    line to classify, or the whole box as one prompt to generate from."""
+    kinds = store.region_kinds(region_ids)
+    if len(set(kinds)) > 1:
+        raise RequestError("the picked regions were learned on tasks of different kinds ("
+                           + ", ".join(f"{rid}: {k}" for rid, k in zip(region_ids, kinds))
+                           + "); pick regions of one kind to try them on the same text")
+    return kinds[0] if kinds else CLASSIFICATION.name
 
 
-PREDICT_WORDS = {  # the Try box's label, its button and the table's label, by what the picked regions do
-    "classification": ("Sentences (one per line)", "Classify", "Each model on each sentence"),
-    "completion": ("Prompt (the whole box is one prompt)", "Generate", "Each model's greedy generation for the prompt"),
-}
+PREDICT_WORDS = {name: kind.try_words for name, kind in KINDS.items()}  # the Try box's label, button and table label
 
 
 def submit_predict(runner, *, region_ids: list[str], text: str) -> Job:
@@ -492,47 +492,23 @@ def submit_predict(runner, *, region_ids: list[str], text: str) -> Job:
     classify, or for completion regions the whole box as one prompt to generate from."""
     if not region_ids:
         raise RegionError("pick at least one region (run Localize first if the list is empty)")
-    if predict_kind(region_ids) == "completion":
-        prompt = (text or "").strip()
-        if not prompt:
-            raise RequestError("type a prompt: the whole box is one prompt for a completion region")
-        request = PredictRequest(regions=_paths(region_ids), texts=[prompt])
-        return submit(runner, request, f"Generate from a prompt with {len(region_ids)} region(s)")
-    texts = [line.strip() for line in (text or "").splitlines() if line.strip()]
-    if not texts:
-        raise RequestError("type one or more sentences, one per line")
+    kind = kind_named(predict_kind(region_ids))
+    texts = kind.try_texts(text)
     request = PredictRequest(regions=_paths(region_ids), texts=texts)
-    return submit(runner, request, f"Predict {len(texts)} sentence(s) with {len(region_ids)} region(s)")
+    return submit(runner, request, f"{kind.try_title(texts)} with {len(region_ids)} region(s)")
 
 
-PREDICT_COLUMNS = ["sentence", "model", "class", "p", "same as FT"]
-GENERATION_COLUMNS = ["prompt", "model", "generation", "same answer as FT"]
+PREDICT_COLUMNS = list(CLASSIFICATION.predict_columns)
+GENERATION_COLUMNS = list(COMPLETION_KIND.predict_columns)
 
 
 def predict_table(result: dict) -> pd.DataFrame:
     """One row per sentence and model: the predicted class, its probability, every class's, and whether it
     decides as the fine-tuned model. For completion regions one row per model: its greedy generation for the
-    prompt, and whether its answer is the fine-tuned model's."""
-    if result.get("kind") == "completion":
-        texts = result.get("texts") or []
-        out = []
-        for r in result.get("rows") or []:
-            text = texts[r["text"]] if r["text"] < len(texts) else ""
-            agrees = r.get("agrees_with_ft")
-            out.append({"prompt": text if len(text) <= 80 else text[:77] + "...", "model": r["model"],
-                        "generation": r.get("generation") or "", "same answer as FT": "" if agrees is None
-                        else ("yes" if agrees else "no")})
-        return pd.DataFrame(out, columns=GENERATION_COLUMNS)
+    prompt, and whether its answer is the fine-tuned model's (the task kind's ``predict_rows``)."""
+    kind = kind_named(result.get("kind"))
     names = result.get("label_names") or []
-    texts = result.get("texts") or []
-    out = []
-    for r in result.get("rows") or []:
-        text = texts[r["text"]] if r["text"] < len(texts) else ""
-        out.append({"sentence": f"{r['text'] + 1}. {text if len(text) <= 80 else text[:77] + '...'}",
-                    "model": r["model"], "class": r["predicted"], "p": _pct(r["confidence"]),
-                    "same as FT": "" if r["agrees_with_ft"] is None else ("yes" if r["agrees_with_ft"] else "no"),
-                    **{f"p({n})": _pct(r["probs"][n]) for n in names}})
-    return pd.DataFrame(out, columns=PREDICT_COLUMNS + [f"p({n})" for n in names])
+    return pd.DataFrame(kind.predict_rows(result), columns=[*kind.predict_columns, *(f"p({n})" for n in names)])
 
 
 def parse_budgets(text: str) -> list[float]:
@@ -723,60 +699,14 @@ def _num(v, digits: int = 3) -> str:
     return num(v, digits, missing="")
 
 
-COMPARE_COLUMNS = ["model", "task", "dist.", "n", "accuracy ↑ [95 % CI]", "share of FT gain", "Δ vs FT", "F1 ↑", "ECE ↓",
-                   "calibration", "agree w/ FT", "k (params)"]
+COMPARE_COLUMNS = list(CLASSIFICATION.app_columns)
+COMPLETION_COLUMNS = list(COMPLETION_KIND.app_columns)
 
 
 def compare_table(result: dict) -> pd.DataFrame:
-    """One row per (model, task), short headers; the note under the table says what each column is."""
-    rows = result.get("rows") or []
-    ft = {r["task"]: r["accuracy"] for r in rows if r["model"] == "fine-tuned"}
-    bare = {r["task"]: r["accuracy"] for r in rows if is_body(r["model"])}
-    out = []
-    for r in rows:
-        reference = r["model"].startswith("fine-tuned") or is_body(r["model"])
-        no_gain = not reference and r["task"] in ft and r["task"] in bare and ft[r["task"]] <= bare[r["task"]]
-        ci = r.get("accuracy_ci") or wilson(r["accuracy"], r["n"])
-        size = r.get("region_size")
-        out.append({
-            "model": r["model"],
-            "task": r["task"],
-            "dist.": "ID" if r["distribution"] == "in" else "OOD",
-            "n": f"{r['n']:,}",
-            "accuracy ↑ [95 % CI]": _pct(r["accuracy"]) + (f" [{100 * ci[0]:.0f}–{100 * ci[1]:.0f}]" if ci else ""),
-            "share of FT gain": "n/a: FT ≤ bare" if no_gain else _pct(r.get("gain_recovered")),
-            "Δ vs FT": "" if r["task"] not in ft else f"{100 * (r['accuracy'] - ft[r['task']]):+.1f} pts",
-            "F1 ↑": _num(r["f1"]),
-            "ECE ↓": _num(r["ece"]),
-            "calibration": r.get("calibration") or "",
-            "agree w/ FT": _pct(r.get("agreement_with_ft")),
-            "k (params)": "full model" if r["model"].startswith("fine-tuned") else ("0" if size is None else f"{size:,}"),
-        })
-    return pd.DataFrame(out, columns=COMPARE_COLUMNS)
-
-
-COMPLETION_COLUMNS = ["model", "task", "n", "exact match ↑ [95 % CI]", "share of FT gain", "Δ vs FT", "loss/token ↓",
-                      "perplexity ↓", "token ECE ↓", "agree w/ FT", "k (params)"]
-
-
-def completion_table(result: dict) -> pd.DataFrame:
-    """A completion task's comparison: exact match of greedy generations, and the reference tokens' loss and
-    calibration, one row per model."""
-    rows = result.get("rows") or []
-    ft = {r["task"]: r["exact_match"] for r in rows if r["model"] == "fine-tuned"}
-    out = []
-    for r in rows:
-        ci = r.get("accuracy_ci") or wilson(r["exact_match"], r["n"])
-        size = r.get("region_size")
-        out.append({
-            "model": r["model"], "task": r["task"], "n": f"{round(r['n']):,}",
-            "exact match ↑ [95 % CI]": _pct(r["exact_match"]) + (f" [{100 * ci[0]:.0f}–{100 * ci[1]:.0f}]" if ci else ""),
-            "share of FT gain": _pct(r.get("gain_recovered")),
-            "Δ vs FT": "" if r["task"] not in ft else f"{100 * (r['exact_match'] - ft[r['task']]):+.1f} pts",
-            "loss/token ↓": _num(r.get("loss")), "perplexity ↓": _num(r.get("perplexity")),
-            "token ECE ↓": _num(r.get("token_ece")), "agree w/ FT": _pct(r.get("agreement_with_ft")),
-            "k (params)": "" if size is None else f"{round(size):,}"})
-    return pd.DataFrame(out, columns=COMPLETION_COLUMNS)
+    """One row per (model, task), in the columns of its task kind; the note under the table says what each is."""
+    kind = kind_named(result.get("task_kind"))
+    return pd.DataFrame(kind.app_rows(result), columns=list(kind.app_columns))
 
 
 def generations_table(result: dict) -> pd.DataFrame:
@@ -787,11 +717,6 @@ def generations_table(result: dict) -> pd.DataFrame:
             **{m: ("✓ " if g.get("exact", {}).get(m) else "✗ ") + str(g.get(m, "")) for m in models if m in g}}
            for g in shown]
     return pd.DataFrame(out, columns=["task", "prompt", "reference", *models])
-
-
-def is_completion(result: dict) -> bool:
-    rows = result.get("rows") or []
-    return bool(rows) and "exact_match" in rows[0]
 
 
 STITCH_COLUMNS = ["task", "model", "test examples", "accuracy / exact match ↑", "loss/token ↓", "params grafted"]

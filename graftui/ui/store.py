@@ -27,9 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import hosted, regions, settings
-from ..config import (COMPLETION, DEFAULT_BASE, DEFAULT_EXAMPLES_PER_CLASS, DEFAULT_FINETUNED_REFS, INTERACTIVE,
+from ..config import (DEFAULT_BASE, DEFAULT_EXAMPLES_PER_CLASS, DEFAULT_FINETUNED_REFS, INTERACTIVE,
                       default_checkpoint_dir)
 from ..errors import RegionError, SessionError
+from ..tasks import CLASSIFICATION, region_kind
 from ..hosted import check_disk, own_dir
 
 from ..flows.common import clear_cache, save_new
@@ -431,9 +432,9 @@ class RegionEntry:
         return self.meta.k
 
     @property
-    def completion(self) -> bool:
-        """Learned on a completion task (the pair read as a language model on its completions): its models generate."""
-        return (self.meta.loading or {}).get("head") == COMPLETION
+    def task_kind(self):
+        """The kind of task it was learned on (``tasks.region_kind``): a completion region's models generate."""
+        return region_kind(self.meta)
 
     @property
     def label(self) -> str:
@@ -517,11 +518,11 @@ def region_scores() -> dict[str, dict]:
     return out
 
 
-def completion_regions(region_ids) -> list[bool]:
-    """For each picked region id, whether it is a completion region (an id not saved here: False; the flow that
-    reads it says why)."""
+def region_kinds(region_ids) -> list[str]:
+    """For each picked region id, the kind of task it was learned on (an id not saved here: classification; the flow
+    that reads it says why)."""
     entries = {e.id: e for e in list_regions()}
-    return [bool(entries.get(rid) and entries[rid].completion) for rid in region_ids or []]
+    return [entries[rid].task_kind.name if rid in entries else CLASSIFICATION.name for rid in region_ids or []]
 
 
 def load_region(region_id: str):

@@ -9,6 +9,7 @@ import pandas as pd
 from ... import figures
 from ...errors import RequestError
 from ...paths import short_ref
+from ...tasks import kind_named
 from .. import actions, store
 from ..wiring import TABLE_HEIGHT, job_picker, submitted
 
@@ -16,17 +17,7 @@ INTRO = (
     "How good is a graft? Accuracy, F1, calibration (ECE) and agreement with the fine-tuned model, in distribution "
     "and on out-of-distribution tasks, next to random and top-movement regions of the same size."
 )
-NOTE = ("Accuracy and agreement (with the fine-tuned model's predictions) are shares of the n test examples, with a 95 % "
-        "Wilson interval; share of FT gain = (graft − bare) / (FT − bare), bare being the model with an empty region "
-        "(k = 0): the pre-trained body with the fine-tuned head, or, for a language model read through label words, "
-        "the pre-trained model under the same prompt (zero-shot); above 100 % the graft scores above FT itself, and "
-        "where FT does not beat bare there is no gain to share (n/a); Δ is the accuracy difference to the fine-tuned model on the same task; F1 of the "
-        "positive class (macro if more than two); ECE is the expected calibration error over 10 equal-width confidence "
-        "bins (lower is better); calibration compares mean confidence with accuracy.")
-COMPLETION_NOTE = ("Exact match: the share of the n test prompts whose greedy generation gives the reference's answer "
-                   "(first line, or what the answer regex finds), with a 95 % Wilson interval; loss/token and perplexity "
-                   "of the reference completion's tokens (teacher forced); token ECE: the calibration error of the "
-                   "next-token prediction over those tokens; agreement: the same answer as the fine-tuned model.")
+GENERATIONS_NOTE = "Greedy generations of each model on the first test examples (✓: the answer matches the reference)."
 KINDS, LATEST = ("compare",), "latest comparison"
 SWEEP_KINDS, SWEEP_LATEST = ("sweep",), "latest sweep"
 PREDICT_KINDS, PREDICT_LATEST = ("predict",), "latest sentences"
@@ -40,19 +31,18 @@ def render_compare(job) -> list:
                 figures.empty_figure(msg), "", figures.side_by_side(None), "",
                 pd.DataFrame(columns=actions.DISAGREEMENT_COLUMNS)]
     res = job.result
-    if actions.is_completion(res):  # a completion task: scored by generation; the generations take the last table
-        note = f"Completion task: **{res['task']}**. " + COMPLETION_NOTE
-        msg = "A completion task: its token-level calibration error is in the table."
-        return [actions.completion_table(res), actions.differences_table(res), figures.empty_figure(msg),
-                figures.empty_figure(msg), note, figures.side_by_side(res.get("side_by_side")),
-                "Greedy generations of each model on the first test examples (✓: the answer matches the reference).",
-                actions.generations_table(res)]
-    note = f"In-distribution task: **{res['task']}**; OOD tasks: **{', '.join(res['ood']) or 'none'}**. " + NOTE
+    kind = kind_named(res.get("task_kind"))
+    note = kind.app_heading(res) + kind.app_note
     if res.get("notes"):
         note += "\n\n" + "\n\n".join(f"Note: {n}" for n in res["notes"])
-    return [actions.compare_table(res), actions.differences_table(res), figures.reliability_diagram(res["reliability"], res["task"]),
-            figures.confidence_histogram(res["histogram"], res["task"]), note, figures.side_by_side(res.get("side_by_side")),
-            actions.disagreements_note(res), actions.disagreements_table(res)]
+    unscored = f"A {kind.name} task: no confidence per example to draw; its calibration, where it has one, is in the table."
+    return [actions.compare_table(res), actions.differences_table(res),
+            figures.reliability_diagram(res["reliability"], res["task"]) if res["reliability"] else
+            figures.empty_figure(unscored),
+            figures.confidence_histogram(res["histogram"], res["task"]) if res["histogram"] else
+            figures.empty_figure(unscored), note, figures.side_by_side(res.get("side_by_side")),
+            *((GENERATIONS_NOTE, actions.generations_table(res)) if res.get("generations") else
+              (actions.disagreements_note(res), actions.disagreements_table(res)))]
 
 
 def render_sweep(job) -> list:

@@ -1,0 +1,229 @@
+"""The interface every task kind implements, and the registry that finds a task's kind.
+
+A verb never asks which kind its task is: it asks the task's kind (``kind_of(task)``) to read the pair, make the
+batches mask learning steps over, fine-tune, score a set of models into rows of one schema, and word the result.
+A new kind is one module with one ``register_kind`` call; nothing else in graftui changes.
+
+Rows of every kind share one schema: ``model``, ``task``, ``n``, ``score`` (the kind's own measure: accuracy,
+exact match, the harness's metric), ``metric`` (its name), ``accuracy`` (= ``score``, the name the paper's tables
+use), ``ece``, ``loss`` where it has one, ``agreement_with_ft``, ``region_size``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..card import Words
+from ..config import COMPLETION, LoadOptions
+from ..errors import ModelError, RequestError
+
+
+@dataclass
+class Outcome:
+    """One model's per-example result on a fixed sample: its score and what a paired difference pairs."""
+
+    score: float
+    n: int
+    per_example: Any  # class probabilities (classification) or 0/1 hits (completion)
+    labels: Any = None
+
+
+class TaskKind:
+    """A kind of task. Each method is what one verb needs to know of the kind; flows call them, never branch."""
+
+    name: str = ""
+    words: Words
+    task_type: type = object
+    head: str | None = None  # the pair reading the kind needs (COMPLETION: a causal LM read as itself)
+    columns: tuple[tuple[str, str], ...] = ()  # (header, key) of a comparison's rows: the CLI's and the app's tables
+    markdown_columns: tuple[tuple[str, str], ...] = ()  # (header, key) of a model card's metrics table
+    verbs: tuple[str, ...] = ()  # the verbs that work on this kind (the documentation's table reads them)
+
+    def owns(self, task) -> bool:
+        return isinstance(task, self.task_type)
+
+    # -- reading ----------------------------------------------------------------------------------
+    def reading(self, options: LoadOptions, task) -> LoadOptions:
+        """The pair's reading for this kind, refusing a reading the request gave that cannot score it."""
+        return options
+
+    def labels(self, task) -> tuple[str, ...] | None:
+        """The label words' order a language model read as a classifier follows (None: no labels)."""
+        return None
+
+    def fits(self, pair) -> bool:
+        """Whether ``pair`` is read as this kind needs."""
+        raise NotImplementedError
+
+    def check_pair(self, pair, task) -> None:
+        """Refuse a pair read as another kind, naming what to give instead."""
+        if not self.fits(pair):
+            raise ModelError(self.misread(pair, task))
+
+    def misread(self, pair, task) -> str:
+        raise NotImplementedError
+
+    def check_region(self, label: str, meta, task) -> None:
+        """Refuse a region learned on a task read the other way (its recorded reading) scored on ``task``: its pair
+        is read as that region was made, whatever the request gives."""
+        made = COMPLETION if (getattr(meta, "loading", None) or {}).get("head") == COMPLETION else "classification"
+        if (made == COMPLETION) != (self.head == COMPLETION):
+            learned = f" '{meta.task}'" if getattr(meta, "task", None) else ""
+            raise ModelError(f"'{label}' was learned on the {made} task{learned}, and '{task.name}' is a {self.name} "
+                             f"task: score it on its own task (drop --task), or give a region learned on a {self.name} "
+                             "task")
+
+    def supports(self, verb: str, task) -> None:
+        """Refuse a verb this kind cannot do, in one line."""
+        if verb not in self.verbs:
+            raise RequestError(f"'{task.name}' is a {self.name} task, and {verb} works on "
+                               + ", ".join(k.name for k in KINDS.values() if verb in k.verbs) + " tasks")
+
+    def ood_note(self, task) -> str | None:
+        """Why ``--ood`` tasks are not scored for this kind (None: they are)."""
+        return None
+
+    # -- data ---------------------------------------------------------------------------------------
+    def check_sample(self, task, req) -> None:
+        """A bad training-sample size fails before any model is loaded."""
+
+    def mask_batches(self, pair, task, req, notes: list[str], seed_offset: int = 0) -> tuple[Callable, int]:
+        """``make_batches(epoch)`` for mask learning, and how many examples they hold."""
+        raise NotImplementedError
+
+    def check_context(self, pair, task, req, notes: list[str], n: int | None = 0, meta=None, guard=None) -> None:
+        """Before any mask step or scoring: what the pair's context cannot hold is refused; what it cuts is noted."""
+
+    # -- fine-tuning ---------------------------------------------------------------------------------
+    def check_finetune(self, req, task, config, allow: bool, notes: list[str]) -> None:
+        """Before any fine-tuning step: what the base cannot be fine-tuned on is refused."""
+
+    def finetune(self, req, task, config, out, options: LoadOptions, progress, cancel, allow: bool) -> None:
+        raise NotImplementedError
+
+    def test_score(self, out, task, req, options: LoadOptions, notes: list[str]) -> dict:
+        """A fine-tuned checkpoint's test score: {test_accuracy, test_examples, chance_accuracy, test_loss}."""
+        raise NotImplementedError
+
+    # -- scoring -------------------------------------------------------------------------------------
+    def judging(self, req, meta=None, guard=None):
+        """How a model's answers are judged for ``req`` (a region's own rule, ``meta``, where the request is silent);
+        None for kinds without answer rules."""
+        return None
+
+    def scored(self, rows: list[dict]) -> list[dict]:
+        """Rows with the schema's ``score`` and ``metric``: the kind's own measure under one name."""
+        for row in rows:
+            row.setdefault("score", row.get("accuracy"))
+            row.setdefault("metric", self.words.score)
+        return rows
+
+    def compare(self, pair, task, models: dict, *, n, contrasts=(), oods=(), judging=None, progress=None,
+                cancel=None) -> dict:
+        """FT, the reference model and each graft of ``models`` on ``n`` test examples: {task, rows, differences,
+        reliability, histogram, ood, disagreements, generations, rule?, max_new_tokens?, notes}."""
+        raise NotImplementedError
+
+    def scorer(self, pair, task, split: str, n: int, judging=None, notes: list[str] | None = None
+               ) -> Callable[[], Outcome]:
+        """A function scoring the pair's model as it stands on a fixed sample of ``split``: what ablations and the
+        validation choice of a merge compare."""
+        raise NotImplementedError
+
+    def paired(self, a: Outcome, b: Outcome, seed: int) -> dict:
+        """The paired difference b − a of two outcomes on the same sample."""
+        raise NotImplementedError
+
+    stitches_only: bool = False  # composing its regions means stitching them (no union graft read by each head)
+    cheap_check: bool = False  # a held-out check costs seconds (one forward pass), so the region's start is checked too
+
+    def heldout_problem(self, pair, task) -> str | None:
+        """Why a quick held-out check of ``task`` cannot be scored on ``pair`` (None: it can)."""
+        return None
+
+    def sweep_reference(self, pair, task, req, oods, cancel=None):
+        """What every budget of a sweep is scored against (FT and the empty region, cached per pair)."""
+        raise NotImplementedError
+
+    def sweep_rows(self, reference, pair, task, req, made: dict, kept: dict, sparsity: float, cancel=None
+                   ) -> tuple[list[dict], list[dict]]:
+        """The rows and paired differences of one budget of a sweep: ``made`` maps each method to its region."""
+        raise NotImplementedError
+
+    def sweep_fields(self, reference) -> dict:
+        """The sweep result's reference figures: ft_accuracy, ft_ece, ft_ood, body_accuracy, n_test."""
+        raise NotImplementedError
+
+    def check_texts(self, req, task) -> None:
+        """Refuse texts given to predict that this kind cannot read (before any model loads)."""
+
+    def predict(self, pair, task, req, models: list, ft_name: str, judging, notes: list[str], progress=None,
+                cancel=None) -> tuple[list[dict], list[str], list[str]]:
+        """Each of ``models`` (name, context) on each text of ``req``: (rows, label names, card sentences)."""
+        raise NotImplementedError
+
+    app_columns: tuple[str, ...] = ()  # the app's comparison table: short headers, the note under it says what each is
+    app_note: str = ""  # what the app's comparison columns mean
+    try_words: tuple[str, str, str] = ("", "", "")  # the app's Try box: its label, its button, its table's label
+    predict_columns: tuple[str, ...] = ()  # the app's Try table
+
+    def app_rows(self, result: dict) -> list[dict]:
+        """A comparison's rows as the app's table shows them (``app_columns``)."""
+        raise NotImplementedError
+
+    def app_heading(self, result: dict) -> str:
+        """The line above the app's comparison note: the task(s) scored."""
+        return f"{self.name.capitalize()} task: **{result['task']}**. "
+
+    def try_texts(self, text: str) -> list[str]:
+        """The texts the Try box's content is: one sentence per line, or the whole box as one prompt."""
+        raise NotImplementedError
+
+    def try_title(self, texts: list[str]) -> str:
+        """The Try job's title."""
+        raise NotImplementedError
+
+    def predict_rows(self, result: dict) -> list[dict]:
+        """Predict's rows as the app's Try table shows them (``predict_columns`` and, for classes, one per class)."""
+        raise NotImplementedError
+
+    def legend(self, rows: list[dict]) -> str:
+        """The sentence under a comparison's table: what its columns measure."""
+        raise NotImplementedError
+
+    def predict_text(self, doc: dict) -> str:
+        """Predict's result as plain text: one block per text given."""
+        raise NotImplementedError
+
+    def card(self, part: dict, graftable: int | None, ft_name: str, start_overlap=None) -> list[str]:
+        """The sentences of a comparison's card."""
+        raise NotImplementedError
+
+
+
+KINDS: dict[str, TaskKind] = {}
+
+
+def register_kind(kind: TaskKind) -> TaskKind:
+    """Add a kind to the registry (once per kind, by name)."""
+    if kind.name in KINDS:
+        raise ValueError(f"task kind '{kind.name}' registered twice")
+    KINDS[kind.name] = kind
+    return kind
+
+
+def kind_of(task) -> TaskKind:
+    """The kind of a task object (the most specific registered kind owning it)."""
+    owners = [k for k in KINDS.values() if k.owns(task)]
+    if not owners:
+        raise TypeError(f"no task kind reads {type(task).__name__}")
+    return max(owners, key=lambda k: len(k.task_type.__mro__))
+
+
+def kind_named(name: str | None) -> TaskKind:
+    """A kind by its registered name (a result's ``task_kind``); classification where a result names none."""
+    return KINDS[name or "classification"]
+
+
+__all__ = ["KINDS", "Outcome", "TaskKind", "Words", "kind_named", "kind_of", "register_kind"]

@@ -1,0 +1,328 @@
+"""Completion tasks: (prompt, completion) pairs or chats, a causal LM read as itself.
+
+Mask learning and fine-tuning step on the supervised loss of the completion tokens (the prompt masked out); a model
+is judged by what it generates (exact match after the answer rule, the request's or the region's own), beside its
+loss, perplexity and calibration per reference token. The model's context is the limit of every example and
+generation: what does not fit is refused before any step, and what it cuts is said in the notes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from types import SimpleNamespace
+
+import torch
+
+from .. import card, generation, metrics, settings, training
+from ..completion import Completions, CompletionTask, batches, context_length, prompt_room
+from ..config import COMPLETION, FT_LABEL, LM_BODY_LABEL, LoadOptions
+from ..errors import Cancelled, DataError, ModelError, RequestError
+from ..formatting import num, one_line, pct, table
+from ..models import context_of, load_reader, load_tokenizer
+from ..scoring import TEST_SAMPLE_SEED
+from .base import Outcome, TaskKind, Words, register_kind
+
+DEFAULT_TRAIN_SAMPLE = 256  # examples mask learning steps over (a completion task has no classes to count per)
+
+
+def train_sample(task: CompletionTask, req, notes: list[str]):
+    """The examples mask learning uses: ``--examples-per-class`` of the training split in all (a completion task
+    has no classes), by default up to DEFAULT_TRAIN_SAMPLE, drawn with the request's seed."""
+    train = task.splits["train"]
+    want = req.examples_per_class if req.examples_per_class is not None else DEFAULT_TRAIN_SAMPLE
+    if req.examples_per_class is not None and want > len(train):
+        raise DataError(f"--examples-per-class {want} is more than the {len(train):,} training examples of "
+                        f"'{task.name}' (a completion task counts its examples in all)")
+    if want < len(train):
+        train = train.select(sorted(random.Random(req.seed).sample(range(len(train)), want)))
+    elif req.examples_per_class is None:
+        notes.append(f"task '{task.name}' has {len(train):,} training examples: mask learning uses them all "
+                     f"(default {DEFAULT_TRAIN_SAMPLE})")
+    return train
+
+
+def add(notes: list[str], more) -> None:
+    notes += [n for n in more if n not in notes]
+
+
+def recorded_rule(meta) -> tuple[generation.AnswerRule, int]:
+    """The answer rule and generation length a region's own request asked for (the defaults where it is silent)."""
+    asked = {k: v for k, v in (getattr(meta, "request", None) or {}).items()
+             if k in ("answer_regex", "ignore_case", "whole_generation", "max_new_tokens")}
+    rule = generation.AnswerRule(regex=asked.get("answer_regex") if isinstance(asked.get("answer_regex"), str) else None,
+                                 ignore_case=asked.get("ignore_case") is True,
+                                 first_line=asked.get("whole_generation") is not True)
+    new = asked.get("max_new_tokens")
+    return rule, new if isinstance(new, int) and not isinstance(new, bool) and 0 < new <= 1024 else \
+        generation.MAX_NEW_TOKENS
+
+
+def _checked(guard, rule, source: str):
+    return rule if guard is None else guard.checked_rule(rule, source)
+
+
+class Completion(TaskKind):
+    name = COMPLETION
+    words = Words(score="exact match", calibration="token ECE", reference="pre-trained",
+                  scored_by="exact match of its greedy generations", key="exact_match",
+                  score_suffix=" exact match")
+    task_type = CompletionTask
+    head = COMPLETION
+    stitches_only = True
+    columns = (("model", "model"), ("task", "task"), ("n", "n"), ("exact match", "exact_match"), ("loss/token", "loss"),
+               ("ppl", "perplexity"), ("token ECE", "token_ece"), ("agree w/ FT", "agreement_with_ft"),
+               ("k", "region_size"))
+    markdown_columns = (("exact match (95 % interval)", "score"), ("loss per token", "loss"), ("token ECE", "token_ece"),
+                        ("share of FT gain", "gain_recovered"))
+    verbs = ("finetune", "localize", "evaluate", "predict", "sweep", "anatomy", "compose", "export", "push", "pair")
+
+    def reading(self, options: LoadOptions, task) -> LoadOptions:
+        """The causal LM itself (a prompt or a classifier head the request gave is refused, naming what it gave)."""
+        if options.head not in ("auto", "completion", "causal-lm"):
+            raise ModelError(f"--head {options.head}: a completion task is scored on a causal LM's own completions; "
+                             "drop --head or give --head completion")
+        if options.prompted():
+            given = [flag for flag, value in (("--template", options.template), ("--label-words", options.label_words),
+                                              ("--label-scoring", options.label_scoring != "first")) if value]
+            raise ModelError(f"{' and '.join(given)} read a language model as a classifier; a completion task scores "
+                             f"the model's own completions: drop {'it' if len(given) == 1 else 'them'}")
+        return LoadOptions(head="completion", dtype=options.dtype, device_map=options.device_map)
+
+    def fits(self, pair) -> bool:
+        return pair.completion
+
+    def misread(self, pair, task) -> str:
+        return (f"'{task.name}' is a {self.name} task, and the pair is read as a classifier: give the causal LMs "
+                "fine-tuned on it (e.g. --base smollm2 --finetuned smollm2-dates)")
+
+    def ood_note(self, task) -> str:
+        return (f"--ood names classification tasks in the task's label space; the {self.name} task {task.name} has "
+                "none, so they are not scored")
+
+    def check_sample(self, task, req) -> None:
+        train_sample(task, req, [])
+
+    def mask_batches(self, pair, task, req, notes, seed_offset=0):
+        """(prompt, completion) tokens with the prompt masked out of the loss."""
+        train = train_sample(task, req, notes)
+        config = req.learn_config()
+        context = context_length(pair.model)
+        add(notes, generation.fit(pair.tokenizer, task, train, context))  # refuses a completion longer than the context
+
+        def make_batches(epoch: int):
+            return batches(pair.tokenizer, train, task.chat, config.batch_size, context,
+                           shuffle_seed=config.seed + seed_offset + epoch)
+
+        return make_batches, len(train)
+
+    def check_context(self, pair, task, req, notes, n=0, meta=None, guard=None) -> None:
+        """The tokens the request generates leave room for a prompt in the pair's context, and the ``n`` test
+        examples a check will judge (all with None, none with 0) fit it."""
+        _, new = self.judging(req, meta, guard)
+        context = context_length(pair.model)
+        prompt_room(context, new)
+        if n != 0:
+            add(notes, generation.fit(pair.tokenizer, task, generation.sample(task, "test", n, TEST_SAMPLE_SEED),
+                                      context, new))
+
+    def check_finetune(self, req, task, config, allow, notes) -> None:
+        """The training examples the recipe takes and the test examples its score judges fit the base's context
+        (read from its config), with room for the tokens to generate."""
+        context = context_of(req.base, allow_local=allow)
+        tokenizer = load_tokenizer(req.base, allow_local=allow)
+        _, new = self.judging(req)
+        prompt_room(context, new)
+        add(notes, generation.fit(tokenizer, task, training.completion_split(task, config), context))
+        add(notes, generation.fit(tokenizer, task, generation.sample(task, "test", req.test_examples, TEST_SAMPLE_SEED),
+                                  context, new))
+
+    def finetune(self, req, task, config, out, options, progress, cancel, allow) -> None:
+        """Supervised fine-tuning of ``req.base`` on the completions."""
+        def step(p):
+            if progress:
+                progress({"stage": f"fine-tuning on {task.name}", **p.__dict__})
+
+        training.finetune_completions(req.base, task, config, out, progress=step, cancel=cancel, allow_local=allow,
+                                      request=req.as_dict())
+
+    def test_score(self, out, task, req, options, notes) -> dict:
+        """Exact match on ``req.test_examples`` of the test split, and the loss per token."""
+        model, tokenizer, _ = load_reader(str(out), "completion", None, LoadOptions(head="completion",
+                                                                                     dtype=options.dtype))
+        data = generation.sample(task, "test", req.test_examples, TEST_SAMPLE_SEED)
+        rule, new = self.judging(req)
+        reading = generation.read(model.eval().to(settings.device()), tokenizer, task, data, rule, new)
+        return {"test_accuracy": float(reading.hits.mean()), "test_examples": len(data),
+                "test_loss": reading.forced.loss(), "chance_accuracy": None}
+
+    def judging(self, req, meta=None, guard=None):
+        """The answer rule and generation length of a request; what it leaves at the default comes from the request
+        that made the region (``meta``), so a region is judged as it was made unless asked otherwise. The rule
+        passes the guard, whether the request or the region file gave its regex."""
+        new = getattr(req, "max_new_tokens", None)  # None: not asked
+        asked = req.answer_rule() if hasattr(req, "answer_rule") else generation.AnswerRule()
+        if meta is None:
+            return _checked(guard, asked, "the request"), new or generation.MAX_NEW_TOKENS
+        made, made_new = recorded_rule(meta)
+        rule = generation.AnswerRule(regex=asked.regex if asked.regex is not None else made.regex,
+                                     ignore_case=asked.ignore_case or made.ignore_case,
+                                     first_line=asked.first_line and made.first_line)
+        return _checked(guard, rule, "the request" if asked.regex is not None else "this region file"), \
+            new or made_new
+
+    def compare(self, pair, task, models, *, n, contrasts=(), oods=(), judging=None, progress=None, cancel=None):
+        rule, new = judging or (generation.AnswerRule(), generation.MAX_NEW_TOKENS)
+        part = generation.compare_completions(pair, task, models, n=n, seed=TEST_SAMPLE_SEED,
+                                              contrasts=list(contrasts), rule=rule, max_new_tokens=new,
+                                              progress=progress, cancel=cancel)
+        self.scored(part["rows"])
+        return {**part, "reliability": {}, "histogram": {}, "ood": [], "disagreements": []}
+
+    def scorer(self, pair, task, split, n, judging=None, notes=None):
+        rule, new = judging or (generation.AnswerRule(), generation.MAX_NEW_TOKENS)
+        data = generation.sample(task, split, n, TEST_SAMPLE_SEED)
+        if notes is not None:  # what the model's context cannot hold is refused before the first model is scored
+            add(notes, generation.fit(pair.tokenizer, task, data, context_length(pair.model), new))
+        else:
+            prompt_room(context_length(pair.model), new)
+
+        def score() -> Outcome:
+            hits = generation.exact(pair.model, pair.tokenizer, task, data, rule, new)
+            return Outcome(float(hits.mean()), len(hits), hits)
+
+        return score
+
+    def paired(self, a: Outcome, b: Outcome, seed: int) -> dict:
+        ones = torch.ones_like(a.per_example)
+        return metrics.paired_ratio_difference((a.per_example, ones), (b.per_example, ones), "exact_match", seed=seed)
+
+    def sweep_reference(self, pair, task, req, oods, cancel=None):
+        return SimpleNamespace(ft=None, bare=None, body=LM_BODY_LABEL)
+
+    def sweep_rows(self, reference, pair, task, req, made, kept, sparsity, cancel=None):
+        """Each method's region scored by generation beside FT and the pre-trained model (exact match as the row's
+        accuracy, token ECE as its ECE), every two methods paired."""
+        methods = list(made)
+        part = self.compare(pair, task, made, n=req.n, contrasts=[(a, b) for x, a in enumerate(methods)
+                                                                  for b in methods[x + 1:]],
+                            judging=self.judging(req), cancel=cancel)
+        by = {r["model"]: r for r in part["rows"]}
+        ft = reference.ft = by[FT_LABEL]
+        bare = reference.bare = by[reference.body]
+        rows = []
+        for name in methods:
+            r = by[name]
+            rows.append({"method": name, "region": kept.get(name), "sparsity": sparsity, "k": r["region_size"],
+                         "n": r["n"], "accuracy": r["exact_match"], "exact_match": r["exact_match"], "loss": r["loss"],
+                         "accuracy_ci": card.wilson(r["exact_match"], r["n"]), "ece": r["token_ece"],
+                         "calibration": None, "ood": {}, "ft_accuracy": ft["exact_match"],
+                         "retained": r["exact_match"] / ft["exact_match"] if ft["exact_match"] else None,
+                         "gain_recovered": card.gain_recovered(r["exact_match"], ft["exact_match"],
+                                                               bare["exact_match"])})
+        found = [{**d, "sparsity": sparsity} for d in part["differences"] if d["b"] != reference.body]
+        return rows, found
+
+    def sweep_fields(self, reference) -> dict:
+        ft, bare = reference.ft, reference.bare
+        return {"ft_accuracy": ft["exact_match"], "ft_ece": ft["token_ece"], "ft_ood": {},
+                "body_accuracy": bare["exact_match"], "n_test": ft["n"]}
+
+    def check_texts(self, req, task) -> None:
+        if req.pairs:
+            raise RequestError(f"--pair: '{task.name}' is a {self.name} task, and each --text is one whole prompt; "
+                               "drop --pair (a prompt of several lines is one --text)")
+
+    def predict(self, pair, task, req, models, ft_name, judging, notes, progress=None, cancel=None):
+        """Each model's greedy generation for each prompt (each --text one whole prompt), judged as the region is;
+        a model ``agrees_with_ft`` where its answer is FT's."""
+        rule, new = judging
+        prompts = Completions(tuple(((("user", t), ("assistant", "")) for t in req.texts)))
+        given = dataclasses.replace(task, name="the prompts given")  # what the notes name: the --text, not the task
+        add(notes, generation.fit(pair.tokenizer, given, prompts, context_length(pair.model), new))  # refused here
+        # when the tokens to generate leave no room for a prompt
+        one_line = all("\n" not in r.strip() for r in task.splits["test"].references)  # how evaluate cuts answers
+        said: dict[str, list[str]] = {}
+        for m, (model, context) in enumerate(models):
+            if cancel is not None and cancel.is_set():
+                raise Cancelled("predict cancelled")
+            if progress:
+                progress({"stage": f"generating with {model}", "fraction": m / len(models)})
+            with context():
+                said[model] = generation.generate(pair.model, pair.tokenizer, prompts, task.chat, max_new_tokens=new)
+        rows = [{"text": i, "model": model, "generation": said[model][i],
+                 "agrees_with_ft": None if model == ft_name else
+                 generation.same_answer(said[model][i], said[ft_name][i], rule, one_line)}
+                for i in range(len(req.texts)) for model, _ in models]
+        return rows, [], card.predict_card(rows, ft_name, len(req.texts), judged=rule.describe(new))
+
+    app_columns = ("model", "task", "n", "exact match ↑ [95 % CI]", "share of FT gain", "Δ vs FT", "loss/token ↓",
+                   "perplexity ↓", "token ECE ↓", "agree w/ FT", "k (params)")
+    app_note = ("Exact match: the share of the n test prompts whose greedy generation gives the reference's answer "
+                "(first line, or what the answer regex finds), with a 95 % Wilson interval; loss/token and perplexity "
+                "of the reference completion's tokens (teacher forced); token ECE: the calibration error of the "
+                "next-token prediction over those tokens; agreement: the same answer as the fine-tuned model.")
+    try_words = ("Prompt (the whole box is one prompt)", "Generate", "Each model's greedy generation for the prompt")
+    predict_columns = ("prompt", "model", "generation", "same answer as FT")
+
+    def app_rows(self, result) -> list[dict]:
+        rows = result.get("rows") or []
+        ft = {r["task"]: r["exact_match"] for r in rows if r["model"] == "fine-tuned"}
+        out = []
+        for r in rows:
+            ci = r.get("accuracy_ci") or card.wilson(r["exact_match"], r["n"])
+            size = r.get("region_size")
+            out.append({
+                "model": r["model"], "task": r["task"], "n": f"{round(r['n']):,}",
+                "exact match ↑ [95 % CI]": pct(r["exact_match"], 1, missing="")
+                + (f" [{100 * ci[0]:.0f}–{100 * ci[1]:.0f}]" if ci else ""),
+                "share of FT gain": pct(r.get("gain_recovered"), 1, missing=""),
+                "Δ vs FT": "" if r["task"] not in ft else f"{100 * (r['exact_match'] - ft[r['task']]):+.1f} pts",
+                "loss/token ↓": num(r.get("loss"), missing=""), "perplexity ↓": num(r.get("perplexity"), missing=""),
+                "token ECE ↓": num(r.get("token_ece"), missing=""),
+                "agree w/ FT": pct(r.get("agreement_with_ft"), 1, missing=""),
+                "k (params)": "" if size is None else f"{round(size):,}"})
+        return out
+
+    def try_texts(self, text) -> list[str]:
+        prompt = (text or "").strip()
+        if not prompt:
+            raise RequestError("type a prompt: the whole box is one prompt for a completion region")
+        return [prompt]
+
+    def try_title(self, texts) -> str:
+        return "Generate from a prompt"
+
+    def predict_rows(self, result) -> list[dict]:
+        texts = result.get("texts") or []
+        out = []
+        for r in result.get("rows") or []:
+            text = texts[r["text"]] if r["text"] < len(texts) else ""
+            agrees = r.get("agrees_with_ft")
+            out.append({"prompt": text if len(text) <= 80 else text[:77] + "...", "model": r["model"],
+                        "generation": r.get("generation") or "", "same answer as FT": "" if agrees is None
+                        else ("yes" if agrees else "no")})
+        return out
+
+    def legend(self, rows) -> str:
+        return ("exact match of greedy generations (the answer rule of the request); loss, perplexity and token ECE of "
+                "the reference tokens; agreement: the same answer as the fine-tuned model")
+
+    def predict_text(self, doc) -> str:
+        """Each model's generation for each prompt, and whether its answer is FT's."""
+        parts = []
+        for i, text in enumerate(doc["texts"]):
+            rows = [[r["model"], repr(r["generation"]), "" if r["agrees_with_ft"] is None else
+                     ("same answer as FT" if r["agrees_with_ft"] else "differs from FT")]
+                    for r in doc["rows"] if r["text"] == i]
+            parts += [f"{i + 1}. {one_line(text, 100)}", table(["model", "generation", ""], rows, "lll"), ""]
+        return "\n".join(parts).rstrip()
+
+    def card(self, part, graftable, ft_name, start_overlap=None) -> list[str]:
+        judged = generation.AnswerRule(**part["rule"]).describe(part["max_new_tokens"]) if "rule" in part else ""
+        return card.completion_card(part["rows"], part["differences"], graftable, ft_name, judged=judged)
+
+
+COMPLETION_KIND = register_kind(Completion())
+
+__all__ = ["COMPLETION_KIND", "Completion", "DEFAULT_TRAIN_SAMPLE", "add", "recorded_rule", "train_sample"]

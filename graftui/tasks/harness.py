@@ -1,0 +1,245 @@
+"""lm-evaluation-harness tasks (``--task lm-eval:NAME``, or ``lm-eval:a,b``): scored by the harness itself.
+
+The fine-tuned model, the pre-trained model and each graft are scored in memory by ``lm_eval.simple_evaluate``
+(``lmeval.score``) with the harness's metrics and its stderr; graftui adds paired intervals from the harness's
+per-document results (every model is scored on the same documents). Mask learning and fine-tuning read a harness task
+as a completion task: its training documents (else its validation documents), each as the harness prompts it and the
+answer it expects — never the documents it is evaluated on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+from dataclasses import dataclass
+
+import torch
+
+from .. import card, generation, metrics, settings
+from ..completion import Completions, CompletionTask, prompt_room, context_length
+from ..config import FT_LABEL, LM_BODY_LABEL
+from ..errors import Cancelled, DataError, RequestError
+from ..formatting import difference, pct
+from ..lmeval import HarnessScore, HarnessTask, PREFIX, harness_names, load_harness_task, score
+from ..models import load_reader
+from ..scoring import TEST_SAMPLE_SEED, region_size, state_of
+from .base import Outcome, Words, register_kind
+from .completion import Completion
+
+
+@dataclass(frozen=True)
+class HarnessSkill(CompletionTask):
+    """One or several harness tasks as one graftui task: their training documents are its training split."""
+
+    harness: tuple[HarnessTask, ...] = ()
+
+
+def load_harness(ref: str) -> HarnessSkill:
+    """The harness tasks ``ref`` names (``lm-eval:NAME`` or ``lm-eval:a,b``), read as one task."""
+    tasks = tuple(load_harness_task(n) for n in harness_names(ref))
+    train = Completions(tuple(e for t in tasks for e in t.train.examples))
+    empty = Completions(())
+    unsplit = [t.name for t in tasks if t.train_split is None]
+    notes = (f"lm-eval task(s) {', '.join(unsplit)} have no documents besides those they are evaluated on: no region "
+             "can be learned or fine-tuned on them",) if unsplit else ()
+    return HarnessSkill(name=PREFIX + ",".join(t.name for t in tasks), splits={"train": train, "validation": empty,
+                                                                              "test": empty},
+                        source="lm-evaluation-harness: " + ", ".join(f"{t.name} ({t.output_type}, {t.n_eval:,} "
+                                                                     f"{t.eval_split} documents)" for t in tasks),
+                        notes=notes, harness=tasks)
+
+
+def sample_ids(task: HarnessTask, n: int | None) -> list[int] | None:
+    """The documents scored: ``n`` of the evaluation split drawn with graftui's test-sample seed (a task's first
+    documents are often one class), all with None."""
+    if n is None or n >= task.n_eval:
+        return None
+    return sorted(random.Random(TEST_SAMPLE_SEED).sample(range(task.n_eval), n))
+
+
+def _primary(found: HarnessScore) -> str:
+    """The metric graftui reports and pairs: the task's first one with per-document values."""
+    return next((m for m in found.metrics if m in found.per_sample), found.primary)
+
+
+def _paired(a: torch.Tensor, b: torch.Tensor, metric: str, seed: int = TEST_SAMPLE_SEED) -> dict:
+    """mean(a) − mean(b) of per-document values with a paired bootstrap interval (and McNemar's p where both are
+    0/1), named by the harness's metric."""
+    ones = torch.ones_like(a)
+    binary = bool(((a == 0) | (a == 1)).all() and ((b == 0) | (b == 1)).all())
+    d = metrics.paired_ratio_difference((a, ones), (b, ones), "exact_match" if binary else "loss", seed=seed)
+    return {**d, "metric": metric, "share": binary}
+
+
+class Harness(Completion):
+    name = "lm-eval"
+    words = Words(score="harness metric", calibration="-", reference="pre-trained",
+                  scored_by="lm-evaluation-harness's own metric", key="score")
+    task_type = HarnessSkill
+    columns = (("model", "model"), ("task", "task"), ("n", "n"), ("metric", "metric"), ("score", "score"),
+               ("harness stderr", "stderr"), ("k", "region_size"))
+    markdown_columns = (("score (95 % interval)", "score"), ("harness stderr", "stderr"),
+                        ("share of FT gain", "gain_recovered"))
+    verbs = ("localize", "evaluate", "predict", "pair")
+
+    def ood_note(self, task) -> str:
+        return (f"--ood names classification tasks in the task's label space; the {self.name} task {task.name} has "
+                "none, so they are not scored: give more harness tasks as --task lm-eval:a,b")
+
+    def check_sample(self, task, req) -> None:
+        if not len(task.splits["train"]):
+            raise DataError(f"'{task.name}' has no training or validation documents besides those it is evaluated "
+                            "on, and a region is never learned on them: give a harness task with a training split")
+        super().check_sample(task, req)
+
+    def check_context(self, pair, task, req, notes, n=0, meta=None, guard=None) -> None:
+        prompt_room(context_length(pair.model), self.judging(req, meta, guard)[1])
+
+    def check_finetune(self, req, task, config, allow, notes) -> None:
+        self.check_sample(task, req)
+
+    def judging(self, req, meta=None, guard=None):
+        """The harness judges with its own filters and metrics: no answer rule of graftui's applies."""
+        asked = req.answer_rule() if hasattr(req, "answer_rule") else None
+        if asked is not None and asked.regex:
+            raise RequestError("--answer-regex: an lm-eval task is judged by the harness's own filters (its YAML's "
+                               "filter_list); drop --answer-regex")
+        return generation.AnswerRule(), generation.MAX_NEW_TOKENS  # what predict's generations are cut by
+
+    def sweep_rows(self, reference, pair, task, req, made, kept, sparsity, cancel=None):
+        """Each method's region scored by the harness beside FT and the pre-trained model, every two methods
+        paired."""
+        methods = list(made)
+        part = self.compare(pair, task, made, n=req.n, contrasts=[(a, b) for x, a in enumerate(methods)
+                                                                  for b in methods[x + 1:]], cancel=cancel)
+        rows = []
+        for t in dict.fromkeys(r["task"] for r in part["rows"]):
+            by = {r["model"]: r for r in part["rows"] if r["task"] == t}
+            ft = reference.ft = by[FT_LABEL]
+            bare = reference.bare = by[LM_BODY_LABEL]
+            for name in methods:
+                r = by[name]
+                rows.append({"method": name, "task": t, "region": kept.get(name), "sparsity": sparsity,
+                             "k": r["region_size"], "n": r["n"], "metric": r["metric"], "score": r["score"],
+                             "accuracy": r["score"], "stderr": r["stderr"], "ece": None, "calibration": None,
+                             "ood": {}, "ft_accuracy": ft["score"],
+                             "retained": r["score"] / ft["score"] if ft["score"] else None,
+                             "gain_recovered": card.gain_recovered(r["score"], ft["score"], bare["score"])})
+        found = [{**d, "sparsity": sparsity} for d in part["differences"] if d["b"] != LM_BODY_LABEL]
+        return rows, found
+
+    def sweep_fields(self, reference) -> dict:
+        ft, bare = reference.ft, reference.bare
+        return {"ft_accuracy": ft["score"], "ft_ece": None, "ft_ood": {}, "body_accuracy": bare["score"],
+                "n_test": ft["n"]}
+
+    def scores(self, model, tokenizer, task: HarnessSkill, n) -> list[HarnessScore]:
+        """The harness's reading of ``model`` as it is now on each of the task's harness tasks."""
+        return [score(model, tokenizer, t, doc_ids=sample_ids(t, n)) for t in task.harness]
+
+    def test_score(self, out, task, req, options, notes) -> dict:
+        model, tokenizer, _ = load_reader(str(out), "completion", None, options)
+        found = self.scores(model.eval().to(settings.device()), tokenizer, task, req.test_examples)
+        values = [f.metrics[_primary(f)] for f in found]
+        return {"test_accuracy": sum(values) / len(values), "test_examples": sum(f.n for f in found),
+                "test_loss": None, "chance_accuracy": None}
+
+    def compare(self, pair, task, models, *, n, contrasts=(), oods=(), judging=None, progress=None, cancel=None):
+        """Every model on every harness task; rows with the harness's metric and stderr, paired differences of the
+        per-document values (each graft against FT and the pre-trained model, and each pair of ``contrasts``)."""
+        names = [FT_LABEL, LM_BODY_LABEL, *models]
+        states = {FT_LABEL: pair.finetuned, LM_BODY_LABEL: contextlib.nullcontext}
+        rows, differences = [], []
+        for t, harness_task in enumerate(task.harness):
+            found: dict[str, HarnessScore] = {}
+            for i, name in enumerate(names):
+                if cancel is not None and cancel.is_set():
+                    raise Cancelled("evaluation cancelled")
+                if progress:
+                    progress({"stage": f"lm-eval {harness_task.name} on {name}",
+                              "fraction": (t * len(names) + i) / (len(names) * len(task.harness))})
+                with states[name]() if name in states else state_of(pair, models[name]):
+                    found[name] = score(pair.model, pair.tokenizer, harness_task, doc_ids=sample_ids(harness_task, n))
+            metric = _primary(found[FT_LABEL])
+            for name, f in found.items():
+                rows.append({"model": name, "task": harness_task.name, "distribution": "in", "n": f.n,
+                             "metric": metric, "score": f.metrics[metric], "accuracy": f.metrics[metric],
+                             "stderr": f.stderr.get(metric), "harness": f.metrics, "ece": None, "loss": None,
+                             "agreement_with_ft": None,
+                             "region_size": region_size(models[name]) if name in models else None})
+            wanted = [(m, FT_LABEL) for m in models] + [(m, LM_BODY_LABEL) for m in models] + list(contrasts)
+            for a, b in wanted:
+                if a in found and b in found and a != b:
+                    va = torch.tensor(found[a].per_sample[metric], dtype=torch.float64)
+                    vb = torch.tensor(found[b].per_sample[metric], dtype=torch.float64)
+                    differences.append({"a": a, "b": b, "task": harness_task.name, "distribution": "in",
+                                        **_paired(va, vb, metric)})
+        return {"task": task.name, "rows": rows, "differences": differences, "generations": [], "reliability": {},
+                "histogram": {}, "ood": [], "disagreements": [], "notes": [], "models": names}
+
+    def scorer(self, pair, task, split, n, judging=None, notes=None):
+        raise RequestError(f"'{task.name}' is scored by lm-evaluation-harness on its own documents; ablations and "
+                           "merges choose on graftui's own tasks: give a completion or classification task")
+
+    def paired(self, a: Outcome, b: Outcome, seed: int) -> dict:
+        return _paired(a.per_example, b.per_example, "score", seed)
+
+    app_columns = ("model", "task", "n", "metric", "score ↑ [95 % CI]", "harness stderr", "share of FT gain", "Δ vs FT",
+                   "k (params)")
+    app_note = ("Scores are lm-evaluation-harness's own metric of each task, beside its stderr; the paired differences "
+                "are graftui's, on the same documents.")
+
+    def app_heading(self, result) -> str:
+        return f"lm-evaluation-harness task(s): **{result['task'].removeprefix(PREFIX)}**. "
+
+    def app_rows(self, result) -> list[dict]:
+        rows = result.get("rows") or []
+        ft = {r["task"]: r["score"] for r in rows if r["model"] == "fine-tuned"}
+        return [{"model": r["model"], "task": r["task"], "n": f"{round(r['n']):,}", "metric": r.get("metric") or "",
+                 "score ↑ [95 % CI]": pct(r["score"], 1, missing="") + (
+                     f" [{100 * r['accuracy_ci'][0]:.0f}–{100 * r['accuracy_ci'][1]:.0f}]" if r.get("accuracy_ci")
+                     else ""),
+                 "harness stderr": pct(r.get("stderr"), 1, missing=""),
+                 "share of FT gain": pct(r.get("gain_recovered"), 1, missing=""),
+                 "Δ vs FT": "" if r["task"] not in ft else f"{100 * (r['score'] - ft[r['task']]):+.1f} pts",
+                 "k (params)": "" if r.get("region_size") is None else f"{round(r['region_size']):,}"} for r in rows]
+
+    def legend(self, rows) -> str:
+        return ("score: the harness's own metric of each task (its YAML's first), ± its stderr; paired differences "
+                "below are graftui's, on the same documents")
+
+    def card(self, part, graftable, ft_name, start_overlap=None) -> list[str]:
+        """Per harness task: FT and the pre-trained model with the harness's stderr, then each graft with its paired
+        interval against FT and its share of the fine-tuning gain."""
+        lines = []
+        found = {(d["a"], d["b"], d["task"]): d for d in part["differences"]}
+        for name in dict.fromkeys(r["task"] for r in part["rows"]):
+            by = {r["model"]: r for r in part["rows"] if r["task"] == name}
+            ft, pre = by.get(ft_name) or by.get(FT_LABEL), by.get(LM_BODY_LABEL)
+            if not (ft and pre):
+                continue
+
+            def said(r):
+                err = f" ± {pct(r['stderr'], 1)}" if r.get("stderr") is not None else ""
+                return f"{pct(r['score'], 1)}{err}"
+
+            lines.append(f"lm-evaluation-harness, {name} ({ft['metric']}, {ft['n']:,} documents): the fine-tuned "
+                         f"model {said(ft)}, the pre-trained model {said(pre)} (± the harness's stderr).")
+            for r in by.values():
+                if r is ft or r is pre:
+                    continue
+                size = "" if r.get("region_size") is None else f" (k = {r['region_size']:,})"
+                text = f"{r['model']}{size}: {said(r)}"
+                d = found.get((r["model"], FT_LABEL, name))
+                if d:
+                    text += ", " + difference(d, " against FT")
+                if ft["score"] != pre["score"]:
+                    text += f"; {100 * (r['score'] - pre['score']) / (ft['score'] - pre['score']):.0f} % of the " \
+                            "fine-tuning gain"
+                lines.append(text + ".")
+        return lines
+
+
+HARNESS = register_kind(Harness())
+
+__all__ = ["HARNESS", "Harness", "HarnessSkill", "load_harness"]
