@@ -10,7 +10,7 @@ from graftui import regions
 from graftui.card import ACCURACY
 from graftui.completion import offline_skill
 from graftui.data import load_task
-from graftui.errors import DataError, ModelError, RequestError
+from graftui.errors import DataError, RequestError
 from graftui.flows import text
 from graftui.tasks import CLASSIFICATION, COMPLETION_KIND, HARNESS, KINDS, kind_named, kind_of, region_kind
 from graftui.tasks.harness import load_harness, sample_ids
@@ -111,8 +111,6 @@ def test_what_a_harness_task_cannot_do_is_said_in_one_line(harness_region, tmp_p
         graftui.anatomy(region=str(path), ablate=True, n=4)
     with pytest.raises(RequestError, match="judged by the harness's own filters"):
         graftui.evaluate(regions=[str(path)], n=4, answer_regex=r"(\d+)")
-    with pytest.raises(ModelError, match="read as a classifier"):
-        graftui.evaluate(task=TASK, n=4)  # the default pair: MiniLM, a classifier
     refused(["evaluate", "--region", str(path), "--task", "lm-eval:no_such_task_here"],
             next(iter(_message(DataError, lambda: load_harness("lm-eval:no_such_task_here")))))
 
@@ -151,3 +149,18 @@ def test_a_shared_server_runs_only_the_offline_harness_tasks(monkeypatch):
     assert guard.checked_harness(["graftui_dates", "graftui_movies"]) == ["graftui_dates", "graftui_movies"]
     monkeypatch.setattr(settings, "hosted", lambda: False)
     assert guard.checked_harness(["hellaswag"]) == ["hellaswag"]  # on one's own machine the registry is there
+
+
+def test_a_kind_refuses_a_pair_read_the_other_way_naming_what_to_give():
+    from types import SimpleNamespace
+
+    from graftui.errors import ModelError
+
+    classifier = SimpleNamespace(completion=False, finetuned_ref="minilm-movies")
+    lm = SimpleNamespace(completion=True, finetuned_ref="smollm2-dates")
+    HARNESS.check_pair(lm, load_harness(TASK))
+    with pytest.raises(ModelError, match="is a lm-eval task, and the pair is read as a classifier: give the causal LMs"):
+        HARNESS.check_pair(classifier, load_harness(TASK))
+    with pytest.raises(ModelError, match="'smollm2-dates' was fine-tuned on completions, and 'movies' is a "
+                                         "classification task"):
+        CLASSIFICATION.check_pair(lm, load_task("movies"))

@@ -136,9 +136,9 @@ def ablate(req: AnatomyRequest, path: str, record: RegionRecord, anat: Anatomy, 
     ev = EvaluateRequest.make(regions=[str(path)], n=req.n)
     grafts = regions_setting(ev, guard)
     task = next(iter(grafts.tasks.values()))
-    pair = regions_pair(ev, grafts, task, guard, progress, cancel)
     kind = kind_of(task)
-    kind.supports("anatomy", task)
+    kind.supports("anatomy", task)  # before any model loads
+    pair = regions_pair(ev, grafts, task, guard, progress, cancel)
     scorer = kind.scorer(pair, task, "test", req.n, kind.judging(req, record.meta, guard), notes)  # what the model's
     # context cannot hold is refused before the first drop is scored
     notes += [note for note in grafts.notes if note not in notes]
