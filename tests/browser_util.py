@@ -146,6 +146,30 @@ def wait_usable(page, url: str, timeout_s: float = 60.0) -> None:
         "&& e.innerText.trim().length > 0; }", timeout=timeout_s * 1000)
 
 
+# The page keeps its form in a gr.BrowserState: localStorage["graftui-form"], encrypted. Each time it writes it, the
+# form's plain JSON is made just before (JSON.stringify, then localStorage.setItem): noted here, so that a test can
+# wait until the browser holds the form it filled in.
+WATCH_STORED_FORM = """(key) => { if (window.__storedForms) return; window.__storedForms = [];
+  const stringify = JSON.stringify, setItem = Storage.prototype.setItem; let last = null;
+  JSON.stringify = function (...args) { last = stringify.apply(this, args); return last; };
+  Storage.prototype.setItem = function (k, v) { if (k === key) window.__storedForms.push(last);
+    return setItem.call(this, k, v); }; }"""
+
+
+def watch_stored_form(page) -> None:
+    """From now until the page is loaded again, note every form the browser stores (``wait_form_stored``)."""
+    page.evaluate(WATCH_STORED_FORM, "graftui-form")
+
+
+def wait_form_stored(page, values: dict, timeout_s: float = 30.0) -> None:
+    """Wait until the form the browser stored last (since ``watch_stored_form``) holds ``values`` (form key → value)."""
+    page.wait_for_function(
+        """(want) => { const all = window.__storedForms || []; let form = null;
+          try { form = JSON.parse(all[all.length - 1] || "null"); } catch (e) { return false; }
+          return !!form && Object.entries(want).every(([k, v]) => String(form[k]) === String(v)); }""",
+        arg=values, timeout=timeout_s * 1000)
+
+
 def open_tab(page, name: str) -> None:
     """Click a tab by its elem_id suffix (``localize`` → ``#tab-localize-button``) and wait for its panel."""
     page.click(f"#tab-{name}-button")

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import itertools
+import os
+import re
 from pathlib import Path
 
 import pytest
@@ -65,20 +68,70 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.unit)
 
 
+# What graftui builds on first use, the same whatever the home: SmolLM2 dequantised from its GGUF file (``models``) and
+# the default fine-tuned checkpoints (``checkpoints``, one folder per recipe). Every home a test is given links these
+# two folders to one place for the whole session, so each is built once however many homes ask for it.
+SHARED_BUILDS = ("models", "checkpoints")
+
+
+def link_shared_builds(home: Path, builds: Path) -> Path:
+    """Make ``home`` with its ``models`` and ``checkpoints`` folders linked to the session's ``builds``."""
+    home.mkdir(parents=True, exist_ok=True)
+    for name in SHARED_BUILDS:
+        (home / name).symlink_to(builds / name, target_is_directory=True)
+    return home
+
+
+@pytest.fixture(scope="session")
+def shared_builds(tmp_path_factory):
+    """The session's one copy of what graftui builds on first use (see ``SHARED_BUILDS``)."""
+    root = tmp_path_factory.mktemp("graftui-builds")
+    for name in SHARED_BUILDS:
+        (root / name).mkdir()
+    return root
+
+
 @pytest.fixture(scope="session", autouse=True)
-def session_home(tmp_path_factory):
-    """Nothing a test writes lands in the user's ``~/.graftui``: the session has a home of its own (SmolLM2 is made in
-    it once), and a module or a test may set its own inside that."""
+def session_home(tmp_path_factory, shared_builds):
+    """Nothing a test writes lands in the user's ``~/.graftui``: module and session fixtures that set no home of their
+    own build their state here (once); each test is then given its own home (``own_home``)."""
     mp = pytest.MonkeyPatch()
-    path = tmp_path_factory.mktemp("graftui-home")
+    path = link_shared_builds(tmp_path_factory.mktemp("graftui-home"), shared_builds)
     mp.setenv("GRAFTUI_HOME", str(path))
     yield path
     mp.undo()
 
 
+@pytest.fixture(scope="session")
+def _homes(tmp_path_factory):
+    return tmp_path_factory.mktemp("graftui-homes"), itertools.count()
+
+
+@pytest.fixture(autouse=True)
+def own_home(request, session_home, shared_builds, _homes):
+    """Every test runs in a GRAFTUI_HOME of its own: a fresh folder whose ``models`` and ``checkpoints`` are the
+    session's (built once, see ``SHARED_BUILDS``), so no test sees the regions, uploads, reports or job records
+    another test left, and none pays again for SmolLM2 or a default fine-tune.
+
+    A module or class fixture that sets GRAFTUI_HOME itself (higher-scoped fixtures are set up before this one) made
+    that home for the state it builds: the tests it serves run in it, so they see what it wrote. A test that sets
+    GRAFTUI_HOME in its body, or asks for ``home``, overrides this one."""
+    current = os.environ.get("GRAFTUI_HOME")
+    if current and current != str(session_home):
+        yield Path(current)
+        return
+    root, count = _homes
+    path = link_shared_builds(root / f"{next(count):04d}-{re.sub(r'[^A-Za-z0-9_.-]+', '_', request.node.name)[:48]}",
+                              shared_builds)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("GRAFTUI_HOME", str(path))
+        yield path
+
+
 @pytest.fixture
-def home(tmp_path, monkeypatch):
-    """A fresh GRAFTUI_HOME, and a fresh app-wide job runner rooted in it."""
+def home(own_home, tmp_path, monkeypatch):
+    """A fresh, empty GRAFTUI_HOME (nothing of the session's builds linked in: a test may fake a default checkpoint
+    here), and a fresh app-wide job runner rooted in it."""
     from graftui.ui import store
 
     monkeypatch.setenv("GRAFTUI_HOME", str(tmp_path / "home"))

@@ -666,13 +666,14 @@ def test_an_uploaded_file_is_an_ood_task_with_a_label_mapping(page):
 
 def test_a_reload_keeps_the_form_and_the_uploaded_task(page, server):
     """After a reload the page shows the same pair, task, OOD tasks (the uploaded file among them), mapping and settings."""
+    bu.watch_stored_form(page)
     bu.open_tab(page, "localize")
     page.fill("#localize-steps input", "7")
     page.press("#localize-steps input", "Tab")
     bu.open_tab(page, "lab")
     page.fill("#lab-purify input", "3")
     page.press("#lab-purify input", "Tab")
-    time.sleep(1.5)  # the browser stores the form on change
+    bu.wait_form_stored(page, {"steps": 7, "lab_purify": 3})  # the browser stores the form on change
     bu.wait_usable(page, server.url, timeout_s=90)  # a new load of the page, in the same browser
     page.wait_for_function("() => document.querySelector('#models-ood').innerText.includes('mine.csv')", timeout=30_000)
     assert page.input_value("#models-ood-labels textarea, #models-ood-labels input") == "0=positive, 1=negative"

@@ -709,17 +709,18 @@ def test_what_a_killed_run_left_is_cleaned_and_a_full_disk_reads_as_one_line(tmp
     assert message(caught.value) == f"cannot write '{tmp_path / 'export'}': No space left on the device; free some " \
                                      "space and run again"
     assert not (tmp_path / "export").exists() and [p.name for p in tmp_path.glob(".export*")] == []
-    order = []
+    order, holding = [], threading.Event()
 
     def hold(name, seconds):
         with file_lock(tmp_path / "ckpt"):
             order.append(f"{name} in")
-            threading.Event().wait(seconds)
+            holding.set()
+            threading.Event().wait(seconds)  # a build that takes a while
             order.append(f"{name} out")
 
     first = threading.Thread(target=hold, args=("a", 0.3))
     first.start()
-    threading.Event().wait(0.05)
+    holding.wait(10)  # a holds the lock
     hold("b", 0)
     first.join()
     assert order == ["a in", "a out", "b in", "b out"]  # a second builder of one checkpoint waits for the first
@@ -748,22 +749,20 @@ def test_csv_cells_that_a_spreadsheet_would_run_are_neutralised(tmp_path):
 def test_the_queue_serves_clients_in_turn_drops_double_clicks_and_stops_a_job_over_time(tmp_path):
     from graftui.jobs import DONE, FAILED, NOBODY, JobRunner
 
-    gate = threading.Event()
+    gate, running = threading.Event(), threading.Event()
     runner = JobRunner(tmp_path / "jobs", max_seconds=0.2)
     started = []
 
     def work(name):
         def fn(ctx):
             started.append(name)
+            running.set()
             gate.wait(5)
             return {}
         return fn
 
     runner.submit("x", "blocker", work("blocker"), {"verb": "x", "i": 0}, owner="s0", client="c0")
-    for _ in range(200):  # the blocker runs: the others wait behind it
-        if started:
-            break
-        threading.Event().wait(0.01)
+    running.wait(10)  # the blocker runs: the others wait behind it
     ids = [runner.submit("x", f"{c}{i}", work(f"{c}{i}"), {"verb": "x", "c": c, "i": i}, owner=c, client=c).id
            for c, i in (("a", 1), ("a", 2), ("a", 3), ("b", 1), ("c", 1))]
     twin = runner.submit("x", "a1 again", work("never"), {"verb": "x", "c": "a", "i": 1}, owner="a", client="a",

@@ -98,9 +98,7 @@ def test_damaged_job_records_are_listed_as_damaged_and_never_stop_the_runner(tmp
         (tmp_path / name / "job.json").write_text(text)
     good = JobRunner(tmp_path)
     job = good.submit("localize", "fine", lambda ctx: {"ok": 1})
-    deadline = time.time() + 30
-    while good.get(job.id).status != DONE and time.time() < deadline:
-        time.sleep(0.05)
+    good.wait(job.id, 30)
     runner = JobRunner(tmp_path)  # a restart reads every record again
     for name, text in contents.items():
         damaged = runner.get(name)

@@ -982,14 +982,12 @@ def test_a_waiting_job_shows_its_place_in_the_queue(tmp_path):
     from graftui.ui import actions
 
     runner = JobRunner(tmp_path / "jobs")
-    release = threading.Event()
+    release, started = threading.Event(), threading.Event()
     try:
-        running = runner.submit("localize", "runs", lambda ctx: release.wait(30) and {})
+        running = runner.submit("localize", "runs", lambda ctx: started.set() or release.wait(30) and {})
         first = runner.submit("compare", "waits first", lambda ctx: {})
         second = runner.submit("compare", "waits second", lambda ctx: {})
-        deadline = time.time() + 10
-        while runner.get(running.id).status != "running" and time.time() < deadline:
-            time.sleep(0.02)
+        started.wait(10)  # it runs (its status is set before its function is called); the others wait
         assert "queued · next in the queue" in actions.job_line(runner, first)
         assert "queued · place 2 in the queue" in actions.job_line(runner, second)
         rows = {r["id"]: r for r in actions.job_rows(runner).to_dict("records")}
@@ -1009,13 +1007,12 @@ def test_a_reloaded_page_says_which_job_runs_and_then_how_it_ended(home, monkeyp
     demo = app.build_app()
     load = _handler(demo, "on_load")
     assert load.fn("")[0].startswith("Ready.")
-    release = threading.Event()
-    job = store.runner().submit("localize", "Localize 'movies' slowly", lambda ctx: release.wait(30) and {})
+    release, started = threading.Event(), threading.Event()
+    job = store.runner().submit("localize", "Localize 'movies' slowly",
+                                lambda ctx: started.set() or release.wait(30) and {})
     waiting = store.runner().submit("compare", "Compare later", lambda ctx: {})
     try:
-        deadline = time.time() + 10
-        while store.runner().get(job.id).status != "running" and time.time() < deadline:
-            time.sleep(0.02)
+        started.wait(10)  # it runs (its status is set before its function is called)
         banner = load.fn("")[0]
         assert "Ready" not in banner and f"Running: **Localize 'movies' slowly** (job {job.id})" in banner, banner
         assert "1 more job(s) waiting" in banner
