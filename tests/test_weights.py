@@ -159,3 +159,22 @@ def test_a_pair_whose_files_do_not_match_is_read_as_two_models(tmp_path):
     save_file(on_disk, base_dir / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(ModelError):  # read as two models: the loader's refusal, not a silent lazy pair
         models.ModelPair.load(str(base_dir), str(ft_dir), options=LoadOptions(head="completion"))
+
+
+def test_a_quantized_checkpoint_is_refused_before_any_weight_is_read(tmp_path):
+    base_dir, ft_dir = write_lm_pair(tmp_path, "llama")
+    config = json.loads((base_dir / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "bitsandbytes", "load_in_4bit": True}
+    (base_dir / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelError, match=r"quantized checkpoint \(bitsandbytes\).*dequantize"):
+        models.ModelPair.load(str(base_dir), str(ft_dir), options=LoadOptions(head="completion"))
+
+
+def test_debug_says_where_the_pair_lives(tmp_path, capsys):
+    from graftui import cli
+
+    base_dir, ft_dir = write_lm_pair(tmp_path, "llama")
+    assert cli.main(["pair", "--base", str(base_dir), "--finetuned", str(ft_dir), "--head", "completion",
+                     "--debug"]) == 0
+    err = capsys.readouterr().err
+    assert "memory-mapped from their files" in err and "cpu float32" in err and "resident" in err
