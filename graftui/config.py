@@ -78,11 +78,38 @@ class LearnConfig:
     logit_dtype: str = "float32"  # precision of ℓ: float16 or bfloat16 halve its memory (one value per graftable parameter)
     memory: str = "auto"  # "fast" keeps σ(ℓ) and δ between passes (two more copies), "lean" recomputes them; same region
     checkpoint_every: int = 0  # recompute every n-th layer's activations in the backward pass (0: keep them all); same region
+    candidates: str = "all"  # "all", or a factor c ≥ 1: ℓ is kept only over the ⌈c·k⌉ parameters that moved most
     batch_size: int = 16
     seed: int = 0
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+    @staticmethod
+    def candidate_factor(value) -> float | None:
+        """The factor c of ``candidates`` (None for "all"); a ValueError, in one line, for anything else.
+
+        c < 1 is refused: γ_base (the top-k of |δ|) must lie inside C, or the relaxation could not start there.
+        """
+        text = str(value).strip()
+        if text.lower() == "all":
+            return None
+        try:
+            factor = float(text)
+        except ValueError:
+            factor = None
+        if factor is None or not math.isfinite(factor):
+            raise ValueError(f"--candidates {text!r} is not a factor: give 'all' or a factor ≥ 1 "
+                             "(C holds c·k of the parameters that moved most)")
+        if factor < 1:
+            raise ValueError(f"--candidates {text} cannot hold the budget: give 'all' or a factor ≥ 1 "
+                             "(C holds c·k of the parameters that moved most)")
+        return factor
+
+    def candidate_count(self, k: int, graftable: int) -> int | None:
+        """|C| = min(⌈c·k⌉, graftable) for a budget of k; None when ℓ is kept over every graftable parameter."""
+        factor = self.candidate_factor(self.candidates)
+        return None if factor is None else min(math.ceil(round(factor * k, 6)), graftable)  # 1.1·10 is 11, not 12
 
 
 # -- how checkpoints are read ----------------------------------------------------------------------------

@@ -64,8 +64,26 @@ def get_method(name: str) -> MethodInfo:
         raise ValueError(f"unknown method '{name}'; choose from {', '.join(METHODS)}") from None
 
 
-def _scores(ctx: MethodContext, score: Callable[[str], torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {n: score(n) for n in ctx.pair.graftable}
+class _Scores:
+    """Scores per graftable tensor, computed each time one is read (``top_k`` reads them three times): a
+    baseline's ranking costs one tensor's scores at a time, not a model's worth."""
+
+    def __init__(self, ctx: MethodContext, score: Callable[[int, str], torch.Tensor]):
+        self.names, self.score = list(ctx.pair.graftable), score
+        self.sizes = {n: ctx.pair.param(n).numel() for n in self.names}
+        self.position = {n: i for i, n in enumerate(self.names)}
+
+    def __iter__(self):
+        return iter(self.names)
+
+    def __len__(self):
+        return len(self.names)
+
+    def numel(self, name: str) -> int:
+        return self.sizes[name]
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self.score(self.position[name], name)
 
 
 @register_method(
@@ -98,8 +116,11 @@ def top_movement(ctx: MethodContext) -> Region:
     description="k graftable parameters drawn uniformly at random (seeded).",
 )
 def random_region(ctx: MethodContext) -> Region:
-    gen = torch.Generator().manual_seed(ctx.config.seed)
-    return method.top_k(_scores(ctx, lambda n: torch.rand(ctx.pair.pre[n].shape, generator=gen)), ctx.k)
+    def draw(position: int, name: str) -> torch.Tensor:  # the same draw each time a tensor is read: seeded by both
+        gen = torch.Generator().manual_seed((ctx.config.seed * 1_000_003 + position) % 2**63)
+        return torch.rand(ctx.pair.param(name).shape, generator=gen)
+
+    return method.top_k(_Scores(ctx, draw), ctx.k)
 
 
 @register_method(
@@ -108,9 +129,9 @@ def random_region(ctx: MethodContext) -> Region:
     description="The largest-movement bias terms only (BitFit-style); smaller than k when the model has fewer biases.",
 )
 def bias_only(ctx: MethodContext) -> Region:
-    biases = {n: (ctx.pair.ft[n] - ctx.pair.pre[n]).abs() for n in ctx.pair.graftable if n.endswith("bias")}
-    budget = min(ctx.k, sum(t.numel() for t in biases.values()))
-    return method.top_k(biases, budget) if biases else {}
+    biases = [n for n in ctx.pair.graftable if n.endswith("bias")]
+    budget = min(ctx.k, sum(ctx.pair.param(n).numel() for n in biases))
+    return method.base_region(ctx.pair.pre, ctx.pair.ft, biases, budget) if biases else {}
 
 
 @register_method(
@@ -119,7 +140,7 @@ def bias_only(ctx: MethodContext) -> Region:
     description="The k parameters with the largest fine-tuned magnitude |θ_ft|.",
 )
 def magnitude(ctx: MethodContext) -> Region:
-    return method.top_k(_scores(ctx, lambda n: ctx.pair.ft[n].abs()), ctx.k)
+    return method.top_k(_Scores(ctx, lambda _, n: ctx.pair.ft[n].abs()), ctx.k)
 
 
 def run_method(

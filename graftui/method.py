@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import math
 import threading
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
@@ -282,7 +283,15 @@ class MaskLearner:
     Holds the region logits ℓ (one value per graftable parameter, in ``config.logit_dtype``;
     two float32 more for Adam) and, when ``config.memory`` allows it, σ(ℓ) and δ (see ``Held``).
     The working parameters are overwritten while learning and put back to θ_pre by ``finish``.
+
+    With ``config.candidates`` a factor c, ``MaskLearner(...)`` is a :class:`CandidateLearner`,
+    which keeps ℓ only over the ⌈c·k⌉ parameters that moved most.
     """
+
+    def __new__(cls, model, params, pre, ft, k, config: LearnConfig = LearnConfig(), start=None):
+        if cls is MaskLearner and LearnConfig.candidate_factor(config.candidates) is not None:
+            cls = CandidateLearner
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -294,6 +303,19 @@ class MaskLearner:
         config: LearnConfig = LearnConfig(),
         start: Region | None = None,
     ):
+        layers = self._accept(model, params, pre, ft, k, config)
+        # γ_base: top-movement by default; the paper's multi-task runs start from ∅ (App. C.2),
+        # purification from a union of regions
+        self.base = base_region(pre, ft, self.names, k) if start is None else start
+        shapes = {n: tuple(params[n].shape) for n in self.names}
+        self.logits = initial_logits(self.base, shapes, config.sigmoid_bias, {n: params[n].device for n in self.names},
+                                     getattr(torch, config.logit_dtype))
+        self.counter = RegionCounter(self.logits, self.base)
+        self.held = Held.make(params, pre, ft, self.logits) if _holds(config.memory, params, self.logits) else None
+        self._begin(params.values(), layers)
+
+    def _accept(self, model, params, pre, ft, k, config) -> list | None:
+        """Refuse a bad config before any work, then keep what both learners share; returns the layers to checkpoint."""
         if config.optimizer not in {"normalized", "adam", "sgd"}:
             raise ValueError(f"unknown optimizer '{config.optimizer}' (use normalized, adam or sgd)")
         if config.logit_dtype not in LOGIT_DTYPES:
@@ -302,30 +324,31 @@ class MaskLearner:
             raise ValueError(f"unknown memory mode '{config.memory}' (use {', '.join(MEMORY_MODES)})")
         if config.checkpoint_every < 0:
             raise ValueError(f"checkpoint_every must be 0 (none) or a layer count >= 1, got {config.checkpoint_every}")
+        LearnConfig.candidate_factor(config.candidates)
         layers = compute.checkpointable_layers(model) if config.checkpoint_every else None  # refused before any work
         self.model, self.params, self.pre, self.ft, self.k, self.config = model, params, pre, ft, k, config
         self.names = list(params)
         self.device = params[self.names[0]].device
-        shapes = {n: tuple(params[n].shape) for n in self.names}
-        # γ_base: top-movement by default; the paper's multi-task runs start from ∅ (App. C.2),
-        # purification from a union of regions
-        self.base = base_region(pre, ft, self.names, k) if start is None else start
-        self.logits = initial_logits(self.base, shapes, config.sigmoid_bias, {n: params[n].device for n in self.names},
-                                     getattr(torch, config.logit_dtype))
-        self.count = sum(l.numel() for l in self.logits.values())
+        self.count = sum(p.numel() for p in params.values())  # the graftable count, which "rms" averages over
         self.scratch = compute.Scratch()  # reused by every step
-        self.counter = RegionCounter(self.logits, self.base)
-        self.held = Held.make(params, pre, ft, self.logits) if _holds(config.memory, params, self.logits) else None
+        return layers
+
+    def _begin(self, trainable: Iterable[torch.nn.Parameter], layers: list | None) -> None:
+        """Adam's state over ℓ, and the working model set for mask steps: gradients only where ℓ can act."""
         self.adam = {n: (torch.zeros_like(l, dtype=torch.float32), torch.zeros_like(l, dtype=torch.float32))
-                     for n, l in self.logits.items()} if config.optimizer == "adam" else None  # g² underflows in 16 bits
+                     for n, l in self.logits.items()} if self.config.optimizer == "adam" else None  # g² underflows in 16 bits
         self.steps_done = 0
-        model.eval()  # no dropout: the mask, not noise, should explain the loss
-        trainable = {id(p) for p in params.values()}
-        self._saved_flags = {n: p.requires_grad for n, p in model.named_parameters()}
-        for p in model.parameters():  # gradients only where a mask can act
-            p.requires_grad_(id(p) in trainable)
+        self.model.eval()  # no dropout: the mask, not noise, should explain the loss
+        ids = {id(p) for p in trainable}
+        self._saved_flags = {n: p.requires_grad for n, p in self.model.named_parameters()}
+        for p in self.model.parameters():
+            p.requires_grad_(id(p) in ids)
         compute.return_freed_memory()  # what ranking the movement used is free again
-        self._uncheckpoint = compute.checkpoint_layers(model, layers, config.checkpoint_every) if layers else None
+        self._uncheckpoint = compute.checkpoint_layers(self.model, layers, self.config.checkpoint_every) if layers else None
+
+    def _gradient(self, batch: dict[str, torch.Tensor], hard_k: int | None, need_peak: bool):
+        return logit_gradient(self.model, self.params, self.pre, self.ft, self.logits, batch, hard_k, need_peak,
+                              self.held, self.scratch)
 
     def step(self, batch: dict[str, torch.Tensor], count_region: bool = True) -> StepReport:
         """One step of Eq. 3; ``count_region=False`` skips counting the region (a pass over every logit)."""
@@ -336,35 +359,40 @@ class MaskLearner:
         batch = {key: value.to(self.device) for key, value in batch.items()}
         hard_k = self.k if self.config.forward == "hard" else None
         need_peak = self.config.optimizer == "normalized" and self.config.norm == "max"
-        out, grads, sq = logit_gradient(self.model, self.params, self.pre, self.ft, self.logits, batch, hard_k, need_peak,
-                                        self.held, self.scratch)
+        out, grads, sq = self._gradient(batch, hard_k, need_peak)
         loss = out.loss.detach()
         if world is not None:  # ∇_ℓ of the global batch's mean loss, the same in every process
-            sq, loss = world.reduce([grads[n] for n in self.names], share, loss, need_peak)
+            sq, loss = world.reduce([grads[n] for n in self.logits], share, loss, need_peak)
         with torch.no_grad():
             scale = _step_scale(self.config, sq, self.count)
-            first = self.names[0] if self.names else None  # the step is taken in the wider of ℓ's and ∇'s dtypes
+            first = next(iter(self.logits), None)  # the step is taken in the wider of ℓ's and ∇'s dtypes
             largest = torch.finfo(torch.promote_types(self.logits[first].dtype, grads[first].dtype)).max \
                 if first is not None else math.inf
             if not (math.isfinite(float(loss)) and scale <= largest and 10 * self.config.lr <= largest):  # stop now,
                 # not after the last step (adam's first step is 10 lr)
                 raise ModelError(f"mask learning diverged at step {self.steps_done} (loss {float(loss):g}, step "
                                  f"size {scale:g}) with --lr {self.config.lr:g}: lower --lr")
-            for n in self.names:
+            for n, ell in self.logits.items():
                 g = grads[n]
                 if self.adam is not None:
                     m, v = self.adam[n]
                     m.mul_(0.9).add_(g, alpha=0.1)
                     v.mul_(0.999).addcmul_(g, g, value=0.001)
                     denom = (v / (1 - 0.999**self.steps_done)).sqrt_().add_(1e-12)
-                    self.logits[n].addcdiv_(m, denom, value=-self.config.lr / (1 - 0.9**self.steps_done))
+                    ell.addcdiv_(m, denom, value=-self.config.lr / (1 - 0.9**self.steps_done))
                 else:
-                    self.logits[n].sub_(g, alpha=scale)
+                    ell.sub_(g, alpha=scale)
             size, kept = self.counter(self.scratch) if count_region else (None, None)
             accuracy = float(out.accuracy) if hasattr(out, "accuracy") else \
                 float((out.logits.argmax(-1) == batch["labels"]).float().mean())
         return StepReport(self.steps_done, self.config.steps, float(loss), accuracy, size,
                           None if size is None else size - kept)
+
+    def _restore(self) -> None:
+        """θ_pre back into every working parameter ℓ acted on."""
+        for n in self.names:
+            self.params[n].data.copy_(self.pre[n])
+            self.params[n].grad = None
 
     def finish(self) -> Region:
         """Restore the working model and binarise (Eq. 4)."""
@@ -373,12 +401,165 @@ class MaskLearner:
             self._uncheckpoint()
             self._uncheckpoint = None
         with torch.no_grad():
-            for n in self.names:
-                self.params[n].data.copy_(self.pre[n])
-                self.params[n].grad = None
+            self._restore()
         for n, p in self.model.named_parameters():
             p.requires_grad_(self._saved_flags[n])
         return binarise(self.logits, self.k, self.config.binarise)
+
+    def full_logits(self) -> dict[str, torch.Tensor]:
+        """ℓ of every graftable parameter, shaped as the parameter."""
+        return self.logits
+
+
+class CandidateLearner(MaskLearner):
+    """Eq. 3 with ℓ kept only over a candidate set C: the ⌈c·k⌉ parameters that moved most (and ``start``).
+
+    The logit gradient of parameter i is ∇_θ L ⊙ δ_i ⊙ σ'(ℓ_i), and Eq. 2 starts every parameter
+    outside γ_base at σ(S) ≈ 0: one that hardly moved can hardly enter the region. So outside C the
+    working model stays θ_pre and nothing is held, and the learner holds, per tensor with
+    candidates, C's sorted flat indices, ℓ_C, σ(ℓ_C), θ_pre[C], θ_ft[C], δ_C and ∇_ℓ L over C:
+    O(|C|) beside the one working model. Where C holds every parameter with δ ≠ 0 this is the full
+    learner's step (δ = 0 gives ∇_ℓ = 0 and θ = θ_pre): the "rms" scale still averages over the
+    whole graftable count. Only tensors holding candidates take a weight gradient.
+
+    The working model must be at θ_pre outside C when it starts (as a pair keeps it); ``finish``
+    restores it at C only.
+    """
+
+    def __init__(self, model, params, pre, ft, k, config: LearnConfig = LearnConfig(), start: Region | None = None):
+        layers = self._accept(model, params, pre, ft, k, config)
+        chosen = top_k(_Movement(pre, ft, self.names), config.candidate_count(k, self.count))
+        none = torch.empty(0, dtype=torch.int64)
+        given = start or {}  # a given start joins C, so that γ_base ⊆ C also when it is not the top-k
+        self.candidates: Region = {}  # name -> sorted flat indices of C, on the parameter's device
+        for n in self.names:
+            if n in chosen or n in given:
+                idx = torch.unique(torch.cat([chosen.get(n, none), given.get(n, none).cpu()]))
+                self.candidates[n] = idx.to(params[n].device)
+        on = {n: self.candidates[n].device for n in self.candidates}
+        with torch.no_grad():
+            self.pre_c = {n: _gather(pre, n, i).to(on[n]) for n, i in self.candidates.items()}
+            self.ft_c = {n: _gather(ft, n, i).to(on[n]) for n, i in self.candidates.items()}
+            self.delta_c = {n: torch.sub(self.ft_c[n], self.pre_c[n]) for n in self.candidates}  # as Held.delta
+        if start is None:  # the top-k of |δ| lies inside the top-m (ties go earliest in both): no second pass
+            inside = top_k({n: d.abs() for n, d in self.delta_c.items()}, k)
+            self.base = {n: self.candidates[n][i.to(on[n])].cpu() for n, i in inside.items()}
+        else:
+            self.base = start
+            inside = {n: torch.searchsorted(self.candidates[n], i.to(on[n])) for n, i in start.items() if i.numel()}
+        self.logits = initial_logits(inside, {n: (i.numel(),) for n, i in self.candidates.items()}, config.sigmoid_bias,
+                                     on, getattr(torch, config.logit_dtype))
+        self.counter = RegionCounter(self.logits, inside)  # the region's size and swaps, as the full learner counts them
+        self.held = None
+        self.sigma_c = {n: torch.empty_like(l) for n, l in self.logits.items()}
+        self.grads_c = {n: torch.empty_like(self.pre_c[n]) for n in self.candidates}
+        self._begin([params[n] for n in self.candidates], layers)
+
+    def _gradient(self, batch: dict[str, torch.Tensor], hard_k: int | None, need_peak: bool):
+        """``logit_gradient`` over C: θ[C] written by index, ∇_θ L gathered at C and dropped in its hook."""
+        hard = top_k(self.logits, hard_k) if hard_k else None  # positions inside C
+        with torch.no_grad():  # θ[C] ← lerp(θ_pre[C], θ_ft[C], σ(ℓ_C)); outside C it stays θ_pre
+            for n, idx in self.candidates.items():
+                p = self.params[n]
+                s = torch.sigmoid(self.logits[n], out=self.sigma_c[n])
+                if hard is not None:
+                    chosen = torch.zeros(idx.numel(), dtype=torch.bool, device=idx.device)
+                    if n in hard:
+                        chosen[hard[n].to(idx.device)] = True
+                    value = torch.where(chosen, self.ft_c[n], self.pre_c[n])
+                else:
+                    value = torch.lerp(self.pre_c[n], self.ft_c[n], s if s.dtype == p.dtype else s.to(p.dtype))
+                p.data.view(-1).index_copy_(0, idx, value)
+                p.grad = None
+        names = {id(self.params[n]): n for n in self.candidates}
+        squares: dict[str, torch.Tensor] = {}
+        peaks: dict[str, torch.Tensor] = {}
+
+        @torch.no_grad()
+        def to_logit_gradient(p: torch.nn.Parameter) -> None:  # ∇_θ L[C] ⊙ δ_C ⊙ σ'(ℓ_C); ∇_θ L dropped at once
+            n = names[id(p)]
+            g = torch.index_select(p.grad.reshape(-1), 0, self.candidates[n], out=self.grads_c[n])
+            p.grad = None
+            g.mul_(self.delta_c[n])
+            torch.ops.aten.sigmoid_backward.grad_input(g, self.sigma_c[n], grad_input=g)
+            flat = g.float()
+            squares[n] = torch.dot(flat, flat).double()
+            if need_peak:
+                least, most = torch.aminmax(flat)
+                peaks[n] = torch.maximum(-least, most)
+
+        hooks = [self.params[n].register_post_accumulate_grad_hook(to_logit_gradient) for n in self.candidates]
+        try:
+            out = self.model(**batch)
+            if out.loss.requires_grad:  # false only when C is empty (k = 0)
+                out.loss.backward()
+        finally:
+            for hook in hooks:
+                hook.remove()
+        device = out.loss.device
+        sq = torch.zeros((), dtype=torch.float64, device=device)
+        peak = torch.zeros((), dtype=torch.float32, device=device)
+        for n in self.candidates:  # summed in a fixed order, whatever order the backward pass took
+            if n not in squares:  # the loss does not depend on this tensor
+                self.grads_c[n].zero_()
+                continue
+            sq += squares[n].to(device)
+            if need_peak:
+                peak = torch.maximum(peak, peaks[n].to(device))
+        return out, self.grads_c, (sq, peak)
+
+    def _restore(self) -> None:
+        for n, idx in self.candidates.items():
+            self.params[n].data.view(-1).index_copy_(0, idx, self.pre_c[n])
+            self.params[n].grad = None
+
+    def finish(self) -> Region:
+        """Restore θ_pre at C and binarise: the top-k of ℓ_C, as flat indices of the parameters."""
+        inside = super().finish()
+        return {n: self.candidates[n][pos.to(self.candidates[n].device)].cpu() for n, pos in inside.items()}
+
+    def full_logits(self) -> CandidateLogits:
+        return CandidateLogits(self.logits, self.candidates, {n: tuple(self.params[n].shape) for n in self.names},
+                               -self.config.sigmoid_bias)
+
+
+class CandidateLogits(Mapping):
+    """ℓ of a :class:`CandidateLearner` read as full tensors: ℓ_C at C and −bias (its start, σ ≈ 0) elsewhere.
+
+    Each tensor is made only when it is read, so a caller that wants full-size logits holds one at a
+    time; ``values`` and ``candidates`` are ℓ_C and C themselves.
+    """
+
+    def __init__(self, values: dict[str, torch.Tensor], candidates: Region, shapes: dict[str, tuple[int, ...]],
+                 fill: float):
+        self.values, self.candidates, self.shapes, self.fill = values, candidates, shapes, fill
+        self._dtype = next(iter(values.values())).dtype if values else torch.float32
+
+    def __iter__(self):
+        return iter(self.shapes)
+
+    def __len__(self):
+        return len(self.shapes)
+
+    def numel(self, name: str) -> int:
+        return math.prod(self.shapes[name])
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        shape = self.shapes[name]
+        if name not in self.candidates:
+            return torch.full(shape, self.fill, dtype=self._dtype)
+        ell = self.values[name]
+        full = torch.full((math.prod(shape),), self.fill, dtype=ell.dtype, device=ell.device)
+        full[self.candidates[name]] = ell
+        return full.view(shape)
+
+
+def _gather(values, name: str, index: torch.Tensor) -> torch.Tensor:
+    """``values[name]`` at flat ``index``, reading only those positions where ``values`` can (``take``)."""
+    if hasattr(values, "take"):
+        return values.take(name, index)
+    flat = values[name].reshape(-1)
+    return flat[index.to(flat.device)]
 
 
 def learn_region(
@@ -397,9 +578,11 @@ def learn_region(
 
     ``make_batches(epoch)`` yields model inputs with ``labels``. ``start`` replaces γ_base
     (top-movement) as the region the relaxation starts from. The working parameters are left
-    at θ_pre afterwards, also when cancelled. Returns the region and the final logits ℓ.
+    at θ_pre afterwards, also when cancelled. Returns the region and the final logits ℓ, one tensor
+    per graftable parameter (with ``config.candidates`` a factor, a ``CandidateLogits`` that makes each
+    one when it is read).
     """
-    learner = MaskLearner(model, params, pre, ft, k, config, start)
+    learner = MaskLearner(model, params, pre, ft, k, config, start)  # a CandidateLearner when config.candidates is c
     batches = _cycle(make_batches)
     try:
         for _ in range(config.steps):
@@ -410,7 +593,7 @@ def learn_region(
                 progress(report)
     finally:
         region = learner.finish()
-    return region, learner.logits
+    return region, learner.full_logits()
 
 
 def logit_gradient(

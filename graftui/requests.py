@@ -324,11 +324,16 @@ class LearnFields(Request):
                                 "backward pass instead of keeping them (1: every layer; 0: none): less memory for up to "
                                 "one more forward pass per step; the region is the same", metavar="N",
                                 group="mask learning (method 'learned')")
+    candidates: str = arg(LearnConfig.candidates, "where region logits are kept: 'all' graftable parameters, or a "
+                          "factor c ≥ 1 for only the candidate set C, the c·k parameters that moved most (a parameter "
+                          "that hardly moved can hardly enter the region): memory for C instead of the model, the "
+                          "same region when C holds every parameter that moved", metavar="all|c",
+                          group="mask learning (method 'learned')")
 
     def learn_config(self) -> LearnConfig:
         return LearnConfig(steps=self.steps, lr=float(self.lr), optimizer=self.optimizer, batch_size=self.batch_size,
                            binarise=self.binarise, seed=self.seed, logit_dtype=self.logit_dtype, memory=self.memory,
-                           checkpoint_every=self.checkpoint_every)
+                           checkpoint_every=self.checkpoint_every, candidates=str(self.candidates).strip().lower())
 
     def check_learning(self) -> None:
         check_at_least_one("steps", self.steps)
@@ -339,6 +344,10 @@ class LearnFields(Request):
         if self.checkpoint_every < 0:
             raise RequestError(f"--checkpoint-every must be 0 (keep all activations) or a layer count N >= 1, "
                                f"got {self.checkpoint_every}")
+        try:
+            LearnConfig.candidate_factor(self.candidates)
+        except ValueError as err:
+            raise RequestError(str(err)) from None
 
 
 MAX_SEEDS = 20

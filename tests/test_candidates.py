@@ -1,0 +1,312 @@
+"""Candidate-restricted mask learning (``LearnConfig.candidates``) and the streamed baselines, on tiny pairs.
+
+A parameter that hardly moved can hardly enter the region (∇_ℓ L = ∇_θ L ⊙ δ ⊙ σ'(ℓ)), so ℓ is kept
+only over C, the ⌈c·k⌉ parameters that moved most: the same region as the full learner when C holds
+every parameter that moved, and memory for C rather than for the model.
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import make_tiny_pair, random_batches
+from graftui import method
+from graftui.config import Budget, LearnConfig
+from graftui.errors import RequestError
+from graftui.localizers import run_method
+
+K = 50
+
+
+def partly_moved_pair():
+    """A tiny pair where fine-tuning moved only some parameters: every third tensor not at all, the rest in
+    about 30% of their coordinates. So C can hold every parameter that moved and still be a strict subset."""
+    pair, _, _ = make_tiny_pair()
+    gen = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for i, n in enumerate(pair.graftable):
+            keep = torch.zeros(pair.ft[n].shape, dtype=torch.bool) if i % 3 == 0 else \
+                torch.rand(pair.ft[n].shape, generator=gen) < 0.3
+            pair.ft[n].copy_(torch.where(keep, pair.ft[n], pair.pre[n]))
+    return pair
+
+
+def moved(pair) -> int:
+    return sum(int((pair.ft[n] != pair.pre[n]).sum()) for n in pair.graftable)
+
+
+def params_of(pair):
+    return {n: pair.param(n) for n in pair.graftable}
+
+
+def flat_outside(learner, name) -> torch.Tensor:
+    """Positions of tensor ``name`` outside C."""
+    outside = torch.ones(learner.params[name].numel(), dtype=torch.bool)
+    if name in learner.candidates:
+        outside[learner.candidates[name].cpu()] = False
+    return outside
+
+
+def same_region(a, b) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a)
+
+
+@pytest.mark.parametrize("optimizer, forward", [("normalized", "relaxed"), ("adam", "relaxed"), ("normalized", "hard")])
+def test_the_region_is_the_full_learners_when_c_holds_every_parameter_that_moved(optimizer, forward):
+    """Outside C, δ = 0: ∇_ℓ = 0 there and θ = θ_pre whatever ℓ is, so the full learner's steps are the restricted
+    one's. The losses agree to float32 rounding only: a CPU σ of a gathered vector may differ from the same element's σ
+    in the whole tensor in the last bit (vectorised and scalar tails), and the RMS is summed in another order."""
+    pair = partly_moved_pair()
+    params = params_of(pair)
+    factor = moved(pair) / K  # ⌈c·k⌉ = every moved parameter, and a few that did not move (ties, earliest first)
+    runs = {}
+    for candidates in ("all", f"{factor:.4f}"):
+        reports = []
+        config = LearnConfig(steps=5, lr=1.0, optimizer=optimizer, forward=forward, candidates=candidates)
+        region, logits = method.learn_region(pair.model, params, pair.pre, pair.ft, K, random_batches(), config,
+                                             progress=reports.append)
+        runs[candidates] = region, logits, reports
+    (full, _, full_reports), (restricted, logits, reports) = runs.values()
+    assert isinstance(logits, method.CandidateLogits)
+    c_size = method.region_size(logits.candidates)
+    assert moved(pair) <= c_size < pair.counts()["graftable"]  # a strict subset holding everything that moved
+    assert same_region(restricted, full)
+    assert [(r.step, r.region_size, r.swapped) for r in reports] == [(r.step, r.region_size, r.swapped)
+                                                                     for r in full_reports]
+    assert [r.loss for r in reports] == pytest.approx([r.loss for r in full_reports], rel=1e-6, abs=0)
+    assert any(r.swapped for r in reports)  # the steps did change the region
+
+
+def test_a_factor_past_the_graftable_count_keeps_every_parameter_and_learns_the_full_logits_bit_for_bit():
+    pair, _, _ = make_tiny_pair()
+    params = params_of(pair)
+    graftable = pair.counts()["graftable"]
+    assert LearnConfig(candidates="1000").candidate_count(K, graftable) == graftable
+    assert LearnConfig(candidates="1.1").candidate_count(10, graftable) == 11  # ⌈c·k⌉, not one more for rounding
+    assert LearnConfig().candidate_count(K, graftable) is None
+    found = {}
+    for candidates in ("all", "1000"):
+        config = LearnConfig(steps=4, lr=0.5, candidates=candidates)
+        found[candidates] = method.learn_region(pair.model, params, pair.pre, pair.ft, K, random_batches(), config)
+    (full, full_logits), (region, logits) = found.values()
+    assert method.region_size(logits.candidates) == graftable
+    assert same_region(region, full)
+    assert all(torch.equal(logits[n], full_logits[n]) for n in params)  # same tensors, same passes: same bits
+
+
+def test_the_region_is_exactly_k_inside_c_and_c_holds_the_start():
+    pair = partly_moved_pair()
+    params = params_of(pair)
+    unmoved = {pair.graftable[0]: torch.tensor([0, 5, 7])}  # in a tensor that did not move: not top-movement
+    for start, k in ((None, K), (None, moved(pair) + 5), (unmoved, 3)):  # k past the moved: γ_base takes ties of 0
+        learner = method.MaskLearner(pair.model, params, pair.pre, pair.ft, k, LearnConfig(candidates="2"), start)
+        assert isinstance(learner, method.CandidateLearner)
+        m = math.ceil(2 * k)
+        assert m <= method.region_size(learner.candidates) <= m + k
+        base = method.base_region(pair.pre, pair.ft, pair.graftable, k) if start is None else start
+        assert same_region(learner.base, base)  # γ_base found inside C is the top-k of all |δ|
+        for n, idx in base.items():
+            assert bool(torch.isin(idx, learner.candidates[n].cpu()).all()), n  # γ_base ⊆ C
+        for batch in random_batches()(0):
+            learner.step(batch)
+        region = learner.finish()
+        assert method.region_size(region) == k
+        for n, idx in region.items():
+            c = learner.candidates[n].cpu()
+            assert bool(torch.isin(idx, c).all()) and bool((idx[1:] > idx[:-1]).all()) and idx.dtype == torch.int64
+    rounded = method.learn_region(pair.model, params, pair.pre, pair.ft, K, random_batches(),
+                                  LearnConfig(steps=3, lr=2.0, candidates="2", binarise="round"))[0]
+    assert method.region_size(rounded) <= K
+
+
+@pytest.mark.parametrize("forward", ["relaxed", "hard"])
+def test_only_candidate_tensors_take_gradients_and_the_model_stays_theta_pre_outside_c(forward):
+    pair = partly_moved_pair()
+    params = params_of(pair)
+    before = {n: p.detach().clone() for n, p in pair.model.named_parameters()}
+    flags = {n: p.requires_grad for n, p in pair.model.named_parameters()}
+    learner = method.MaskLearner(pair.model, params, pair.pre, pair.ft, K,
+                                 LearnConfig(lr=1.0, candidates="2", forward=forward))
+    assert set(learner.candidates) < set(params)  # some tensors hold no candidate
+    seen = []
+    handle = pair.model.register_forward_pre_hook(
+        lambda *_: seen.append({n for n, p in pair.model.named_parameters() if p.requires_grad}))
+    try:
+        for batch in random_batches()(0):
+            learner.step(batch)
+            assert all(p.grad is None for p in pair.model.parameters())  # consumed in the hook, never made elsewhere
+            for n in params:
+                outside = flat_outside(learner, n)
+                assert torch.equal(params[n].detach().reshape(-1)[outside], pair.pre[n].reshape(-1)[outside]), n
+    finally:
+        handle.remove()
+    assert seen and all(s == set(learner.candidates) for s in seen)
+    assert any(not torch.equal(params[n].detach(), pair.pre[n]) for n in learner.candidates)  # C was written
+    learner.finish()
+    for n, p in pair.model.named_parameters():
+        assert torch.equal(p.detach(), before[n]), n
+        assert p.requires_grad == flags[n]
+
+
+def _held_tensors(value, seen=None):
+    """Every tensor reachable through dicts, lists, tuples and plain objects, once each."""
+    seen = set() if seen is None else seen
+    if id(value) in seen:
+        return []
+    seen.add(id(value))
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, dict):
+        items = value.values()
+    elif isinstance(value, (list, tuple)):
+        items = value
+    elif hasattr(value, "__dict__") and not isinstance(value, (torch.nn.Module, type)) and \
+            type(value).__module__.startswith("graftui"):
+        items = vars(value).values()
+    else:
+        return []
+    return [t for item in items for t in _held_tensors(item, seen)]
+
+
+@pytest.mark.parametrize("optimizer", ["normalized", "adam"])
+def test_the_learner_holds_memory_for_c_not_for_the_model(optimizer):
+    pair = partly_moved_pair()
+    params = params_of(pair)
+    learner = method.MaskLearner(pair.model, params, pair.pre, pair.ft, 20,
+                                 LearnConfig(candidates="3", optimizer=optimizer, memory="fast"))
+    for batch in random_batches()(0):
+        learner.step(batch)
+    c = method.region_size(learner.candidates)
+    graftable = pair.counts()["graftable"]
+    assert c == 60 and learner.held is None
+    shared = {"model", "params", "pre", "ft"}  # the caller's: the working model and the two parameter sets
+    held = _held_tensors({a: v for a, v in vars(learner).items() if a not in shared})
+    assert held and all(t.numel() <= c for t in held)  # no tensor of a parameter's full size
+    assert sum(t.numel() for t in held) <= 12 * c < graftable  # O(|C|): indices, ℓ, σ, θ_pre, θ_ft, δ, ∇, Adam
+    keyed = [getattr(learner, a) for a in ("logits", "pre_c", "ft_c", "delta_c", "sigma_c", "grads_c")]
+    keyed += [learner.adam] if learner.adam is not None else []
+    assert all(set(d) == set(learner.candidates) for d in keyed)  # nothing for a tensor without candidates
+    learner.finish()
+    full = learner.full_logits()  # full size only where asked, one tensor at a time
+    n = next(n for n in params if n not in learner.candidates)
+    assert torch.equal(full[n], torch.full(params[n].shape, -3.0))
+    assert method.top_k(full, 20).keys() <= set(learner.candidates)
+
+
+@pytest.mark.parametrize("value, words", [("0.5", "cannot hold the budget"), ("0", "cannot hold the budget"),
+                                          ("abc", "is not a factor"), ("nan", "is not a factor"),
+                                          ("-3", "cannot hold the budget")])
+def test_candidates_refusals_through_the_request(value, words):
+    from graftui.requests import LocalizeRequest
+
+    with pytest.raises(RequestError) as err:
+        LocalizeRequest.make(candidates=value).validate()
+    text = str(err.value)
+    assert "\n" not in text and text.startswith((f"--candidates {value} ", f"--candidates '{value}' "))
+    assert words in text and "give 'all' or a factor ≥ 1" in text
+    with pytest.raises(ValueError, match="--candidates"):  # the learner refuses it too, before any work
+        pair, _, _ = make_tiny_pair()
+        method.MaskLearner(pair.model, params_of(pair), pair.pre, pair.ft, 10, LearnConfig(candidates=value))
+
+
+def test_candidates_reach_the_learner_through_the_request_and_the_registry():
+    from graftui.requests import LocalizeRequest
+
+    assert LocalizeRequest.make().learn_config().candidates == "all"
+    assert LocalizeRequest.make(candidates="4").validate().learn_config().candidates == "4"
+    assert LocalizeRequest.make(candidates=" ALL ").validate().learn_config().candidates == "all"
+    assert "candidates" in LocalizeRequest.help("candidates") or "C" in LocalizeRequest.help("candidates")
+    pair, _, _ = make_tiny_pair()
+    before = {n: p.detach().clone() for n, p in pair.model.named_parameters()}
+    region, k = run_method(pair, Budget(k=K), "learned", make_batches=random_batches(),
+                           config=LearnConfig(steps=2, candidates="4"))
+    assert method.region_size(region) == k == K
+    assert all(torch.equal(p.detach(), before[n]) for n, p in pair.model.named_parameters())
+
+
+@pytest.mark.parametrize("name", ["random", "magnitude"])
+def test_streamed_baselines_are_deterministic_per_seed_and_exactly_k(name):
+    pair, _, _ = make_tiny_pair()
+
+    def region(seed):
+        return run_method(pair, Budget(k=K), name, config=LearnConfig(seed=seed))[0]
+
+    first = region(3)
+    assert method.region_size(first) == K
+    assert same_region(first, region(3))
+    if name == "random":
+        assert not same_region(first, region(4))
+    else:
+        want = method.top_k({n: pair.ft[n].abs() for n in pair.graftable}, K)  # the materialised ranking
+        assert same_region(first, want) and same_region(region(4), want)
+
+
+def test_random_scores_are_drawn_again_identically_on_every_read(monkeypatch):
+    """``top_k`` reads the scores three times: each read of a tensor must draw the same values."""
+    from graftui import localizers
+
+    pair, _, _ = make_tiny_pair()
+    reads = []
+    real = method.top_k
+
+    def reading_twice(scores, k):
+        reads.extend([{n: scores[n].clone() for n in scores} for _ in range(2)])
+        return real(scores, k)
+
+    monkeypatch.setattr(localizers.method, "top_k", reading_twice)
+    localizers.random_region(localizers.MethodContext(pair, K, config=LearnConfig(seed=1)))
+    first, again = reads
+    assert first.keys() == again.keys() == set(pair.graftable)
+    assert all(torch.equal(first[n], again[n]) for n in first)
+    same_shape = [n for n in pair.graftable if first[n].shape == first[pair.graftable[1]].shape]
+    assert len(same_shape) > 1 and not torch.equal(first[same_shape[0]], first[same_shape[1]])  # a stream per tensor
+
+
+DP_SCRIPT = """
+import os, sys
+import torch
+sys.path.insert(0, {tests!r})
+from conftest import make_tiny_pair, random_batches
+from graftui.method import learn_region
+from graftui.config import LearnConfig
+torch.set_num_threads(1)
+pair, _, _ = make_tiny_pair()
+params = {{n: pair.param(n) for n in pair.graftable}}
+region, logits = learn_region(pair.model, params, pair.pre, pair.ft, 200, random_batches(batch_size=7),
+                              LearnConfig(steps=4, lr=0.05, candidates="3"))
+if int(os.environ.get("RANK", "0")) == 0:
+    torch.save({{"region": region, "logits": logits.values, "candidates": logits.candidates}}, sys.argv[1])
+"""
+
+
+@pytest.mark.e2e
+def test_data_parallel_restricted_learning_gives_the_single_process_region(tmp_path):
+    """Two gloo processes, each on its rows of the same global batch (7 rows: 4 and 3), reduce ∇ over C alike."""
+    import os
+    import socket
+
+    script = tmp_path / "dp_candidates.py"
+    script.write_text(DP_SCRIPT.format(tests=str(Path(__file__).parent)))
+    env = {k: v for k, v in os.environ.items() if k not in {"RANK", "WORLD_SIZE", "LOCAL_RANK"}}
+    one = subprocess.run([sys.executable, str(script), str(tmp_path / "one.pt")], capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert one.returncode == 0, one.stderr[-2000:]
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = str(sock.getsockname()[1])
+    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr",
+                          "127.0.0.1", "--master-port", port, str(script), str(tmp_path / "two.pt")],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert two.returncode == 0, two.stderr[-2000:]
+    a, b = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
+    assert same_region(a["candidates"], b["candidates"])
+    for n in a["logits"]:
+        torch.testing.assert_close(a["logits"][n], b["logits"][n], rtol=0, atol=1e-5)
+    assert same_region(a["region"], b["region"])
+    assert any(not torch.equal(l, l.sign() * 3.0) for l in a["logits"].values())  # the logits did move
