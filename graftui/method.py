@@ -40,6 +40,7 @@ import torch
 from . import compute
 from .errors import Cancelled, ModelError
 from .config import LOGIT_DTYPES, MEMORY_MODES, LearnConfig
+from .weights import take
 
 Region = dict[str, torch.Tensor]  # parameter name -> sorted flat indices inside the region
 
@@ -438,8 +439,8 @@ class CandidateLearner(MaskLearner):
                 self.candidates[n] = idx.to(params[n].device)
         on = {n: self.candidates[n].device for n in self.candidates}
         with torch.no_grad():
-            self.pre_c = {n: _gather(pre, n, i).to(on[n]) for n, i in self.candidates.items()}
-            self.ft_c = {n: _gather(ft, n, i).to(on[n]) for n, i in self.candidates.items()}
+            self.pre_c = {n: take(pre, n, i).to(on[n]) for n, i in self.candidates.items()}
+            self.ft_c = {n: take(ft, n, i).to(on[n]) for n, i in self.candidates.items()}
             self.delta_c = {n: torch.sub(self.ft_c[n], self.pre_c[n]) for n in self.candidates}  # as Held.delta
         if start is None:  # the top-k of |δ| lies inside the top-m (ties go earliest in both): no second pass
             inside = top_k({n: d.abs() for n, d in self.delta_c.items()}, k)
@@ -552,14 +553,6 @@ class CandidateLogits(Mapping):
         full = torch.full((math.prod(shape),), self.fill, dtype=ell.dtype, device=ell.device)
         full[self.candidates[name]] = ell
         return full.view(shape)
-
-
-def _gather(values, name: str, index: torch.Tensor) -> torch.Tensor:
-    """``values[name]`` at flat ``index``, reading only those positions where ``values`` can (``take``)."""
-    if hasattr(values, "take"):
-        return values.take(name, index)
-    flat = values[name].reshape(-1)
-    return flat[index.to(flat.device)]
 
 
 def learn_region(
