@@ -18,12 +18,14 @@ import hashlib
 import json
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from .errors import ModelError
+from .weights import take
 
 CONFIG_NAME = "adapter_config.json"
 WEIGHTS_NAME = "adapter_model.safetensors"
@@ -318,3 +320,55 @@ def _sha256(path: Path) -> str:
         for block in iter(lambda: fh.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+class AdaptedWeights(Mapping):
+    """θ_ft of a pair whose fine-tune is an adapter, a tensor at a time: θ_pre + δ where the adapter adapts,
+    its saved tensor where it saves a module whole, θ_pre elsewhere. No second model is ever made.
+
+    ``names`` maps the model's parameter names to the adapter's; ``keys`` are the names the mapping
+    lists (the pair's graftable tensors and those the adapter changes). θ_pre + δ is added in θ_pre's
+    dtype, as peft's merge adds it.
+    """
+
+    def __init__(self, pre: Mapping, adapter: Adapter, names: dict[str, str], keys: list[str]):
+        self.pre, self.adapter, self.names, self.keys_ = pre, adapter, dict(names), list(keys)
+
+    def __iter__(self):
+        return iter(self.keys_)
+
+    def __len__(self) -> int:
+        return len(self.keys_)
+
+    def __contains__(self, name) -> bool:
+        return name in set(self.keys_)
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self:
+            raise KeyError(name)
+        base = self.pre[name]
+        own = self.names.get(name)
+        if own is None:
+            return base
+        if own in self.adapter.saved:
+            return self.adapter.saved[own].to(base.device, base.dtype)
+        return base + self.adapter.delta(own, base.dtype).to(base.device)
+
+    def take(self, name: str, index: torch.Tensor) -> torch.Tensor:
+        """θ_ft at flat ``index``. A tensor the adapter leaves alone is read there only; an adapted one forms its δ
+        (one tensor, for a moment), so the values are bit for bit those of the whole tensor: a sum over the rank taken
+        index by index rounds differently from the matrix product."""
+        if self.names.get(name) is None:
+            return take(self.pre, name, index)
+        flat = self[name].reshape(-1)
+        return flat[index.to(flat.device)]
+
+
+def adapter_base(folder: str | Path) -> str | None:
+    """The base an adapter folder names in its config (peft's ``base_model_name_or_path``), if any."""
+    try:
+        raw = json.loads((Path(folder) / CONFIG_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    name = raw.get("base_model_name_or_path") if isinstance(raw, dict) else None
+    return name if isinstance(name, str) and name.strip() else None

@@ -27,6 +27,8 @@ from .errors import ModelError
 from .method import region_to_mask, wise
 from .paths import atomic_dir, file_lock
 from .prompts import LMReader, PromptClassifier, PromptTokenizer, kind_of, make_prompt, recorded_prompt
+from .adapters import CONFIG_NAME as ADAPTER_CONFIG
+from .adapters import Adapter, AdaptedWeights, adapter_base, is_adapter, read_adapter
 from .weights import Checkpoint, model_names, take
 
 log = logging.getLogger(__name__)
@@ -53,7 +55,7 @@ def resolve(ref: str, *, allow_local: bool = True) -> str:
         return str(smollm2_folder())
     if key in DEFAULT_FINETUNED_REFS:  # built by the flows (finetune.ensure_default_finetuned), never here
         folder = default_checkpoint_dir(key)
-        if not (folder / "config.json").exists():
+        if not (folder / "config.json").exists() and not is_adapter(folder):
             raise ModelError(f"the default fine-tuned model '{key}' is not built yet: run 'graftui finetune' "
                              "(or any graftui verb, which builds it first)")
         return str(folder)
@@ -63,8 +65,9 @@ def resolve(ref: str, *, allow_local: bool = True) -> str:
             raise ModelError("local paths are not allowed on this server: use a Hub id or an offline default")
         if not path.is_dir():
             raise ModelError(f"no checkpoint directory at '{ref}'")
-        if not (path / "config.json").exists():
-            raise ModelError(f"'{ref}' is not a checkpoint directory (it has no config.json)")
+        if not (path / "config.json").exists() and not is_adapter(path):
+            raise ModelError(f"'{ref}' is not a checkpoint directory (it has no config.json) nor a LoRA adapter (no "
+                             "adapter_config.json)")
         return str(path.resolve())
     if not re.fullmatch(r"[\w.-]+(/[\w.-]+)?", ref):
         raise ModelError(f"'{ref}' is neither a known model, a local directory nor a Hub id")
@@ -138,9 +141,30 @@ def new_parameters(info: dict) -> set[str]:
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": "auto"}
 
 
+def adapter_of(ref: str, *, allow_local: bool = True) -> Adapter | None:
+    """``ref`` read as a LoRA adapter when it is one (a local folder, or a Hub repository with an adapter config and
+    no model config), else None."""
+    target = resolve(ref, allow_local=allow_local)
+    if Path(target).is_dir():
+        return read_adapter(target, allow_local=allow_local) if is_adapter(target) else None
+    try:
+        from huggingface_hub import hf_hub_download
+
+        hf_hub_download(target, ADAPTER_CONFIG)
+    except Exception:  # noqa: BLE001 - no adapter config there (or no Hub): an ordinary checkpoint
+        return None
+    return read_adapter(target, allow_local=allow_local)
+
+
 def _config(ref: str, target: str, trust_remote_code: bool):
+    """The model config of a checkpoint; an adapter's is its base's (the one its adapter_config.json names)."""
     from transformers import AutoConfig
 
+    if Path(target).is_dir() and is_adapter(target):
+        base = adapter_base(target)
+        if base is None:
+            raise ModelError(f"adapter '{ref}' names no base in its adapter_config.json: give the base with --base")
+        return _config(base, resolve(base), trust_remote_code)
     try:
         return AutoConfig.from_pretrained(target, trust_remote_code=trust_remote_code)
     except Exception as err:  # noqa: BLE001
@@ -365,6 +389,33 @@ def _local_folder(ref: str, *, allow_local: bool, download: bool) -> Path | None
         return None
 
 
+def _as_loaded(params: dict[str, torch.nn.Parameter], stored: Checkpoint) -> bool:
+    """Whether the file holds what the model loaded, in one dtype: its first and last values of every tensor (a
+    loader may convert what it reads: fuse, permute or cast tensors)."""
+    dtype = next(iter(params.values())).dtype
+    if any(p.dtype != dtype for p in params.values()):
+        return False
+    with torch.no_grad():
+        for n in stored:
+            loaded, held = params[n].data.reshape(-1), stored[n].reshape(-1)
+            ends = torch.cat([torch.arange(min(64, loaded.numel())), torch.arange(max(0, loaded.numel() - 64),
+                                                                                  loaded.numel())])
+            if not torch.equal(loaded[ends].cpu(), held[ends]):
+                return False
+    return True
+
+
+def _base_file(base_ref: str, model: torch.nn.Module, options: LoadOptions, *, allow_local: bool) -> Checkpoint | None:
+    """The base's weight files, when its tensors can be read from them (no device map placing them)."""
+    if options.device_map:
+        return None
+    folder = _local_folder(base_ref, allow_local=allow_local, download=True)
+    try:
+        return Checkpoint.open(folder) if folder is not None else None
+    except ModelError:
+        return None
+
+
 def _checkpoint_files(base_ref: str, finetuned_ref: str, finetuned: torch.nn.Module, options: LoadOptions, *,
                       allow_local: bool, trust_remote_code: bool) -> tuple[Checkpoint, Checkpoint] | None:
     """Both checkpoints' weight files, when the pair can be read from them (one model held, not two)."""
@@ -446,6 +497,7 @@ class ModelPair:
     _params: dict[str, torch.nn.Parameter] = field(default_factory=dict, repr=False)
     # FT's and the empty region's predictions on test samples, kept with the pair (scoring.reference_predict)
     references: dict = field(default_factory=dict, repr=False, compare=False)
+    adapter: Adapter | None = field(default=None, repr=False, compare=False)  # the LoRA adapter that is θ_ft, if any
 
     # -- loading -----------------------------------------------------------------------------
     @classmethod
@@ -468,7 +520,13 @@ class ModelPair:
         for ref in (base_ref, finetuned_ref):
             check_not_quantized(ref, allow_local=allow_local, trust_remote_code=trust_remote_code)
         kind = pair_kind(finetuned_ref, options, allow_local=allow_local)
-        finetuned, tokenizer, _ = load_reader(finetuned_ref, kind, None if kind == "classifier" else labels, options, **kw)
+        adapter = adapter_of(finetuned_ref, allow_local=allow_local)
+        new_in_base: set[str] = set()
+        if adapter is None:
+            finetuned, tokenizer, _ = load_reader(finetuned_ref, kind, None if kind == "classifier" else labels, options,
+                                                  **kw)
+        else:  # no model of its own: the base is the working model
+            finetuned, tokenizer, new_in_base = load_reader(base_ref, kind, labels, options, **kw)
         prompt = getattr(tokenizer, "prompt", None)
         if kind == COMPLETION:  # no labels: the skill is the completions
             labels = ()
@@ -478,10 +536,16 @@ class ModelPair:
         else:
             labels = prompt.labels
         fixed = finetuned.head_names() if hasattr(finetuned, "head_names") else set()
-        files = _checkpoint_files(base_ref, finetuned_ref, finetuned, options, allow_local=allow_local,
-                                  trust_remote_code=trust_remote_code)
-        pair = cls.from_files(finetuned, tokenizer, *files, spec, base_ref, finetuned_ref, labels, fixed) \
-            if files else None
+        if adapter is not None:  # the working model read from the base; θ_ft is θ_pre + the adapter's δ
+            base_file = _base_file(base_ref, finetuned, options, allow_local=allow_local)
+            pair = cls.from_adapter(finetuned, tokenizer, adapter, base_file, new_in_base, spec, base_ref,
+                                    finetuned_ref, labels, fixed)
+            files = None
+        else:
+            files = _checkpoint_files(base_ref, finetuned_ref, finetuned, options, allow_local=allow_local,
+                                      trust_remote_code=trust_remote_code)
+            pair = cls.from_files(finetuned, tokenizer, *files, spec, base_ref, finetuned_ref, labels, fixed) \
+                if files else None
         if pair is None:  # the files cannot be read as the model's tensors: read the base as a second model
             base, _, new_in_base = load_reader(base_ref, kind, labels, options, tokenizer=tokenizer, **kw)
             check_pair(base, finetuned, new_in_base)
@@ -491,7 +555,8 @@ class ModelPair:
         pair.options = replace(options, head=COMPLETION) if kind == COMPLETION else options
         if pair.completion:
             pair.label_names = ()
-        pair.hashes = {"base": content_hash(base_ref), "finetuned": content_hash(finetuned_ref)}
+        pair.hashes = {"base": content_hash(base_ref),
+                       "finetuned": adapter.hash if adapter is not None else content_hash(finetuned_ref)}
         log.debug("pair %s → %s: %s; working model %s; %s", base_ref, finetuned_ref,
                   "θ_pre and θ_ft memory-mapped from their files" if pair.lazy else "θ_pre and θ_ft held in memory",
                   compute.placement(pair.model), compute.memory_in_use(pair.device))
@@ -592,17 +657,10 @@ class ModelPair:
         if not shared or resized or any(n not in in_ft for n in shared) or reads_lm and len(shared) < len(params):
             return None
         dtype = params[shared[0]].dtype
-        if any(p.dtype != dtype for p in params.values()):
-            return None
         pre = base_file.renamed({n: in_base[n] for n in shared}, dtype)
         ft_all = finetuned_file.renamed({n: in_ft[n] for n in shared}, dtype)
-        with torch.no_grad():
-            for n in shared:  # what was loaded is what the file holds (a loader may convert tensors it reads)
-                loaded, stored = params[n].data.reshape(-1), ft_all[n].reshape(-1)
-                ends = torch.cat([torch.arange(min(64, loaded.numel())), torch.arange(max(0, loaded.numel() - 64),
-                                                                                      loaded.numel())])
-                if not torch.equal(loaded[ends].cpu(), stored[ends]):
-                    return None
+        if not _as_loaded(params, ft_all):
+            return None
         graftable = [n for n in shared if spec.admits(n) and (spec.include_embeddings or n not in fixed)]
         kept = set(graftable)
         excluded = [n for n in shared if n not in kept]
@@ -618,6 +676,63 @@ class ModelPair:
         return cls(model=finetuned.eval(), tokenizer=tokenizer, base_ref=base_ref, finetuned_ref=finetuned_ref,
                    graftable=graftable, head=[n for n in params if n not in in_base], excluded=excluded, pre=pre,
                    ft=ft, label_names=tuple(label_names), _params=params)
+
+    @classmethod
+    def from_adapter(
+        cls,
+        model: torch.nn.Module,
+        tokenizer,
+        adapter: Adapter,
+        base_file: Checkpoint | None,
+        new: set[str],
+        spec: GraftableSpec = GraftableSpec(),
+        base_ref: str = "base",
+        finetuned_ref: str = "finetuned",
+        label_names: tuple[str, ...] = (),
+        fixed: set[str] = frozenset(),
+    ) -> "ModelPair":
+        """A pair whose fine-tune is a LoRA adapter of the base ``model`` (the working model): θ_pre is read from the
+        base's file (or, where it cannot be, copied from the model), θ_ft = θ_pre + δ of each adapted tensor.
+
+        The adapter's names are the base model's own; a wrapper (``lm.``) adds a prefix, matched at one depth as a
+        file's names are. A head the base lacks must be one the adapter saves whole (a classification head).
+        """
+        params = dict(model.named_parameters())
+        state = {n: tuple(p.shape) for n, p in model.named_parameters(remove_duplicate=False)}  # tied: both names
+        wanted = set(adapter.names())
+        depth = max(range(3), key=lambda d: sum(".".join(n.split(".")[d:]) in wanted for n in state))
+        own = {".".join(n.split(".")[depth:]): n for n in state}
+        adapter.check_base({a: state[m] for a, m in own.items()}, base_ref)
+        changed = {own[a]: a for a in wanted}
+        tied = next((n for n in changed if n not in params), None)
+        if tied is not None:
+            raise ModelError(f"adapter '{finetuned_ref}' changes {changed[tied]}, which this base ties to another "
+                             "tensor (shared input and output embeddings): a region cannot graft one without the "
+                             "other; give an adapter that leaves it alone")
+        unsaved = sorted(n for n in new if n not in changed)
+        if unsaved:
+            raise ModelError(f"adapter '{finetuned_ref}' does not save {unsaved[0]}, a head this base lacks: save the "
+                             "classification head with the adapter (peft's modules_to_save)")
+        shared = [n for n in params if n not in new]
+        shapes = {n: tuple(params[n].shape) for n in shared}
+        in_base = model_names(shapes, base_file)[0] if base_file is not None else {}
+        pre = base_file.renamed(in_base, params[shared[0]].dtype) if base_file is not None else None
+        if pre is None or len(in_base) < len(shared) or not _as_loaded(params, pre):
+            pre = {n: params[n].detach().clone() for n in shared}  # not mappable (a device map, a converted file)
+        graftable = [n for n in shared if spec.admits(n) and (spec.include_embeddings or n not in fixed)]
+        listed = graftable + [n for n in shared if n in changed and n not in set(graftable)]
+        ft = AdaptedWeights(pre, adapter, {n: a for n, a in changed.items() if n in set(shared)}, listed)
+        with torch.no_grad():  # the working model: θ_pre's body (as loaded), the adapter's saved head
+            for n in new:
+                params[n].data.copy_(adapter.value(changed[n]).to(params[n].dtype))
+        if base_file is not None:
+            base_file.release()
+        if not label_names:
+            label_names = tuple(str(i) for i in range(getattr(model.config, "num_labels", 0)))
+        return cls(model=model.eval(), tokenizer=tokenizer, base_ref=base_ref, finetuned_ref=finetuned_ref,
+                   graftable=graftable, head=[n for n in params if n in new],
+                   excluded=[n for n in shared if n not in set(graftable)], pre=pre, ft=ft,
+                   label_names=tuple(label_names), _params=params, adapter=adapter)
 
     @property
     def lazy(self) -> bool:

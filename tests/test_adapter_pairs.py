@@ -1,0 +1,133 @@
+"""Pairs whose fine-tune is a LoRA adapter: θ_ft = θ_pre + scaling·B·A, never merged into a second model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import graftui
+from graftui import models, regions
+from graftui.config import LoadOptions
+from graftui.errors import ModelError
+from lm_util import write_base, write_completion_task
+
+COMPLETION = LoadOptions(head="completion")
+IDS = torch.tensor([[1, 7, 30, 12, 2, 44]])
+
+
+def _adapter(base_dir, out, *, targets=("q_proj", "v_proj", "up_proj"), seed=0, **extra):
+    from peft import LoraConfig, get_peft_model
+    from transformers import LlamaForCausalLM
+
+    model = get_peft_model(LlamaForCausalLM.from_pretrained(base_dir),
+                           LoraConfig(r=4, lora_alpha=8, target_modules=list(targets), lora_dropout=0.0, **extra))
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():  # peft starts B at zero: a trained adapter's is not
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
+    model.save_pretrained(out)
+    return model
+
+
+@pytest.fixture(scope="module")
+def lora(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lora")
+    base_dir = write_base(root / "base", "llama")
+    peft_model = _adapter(base_dir, root / "adapter")
+    with torch.no_grad():
+        merged = peft_model.merge_and_unload().eval()
+        merged_logits = merged(input_ids=IDS).logits
+    return {"root": root, "base": base_dir, "adapter": root / "adapter", "merged": merged, "logits": merged_logits}
+
+
+def _whole(pair) -> dict:
+    """Every parameter the adapter moves: the adapter's whole region."""
+    return {n: (pair.ft[n] != pair.pre[n]).reshape(-1).nonzero().squeeze(1) for n in pair.graftable
+            if not torch.equal(pair.ft[n], pair.pre[n])}
+
+
+def test_grafting_the_adapters_whole_region_is_pefts_merged_model(lora):
+    pair = models.ModelPair.load(str(lora["base"]), str(lora["adapter"]), options=COMPLETION)
+    assert pair.adapter is not None and pair.lazy  # θ_pre read from the base's file, θ_ft from the factors
+    assert pair.hashes["finetuned"] == pair.adapter.hash
+    whole = _whole(pair)
+    adapted = {n for n in pair.graftable if any(t in n for t in ("q_proj", "v_proj", "up_proj"))}
+    assert set(whole) == adapted  # the adapter moves exactly its target modules
+    merged = dict(lora["merged"].named_parameters())
+    for name in adapted:
+        assert torch.allclose(pair.ft[name], merged[name.removeprefix("lm.")], atol=1e-6)
+        idx = torch.tensor([0, 5, pair.ft[name].numel() - 1])
+        assert torch.equal(models.take(pair.ft, name, idx), pair.ft[name].reshape(-1)[idx])
+    with torch.no_grad():
+        with pair.grafted(whole) as m:
+            grafted = m(input_ids=IDS).logits
+        with pair.finetuned() as m:
+            finetuned = m(input_ids=IDS).logits
+        bare = pair.model(input_ids=IDS).logits
+    assert torch.allclose(grafted, lora["logits"], atol=1e-5) and torch.allclose(finetuned, lora["logits"], atol=1e-5)
+    assert not torch.allclose(bare, lora["logits"], atol=1e-3)  # the adapter matters, and the pair is back at θ_pre
+
+
+def test_a_region_learned_inside_an_adapter_localizes_and_exports(lora, tmp_path):
+    task = write_completion_task(tmp_path / "task.csv")
+    out = tmp_path / "region.safetensors"
+    loc = graftui.localize(base=str(lora["base"]), finetuned=str(lora["adapter"]), task=str(task), sparsity=0.01,
+                           steps=3, check_n=0, candidates="4", out=str(out))
+    record = regions.load(out)
+    pair = models.ModelPair.load(str(lora["base"]), str(lora["adapter"]), options=COMPLETION)
+    whole = _whole(pair)
+    assert 0 < record.size == loc.k
+    for name, idx in record.indices.items():  # inside the adapter: only where it moved
+        assert name in whole and set(idx.tolist()) <= set(whole[name].tolist())
+    assert record.meta.finetuned_sha256 == pair.adapter.hash  # the region names the adapter it came from
+    exported = graftui.export(region=str(out), finetuned=str(lora["adapter"]), out=str(tmp_path / "graft"))
+    folder = tmp_path / "graft"
+    assert (folder / "config.json").exists() and not (folder / "adapter_config.json").exists()  # an ordinary checkpoint
+    reloaded = models.load_lm(str(folder), "causal-lm")
+    with torch.no_grad(), pair.grafted(record.indices) as m:
+        assert torch.equal(reloaded(input_ids=IDS).logits, m(input_ids=IDS).logits)
+    assert exported is not None
+
+
+def test_an_adapter_of_another_base_is_refused_naming_its_base(lora, tmp_path):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    other = tmp_path / "other"
+    write_base(other, "llama")
+    config = LlamaConfig.from_pretrained(other)
+    config.intermediate_size = 48  # up_proj of another shape
+    LlamaForCausalLM(config).save_pretrained(other)
+    raw = json.loads((lora["adapter"] / "adapter_config.json").read_text())
+    with pytest.raises(ModelError, match=r"up_proj.weight of shape \[64, 32\].*has \[48, 32\].*give the adapter's own "
+                                         r"base") as err:
+        models.ModelPair.load(str(other), str(lora["adapter"]), options=COMPLETION)
+    assert "\n" not in str(err.value) and raw["base_model_name_or_path"] in str(err.value)
+
+
+def test_an_adapter_folder_is_a_model_reference_and_other_folders_are_not(lora, tmp_path):
+    assert models.resolve(str(lora["adapter"])) == str(lora["adapter"].resolve())
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModelError, match="no config.json.*nor a LoRA adapter"):
+        models.resolve(str(tmp_path / "empty"))
+    assert models.checkpoint_kind(str(lora["adapter"])) == "causal-lm"  # its base's kind, from its config
+
+
+def test_an_ia3_adapter_is_refused_through_the_cli(lora, tmp_path, capsys):
+    from peft import IA3Config, get_peft_model
+    from transformers import LlamaForCausalLM
+
+    from graftui import cli
+
+    get_peft_model(LlamaForCausalLM.from_pretrained(lora["base"]),
+                   IA3Config(target_modules=["k_proj", "down_proj"], feedforward_modules=["down_proj"])
+                   ).save_pretrained(tmp_path / "ia3")
+    before = sorted(p.name for p in tmp_path.iterdir())
+    capsys.readouterr()
+    assert cli.main(["pair", "--base", str(lora["base"]), "--finetuned", str(tmp_path / "ia3"), "--head",
+                     "completion"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "IA³" in err and "LoRA" in err and len(err.splitlines()) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
