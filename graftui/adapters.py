@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from .errors import ModelError
-from .weights import take
+from .weights import release, take
 
 CONFIG_NAME = "adapter_config.json"
 WEIGHTS_NAME = "adapter_model.safetensors"
@@ -353,6 +353,10 @@ class AdaptedWeights(Mapping):
         if own in self.adapter.saved:
             return self.adapter.saved[own].to(base.device, base.dtype)
         return base + self.adapter.delta(own, base.dtype).to(base.device)
+
+    def release(self, name: str | None = None) -> None:
+        """Give back the pages of θ_pre's file read so far (``weights.Checkpoint.release``)."""
+        release(self.pre, name)
 
     def take(self, name: str, index: torch.Tensor) -> torch.Tensor:
         """θ_ft at flat ``index``. A tensor the adapter leaves alone is read there only; an adapted one forms its δ

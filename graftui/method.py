@@ -40,7 +40,7 @@ import torch
 from . import compute
 from .errors import Cancelled, ModelError
 from .config import LOGIT_DTYPES, MEMORY_MODES, LearnConfig
-from .weights import take
+from .weights import release, take
 
 Region = dict[str, torch.Tensor]  # parameter name -> sorted flat indices inside the region
 
@@ -154,10 +154,13 @@ class _Movement:
         return len(self.names)
 
     def numel(self, name) -> int:
-        return self.pre[name].numel()
+        return self.pre.numel(name) if hasattr(self.pre, "numel") else self.pre[name].numel()
 
     def __getitem__(self, name):
-        return (self.ft[name] - self.pre[name]).abs()
+        moved = (self.ft[name] - self.pre[name]).abs()
+        release(self.pre, name)  # read from mapped files: their pages go back as each tensor is done
+        release(self.ft, name)
+        return moved
 
 
 def movement(pre: dict[str, torch.Tensor], ft: dict[str, torch.Tensor], names: Iterable[str]) -> dict[str, torch.Tensor]:
@@ -439,8 +442,11 @@ class CandidateLearner(MaskLearner):
                 self.candidates[n] = idx.to(params[n].device)
         on = {n: self.candidates[n].device for n in self.candidates}
         with torch.no_grad():
-            self.pre_c = {n: take(pre, n, i).to(on[n]) for n, i in self.candidates.items()}
-            self.ft_c = {n: take(ft, n, i).to(on[n]) for n, i in self.candidates.items()}
+            self.pre_c, self.ft_c = {}, {}
+            for n, i in self.candidates.items():  # a few values of each tensor; a mapped file's pages go back after
+                self.pre_c[n], self.ft_c[n] = take(pre, n, i).to(on[n]), take(ft, n, i).to(on[n])
+                release(pre, n)
+                release(ft, n)
             self.delta_c = {n: torch.sub(self.ft_c[n], self.pre_c[n]) for n in self.candidates}  # as Held.delta
         if start is None:  # the top-k of |δ| lies inside the top-m (ties go earliest in both): no second pass
             inside = top_k({n: d.abs() for n, d in self.delta_c.items()}, k)

@@ -29,7 +29,7 @@ from .paths import atomic_dir, file_lock
 from .prompts import LMReader, PromptClassifier, PromptTokenizer, kind_of, make_prompt, recorded_prompt
 from .adapters import CONFIG_NAME as ADAPTER_CONFIG
 from .adapters import Adapter, AdaptedWeights, adapter_base, is_adapter, read_adapter
-from .weights import Checkpoint, model_names, take
+from .weights import Checkpoint, model_names, release, take
 
 log = logging.getLogger(__name__)
 
@@ -389,6 +389,14 @@ def _local_folder(ref: str, *, allow_local: bool, download: bool) -> Path | None
         return None
 
 
+def _finite(values, name: str) -> bool:
+    """Whether a tensor holds no NaN or infinity; a mapped file's pages are given back as soon as it is read."""
+    tensor = values[name]
+    ok = not tensor.is_floating_point() or bool(torch.isfinite(tensor).all())
+    release(values, name)
+    return ok
+
+
 def _as_loaded(params: dict[str, torch.nn.Parameter], stored: Checkpoint) -> bool:
     """Whether the file holds what the model loaded, in one dtype: its first and last values of every tensor (a
     loader may convert what it reads: fuse, permute or cast tensors)."""
@@ -561,10 +569,7 @@ class ModelPair:
                   "θ_pre and θ_ft memory-mapped from their files" if pair.lazy else "θ_pre and θ_ft held in memory",
                   compute.placement(pair.model), compute.memory_in_use(pair.device))
         for ref, values in ((finetuned_ref, pair.ft), (base_ref, pair.pre)):
-            broken = next((n for n, t in values.items() if t.is_floating_point() and not bool(torch.isfinite(t).all())),
-                          None)
-            if hasattr(values, "release"):  # that pass read every page of the file: give them back
-                values.release()
+            broken = next((n for n in values if not _finite(values, n)), None)
             if broken:
                 raise ModelError(f"'{ref}' holds NaN or infinite weights (first in {broken}): it cannot be scored or "
                                  "grafted; check how it was trained or saved")
@@ -839,9 +844,11 @@ class ModelPair:
 
     @torch.no_grad()
     def reset(self) -> None:
-        """Back to pre-trained body + fine-tuned head."""
+        """Back to pre-trained body + fine-tuned head; a whole-model pass over mapped files gives their pages back."""
         for name in self.ft:
             self._params[name].data.copy_(self.pre[name])
+        release(self.pre)
+        release(self.ft)
 
     def to(self, device: str | torch.device) -> "ModelPair":
         """Move everything (working model and both parameter sets) to ``device``."""

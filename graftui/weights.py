@@ -137,10 +137,21 @@ class Checkpoint(Mapping):
                 return raw.clone().view(dtype).view(shape)
             return torch.frombuffer(self._maps[i], dtype=dtype, count=count, offset=offset).view(shape)
 
-    def release(self) -> None:
-        """Give back the pages read so far (they are clean: a later read maps them in again from the file)."""
-        for mapped in self._maps.values():
-            mapped.madvise(mmap.MADV_DONTNEED)
+    def release(self, name: str | None = None) -> None:
+        """Give back the pages read so far, of one tensor or of all (they are clean: a later read maps them in again
+        from the file). A pass over the whole model that gives back each tensor's pages once it is done holds one
+        tensor of the file at a time, not the file."""
+        if name is None:
+            for mapped in self._maps.values():
+                mapped.madvise(mmap.MADV_DONTNEED)
+            return
+        i, offset, dtype, shape = self.entries[self.names[name]]
+        if i not in self._maps:
+            return
+        start = -(-offset // mmap.PAGESIZE) * mmap.PAGESIZE  # whole pages inside the tensor only
+        end = (offset + math.prod(shape) * dtype.itemsize) // mmap.PAGESIZE * mmap.PAGESIZE
+        if end > start:
+            self._maps[i].madvise(mmap.MADV_DONTNEED, start, end - start)
 
     def __getitem__(self, name: str) -> torch.Tensor:
         if name not in self.names:
@@ -160,6 +171,12 @@ def take(values: Mapping, name: str, index: torch.Tensor) -> torch.Tensor:
         return values.take(name, index)
     flat = values[name].reshape(-1)
     return flat[index.to(flat.device)]
+
+
+def release(values: Mapping, name: str | None = None) -> None:
+    """``values.release(name)`` where ``values`` reads a file (a Checkpoint, an adapter's θ_ft); else nothing."""
+    if hasattr(values, "release"):
+        values.release(name)
 
 
 def model_names(params: dict[str, tuple[int, ...]], checkpoint: Checkpoint) -> tuple[dict[str, str], set[str]]:

@@ -132,7 +132,7 @@ class TaskKind:
         raise NotImplementedError
 
     def paired(self, a: Outcome, b: Outcome, seed: int) -> dict:
-        """The paired difference b − a of two outcomes on the same sample."""
+        """The paired difference a − b of two outcomes on the same sample (its "diff" and "ci")."""
         raise NotImplementedError
 
     stitches_only: bool = False  # composing its regions means stitching them (no union graft read by each head)
