@@ -25,6 +25,8 @@ def _tensors():
         "d.ids": torch.arange(6, dtype=torch.int64).view(2, 3),
         "e.mask": torch.tensor([True, False, True]),
         "f.empty": torch.zeros(0, 4),
+        "g.big": torch.randn(5000, 7, generator=gen),  # spans pages: releasing it gives whole pages back
+        "h.after": torch.randn(3, generator=gen),
     }
 
 
@@ -41,6 +43,9 @@ def test_a_checkpoint_reads_what_safetensors_wrote(tmp_path):
     assert torch.equal(take(ckpt, "a.weight", index), take(tensors, "a.weight", index))
     ckpt.release()  # pages given back are read again from the file
     assert torch.equal(ckpt["a.weight"], tensors["a.weight"])
+    for name in tensors:  # one tensor's pages at a time, whole pages inside it only: its neighbours are intact
+        ckpt.release(name)
+        assert all(torch.equal(ckpt[n], tensors[n]) for n in tensors)
     as_float = ckpt.renamed({"x": "b.half"}, torch.float32)
     assert list(as_float) == ["x"] and as_float["x"].dtype == torch.float32
     assert torch.equal(as_float["x"], tensors["b.half"].float())
