@@ -29,6 +29,7 @@ serves every model.
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 from collections.abc import Mapping
@@ -41,6 +42,8 @@ from . import compute
 from .errors import Cancelled, ModelError
 from .config import LOGIT_DTYPES, MEMORY_MODES, LearnConfig
 from .weights import release, take
+
+log = logging.getLogger(__name__)
 
 Region = dict[str, torch.Tensor]  # parameter name -> sorted flat indices inside the region
 
@@ -461,6 +464,11 @@ class CandidateLearner(MaskLearner):
         self.sigma_c = {n: torch.empty_like(l) for n, l in self.logits.items()}
         self.grads_c = {n: torch.empty_like(self.pre_c[n]) for n in self.candidates}
         self._begin([params[n] for n in self.candidates], layers)
+        held = sum(t.numel() * t.element_size() for part in (self.candidates, self.logits, self.sigma_c, self.pre_c,
+                                                              self.ft_c, self.delta_c, self.grads_c) for t in part.values())
+        log.debug("mask learning over C: %s of %s graftable parameters in %d of %d tensors (c = %s), holding %.3f GB; %s",
+                  f"{sum(i.numel() for i in self.candidates.values()):,}", f"{self.count:,}", len(self.candidates),
+                  len(self.names), config.candidates, held / 1e9, compute.memory_in_use(self.device))
 
     def _gradient(self, batch: dict[str, torch.Tensor], hard_k: int | None, need_peak: bool):
         """``logit_gradient`` over C: θ[C] written by index, ∇_θ L gathered at C and dropped in its hook."""

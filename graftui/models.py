@@ -446,6 +446,17 @@ def _checkpoint_files(base_ref: str, finetuned_ref: str, finetuned: torch.nn.Mod
         return None
 
 
+def check_placed(ref: str, model: torch.nn.Module) -> None:
+    """Refuse a model a device map could not place: tensors left on the meta device (offloaded to disk) cannot be
+    grafted or learned on."""
+    away = [p for p in model.parameters() if p.device.type == "meta"]
+    if away:
+        size = sum(p.numel() * p.element_size() for p in away) / 1e9
+        raise ModelError(f"--device-map auto left no room for '{ref}': {size:.2f} GB of its parameters went to disk, "
+                         "where they cannot be grafted; free memory on the GPUs and the CPU, use --dtype bfloat16, or "
+                         "run on a machine with more memory")
+
+
 def check_not_quantized(ref: str, *, allow_local: bool = True, trust_remote_code: bool = False) -> None:
     """Refuse a quantized checkpoint: its weights are packed integers, and δ = θ_ft − θ_pre needs real numbers."""
     try:
@@ -535,6 +546,7 @@ class ModelPair:
                                                   **kw)
         else:  # no model of its own: the base is the working model
             finetuned, tokenizer, new_in_base = load_reader(base_ref, kind, labels, options, **kw)
+        check_placed(finetuned_ref if adapter is None else base_ref, finetuned)
         prompt = getattr(tokenizer, "prompt", None)
         if kind == COMPLETION:  # no labels: the skill is the completions
             labels = ()

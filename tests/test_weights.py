@@ -183,3 +183,18 @@ def test_debug_says_where_the_pair_lives(tmp_path, capsys):
                      "--debug"]) == 0
     err = capsys.readouterr().err
     assert "memory-mapped from their files" in err and "cpu float32" in err and "resident" in err
+
+
+def test_a_model_a_device_map_could_not_place_is_refused(tmp_path, monkeypatch):
+    base_dir, ft_dir = write_lm_pair(tmp_path, "llama")
+    real = models.load_reader
+
+    def offloaded(*args, **kwargs):  # what accelerate leaves when a device map runs out of room: meta tensors
+        model, tok, new = real(*args, **kwargs)
+        layer = model.lm.model.layers[1].mlp.up_proj
+        layer.weight = torch.nn.Parameter(torch.empty(layer.weight.shape, device="meta"))
+        return model, tok, new
+
+    monkeypatch.setattr(models, "load_reader", offloaded)
+    with pytest.raises(ModelError, match=r"--device-map auto left no room for .* went to disk"):
+        models.ModelPair.load(str(base_dir), str(ft_dir), options=LoadOptions(head="completion", device_map="auto"))
