@@ -14,7 +14,9 @@ base plus heavy-tailed noise in the body), and two child processes run on the sa
 model, θ_pre, θ_ft: memory "lean" by default; "fast" holds σ(ℓ) and δ too). ``--pair files`` writes
 the two checkpoints once under ``--workdir`` (safetensors, one model in memory while writing) and
 reads the pair as graftui reads a pair from disk: the fine-tuned model loaded as the working model,
-θ_pre and θ_ft memory-mapped from their files. ``--candidates c`` keeps region logits only over the
+θ_pre and θ_ft memory-mapped from their files; ``--pair lora`` reads θ_ft as a LoRA adapter of the base
+(rank 16 on every linear layer of the body), the base loaded as the working model and θ_pre mapped from
+its file. ``--candidates c`` keeps region logits only over the
 c·k parameters that moved most (graftui's default); ``all`` over every graftable parameter.
 
 Printed per size: parameters, the model's size in its dtype (the unit), and in that unit the peak
@@ -90,6 +92,28 @@ def write_pair(size: str, dtype: str, workdir: str) -> tuple[Path, Path]:
     return base, ft
 
 
+def write_adapter(size: str, dtype: str, workdir: str, rank: int = 16) -> tuple[Path, Path]:
+    """The base's folder and a LoRA adapter of it (rank ``rank`` on every linear layer of the body, B drawn at
+    random as a trained adapter's is), written once."""
+    base, _ = write_pair(size, dtype, workdir)
+    adapter = Path(workdir) / f"{size}-{dtype}" / f"lora-r{rank}"
+    if not (adapter / "adapter_config.json").exists():
+        from peft import LoraConfig, get_peft_model
+        from transformers import LlamaForSequenceClassification
+
+        model = get_peft_model(LlamaForSequenceClassification.from_pretrained(base, dtype=getattr(torch, dtype)),
+                               LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0,
+                                          target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                                          "up_proj", "down_proj"]))
+        gen = torch.Generator().manual_seed(2)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "lora_B" in name:
+                    p.copy_((torch.randn(p.shape, generator=gen) * 0.01).to(p.dtype))
+        model.save_pretrained(adapter)
+    return base, adapter
+
+
 def child(mode: str, size: str, steps: int, device: str, dtype: str, logit_dtype: str, memory: str,
           checkpoint_every: int, pair_from: str = "memory", candidates: str = "all", batch_size: int = BATCH,
           workdir: str = "") -> None:
@@ -98,13 +122,16 @@ def child(mode: str, size: str, steps: int, device: str, dtype: str, logit_dtype
     from graftui.method import MaskLearner
     from graftui.requests import LearnConfig
 
-    if mode == "mask" and pair_from == "files":
+    if mode == "mask" and pair_from in ("files", "lora"):
         from transformers import LlamaForSequenceClassification
 
+        from graftui.adapters import read_adapter
         from graftui.weights import Checkpoint
 
-        base_dir, ft_dir = write_pair(size, dtype, workdir)
-        model = LlamaForSequenceClassification.from_pretrained(ft_dir, dtype=getattr(torch, dtype)).eval()
+        base_dir, ft_dir = write_pair(size, dtype, workdir) if pair_from == "files" else \
+            write_adapter(size, dtype, workdir)
+        model = LlamaForSequenceClassification.from_pretrained(ft_dir if pair_from == "files" else base_dir,
+                                                               dtype=getattr(torch, dtype)).eval()
     else:
         model = build(size, dtype)
     n_params = sum(p.numel() for p in model.parameters())
@@ -130,6 +157,9 @@ def child(mode: str, size: str, steps: int, device: str, dtype: str, logit_dtype
             if pair is None:
                 raise SystemExit("the written checkpoints could not be read as the model's tensors")
             pair.to(device)
+        elif pair_from == "lora":
+            pair = ModelPair.from_adapter(model, None, read_adapter(str(ft_dir)), Checkpoint.open(base_dir), set(),
+                                          GraftableSpec()).to(device)
         else:
             finetuned = build(size, dtype)  # same seed: identical, then the body moves
             move_body(finetuned)
@@ -189,8 +219,9 @@ def main() -> None:
     parser.add_argument("--memory", default="lean", choices=("lean", "fast"))
     parser.add_argument("--checkpoint-every", type=int, default=0,
                         help="mask learning recomputes every N-th layer's activations (0: none)")
-    parser.add_argument("--pair", default="memory", choices=("memory", "files"),
-                        help="hold θ_pre and θ_ft in memory, or read them from checkpoint files written once")
+    parser.add_argument("--pair", default="memory", choices=("memory", "files", "lora"),
+                        help="hold θ_pre and θ_ft in memory, read them from checkpoint files written once, or read "
+                             "θ_pre from the base's file and θ_ft as a LoRA adapter of it (rank 16, every linear layer)")
     parser.add_argument("--candidates", default="all", help="'all', or the factor c of the candidate set")
     parser.add_argument("--batch", type=int, default=BATCH, help=f"rows per step (default {BATCH}, of {SEQ} tokens)")
     parser.add_argument("--no-plain", action="store_true", help="skip the plain child (a model too big for two)")
@@ -210,8 +241,8 @@ def main() -> None:
           f"{'plain s':>8} {'mask s':>8} {'ratio':>6}" + (f" {'ckpt s':>8} {'ratio':>6}" if every else "")
           + "   (peaks in units of the model in its dtype)")
     for size in args.sizes.split(","):
-        if args.pair == "files":
-            write_pair(size, args.dtype, args.workdir)  # before either child: its peak is not theirs
+        if args.pair != "memory":  # written before either child: its peak is not theirs
+            (write_pair if args.pair == "files" else write_adapter)(size, args.dtype, args.workdir)
         mask = run_child("mask", size, args, every)
         plain = {"peak": math.nan, "gpu_peak": math.nan, "step_s": math.nan} if args.no_plain else \
             run_child("plain", size, args, 0)
