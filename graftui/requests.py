@@ -548,6 +548,9 @@ class FinetuneRequest(ReplicateFields, LoadFields, TaskFields):
     freeze_head: bool = arg(False, "keep the new classification head at its random initialisation (the seed code's "
                             "fixhead): the body learns to serve a fixed head, as in prompt-based fine-tuning",
                             group="training")
+    lora_rank: int = arg(FinetuneConfig.lora_rank, "completion tasks: train a LoRA adapter of this rank on every linear "
+                         "layer of the body and write the adapter alone, the base left as it is (0: fine-tune the body; "
+                         "LoRA wants about 10x the lr, e.g. --optimizer adamw --lr 1e-3)", metavar="R", group="training")
     train_examples: int | None = arg(None, f"stratified training subsample (default {DEFAULT_RECIPE.train_examples}; "
                                      "0 = all)", metavar="N", group="training")
     seed: int | None = arg(None, f"default {DEFAULT_RECIPE.seed}", metavar="N", group="training")
@@ -565,7 +568,7 @@ class FinetuneRequest(ReplicateFields, LoadFields, TaskFields):
                               l1=self.l1, epochs=pick(self.epochs, default.epochs),
                               batch_size=pick(self.batch_size, default.batch_size), train_examples=train,
                               freeze_embeddings=default.freeze_embeddings, freeze_head=self.freeze_head,
-                              seed=pick(self.seed, default.seed))
+                              seed=pick(self.seed, default.seed), lora_rank=self.lora_rank)
 
     def check(self) -> None:
         if self.train_examples is not None and self.train_examples < 0:

@@ -81,6 +81,7 @@ def finetune(
     (``graftui_record.json``) holds ``request``, so the checkpoint can be made again.
     """
     config.validate()
+    check_full(config, task.name)
     out_dir = Path(out_dir)
     if out_dir.exists() and any(out_dir.iterdir()):
         raise ModelError(f"'{out_dir}' exists and is not empty; choose a new folder")
@@ -146,7 +147,12 @@ def finetune_completions(
     """Supervised fine-tuning of a causal LM on a completion task (the loss on completion tokens only), with its
     embeddings and its LM head fixed as for prompt-based fine-tuning, so that what moves is the body a region can
     hold; writes an HF checkpoint with a record. ``accuracy`` in the progress is next-token accuracy on the
-    completion tokens of this epoch's batches."""
+    completion tokens of this epoch's batches.
+
+    With ``config.lora_rank`` r > 0 a LoRA adapter of rank r (α = 2r) on every linear layer of the body is trained
+    instead (peft), the base's own weights untouched, and the folder holds the adapter alone (``adapter_config.json``,
+    naming ``base_ref`` as its base, and ``adapter_model.safetensors``): θ_ft = θ_pre + scaling·B·A, read as a
+    fine-tune by graftui.adapters."""
     config.validate()
     out_dir = Path(out_dir)
     if out_dir.exists() and any(out_dir.iterdir()):
@@ -155,19 +161,24 @@ def finetune_completions(
     torch.manual_seed(config.seed)
     model = load_lm(base_ref, "causal-lm", allow_local=allow_local)
     tokenizer = load_tokenizer(base_ref, allow_local=allow_local)
+    model, lora = with_lora(model, config, base_ref) if config.lora_rank else (model, None)
+    lm = model.get_base_model() if lora else model  # a LoRA model's causal LM, its linear layers adapted in place
     model.to(device)
-    head = {id(p) for p in model.get_output_embeddings().parameters()}
-    frozen = GraftableSpec(include_embeddings=False)
     trainable, anchors = [], []
-    for name, p in model.named_parameters():
-        p.requires_grad_(id(p) not in head and not (config.freeze_embeddings and not frozen.admits(name)))
-        if p.requires_grad:
-            trainable.append(p)
-            if config.l1:
-                anchors.append((p, p.detach().clone()))
+    if lora:  # the adapter alone (peft froze the rest)
+        trainable = [p for p in model.parameters() if p.requires_grad]
+    else:
+        head = {id(p) for p in model.get_output_embeddings().parameters()}
+        frozen = GraftableSpec(include_embeddings=False)
+        for name, p in model.named_parameters():
+            p.requires_grad_(id(p) not in head and not (config.freeze_embeddings and not frozen.admits(name)))
+            if p.requires_grad:
+                trainable.append(p)
+                if config.l1:
+                    anchors.append((p, p.detach().clone()))
     opt = optimizer(trainable, config)
     train = completion_split(task, config)
-    context = completion.context_length(model)
+    context = completion.context_length(lm)
     _, _, cut = completion.encode(tokenizer, train, task.chat, context, task.name)  # refuses a completion too long
     total = -(-len(train) // config.batch_size) * config.epochs
 
@@ -175,7 +186,7 @@ def finetune_completions(
         return completion.batches(tokenizer, train, task.chat, config.batch_size, context,
                                   shuffle_seed=config.seed + epoch)
 
-    train_epochs(CompletionLM(model), opt, anchors, make_batches, total, config, device,
+    train_epochs(CompletionLM(lm), opt, anchors, make_batches, total, config, device,
                  lambda out, labels: (out.right, out.scored), progress, cancel)
     model.eval().to("cpu")
     _save(out_dir, [(None, model)], tokenizer, {
@@ -185,8 +196,33 @@ def finetune_completions(
         "chat": task.chat,
         "train_examples": len(train),
         "notes": list(completion.truncation_note(task.name, cut, len(train), context)),
+        **({"lora": lora} if lora else {}),
     }, base_ref, config, request)
     return out_dir
+
+
+def with_lora(model, config: FinetuneConfig, base_ref: str):
+    """``model`` wrapped by peft with a LoRA adapter of rank ``config.lora_rank`` (α = ``config.lora_alpha``, no
+    dropout, no bias) on every linear layer but the LM head ("all-linear"), only the adapter trainable; and what the
+    record says of it, {r, alpha, targets}. The adapter's config names ``base_ref`` as its base, so that graftui finds
+    the base again (an offline default's name, not this machine's cache folder)."""
+    from peft import LoraConfig, get_peft_model
+
+    wrapped = get_peft_model(model, LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha, lora_dropout=0.0,
+                                               target_modules="all-linear", bias="none", task_type="CAUSAL_LM"))
+    lora = wrapped.peft_config["default"]
+    lora.base_model_name_or_path = base_ref
+    targets = sorted({name.rsplit(".", 1)[-1] for name in lora.target_modules})  # peft lists every module it adapted
+    if not targets:
+        raise ModelError(f"'{base_ref}' has no linear layer outside its LM head for a LoRA adapter to train")
+    return wrapped, {"r": config.lora_rank, "alpha": config.lora_alpha, "targets": targets}
+
+
+def check_full(config: FinetuneConfig, task_name: str) -> None:
+    """A fine-tune that trains the whole body (classification, multi-task) refuses a LoRA rank in one line."""
+    if config.lora_rank:
+        raise ModelError(f"--lora-rank trains an adapter for completion tasks only: '{task_name}' is fine-tuned in "
+                         "full; drop --lora-rank")
 
 
 def _label_accuracy(out, labels) -> tuple[int, int]:
@@ -259,6 +295,9 @@ def _save(out_dir: Path, models: list[tuple[str | None, torch.nn.Module]], token
     """Write each model (in ``out_dir``, or its named sub-folder) with the tokenizer and its record: what every
     fine-tune records (version, base, recipe, request, time) around ``record``, what this kind of fine-tune adds.
 
+    A peft model writes its adapter alone (never the base's weights, nor its embeddings), without peft's placeholder
+    model card.
+
     Everything is written aside and renamed: an interrupted run never leaves a half checkpoint.
     """
     record = {"graftui_version": __version__, "base": base_ref, **record, "config": config.as_dict(),
@@ -266,7 +305,10 @@ def _save(out_dir: Path, models: list[tuple[str | None, torch.nn.Module]], token
     with atomic_dir(out_dir) as tmp:
         for sub, model in models:
             folder = tmp / sub if sub else tmp
-            model.save_pretrained(folder, safe_serialization=True)
+            adapter = hasattr(model, "peft_config")  # its embeddings are the base's: no Hub look-up of the base
+            model.save_pretrained(folder, safe_serialization=True, **({"save_embedding_layers": False} if adapter else {}))
+            if adapter:
+                (folder / "README.md").unlink(missing_ok=True)
             tokenizer.save_pretrained(folder)
             (folder / "graftui_record.json").write_text(json.dumps({**record, "task": sub or record.get("task")}, indent=2))
         if sub is not None:
@@ -293,6 +335,7 @@ def finetune_multitask(
     ``train_examples`` is per task; tasks are drawn in proportion to their number of batches.
     """
     config.validate()
+    check_full(config, ", ".join(t.name for t in tasks))
     out_dir = Path(out_dir)
     if out_dir.exists() and any(out_dir.iterdir()):
         raise ModelError(f"'{out_dir}' exists and is not empty; choose a new folder")
@@ -357,6 +400,12 @@ def finetune_multitask(
     return out_dir
 
 
+def is_built(folder: str | Path) -> bool:
+    """Whether a fine-tune's folder is complete: a checkpoint (``config.json``) or a LoRA adapter
+    (``adapter_config.json``); both are written aside and renamed, so either file means the whole folder is there."""
+    return (Path(folder) / "config.json").is_file() or (Path(folder) / "adapter_config.json").is_file()
+
+
 def ensure_default_finetuned(
     key: str = "minilm-movies",
     *,
@@ -370,12 +419,14 @@ def ensure_default_finetuned(
     out = default_checkpoint_dir(key)
     options = DEFAULT_LOADING.get(key, LoadOptions())
     with file_lock(out):  # another process building it meanwhile: wait, then reuse
-        if (out / "config.json").exists():
+        if is_built(out):
             return out
         if task_ref in completion.OFFLINE_SKILLS:
-            return finetune_completions(base_ref, completion.offline_skill(task_ref), recipe_for(key), out,
+            recipe = recipe_for(key)
+            return finetune_completions(base_ref, completion.offline_skill(task_ref), recipe, out,
                                         progress=progress, cancel=cancel,
-                                        request={"verb": "finetune", "base": base_ref, "task": task_ref})
+                                        request={"verb": "finetune", "base": base_ref, "task": task_ref,
+                                                 **({"lora_rank": recipe.lora_rank} if recipe.lora_rank else {})})
         return finetune(base_ref, load_task(task_ref), recipe_for(key), out, progress=progress, cancel=cancel,
                         request={"verb": "finetune", "base": base_ref, "task": task_ref,
                                  **{k: v for k, v in options.as_dict().items() if v != getattr(LoadOptions(), k)}},

@@ -93,6 +93,11 @@ class Classification(TaskKind):
         scoring.check_labels(pair, task)
         return kshot_batches(pair, task, req, notes, seed_offset)
 
+    def check_finetune(self, req, task, config, allow, notes) -> None:
+        if config.lora_rank:
+            raise RequestError(f"--lora-rank trains an adapter for completion tasks only: '{task.name}' is a "
+                               "classification task, fine-tuned in full; drop --lora-rank, or give a completion task")
+
     def finetune(self, req, task, config, out, options, progress, cancel, allow) -> None:
         def step(p):
             if progress:
