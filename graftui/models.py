@@ -240,12 +240,34 @@ def load_lm(ref: str, kind: str, *, trust_remote_code: bool = False, allow_local
     kwargs: dict = {"dtype": _DTYPES[dtype], "use_safetensors": True}
     if device_map:
         kwargs["device_map"] = device_map
+    target = resolve(ref, allow_local=allow_local)
+    adapter = read_adapter(target, allow_local=allow_local) if Path(target).is_dir() and is_adapter(target) else None
+    if adapter is not None:  # the fine-tuned model of an adapter: its base, with δ added in place (one model)
+        if adapter.base_name is None:
+            raise ModelError(f"adapter '{ref}' names no base in its adapter_config.json: give the base with --base")
+        target = resolve(adapter.base_name, allow_local=allow_local)
     try:
-        model = loader.from_pretrained(resolve(ref, allow_local=allow_local), trust_remote_code=trust_remote_code,
-                                       **kwargs)
+        model = loader.from_pretrained(target, trust_remote_code=trust_remote_code, **kwargs)
     except Exception as err:  # noqa: BLE001
         raise _load_error(ref, err) from err
+    if adapter is not None:
+        with_adapter(model, adapter, ref)
     return model.eval()
+
+
+@torch.no_grad()
+def with_adapter(model: torch.nn.Module, adapter: Adapter, ref: str) -> torch.nn.Module:
+    """``model`` (the adapter's base) made the adapter's fine-tune in place: θ_pre + δ where it adapts, its saved
+    tensors where it saves modules whole (peft's merge, without a second model)."""
+    params = dict(model.named_parameters(remove_duplicate=False))
+    adapter.check_base({n: tuple(p.shape) for n, p in params.items()}, ref)
+    for name in adapter.names():
+        p = params[name]
+        if name in adapter.saved:
+            p.data.copy_(adapter.value(name).to(p.device, p.dtype))
+        else:
+            p.data.add_(adapter.delta(name, p.dtype).to(p.device))
+    return model
 
 
 class CompletionLM(LMReader):

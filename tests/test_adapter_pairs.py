@@ -131,3 +131,12 @@ def test_an_ia3_adapter_is_refused_through_the_cli(lora, tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert "IA³" in err and "LoRA" in err and len(err.splitlines()) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == before
+
+
+def test_an_adapter_read_as_a_model_is_its_base_with_the_delta_added(lora):
+    model = models.load_lm(str(lora["adapter"]), "causal-lm")  # the fine-tuned model itself (a fine-tune's test score)
+    with torch.no_grad():
+        assert torch.allclose(model(input_ids=IDS).logits, lora["logits"], atol=1e-5)
+    on_disk = models.load_lm(str(lora["base"]), "causal-lm")
+    with torch.no_grad():
+        assert not torch.allclose(on_disk(input_ids=IDS).logits, lora["logits"], atol=1e-3)  # the base file untouched

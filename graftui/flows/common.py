@@ -110,7 +110,7 @@ def ensure_models(refs, progress: Progress | None = None, cancel=None) -> None:
     """Build a default fine-tuned checkpoint named in ``refs`` on first use (a visible stage)."""
     for ref in refs:
         key = (ref or "").strip().lower()
-        if key in DEFAULT_FINETUNED_REFS and not (default_checkpoint_dir(key) / "config.json").exists():
+        if key in DEFAULT_FINETUNED_REFS and not training.is_built(default_checkpoint_dir(key)):
             def step(p, key=key):
                 if progress:
                     progress({"stage": f"building the default fine-tuned model '{key}' (first use)",

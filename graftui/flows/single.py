@@ -104,7 +104,7 @@ def finetune(req: FinetuneRequest, progress: Progress | None = None, cancel=None
         out = default_checkpoint_dir(key, config)
         shared = file_lock(out)  # another run building this very checkpoint: wait for it, then reuse it
     with shared:
-        reused = not req.out and (out / "config.json").exists()
+        reused = not req.out and training.is_built(out)
         if not reused:
             kind.finetune(req, task, config, out, options, progress, cancel, allow)
     if progress:

@@ -28,7 +28,8 @@ def finetune(doc: dict) -> str:
         ("checkpoint", doc["out"] + ("  (already built with this recipe; reused)" if doc["reused"] else "")),
         ("base / task", f"{doc['request']['base']} / {doc['task']}"),
         ("recipe", f"{c['optimizer']}, lr {c['lr']:g}, {c['epochs']} epoch(s), batch {c['batch_size']}"
-         + (f", l1 {c['l1']:g}" if c["l1"] else "") + f", {_trained_on(doc)} training examples"),
+         + (f", l1 {c['l1']:g}" if c["l1"] else "") + (f", LoRA rank {c['lora_rank']}" if c.get("lora_rank") else "")
+         + f", {_trained_on(doc)} training examples"),
         (f"test {kind_named(doc.get('task_kind')).words.score}", f"{doc['test_accuracy']:.3f}"
          + (f" ± {doc['test_accuracy_std']:.3f} over {len(doc['seeds'])} seeds" if doc.get("seeds") else "")
          + f"  (n={doc['test_examples']:,})"),

@@ -36,6 +36,7 @@ from ..hosted import check_disk, own_dir
 from ..flows.common import clear_cache, save_new
 from ..jobs import QUEUED, RUNNING, JobRunner
 from ..models import checkpoint_record
+from ..training import is_built
 from ..paths import DATA_SUFFIXES, atomic_write, short_ref
 from ..requests import EvaluateRequest, FinetuneRequest, LocalizeRequest, SweepRequest
 
@@ -543,9 +544,7 @@ def default_checkpoint():
 
 def default_ready(key: str | None = None) -> bool:
     """Whether a default fine-tuned model (minilm-movies unless ``key`` says) is already built and cached."""
-    if key is None:
-        return (default_checkpoint() / "config.json").exists()
-    return (default_checkpoint_dir(key.strip().lower()) / "config.json").exists()
+    return is_built(default_checkpoint() if key is None else default_checkpoint_dir(key.strip().lower()))
 
 
 def list_checkpoints() -> list[dict]:
@@ -557,7 +556,7 @@ def list_checkpoints() -> list[dict]:
     if own is None:
         return []
     for path in sorted(own.iterdir(), key=lambda p: p.stat().st_mtime, reverse=True):
-        if path.name.startswith(".") or not (path / "config.json").is_file() or path.resolve() in defaults:
+        if path.name.startswith(".") or not is_built(path) or path.resolve() in defaults:
             continue
         record = checkpoint_record(path) or {}
         out.append({"path": str(path), "name": path.name, "record": record})
