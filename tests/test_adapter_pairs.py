@@ -140,3 +140,22 @@ def test_an_adapter_read_as_a_model_is_its_base_with_the_delta_added(lora):
     on_disk = models.load_lm(str(lora["base"]), "causal-lm")
     with torch.no_grad():
         assert not torch.allclose(on_disk(input_ids=IDS).logits, lora["logits"], atol=1e-3)  # the base file untouched
+
+
+@pytest.mark.e2e
+def test_the_offline_lora_default_localizes_evaluates_and_exports(monkeypatch, tmp_path):
+    from graftui import training
+
+    monkeypatch.setenv("GRAFTUI_FAST", "1")  # the quick recipe: an adapter in a minute and a half
+    folder = training.ensure_default_finetuned("smollm2-dates-lora")
+    out = tmp_path / "dates-lora.safetensors"
+    loc = graftui.localize(base="smollm2", finetuned=str(folder), task="dates", sparsity=1e-4, steps=2, check_n=0,
+                           out=str(out))
+    record = regions.load(out)
+    assert record.size == loc.k > 0 and record.meta.finetuned_sha256 == models.content_hash(str(folder))
+    assert all(name.endswith("_proj.weight") for name in record.indices)  # inside the adapted modules
+    result = graftui.evaluate(regions=[str(out)], n=6)
+    models_scored = {row["model"] for row in result.rows}
+    assert len(models_scored) >= 3 and all(0.0 <= row["score"] <= 1.0 for row in result.rows)
+    graftui.export(region=str(out), finetuned=str(folder), out=str(tmp_path / "graft"))
+    assert (tmp_path / "graft" / "config.json").is_file() and (tmp_path / "graft" / "model.safetensors").is_file()
