@@ -251,7 +251,7 @@ def main() -> None:
         line = (f"{size:>5} {mask['params']:>12,} {unit / 1e9:>8.2f} {plain[key] / unit:>10.2f}x {mask[key] / unit:>9.2f}x "
                 f"{mask['loaded'] / unit:>9.2f}x {plain['step_s']:>8.2f} {mask['step_s']:>8.2f} "
                 f"{mask['step_s'] / plain['step_s']:>5.2f}x")
-        if every:  # the plain step checkpointed alike: what mask learning itself adds
+        if every and not args.no_plain:  # the plain step checkpointed alike: what mask learning itself adds
             checkpointed = run_child("plain", size, args, every)
             line += f" {checkpointed['step_s']:>8.2f} {mask['step_s'] / checkpointed['step_s']:>5.2f}x"
         print(line, flush=True)
