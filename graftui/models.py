@@ -599,8 +599,10 @@ class ModelPair:
             pair.label_names = ()
         pair.hashes = {"base": content_hash(base_ref),
                        "finetuned": adapter.hash if adapter is not None else content_hash(finetuned_ref)}
-        log.debug("pair %s → %s: %s; working model %s; %s", base_ref, finetuned_ref,
-                  "θ_pre and θ_ft memory-mapped from their files" if pair.lazy else "θ_pre and θ_ft held in memory",
+        read = ("θ_pre memory-mapped from its file" if pair.lazy else "θ_pre held in memory") + (
+            f", θ_ft = θ_pre + the adapter's δ (LoRA rank {adapter.config.get('r')}, {len(adapter.names())} tensors)"
+            if adapter is not None else ", θ_ft memory-mapped from its file" if pair.lazy else ", θ_ft held in memory")
+        log.debug("pair %s → %s: %s; working model %s; %s", base_ref, finetuned_ref, read,
                   compute.placement(pair.model), compute.memory_in_use(pair.device))
         for ref, values in ((finetuned_ref, pair.ft), (base_ref, pair.pre)):
             broken = next((n for n in values if not _finite(values, n)), None)

@@ -159,3 +159,29 @@ def test_the_offline_lora_default_localizes_evaluates_and_exports(monkeypatch, t
     assert len(models_scored) >= 3 and all(0.0 <= row["score"] <= 1.0 for row in result.rows)
     graftui.export(region=str(out), finetuned=str(folder), out=str(tmp_path / "graft"))
     assert (tmp_path / "graft" / "config.json").is_file() and (tmp_path / "graft" / "model.safetensors").is_file()
+
+
+@pytest.mark.e2e
+def test_adapters_of_one_base_are_fine_tuned_localized_and_stitched(tmp_path, monkeypatch):
+    from lm_util import write_echo_task
+
+    monkeypatch.setenv("GRAFTUI_HOME", str(tmp_path / "home"))
+    base = write_base(tmp_path / "base", "llama")
+    regions_of = []
+    for name, task in (("opposites", write_completion_task(tmp_path / "opposites.csv")),
+                       ("echo", write_echo_task(tmp_path / "echo.csv"))):
+        ft = graftui.finetune(base=str(base), task=str(task), optimizer="adamw", lr=0.02, epochs=3, train_examples=0,
+                              lora_rank=4, out=str(tmp_path / f"lora-{name}"), max_new_tokens=4)
+        folder = tmp_path / f"lora-{name}"
+        assert (folder / "adapter_config.json").is_file() and not (folder / "model.safetensors").exists()
+        assert 0.0 <= ft.test_accuracy <= 1.0  # the adapter's own score: its base with δ added
+        region = tmp_path / f"{name}.safetensors"
+        graftui.localize(base=str(base), finetuned=str(folder), task=str(task), sparsity=0.05, steps=2, check_n=0,
+                         out=str(region), max_new_tokens=4)
+        regions_of.append(str(region))
+    result = graftui.compose(regions=regions_of, stitch=True, lambdas=[0.5, 1.0], validation_n=4, n=6,
+                             out=str(tmp_path / "stitched.safetensors"))
+    doc = result.as_dict()
+    models_scored = {r["model"] for r in doc["rows"]}
+    assert "stitched" in models_scored and any(m.startswith("task arithmetic") for m in models_scored)
+    assert (tmp_path / "stitched.safetensors").is_file()

@@ -182,7 +182,8 @@ def test_debug_says_where_the_pair_lives(tmp_path, capsys):
     assert cli.main(["pair", "--base", str(base_dir), "--finetuned", str(ft_dir), "--head", "completion",
                      "--debug"]) == 0
     err = capsys.readouterr().err
-    assert "memory-mapped from their files" in err and "cpu float32" in err and "resident" in err
+    assert "θ_pre memory-mapped from its file, θ_ft memory-mapped from its file" in err
+    assert "cpu float32" in err and "resident" in err
 
 
 def test_a_model_a_device_map_could_not_place_is_refused(tmp_path, monkeypatch):
