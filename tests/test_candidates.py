@@ -89,7 +89,7 @@ def test_a_factor_past_the_graftable_count_keeps_every_parameter_and_learns_the_
     graftable = pair.counts()["graftable"]
     assert LearnConfig(candidates="1000").candidate_count(K, graftable) == graftable
     assert LearnConfig(candidates="1.1").candidate_count(10, graftable) == 11  # ⌈c·k⌉, not one more for rounding
-    assert LearnConfig().candidate_count(K, graftable) is None
+    assert LearnConfig(candidates="all").candidate_count(K, graftable) is None
     found = {}
     for candidates in ("all", "1000"):
         config = LearnConfig(steps=4, lr=0.5, candidates=candidates)
@@ -218,7 +218,7 @@ def test_candidates_refusals_through_the_request(value, words):
 def test_candidates_reach_the_learner_through_the_request_and_the_registry():
     from graftui.requests import LocalizeRequest
 
-    assert LocalizeRequest.make().learn_config().candidates == "all"
+    assert LocalizeRequest.make().learn_config().candidates == LearnConfig().candidates == "5"  # the measured default
     assert LocalizeRequest.make(candidates="4").validate().learn_config().candidates == "4"
     assert LocalizeRequest.make(candidates=" ALL ").validate().learn_config().candidates == "all"
     assert "candidates" in LocalizeRequest.help("candidates") or "C" in LocalizeRequest.help("candidates")

@@ -1,4 +1,8 @@
-"""The method module on tiny models: exact grafts, exact budgets, the mask gradient, learning."""
+"""The method module on tiny models: exact grafts, exact budgets, the mask gradient, learning.
+
+Mask learning here is the paper's as written, a logit for every graftable parameter (``--candidates all``);
+tests/test_candidates.py holds the candidate-restricted learner, graftui's default, and its agreement with this one.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +14,12 @@ import torch
 from torch.func import functional_call
 
 from graftui import compute, method
-from graftui.method import Cancelled, LearnConfig
+from graftui.method import Cancelled
+from graftui.method import LearnConfig as _LearnConfig
+
+
+def LearnConfig(**fields):  # noqa: N802 - the paper's learner unless a test asks for candidates
+    return _LearnConfig(**{"candidates": "all", **fields})
 
 from conftest import mask_to_region, random_batches
 
