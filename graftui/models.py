@@ -147,28 +147,41 @@ def adapter_of(ref: str, *, allow_local: bool = True) -> Adapter | None:
     target = resolve(ref, allow_local=allow_local)
     if Path(target).is_dir():
         return read_adapter(target, allow_local=allow_local) if is_adapter(target) else None
-    try:
-        from huggingface_hub import hf_hub_download
-
-        hf_hub_download(target, ADAPTER_CONFIG)
-    except Exception:  # noqa: BLE001 - no adapter config there (or no Hub): an ordinary checkpoint
-        return None
-    return read_adapter(target, allow_local=allow_local)
+    return read_adapter(target, allow_local=allow_local) if _hub_adapter_folder(target) is not None else None
 
 
 def _config(ref: str, target: str, trust_remote_code: bool):
     """The model config of a checkpoint; an adapter's is its base's (the one its adapter_config.json names)."""
     from transformers import AutoConfig
 
-    if Path(target).is_dir() and is_adapter(target):
-        base = adapter_base(target)
+    local = Path(target).is_dir()
+    folder = target if local and is_adapter(target) else None if local else _hub_adapter_folder(target)
+    if folder is not None:
+        base = adapter_base(folder)
         if base is None:
             raise ModelError(f"adapter '{ref}' names no base in its adapter_config.json: give the base with --base")
-        return _config(base, resolve(base), trust_remote_code)
+        try:  # a Hub adapter's recorded base is data from a stranger: never a path on this machine
+            where = resolve(base, allow_local=local)
+        except ModelError as err:
+            raise ModelError(f"adapter '{ref}' names its base '{base}', which is not a Hub id: the base of an adapter "
+                             "read from the Hub is read from the Hub too (its adapter_config.json must name the base's "
+                             "Hub id)") from err
+        return _config(base, where, trust_remote_code)
     try:
         return AutoConfig.from_pretrained(target, trust_remote_code=trust_remote_code)
     except Exception as err:  # noqa: BLE001
         raise _load_error(ref, err) from err
+
+
+def _hub_adapter_folder(repo: str) -> str | None:
+    """The cached folder of a Hub repository that holds an adapter config and no model config, else None."""
+    try:
+        from huggingface_hub import hf_hub_download
+
+        found = Path(hf_hub_download(repo, ADAPTER_CONFIG)).parent
+    except Exception:  # noqa: BLE001 - no adapter config there (or no Hub): an ordinary checkpoint
+        return None
+    return str(found) if not (found / "config.json").exists() else None
 
 
 def context_of(ref: str, *, trust_remote_code: bool = False, allow_local: bool = True) -> int | None:

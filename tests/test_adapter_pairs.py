@@ -185,3 +185,27 @@ def test_adapters_of_one_base_are_fine_tuned_localized_and_stitched(tmp_path, mo
     models_scored = {r["model"] for r in doc["rows"]}
     assert "stitched" in models_scored and any(m.startswith("task arithmetic") for m in models_scored)
     assert (tmp_path / "stitched.safetensors").is_file()
+
+
+def test_a_hub_adapter_cannot_name_a_path_on_the_server_as_its_base(lora, tmp_path, monkeypatch):
+    import shutil
+
+    cache = tmp_path / "hub"
+    snapshot = cache / "models--someone--adapter" / "snapshots" / ("0" * 40)
+    snapshot.mkdir(parents=True)
+    (cache / "models--someone--adapter" / "refs").mkdir()
+    (cache / "models--someone--adapter" / "refs" / "main").write_text("0" * 40)
+    for name in ("adapter_config.json", "adapter_model.safetensors"):
+        shutil.copy(lora["adapter"] / name, snapshot / name)
+    raw = json.loads((snapshot / "adapter_config.json").read_text())
+    raw["base_model_name_or_path"] = str(lora["base"])  # a stranger's file naming a folder of this machine
+    (snapshot / "adapter_config.json").write_text(json.dumps(raw))
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(cache))
+    for allow_local in (False, True):  # whoever runs it: the base of a Hub adapter is a Hub id or nothing
+        with pytest.raises(ModelError, match=r"names its base '.*', which is not a Hub id") as err:
+            models.checkpoint_kind("someone/adapter", allow_local=allow_local)
+        assert "\n" not in str(err.value)
+    raw["base_model_name_or_path"] = "minilm"  # an offline default is a name, not a path: read
+    (snapshot / "adapter_config.json").write_text(json.dumps(raw))
+    assert models.checkpoint_kind("someone/adapter", allow_local=False) == "classifier"  # minilm's kind
