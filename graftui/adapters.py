@@ -333,6 +333,7 @@ class AdaptedWeights(Mapping):
 
     def __init__(self, pre: Mapping, adapter: Adapter, names: dict[str, str], keys: list[str]):
         self.pre, self.adapter, self.names, self.keys_ = pre, adapter, dict(names), list(keys)
+        self.listed = set(self.keys_)
 
     def __iter__(self):
         return iter(self.keys_)
@@ -341,7 +342,7 @@ class AdaptedWeights(Mapping):
         return len(self.keys_)
 
     def __contains__(self, name) -> bool:
-        return name in set(self.keys_)
+        return name in self.listed
 
     def __getitem__(self, name: str) -> torch.Tensor:
         if name not in self:

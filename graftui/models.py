@@ -144,10 +144,24 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 def adapter_of(ref: str, *, allow_local: bool = True) -> Adapter | None:
     """``ref`` read as a LoRA adapter when it is one (a local folder, or a Hub repository with an adapter config and
     no model config), else None."""
-    target = resolve(ref, allow_local=allow_local)
+    target = resolve(ref, allow_local=allow_local)  # vetted here: the reader may open what it names
     if Path(target).is_dir():
-        return read_adapter(target, allow_local=allow_local) if is_adapter(target) else None
-    return read_adapter(target, allow_local=allow_local) if _hub_adapter_folder(target) is not None else None
+        if (Path(target) / ADAPTER_CONFIG).exists() and not is_adapter(target):
+            raise ModelError(f"'{ref}' holds both a model and a LoRA adapter: a loader would apply the adapter on top "
+                             "of the model; give the model and the adapter as folders of their own")
+        return read_adapter(target, allow_local=True) if is_adapter(target) else None
+    return read_adapter(target, allow_local=False) if _hub_adapter_folder(target) is not None else None
+
+
+def _adapter_base_target(ref: str, base: str, *, local: bool) -> str:
+    """What an adapter's recorded base resolves to: a path only for an adapter that is itself a folder here (and where
+    local paths are allowed); a Hub adapter's base, data from a stranger, must be a Hub id or an offline default."""
+    try:
+        return resolve(base, allow_local=local)
+    except ModelError as err:
+        raise ModelError(f"adapter '{ref}' names its base '{base}', which is not a Hub id: the base of an adapter "
+                         "read from the Hub is read from the Hub too (its adapter_config.json must name the base's "
+                         "Hub id)") from err
 
 
 def _config(ref: str, target: str, trust_remote_code: bool):
@@ -160,13 +174,7 @@ def _config(ref: str, target: str, trust_remote_code: bool):
         base = adapter_base(folder)
         if base is None:
             raise ModelError(f"adapter '{ref}' names no base in its adapter_config.json: give the base with --base")
-        try:  # a Hub adapter's recorded base is data from a stranger: never a path on this machine
-            where = resolve(base, allow_local=local)
-        except ModelError as err:
-            raise ModelError(f"adapter '{ref}' names its base '{base}', which is not a Hub id: the base of an adapter "
-                             "read from the Hub is read from the Hub too (its adapter_config.json must name the base's "
-                             "Hub id)") from err
-        return _config(base, where, trust_remote_code)
+        return _config(base, _adapter_base_target(ref, base, local=local), trust_remote_code)
     try:
         return AutoConfig.from_pretrained(target, trust_remote_code=trust_remote_code)
     except Exception as err:  # noqa: BLE001
@@ -176,12 +184,19 @@ def _config(ref: str, target: str, trust_remote_code: bool):
 def _hub_adapter_folder(repo: str) -> str | None:
     """The cached folder of a Hub repository that holds an adapter config and no model config, else None."""
     try:
-        from huggingface_hub import hf_hub_download
+        from huggingface_hub import file_exists, hf_hub_download
 
         found = Path(hf_hub_download(repo, ADAPTER_CONFIG)).parent
     except Exception:  # noqa: BLE001 - no adapter config there (or no Hub): an ordinary checkpoint
         return None
-    return str(found) if not (found / "config.json").exists() else None
+    try:
+        has_model = file_exists(repo, "config.json")
+    except Exception:  # noqa: BLE001 - offline: what the cache holds
+        has_model = (found / "config.json").exists()
+    if has_model:
+        raise ModelError(f"'{repo}' holds both a model and a LoRA adapter: a loader would apply the adapter on top of "
+                         "the model; give the model and the adapter as repositories of their own")
+    return str(found)
 
 
 def context_of(ref: str, *, trust_remote_code: bool = False, allow_local: bool = True) -> int | None:
@@ -213,6 +228,9 @@ def load_classifier(
     from transformers import AutoModelForSequenceClassification
 
     target = resolve(ref, allow_local=allow_local)
+    if adapter_of(ref, allow_local=allow_local) is not None:
+        raise ModelError(f"'{ref}' is a LoRA adapter: graftui reads an adapter as the fine-tune of a pair whose base is "
+                         "a causal LM (--finetuned ADAPTER --base ITS-BASE), not as a classifier of its own")
     config = _config(ref, target, trust_remote_code)
     kind = kind_of(config)
     if kind != "classifier" and not as_classifier:
@@ -254,11 +272,12 @@ def load_lm(ref: str, kind: str, *, trust_remote_code: bool = False, allow_local
     if device_map:
         kwargs["device_map"] = device_map
     target = resolve(ref, allow_local=allow_local)
-    adapter = read_adapter(target, allow_local=allow_local) if Path(target).is_dir() and is_adapter(target) else None
+    adapter = adapter_of(ref, allow_local=allow_local)
     if adapter is not None:  # the fine-tuned model of an adapter: its base, with δ added in place (one model)
         if adapter.base_name is None:
             raise ModelError(f"adapter '{ref}' names no base in its adapter_config.json: give the base with --base")
-        target = resolve(adapter.base_name, allow_local=allow_local)
+        target = _adapter_base_target(ref, adapter.base_name, local=Path(resolve(ref, allow_local=allow_local)).is_dir()
+                                      and allow_local)
     try:
         model = loader.from_pretrained(target, trust_remote_code=trust_remote_code, **kwargs)
     except Exception as err:  # noqa: BLE001
@@ -708,7 +727,10 @@ class ModelPair:
         (in_base, resized), (in_ft, _) = model_names(shapes, base_file), model_names(shapes, finetuned_file)
         shared = [n for n in params if n in in_base]
         reads_lm = hasattr(finetuned, "head_names")  # a language model's tensors are all in its base, none new
-        if not shared or resized or any(n not in in_ft for n in shared) or reads_lm and len(shared) < len(params):
+        body = getattr(finetuned, "base_model_prefix", "") + "."  # a classifier's body is all in its base (a loader
+        renamed = any(n.startswith(body) and n not in in_base for n in params)  # may rename old names: two models)
+        if (not shared or resized or renamed or any(n not in in_ft for n in shared)
+                or reads_lm and len(shared) < len(params)):
             return None
         dtype = params[shared[0]].dtype
         pre = base_file.renamed({n: in_base[n] for n in shared}, dtype)
@@ -776,9 +798,12 @@ class ModelPair:
         graftable = [n for n in shared if spec.admits(n) and (spec.include_embeddings or n not in fixed)]
         listed = graftable + [n for n in shared if n in changed and n not in set(graftable)]
         ft = AdaptedWeights(pre, adapter, {n: a for n, a in changed.items() if n in set(shared)}, listed)
-        with torch.no_grad():  # the working model: θ_pre's body (as loaded), the adapter's saved head
+        with torch.no_grad():  # the working model: θ_pre's body, the adapter's saved head
             for n in new:
                 params[n].data.copy_(adapter.value(changed[n]).to(params[n].dtype))
+            for n in changed:  # tensors a graft writes into get memory of their own, as from_files gives them: a
+                if n in params and n not in new:  # loader's tensor may be a view of its file, copied page by page
+                    params[n].data = params[n].data.clone()  # once written (and then held twice)
         if base_file is not None:
             base_file.release()
         if not label_names:

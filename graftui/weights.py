@@ -42,6 +42,8 @@ def safetensors_files(folder: str | Path) -> list[Path]:
         except (OSError, ValueError, KeyError, TypeError) as err:
             raise ModelError(f"'{index}' is not a safetensors index ({err})") from err
         return [folder / s for s in shards]
+    if (folder / "model.safetensors").exists():  # not its variants (model.fp16.safetensors, consolidated…)
+        return [folder / "model.safetensors"]
     return sorted(folder.glob("*.safetensors"))
 
 
@@ -57,6 +59,8 @@ def _header(path: Path) -> tuple[int, dict]:
             header = json.loads(fh.read(size))
         except ValueError as err:
             raise ModelError(f"'{path.name}' is not a safetensors file (its header is not JSON)") from err
+    if not isinstance(header, dict):
+        raise ModelError(f"'{path.name}' is not a safetensors file (its header is not a JSON object)")
     header.pop("__metadata__", None)
     return 8 + size, header
 
@@ -86,9 +90,14 @@ class Checkpoint(Mapping):
                     raise ModelError(f"'{path.name}': tensor '{key}' has a malformed entry ({err})") from err
                 if not 0 <= begin <= end <= size - start or end - begin != math.prod(shape) * dtype_.itemsize:
                     raise ModelError(f"'{path.name}': tensor '{key}' points outside the file or has the wrong size")
+                if key in self.entries:
+                    raise ModelError(f"'{path.name}': tensor '{key}' is also in '{self.files[self.entries[key][0]].name}'")
                 self.entries[key] = (i, start + begin, dtype_, shape)
         self.names = dict(names) if names is not None else {k: k for k in self.entries}
         self.dtype = dtype
+        for i, path in enumerate(self.files):  # mapped now, not on first read: a pair is read from several threads
+            with open(path, "rb") as fh:  # private (copy-on-write) mapping: read lazily, never written back
+                self._maps[i] = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
 
     @classmethod
     def open(cls, folder: str | Path) -> "Checkpoint":
@@ -124,9 +133,6 @@ class Checkpoint(Mapping):
 
     def _mapped(self, name: str) -> torch.Tensor:
         i, offset, dtype, shape = self.entries[self.names[name]]
-        if i not in self._maps:  # private (copy-on-write) mapping: read lazily, never written back
-            with open(self.files[i], "rb") as fh:
-                self._maps[i] = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY)
         count = math.prod(shape)
         if count == 0:
             return torch.empty(shape, dtype=dtype)

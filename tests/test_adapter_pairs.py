@@ -209,3 +209,26 @@ def test_a_hub_adapter_cannot_name_a_path_on_the_server_as_its_base(lora, tmp_pa
     raw["base_model_name_or_path"] = "minilm"  # an offline default is a name, not a path: read
     (snapshot / "adapter_config.json").write_text(json.dumps(raw))
     assert models.checkpoint_kind("someone/adapter", allow_local=False) == "classifier"  # minilm's kind
+
+
+def test_the_offline_lora_default_is_read_where_local_paths_are_not_allowed(lora):
+    import shutil
+
+    from graftui.config import default_checkpoint_dir
+
+    folder = default_checkpoint_dir("smollm2-dates-lora")  # as if built: the default's own folder
+    shutil.copytree(lora["adapter"], folder)
+    adapter = models.adapter_of("smollm2-dates-lora", allow_local=False)  # a hosted server names it, not a path
+    assert adapter is not None and adapter.hash == models.read_adapter(str(lora["adapter"])).hash
+    with pytest.raises(ModelError, match="local paths are not allowed"):
+        models.adapter_of(str(lora["adapter"]), allow_local=False)
+
+
+def test_a_folder_holding_a_model_and_an_adapter_is_refused(lora, tmp_path):
+    import shutil
+
+    mixed = tmp_path / "mixed"
+    shutil.copytree(lora["base"], mixed)
+    shutil.copy(lora["adapter"] / "adapter_config.json", mixed / "adapter_config.json")
+    with pytest.raises(ModelError, match="holds both a model and a LoRA adapter"):
+        models.load_lm(str(mixed), "causal-lm")

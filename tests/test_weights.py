@@ -71,6 +71,7 @@ def _write_raw(path, header: bytes, body: bytes = b"") -> None:
     (lambda p: p.write_bytes(b"\x01\x02"), "too short"),
     (lambda p: p.write_bytes(struct.pack("<Q", 1 << 40) + b"{}"), "header of"),
     (lambda p: _write_raw(p, b"not json"), "not JSON"),
+    (lambda p: _write_raw(p, b"[1, 2]"), "not a JSON object"),
     (lambda p: _write_raw(p, json.dumps({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}).encode(),
                           b"\0" * 8), "outside the file"),
     (lambda p: _write_raw(p, json.dumps({"w": {"dtype": "F32", "shape": [4], "data_offsets": [0, 8]}}).encode(),
@@ -199,3 +200,13 @@ def test_a_model_a_device_map_could_not_place_is_refused(tmp_path, monkeypatch):
     monkeypatch.setattr(models, "load_reader", offloaded)
     with pytest.raises(ModelError, match=r"--device-map auto left no room for .* went to disk"):
         models.ModelPair.load(str(base_dir), str(ft_dir), options=LoadOptions(head="completion", device_map="auto"))
+
+
+def test_a_checkpoint_is_read_from_its_own_file_not_a_variant_beside_it(tmp_path):
+    save_file({"w": torch.ones(3)}, tmp_path / "model.safetensors")
+    save_file({"w": torch.zeros(3).half()}, tmp_path / "model.fp16.safetensors")
+    assert torch.equal(Checkpoint.open(tmp_path)["w"], torch.ones(3))
+    (tmp_path / "model.safetensors").unlink()
+    save_file({"w": torch.ones(3)}, tmp_path / "other.safetensors")
+    with pytest.raises(ModelError, match="is also in"):  # two files, one tensor: no silent choice
+        Checkpoint.open(tmp_path)
