@@ -798,12 +798,9 @@ class ModelPair:
         graftable = [n for n in shared if spec.admits(n) and (spec.include_embeddings or n not in fixed)]
         listed = graftable + [n for n in shared if n in changed and n not in set(graftable)]
         ft = AdaptedWeights(pre, adapter, {n: a for n, a in changed.items() if n in set(shared)}, listed)
-        with torch.no_grad():  # the working model: θ_pre's body, the adapter's saved head
+        with torch.no_grad():  # the working model: θ_pre's body (as loaded), the adapter's saved head
             for n in new:
                 params[n].data.copy_(adapter.value(changed[n]).to(params[n].dtype))
-            for n in changed:  # tensors a graft writes into get memory of their own, as from_files gives them: a
-                if n in params and n not in new:  # loader's tensor may be a view of its file, copied page by page
-                    params[n].data = params[n].data.clone()  # once written (and then held twice)
         if base_file is not None:
             base_file.release()
         if not label_names:
