@@ -79,7 +79,7 @@ class LearnConfig:
     logit_dtype: str = "float32"  # precision of ℓ: float16 or bfloat16 halve its memory (one value per graftable parameter)
     memory: str = "auto"  # "fast" keeps σ(ℓ) and δ between passes (two more copies), "lean" recomputes them; same region
     checkpoint_every: int = 0  # recompute every n-th layer's activations in the backward pass (0: keep them all); same region
-    candidates: str = "5"  # a factor c ≥ 1: ℓ is kept only over the ⌈c·k⌉ parameters that moved most; "all": everywhere
+    candidates: str = "all"  # "all", or a factor c ≥ 1: ℓ is kept only over the ⌈c·k⌉ parameters that moved most
     batch_size: int = 16
     seed: int = 0
 

@@ -218,7 +218,7 @@ def test_candidates_refusals_through_the_request(value, words):
 def test_candidates_reach_the_learner_through_the_request_and_the_registry():
     from graftui.requests import LocalizeRequest
 
-    assert LocalizeRequest.make().learn_config().candidates == LearnConfig().candidates == "5"  # the measured default
+    assert LocalizeRequest.make().learn_config().candidates == LearnConfig().candidates == "all"  # see docs/method.md
     assert LocalizeRequest.make(candidates="4").validate().learn_config().candidates == "4"
     assert LocalizeRequest.make(candidates=" ALL ").validate().learn_config().candidates == "all"
     assert "candidates" in LocalizeRequest.help("candidates") or "C" in LocalizeRequest.help("candidates")
