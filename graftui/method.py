@@ -503,25 +503,9 @@ class CandidateLearner(MaskLearner):
                 least, most = torch.aminmax(flat)
                 peaks[n] = torch.maximum(-least, most)
 
-        hooks = [self.params[n].register_post_accumulate_grad_hook(to_logit_gradient) for n in self.candidates]
-        try:
-            out = self.model(**batch)
-            if out.loss.requires_grad:  # false only when C is empty (k = 0)
-                out.loss.backward()
-        finally:
-            for hook in hooks:
-                hook.remove()
-        device = out.loss.device
-        sq = torch.zeros((), dtype=torch.float64, device=device)
-        peak = torch.zeros((), dtype=torch.float32, device=device)
-        for n in self.candidates:  # summed in a fixed order, whatever order the backward pass took
-            if n not in squares:  # the loss does not depend on this tensor
-                self.grads_c[n].zero_()
-                continue
-            sq += squares[n].to(device)
-            if need_peak:
-                peak = torch.maximum(peak, peaks[n].to(device))
-        return out, self.grads_c, (sq, peak)
+        out = _backward(self.model, batch, [self.params[n] for n in self.candidates], to_logit_gradient)
+        size = _size(self.candidates, squares, peaks, need_peak, out.loss.device, lambda n: self.grads_c[n].zero_())
+        return out, self.grads_c, size
 
     def _restore(self) -> None:
         for n, idx in self.candidates.items():
@@ -679,25 +663,39 @@ def logit_gradient(
         if need_peak:
             peaks[n] = peak.float()
 
-    hooks = [p.register_post_accumulate_grad_hook(to_logit_gradient) for p in params.values()]
+    out = _backward(model, batch, list(params.values()), to_logit_gradient)
+    size = _size(params, squares, peaks, need_peak, out.loss.device, lambda n: params[n].data.zero_())
+    return out, {n: p.data for n, p in params.items()}, size
+
+
+def _backward(model: torch.nn.Module, batch: dict, hooked: list[torch.nn.Parameter], hook) -> object:
+    """One forward/backward with ``hook`` run on each of ``hooked`` as soon as its gradient is complete."""
+    hooks = [p.register_post_accumulate_grad_hook(hook) for p in hooked]
     try:
         out = model(**batch)
-        out.loss.backward()
+        if out.loss.requires_grad:  # false only when nothing is hooked (an empty candidate set)
+            out.loss.backward()
     finally:
-        for hook in hooks:
-            hook.remove()
-    device = out.loss.device
+        for handle in hooks:
+            handle.remove()
+    return out
+
+
+@torch.no_grad()
+def _size(names, squares: dict, peaks: dict, need_peak: bool, device, untouched) -> tuple[torch.Tensor, torch.Tensor]:
+    """(Σ(∇_ℓ L)², max |∇_ℓ L|) over ``names``, summed in their order whatever order the backward pass took (a
+    device map may spread them over devices); ``untouched(name)`` zeroes the gradient of a tensor the loss does not
+    depend on."""
     sq = torch.zeros((), dtype=torch.float64, device=device)
     peak = torch.zeros((), dtype=torch.float32, device=device)
-    with torch.no_grad():
-        for n, p in params.items():  # summed in a fixed order, whatever order the backward pass took
-            if n not in squares:  # the loss does not depend on this tensor
-                p.data.zero_()
-                continue
-            sq += squares[n].to(device)  # a device map may spread the tensors over devices
-            if need_peak:
-                peak = torch.maximum(peak, peaks[n].to(device))
-    return out, {n: p.data for n, p in params.items()}, (sq, peak)
+    for n in names:
+        if n not in squares:
+            untouched(n)
+            continue
+        sq += squares[n].to(device)
+        if need_peak:
+            peak = torch.maximum(peak, peaks[n].to(device))
+    return sq, peak
 
 
 @dataclass
