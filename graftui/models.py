@@ -276,8 +276,7 @@ def load_lm(ref: str, kind: str, *, trust_remote_code: bool = False, allow_local
     if adapter is not None:  # the fine-tuned model of an adapter: its base, with δ added in place (one model)
         if adapter.base_name is None:
             raise ModelError(f"adapter '{ref}' names no base in its adapter_config.json: give the base with --base")
-        target = _adapter_base_target(ref, adapter.base_name, local=Path(resolve(ref, allow_local=allow_local)).is_dir()
-                                      and allow_local)
+        target = _adapter_base_target(ref, adapter.base_name, local=Path(target).is_dir() and allow_local)
     try:
         model = loader.from_pretrained(target, trust_remote_code=trust_remote_code, **kwargs)
     except Exception as err:  # noqa: BLE001
@@ -443,6 +442,19 @@ def _local_folder(ref: str, *, allow_local: bool, download: bool) -> Path | None
         return None
 
 
+def _split(shared: list[str], spec: GraftableSpec, fixed: set[str]) -> tuple[list[str], list[str]]:
+    """(graftable, excluded) of a pair's shared tensors: what the spec admits, a language model's own head
+    (``fixed``, with the embeddings) kept out unless embeddings are asked for."""
+    graftable = [n for n in shared if spec.admits(n) and (spec.include_embeddings or n not in fixed)]
+    kept = set(graftable)
+    return graftable, [n for n in shared if n not in kept]
+
+
+def _labels(model: torch.nn.Module, label_names: tuple[str, ...]) -> tuple[str, ...]:
+    """The labels given, else the model's class indices as names."""
+    return tuple(label_names) or tuple(str(i) for i in range(getattr(model.config, "num_labels", 0)))
+
+
 def _finite(values, name: str) -> bool:
     """Whether a tensor holds no NaN or infinity; a mapped file's pages are given back as soon as it is read."""
     tensor = values[name]
@@ -467,11 +479,11 @@ def _as_loaded(params: dict[str, torch.nn.Parameter], stored: Checkpoint) -> boo
     return True
 
 
-def _base_file(base_ref: str, model: torch.nn.Module, options: LoadOptions, *, allow_local: bool) -> Checkpoint | None:
-    """The base's weight files, when its tensors can be read from them (no device map placing them)."""
+def _files(ref: str, options: LoadOptions, *, allow_local: bool, download: bool = True) -> Checkpoint | None:
+    """A checkpoint's weight files, when its tensors can be read from them (no device map placing them)."""
     if options.device_map:
         return None
-    folder = _local_folder(base_ref, allow_local=allow_local, download=True)
+    folder = _local_folder(ref, allow_local=allow_local, download=download)
     try:
         return Checkpoint.open(folder) if folder is not None else None
     except ModelError:
@@ -490,14 +502,9 @@ def _checkpoint_files(base_ref: str, finetuned_ref: str, finetuned: torch.nn.Mod
         return None
     if config is None or getattr(base_config, "model_type", None) != getattr(config, "model_type", None):
         return None
-    folders = (_local_folder(base_ref, allow_local=allow_local, download=True),
-               _local_folder(finetuned_ref, allow_local=allow_local, download=False))
-    if None in folders:
-        return None
-    try:
-        return Checkpoint.open(folders[0]), Checkpoint.open(folders[1])
-    except ModelError:
-        return None
+    files = (_files(base_ref, options, allow_local=allow_local),
+             _files(finetuned_ref, options, allow_local=allow_local, download=False))
+    return None if any(f is None for f in files) else files
 
 
 def check_placed(ref: str, model: torch.nn.Module) -> None:
@@ -611,7 +618,7 @@ class ModelPair:
             labels = prompt.labels
         fixed = finetuned.head_names() if hasattr(finetuned, "head_names") else set()
         if adapter is not None:  # the working model read from the base; θ_ft is θ_pre + the adapter's δ
-            base_file = _base_file(base_ref, finetuned, options, allow_local=allow_local)
+            base_file = _files(base_ref, options, allow_local=allow_local)
             pair = cls.from_adapter(finetuned, tokenizer, adapter, base_file, new_in_base, spec, base_ref,
                                     finetuned_ref, labels, fixed)
             files = None
@@ -672,8 +679,7 @@ class ModelPair:
         base_params = dict(base.named_parameters())
         params = dict(finetuned.named_parameters())
         shared = [n for n in params if n not in head]
-        graftable = [n for n in shared if spec.admits(n) and (spec.include_embeddings or n not in fixed)]
-        excluded = [n for n in shared if n not in set(graftable)]
+        graftable, excluded = _split(shared, spec, fixed)
         pre = {n: base_params[n].detach() for n in shared}
         ft: dict[str, torch.Tensor] = {}
         with torch.no_grad():
@@ -684,8 +690,7 @@ class ModelPair:
                     p.data = pre[n].clone()
                 else:
                     p.data = pre[n]  # identical and never written: share the base's storage
-        if not label_names:
-            label_names = tuple(str(i) for i in range(getattr(finetuned.config, "num_labels", 0)))
+        label_names = _labels(finetuned, label_names)
         return cls(
             model=finetuned.eval(),
             tokenizer=tokenizer,
@@ -737,9 +742,8 @@ class ModelPair:
         ft_all = finetuned_file.renamed({n: in_ft[n] for n in shared}, dtype)
         if not _as_loaded(params, ft_all):
             return None
-        graftable = [n for n in shared if spec.admits(n) and (spec.include_embeddings or n not in fixed)]
+        graftable, excluded = _split(shared, spec, fixed)
         kept = set(graftable)
-        excluded = [n for n in shared if n not in kept]
         moved = [n for n in shared if n in kept or not torch.equal(ft_all[n], pre[n])]
         ft = ft_all.renamed({n: in_ft[n] for n in moved}, dtype)
         with torch.no_grad():  # the working model: θ_pre's body, the fine-tuned head, laid out as from_models lays it
@@ -747,11 +751,9 @@ class ModelPair:
                 params[n].data = pre[n].clone() if n in ft else pre[n]
         base_file.release()
         finetuned_file.release()
-        if not label_names:
-            label_names = tuple(str(i) for i in range(getattr(finetuned.config, "num_labels", 0)))
         return cls(model=finetuned.eval(), tokenizer=tokenizer, base_ref=base_ref, finetuned_ref=finetuned_ref,
                    graftable=graftable, head=[n for n in params if n not in in_base], excluded=excluded, pre=pre,
-                   ft=ft, label_names=tuple(label_names), _params=params)
+                   ft=ft, label_names=_labels(finetuned, label_names), _params=params)
 
     @classmethod
     def from_adapter(
@@ -795,7 +797,7 @@ class ModelPair:
         pre = base_file.renamed(in_base, params[shared[0]].dtype) if base_file is not None else None
         if pre is None or len(in_base) < len(shared) or not _as_loaded(params, pre):
             pre = {n: params[n].detach().clone() for n in shared}  # not mappable (a device map, a converted file)
-        graftable = [n for n in shared if spec.admits(n) and (spec.include_embeddings or n not in fixed)]
+        graftable, excluded = _split(shared, spec, fixed)
         listed = graftable + [n for n in shared if n in changed and n not in set(graftable)]
         ft = AdaptedWeights(pre, adapter, {n: a for n, a in changed.items() if n in set(shared)}, listed)
         with torch.no_grad():  # the working model: θ_pre's body (as loaded), the adapter's saved head
@@ -803,12 +805,9 @@ class ModelPair:
                 params[n].data.copy_(adapter.value(changed[n]).to(params[n].dtype))
         if base_file is not None:
             base_file.release()
-        if not label_names:
-            label_names = tuple(str(i) for i in range(getattr(model.config, "num_labels", 0)))
         return cls(model=model.eval(), tokenizer=tokenizer, base_ref=base_ref, finetuned_ref=finetuned_ref,
-                   graftable=graftable, head=[n for n in params if n in new],
-                   excluded=[n for n in shared if n not in set(graftable)], pre=pre, ft=ft,
-                   label_names=tuple(label_names), _params=params, adapter=adapter)
+                   graftable=graftable, head=[n for n in params if n in new], excluded=excluded, pre=pre, ft=ft,
+                   label_names=_labels(model, label_names), _params=params, adapter=adapter)
 
     @property
     def lazy(self) -> bool:
