@@ -74,6 +74,7 @@ class LearnConfig:
     optimizer: str = "normalized"  # "normalized" | "adam" | "sgd" (the paper's)
     norm: str = "rms"  # what "normalized" divides by: "rms" or "max" of ∇_ℓ over the graftable set
     forward: str = "relaxed"  # "relaxed" (Eq. 2) or "hard": the binarised region, straight-through
+    within_budget: bool = False  # after each step, shift ℓ so that at most k parameters have γ ≥ ½ (order kept)
     sigmoid_bias: float = 3.0  # S starts at −bias: σ(S) ≈ 0.047
     binarise: str = "topk"  # "topk" | "round"
     logit_dtype: str = "float32"  # precision of ℓ: float16 or bfloat16 halve its memory (one value per graftable parameter)

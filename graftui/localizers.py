@@ -10,7 +10,7 @@ the CLI, the app and the sweep all look methods up here.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import torch
@@ -99,6 +99,17 @@ def learned(ctx: MethodContext) -> Region:
         pair.model, params, pair.pre, pair.ft, ctx.k, ctx.make_batches, ctx.config, ctx.progress, ctx.cancel
     )
     return region
+
+
+@register_method(
+    "budget-true",
+    label="Budget-true learned",
+    description="Eq. 2–4 held to the budget while learning: each forward pass grafts the top-k of ℓ (straight-through), "
+                "and ℓ is shifted after each step so that at most k parameters have γ ≥ ½.",
+    needs_data=True,
+)
+def budget_true(ctx: MethodContext) -> Region:
+    return learned(replace(ctx, config=replace(ctx.config, forward="hard", within_budget=True)))
 
 
 @register_method(

@@ -46,6 +46,7 @@ from .weights import release, take
 log = logging.getLogger(__name__)
 
 Region = dict[str, torch.Tensor]  # parameter name -> sorted flat indices inside the region
+BUDGET_MARGIN = 0.01  # in logit units: where a budget-true learner leaves the (k+1)-th largest ℓ below 0
 
 
 # -- Eq. 1 -------------------------------------------------------------------------------------
@@ -389,11 +390,24 @@ class MaskLearner:
                     ell.addcdiv_(m, denom, value=-self.config.lr / (1 - 0.9**self.steps_done))
                 else:
                     ell.sub_(g, alpha=scale)
+            if self.config.within_budget:
+                self._keep_within_budget()
             size, kept = self.counter(self.scratch) if count_region else (None, None)
             accuracy = float(out.accuracy) if hasattr(out, "accuracy") else \
                 float((out.logits.argmax(-1) == batch["labels"]).float().mean())
         return StepReport(self.steps_done, self.config.steps, float(loss), accuracy, size,
                           None if size is None else size - kept)
+
+    def _keep_within_budget(self) -> None:
+        """Shift every logit down by one amount so that the (k+1)-th largest lies below 0: at most k parameters have
+        γ = σ(ℓ) ≥ ½, and the order of ℓ (the region a hard forward pass or binarising takes) is unchanged."""
+        names = list(self.logits)
+        if sum(self.logits[n].numel() for n in names) <= self.k:
+            return
+        above = float(_kth_largest(self.logits, names, self.k + 1))
+        if above >= 0:
+            for ell in self.logits.values():
+                ell.sub_(above + BUDGET_MARGIN)
 
     def _restore(self) -> None:
         """θ_pre back into every working parameter ℓ acted on."""

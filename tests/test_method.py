@@ -499,3 +499,43 @@ def test_nan_scores_are_refused_by_name():
 
     with pytest.raises(ModelError, match="'b' has NaN scores"):
         method.top_k({"a": torch.ones(4), "b": torch.tensor([1.0, float("nan")])}, 2)
+
+
+@pytest.mark.parametrize("candidates, forward, logit_dtype", [("all", "hard", "float32"), ("all", "relaxed", "float32"),
+                                                              ("3", "hard", "float32"), ("all", "hard", "bfloat16")])
+def test_a_budget_true_learner_never_holds_more_than_k_parameters_at_half(tiny_pair, candidates, forward, logit_dtype):
+    """After every step at most k parameters have γ = σ(ℓ) ≥ ½, counted here from the logits themselves; the shift
+    keeps the order of ℓ, so the region is the top-k of what the same steps would give unshifted."""
+    pair, _, _ = tiny_pair
+    params = {n: pair.param(n) for n in pair.graftable}
+    k, batches = 40, random_batches(n_batches=2)
+    counts, free_counts = [], []
+    for within, seen in ((True, counts), (False, free_counts)):
+        config = LearnConfig(lr=3.0, forward=forward, within_budget=within, candidates=candidates,
+                             logit_dtype=logit_dtype)
+        learner = method.MaskLearner(pair.model, params, pair.pre, pair.ft, k, config)
+        for step, batch in zip(range(6), method._cycle(batches)):
+            report = learner.step(batch)
+            gamma = [torch.sigmoid(l.float()) for l in learner.logits.values()]
+            seen.append(sum(int((g >= 0.5).sum()) for g in gamma))
+            assert report.region_size == sum(int((l > 0).sum()) for l in learner.logits.values())  # the live count
+        region = learner.finish()
+        assert method.region_size(region) == k
+    assert max(counts) <= k
+    assert max(free_counts) > k  # steps this large overshoot the budget when nothing holds them to it
+
+
+def test_the_budget_true_shift_keeps_the_order_of_the_logits(tiny_pair):
+    pair, _, _ = tiny_pair
+    params = {n: pair.param(n) for n in pair.graftable}
+    learner = method.MaskLearner(pair.model, params, pair.pre, pair.ft, 40, LearnConfig(within_budget=True))
+    gen = torch.Generator().manual_seed(0)
+    for ell in learner.logits.values():
+        ell.copy_(torch.randn(ell.shape, generator=gen) * 4)
+    before = torch.cat([l.reshape(-1).clone() for l in learner.logits.values()])
+    learner._keep_within_budget()
+    after = torch.cat([l.reshape(-1) for l in learner.logits.values()])
+    shift = before - after
+    assert torch.allclose(shift, shift[0].expand_as(shift)) and float(shift[0]) > 0
+    assert int((after >= 0).sum()) <= 40 and float(after.sort(descending=True).values[40]) < 0
+    learner.finish()

@@ -21,7 +21,7 @@ from ..config import (
 )
 from ..data import Task
 from ..errors import GraftuiError, ModelError, RegionError, RequestError
-from ..localizers import Budget, get_method, run_method
+from ..localizers import METHODS, Budget, get_method, run_method
 from ..compute import data_parallel
 from ..method import region_size
 from ..models import ModelPair, pair_kind, prompt_tokenizer
@@ -147,7 +147,7 @@ def find_region(req, pair: ModelPair, task: Task | None, k: int, notes: list[str
 
 def region_record(req: LocalizeRequest, pair, region, made: dict, notes: list[str], seconds: float) -> RegionRecord:
     """What a region file holds: the region, its settings and the request that re-makes it (and its patch)."""
-    if req.method == "learned":  # it starts from top-movement: how far did mask learning move it?
+    if get_method(req.method).needs_data:  # mask learning starts from top-movement: how far did it move?
         start_region = method.base_region(pair.pre, pair.ft, list(pair.graftable), region_size(region))
         made = {**made, "top_movement_overlap": sets.overlap(start_region, region)}
     record = regions.make_record(pair, region, {**made, "request": req.as_dict(), "notes": list(notes),
@@ -418,7 +418,7 @@ def evaluate(req: EvaluateRequest, progress: Progress | None = None, cancel=None
                 baselines.setdefault(k, {})[label], kinds[label] = region, name
                 if name == "top-movement":
                     for own, record in zip(labels, records):
-                        if record.size == k and record.meta.method == "learned":
+                        if record.size == k and getattr(METHODS.get(record.meta.method), "needs_data", False):
                             start_overlap.setdefault(own, sets.overlap(region, record.indices))
     result = {"rows": [], "reliability": {}, "histogram": {}, "ood": [], "differences": [], "disagreements": [],
               "generations": [], "judging": []}

@@ -22,8 +22,10 @@ PLOT_NOTE = (
     "is that of one training batch, so it is noisy (the thick line is its running mean). The held-out check (◆) "
     "scores the region on a sample of test examples the mask never saw — once where learning starts "
     "(top-movement) and once at the end — beside the fine-tuned model and the empty region (dotted; their scores are "
-    "reused from earlier runs of this pair and task). The bottom panel counts parameters with γ ≥ 0.5, which may pass "
-    "the budget while learning; the saved region is the top k by ℓ, exactly k parameters."
+    "reused from earlier runs of this pair and task). The bottom panel counts parameters with γ ≥ 0.5 against the "
+    "budget k: the paper's learner may pass it while learning (the saved region is then the top k by ℓ, exactly k "
+    "parameters, and a region that fitted only far above k can lose the skill in that cut); the budget-true learner "
+    "grafts exactly k in every step and stays at or below k."
 )
 
 
