@@ -1063,6 +1063,9 @@ class ContinualRequest(ReplicateFields, RecipeFields, LearnFields):
 MANIFEST = "reproduce.json"  # marks a report folder that `graftui reproduce` wrote, and with which scale
 
 
+REPRODUCE_SECTIONS = ("paper", "generative")  # the paper's experiments; its Fig. 5 on the offline completion skills
+
+
 @dataclass
 class ReproduceRequest(Request):
     """The paper's experiments on the offline default, one after another, in one report (report.md, report.json,
@@ -1079,6 +1082,10 @@ class ReproduceRequest(Request):
     seeds: int | None = arg(None, "mask-learning seeds of the single-task steps (sweep, localize, evaluate): the report "
                             "gives mean (std) over them and decides each finding by its interval (default 3 for the "
                             "full run, 1 with --quick)", metavar="N")
+    section: str = arg("paper", "'paper': the paper's experiments on the default classification pair; 'generative': "
+                       "Fig. 5 on the offline completion skills (fine-tunes with SGD, AdamW and AdamW + ℓ1, each "
+                       "localized at three budgets by four methods; the full run takes about 4 hours, --quick about 1)",
+                       choices=REPRODUCE_SECTIONS)
 
     def check(self) -> None:
         if self.seeds is not None and not 1 <= self.seeds <= MAX_SEEDS:

@@ -18,8 +18,8 @@ from typing import Callable
 
 from .. import settings
 from ..config import (
-    ADAMW_L1, DEFAULT_MULTITASK_TASKS, DEFAULT_SPARSITY, DEFAULT_TASK, PROMPT_BASE, PROMPT_LOADING, PROMPT_SPARSITY,
-    SMOLLM2_PLATEAU_RECIPE, SMOLLM2_RECIPE, FinetuneConfig,
+    ADAMW_L1, DEFAULT_FINETUNED_REFS, DEFAULT_MULTITASK_TASKS, GENERATIVE_DEFAULTS, DEFAULT_SPARSITY, DEFAULT_TASK, PROMPT_BASE, PROMPT_LOADING, PROMPT_SPARSITY,
+    SMOLLM2_PLATEAU_RECIPE, SMOLLM2_RECIPE, FinetuneConfig, recipe_for,
 )
 from ..errors import Cancelled, RequestError
 from ..formatting import minutes
@@ -32,7 +32,7 @@ from ..version import __version__
 from . import text
 from .common import LOCAL, Guard, Progress, Result, finish
 from .registry import run, verb
-from .reproduction_report import build_report, optimizer_key, regime, write_report
+from .reproduction_report import build_generative_report, build_report, optimizer_key, regime, write_report
 
 
 # -- the plan --------------------------------------------------------------------------------------
@@ -180,9 +180,89 @@ def plan(scale: Scale, out: Path) -> list[Step]:
     return steps
 
 
+# -- Fig. 5 on generative skills (--section generative) ---------------------------------------------
+@dataclass(frozen=True)
+class Recipe:
+    """One way of fine-tuning the base on a completion skill (the default skill recipe's data and steps)."""
+
+    label: str
+    optimizer: str
+    lr: float
+    l1: float = 0.0
+
+    @property
+    def key(self) -> str:
+        return f"{self.optimizer}-lr{self.lr:g}" + (f"-l1{self.l1:g}" if self.l1 else "")
+
+
+@dataclass(frozen=True)
+class Study:
+    """What the generative section runs: each recipe on each skill, each fine-tune swept over budgets and methods."""
+
+    skills: tuple[str, ...]
+    recipes: tuple[Recipe, ...]
+    sparsities: tuple[float, ...]
+    methods: tuple[str, ...]
+    n: int  # held-out items each graft is judged on
+    seeds: int  # mask-learning seeds of each sweep
+    seconds: dict  # step -> estimated seconds on 2 CPU cores (measured on dates)
+    base: str = "smollm2"
+
+
+GENERATIVE_RECIPES = (Recipe("AdamW", "adamw", 1e-4), Recipe("AdamW + ℓ1 1e-3", "adamw", 1e-4, 1e-3),
+                      Recipe("SGD", "sgd", 0.03), Recipe("AdamW + ℓ1 1e-4", "adamw", 1e-4, 1e-4))
+GENERATIVE_METHODS = ("learned", "budget-true", "top-movement", "random")
+GENERATIVE_SKILLS = tuple(DEFAULT_FINETUNED_REFS[key][1] for key in GENERATIVE_DEFAULTS)  # dates, numbers
+GENERATIVE = {
+    "full": Study(GENERATIVE_SKILLS, GENERATIVE_RECIPES, (1e-4, 1e-3, 1e-2), GENERATIVE_METHODS, 200, 3,
+                  {"finetune": 150, "sweep": 1800}),
+    "quick": Study(GENERATIVE_SKILLS, GENERATIVE_RECIPES, (1e-4, 1e-3, 1e-2), GENERATIVE_METHODS, 100, 1,
+                   {"finetune": 150, "sweep": 600}),
+    "tiny": Study(GENERATIVE_SKILLS[:1], GENERATIVE_RECIPES[:2], (1e-3,), ("budget-true", "top-movement"),
+                  16, 1, {"finetune": 20, "sweep": 30}),  # GRAFTUI_FAST: tests and demos
+}
+
+
+def generative_plan(scale: Scale, seeds: int | None) -> tuple[Study, list[Step]]:
+    """A fine-tune per skill and recipe, then its sweep: learned, budget-true, top-movement and random regions at each
+    budget (over the mask seeds), judged by exact match and loss per token on the same held-out items."""
+    study = GENERATIVE[scale.name]
+    study = study if seeds is None else replace(study, seeds=seeds)
+    many = list(range(study.seeds)) if study.seeds > 1 else None
+    steps = []
+    for r in study.recipes:  # recipe by recipe: a run stopped early has every skill of the first recipes
+        for skill in study.skills:
+            recipe = recipe_for(f"{study.base}-{skill}")
+            name = f"{skill}-{r.key}"
+            steps += [
+                Step(f"finetune-{name}", f"fine-tune {study.base} on {skill} with {r.label} (lr {r.lr:g})",
+                     lambda R, skill=skill, r=r, data=recipe: _new(
+                         FinetuneRequest, base=study.base, task=skill, optimizer=r.optimizer, lr=r.lr, l1=r.l1,
+                         epochs=data.epochs, train_examples=data.train_examples, test_examples=study.n),
+                     "finetune"),
+                Step(f"sweep-{name}", f"{skill} after {r.label}: {', '.join(study.methods)} at "
+                                      f"{', '.join(f'{x:g}' for x in study.sparsities)}",
+                     lambda R, skill=skill, name=name: _new(
+                         SweepRequest, base=study.base, finetuned=R[f"finetune-{name}"]["out"], task=skill,
+                         sparsities=list(study.sparsities), methods=list(study.methods), n=study.n, seeds=many),
+                     "sweep"),
+            ]
+    return study, steps
+
+
 def cost_of(scale: Scale, step: Step) -> float:
     """A step's estimated seconds: the seeded single-task steps run once per seed."""
     return scale.seconds[step.cost] * (scale.seeds if step.name in SEEDED else 1)
+
+
+def section_plan(req: ReproduceRequest, scale: Scale, out: Path):
+    """The steps of the section asked for, each step's estimated seconds, and what the report is built with."""
+    if req.section == "generative":
+        study, steps = generative_plan(scale, req.seeds)
+        return steps, lambda step: study.seconds[step.cost] * (study.seeds if step.cost == "sweep" else 1), \
+            lambda R, log, seconds: build_generative_report(scale.name, study, R, log, seconds)
+    return plan(scale, out), lambda step: cost_of(scale, step), \
+        lambda R, log, seconds: build_report(scale, R, log, seconds)
 
 
 # -- the flow --------------------------------------------------------------------------------------
@@ -194,8 +274,14 @@ class ReproduceResult(Result):
     reused: list[str] = field(default_factory=list)
 
 
+def run_name(req: ReproduceRequest) -> str:
+    """What a report folder's manifest records: the scale, and the section where it is not the paper's."""
+    scale = scale_of(req).name
+    return scale if req.section == "paper" else f"{req.section}-{scale}"
+
+
 def default_out(req: ReproduceRequest) -> Path:
-    return settings.subdir("reports") / f"reproduce-{scale_of(req).name}"
+    return settings.subdir("reports") / f"reproduce-{run_name(req)}"
 
 
 def _saved(path: Path, request) -> dict | None:
@@ -220,7 +306,7 @@ def _saved(path: Path, request) -> dict | None:
     return result
 
 
-def _check_folder(out: Path, scale: Scale) -> None:
+def _check_folder(out: Path, name: str) -> None:
     """A new or empty folder, or one an earlier run of the same scale wrote (then it is resumed)."""
     manifest = out / MANIFEST
     if manifest.exists():
@@ -228,8 +314,8 @@ def _check_folder(out: Path, scale: Scale) -> None:
             made = json.loads(manifest.read_text()).get("mode")
         except (OSError, ValueError, AttributeError):
             made = None
-        if made != scale.name:
-            raise RequestError(f"'{out}' holds a {made or 'damaged'} reproduce run, not a {scale.name} one; give a new "
+        if made != name:
+            raise RequestError(f"'{out}' holds a {made or 'damaged'} reproduce run, not a {name} one; give a new "
                                "--out, or the same options as that run to resume it")
     else:
         check_out_dir(str(out))
@@ -250,15 +336,15 @@ def reproduce(req: ReproduceRequest, progress: Progress | None = None, cancel=No
     start = time.time()
     scale = scale_of(req)
     out = (Path(req.out).expanduser() if req.out else default_out(req)).resolve()
-    _check_folder(out, scale)
+    _check_folder(out, run_name(req))
     (out / "steps").mkdir(parents=True, exist_ok=True)
     atomic_write(out / MANIFEST, lambda tmp: Path(tmp).write_text(
-        json.dumps({"mode": scale.name, "graftui_version": __version__})))
-    steps = plan(scale, out)
+        json.dumps({"mode": run_name(req), "graftui_version": __version__})))
+    steps, cost_of_step, build = section_plan(req, scale, out)
     results: dict[str, dict] = {}
     log: list[dict] = []
     done_files = {s.name: out / "steps" / f"{s.name}.json" for s in steps}
-    estimate = sum(cost_of(scale, s) for s in steps)
+    estimate = sum(cost_of_step(s) for s in steps)
 
     shown = [0.0]
 
@@ -267,7 +353,7 @@ def reproduce(req: ReproduceRequest, progress: Progress | None = None, cancel=No
         if progress:
             progress({"stage": text, "fraction": shown[0], "announce": True})
 
-    say(f"reproduce ({scale.name}): {len(steps)} steps, about {minutes(estimate)} on 2 CPU cores "
+    say(f"reproduce ({run_name(req)}): {len(steps)} steps, about {minutes(estimate)} on 2 CPU cores "
         f"from scratch (less for steps saved in {out}); report in {out}", 0.0)
     spent = 0.0
     reused = []
@@ -275,7 +361,7 @@ def reproduce(req: ReproduceRequest, progress: Progress | None = None, cancel=No
         if cancel is not None and cancel.is_set():
             raise Cancelled("reproduce cancelled; run it again to resume")
         request = step.make(results)
-        cost = cost_of(scale, step)
+        cost = cost_of_step(step)
         # a step is reused only while every step before it was: a re-run step may change what later ones read
         saved = None if req.fresh or len(reused) < i - 1 else _saved(done_files[step.name], request)
         if saved is not None:
@@ -303,7 +389,7 @@ def reproduce(req: ReproduceRequest, progress: Progress | None = None, cancel=No
         log.append({"step": step.name, "title": step.title, "command": command_line(request),
                     "seconds": round(saved.get("seconds") or 0, 1), "reused": step.name in reused})
         spent += cost
-    report = build_report(scale, results, log, time.time() - start)
+    report = build(results, log, time.time() - start)
     write_report(out, report)
     finish(progress)
     return ReproduceResult(req, report["notes"], time.time() - start, str(out), report, estimate, reused)
