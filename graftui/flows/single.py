@@ -25,6 +25,7 @@ from ..localizers import METHODS, Budget, get_method, run_method
 from ..compute import data_parallel
 from ..method import region_size
 from ..models import ModelPair, pair_kind, prompt_tokenizer
+from ..formatting import pct
 from ..paths import file_lock, short_ref, slug
 from ..regions import RegionMeta, RegionRecord
 from ..requests import (
@@ -206,6 +207,8 @@ def localize(req: LocalizeRequest, progress: Progress | None = None, cancel=None
     region, made = find_region(req, pair, task, k, notes, progress, cancel)
     check = quick_check(pair, task, {"this region": region}, req, req.steps if info.needs_data else 0,
                         progress, cancel) if checking else None
+    if check:
+        notes += did_not_fit(check, kind, k)
     record = region_record(req, pair, region, made, notes, time.time() - start)
     if req.out:
         out = Path(req.out).expanduser()
@@ -218,6 +221,25 @@ def localize(req: LocalizeRequest, progress: Progress | None = None, cancel=None
         remember_scores(check["rows"], [out], ["this region"], [record], notes)
     finish(progress)
     return LocalizeResult(req, notes, time.time() - start, str(out), record, check=check)
+
+
+DID_NOT_FIT = 0.5  # a region keeping less than this share of the fine-tune's gain on held-out examples lost the skill
+
+
+def did_not_fit(check: dict, kind, k: int) -> list[str]:
+    """One sentence when the held-out check says the skill is not in the region: it kept less than half of what
+    fine-tuning gained over the empty region (mask learning's own batch may still score high: the relaxed region it
+    trained on can be far larger than k)."""
+    by = {r["model"]: r for r in check["rows"]}
+    region, ft = by.get("this region"), by.get(FT_LABEL)
+    share = region.get("gain_recovered") if region else None
+    if share is None or share >= DID_NOT_FIT:
+        return []
+    what = kind.words.score
+    return [f"the skill did not fit in k = {k:,} parameters: the region's held-out {what} is {pct(region['accuracy'], 1)} "
+            f"against the fine-tune's {pct(ft['accuracy'], 1)} (n = {check['n']:,}); try a larger budget such as 1 %, the "
+            "budget-true method (--method budget-true), or a fine-tune with an ℓ1 penalty on the movement "
+            "(finetune --optimizer adamw --l1 1e-3)"]
 
 
 def quick_check(pair: ModelPair, task, models: dict, req, step: int, progress=None, cancel=None) -> dict:
