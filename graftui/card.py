@@ -527,15 +527,16 @@ def continual_card(doc: dict) -> list[str]:
 def completion_card(rows: list[dict], differences: list[dict], graftable: int | None = None,
                     ft_name: str = FT_LABEL, judged: str = "") -> list[str]:
     """The result in sentences: each graft's exact match against FT's and the pre-trained model's, with the paired
-    interval of the difference, and its loss per token; ``judged`` says how answers were read."""
+    interval of the difference, beside how often its answer contains the reference's and its token F1, and its loss
+    per token; ``judged`` says how answers were read (the rule every one of these numbers was decided by)."""
     by = {r["model"]: r for r in rows}
     ft, pre = by.get(ft_name), by.get(LM_BODY_LABEL)
     lines = []
     if ft and pre:
         lines.append(f"On {ft['n']:,} held-out examples of {ft['task']}, the fine-tuned model's greedy answers match "
-                     f"the reference on {100 * ft['exact_match']:.1f} % (loss {ft['loss']:.3f} per token), the "
-                     f"pre-trained model's on {100 * pre['exact_match']:.1f} % (loss {pre['loss']:.3f})"
-                     + (f" ({judged})." if judged else "."))
+                     f"the reference on {100 * ft['exact_match']:.1f} %{_lenient(ft)} (loss {ft['loss']:.3f} per "
+                     f"token), the pre-trained model's on {100 * pre['exact_match']:.1f} %{_lenient(pre)} (loss "
+                     f"{pre['loss']:.3f})" + (f" ({judged})." if judged else "."))
     found = {(d["a"], d["b"], d["metric"]): d for d in differences}
     for r in rows:
         if r["model"] in (ft_name, LM_BODY_LABEL):
@@ -549,9 +550,38 @@ def completion_card(rows: list[dict], differences: list[dict], graftable: int | 
         if ft and pre and ft["exact_match"] != pre["exact_match"]:
             share = (r["exact_match"] - pre["exact_match"]) / (ft["exact_match"] - pre["exact_match"])
             text += f"; {100 * share:.0f} % of the fine-tuning gain"
+        if r.get("contains") is not None:
+            text += f"; contains the reference's answer on {100 * r['contains']:.1f} %, token F1 {r['token_f1']:.3f}"
         text += f"; loss {r['loss']:.3f} per token; its answers agree with FT's on {100 * r['agreement_with_ft']:.0f} %."
         lines.append(text)
     return lines
+
+
+def _lenient(row: dict) -> str:
+    """The two lenient readings of a row beside its exact match (none in a result made before they were scored)."""
+    if row.get("contains") is None:
+        return ""
+    return f", contain it on {100 * row['contains']:.1f} %, token F1 {row['token_f1']:.3f}"
+
+
+def generation_cell(shown: dict, model: str, width: int | None = None) -> str:
+    """One model's cell of a generations table: ✓ where its answer is the reference's (exact match), ≈ where it only
+    contains it, ✗ otherwise (with the token F1 where above 0), then the answer the rule read, then the generation
+    where the answer is not all of it; ``width`` cuts each text (a terminal's table)."""
+    def cut(text: str) -> str:
+        text = " ".join(str(text).split())
+        return text if width is None or len(text) <= width + 1 else text[:width] + "…"
+
+    generation = shown.get(model, "")
+    answers = shown.get("answer") or {}
+    if model not in answers:  # a result made before answers were kept: its generation alone
+        return ("✓ " if (shown.get("exact") or {}).get(model) else "✗ ") + cut(generation)
+    exact, inside = (shown.get("exact") or {}).get(model), (shown.get("contains") or {}).get(model)
+    f1 = (shown.get("token_f1") or {}).get(model) or 0.0
+    mark = "✓ " if exact else "≈ " if inside else f"✗ (F1 {f1:.2f}) " if f1 else "✗ "
+    answer = answers[model]
+    said = "(no answer)" if answer is None else f"«{cut(answer)}»"
+    return mark + said + ("" if answer is not None and cut(answer) == cut(generation) else f" ← {cut(generation)}")
 
 
 def stitch_card(doc: dict, words: Words = ACCURACY) -> list[str]:

@@ -3,8 +3,9 @@
 Two readings of one model on one split, both over the same examples so that two models can be compared pair by pair:
 
 * **generation**: greedy decoding of every prompt (batched, left-padded, bounded by ``max_new_tokens``; a prompt keeps
-  its last tokens so that it and its generation stay in the model's context), then exact
-  match of the answer (``AnswerRule``: the first line, an extraction regex, case) against the reference's;
+  its last tokens so that it and its generation stay in the model's context), then the answer of each (``AnswerRule``:
+  the first line, an extraction regex, regexes to ignore, case, punctuation, whitespace) against the reference's,
+  three ways: exact match, whether it contains the reference's answer, and token F1;
 * **teacher forcing**: the reference completion's tokens scored given everything before them — the loss per token
   (the supervised fine-tuning loss; its exponential is the perplexity) and a token-level calibration error (the
   probability of the argmax token against whether it is the reference token).
@@ -17,7 +18,10 @@ import functools
 import hashlib
 import math
 import random
+import string
 import threading
+import unicodedata
+from collections import Counter
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
@@ -38,31 +42,74 @@ GENERATION_BATCH = 32
 MAX_REGEX_CHARS = 500  # an answer regex longer than this is no answer rule
 MAX_REGEX_REPEATS = 10_000  # nor is one whose counted repeats ({n}) multiply past this: compiling expands them
 REGEX_SECONDS = 0.25  # one search's budget: a sane answer regex takes microseconds; one that backtracks never ends
+MAX_IGNORED = 8  # regexes to ignore in one rule: each runs on every answer and every reference
+WHITESPACE = ("collapse", "remove", "keep")  # how an answer's spaces are compared
+
+
+def _punctuation(c: str) -> bool:
+    """The harness's punctuation (Python's ``string.punctuation``) and every Unicode punctuation mark, so that curly
+    quotes and dashes go as straight ones do."""
+    return c in string.punctuation or unicodedata.category(c).startswith("P")
 
 
 @dataclass(frozen=True)
 class AnswerRule:
-    """What of a generation counts as its answer, the same rule for the reference: the first line (when the
-    reference is one line), the first group of ``regex`` (or its whole match), compared as written or ignoring case.
+    """What of a generation counts as its answer, the same rule for the reference, in this order (the names are
+    lm-evaluation-harness's where it has one: its ``regex`` filter and its ``exact_match`` options):
 
-    The regex comes from a user, a region file or a bundle, so it is run by the ``regex`` engine under a time budget
+    1. ``first_line``: the first line, when the reference is one line (the harness's ``until: ["\\n"]``);
+    2. ``regex``: its first group in the first match, or the whole match; a text without a match has no answer;
+    3. ``regexes_to_ignore``: every match of each is removed, in order;
+    4. ``ignore_case``: lower case;
+    5. ``ignore_punctuation``: every punctuation mark removed (quotes included);
+    6. ``whitespace``: ``collapse`` (runs of whitespace are one space, none at the ends), ``remove`` (none left:
+       '1 000' is '1000'), or ``keep`` (as written).
+
+    Every regex comes from a user, a region file or a bundle, so it is run by the ``regex`` engine under a time budget
     per search (``REGEX_SECONDS``): a pattern that backtracks for ever (``(a|aa)+$``) ends in one line, not a hang;
-    the engine releases the interpreter lock while it searches, so a server keeps answering meanwhile."""
+    the engine releases the interpreter lock while it searches, so a server keeps answering meanwhile. A rule read
+    from JSON may give ``regexes_to_ignore`` as a list: it is kept as a tuple, so the rule stays hashable."""
 
     regex: str | None = None
     ignore_case: bool = False
     first_line: bool = True
+    ignore_punctuation: bool = False
+    regexes_to_ignore: tuple[str, ...] = ()
+    whitespace: str = "collapse"
+
+    def __post_init__(self):
+        ignored = tuple(self.regexes_to_ignore or ())
+        if not (self.regex is None or isinstance(self.regex, str)) or not all(isinstance(p, str) for p in ignored):
+            raise DataError(f"an answer rule's regexes are text, got {self.regex!r:.60} and {ignored!r:.60}: write "
+                            r"them as '#### (\S+)'")
+        if self.whitespace not in WHITESPACE:
+            raise DataError(f"whitespace '{self.whitespace!s:.40}' is no way of comparing answers: choose from "
+                            f"{', '.join(WHITESPACE)}")
+        object.__setattr__(self, "regexes_to_ignore", ignored)
 
     def describe(self, max_new_tokens: int) -> str:
-        """The rule in words, for the card: what a number of exact match was decided by."""
+        """The rule in words, for the card: what every number of exact match, contains and token F1 was decided by."""
         answer = f"the first match of '{self.regex}'" if self.regex else \
             "the first line (of one-line references)" if self.first_line else "the whole generation"
-        return (f"greedy, at most {max_new_tokens} new tokens; answer: {answer}"
-                + ("; case ignored" if self.ignore_case else ""))
+        if self.regex and self.first_line:
+            answer += " in the first line (of one-line references)"
+        steps = [f"greedy, at most {max_new_tokens} new tokens; answer: {answer}"]
+        steps += [f"matches of '{p}' removed" for p in self.regexes_to_ignore]
+        steps += ["case ignored"] * self.ignore_case + ["punctuation ignored"] * self.ignore_punctuation
+        steps.append({"collapse": "whitespace collapsed", "remove": "whitespace removed",
+                      "keep": "whitespace kept"}.get(self.whitespace, self.whitespace))
+        return "; ".join(steps)
 
     def compiled(self):
-        """The compiled regex (None without one); a bad pattern is one line."""
-        return _compile(self.regex) if self.regex else None
+        """The compiled answer regex (None without one); a bad pattern is one line."""
+        return _compile(self.regex, "answer regex") if self.regex else None
+
+    def ignored(self) -> tuple:
+        """The compiled regexes to ignore; too many, or a bad one, is one line."""
+        if len(self.regexes_to_ignore) > MAX_IGNORED:
+            raise DataError(f"{len(self.regexes_to_ignore)} regexes to ignore are over {MAX_IGNORED}: give at most "
+                            f"{MAX_IGNORED} (--ignore-regex; --ignore-regex '' judges without a region's own)")
+        return tuple(_compile(p, "ignore regex") for p in self.regexes_to_ignore if p)
 
     def answer(self, text: str, reference: str | None = None) -> str | None:
         """The answer in ``text`` (None where the regex finds none); ``reference`` decides the first-line cut."""
@@ -70,24 +117,70 @@ class AnswerRule:
             text = text.strip().split("\n", 1)[0]
         pattern = self.compiled()
         if pattern is not None:
-            try:
-                found = pattern.search(text, timeout=REGEX_SECONDS)
-            except TimeoutError:
-                raise DataError(f"the answer regex '{self.regex:.80}' ran over {REGEX_SECONDS:g} s on one answer "
-                                f"({len(text):,} characters), so it backtracks without end: write one without nested "
-                                r"repeats such as '(a|aa)+', e.g. '#### (\S+)' (a region's own regex is dropped with "
-                                "--answer-regex '')") from None
+            found = _timed(pattern.search, "answer regex", self.regex, text)
             if found is None:
                 return None
             text = found.group(1) if found.groups() else found.group(0)
-        text = " ".join(text.split())
-        return text.lower() if self.ignore_case else text
+        for ignore in self.ignored():
+            text = _timed(functools.partial(ignore.sub, ""), "ignore regex", ignore.pattern, text)
+        if self.ignore_case:
+            text = text.lower()
+        if self.ignore_punctuation:
+            text = "".join(c for c in text if not _punctuation(c))
+        if self.whitespace == "collapse":
+            return " ".join(text.split())
+        return "".join(text.split()) if self.whitespace == "remove" else text
 
     def check(self, references) -> None:
-        """Refuse a regex that finds no answer in any reference: every exact match would be 0, whatever the model."""
-        if self.compiled() is not None and references and all(self.answer(r, r) is None for r in references):
+        """Refuse a rule under which every exact match would be decided before any model runs: a regex that finds no
+        answer in any reference, or filters that leave every reference's answer empty."""
+        self.ignored()
+        if not references:
+            return
+        wanted = [self.answer(r, r) for r in references]
+        if self.compiled() is not None and all(w is None for w in wanted):
             raise DataError(f"the answer regex '{self.regex}' matches none of the references (e.g. "
                             f"{references[0].strip()[:60]!r}): fix the regex or drop it")
+        if (self.regexes_to_ignore or self.ignore_punctuation) and not any(wanted):
+            raise DataError(f"the answer rule leaves every reference's answer empty (e.g. "
+                            f"{references[0].strip()[:60]!r}): drop the --ignore-regex or --ignore-punctuation that "
+                            "removes it")
+
+
+def _timed(run: Callable, what: str, pattern: str, text: str):
+    """``run(text)``: one search or substitution of a rule's regex, under ``REGEX_SECONDS``; running over is one
+    line."""
+    try:
+        return run(text, timeout=REGEX_SECONDS)
+    except TimeoutError:
+        raise DataError(f"the {what} '{pattern:.80}' ran over {REGEX_SECONDS:g} s on one answer ({len(text):,} "
+                        r"characters), so it backtracks without end: write one without nested repeats such as "
+                        r"'(a|aa)+', e.g. '#### (\S+)' (a region's own is dropped with --answer-regex '' or "
+                        "--ignore-regex '')") from None
+
+
+def token_f1(answer: str | None, reference: str | None) -> float:
+    """SQuAD's F1 of two answers read as bags of tokens, a token being what whitespace separates once the rule has
+    filtered both: 2·P·R / (P + R) over the tokens they share (counted with repeats); two empty answers agree (1), an
+    empty one and another do not (0), and a generation without an answer scores 0."""
+    if answer is None or reference is None:
+        return 0.0
+    got, want = answer.split(), reference.split()
+    if not got or not want:
+        return float(got == want)
+    same = sum((Counter(got) & Counter(want)).values())
+    if not same:
+        return 0.0
+    precision, recall = same / len(got), same / len(want)
+    return 2 * precision * recall / (precision + recall)
+
+
+def contains(answer: str | None, reference: str | None) -> bool:
+    """Whether the reference's answer appears in the generation's, as a substring ('4' is in '14': an extraction
+    regex or exact match tells them apart); an empty reference answer is contained only in an empty answer."""
+    if answer is None or reference is None:
+        return False
+    return reference in answer if reference else answer == reference
 
 
 _REPEAT = regex.compile(r"\{\s*(\d*)\s*(?:,\s*(\d*)\s*)?\}")  # {m}, {m,}, {m,n}, {,n}
@@ -103,18 +196,20 @@ def _repeats(pattern: str) -> int:
 
 
 @functools.lru_cache(maxsize=64)
-def _compile(pattern: str):
+def _compile(pattern: str, what: str):
+    """One regex of a rule (``what``: "answer regex" or "ignore regex", named in the refusal), under the limits."""
+    example = r"'#### (\S+)'" if what == "answer regex" else r"'^the '"
     if len(pattern) > MAX_REGEX_CHARS:
-        raise DataError(f"the answer regex is {len(pattern):,} characters long, over {MAX_REGEX_CHARS}: write a "
-                        r"shorter one, e.g. '#### (\S+)'")
+        raise DataError(f"the {what} is {len(pattern):,} characters long, over {MAX_REGEX_CHARS}: write a shorter one, "
+                        f"e.g. {example}")
     if _repeats(pattern) > MAX_REGEX_REPEATS:
-        raise DataError(f"the answer regex '{pattern:.80}' repeats by counts ({{n}}) whose product is over "
-                        f"{MAX_REGEX_REPEATS:,}: write one with smaller counts, e.g. '\d{{4}}'")
+        raise DataError(f"the {what} '{pattern:.80}' repeats by counts ({{n}}) whose product is over "
+                        f"{MAX_REGEX_REPEATS:,}: write one with smaller counts, e.g. '\\d{{4}}'")
     try:
         return regex.compile(pattern, flags=regex.VERSION0)  # Python's own syntax, so a pattern reads as with re
     except (regex.error, TypeError, ValueError, OverflowError, RecursionError, MemoryError) as err:
-        raise DataError(f"the answer regex '{pattern:.80}' is not a regular expression ({err}); write one such "
-                        r"as '#### (\S+)'") from None
+        raise DataError(f"the {what} '{pattern:.80}' is not a regular expression ({err}); write one such as "
+                        f"{example}") from None
 
 
 def prompt_ids(tokenizer: Any, example, chat: bool, max_length: int | None) -> list[int]:
@@ -242,13 +337,34 @@ def fit(tokenizer, task, data: Completions, context: int | None, max_new_tokens:
     return notes
 
 
+@dataclass
+class Judged:
+    """Each generation's answer under a rule, the reference's, and the three scores per example: exact match (1.0
+    where the answers are equal; a generation without an answer never matches), contains (1.0 where the reference's
+    answer is in the generation's) and token F1."""
+
+    answers: list[str | None]
+    wanted: list[str | None]
+    exact: torch.Tensor
+    contains: torch.Tensor
+    token_f1: torch.Tensor
+
+
+def judge(generations: list[str], references, rule: AnswerRule) -> Judged:
+    """Every generation read by ``rule`` against its reference, read by the same rule."""
+    wanted = [rule.answer(ref, ref) for ref in references]
+    answers = [rule.answer(text, ref) for text, ref in zip(generations, references)]
+    pairs = list(zip(answers, wanted))
+
+    def column(score) -> torch.Tensor:
+        return torch.tensor([float(score(a, w)) for a, w in pairs], dtype=torch.float64)
+
+    return Judged(answers, wanted, column(lambda a, w: a is not None and a == w), column(contains), column(token_f1))
+
+
 def exact_matches(generations: list[str], references, rule: AnswerRule) -> torch.Tensor:
     """1.0 where the generation's answer equals the reference's (a generation without one never matches)."""
-    hits = []
-    for text, ref in zip(generations, references):
-        want, got = rule.answer(ref, ref), rule.answer(text, ref)
-        hits.append(float(got is not None and got == want))
-    return torch.tensor(hits, dtype=torch.float64)
+    return judge(generations, references, rule).exact
 
 
 def agreement(generations: list[str], others: list[str], references, rule: AnswerRule) -> float:
@@ -279,10 +395,10 @@ def sample(task, split: str, n: int | None, seed: int = 0) -> Completions:
 
 @dataclass
 class Reading:
-    """One model on one sample: its generations, their exact matches, and the teacher-forced scores."""
+    """One model on one sample: its generations, their answers and scores, and the teacher-forced scores."""
 
     generations: list[str]
-    hits: torch.Tensor
+    judged: Judged
     forced: TeacherForced
 
 
@@ -296,16 +412,16 @@ def exact(model, tokenizer, task, data: Completions, rule: AnswerRule, max_new_t
     """Exact match only (1.0 per matching example), for readings that need no token scores."""
     _check_examples(task, data)
     generations = generate(model, tokenizer, data, task.chat, max_new_tokens=max_new_tokens, cancel=cancel)
-    return exact_matches(generations, data.references, rule)
+    return judge(generations, data.references, rule).exact
 
 
 def read(model, tokenizer, task, data: Completions, rule: AnswerRule, max_new_tokens: int,
          cancel: Callable[[], None] | None = None) -> Reading:
-    """One model's generations, their exact matches and its teacher-forced scores of the references."""
+    """One model's generations, their answers and scores, and its teacher-forced scores of the references."""
     _check_examples(task, data)
     generations = generate(model, tokenizer, data, task.chat, max_new_tokens=max_new_tokens, cancel=cancel)
     forced = teacher_forced(model, tokenizer, data, task.chat, cancel=cancel)
-    return Reading(generations, exact_matches(generations, data.references, rule), forced)
+    return Reading(generations, judge(generations, data.references, rule), forced)
 
 
 def _key(name: str, task, data: Completions, rule: AnswerRule, max_new_tokens: int) -> tuple:
@@ -324,11 +440,15 @@ def reference_read(pair, name: str, task, data: Completions, rule: AnswerRule, m
     return kept_reference(pair, _key(name, task, data, rule, max_new_tokens), make)
 
 
+SHARES = ("exact_match", "contains")  # metrics that are shares of examples: their differences read in points
+
+
 def _figures(reading: Reading) -> dict[str, tuple]:
     """Each metric as the (num, den) of ``metrics.ratio``."""
-    ones = torch.ones_like(reading.hits)
-    f = reading.forced
-    return {"exact_match": (reading.hits, ones), "loss": (f.loss_sum, f.tokens), "token_ece": (f.calibration, f.tokens)}
+    j, f = reading.judged, reading.forced
+    ones = torch.ones_like(j.exact)
+    return {"exact_match": (j.exact, ones), "contains": (j.contains, ones), "token_f1": (j.token_f1, ones),
+            "loss": (f.loss_sum, f.tokens), "token_ece": (f.calibration, f.tokens)}
 
 
 def compare_completions(pair, task, models: dict, *, split: str = "test", n: int | None = None, seed: int = 0,
@@ -336,11 +456,12 @@ def compare_completions(pair, task, models: dict, *, split: str = "test", n: int
                         max_new_tokens: int = MAX_NEW_TOKENS, progress: Progress | None = None,
                         cancel: threading.Event | None = None) -> dict:
     """The fine-tuned model, the pre-trained model and each graft of ``models`` (label -> region, or (indices,
-    values)) on the same examples of a completion task: one row each (exact match — also its ``accuracy`` —, loss
-    per token and perplexity, token-level ECE — also its ``ece`` —, agreement of answers with FT), paired
-    differences with intervals (each graft against FT and the pre-trained model, and each pair of ``contrasts``),
-    and a generations table of the first examples; ``notes`` say what the model's context cut (``fit``, checked
-    before any model runs)."""
+    values)) on the same examples of a completion task: one row each (exact match — also its ``accuracy`` —,
+    ``contains`` and ``token_f1`` under the same rule, loss per token and perplexity, token-level ECE — also its
+    ``ece`` —, agreement of answers with FT), paired differences with intervals (each graft against FT on every
+    metric and against the pre-trained model on exact match, and each pair of ``contrasts``), and a generations
+    table of the first examples (each model's generation, its answer and its three scores, beside the reference's
+    answer); ``notes`` say what the model's context cut (``fit``, checked before any model runs)."""
     data = sample(task, split, n, seed)
     if not len(data):
         raise DataError(f"task '{task.name}' has no examples in its {split} split")
@@ -366,10 +487,11 @@ def compare_completions(pair, task, models: dict, *, split: str = "test", n: int
     ft = readings[FT_LABEL]
     rows = []
     for name, r in readings.items():
-        loss = r.forced.loss()
+        loss, j = r.forced.loss(), r.judged
         rows.append({
             "model": name, "task": task.name, "distribution": "in", "n": len(data),
-            "exact_match": float(r.hits.mean()), "accuracy": float(r.hits.mean()),
+            "exact_match": float(j.exact.mean()), "accuracy": float(j.exact.mean()),
+            "contains": float(j.contains.mean()), "token_f1": float(j.token_f1.mean()),
             "loss": loss, "perplexity": math.exp(min(loss, 50.0)), "token_ece": r.forced.token_ece(),
             "ece": r.forced.token_ece(), "confidence": None,
             "agreement_with_ft": agreement(r.generations, ft.generations, data.references, rule),
@@ -383,15 +505,21 @@ def compare_completions(pair, task, models: dict, *, split: str = "test", n: int
         if a in readings and b in readings and a != b:
             d = metrics.paired_ratio_difference(_figures(readings[a])[metric], _figures(readings[b])[metric], metric,
                                                 seed=seed)
-            differences.append({"a": a, "b": b, "task": task.name, "distribution": "in", **d})
-    shown = [{"prompt": e[-2][1] if len(e) > 1 else "", "reference": e[-1][1],
+            differences.append({"a": a, "b": b, "task": task.name, "distribution": "in", **d,
+                                "share": metric in SHARES})
+    judged = {name: readings[name].judged for name in names}
+    shown = [{"prompt": e[-2][1] if len(e) > 1 else "", "reference": e[-1][1], "reference_answer": ft.judged.wanted[i],
               **{name: readings[name].generations[i] for name in names},
-              "exact": {name: bool(readings[name].hits[i]) for name in names}}
+              "exact": {name: bool(j.exact[i]) for name, j in judged.items()},
+              "answer": {name: j.answers[i] for name, j in judged.items()},
+              "contains": {name: bool(j.contains[i]) for name, j in judged.items()},
+              "token_f1": {name: float(j.token_f1[i]) for name, j in judged.items()}}
              for i, e in enumerate(data.examples[:SHOWN])]
     return {"rows": rows, "differences": differences, "generations": shown, "task": task.name, "models": names,
             "rule": asdict(rule), "max_new_tokens": max_new_tokens, "notes": list(notes)}
 
 
-__all__ = ["AnswerRule", "END_OF_TURN", "GENERATION_BATCH", "MAX_NEW_TOKENS", "Reading", "TeacherForced", "agreement",
-           "compare_completions", "exact", "exact_matches", "fit", "generate", "prompt_ids", "read", "reference_read",
-           "same_answer", "sample", "stop_ids", "teacher_forced"]
+__all__ = ["AnswerRule", "END_OF_TURN", "GENERATION_BATCH", "Judged", "MAX_IGNORED", "MAX_NEW_TOKENS", "Reading",
+           "TeacherForced", "WHITESPACE", "agreement", "compare_completions", "contains", "exact", "exact_matches", "fit",
+           "generate", "judge", "prompt_ids", "read", "reference_read", "same_answer", "sample", "stop_ids",
+           "teacher_forced", "token_f1"]

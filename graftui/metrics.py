@@ -345,11 +345,11 @@ def paired_difference(probs_a: ArrayLike, probs_b: ArrayLike, labels: ArrayLike,
 
 # -- completions: figures that are ratios of sums over examples ------------------------------------------
 # A completion is scored token by token, but its tokens are not independent draws: an interval resamples
-# whole examples. Each figure is Σ_i num_i / Σ_i den_i over the examples (exact match: num = 0/1, den = 1;
-# loss per token: num = the example's summed loss, den = its token count); a calibration error keeps one
-# num column per confidence bin, Σ_b |Σ_i num_ib| / Σ_i den_i (num_ib: the example's Σ (right − confidence)
-# over its tokens in bin b).
-COMPLETION_METRICS = ("exact_match", "loss", "token_ece")
+# whole examples. Each figure is Σ_i num_i / Σ_i den_i over the examples (exact match and contains: num = 0/1,
+# den = 1; token F1: num = the example's F1, den = 1; loss per token: num = the example's summed loss, den = its
+# token count); a calibration error keeps one num column per confidence bin, Σ_b |Σ_i num_ib| / Σ_i den_i
+# (num_ib: the example's Σ (right − confidence) over its tokens in bin b).
+COMPLETION_METRICS = ("exact_match", "contains", "token_f1", "loss", "token_ece")
 
 
 def calibration_sums(confidence: ArrayLike, right: ArrayLike, example: ArrayLike, n_examples: int,

@@ -34,7 +34,7 @@ from .config import (
 from .completion import CompletionSpec
 from .data import DataSpec
 from .errors import GraftuiError, RequestError
-from .generation import MAX_NEW_TOKENS, AnswerRule
+from .generation import MAX_IGNORED, MAX_NEW_TOKENS, WHITESPACE, AnswerRule
 from .localizers import METHODS
 from .regions import LISTING_COLUMNS
 from .sets import RESOLVE_MODES
@@ -265,10 +265,20 @@ class TaskFields(Request):
     answer_regex: str | None = arg(None, r"completion tasks: compare only the answer this regex finds (its first "
                                    r"group), e.g. '#### (\S+)'; '' compares without one, even where the region was "
                                    "made with one", metavar="REGEX", group="completion tasks")
-    ignore_case: bool = arg(AnswerRule.ignore_case, "completion tasks: exact match ignores case",
+    ignore_case: bool = arg(AnswerRule.ignore_case, "completion tasks: answers are compared ignoring case",
                             group="completion tasks")
     whole_generation: bool = arg(not AnswerRule.first_line, "completion tasks: compare the whole generation, not "
                                  "only its first line (the default for a one-line reference)", group="completion tasks")
+    ignore_punctuation: bool = arg(AnswerRule.ignore_punctuation, "completion tasks: answers are compared without "
+                                   "punctuation (quotes, commas, full stops …)", group="completion tasks")
+    ignore_regex: list[str] | None = arg(None, f"completion tasks: remove every match of this regex from both answers "
+                                         f"before comparing, e.g. '\\b(a|an|the)\\b' (repeatable, at most "
+                                         f"{MAX_IGNORED}; '' removes none, even where the region was made with some)",
+                                         metavar="REGEX", list="repeat", group="completion tasks")
+    answer_whitespace: str | None = arg(None, "completion tasks: collapse (runs of whitespace are one space), remove "
+                                        "(none left) or keep whitespace before comparing answers (default: what the "
+                                        f"region was made with, else {AnswerRule.whitespace})", choices=WHITESPACE,
+                                        group="completion tasks")
     max_new_tokens: int | None = arg(None, f"completion tasks: tokens a model may generate per prompt, greedy (default: "
                                      f"what the region was made with, else {MAX_NEW_TOKENS})", metavar="N",
                                      group="completion tasks")
@@ -281,14 +291,29 @@ class TaskFields(Request):
         return CompletionSpec(config=self.config, prompt_column=self.prompt_column,
                               completion_column=self.completion_column, messages_column=self.messages_column)
 
-    def answer_rule(self) -> AnswerRule:
-        return AnswerRule(regex=self.answer_regex, ignore_case=self.ignore_case,  # '': none, not even the region's
-                          first_line=not self.whole_generation)
+    def answer_rule(self, recorded: AnswerRule | None = None) -> AnswerRule:
+        """The request's answer rule; what it leaves unsaid comes from ``recorded`` (the rule a region was made with):
+        a regex, the regexes to ignore and the whitespace where not given ('' and [''] say none), and each of
+        ignore case, ignore punctuation and the first-line cut where the request does not turn it on."""
+        made = recorded or AnswerRule()
+        return AnswerRule(regex=made.regex if self.answer_regex is None else self.answer_regex,
+                          ignore_case=self.ignore_case or made.ignore_case,
+                          first_line=not self.whole_generation and made.first_line,
+                          ignore_punctuation=self.ignore_punctuation or made.ignore_punctuation,
+                          regexes_to_ignore=made.regexes_to_ignore if self.ignore_regex is None else
+                          tuple(p for p in self.ignore_regex if p),
+                          whitespace=self.answer_whitespace or made.whitespace)
 
     def check_task_fields(self) -> None:
         check_max_new_tokens(self.max_new_tokens)
+        if self.ignore_regex is not None and not (isinstance(self.ignore_regex, list)
+                                                  and all(isinstance(p, str) for p in self.ignore_regex)):
+            raise RequestError(f"--ignore-regex takes a list of regexes (text), got {self.ignore_regex!r:.80}: give "
+                               "e.g. ['^the '] (on the command line: --ignore-regex '^the ')")
         try:
-            self.answer_rule().compiled()
+            rule = self.answer_rule()
+            rule.compiled()
+            rule.ignored()
         except GraftuiError as err:
             raise RequestError(str(err)) from None
         if self.task_kind == "classification" and (self.prompt_column or self.completion_column or

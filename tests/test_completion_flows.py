@@ -48,7 +48,7 @@ def test_supervised_fine_tuning_learns_the_completions_and_records_its_kind(trai
     task = completion.load_completion_task(trained["task"])
     before = generation.read(load_lm(trained["base"], "causal-lm"), load_tokenizer(trained["base"]), task,
                              task.splits["test"], generation.AnswerRule(), 4)
-    assert ft.test_accuracy > float(before.hits.mean()) == 0.0  # the skill is the fine-tune's, not the base's
+    assert ft.test_accuracy > float(before.judged.exact.mean()) == 0.0  # the skill is the fine-tune's, not the base's
     assert ft.test_accuracy >= (0.5 if trained["arch"] == "llama" else 0.25) and ft.test_loss < before.forced.loss()
     base_params, ft_params = (dict(load_lm(r, "causal-lm").named_parameters()) for r in (trained["base"], ft.out))
     for name, p in ft_params.items():  # the embeddings and the LM head stayed where they were
@@ -257,9 +257,12 @@ def test_the_app_shows_a_completion_comparison_and_its_generations(trained, loca
     table, diffs, _, _, note, _, _, shown = compare.render_compare(SimpleNamespace(result=ev.as_dict()))
     assert list(table.columns) == actions.COMPLETION_COLUMNS and len(table) == 5
     assert table.loc[table["model"] == "fine-tuned", "Δ vs FT"].item() == "+0.0 pts"
-    assert set(diffs["metric"]) == {"exact_match", "loss", "token_ece"} and "Completion task" in note
-    assert list(shown.columns)[:3] == ["task", "prompt", "reference"] and len(shown) == 12
-    assert shown["fine-tuned"].str.match(r"^[✓✗] ").all()
+    assert set(diffs["metric"]) == {"exact_match", "contains", "token_f1", "loss", "token_ece"}
+    assert "Completion task" in note and "contains" in note and "token F1" in note
+    assert list(shown.columns)[:4] == ["task", "prompt", "reference", "reference answer"] and len(shown) == 12
+    assert shown["fine-tuned"].str.match(r"^(✓|≈|✗( \(F1 [\d.]+\))?) ").all()
+    exact = [g["exact"]["fine-tuned"] for g in ev.as_dict()["generations"]]
+    assert shown["fine-tuned"].str.startswith("✓").tolist() == exact  # the mark is the example's exact match
     assert ("dates" in dict((v, k) for k, v in models.task_choices())) and actions.data_columns("numbers", "x") == {}
 
 
@@ -292,7 +295,8 @@ def test_a_region_is_judged_by_its_own_answer_rule_where_a_later_request_is_sile
     assert shown != generation.generate(base, tok, data, False, max_new_tokens=32)  # not the default's
     pushed = graftui.push(repo="me/opposites-skill", region=str(out), n=4, out=str(tmp_path / "repo"))
     card = (tmp_path / "repo" / "README.md").read_text()
-    assert "| exact match (95 % interval) | loss per token | token ECE |" in card and "| fine-tuned |" in card
+    assert ("| exact match (95 % interval) | contains | token F1 | loss per token | token ECE |" in card
+            and "| fine-tuned |" in card)
     assert "model.safetensors" not in pushed.files  # a patch, not a checkpoint
 
 
@@ -443,7 +447,9 @@ def test_a_hub_sft_dataset_is_read_through_its_config_and_judged_by_its_answer_r
     graftui.localize(base=trained["base"], finetuned=ft.out, task="openai/gsm8k", sparsity=0.05, steps=2, check_n=0,
                      out=str(out), answer_regex=r"#### (\S+)", max_new_tokens=12, **columns)
     ev = graftui.evaluate(regions=[str(out)]).as_dict()
-    assert ev["judging"] == [{"task": task.name, "rule": {"regex": r"#### (\S+)", "ignore_case": False, "first_line": True},
+    assert ev["judging"] == [{"task": task.name, "rule": {"regex": r"#### (\S+)", "ignore_case": False, "first_line": True,
+                                                          "ignore_punctuation": False, "regexes_to_ignore": [],
+                                                          "whitespace": "collapse"},
                                "max_new_tokens": 12}]  # the region's own rule and length
     assert any("answer: the first match of '#### (\\S+)'" in line for line in ev["card"])
     judged = generation.AnswerRule(**ev["judging"][0]["rule"])

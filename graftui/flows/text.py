@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from .. import card
 from ..config import FT_LABEL, kind_of_architecture
 from ..formatting import count as _count, num as _num, pairs_table, pct, table
 from ..metrics import distinguishable
@@ -127,7 +128,7 @@ def differences(found: list[dict]) -> str:
     several = any((d.get("seeds") or 1) > 1 for d in found)
 
     def cell(d):
-        scale, digits = (100, 1) if d["metric"] in ("accuracy", "exact_match") else (1, 3)
+        scale, digits = (100, 1) if d["metric"] in ("accuracy", "exact_match", "contains") else (1, 3)
         lo, hi = d["ci"]
         spread = f" ± {scale * d['diff_std']:.{digits}f}" if several and d.get("diff_std") is not None else ""
         return f"{scale * d['diff']:+.{digits}f}{spread} [{scale * lo:+.{digits}f}, {scale * hi:+.{digits}f}]"
@@ -142,9 +143,9 @@ def differences(found: list[dict]) -> str:
                  "excludes zero")
         return title + "\n" + table(["a", "b", "task", "metric", "n", "a − b ± std [95 % CI]", "≠ 0", f"{over} ≠ 0"],
                                      rows, "llllrlll")
-    return ("paired differences a − b on the same test examples (accuracy in pts; 95 % bootstrap interval; p: "
-            "McNemar's exact test)\n" + table(["a", "b", "task", "metric", "n", "a − b [95 % CI]", "≠ 0", "p"], rows,
-                                                "llllrlll"))
+    return ("paired differences a − b on the same test examples (accuracy, exact match and contains in pts; 95 % "
+            "bootstrap interval; p: McNemar's exact test)\n"
+            + table(["a", "b", "task", "metric", "n", "a − b [95 % CI]", "≠ 0", "p"], rows, "llllrlll"))
 
 
 def _sd(row: dict, name: str) -> str:
@@ -164,14 +165,12 @@ def _seeds_line(doc: dict) -> list[str]:
 
 
 def generations(shown: list[dict], models: list[str]) -> str:
-    """Prompt, reference and each model's greedy generation, side by side (✓: its answer matches)."""
-    def cell(g, name):
-        text = " ".join(str(g.get(name, "")).split())
-        return ("✓ " if g.get("exact", {}).get(name) else "✗ ") + (text[:40] + "…" if len(text) > 41 else text)
-
+    """Prompt, reference and each model's answer and greedy generation, side by side (✓: its answer is the
+    reference's; ≈: it contains it; ✗: neither, with its token F1 where above 0)."""
     rows = [[" ".join(g["prompt"].split())[-40:], " ".join(g["reference"].split())[:40],
-             *(cell(g, name) for name in models)] for g in shown]
-    return table(["prompt (end)", "reference", *models], rows, "l" * (2 + len(models)))
+             *(card.generation_cell(g, name, 30) for name in models)] for g in shown]
+    return ("generations: ✓ the answer «…» is the reference's, ≈ it contains it, ✗ neither; ← the generation it was "
+            "read from\n" + table(["prompt (end)", "reference", *models], rows, "l" * (2 + len(models))))
 
 
 def rows_table(doc: dict) -> str:

@@ -1,9 +1,9 @@
 """Completion tasks: (prompt, completion) pairs or chats, a causal LM read as itself.
 
 Mask learning and fine-tuning step on the supervised loss of the completion tokens (the prompt masked out); a model
-is judged by what it generates (exact match after the answer rule, the request's or the region's own), beside its
-loss, perplexity and calibration per reference token. The model's context is the limit of every example and
-generation: what does not fit is refused before any step, and what it cuts is said in the notes.
+is judged by what it generates (exact match, contains and token F1 after the answer rule, the request's or the
+region's own), beside its loss, perplexity and calibration per reference token. The model's context is the limit of
+every example and generation: what does not fit is refused before any step, and what it cuts is said in the notes.
 """
 
 from __future__ import annotations
@@ -47,12 +47,22 @@ def add(notes: list[str], more) -> None:
 
 
 def recorded_rule(meta) -> tuple[generation.AnswerRule, int]:
-    """The answer rule and generation length a region's own request asked for (the defaults where it is silent)."""
-    asked = {k: v for k, v in (getattr(meta, "request", None) or {}).items()
-             if k in ("answer_regex", "ignore_case", "whole_generation", "max_new_tokens")}
-    rule = generation.AnswerRule(regex=asked.get("answer_regex") if isinstance(asked.get("answer_regex"), str) else None,
+    """The answer rule and generation length a region's own request asked for (the defaults where it is silent).
+
+    A region file is data, never authority: a value of the wrong type reads as the default; a pattern that is text
+    is kept as written and meets the limits of every regex (length, counted repeats, time per search) where it is
+    compiled, refused there in one line."""
+    made = getattr(meta, "request", None)
+    asked = made if isinstance(made, dict) else {}
+    regex, ignored, whitespace = (asked.get(k) for k in ("answer_regex", "ignore_regex", "answer_whitespace"))
+    texts = isinstance(ignored, list) and all(isinstance(p, str) for p in ignored)
+    rule = generation.AnswerRule(regex=regex if isinstance(regex, str) else None,
                                  ignore_case=asked.get("ignore_case") is True,
-                                 first_line=asked.get("whole_generation") is not True)
+                                 first_line=asked.get("whole_generation") is not True,
+                                 ignore_punctuation=asked.get("ignore_punctuation") is True,
+                                 regexes_to_ignore=tuple(p for p in ignored if p) if texts else (),
+                                 whitespace=whitespace if isinstance(whitespace, str) and whitespace in
+                                 generation.WHITESPACE else generation.AnswerRule.whitespace)
     new = asked.get("max_new_tokens")
     return rule, new if isinstance(new, int) and not isinstance(new, bool) and 0 < new <= 1024 else \
         generation.MAX_NEW_TOKENS
@@ -70,11 +80,11 @@ class Completion(TaskKind):
     task_type = CompletionTask
     head = COMPLETION
     stitches_only = True
-    columns = (("model", "model"), ("task", "task"), ("n", "n"), ("exact match", "exact_match"), ("loss/token", "loss"),
-               ("ppl", "perplexity"), ("token ECE", "token_ece"), ("agree w/ FT", "agreement_with_ft"),
-               ("k", "region_size"))
-    markdown_columns = (("exact match (95 % interval)", "score"), ("loss per token", "loss"), ("token ECE", "token_ece"),
-                        ("share of FT gain", "gain_recovered"))
+    columns = (("model", "model"), ("task", "task"), ("n", "n"), ("exact match", "exact_match"),
+               ("contains", "contains"), ("token F1", "token_f1"), ("loss/token", "loss"), ("ppl", "perplexity"),
+               ("token ECE", "token_ece"), ("agree w/ FT", "agreement_with_ft"), ("k", "region_size"))
+    markdown_columns = (("exact match (95 % interval)", "score"), ("contains", "contains"), ("token F1", "token_f1"),
+                        ("loss per token", "loss"), ("token ECE", "token_ece"), ("share of FT gain", "gain_recovered"))
     verbs = ("finetune", "localize", "evaluate", "predict", "sweep", "anatomy", "compose", "export", "push", "pair")
 
     def reading(self, options: LoadOptions, task) -> LoadOptions:
@@ -153,23 +163,23 @@ class Completion(TaskKind):
         data = generation.sample(task, "test", req.test_examples, TEST_SAMPLE_SEED)
         rule, new = self.judging(req)
         reading = generation.read(model.eval().to(settings.device()), tokenizer, task, data, rule, new)
-        return {"test_accuracy": float(reading.hits.mean()), "test_examples": len(data),
+        return {"test_accuracy": float(reading.judged.exact.mean()), "test_examples": len(data),
                 "test_loss": reading.forced.loss(), "chance_accuracy": None}
 
     def judging(self, req, meta=None, guard=None):
-        """The answer rule and generation length of a request; what it leaves at the default comes from the request
-        that made the region (``meta``), so a region is judged as it was made unless asked otherwise. The rule
-        passes the guard, whether the request or the region file gave its regex."""
+        """The answer rule and generation length of a request; what it leaves unsaid comes from the request that made
+        the region (``meta``), so a region is judged as it was made unless asked otherwise
+        (``TaskFields.answer_rule``). The rule passes the guard, whether the request or the region file gave its
+        regex."""
         new = getattr(req, "max_new_tokens", None)  # None: not asked
-        asked = req.answer_rule() if hasattr(req, "answer_rule") else generation.AnswerRule()
-        if meta is None:
-            return _checked(guard, asked, "the request"), new or generation.MAX_NEW_TOKENS
-        made, made_new = recorded_rule(meta)
-        rule = generation.AnswerRule(regex=asked.regex if asked.regex is not None else made.regex,
-                                     ignore_case=asked.ignore_case or made.ignore_case,
-                                     first_line=asked.first_line and made.first_line)
-        return _checked(guard, rule, "the request" if asked.regex is not None else "this region file"), \
-            new or made_new
+        made, made_new = recorded_rule(meta) if meta is not None else (generation.AnswerRule(),
+                                                                       generation.MAX_NEW_TOKENS)
+        rule = req.answer_rule(made) if hasattr(req, "answer_rule") else made
+        own = meta is None or getattr(req, "answer_regex", None) is not None
+        rule = _checked(guard, rule, "the request" if own else "this region file")
+        rule.compiled()  # a region file's bad pattern is refused here, before any model generates
+        rule.ignored()
+        return rule, new or made_new
 
     def compare(self, pair, task, models, *, n, contrasts=(), oods=(), judging=None, progress=None, cancel=None):
         rule, new = judging or (generation.AnswerRule(), generation.MAX_NEW_TOKENS)
@@ -214,7 +224,8 @@ class Completion(TaskKind):
         for name in methods:
             r = by[name]
             rows.append({"method": name, "region": kept.get(name), "sparsity": sparsity, "k": r["region_size"],
-                         "n": r["n"], "accuracy": r["exact_match"], "exact_match": r["exact_match"], "loss": r["loss"],
+                         "n": r["n"], "accuracy": r["exact_match"], "exact_match": r["exact_match"],
+                         "contains": r["contains"], "token_f1": r["token_f1"], "loss": r["loss"],
                          "accuracy_ci": card.wilson(r["exact_match"], r["n"]), "ece": r["token_ece"],
                          "calibration": None, "ood": {}, "ft_accuracy": ft["exact_match"],
                          "retained": r["exact_match"] / ft["exact_match"] if ft["exact_match"] else None,
@@ -256,12 +267,14 @@ class Completion(TaskKind):
                 for i in range(len(req.texts)) for model, _ in models]
         return rows, [], card.predict_card(rows, ft_name, len(req.texts), judged=rule.describe(new))
 
-    app_columns = ("model", "task", "n", "exact match ↑ [95 % CI]", "share of FT gain", "Δ vs FT", "loss/token ↓",
-                   "perplexity ↓", "token ECE ↓", "agree w/ FT", "k (params)")
+    app_columns = ("model", "task", "n", "exact match ↑ [95 % CI]", "contains ↑", "token F1 ↑", "share of FT gain",
+                   "Δ vs FT", "loss/token ↓", "perplexity ↓", "token ECE ↓", "agree w/ FT", "k (params)")
     app_note = ("Exact match: the share of the n test prompts whose greedy generation gives the reference's answer "
-                "(first line, or what the answer regex finds), with a 95 % Wilson interval; loss/token and perplexity "
-                "of the reference completion's tokens (teacher forced); token ECE: the calibration error of the "
-                "next-token prediction over those tokens; agreement: the same answer as the fine-tuned model.")
+                "under the answer rule (first line, or what the answer regex finds, then the filters the rule names), "
+                "with a 95 % Wilson interval; contains: the share whose answer contains the reference's; token F1: "
+                "the mean F1 of the two answers' whitespace-separated tokens; loss/token and perplexity of the "
+                "reference completion's tokens (teacher forced); token ECE: the calibration error of the next-token "
+                "prediction over those tokens; agreement: the same answer as the fine-tuned model.")
     try_words = ("Prompt (the whole box is one prompt)", "Generate", "Each model's greedy generation for the prompt")
     predict_columns = ("prompt", "model", "generation", "same answer as FT")
 
@@ -276,6 +289,7 @@ class Completion(TaskKind):
                 "model": r["model"], "task": r["task"], "n": f"{round(r['n']):,}",
                 "exact match ↑ [95 % CI]": pct(r["exact_match"], 1, missing="")
                 + (f" [{100 * ci[0]:.0f}–{100 * ci[1]:.0f}]" if ci else ""),
+                "contains ↑": pct(r.get("contains"), 1, missing=""), "token F1 ↑": num(r.get("token_f1"), missing=""),
                 "share of FT gain": pct(r.get("gain_recovered"), 1, missing=""),
                 "Δ vs FT": "" if r["task"] not in ft else f"{100 * (r['exact_match'] - ft[r['task']]):+.1f} pts",
                 "loss/token ↓": num(r.get("loss"), missing=""), "perplexity ↓": num(r.get("perplexity"), missing=""),
@@ -305,8 +319,9 @@ class Completion(TaskKind):
         return out
 
     def legend(self, rows) -> str:
-        return ("exact match of greedy generations (the answer rule of the request); loss, perplexity and token ECE of "
-                "the reference tokens; agreement: the same answer as the fine-tuned model")
+        return ("exact match, contains (the reference's answer within the answer) and token F1 of greedy "
+                "generations, all under the answer rule (the request's, else the region's own); loss, perplexity and "
+                "token ECE of the reference tokens; agreement: the same answer as the fine-tuned model")
 
     def predict_text(self, doc) -> str:
         """Each model's generation for each prompt, and whether its answer is FT's."""

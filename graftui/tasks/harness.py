@@ -99,11 +99,15 @@ class Harness(Completion):
         self.check_sample(task, req)
 
     def judging(self, req, meta=None, guard=None):
-        """The harness judges with its own filters and metrics: no answer rule of graftui's applies."""
-        asked = req.answer_rule() if hasattr(req, "answer_rule") else None
-        if asked is not None and asked.regex:
-            raise RequestError("--answer-regex: an lm-eval task is judged by the harness's own filters (its YAML's "
-                               "filter_list); drop --answer-regex")
+        """The harness judges with its own filters and metrics: no answer rule of graftui's applies, and a request
+        that gives one is refused, naming its flags."""
+        given = [flag for flag, value in (("--answer-regex", getattr(req, "answer_regex", None)),
+                                          ("--ignore-punctuation", getattr(req, "ignore_punctuation", False)),
+                                          ("--ignore-regex", getattr(req, "ignore_regex", None) is not None),
+                                          ("--answer-whitespace", getattr(req, "answer_whitespace", None))) if value]
+        if given:
+            raise RequestError(f"{', '.join(given)}: an lm-eval task is judged by the harness's own filters (its "
+                               f"YAML's filter_list); drop {'it' if len(given) == 1 else 'them'}")
         return generation.AnswerRule(), generation.MAX_NEW_TOKENS  # what predict's generations are cut by
 
     def sweep_rows(self, reference, pair, task, req, made, kept, sparsity, cancel=None):

@@ -710,13 +710,14 @@ def compare_table(result: dict) -> pd.DataFrame:
 
 
 def generations_table(result: dict) -> pd.DataFrame:
-    """Prompt, reference and each model's greedy generation side by side (✓ where its answer matches)."""
+    """Prompt, reference, the reference's answer under the rule, and each model's answer and greedy generation side
+    by side, marked as it was judged (``card.generation_cell``)."""
     shown = result.get("generations") or []
     models = list(dict.fromkeys(r["model"] for r in result.get("rows") or []))
     out = [{"task": g.get("task", ""), "prompt": g["prompt"], "reference": g["reference"],
-            **{m: ("✓ " if g.get("exact", {}).get(m) else "✗ ") + str(g.get(m, "")) for m in models if m in g}}
-           for g in shown]
-    return pd.DataFrame(out, columns=["task", "prompt", "reference", *models])
+            "reference answer": g.get("reference_answer") or "",
+            **{m: card.generation_cell(g, m) for m in models if m in g}} for g in shown]
+    return pd.DataFrame(out, columns=["task", "prompt", "reference", "reference answer", *models])
 
 
 STITCH_COLUMNS = ["task", "model", "test examples", "accuracy / exact match ↑", "loss/token ↓", "params grafted"]

@@ -17,7 +17,9 @@ INTRO = (
     "How good is a graft? Accuracy, F1, calibration (ECE) and agreement with the fine-tuned model, in distribution "
     "and on out-of-distribution tasks, next to random and top-movement regions of the same size."
 )
-GENERATIONS_NOTE = "Greedy generations of each model on the first test examples (✓: the answer matches the reference)."
+GENERATIONS_NOTE = ("Greedy generations of each model on the first test examples, each cell the answer «…» the rule "
+                    "read and the generation it came from: ✓ the answer is the reference's (exact match), ≈ it "
+                    "contains it, ✗ neither (with its token F1 where above 0).")
 KINDS, LATEST = ("compare",), "latest comparison"
 SWEEP_KINDS, SWEEP_LATEST = ("sweep",), "latest sweep"
 PREDICT_KINDS, PREDICT_LATEST = ("predict",), "latest sentences"
