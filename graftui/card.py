@@ -585,10 +585,10 @@ def generation_cell(shown: dict, model: str, width: int | None = None) -> str:
 
 
 def stitch_card(doc: dict, words: Words = ACCURACY) -> list[str]:
-    """Per task: the stitched model against the task's own fine-tune and task arithmetic, each with its paired
+    """Per task: the stitched model against the task's own fine-tune and each merge, each with its paired
     interval (of the score ``words`` name: accuracy, or exact match of generations on a completion task)."""
     chosen, lines = doc["stitch"], []
-    arithmetic = chosen["model"]
+    merges = [m["model"] for m in chosen.get("merges") or ()] or [chosen["model"]]
     for task in dict.fromkeys(r["task"] for r in doc["rows"]):
         by = {r["model"]: r for r in doc["rows"] if r["task"] == task}
         stitched, ft = by.get("stitched"), by.get(FT_LABEL)
@@ -601,11 +601,11 @@ def stitch_card(doc: dict, words: Words = ACCURACY) -> list[str]:
                f"{pct(ft['accuracy'], 1)}"
         if FT_LABEL in found:
             text += f" ({difference(found[FT_LABEL], '')})"
-        if arithmetic in by:
-            text += f" and {arithmetic}'s {pct(by[arithmetic]['accuracy'], 1)}"
-            if arithmetic in found:
-                text += f" ({difference(found[arithmetic], '')})"
+        for merge in (m for m in merges if m in by):
+            text += f"; {merge}'s {pct(by[merge]['accuracy'], 1)}"
+            if merge in found:
+                text += f" ({difference(found[merge], '')})"
         lines.append(text + ".")
-    lines.append(f"λ of task arithmetic was chosen on {chosen['validation_n']:,} validation examples per task, "
+    lines.append(f"Each merge's λ (and density) was chosen on {chosen['validation_n']:,} validation examples per task, "
                  "never on the test examples.")
     return lines

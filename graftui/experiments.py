@@ -8,7 +8,8 @@
     §5.2   continual      task t_n trains only γ_{t_n} \\ ∪_{i<n} γ_{t_i}; inference uses ∪_{i≤n} γ_{t_i}
     ablation   drop part  θ_pre + (γ − γ_P) ⊙ δ: part P of γ (one layer, one module type) back to θ_pre
     stitching  θ_pre + Σ_i γ_i ⊙ δ_i (Localize-and-Stitch, He et al. 2024), against task arithmetic
-               θ_pre + λ Σ_i δ_i (Ilharco et al. 2023), λ chosen on validation data
+               θ_pre + λ Σ_i δ_i (Ilharco et al. 2023), TIES (Yadav et al. 2023) and DARE (Yu et al. 2024),
+               λ and density chosen on validation data
 
 The maths of localization itself (Eq. 1–4, and WiSE of Fig. 7) is ``method``; overlap
 |γ_i ∩ γ_j| / |γ_j| (Fig. 8a) and unions are ``sets``; the flows that run these experiments on
@@ -47,6 +48,48 @@ def task_arithmetic(pre: dict[str, torch.Tensor], finetuned: list[dict[str, torc
             moved += ft[name].to(moved.device) - pre[name]
         out[name] = pre[name] + lam * moved
     return out
+
+
+def ties_merge(pre: dict[str, torch.Tensor], finetuned: list[dict[str, torch.Tensor]], lam: float, density: float,
+               names) -> dict[str, torch.Tensor]:
+    """TIES-merging (Yadav et al. 2023): each task vector δ_i trimmed to its ``density`` share of largest |δ_i| (per
+    tensor), each parameter's sign elected by the sign of Σ_i of the trimmed δ_i, and the mean of the trimmed
+    entries that agree with it (a disjoint mean): θ_pre + λ·that."""
+    out = {}
+    for name in names:
+        moved = torch.stack([ft[name].to(pre[name].device) - pre[name] for ft in finetuned]).float()
+        flat = moved.view(len(finetuned), -1)
+        keep = max(1, round(density * flat.shape[1]))
+        if keep < flat.shape[1]:  # the keep-th largest |δ_i| of each task vector, ties kept
+            floor = flat.abs().kthvalue(flat.shape[1] - keep + 1, dim=1, keepdim=True).values
+            flat = torch.where(flat.abs() >= floor, flat, torch.zeros_like(flat))
+        elected = torch.sign(flat.sum(0))
+        agree = (torch.sign(flat) == elected) & (flat != 0)
+        merged = (flat * agree).sum(0) / agree.sum(0).clamp(min=1)
+        out[name] = (pre[name].float() + lam * merged.view(pre[name].shape)).to(pre[name].dtype)
+    return out
+
+
+def dare_merge(pre: dict[str, torch.Tensor], finetuned: list[dict[str, torch.Tensor]], lam: float, density: float,
+               names, seed: int = 0) -> dict[str, torch.Tensor]:
+    """DARE (Yu et al. 2024) before task arithmetic: each entry of each δ_i kept with probability ``density`` and
+    rescaled by 1/density (the rest dropped), then θ_pre + λ Σ_i of them; the drop is seeded per tensor and task."""
+    out = {}
+    for position, name in enumerate(names):
+        moved = torch.zeros_like(pre[name], dtype=torch.float32)
+        for i, ft in enumerate(finetuned):
+            gen = torch.Generator().manual_seed((seed * 1_000_003 + position * 101 + i) % 2**63)
+            kept = torch.rand(pre[name].shape, generator=gen) < density
+            moved += torch.where(kept.to(moved.device), (ft[name].to(moved.device) - pre[name]).float() / density, 0.0)
+        out[name] = (pre[name].float() + lam * moved).to(pre[name].dtype)
+    return out
+
+
+MERGES = {  # name -> (merge(pre, finetuned, λ, density, names), whether it has a density)
+    "task-arithmetic": (lambda pre, fts, lam, density, names: task_arithmetic(pre, fts, lam, names), False),
+    "ties": (ties_merge, True),
+    "dare": (dare_merge, True),
+}
 
 
 def best_lambda(scores: dict[float, float]) -> float:

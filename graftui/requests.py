@@ -34,6 +34,7 @@ from .config import (
 from .completion import CompletionSpec
 from .data import DataSpec
 from .errors import GraftuiError, RequestError
+from .experiments import MERGES
 from .generation import MAX_IGNORED, MAX_NEW_TOKENS, WHITESPACE, AnswerRule
 from .localizers import METHODS
 from .regions import LISTING_COLUMNS
@@ -877,9 +878,14 @@ class ComposeRequest(Request):
     evaluate: bool = arg(False, "score each task alone, in the union graft and on the bare body (with its own head); "
                          "regions of completion tasks are stitched (--stitch)")
     stitch: bool = arg(False, "Localize-and-Stitch: score the union θ_pre + Σ γ_i⊙δ_i on every region's task beside "
-                       "each fine-tune alone and task arithmetic θ_pre + λ Σ δ_i (λ chosen on validation examples)")
-    lambdas: list[float] = arg([0.2, 0.4, 0.6, 0.8, 1.0], "task arithmetic's λ grid, e.g. 0.2,0.5,1", metavar="LIST",
+                       "each fine-tune alone and the merges of --merges (λ and density chosen on validation examples)")
+    merges: list[str] = arg(list(MERGES), "the merges stitching is measured against: task-arithmetic (θ_pre + λ Σ δ_i), "
+                            "ties (trim, elect sign, disjoint mean) and dare (drop and rescale, then add)",
+                            metavar="LIST", list="comma")
+    lambdas: list[float] = arg([0.2, 0.4, 0.6, 0.8, 1.0], "the merges' λ grid, e.g. 0.2,0.5,1", metavar="LIST",
                                list="comma")
+    densities: list[float] = arg([0.2, 0.5], "the density grid of ties and dare: the share of each δ_i they keep",
+                                 metavar="LIST", list="comma")
     validation_n: int = arg(100, "validation examples per task that choose λ", metavar="N")
     n: int | None = arg(None, "test examples per task when evaluating (default all)", metavar="N")
     out: str | None = arg(None, "the union file: a skill patch when every input is one (or --evaluate made them "
@@ -902,7 +908,15 @@ class ComposeRequest(Request):
         check_at_least_one("validation_n", self.validation_n)
         if not self.lambdas or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
                                        and 0 < x <= 2 for x in self.lambdas):
-            raise RequestError(f"--lambdas: give task arithmetic's λ values in (0, 2], e.g. 0.2,0.5,1; got {self.lambdas}")
+            raise RequestError(f"--lambdas: give the merges' λ values in (0, 2], e.g. 0.2,0.5,1; got {self.lambdas}")
+        unknown = [m for m in self.merges if m not in MERGES]
+        if not self.merges or unknown:
+            raise RequestError(f"--merges: give one or more of {', '.join(MERGES)}"
+                               + (f"; '{unknown[0]}' is none of them" if unknown else ""))
+        if not self.densities or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+                                         and 0 < x <= 1 for x in self.densities):
+            raise RequestError(f"--densities: give the shares of each δ_i that ties and dare keep, in (0, 1], e.g. "
+                               f"0.2,0.5; got {self.densities}")
         check_out_file(self.out, self.overwrite)
 
 

@@ -215,21 +215,31 @@ def test_stitching_scores_the_union_against_each_fine_tune_and_task_arithmetic(t
     root, base, made = two_skills
     union = root / "union.safetensors"
     result = graftui.compose(regions=[str(made["opposites"][2]), str(made["echo"][2])], stitch=True,
-                             lambdas=[0.5, 1.0], validation_n=6, n=8, out=str(union))
+                             lambdas=[0.5, 1.0], densities=[0.5], validation_n=6, n=8, out=str(union))
     doc = result.as_dict()
     chosen = doc["stitch"]
     assert [e["lambda"] for e in chosen["lambdas"]] == [0.5, 1.0] and chosen["validation_n"] == 6
     best = max(e["validation"] for e in chosen["lambdas"])
     assert chosen["lambda"] == min(e["lambda"] for e in chosen["lambdas"] if e["validation"] == best)
+    merged = {}
+    for m in chosen["merges"]:  # each merge's setting is the best of its own grid on validation, the smallest of ties
+        top = max(e["validation"] for e in m["grid"])
+        assert m["lambda"] == min(e["lambda"] for e in m["grid"] if e["validation"] == top)
+        assert [(e["lambda"], e["density"]) for e in m["grid"]] == [(0.5, m["density"]), (1.0, m["density"])]
+        merged[m["merge"]] = m["model"]
     arithmetic = f"task arithmetic (λ = {chosen['lambda']:g})"
+    assert merged["task-arithmetic"] == arithmetic and merged["ties"].startswith("TIES (λ = ") \
+        and merged["dare"].endswith(", density 0.5)")
     for task in ("opposites.csv", "echo.csv"):
         rows = {r["model"]: r for r in doc["rows"] if r["task"] == task}
         other = "echo" if task == "opposites.csv" else "opposites"
-        assert {"stitched", "fine-tuned", arithmetic, f"fine-tuned for {other}", "pre-trained, same prompt"} <= set(rows)
+        assert {"stitched", "fine-tuned", *merged.values(), f"fine-tuned for {other}",
+                "pre-trained, same prompt"} <= set(rows)
         assert rows["stitched"]["region_size"] == written_size(union) and rows[arithmetic]["region_size"] is None
         assert all(r["n"] == 8 for r in rows.values())
         pairs = {(d["a"], d["b"], d["metric"]) for d in doc["differences"] if d["task"] == task}
-        assert ("stitched", "fine-tuned", "exact_match") in pairs and ("stitched", arithmetic, "exact_match") in pairs
+        assert ("stitched", "fine-tuned", "exact_match") in pairs
+        assert all(("stitched", label, "exact_match") in pairs for label in merged.values())
     assert any("stitched model's exact match" in line for line in doc["card"])
     # the stitched patch, exported, generates what the stitched graft generated
     exported = graftui.export(region=str(union), base=str(base), out=str(root / "stitched"))
@@ -323,7 +333,8 @@ def test_stitching_classification_regions_of_two_prompt_fine_tunes(tmp_path, mon
         graftui.localize(base=str(base), finetuned=str(ft), task=str(task), method="top-movement", sparsity=0.05,
                          check_n=0, label_words="negative= bad,positive= good", out=str(out))
         made.append(str(out))
-    doc = graftui.compose(regions=made, stitch=True, lambdas=[0.5, 1.0], validation_n=8, n=12).as_dict()
+    doc = graftui.compose(regions=made, stitch=True, lambdas=[0.5, 1.0], merges=["task-arithmetic"], validation_n=8,
+                          n=12).as_dict()
     arithmetic = f"task arithmetic (λ = {doc['stitch']['lambda']:g})"
     for head, other in (("r0", "r1"), ("r1", "r0")):
         rows = {r["model"]: r for r in doc["rows"] if r["head"] == head}
@@ -392,9 +403,9 @@ def test_task_arithmetic_is_chosen_on_validation_examples_only(two_skills, monke
     monkeypatch.setattr(generation, "sample", lambda task, split, n, seed=0: read.append(split) or real(task, split, n,
                                                                                                           seed))
     graftui.compose(regions=[str(made["opposites"][2]), str(made["echo"][2])], stitch=True, lambdas=[0.5, 1.0],
-                    validation_n=4, n=4)
+                    merges=["task-arithmetic", "ties"], densities=[0.5], validation_n=4, n=4)
     first_test = read.index("test")
-    assert read[:first_test] == ["validation"] * 4 and set(read[first_test:]) == {"test"}  # 2 λ × 2 tasks, then test
+    assert read[:first_test] == ["validation"] * 8 and set(read[first_test:]) == {"test"}  # 2 merges × 2 λ × 2 tasks
 
 
 def _gsm8k_like(folder):

@@ -74,7 +74,7 @@ def test_two_skills_are_stitched_against_task_arithmetic_and_the_export_generate
         mp.setenv("GRAFTUI_HOME", str(root / "home"))
         stitched = tmp_path / "stitched.safetensors"
         doc = graftui.compose(regions=[made["dates"].path, made["numbers"].path], stitch=True, n=N, validation_n=4,
-                              lambdas=[0.5, 1.0], out=str(stitched)).as_dict()
+                              lambdas=[0.5, 1.0], merges=["task-arithmetic"], out=str(stitched)).as_dict()
         arithmetic = f"task arithmetic (λ = {doc['stitch']['lambda']:g})"
         for skill, other in (("dates", "numbers"), ("numbers", "dates")):
             rows = {r["model"]: r for r in doc["rows"] if r["task"] == skill}

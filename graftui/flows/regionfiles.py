@@ -14,7 +14,7 @@ import torch
 from .. import card, regions, scoring, sets, settings
 from ..config import DEFAULT_BASE, DEFAULT_TASK
 from ..errors import Cancelled, ModelError, RegionError, RequestError
-from ..experiments import best_lambda, drop_part, row_of, task_arithmetic
+from ..experiments import MERGES, best_lambda, drop_part, row_of
 from ..layout import MODULE_LABELS, Anatomy, anatomy as count_anatomy, param_role
 from ..metrics import distinguishable
 from ..models import architecture, checkpoint_kind, load_classifier, load_lm
@@ -210,7 +210,7 @@ class ComposeResult(Result):
     rows: list[dict] = field(default_factory=list)  # with evaluate: each task alone / in the union / bare body
     written: dict | None = None
     differences: list[dict] = field(default_factory=list)  # with evaluate: union and bare body − region alone, paired
-    stitch: dict | None = None  # with --stitch: task arithmetic's λ (chosen on validation) and its validation scores
+    stitch: dict | None = None  # with --stitch: each merge's λ and density (chosen on validation) and its grid's scores
     generations: list[dict] = field(default_factory=list)  # stitched completion tasks: each model's generations
     task_kind: str = "classification"  # the kind its rows are scored by (tasks.KINDS)
 
@@ -280,11 +280,17 @@ def _validation(pair, task, values: dict, n: int, judging) -> float:
         return kind_of(task).scorer(pair, task, "validation", n, judging)().score
 
 
+def merge_label(merge: str, lam: float, density: float | None) -> str:
+    """A merge as a model's name in the rows: "task arithmetic (λ = 0.6)", "TIES (λ = 1, density 0.2)"."""
+    name = {"task-arithmetic": "task arithmetic", "ties": "TIES", "dare": "DARE"}.get(merge, merge)
+    return f"{name} (λ = {lam:g}" + (f", density {density:g})" if density else ")")
+
+
 @dataclass
 class Stitched:
     rows: list[dict]
     differences: list[dict]
-    chosen: dict  # task arithmetic's λ and the validation score of each λ tried
+    chosen: dict  # each merge's λ and density and the validation score of each setting tried
     patches: list[RegionRecord]  # the members as skill patches
     union: tuple  # (indices, values) of θ_pre + Σ_i γ_i ⊙ δ_i
     report: dict  # how overlaps were settled (sets.union_values)
@@ -295,8 +301,8 @@ class Stitched:
 def stitch(req: ComposeRequest, records: list[RegionRecord], names: list[str], base: str, guard: Guard,
            notes: list[str], progress=None, cancel=None) -> Stitched:
     """Localize-and-Stitch as an experiment: θ_pre + Σ_i γ_i ⊙ δ_i scored on every member's task beside each
-    fine-tune alone, each region alone, the pre-trained model and task arithmetic θ_pre + λ Σ_i δ_i (λ chosen on
-    validation examples of every task); what the reader should know goes to ``notes``."""
+    fine-tune alone, each region alone, the pre-trained model and the merges of ``req.merges`` (task arithmetic
+    θ_pre + λ Σ_i δ_i, TIES, DARE; λ and density chosen on validation examples of every task); what the reader should know goes to ``notes``."""
     finetunes = [r.meta.finetuned for r in records]
     again = next((i for i, f in enumerate(finetunes) if f in finetunes[:i]), None)
     if again is not None:
@@ -306,12 +312,12 @@ def stitch(req: ComposeRequest, records: list[RegionRecord], names: list[str], b
                           "twice; give one region per fine-tune")
     missing = next((f for f in finetunes if not loadable(f)), None)
     if missing is not None:
-        raise RegionError(f"stitching compares the stitched model with each fine-tune and task arithmetic, so every "
+        raise RegionError(f"stitching compares the stitched model with each fine-tune and merge, so every "
                           f"region's fine-tuned model must load; '{missing}' cannot: give regions made here")
     tasks = [read_task_as(r.meta.task or DEFAULT_TASK, regions.recorded_columns(r.meta), guard) for r in records]
     kinds = {kind_of(t).name: kind_of(t) for t in tasks}
     if len(kinds) > 1:
-        raise RegionError("stitching chooses task arithmetic's λ on one score for every task: give regions of "
+        raise RegionError("stitching chooses each merge's λ on one score for every task: give regions of "
                           f"{' tasks only, or of '.join(sorted(kinds, reverse=True))} tasks only")
     kind = next(iter(kinds.values()))
     kind.supports("compose", tasks[0])
@@ -330,35 +336,45 @@ def stitch(req: ComposeRequest, records: list[RegionRecord], names: list[str], b
     patches = [regions.with_patch(p, r) if not r.is_patch else r for p, r in zip(pairs, records)]
     union_idx, union_val, report = scoring.union_of(patches, names, pairs[0].pre, req.resolve)
     ft_values = [{n: p.ft[n] for n in graftable} for p in pairs]
-    scores: dict[float, float] = {}
-    for j, lam in enumerate(req.lambdas):
+    grid = [(m, lam, d) for m in req.merges for lam in req.lambdas
+            for d in (req.densities if MERGES[m][1] else [None])]
+    scores: dict[str, dict[tuple, float]] = {m: {} for m in req.merges}
+    for j, (m, lam, d) in enumerate(grid):  # every setting of every merge on validation examples, never on test
         if cancel is not None and cancel.is_set():
             raise Cancelled("stitching cancelled")
         if progress:
-            progress({"stage": f"task arithmetic: λ = {lam:g} on validation examples",
-                      "fraction": 0.25 + 0.25 * j / len(req.lambdas)})
-        merged = task_arithmetic(pairs[0].pre, ft_values, lam, graftable)
-        scores[lam] = sum(_validation(p, t, merged, req.validation_n, jd)
-                          for p, t, jd in zip(pairs, tasks, judging)) / len(pairs)
-    lam = best_lambda(scores)
-    merged = task_arithmetic(pairs[0].pre, ft_values, lam, graftable)
-    arithmetic = f"task arithmetic (λ = {lam:g})"
+            progress({"stage": f"{m}: λ = {lam:g}" + (f", density {d:g}" if d else "") + " on validation examples",
+                      "fraction": 0.25 + 0.25 * j / len(grid)})
+        merged = MERGES[m][0](pairs[0].pre, ft_values, lam, d, graftable)
+        scores[m][(lam, d or 0.0)] = sum(_validation(p, t, merged, req.validation_n, jd)
+                                         for p, t, jd in zip(pairs, tasks, judging)) / len(pairs)
+    best = {m: best_lambda(scores[m]) for m in req.merges}
+    merges = {merge_label(m, lam, d): (m, lam, d) for m, (lam, d) in best.items()}
+    made = {label: MERGES[m][0](pairs[0].pre, ft_values, lam, d or None, graftable)
+            for label, (m, lam, d) in merges.items()}
     rows, found, shown = [], [], []
     for i, (pair, task, record, name) in enumerate(zip(pairs, tasks, records, names)):
         models = {STITCHED: (union_idx, union_val), f"{name} alone": record.indices,
-                  arithmetic: lambda p=pair: p.holding(merged)}
+                  **{label: (lambda p=pair, v=values: p.holding(v)) for label, values in made.items()}}
         models.update({f"fine-tuned for {names[j]}": (lambda p=pair, v=ft_values[j]: p.holding(v))
                        for j in range(len(pairs)) if j != i})
-        part = _score(pair, task, models, req.n, [(STITCHED, arithmetic), (STITCHED, f"{name} alone")], judging[i],
-                      progress, cancel)
+        part = _score(pair, task, models, req.n, [*((STITCHED, label) for label in made), (STITCHED, f"{name} alone")],
+                      judging[i], progress, cancel)
         notes += [n for n in part["notes"] if n not in notes]
         for row in part["rows"]:
             row["head"] = name
         rows += part["rows"]
         found += [{**d, "head": name} for d in part["differences"]]
         shown += [{**g, "task": task.name} for g in part.get("generations", ())]
-    chosen = {"lambda": lam, "lambdas": [{"lambda": k, "validation": v} for k, v in scores.items()],
-              "validation_n": req.validation_n, "model": arithmetic}
+    arithmetic = next((label for label, (m, _, _) in merges.items() if m == "task-arithmetic"), None)
+    chosen = {"validation_n": req.validation_n,
+              "merges": [{"merge": m, "model": label, "lambda": lam, "density": d or None,
+                          "grid": [{"lambda": x, "density": y or None, "validation": v} for (x, y), v in scores[m].items()]}
+                         for label, (m, lam, d) in merges.items()]}
+    if arithmetic is not None:  # task arithmetic's own keys, as before there were other merges
+        lam = merges[arithmetic][1]
+        chosen.update({"lambda": lam, "model": arithmetic,
+                       "lambdas": [{"lambda": x, "validation": v} for (x, _), v in scores["task-arithmetic"].items()]})
     return Stitched(rows, found, chosen, patches, (union_idx, union_val), report, shown, kind.name)
 
 

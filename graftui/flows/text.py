@@ -341,13 +341,14 @@ def compose(doc: dict) -> str:
     parts = [legend, "", over, "", iou, "", f"union: {doc['union_size']:,} parameters"]
     chosen = doc.get("stitch")
     if chosen:
-        grid = ", ".join(f"{e['lambda']:g}: {e['validation']:.3f}" for e in chosen["lambdas"])
         parts += ["", table(["task", "model", "n", "accuracy / exact match", "loss/token", "k"],
                             [[r["task"], r["model"], _count(r["n"]), _num(r["accuracy"]),
                               _num(r.get("loss")) if "loss" in r else "-", _count(r["region_size"])]
                              for r in doc["rows"]], "llrrrr"),
-                  f"task arithmetic: λ = {chosen['lambda']:g}, the best mean validation score over the tasks "
-                  f"({chosen['validation_n']:,} examples each; λ: score {grid})"]
+                  *(f"{m['model']}: the best mean validation score over the tasks ({chosen['validation_n']:,} "
+                    "examples each; " + ", ".join(f"λ {e['lambda']:g}" + (f" d {e['density']:g}" if e["density"] else "")
+                                                  + f": {e['validation']:.3f}" for e in m["grid"]) + ")"
+                    for m in chosen["merges"])]
     elif doc["rows"]:
         parts += ["", table(["task", "head", "model", "n", "accuracy", "Δ vs alone", "ECE", "k"],
                             [[r["task"], r["head"], r["model"], _count(r["n"]), _num(r["accuracy"]),
