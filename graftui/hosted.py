@@ -148,11 +148,16 @@ class HostedGuard(Guard):
         return names
 
     def checked_rule(self, rule, source: str):
-        """On a hosted server no answer regex runs, whoever gives it: a request, a region file or a bundle."""
+        """On a hosted server no answer regex runs, whoever gives it: a request, a region file or a bundle; neither
+        does a regex of answer text to ignore."""
         if settings.hosted() and rule.regex:
             raise RequestError(f"{source} judges answers by the regex '{rule.regex:.60}', and answer regexes are not "
                                "run on a shared server: drop --answer-regex, use a region made without one, or run "
                                "graftui on your own machine")
+        if settings.hosted() and rule.regexes_to_ignore:
+            raise RequestError(f"{source} removes the regex '{rule.regexes_to_ignore[0]:.60}' from answers, and answer "
+                               "regexes are not run on a shared server: drop --ignore-regex (or give --ignore-regex '' "
+                               "to drop a region's own), or run graftui on your own machine")
         return rule
 
     def checked_pair(self, pair):
@@ -239,7 +244,10 @@ REGION_FIELDS = ("region", "regions", "replicates")
 def check_request(request, guard: Guard) -> None:
     """What a server checks before it queues a job: the request's own checks and, hosted, the ceilings on one
     job's work and every model and data reference it names (a server path is refused here, not in the job)."""
-    guard.checked_rule(AnswerRule(regex=getattr(request, "answer_regex", None)), "the request")  # before validate()
+    ignored = getattr(request, "ignore_regex", None)
+    guard.checked_rule(AnswerRule(regex=getattr(request, "answer_regex", None),  # before validate() compiles them
+                                  regexes_to_ignore=tuple(p for p in ignored if isinstance(p, str) and p)
+                                  if isinstance(ignored, list) else ()), "the request")
     # compiles it
     request.validate()
     if not settings.hosted():

@@ -793,6 +793,7 @@ def test_the_queue_serves_clients_in_turn_drops_double_clicks_and_stops_a_job_ov
 def test_hosted_ceilings_and_paths_are_checked_before_a_job_is_queued(monkeypatch, tmp_path):
     from graftui import hosted, settings
     from graftui.errors import DataError, RequestError
+    from graftui.generation import AnswerRule
     from graftui.requests import LocalizeRequest, SweepRequest, WiseRequest
 
     monkeypatch.setenv("GRAFTUI_HOSTED", "1")
@@ -816,6 +817,12 @@ def test_hosted_ceilings_and_paths_are_checked_before_a_job_is_queued(monkeypatc
         hosted.check_request(LocalizeRequest.make(task="dates", max_new_tokens=1000), guard)  # generation is per prompt
     with pytest.raises(RequestError, match="answer regexes are not run on a shared server"):
         hosted.check_request(LocalizeRequest.make(task="dates", answer_regex="(a+)+$"), guard)  # can backtrack for ever
+    with pytest.raises(RequestError, match="removes the regex '\\(a\\+\\)\\+\\$' from answers, and answer regexes "
+                                           "are not run on a shared server: drop --ignore-regex"):
+        hosted.check_request(LocalizeRequest.make(task="dates", ignore_regex=["(a+)+$", "x"]), guard)
+    with pytest.raises(RequestError, match="ignore-regex"):  # a region file's own list is held to the same rule
+        guard.checked_rule(AnswerRule(regexes_to_ignore=("(a|aa)+$",)), "this region file")
+    assert guard.checked_rule(AnswerRule(ignore_punctuation=True), "the request").ignore_punctuation  # no regex: runs
     hosted.check_request(LocalizeRequest.make(), guard)  # the defaults pass, the default model not built yet
     assert settings.job_seconds() == 1800
 

@@ -28,7 +28,8 @@ from .common import LOCAL, Guard, LocalizeResult, Result, finish, load_region, p
 
 # -- localize over seeds and fine-tunes ------------------------------------------------------------
 SPEED_ONLY = ("memory", "checkpoint_every", "overwrite", "check_n",  # how a run goes, not what it finds; nor how its
-              "answer_regex", "ignore_case", "whole_generation", "max_new_tokens")  # quick check judges generations
+              "answer_regex", "ignore_case", "whole_generation", "max_new_tokens",  # quick check judges generations
+              "ignore_punctuation", "ignore_regex", "answer_whitespace")
 
 
 def _same_request(made: dict | None, asked: Request) -> bool:

@@ -472,7 +472,10 @@ def evaluate(req: EvaluateRequest, progress: Progress | None = None, cancel=None
             for d in part["differences"]:
                 d["b"] = ft_name if d["b"] == FT_LABEL else d["b"]
             for g in part.get("generations", ()):
-                g[ft_name], g["exact"][ft_name] = g.pop(FT_LABEL), g["exact"].pop(FT_LABEL)
+                g[ft_name] = g.pop(FT_LABEL)
+                for per_model in ("exact", "answer", "contains", "token_f1"):  # each model's judging, by name
+                    if FT_LABEL in g.get(per_model, {}):
+                        g[per_model][ft_name] = g[per_model].pop(FT_LABEL)
         result["generations"] += [{**g, "task": part["task"]} for g in part.get("generations", ())]
         if "rule" in part:  # how its answers were judged
             result["judging"].append({k: part[k] for k in ("task", "rule", "max_new_tokens")})
