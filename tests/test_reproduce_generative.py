@@ -102,3 +102,19 @@ def test_a_generative_run_and_a_paper_run_never_share_a_folder(tmp_path, monkeyp
         graftui.reproduce(out=str(tmp_path), quick=True, section="generative")
     with pytest.raises(RequestError, match="unknown section .poems.; choose from paper, generative"):
         ReproduceRequest(section="poems").validate()
+
+
+def test_the_command_line_says_each_recipe_and_the_finding(monkeypatch):
+    from graftui.flows import text
+
+    study, _ = rep.generative_plan(quick(monkeypatch), None)
+    study = rep.replace(study, skills=("dates",), recipes=study.recipes[:1], sparsities=(1e-3,),
+                        methods=("learned", "top-movement"))
+    key = study.recipes[0].key
+    R = {f"finetune-dates-{key}": {"out": "/a"},
+         f"sweep-dates-{key}": sweep(1.0, {("learned", 1e-3): 0.9, ("top-movement", 1e-3): 0.25})}
+    log = [{"step": n, "title": n, "command": "graftui x", "seconds": 1.0, "reused": True} for n in R]
+    report = report_of.build_generative_report("quick", study, R, log, 2.0)
+    said = text.reproduce({"report": report, "out": "/r", "reused": list(R), "seconds": 60.0})
+    assert "dates, AdamW" in said and "FT 1.000; learned 0.900; top-movement 0.250" in said
+    assert "learned after AdamW: 0.900 of FT's 1.000 (90.0%; target 80.0% met)" in said

@@ -477,6 +477,8 @@ def continual(doc: dict) -> str:
 
 def reproduce(doc: dict) -> str:
     r = doc["report"]
+    if r.get("section") == "generative":
+        return generative_report(doc)
     s, mt, cl = r["single_task"], r["multitask"], r["continual"]
     lines = [
         ("report", f"{doc['out']}/report.md  (and report.json, figures/)"),
@@ -497,6 +499,27 @@ def reproduce(doc: dict) -> str:
     return text
 
 
+
+
+def generative_report(doc: dict) -> str:
+    """The generative section in lines: per skill and recipe, the fine-tune's exact match and each method's at each
+    budget; then the best region at the finding's budget."""
+    r = doc["report"]
+    lines = [("report", f"{doc['out']}/report.md  (and report.json)"),
+             ("steps", f"{len(r['steps'])}, {len(doc['reused'])} reused from an earlier run; {doc['seconds'] / 60:.1f} min")]
+    for s in r["skills"]:
+        for rc in s["recipes"]:
+            by = {(row["method"], row["sparsity"]): row["exact_match"] for row in rc["rows"]}
+            cells = "; ".join(f"{m} " + " / ".join(_num(by.get((m, x))) for x in r["sparsities"]) for m in r["methods"])
+            lines.append((f"{s['skill']}, {rc['label']}", f"FT {_num(rc['ft_exact_match'])}; {cells}"))
+    f = r["finding"]
+    for skill, b in f["best"].items():
+        lines.append((f"best at {f['budget']:g}, {skill}",
+                      f"{b['method']} after {b['recipe']}: {_num(b['exact_match'])} of FT's {_num(b['ft_exact_match'])} "
+                      f"({_pct(b['retained'])}; target {_pct(f['target_retained'])} "
+                      f"{'met' if b['meets_target'] else 'not met'})"))
+    budgets = " / ".join(f"{x:g}" for x in r["sparsities"])
+    return pairs_table(lines) + f"\n\nexact match at budgets {budgets}; loss per token and paired intervals in report.md"
 
 
 def pair(doc: dict) -> str:
