@@ -894,6 +894,14 @@ class ComposeRequest(Request):
     max_new_tokens: int | None = arg(None, "completion regions: tokens a model may generate per prompt, greedy "
                                      "(default: what the region was made with)", metavar="N")
 
+    def merge_settings(self) -> int:
+        """How many merges stitching scores on validation examples per task: each λ, times each density where the
+        merge has one."""
+        if not (self.stitch or self.evaluate):
+            return 0
+        return sum(len(self.lambdas) * (len(self.densities) if MERGES.get(m, (None, False))[1] else 1)
+                   for m in self.merges)
+
     def check(self) -> None:
         check_max_new_tokens(self.max_new_tokens)
         if len(self.regions) < 2:

@@ -68,3 +68,23 @@ def test_a_bad_merge_or_density_is_one_line_naming_the_fix(tmp_path, fields, sai
         regions.append(str(tmp_path / f"{name}.safetensors"))
     with pytest.raises(RequestError, match=re.escape(said)):
         ComposeRequest(regions=regions, stitch=True, **fields).validate()
+
+
+def test_a_shared_server_bounds_the_validation_work_of_the_merge_grid(tmp_path, monkeypatch):
+    from graftui import hosted
+    from graftui.errors import RequestError
+    from graftui.requests import ComposeRequest
+
+    monkeypatch.setenv("GRAFTUI_HOSTED", "1")
+    regions = []
+    for name in ("a", "b"):
+        (tmp_path / f"{name}.safetensors").write_bytes(b"")
+        regions.append(str(tmp_path / f"{name}.safetensors"))
+    wide = ComposeRequest(regions=regions, stitch=True, n=50, lambdas=[0.1 * i for i in range(1, 9)],
+                          densities=[0.1 * i for i in range(1, 9)])
+    assert wide.merge_settings() == 8 + 64 + 64
+    with pytest.raises(RequestError, match="136 merge settings .λ × density over the merges. are over this server's "
+                                           "limit of 32 for one job; give fewer --lambdas, --densities or --merges"):
+        hosted.check_request(wide, hosted.HostedGuard())
+    assert ComposeRequest(regions=regions, stitch=True).merge_settings() == 25  # the default grid is allowed
+    assert ComposeRequest(regions=regions).merge_settings() == 0  # an overlap alone validates nothing
