@@ -40,18 +40,25 @@ class MethodInfo:
     description: str
     needs_data: bool
     fn: Callable[[MethodContext], Region]
+    learning: dict = field(default_factory=dict)  # LearnConfig fields the method sets whatever the request asks
+
+    def configured(self, config: LearnConfig) -> LearnConfig:
+        """The mask-learning settings the method runs with: what a region file records as its ``learn``."""
+        return replace(config, **self.learning) if self.learning else config
 
 
 METHODS: dict[str, MethodInfo] = {}
 
 
-def register_method(name: str, *, label: str, description: str, needs_data: bool = False):
-    """Decorator: make a localization method available everywhere under ``name``."""
+def register_method(name: str, *, label: str, description: str, needs_data: bool = False,
+                    learning: dict | None = None):
+    """Decorator: make a localization method available everywhere under ``name``; ``learning`` names the LearnConfig
+    fields it fixes (the method then gets a config with them set)."""
 
     def wrap(fn: Callable[[MethodContext], Region]) -> Callable[[MethodContext], Region]:
         if name in METHODS:
             raise ValueError(f"a localization method named '{name}' is already registered")
-        METHODS[name] = MethodInfo(name, label, description, needs_data, fn)
+        METHODS[name] = MethodInfo(name, label, description, needs_data, fn, dict(learning or {}))
         return fn
 
     return wrap
@@ -107,9 +114,10 @@ def learned(ctx: MethodContext) -> Region:
     description="Eq. 2–4 held to the budget while learning: each forward pass grafts the top-k of ℓ (straight-through), "
                 "and ℓ is shifted after each step so that at most k parameters have γ ≥ ½.",
     needs_data=True,
+    learning={"forward": "hard", "within_budget": True},
 )
 def budget_true(ctx: MethodContext) -> Region:
-    return learned(replace(ctx, config=replace(ctx.config, forward="hard", within_budget=True)))
+    return learned(ctx)  # the paper's steps, with the config its registration fixes
 
 
 @register_method(
@@ -171,7 +179,7 @@ def run_method(
         raise ValueError(f"method '{name}' needs training data")
     if cancel is not None and cancel.is_set():
         raise method.Cancelled(f"{name} cancelled before it started")
-    region = info.fn(MethodContext(pair, k, make_batches, config, progress, cancel))
+    region = info.fn(MethodContext(pair, k, make_batches, info.configured(config), progress, cancel))
     if method.region_size(region) > k:  # the budget is a promise to the user, not an internal check
         raise BudgetError(f"method '{name}' returned {method.region_size(region):,} parameters for a budget of {k:,}")
     return region, k

@@ -406,8 +406,12 @@ class MaskLearner:
             return
         above = float(_kth_largest(self.logits, names, self.k + 1))
         if above >= 0:
-            for ell in self.logits.values():
-                ell.sub_(above + BUDGET_MARGIN)
+            shift = above + BUDGET_MARGIN
+            for ell in self.logits.values():  # in float32: a 16-bit scalar may round the margin away (5 + 0.01 is 5)
+                if ell.dtype == torch.float32:
+                    ell.sub_(shift)
+                else:
+                    ell.copy_(ell.float().sub_(shift))
 
     def _restore(self) -> None:
         """θ_pre back into every working parameter ℓ acted on."""

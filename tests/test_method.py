@@ -539,3 +539,23 @@ def test_the_budget_true_shift_keeps_the_order_of_the_logits(tiny_pair):
     assert torch.allclose(shift, shift[0].expand_as(shift)) and float(shift[0]) > 0
     assert int((after >= 0).sum()) <= 40 and float(after.sort(descending=True).values[40]) < 0
     learner.finish()
+
+
+def test_the_budget_true_shift_keeps_its_margin_in_sixteen_bits():
+    """5 + 0.01 is 5 in bfloat16: the shift is taken in float32, so tied logits at the (k+1)-th land below 0."""
+    from types import SimpleNamespace
+
+    for dtype in (torch.bfloat16, torch.float16):
+        ell = torch.tensor([5.0, 5.0, 5.0, 5.0, -3.0], dtype=dtype)
+        learner = SimpleNamespace(logits={"w": ell}, k=2)
+        method.MaskLearner._keep_within_budget(learner)
+        assert int((torch.sigmoid(ell.float()) >= 0.5).sum()) <= 2 and ell.dtype == dtype
+
+
+def test_a_region_file_records_the_settings_the_budget_true_method_ran_with():
+    from graftui.localizers import get_method
+
+    info = get_method("budget-true")
+    ran = info.configured(_LearnConfig(steps=7))
+    assert (ran.forward, ran.within_budget, ran.steps) == ("hard", True, 7)
+    assert get_method("learned").configured(_LearnConfig(steps=7)) == _LearnConfig(steps=7)

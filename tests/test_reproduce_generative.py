@@ -118,3 +118,12 @@ def test_the_command_line_says_each_recipe_and_the_finding(monkeypatch):
     said = text.reproduce({"report": report, "out": "/r", "reused": list(R), "seconds": 60.0})
     assert "dates, AdamW" in said and "FT 1.000; learned 0.900; top-movement 0.250" in said
     assert "learned after AdamW: 0.900 of FT's 1.000 (90.0%; target 80.0% met)" in said
+
+
+def test_a_pair_the_sweep_made_the_other_way_round_is_reported_turned_round():
+    found = [{"a": "learned", "b": "budget-true", "sparsity": 1e-2, "metric": "exact_match", "diff": 0.47,
+              "ci": [0.38, 0.56], "n": 100}]
+    d = report_of._pair(found, "budget-true", "learned", 1e-2)
+    assert (d["a"], d["b"], d["diff"], d["ci"]) == ("budget-true", "learned", -0.47, [-0.56, -0.38])
+    assert report_of._pair(found, "learned", "budget-true", 1e-2) is found[0]
+    assert report_of._pair(found, "learned", "budget-true", 1e-3) is None

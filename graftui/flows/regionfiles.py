@@ -348,6 +348,7 @@ def stitch(req: ComposeRequest, records: list[RegionRecord], names: list[str], b
         merged = MERGES[m][0](pairs[0].pre, ft_values, lam, d, graftable)
         scores[m][(lam, d or 0.0)] = sum(_validation(p, t, merged, req.validation_n, jd)
                                          for p, t, jd in zip(pairs, tasks, judging)) / len(pairs)
+        del merged  # one merged model at a time while the grid runs
     best = {m: best_lambda(scores[m]) for m in req.merges}
     merges = {merge_label(m, lam, d): (m, lam, d) for m, (lam, d) in best.items()}
     made = {label: MERGES[m][0](pairs[0].pre, ft_values, lam, d or None, graftable)

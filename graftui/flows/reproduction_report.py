@@ -574,6 +574,17 @@ def generative_finding(skills: list[dict], budget: float = 1e-3) -> dict:
     return {"budget": budget, "target_retained": TARGET_RETAINED, "best": best}
 
 
+def _pair(found: list[dict], a: str, b: str, sparsity: float) -> dict | None:
+    """a − b in exact match at ``sparsity``, whichever order the sweep paired them in (b − a is turned round)."""
+    for d in found:
+        if d["metric"] == "exact_match" and d["sparsity"] == sparsity and {d["a"], d["b"]} == {a, b}:
+            if d["a"] == a:
+                return d
+            lo, hi = d["ci"]
+            return {**d, "a": a, "b": b, "diff": -d["diff"], "ci": [-hi, -lo]}
+    return None
+
+
 def _generative_md(report: dict) -> list[str]:
     budgets, methods = report["sparsities"], report["methods"]
     seeds = report["seeds"]
@@ -600,8 +611,7 @@ def _generative_md(report: dict) -> list[str]:
         for r in s["recipes"]:
             for a, b in pairs:
                 for x in budgets:
-                    d = next((d for d in r["differences"] if d["a"] == a and d["b"] == b and d["sparsity"] == x
-                              and d["metric"] == "exact_match"), None)
+                    d = _pair(r["differences"], a, b, x)
                     if d is not None:
                         lines.append([r["label"], f"{a} − {b}", f"{x:g}", difference(d)])
         if lines:

@@ -130,7 +130,7 @@ def check_moved(pair: ModelPair) -> None:
 def find_region(req, pair: ModelPair, task: Task | None, k: int, notes: list[str], progress=None, cancel=None):
     """Run ``req.method`` at budget k on ``pair``; returns the region and the record fields that say how."""
     info = get_method(req.method)
-    config = req.learn_config()
+    config = info.configured(req.learn_config())  # what the method runs with, as its region file records it
     make_batches, n_train = None, 0
     if info.needs_data:
         make_batches, n_train = kind_of(task).mask_batches(pair, task, req, notes)

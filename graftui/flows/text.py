@@ -348,7 +348,7 @@ def compose(doc: dict) -> str:
                   *(f"{m['model']}: the best mean validation score over the tasks ({chosen['validation_n']:,} "
                     "examples each; " + ", ".join(f"λ {e['lambda']:g}" + (f" d {e['density']:g}" if e["density"] else "")
                                                   + f": {e['validation']:.3f}" for e in m["grid"]) + ")"
-                    for m in chosen["merges"])]
+                    for m in chosen.get("merges") or _arithmetic_only(chosen))]
     elif doc["rows"]:
         parts += ["", table(["task", "head", "model", "n", "accuracy", "Δ vs alone", "ECE", "k"],
                             [[r["task"], r["head"], r["model"], _count(r["n"]), _num(r["accuracy"]),
@@ -499,6 +499,11 @@ def reproduce(doc: dict) -> str:
     return text
 
 
+
+
+def _arithmetic_only(chosen: dict) -> list[dict]:
+    """A stitch saved before there were other merges: task arithmetic's λ grid, as a merge's."""
+    return [{"model": chosen["model"], "grid": [{**e, "density": None} for e in chosen.get("lambdas") or ()]}]
 
 
 def generative_report(doc: dict) -> str:

@@ -103,7 +103,7 @@ class Harness(Completion):
         that gives one is refused, naming its flags."""
         given = [flag for flag, value in (("--answer-regex", getattr(req, "answer_regex", None)),
                                           ("--ignore-punctuation", getattr(req, "ignore_punctuation", False)),
-                                          ("--ignore-regex", getattr(req, "ignore_regex", None) is not None),
+                                          ("--ignore-regex", any(getattr(req, "ignore_regex", None) or ())),  # '': none
                                           ("--answer-whitespace", getattr(req, "answer_whitespace", None))) if value]
         if given:
             raise RequestError(f"{', '.join(given)}: an lm-eval task is judged by the harness's own filters (its "
