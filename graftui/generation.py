@@ -153,10 +153,10 @@ def _timed(run: Callable, what: str, pattern: str, text: str):
     try:
         return run(text, timeout=REGEX_SECONDS)
     except TimeoutError:
+        flag = "--ignore-regex" if what == "ignore regex" else "--answer-regex"
         raise DataError(f"the {what} '{pattern:.80}' ran over {REGEX_SECONDS:g} s on one answer ({len(text):,} "
                         r"characters), so it backtracks without end: write one without nested repeats such as "
-                        r"'(a|aa)+', e.g. '#### (\S+)' (a region's own is dropped with --answer-regex '' or "
-                        "--ignore-regex '')") from None
+                        rf"'(a|aa)+', e.g. '#### (\S+)' (a region's own regex is dropped with {flag} '')") from None
 
 
 def token_f1(answer: str | None, reference: str | None) -> float:
