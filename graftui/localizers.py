@@ -44,7 +44,7 @@ class MethodInfo:
 
     def configured(self, config: LearnConfig) -> LearnConfig:
         """The mask-learning settings the method runs with: what a region file records as its ``learn``."""
-        return replace(config, **self.learning) if self.learning else config
+        return replace(config, **self.learning)
 
 
 METHODS: dict[str, MethodInfo] = {}

@@ -302,7 +302,8 @@ def stitch(req: ComposeRequest, records: list[RegionRecord], names: list[str], b
            notes: list[str], progress=None, cancel=None) -> Stitched:
     """Localize-and-Stitch as an experiment: θ_pre + Σ_i γ_i ⊙ δ_i scored on every member's task beside each
     fine-tune alone, each region alone, the pre-trained model and the merges of ``req.merges`` (task arithmetic
-    θ_pre + λ Σ_i δ_i, TIES, DARE; λ and density chosen on validation examples of every task); what the reader should know goes to ``notes``."""
+    θ_pre + λ Σ_i δ_i, TIES, DARE; λ and density chosen on validation examples of every task); what the reader
+    should know goes to ``notes``."""
     finetunes = [r.meta.finetuned for r in records]
     again = next((i for i, f in enumerate(finetunes) if f in finetunes[:i]), None)
     if again is not None:
@@ -370,7 +371,8 @@ def stitch(req: ComposeRequest, records: list[RegionRecord], names: list[str], b
     arithmetic = next((label for label, (m, _, _) in merges.items() if m == "task-arithmetic"), None)
     chosen = {"validation_n": req.validation_n,
               "merges": [{"merge": m, "model": label, "lambda": lam, "density": d or None,
-                          "grid": [{"lambda": x, "density": y or None, "validation": v} for (x, y), v in scores[m].items()]}
+                          "grid": [{"lambda": x, "density": y or None, "validation": v}
+                                   for (x, y), v in scores[m].items()]}
                          for label, (m, lam, d) in merges.items()]}
     if arithmetic is not None:  # task arithmetic's own keys, as before there were other merges
         lam = merges[arithmetic][1]

@@ -601,7 +601,8 @@ def _generative_md(report: dict) -> list[str]:
         rows = []
         for r in s["recipes"]:
             by = {(row["method"], row["sparsity"]): row for row in r["rows"]}
-            rows.append([f"**{r['label']}**", "fine-tuned", f"**{_f(r['ft_exact_match'])}**"] + [""] * (len(budgets) - 1))
+            rows.append([f"**{r['label']}**", "fine-tuned", f"**{_f(r['ft_exact_match'])}**",
+                         *[""] * (len(budgets) - 1)])
             for m in methods:
                 rows.append(["", m, *(f"{_fs(by[(m, b)]['exact_match'], by[(m, b)].get('accuracy_std'))} "
                                       f"({_f(by[(m, b)]['loss'], 2)})" if (m, b) in by else "–" for b in budgets)])

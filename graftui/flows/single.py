@@ -236,10 +236,10 @@ def did_not_fit(check: dict, kind, k: int) -> list[str]:
     if share is None or share >= DID_NOT_FIT:
         return []
     what = kind.words.score
-    return [f"the skill did not fit in k = {k:,} parameters: the region's held-out {what} is {pct(region['accuracy'], 1)} "
-            f"against the fine-tune's {pct(ft['accuracy'], 1)} (n = {check['n']:,}); try a larger budget such as 1 %, the "
-            "budget-true method (--method budget-true), or a fine-tune with an ℓ1 penalty on the movement "
-            "(finetune --optimizer adamw --l1 1e-3)"]
+    return [f"the skill did not fit in k = {k:,} parameters: the region's held-out {what} is "
+            f"{pct(region['accuracy'], 1)} against the fine-tune's {pct(ft['accuracy'], 1)} (n = {check['n']:,}); try a "
+            "larger budget such as 1 %, the budget-true method (--method budget-true), or a fine-tune with an ℓ1 "
+            "penalty on the movement (finetune --optimizer adamw --l1 1e-3)"]
 
 
 def quick_check(pair: ModelPair, task, models: dict, req, step: int, progress=None, cancel=None) -> dict:
