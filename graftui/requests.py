@@ -620,8 +620,9 @@ class LocalizeRequest(FinetuneReplicateFields, ReplicateFields, LoadFields, Graf
     writes: ClassVar[bool] = True
     method: str = arg("learned", "localization method (see 'graftui methods')", choices=lambda: tuple(METHODS),
                  group="region")
-    sparsity: float = arg(DEFAULT_SPARSITY, "region size as a fraction of the graftable parameters, in (0, 1]",
-                          metavar="F", group="region")
+    sparsity: float | None = arg(None, "region size as a fraction of the graftable parameters, in (0, 1] (default: "
+                                 "the task kind's, 0.001, or 0.01 for a completion or lm-eval task)", metavar="F",
+                                 group="region")
     k: int | None = arg(None, "region size as a number of parameters (overrides --sparsity)", metavar="N", group="region")
     region_only: bool = arg(False, "write indices only (re-applying needs the fine-tuned model), not a skill patch")
     out: str | None = arg(None, "region file (default: a new file in $GRAFTUI_HOME/regions)", metavar="FILE")
@@ -629,15 +630,18 @@ class LocalizeRequest(FinetuneReplicateFields, ReplicateFields, LoadFields, Graf
     check_n: int = arg(DEFAULT_CHECK_N, "held-out test examples on which the region is scored at once, beside the "
                        "fine-tuned model and the empty region (0: no check; evaluate scores them all)", metavar="N")
 
-    def budget(self) -> Budget:
-        return Budget(k=self.k) if self.k is not None else Budget(sparsity=self.sparsity)
+    def budget(self, default: float = DEFAULT_SPARSITY) -> Budget:
+        """--k, else --sparsity, else ``default``: the task kind's own budget (TaskKind.sparsity)."""
+        if self.k is not None:
+            return Budget(k=self.k)
+        return Budget(sparsity=default if self.sparsity is None else self.sparsity)
 
     def check(self) -> None:
         check_methods([self.method])
         if self.k is not None:
             if self.k < 1:
                 raise RequestError(f"--k must be at least 1, got {self.k}")
-        else:
+        elif self.sparsity is not None:
             check_sparsity(self.sparsity)
         self.check_learning()
         self.check_modules()
@@ -735,14 +739,16 @@ class EvaluateRequest(ReplicateFields, GraftsFields, OodFields):
 
     verb: ClassVar[str] = "evaluate"
     baselines: bool = arg(False, "add top-movement and random regions of each region's size")
-    sparsity: float = arg(DEFAULT_SPARSITY, "baseline budget when no region is given", metavar="F")
+    sparsity: float | None = arg(None, "baseline budget when no region is given (default: the task kind's, 0.001, "
+                                 "or 0.01 for a completion or lm-eval task)", metavar="F")
     n: int | None = arg(None, "test examples per task (default all)", metavar="N")
     seed: int = arg(0, "seed of the random baseline (the n test examples are the same for every seed)",
                     metavar="N")
 
     def check(self) -> None:
         self.check_regions()
-        check_sparsity(self.sparsity)
+        if self.sparsity is not None:
+            check_sparsity(self.sparsity)
         check_at_least_one("n", self.n)
         self.label_map()
         self.check_seeds()

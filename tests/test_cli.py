@@ -24,7 +24,7 @@ import torch
 from safetensors.torch import load_file
 
 from graftui import __version__, cli, flows, regions
-from graftui.config import default_checkpoint_dir, default_recipe as default_config
+from graftui.config import DEFAULT_SPARSITY, Budget, default_checkpoint_dir, default_recipe as default_config
 
 from conftest import MINILM_DIR, make_tiny_bert
 
@@ -190,6 +190,16 @@ def test_localize_learned_writes_a_patch_of_exactly_k(learned, ft_dir):
     assert record.is_patch and record.size == K
     assert record.meta["method"] == "learned" and record.meta["learn"]["steps"] == 3
     assert record.meta["train_examples"] == 16
+
+
+def test_a_classification_region_takes_its_kinds_budget_where_the_request_names_none(ft_dir, tmp_path):
+    path = tmp_path / "default.safetensors"
+    code, out, err = run_cli("localize", "--finetuned", ft_dir, "--method", "top-movement", "--region-only",
+                             "--out", str(path))
+    assert code == 0, err
+    record = regions.load(path)
+    assert record.meta["sparsity"] == DEFAULT_SPARSITY and record.meta["request"]["sparsity"] is None
+    assert record.size == Budget(sparsity=DEFAULT_SPARSITY).resolve(record.meta["graftable_params"])
 
 
 def test_localize_default_out_region_only_and_sparsity(ft_dir, home):

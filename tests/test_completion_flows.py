@@ -13,7 +13,7 @@ import torch
 import graftui
 from graftui import cli, completion, generation, regions
 from graftui.completion import Completions
-from graftui.config import LoadOptions, kind_of_architecture
+from graftui.config import COMPLETION_SPARSITY, DEFAULT_SPARSITY, Budget, LoadOptions, kind_of_architecture
 from graftui.models import load_lm, load_tokenizer, pair_kind
 
 from lm_util import make_lm, make_tokenizer, write_base, write_completion_task, write_lm_pair
@@ -75,6 +75,20 @@ def test_localize_learns_on_the_completion_loss_and_checks_its_region_by_generat
     assert all(r["n"] == 8 and 0 <= r["exact_match"] <= 1 and r["loss"] > 0 for r in rows.values())
     assert rows["this region"]["accuracy"] == rows["this region"]["exact_match"]
     assert len(loc.check["generations"]) == 8
+
+
+def test_a_completion_region_takes_its_kinds_budget_where_the_request_names_none(trained, tmp_path):
+    one_architecture(trained)
+    out = tmp_path / "default-budget.safetensors"
+    graftui.localize(base=trained["base"], finetuned=trained["ft"].out, task=trained["task"], method="top-movement",
+                     check_n=0, out=str(out), max_new_tokens=4)
+    record = regions.load(out)
+    assert record.meta.sparsity == COMPLETION_SPARSITY == 10 * DEFAULT_SPARSITY and record.meta.budget == "sparsity=0.01"
+    assert record.size == Budget(sparsity=COMPLETION_SPARSITY).resolve(record.meta.graftable_params)
+    assert record.meta.request["sparsity"] is None  # the request as asked: re-made, it takes the kind's budget again
+    ev = graftui.evaluate(base=trained["base"], finetuned=trained["ft"].out, task=trained["task"], baselines=True, n=4,
+                          max_new_tokens=4)
+    assert {r["region_size"] for r in ev.rows if r["model"] in ("Top movement", "Random")} == {record.size}
 
 
 def test_evaluate_scores_every_model_by_generation_with_paired_intervals(trained, localized):

@@ -6,7 +6,12 @@ from __future__ import annotations
 
 import json
 
+import gradio as gr
 import pytest
+
+from graftui.config import COMPLETION_SPARSITY, DEFAULT_SPARSITY
+from graftui.tasks import CLASSIFICATION, COMPLETION_KIND, HARNESS, named_kind
+from graftui.ui.tabs import localize as localize_tab
 
 
 from cli_util import refused, run_cli
@@ -106,3 +111,22 @@ def test_one_seed_writes_its_region_alone_and_two_write_their_core_and_union(set
     assert code == 0, err
     assert {"two-seed0.safetensors", "two-seed1.safetensors", "two-core.safetensors", "two-union.safetensors"} <= {
         p.name for p in tmp_path.iterdir()}
+
+
+@pytest.mark.parametrize("ref, kind, columns, named", [
+    ("dates", "auto", False, "completion"), ("numbers", "auto", False, "completion"),
+    ("movies", "auto", False, "classification"), ("BBC", "auto", False, "classification"),
+    ("lm-eval:graftui_dates", "auto", False, "lm-eval"), ("my.csv", "auto", False, None),
+    ("my.csv", "auto", True, "completion"), ("my.csv", "classification", False, "classification"),
+    ("movies", "completion", False, "completion"), (None, "auto", False, None)])
+def test_a_task_names_its_kind_before_it_is_read_where_its_name_can(ref, kind, columns, named):
+    found = named_kind(ref, kind, columns)
+    assert (found.name if found is not None else None) == named
+
+
+def test_each_kind_has_its_budget_and_the_app_follows_it_until_one_is_chosen_by_hand():
+    assert COMPLETION_KIND.sparsity == HARNESS.sparsity == COMPLETION_SPARSITY  # a harness task's regions are learned
+    assert CLASSIFICATION.sparsity == DEFAULT_SPARSITY  # on the completion loss, as a completion task's are
+    assert localize_tab.budget_for("dates", -3) == -2 and localize_tab.budget_for("movies", -2) == -3
+    assert localize_tab.budget_for("my.csv", -3) == gr.skip()  # only reading the file could tell its kind
+    assert localize_tab.budget_for("dates", -2.5) == gr.skip()  # a budget chosen by hand stays

@@ -16,8 +16,8 @@ from pathlib import Path
 
 from .. import card, method, metrics, regions, scoring, sets, settings, training
 from ..config import (
-    DEFAULT_BASE, DEFAULT_FINETUNED, DEFAULT_FINETUNED_REFS, DEFAULT_LOADING, DEFAULT_TASK, FT_LABEL, GraftableSpec,
-    LoadOptions, default_checkpoint_dir,
+    DEFAULT_BASE, DEFAULT_FINETUNED, DEFAULT_FINETUNED_REFS, DEFAULT_LOADING, DEFAULT_SPARSITY, DEFAULT_TASK, FT_LABEL,
+    GraftableSpec, LoadOptions, default_checkpoint_dir,
 )
 from ..data import Task
 from ..errors import GraftuiError, ModelError, RegionError, RequestError
@@ -127,6 +127,11 @@ def check_moved(pair: ModelPair) -> None:
                          "checkpoint as --finetuned")
 
 
+def budget_of(req, task: Task | None) -> Budget:
+    """The request's budget: its --k or --sparsity, else the task kind's own (a completion skill needs more room)."""
+    return req.budget(kind_of(task).sparsity if task is not None else DEFAULT_SPARSITY)
+
+
 def find_region(req, pair: ModelPair, task: Task | None, k: int, notes: list[str], progress=None, cancel=None):
     """Run ``req.method`` at budget k on ``pair``; returns the region and the record fields that say how."""
     info = get_method(req.method)
@@ -140,8 +145,9 @@ def find_region(req, pair: ModelPair, task: Task | None, k: int, notes: list[str
 
     region, _ = run_method(pair, Budget(k=k), req.method, make_batches=make_batches, config=config,
                            progress=on_step if progress else None, cancel=cancel)  # no one to report to: no count
-    made = {"method": req.method, "task": req.task, "budget": req.budget().describe(), "budget_k": k,
-            "sparsity": req.sparsity if req.k is None else None, "train_examples": n_train,
+    budget = budget_of(req, task)
+    made = {"method": req.method, "task": req.task, "budget": budget.describe(), "budget_k": k,
+            "sparsity": budget.sparsity, "train_examples": n_train,
             "learn": config.as_dict() if info.needs_data else None, "graftable_spec": req.graftable_spec().as_dict()}
     return region, made
 
@@ -189,7 +195,7 @@ def localize(req: LocalizeRequest, progress: Progress | None = None, cancel=None
     if kind is not None:
         kind.check_pair(pair, task)
     check_moved(pair)
-    k = req.budget().resolve(pair.counts()["graftable"])
+    k = budget_of(req, task).resolve(pair.counts()["graftable"])
     if progress:
         progress({"stage": f"budget k = {k:,}", "k": k})
     world = data_parallel()
@@ -429,7 +435,8 @@ def evaluate(req: EvaluateRequest, progress: Progress | None = None, cancel=None
                      if r.meta.top_movement_overlap is not None}
     baselines: dict[int, dict] = {}  # k -> {label: region}: the same regions on every task they are scored on
     if req.baselines:
-        budgets = sorted({r.size for r in records}) or [Budget(sparsity=req.sparsity).resolve(graftable)]
+        budgets = sorted({r.size for r in records}) or [
+            Budget(sparsity=kind.sparsity if req.sparsity is None else req.sparsity).resolve(graftable)]
         for k in budgets:
             if progress:
                 progress({"stage": f"building baselines at k = {k:,}"})

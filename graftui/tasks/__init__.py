@@ -11,8 +11,8 @@ from .base import KINDS, Outcome, TaskKind, Words, kind_named, kind_of, register
 from .classification import CLASSIFICATION, examples_per_class, kshot_batches
 from .completion import COMPLETION_KIND, recorded_rule
 from .harness import HARNESS
-from .reading import read_classification, read_task, read_task_as, region_kind
+from .reading import named_kind, read_classification, read_task, read_task_as, region_kind
 
 __all__ = ["CLASSIFICATION", "COMPLETION_KIND", "HARNESS", "KINDS", "Outcome", "TaskKind", "Words",
-           "examples_per_class", "kind_named", "kind_of", "kshot_batches", "read_classification", "read_task",
-           "read_task_as", "recorded_rule", "region_kind", "register_kind"]
+           "examples_per_class", "kind_named", "kind_of", "kshot_batches", "named_kind", "read_classification",
+           "read_task", "read_task_as", "recorded_rule", "region_kind", "register_kind"]

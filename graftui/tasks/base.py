@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..card import Words
-from ..config import COMPLETION, LoadOptions
+from ..config import COMPLETION, DEFAULT_SPARSITY, LoadOptions
 from ..errors import ModelError, RequestError
 
 
@@ -39,6 +39,7 @@ class TaskKind:
     columns: tuple[tuple[str, str], ...] = ()  # (header, key) of a comparison's rows: the CLI's and the app's tables
     markdown_columns: tuple[tuple[str, str], ...] = ()  # (header, key) of a model card's metrics table
     verbs: tuple[str, ...] = ()  # the verbs that work on this kind (the documentation's table reads them)
+    sparsity: float = DEFAULT_SPARSITY  # the budget of a request that names none (neither --sparsity nor --k)
 
     def owns(self, task) -> bool:
         return isinstance(task, self.task_type)

@@ -44,21 +44,33 @@ def read_task_as(ref: str, spec, guard, notes: list[str] | None = None):
     return _noted(guard.checked_task(task), notes)
 
 
+def named_kind(ref, kind: str = "auto", completion_columns: bool = False) -> TaskKind | None:
+    """The kind a task reference names before anything is read (None: only reading the source can tell). An
+    ``lm-eval:`` name is a harness task; with kind auto, an offline skill or a completion column given makes a
+    completion task, and an offline classification task is one."""
+    key = str(ref or "").strip().lower()
+    if is_harness_ref(key):
+        return HARNESS
+    if kind == "completion" or (kind == "auto" and (completion_columns or key in OFFLINE_SKILLS)):
+        return COMPLETION_KIND
+    if kind == "classification" or key in OFFLINE_TASKS:
+        return CLASSIFICATION
+    return None
+
+
 def read_task(req, guard, notes: list[str] | None = None):
-    """The request's task as the kind it names (``TaskFields``). With kind auto, an ``lm-eval:`` name is a harness
-    task, an offline skill or a completion column given makes a completion task; any other source is read as a
-    classification task first, then as a completion task, and the error said is the one of the kind the source's
-    columns fit."""
-    ref, kind = req.task, req.task_kind
-    named = req.prompt_column or req.completion_column or req.messages_column
-    if is_harness_ref(ref):
+    """The request's task as the kind it names (``named_kind``); any other source is read as a classification task
+    first, then as a completion task, and the error said is the one of the kind the source's columns fit."""
+    ref = req.task
+    named = named_kind(ref, req.task_kind, bool(req.prompt_column or req.completion_column or req.messages_column))
+    if named is HARNESS:
         return read_task_as(ref, None, guard, notes)
-    if kind == "completion" or (kind == "auto" and (named or str(ref).strip().lower() in OFFLINE_SKILLS)):
+    if named is COMPLETION_KIND:
         return read_task_as(ref, req.completion_spec(), guard, notes)
     try:
         return read_classification(ref, req.data_spec(), guard, notes)
     except DataError as first:
-        if kind == "classification" or str(ref).strip().lower() in OFFLINE_TASKS:
+        if named is CLASSIFICATION:
             raise
         try:
             return read_task_as(ref, req.completion_spec(), guard, notes)
@@ -76,4 +88,4 @@ def region_kind(meta) -> TaskKind:
     return HARNESS if is_harness_ref(getattr(meta, "task", None) or "") else COMPLETION_KIND
 
 
-__all__ = ["region_kind", "read_classification", "read_task", "read_task_as"]
+__all__ = ["named_kind", "region_kind", "read_classification", "read_task", "read_task_as"]

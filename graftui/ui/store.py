@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import hosted, regions, settings
-from ..config import (DEFAULT_BASE, DEFAULT_EXAMPLES_PER_CLASS, DEFAULT_FINETUNED_REFS, INTERACTIVE,
-                      default_checkpoint_dir)
+from ..config import (DEFAULT_BASE, DEFAULT_EXAMPLES_PER_CLASS, DEFAULT_FINETUNED_REFS, DEFAULT_SPARSITY,
+                      INTERACTIVE, default_checkpoint_dir)
 from ..errors import RegionError, SessionError
 from ..tasks import CLASSIFICATION, region_kind
 from ..hosted import check_disk, own_dir
@@ -54,7 +54,7 @@ def defaults() -> dict:
         "steps": loc["steps"],
         "examples_per_class": loc["examples_per_class"] or DEFAULT_EXAMPLES_PER_CLASS,  # a number box shows no "unset"
         "test_examples": ev["n"] or INTERACTIVE["n"],
-        "log_sparsity": math.log10(loc["sparsity"]),
+        "log_sparsity": math.log10(loc["sparsity"] or DEFAULT_SPARSITY),  # the default pair's kind: classification
         "mask_lr": loc["lr"],
         "ft_lr": recipe.lr,
         "ft_epochs": recipe.epochs,
