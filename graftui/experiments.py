@@ -8,8 +8,8 @@
     §5.2   continual      task t_n trains only γ_{t_n} \\ ∪_{i<n} γ_{t_i}; inference uses ∪_{i≤n} γ_{t_i}
     ablation   drop part  θ_pre + (γ − γ_P) ⊙ δ: part P of γ (one layer, one module type) back to θ_pre
     stitching  θ_pre + Σ_i γ_i ⊙ δ_i (Localize-and-Stitch, He et al. 2024), against task arithmetic
-               θ_pre + λ Σ_i δ_i (Ilharco et al. 2023), TIES (Yadav et al. 2023) and DARE (Yu et al. 2024),
-               λ and density chosen on validation data
+               θ_pre + λ Σ_i δ_i (Ilharco et al. 2023), TIES (Yadav et al. 2023), DARE (Yu et al. 2024) and
+               consensus merging with TALL masks (Wang et al. 2024), λ and their settings chosen on validation data
 
 The maths of localization itself (Eq. 1–4, and WiSE of Fig. 7) is ``method``; overlap
 |γ_i ∩ γ_j| / |γ_j| (Fig. 8a) and unions are ``sets``; the flows that run these experiments on
@@ -18,7 +18,9 @@ real models are ``flows.laboratory``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from types import SimpleNamespace
+from typing import Callable
 
 import torch
 
@@ -85,10 +87,42 @@ def dare_merge(pre: dict[str, torch.Tensor], finetuned: list[dict[str, torch.Ten
     return out
 
 
-MERGES = {  # name -> (merge(pre, finetuned, λ, density, names), whether it has a density)
-    "task-arithmetic": (lambda pre, fts, lam, density, names: task_arithmetic(pre, fts, lam, names), False),
-    "ties": (ties_merge, True),
-    "dare": (dare_merge, True),
+def consensus_merge(pre: dict[str, torch.Tensor], finetuned: list[dict[str, torch.Tensor]], lam: float, tall: float,
+                    names) -> dict[str, torch.Tensor]:
+    """Consensus merging with TALL masks (Wang et al. 2024): task i claims a parameter where its own movement
+    outweighs what the other tasks add there, |δ_i| ≥ tall·|Σ_j δ_j − δ_i|; a parameter claimed by two or more
+    tasks is kept, one claimed by a single task ("selfish") or by none dropped; θ_pre + λ·(kept ⊙ Σ_i δ_i)."""
+    out = {}
+    for name in names:
+        moved = torch.stack([ft[name].to(pre[name].device) - pre[name] for ft in finetuned]).float()
+        total = moved.sum(0)
+        claimed = (moved.abs() >= tall * (total - moved).abs()).sum(0)
+        out[name] = (pre[name].float() + lam * torch.where(claimed >= 2, total, 0.0)).to(pre[name].dtype)
+    return out
+
+
+@dataclass(frozen=True)
+class Merge:
+    """A merging method stitching is measured against: ``make(pre, finetuned, λ, setting, names)`` gives its tensors.
+    Its second setting, where it has one, is chosen from the ComposeRequest grid ``grid``, recorded under ``key`` and
+    named ``words`` in a row's label."""
+
+    name: str  # as a row names it
+    make: Callable
+    grid: str | None = None
+    key: str | None = None
+    words: str | None = None
+
+    def label(self, lam: float, setting: float | None) -> str:
+        """The merge as a model's name in the rows: "task arithmetic (λ = 0.6)", "TIES (λ = 1, density 0.2)"."""
+        return f"{self.name} (λ = {lam:g}" + (f", {self.words} {setting:g})" if self.grid and setting else ")")
+
+
+MERGES = {
+    "task-arithmetic": Merge("task arithmetic", lambda pre, fts, lam, _, names: task_arithmetic(pre, fts, lam, names)),
+    "ties": Merge("TIES", ties_merge, "densities", "density", "density"),
+    "dare": Merge("DARE", dare_merge, "densities", "density", "density"),
+    "consensus": Merge("consensus", consensus_merge, "talls", "tall", "TALL λ"),
 }
 
 

@@ -236,8 +236,8 @@ def save_upload(path: str | Path, read=None):
 # -- what a request may ask of a shared server ------------------------------------------------------------
 MODEL_FIELDS = ("base", "finetuned", "checkpoint", "finetuned_replicates")
 LIST_FIELDS = ("ood", "regions", "tasks", "methods", "seeds", "finetuned_replicates", "lambdas", "densities",
-               "merges")  # each multiplies a job's work
-MAX_MERGE_SETTINGS = 4 * settings.MAX_LIST_ITEMS  # stitching's validation passes per task: λ × density over the merges
+               "talls", "merges")  # each multiplies a job's work
+MAX_MERGE_SETTINGS = 4 * settings.MAX_LIST_ITEMS  # stitching's validation passes per task: λ × setting over the merges
 TASK_FIELDS = ("task", "ood", "tasks")
 REGION_FIELDS = ("region", "regions", "replicates")
 
@@ -269,8 +269,9 @@ def check_request(request, guard: Guard) -> None:
                                "job; ask for fewer")
     grid = request.merge_settings() if hasattr(request, "merge_settings") else 0
     if grid > MAX_MERGE_SETTINGS:
-        raise RequestError(f"{grid} merge settings (λ × density over the merges) are over this server's limit of "
-                           f"{MAX_MERGE_SETTINGS} for one job; give fewer --lambdas, --densities or --merges")
+        raise RequestError(f"{grid} merge settings (λ × density or TALL λ over the merges) are over this server's "
+                           f"limit of {MAX_MERGE_SETTINGS} for one job; give fewer --lambdas, --densities, --talls or "
+                           "--merges")
     runs = len(getattr(request, "seeds", None) or [1]) * (1 + len(getattr(request, "finetuned_replicates", None) or []))
     if runs > settings.MAX_LIST_ITEMS:  # each fine-tune runs every seed
         raise RequestError(f"{runs} runs (fine-tunes × seeds) are over this server's limit of {settings.MAX_LIST_ITEMS} "

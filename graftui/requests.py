@@ -878,7 +878,8 @@ class ComposeRequest(Request):
     writes: ClassVar[bool] = True
     regions: list[str] = arg([], "region or skill patch (give two or more)", flag="--region", metavar="FILE",
                              list="repeat")
-    resolve: str = arg("mean", "value where patches overlap: mean of their movements, first or last",
+    resolve: str = arg("mean", "value where patches overlap: mean of their movements (Localize-and-Stitch), their "
+                       "sum (θ_pre + Σ γ_i⊙δ_i as written), first or last",
                        choices=RESOLVE_MODES)
     base: str | None = arg(None, H_BASE + " (default: the regions' own)", metavar="REF")
     evaluate: bool = arg(False, "score each task alone, in the union graft and on the bare body (with its own head); "
@@ -886,12 +887,14 @@ class ComposeRequest(Request):
     stitch: bool = arg(False, "Localize-and-Stitch: score the union θ_pre + Σ γ_i⊙δ_i on every region's task beside "
                        "each fine-tune alone and the merges of --merges (λ and density chosen on validation examples)")
     merges: list[str] = arg(list(MERGES), "the merges stitching is measured against: task-arithmetic (θ_pre + λ Σ δ_i), "
-                            "ties (trim, elect sign, disjoint mean) and dare (drop and rescale, then add)",
-                            metavar="LIST", list="comma")
+                            "ties (trim, elect sign, disjoint mean), dare (drop and rescale, then add) and consensus "
+                            "(Σ δ_i where two or more tasks' TALL masks claim a parameter)", metavar="LIST", list="comma")
     lambdas: list[float] = arg([0.2, 0.4, 0.6, 0.8, 1.0], "the merges' λ grid, e.g. 0.2,0.5,1", metavar="LIST",
                                list="comma")
     densities: list[float] = arg([0.2, 0.5], "the density grid of ties and dare: the share of each δ_i they keep",
                                  metavar="LIST", list="comma")
+    talls: list[float] = arg([0.4], "the TALL-mask grid of consensus: task i claims a parameter where |δ_i| ≥ "
+                             "λ_t·|Σ_j δ_j − δ_i| (Wang et al. 2024 search 0.2 to 0.6)", metavar="LIST", list="comma")
     validation_n: int = arg(100, "validation examples per task that choose λ", metavar="N")
     n: int | None = arg(None, "test examples per task when evaluating (default all)", metavar="N")
     out: str | None = arg(None, "the union file: a skill patch when every input is one (or --evaluate made them "
@@ -901,12 +904,12 @@ class ComposeRequest(Request):
                                      "(default: what the region was made with)", metavar="N")
 
     def merge_settings(self) -> int:
-        """How many merges stitching scores on validation examples per task: each λ, times each density where the
-        merge has one."""
+        """How many merges stitching scores on validation examples per task: each λ, times each value of the merge's
+        second setting (density, TALL λ) where it has one."""
         if not (self.stitch or self.evaluate):
             return 0
-        return sum(len(self.lambdas) * (len(self.densities) if MERGES.get(m, (None, False))[1] else 1)
-                   for m in self.merges)
+        grids = [MERGES[m].grid if m in MERGES else None for m in self.merges]
+        return sum(len(self.lambdas) * (len(getattr(self, g) or ()) if g else 1) for g in grids)
 
     def check(self) -> None:
         check_max_new_tokens(self.max_new_tokens)
@@ -931,6 +934,10 @@ class ComposeRequest(Request):
                                          and 0 < x <= 1 for x in self.densities):
             raise RequestError(f"--densities: give the shares of each δ_i that ties and dare keep, in (0, 1], e.g. "
                                f"0.2,0.5; got {self.densities}")
+        if not self.talls or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+                                     and 0 < x <= 10 for x in self.talls):
+            raise RequestError(f"--talls: give consensus's TALL-mask thresholds λ_t in (0, 10], e.g. 0.2,0.4; got "
+                               f"{self.talls}")
         check_out_file(self.out, self.overwrite)
 
 

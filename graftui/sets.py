@@ -21,7 +21,7 @@ from .layout import MODULE_LABELS, anatomy
 
 Region = dict[str, torch.Tensor]
 
-RESOLVE_MODES = ("mean", "first", "last")
+RESOLVE_MODES = ("mean", "sum", "first", "last")
 
 
 def region_size(region: Region) -> int:
@@ -232,11 +232,14 @@ def union_values(
     conflict is resolved by ``resolve``:
 
     * ``"mean"``: base + mean of the contributors' deltas (value - base), i.e.
-      task arithmetic restricted to the overlap; computed in float64.
+      task arithmetic restricted to the overlap; computed in float64
+      (Localize-and-Stitch's rule).
+    * ``"sum"``: base + their sum, θ_pre + Σ_i γ_i ⊙ δ_i as written: each
+      task keeps its whole movement where the regions overlap.
     * ``"first"`` / ``"last"``: the earliest / latest contribution in the list wins.
 
     ``base`` maps parameter name -> pre-trained tensor (any shape; indexed
-    flat); it is read only at overlapping indices in "mean" mode.
+    flat); it is read only at overlapping indices in "mean" and "sum" modes.
 
     Returns (indices, values, report) where report holds ``overlap_params``
     (indices claimed by two or more contributions), ``per_pair``
@@ -272,18 +275,18 @@ def union_values(
         reduce = "amax" if resolve == "last" else "amin"
         init = torch.full((uniq.numel(),), -1 if reduce == "amax" else idx.numel(), device=dev)
         pick = init.scatter_reduce(0, inv, pos, reduce=reduce, include_self=True)
-        merged = val[pick]  # exact contributor values; the overlap is fixed up below for "mean"
+        merged = val[pick]  # exact contributor values; the overlap is fixed up below for "mean" and "sum"
         shared = counts > 1
         n_overlap += int(shared.sum())
-        if resolve == "mean" and bool(shared.any()):
+        if resolve in ("mean", "sum") and bool(shared.any()):
             if pname not in base:
-                raise KeyError(f"base has no parameter {pname!r}, needed to average overlapping deltas")
+                raise KeyError(f"base has no parameter {pname!r}, needed to add overlapping deltas")
             base_at = base[pname].reshape(-1).to(dev)[idx].double()
             delta_sum = torch.zeros(uniq.numel(), dtype=torch.float64, device=dev)
             delta_sum.index_add_(0, inv, val.double() - base_at)
-            mean_delta = delta_sum[shared] / counts[shared].double()
+            delta = delta_sum[shared] / (counts[shared].double() if resolve == "mean" else 1.0)
             base_shared = base[pname].reshape(-1).to(dev)[uniq[shared]].double()
-            merged[shared] = (base_shared + mean_delta).to(merged.dtype)
+            merged[shared] = (base_shared + delta).to(merged.dtype)
         out_idx[pname], out_val[pname] = uniq, merged
 
     per_pair: dict[str, dict[str, int]] = {}

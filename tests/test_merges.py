@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from graftui.experiments import MERGES, best_lambda, dare_merge, task_arithmetic, ties_merge
+from graftui.experiments import MERGES, best_lambda, consensus_merge, dare_merge, task_arithmetic, ties_merge
 
 pytestmark = pytest.mark.unit
 
@@ -42,17 +42,35 @@ def test_dare_keeps_each_entry_or_drops_it_and_rescales_and_is_task_arithmetic_a
     assert not torch.equal(half, dare_merge(big, ones, 1.0, 0.5, ["w"], seed=4)["w"])
 
 
-def test_every_merge_is_registered_with_whether_it_has_a_density_and_settings_tie_to_the_smallest():
+def test_consensus_keeps_the_sum_where_two_tasks_tall_masks_claim_a_parameter():
     pre, fts = vectors()
-    assert {name: has for name, (_, has) in MERGES.items()} == {"task-arithmetic": False, "ties": True, "dare": True}
-    merge, _ = MERGES["task-arithmetic"]
+    # w: δ1 = [1, −2, 3, .5], δ2 = [−3, 1, 1, .5], Σ = [−2, −1, 4, 1]. At λ_t = 0.4 task 1 claims where
+    # |δ1| ≥ 0.4·|δ2|: [1 ≥ 1.2 no, 2 ≥ 0.4, 3 ≥ 0.4, .5 ≥ .2]; task 2 where |δ2| ≥ 0.4·|δ1|: [yes, yes, 1 ≥ 1.2 no, yes]
+    assert consensus_merge(pre, fts, 1.0, 0.4, ["w"])["w"].tolist() == [0.0, -1.0, 0.0, 1.0]
+    assert consensus_merge(pre, fts, 0.5, 0.4, ["w"])["w"].tolist() == [0.0, -0.5, 0.0, 0.5]
+    # a parameter one task alone moved is "selfish" and dropped; one no task moved stays θ_pre
+    assert consensus_merge(pre, fts, 1.0, 0.4, ["b"])["b"].tolist() == [1.0, 1.0]
+    # a threshold of 0 lets every task claim every parameter: task arithmetic
+    assert torch.equal(consensus_merge(pre, fts, 0.7, 1e-12, ["w"])["w"], task_arithmetic(pre, fts, 0.7, ["w"])["w"])
+
+
+def test_every_merge_is_registered_with_its_second_setting_and_settings_tie_to_the_smallest():
+    pre, fts = vectors()
+    assert {name: m.grid for name, m in MERGES.items()} == {"task-arithmetic": None, "ties": "densities",
+                                                             "dare": "densities", "consensus": "talls"}
+    assert MERGES["ties"].label(1.0, 0.2) == "TIES (λ = 1, density 0.2)"
+    assert MERGES["consensus"].label(0.5, 0.4) == "consensus (λ = 0.5, TALL λ 0.4)"
+    assert MERGES["task-arithmetic"].label(0.6, None) == "task arithmetic (λ = 0.6)"
+    merge = MERGES["task-arithmetic"].make
     assert merge(pre, fts, 0.5, None, ["w"])["w"].tolist() == task_arithmetic(pre, fts, 0.5, ["w"])["w"].tolist()
     assert best_lambda({(0.4, 0.5): 0.7, (0.4, 0.2): 0.7, (1.0, 0.2): 0.6}) == (0.4, 0.2)
 
 
 @pytest.mark.parametrize("fields, said", [
-    ({"merges": ["ties", "slerp"]}, "--merges: give one or more of task-arithmetic, ties, dare; 'slerp' is none of them"),
-    ({"merges": []}, "--merges: give one or more of task-arithmetic, ties, dare"),
+    ({"merges": ["ties", "slerp"]},
+     "--merges: give one or more of task-arithmetic, ties, dare, consensus; 'slerp' is none of them"),
+    ({"merges": []}, "--merges: give one or more of task-arithmetic, ties, dare, consensus"),
+    ({"talls": [0.0]}, "--talls: give consensus's TALL-mask thresholds λ_t in (0, 10]"), ({"talls": []}, "--talls"),
     ({"densities": [0.0]}, "--densities: give the shares of each δ_i that ties and dare keep, in (0, 1]"),
     ({"densities": [1.5]}, "--densities"), ({"densities": [float("nan")]}, "--densities"),
 ])
@@ -82,9 +100,11 @@ def test_a_shared_server_bounds_the_validation_work_of_the_merge_grid(tmp_path, 
         regions.append(str(tmp_path / f"{name}.safetensors"))
     wide = ComposeRequest(regions=regions, stitch=True, n=50, lambdas=[0.1 * i for i in range(1, 9)],
                           densities=[0.1 * i for i in range(1, 9)])
-    assert wide.merge_settings() == 8 + 64 + 64
-    with pytest.raises(RequestError, match="136 merge settings .λ × density over the merges. are over this server's "
-                                           "limit of 32 for one job; give fewer --lambdas, --densities or --merges"):
+    assert wide.merge_settings() == 8 + 64 + 64 + 8
+    with pytest.raises(RequestError, match="144 merge settings .λ × density or TALL λ over the merges. are over this "
+                                           "server's limit of 32 for one job; give fewer --lambdas, --densities, "
+                                           "--talls or --merges"):
         hosted.check_request(wide, hosted.HostedGuard())
-    assert ComposeRequest(regions=regions, stitch=True).merge_settings() == 25  # the default grid is allowed
+    assert ComposeRequest(regions=regions, stitch=True).merge_settings() == 30  # the default grid is allowed
+    hosted.check_request(ComposeRequest(regions=regions, stitch=True, n=50), hosted.HostedGuard())
     assert ComposeRequest(regions=regions).merge_settings() == 0  # an overlap alone validates nothing

@@ -91,7 +91,7 @@ def _at(t, i):
 
 def test_union_values_disjoint_bit_exact(checkpoints):
     base, fts, contribs = checkpoints
-    for resolve in ("mean", "first", "last"):
+    for resolve in ("mean", "sum", "first", "last"):
         idx, val, report = union_values(contribs, base, resolve=resolve)
         assert idx["w"].tolist() == [0, 2, 7, 9, 11, 19]
         assert idx["b"].tolist() == [1]
@@ -127,6 +127,11 @@ def test_union_values_overlap_resolution(checkpoints):
     assert float(mean["w"][p9]) == pytest.approx(want9, abs=1e-6)
     assert mean["w"].dtype == torch.float32
     assert not torch.equal(mean["w"][p9], first["w"][p9])
+    _, total, _ = union_values(contribs, base, resolve="sum")  # θ_pre + Σ γ_i⊙δ_i: every member's whole movement
+    assert float(total["w"][p2]) == pytest.approx(float(_at(base["w"], 2)) + delta("A", 2) + delta("B", 2), abs=1e-6)
+    assert float(total["w"][p9]) == pytest.approx(float(_at(base["w"], 9)) + delta("A", 9) + delta("B", 9)
+                                                  + delta("C", 9), abs=1e-6)
+    assert torch.equal(total["w"][0], mean["w"][0])  # one owner: its own value, bit for bit
 
 
 def test_union_values_validation(checkpoints):

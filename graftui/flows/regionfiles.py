@@ -280,10 +280,10 @@ def _validation(pair, task, values: dict, n: int, judging) -> float:
         return kind_of(task).scorer(pair, task, "validation", n, judging)().score
 
 
-def merge_label(merge: str, lam: float, density: float | None) -> str:
-    """A merge as a model's name in the rows: "task arithmetic (λ = 0.6)", "TIES (λ = 1, density 0.2)"."""
-    name = {"task-arithmetic": "task arithmetic", "ties": "TIES", "dare": "DARE"}.get(merge, merge)
-    return f"{name} (λ = {lam:g}" + (f", density {density:g})" if density else ")")
+def _setting(merge: str, value: float | None) -> dict:
+    """A merge's second setting as its record holds it ({"density": 0.2}, {"tall": 0.4}; none for task arithmetic)."""
+    key = MERGES[merge].key
+    return {key: value or None} if key else {}
 
 
 @dataclass
@@ -302,8 +302,8 @@ def stitch(req: ComposeRequest, records: list[RegionRecord], names: list[str], b
            notes: list[str], progress=None, cancel=None) -> Stitched:
     """Localize-and-Stitch as an experiment: θ_pre + Σ_i γ_i ⊙ δ_i scored on every member's task beside each
     fine-tune alone, each region alone, the pre-trained model and the merges of ``req.merges`` (task arithmetic
-    θ_pre + λ Σ_i δ_i, TIES, DARE; λ and density chosen on validation examples of every task); what the reader
-    should know goes to ``notes``."""
+    θ_pre + λ Σ_i δ_i, TIES, DARE, consensus; their settings chosen on validation examples of every task); what the
+    reader should know goes to ``notes``."""
     finetunes = [r.meta.finetuned for r in records]
     again = next((i for i, f in enumerate(finetunes) if f in finetunes[:i]), None)
     if again is not None:
@@ -338,21 +338,21 @@ def stitch(req: ComposeRequest, records: list[RegionRecord], names: list[str], b
     union_idx, union_val, report = scoring.union_of(patches, names, pairs[0].pre, req.resolve)
     ft_values = [{n: p.ft[n] for n in graftable} for p in pairs]
     grid = [(m, lam, d) for m in req.merges for lam in req.lambdas
-            for d in (req.densities if MERGES[m][1] else [None])]
+            for d in (getattr(req, MERGES[m].grid) if MERGES[m].grid else [None])]
     scores: dict[str, dict[tuple, float]] = {m: {} for m in req.merges}
     for j, (m, lam, d) in enumerate(grid):  # every setting of every merge on validation examples, never on test
         if cancel is not None and cancel.is_set():
             raise Cancelled("stitching cancelled")
         if progress:
-            progress({"stage": f"{m}: λ = {lam:g}" + (f", density {d:g}" if d else "") + " on validation examples",
+            progress({"stage": f"{MERGES[m].label(lam, d)} on validation examples",
                       "fraction": 0.25 + 0.25 * j / len(grid)})
-        merged = MERGES[m][0](pairs[0].pre, ft_values, lam, d, graftable)
+        merged = MERGES[m].make(pairs[0].pre, ft_values, lam, d, graftable)
         scores[m][(lam, d or 0.0)] = sum(_validation(p, t, merged, req.validation_n, jd)
                                          for p, t, jd in zip(pairs, tasks, judging)) / len(pairs)
         del merged  # one merged model at a time while the grid runs
     best = {m: best_lambda(scores[m]) for m in req.merges}
-    merges = {merge_label(m, lam, d): (m, lam, d) for m, (lam, d) in best.items()}
-    made = {label: MERGES[m][0](pairs[0].pre, ft_values, lam, d or None, graftable)
+    merges = {MERGES[m].label(lam, d): (m, lam, d) for m, (lam, d) in best.items()}
+    made = {label: MERGES[m].make(pairs[0].pre, ft_values, lam, d or None, graftable)
             for label, (m, lam, d) in merges.items()}
     rows, found, shown = [], [], []
     for i, (pair, task, record, name) in enumerate(zip(pairs, tasks, records, names)):
@@ -370,9 +370,8 @@ def stitch(req: ComposeRequest, records: list[RegionRecord], names: list[str], b
         shown += [{**g, "task": task.name} for g in part.get("generations", ())]
     arithmetic = next((label for label, (m, _, _) in merges.items() if m == "task-arithmetic"), None)
     chosen = {"validation_n": req.validation_n,
-              "merges": [{"merge": m, "model": label, "lambda": lam, "density": d or None,
-                          "grid": [{"lambda": x, "density": y or None, "validation": v}
-                                   for (x, y), v in scores[m].items()]}
+              "merges": [{"merge": m, "model": label, "lambda": lam, **_setting(m, d),
+                          "grid": [{"lambda": x, **_setting(m, y), "validation": v} for (x, y), v in scores[m].items()]}
                          for label, (m, lam, d) in merges.items()]}
     if arithmetic is not None:  # task arithmetic's own keys, as before there were other merges
         lam = merges[arithmetic][1]

@@ -41,8 +41,9 @@ def build(page) -> gr.Tab:
                                         elem_id="compose-resolve")
             cps_n = gr.Number(page.defaults["test_examples"], precision=0, label="Test examples per task",
                               elem_id="compose-n")
-            cps_stitch = gr.Checkbox(False, label="Stitch: against each fine-tune, task arithmetic, TIES and DARE (λ "
-                                     "and density chosen on validation examples); always on for completion tasks",
+            cps_stitch = gr.Checkbox(False, label="Stitch: against each fine-tune, task arithmetic, TIES, DARE and "
+                                     "consensus (their settings chosen on validation examples); always on for "
+                                     "completion tasks",
                                      elem_id="compose-stitch")
         cps_run, cps_job, cps_status = job_controls("Build union and evaluate", "compose", LATEST)
         page.report("compose", cps_job, KINDS)
