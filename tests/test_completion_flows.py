@@ -14,6 +14,7 @@ import graftui
 from graftui import cli, completion, generation, regions
 from graftui.completion import Completions
 from graftui.config import COMPLETION_SPARSITY, DEFAULT_SPARSITY, Budget, LoadOptions, kind_of_architecture
+from graftui.experiments import MERGES
 from graftui.models import load_lm, load_tokenizer, pair_kind
 
 from lm_util import make_lm, make_tokenizer, write_base, write_completion_task, write_lm_pair
@@ -239,11 +240,12 @@ def test_stitching_scores_the_union_against_each_fine_tune_and_task_arithmetic(t
     for m in chosen["merges"]:  # each merge's setting is the best of its own grid on validation, the smallest of ties
         top = max(e["validation"] for e in m["grid"])
         assert m["lambda"] == min(e["lambda"] for e in m["grid"] if e["validation"] == top)
-        assert [(e["lambda"], e["density"]) for e in m["grid"]] == [(0.5, m["density"]), (1.0, m["density"])]
+        key = MERGES[m["merge"]].key  # density, TALL λ or none: each grid holds its own one value here
+        assert [(e["lambda"], e.get(key)) for e in m["grid"]] == [(0.5, m.get(key)), (1.0, m.get(key))]
         merged[m["merge"]] = m["model"]
     arithmetic = f"task arithmetic (λ = {chosen['lambda']:g})"
     assert merged["task-arithmetic"] == arithmetic and merged["ties"].startswith("TIES (λ = ") \
-        and merged["dare"].endswith(", density 0.5)")
+        and merged["dare"].endswith(", density 0.5)") and merged["consensus"].endswith(", TALL λ 0.4)")
     for task in ("opposites.csv", "echo.csv"):
         rows = {r["model"]: r for r in doc["rows"] if r["task"] == task}
         other = "echo" if task == "opposites.csv" else "opposites"
