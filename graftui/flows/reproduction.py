@@ -209,8 +209,10 @@ class Study:
     base: str = "smollm2"
 
 
+# SGD at lr 0.003 learns dates (exact match 1.000, loss 0.002 per token); at 0.03 it diverged (loss 6.2 against
+# the pre-trained model's 2.2, exact match 0)
 GENERATIVE_RECIPES = (Recipe("AdamW", "adamw", 1e-4), Recipe("AdamW + ℓ1 1e-3", "adamw", 1e-4, 1e-3),
-                      Recipe("SGD", "sgd", 0.03), Recipe("AdamW + ℓ1 1e-4", "adamw", 1e-4, 1e-4))
+                      Recipe("SGD", "sgd", 3e-3), Recipe("AdamW + ℓ1 1e-4", "adamw", 1e-4, 1e-4))
 GENERATIVE_METHODS = ("learned", "budget-true", "top-movement", "random")
 GENERATIVE_SKILLS = tuple(DEFAULT_FINETUNED_REFS[key][1] for key in GENERATIVE_DEFAULTS)  # dates, numbers
 GENERATIVE = {
