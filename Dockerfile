@@ -59,4 +59,6 @@ ENV PYTHONPATH=/opt/graftui
 USER user
 WORKDIR /home/user/run
 EXPOSE 7860
+# Python as PID 1 ignores SIGTERM (no handler of its own); SIGINT closes the Gradio server at once.
+STOPSIGNAL SIGINT
 CMD ["python", "/opt/graftui/app.py", "--host", "0.0.0.0", "--port", "7860"]
