@@ -688,6 +688,29 @@ def test_a_reload_keeps_the_form_and_the_uploaded_task(page, server):
     assert page.input_value("#lab-wise-n input") == "32"
 
 
+def test_the_models_tab_follows_the_fine_tune_picked_and_the_task_its_kind(page):
+    """Picking smollm2-dates brings its base and its task, drops the sentiment OOD tasks and the last pair check, and
+    moves the budget to a completion skill's 1 %; picking movies again brings the sentiment OOD tasks back."""
+    bu.open_tab(page, "models")
+    bu.choose(page, "models-finetuned", "smollm2-dates (offline")
+    page.wait_for_function("() => document.querySelector('#models-base input').value.startsWith('smollm2 (offline')",
+                           timeout=30_000)
+    page.wait_for_function("() => document.querySelector('#models-task input').value.includes('dates')",
+                           timeout=30_000)
+    page.wait_for_function("() => !document.querySelector('#models-ood').innerText.includes('amazon')", timeout=30_000)
+    assert "Press Check pair" in bu.text(page, "#models-pair-info")
+    page.wait_for_function("() => document.querySelector('#models-ood-info').innerText.includes('No OOD task')",
+                           timeout=30_000)
+    bu.open_tab(page, "localize")
+    assert page.input_value("#localize-budget input[type=number]") == "-2"
+    bu.open_tab(page, "models")
+    bu.choose(page, "models-task", "movies:")
+    page.wait_for_function("() => document.querySelector('#models-ood').innerText.includes('amazon')", timeout=30_000)
+    bu.open_tab(page, "localize")
+    page.wait_for_function("() => document.querySelector('#localize-budget input[type=number]').value === '-3'",
+                           timeout=30_000)
+
+
 def test_a_completion_skill_is_localized_and_compared_by_its_generations(page, tmp_path_factory):
     """A tiny causal LM fine-tuned on an uploaded (prompt, completion) file: Localize checks its region by generation
     and Compare shows exact match, loss and the generations side by side."""

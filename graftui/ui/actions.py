@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import html
 import json
+import math
 import re
 import shutil
 import threading
@@ -21,8 +22,8 @@ from pathlib import Path
 import pandas as pd
 
 from .. import bundle, card, flows, hosted, settings
-from ..config import (DEFAULT_BASE, DEFAULT_EXAMPLES_PER_CLASS, DEFAULT_FINETUNED, Budget, GraftableSpec,
-                      is_default_finetuned)
+from ..config import (DEFAULT_BASE, DEFAULT_EXAMPLES_PER_CLASS, DEFAULT_FINETUNED, DEFAULT_FINETUNED_REFS, Budget,
+                      GraftableSpec, is_default_finetuned)
 from ..completion import OFFLINE_SKILLS
 from ..data import OFFLINE_TASKS, all_as_test, preview
 from ..errors import ModelError, RegionError, RequestError
@@ -39,7 +40,7 @@ from ..requests import (
 )
 from ..scoring import MAX_DISAGREEMENTS as MAX_SHOWN, align_labels
 from ..flows.replicates import replicate_groups
-from ..tasks import CLASSIFICATION, COMPLETION_KIND, KINDS, kind_named
+from ..tasks import CLASSIFICATION, COMPLETION_KIND, KINDS, kind_named, named_kind
 from . import store
 
 # -- jobs table ----------------------------------------------------------------------------------
@@ -337,6 +338,31 @@ def counts_table(counts: dict | None) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=COUNT_COLUMNS)
 
 
+def budget_for(task, log_sparsity):
+    """The budget slider's position for ``task``: its kind's budget (a completion skill needs 1 %) while the slider
+    sits at a kind's default; a budget chosen by hand, or a task whose kind only reading it could tell, keeps it."""
+    kind = named_kind(task)
+    defaults = {math.log10(k.sparsity) for k in KINDS.values()}
+    at_default = log_sparsity is not None and any(abs(float(log_sparsity) - d) < 1e-9 for d in defaults)
+    return math.log10(kind.sparsity) if kind is not None and at_default else None
+
+
+def pair_of(finetuned: str) -> tuple[str, str] | None:
+    """(base, task) a fine-tuned choice was made from: an offline default's own, or what the record of a checkpoint
+    fine-tuned here says (None: not known, e.g. a Hub id)."""
+    if finetuned in DEFAULT_FINETUNED_REFS:
+        return DEFAULT_FINETUNED_REFS[finetuned]
+    record = next((c["record"] for c in store.list_checkpoints() if c["path"] == finetuned), None) or {}
+    base, task = record.get("base"), record.get("task")
+    return (base, task) if isinstance(base, str) and isinstance(task, str) and base and task else None
+
+
+def default_ood(task: str) -> list[str]:
+    """The OOD tasks a task starts with: the other sentiment tasks for a sentiment task, none for another (a
+    completion or harness task has none)."""
+    return EvaluateRequest.make().ood_tasks(task) if named_kind(task) is CLASSIFICATION else []
+
+
 def budget_text(log_sparsity: float, counts: dict | None) -> str:
     """What a budget slider position means: the sparsity, and k when the graftable count is known."""
     s = 10 ** float(log_sparsity)
@@ -449,6 +475,10 @@ def ood_preview(task: str, columns: dict, ood: list[str], mapping: str | None) -
     """How each OOD task will be read against the task: its test size and its labels' mapping, or why not."""
     if not ood:
         return "No OOD task: results score the in-distribution task only."
+    kind = named_kind(task)
+    if kind is not None and kind is not CLASSIFICATION:
+        return (f"⚠️ '{md(short_ref(task))}' is a {kind.name} task, scored on its own test items only: clear the "
+                "out-of-distribution tasks")
     labels = parse_label_map(mapping)
     main = load_task_checked(task, columns)
     lines = []

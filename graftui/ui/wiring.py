@@ -173,6 +173,11 @@ def _served(value):
 
 
 # -- widgets read from the requests ------------------------------------------------------------------
+def skip_none(value):
+    """A widget's new value, or no update where an action has none (None)."""
+    return gr.skip() if value is None else value
+
+
 def request_radio(request, name: str, labels: dict[str, str], **kwargs) -> gr.Radio:
     """A radio over the values a request field accepts, starting at its default; ``labels`` only names them."""
     return gr.Radio([(labels.get(v, v), v) for v in choices_of(request, name)], value=request.defaults()[name], **kwargs)

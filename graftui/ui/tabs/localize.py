@@ -3,15 +3,12 @@ finished region is listed below, and the Compare tab's sweep reuses the mask set
 
 from __future__ import annotations
 
-import math
-
 import gradio as gr
 
 from ... import figures, settings
 from ...config import DEFAULT_BASE, DEFAULT_EXAMPLES_PER_CLASS, DEFAULT_FINETUNED
 from ...localizers import METHODS, get_method
 from ...requests import LocalizeRequest
-from ...tasks import KINDS as TASK_KINDS, named_kind
 from .. import actions, store
 from ..wiring import job_picker, seeds_box, submitted
 
@@ -59,15 +56,6 @@ def on_budget(log_s, base, finetuned):
     return actions.budget_text(log_s, store.known_counts(base, finetuned))
 
 
-def budget_for(task, log_s):
-    """The budget follows the task's kind (a completion skill needs 1 %) while it sits at a kind's default: a budget
-    chosen by hand stays."""
-    kind = named_kind(task)
-    defaults = {math.log10(k.sparsity) for k in TASK_KINDS.values()}
-    at_default = log_s is not None and any(abs(float(log_s) - d) < 1e-9 for d in defaults)
-    return math.log10(kind.sparsity) if kind is not None and at_default else gr.skip()
-
-
 def build(page) -> gr.Tab:
     d, method = page.defaults, LocalizeRequest.defaults()["method"]
     with gr.Tab("Localize", elem_id="tab-localize") as tab:
@@ -110,8 +98,6 @@ def build(page) -> gr.Tab:
     for ev in (loc_budget.change, page.base.change, page.finetuned.change, tab.select):
         page.on(ev, page.quiet(lambda a, b, c: (on_budget(a, b, c), gr.skip())), [loc_budget, page.base, page.finetuned],
                 [loc_budget_md, page.status])
-    page.on(page.task.change, page.quiet(lambda t, s: (budget_for(t, s), gr.skip())), [page.task, loc_budget],
-            [loc_budget, page.status])
     page.on(loc_method.change, page.safe(lambda m: (method_info(m), gr.skip())), [loc_method],
             [loc_method_md, page.status])
 

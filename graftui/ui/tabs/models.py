@@ -15,13 +15,16 @@ from ...data import OFFLINE_TASKS
 from ...paths import short_ref
 from ...requests import EvaluateRequest, LoadFields, choices_of
 from .. import actions, store
-from ..wiring import guarded
+from ..wiring import guarded, skip_none
 
 INTRO = (
     "A **pair** is a pre-trained base θ_pre and a fine-tuned model θ_ft of the same architecture. "
     "Grafting keeps θ_pre everywhere except in a tiny region γ, where it takes θ_ft's values: "
     "θ_pre + γ⊙(θ_ft − θ_pre). Pick the pair and the task here; the other tabs use these choices."
 )
+
+
+UNCHECKED = "Press **Check pair** to load both models and count their parameters."
 
 
 def task_choices() -> list[tuple[str, str]]:
@@ -45,8 +48,7 @@ def build(page) -> gr.Tab:
                                 elem_id="models-finetuned")
         with gr.Row():
             check_btn = gr.Button("Check pair", variant="primary", elem_id="models-check", scale=0)
-            pair_md = gr.Markdown("Press **Check pair** to load both models and count their parameters.",
-                                  elem_id="models-pair-info")
+            pair_md = gr.Markdown(UNCHECKED, elem_id="models-pair-info")
         counts_df = gr.Dataframe(actions.counts_table({}), label="Parameter counts of the pair", interactive=False,
                                  elem_id="models-counts")
         with gr.Accordion("Language models: prompt and label words", open=False, elem_id="models-prompt") as prompt_acc:
@@ -121,6 +123,25 @@ def build(page) -> gr.Tab:
     page.after_tabs(lambda: page.on(  # the check also sizes the Localize tab's budget
         check_btn.click, on_check, [base_dd, ft_dd, page.budget, task_dd, *page.columns, *page.prompt],
         [counts_df, pair_md, status, page.budget_info, prompt_acc]))
+
+    @page.quiet
+    def on_finetuned(finetuned, log_s):
+        """A fine-tuned model picked by hand brings the base and task it was made from, and their OOD tasks and
+        budget; the last pair check is of another pair."""
+        made = actions.pair_of(finetuned)
+        base, task = made if made else (None, None)
+        return (skip_none(base), skip_none(task), actions.default_ood(task) if task else gr.skip(),
+                skip_none(actions.budget_for(task, log_s) if task else None), UNCHECKED, actions.counts_table({}),
+                gr.skip())
+
+    @page.quiet
+    def on_task(task, log_s):
+        """A task picked by hand brings its OOD tasks (none for a completion task) and its kind's budget."""
+        return actions.default_ood(task), skip_none(actions.budget_for(task, log_s)), gr.skip()
+
+    page.after_tabs(lambda: page.on(ft_dd.input, on_finetuned, [ft_dd, page.budget],  # a restored form keeps its own
+                                    [base_dd, task_dd, ood_dd, page.budget, pair_md, counts_df, status]))
+    page.after_tabs(lambda: page.on(task_dd.input, on_task, [task_dd, page.budget], [ood_dd, page.budget, status]))
 
     @page.guard(beside=preview_md)
     def on_preview(finetuned, task, text, pair, label, head, template, words):
