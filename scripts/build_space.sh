@@ -215,8 +215,8 @@ build          ${build_s} s
 image size     $size
 first page     ${page_s} s after podman run
 job            Check pair minilm / minilm-movies: $(field answer)
-job time       $(field job_s) s from the first call, ${prepare_s} s of them the server's default fine-tune (its
-               'Prepare default model' job); the check that answered took $(field check_s) s
+job time       $(field job_s) s from the first call to the answer, $(field check_s) s for the check that answered;
+               the server's default fine-tune ('Prepare default model', started with it) ran ${prepare_s} s
 EOF
 )
 printf '%s\n' "$summary" | tee "$work/summary.txt"
