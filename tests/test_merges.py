@@ -108,3 +108,21 @@ def test_a_shared_server_bounds_the_validation_work_of_the_merge_grid(tmp_path, 
     assert ComposeRequest(regions=regions, stitch=True).merge_settings() == 30  # the default grid is allowed
     hosted.check_request(ComposeRequest(regions=regions, stitch=True, n=50), hosted.HostedGuard())
     assert ComposeRequest(regions=regions).merge_settings() == 0  # an overlap alone validates nothing
+
+
+def test_the_text_of_a_stitch_names_each_merges_own_second_setting():
+    from graftui.flows import text
+
+    grid = {"task-arithmetic": [{"lambda": 0.5, "validation": 0.8}],
+            "ties": [{"lambda": 1.0, "density": 0.2, "validation": 0.66}],
+            "consensus": [{"lambda": 1.5, "tall": 0.4, "validation": 0.7}]}
+    doc = {"names": ["a", "b"], "kinds": ["learned", "learned"], "sizes": [10, 12], "overlap": [[1, 0.5], [0.4, 1]],
+           "iou": [[1, 0.3], [0.3, 1]], "union_size": 17,
+           "rows": [{"task": "t", "model": "stitched", "n": 4, "accuracy": 0.5, "region_size": 17}],
+           "stitch": {"validation_n": 6, "merges": [{"merge": m, "model": m, "grid": g} for m, g in grid.items()]}}
+    out = text.compose(doc)
+    assert "task-arithmetic: the best mean validation score over the tasks (6 examples each; λ 0.5: 0.800)" in out
+    assert "λ 1 density 0.2: 0.660" in out and "λ 1.5 TALL λ 0.4: 0.700" in out
+    old = {**doc, "stitch": {"validation_n": 6, "model": "task arithmetic (λ = 0.5)", "lambda": 0.5,
+                             "lambdas": [{"lambda": 0.5, "validation": 0.8}]}}  # a stitch saved before other merges
+    assert "task arithmetic (λ = 0.5): the best mean validation score" in text.compose(old)

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from .. import card
 from ..config import FT_LABEL, kind_of_architecture
+from ..experiments import MERGES
 from ..formatting import count as _count, num as _num, pairs_table, pct, table
 from ..metrics import distinguishable
 from ..paths import short_ref
@@ -346,8 +347,7 @@ def compose(doc: dict) -> str:
                               _num(r.get("loss")) if "loss" in r else "-", _count(r["region_size"])]
                              for r in doc["rows"]], "llrrrr"),
                   *(f"{m['model']}: the best mean validation score over the tasks ({chosen['validation_n']:,} "
-                    "examples each; " + ", ".join(f"λ {e['lambda']:g}" + (f" d {e['density']:g}" if e["density"] else "")
-                                                  + f": {e['validation']:.3f}" for e in m["grid"]) + ")"
+                    "examples each; " + ", ".join(_grid_point(m.get("merge"), e) for e in m["grid"]) + ")"
                     for m in chosen.get("merges") or _arithmetic_only(chosen))]
     elif doc["rows"]:
         parts += ["", table(["task", "head", "model", "n", "accuracy", "Δ vs alone", "ECE", "k"],
@@ -503,7 +503,14 @@ def reproduce(doc: dict) -> str:
 
 def _arithmetic_only(chosen: dict) -> list[dict]:
     """A stitch saved before there were other merges: task arithmetic's λ grid, as a merge's."""
-    return [{"model": chosen["model"], "grid": [{**e, "density": None} for e in chosen.get("lambdas") or ()]}]
+    return [{"merge": "task-arithmetic", "model": chosen["model"], "grid": list(chosen.get("lambdas") or ())}]
+
+
+def _grid_point(merge: str | None, point: dict) -> str:
+    """One setting a merge tried and its validation score: "λ 0.5: 0.830", "λ 1 density 0.2: 0.660"."""
+    spec = MERGES.get(merge)
+    value = point.get(spec.key) if spec is not None and spec.key else None
+    return f"λ {point['lambda']:g}" + (f" {spec.words} {value:g}" if value else "") + f": {point['validation']:.3f}"
 
 
 def generative_report(doc: dict) -> str:
