@@ -146,9 +146,9 @@ def wait_usable(page, url: str, timeout_s: float = 60.0) -> None:
         "&& e.innerText.trim().length > 0; }", timeout=timeout_s * 1000)
 
 
-# The page keeps its form in a gr.BrowserState: localStorage["graftui-form"], encrypted. Each time it writes it, the
-# form's plain JSON is made just before (JSON.stringify, then localStorage.setItem): noted here, so that a test can
-# wait until the browser holds the form it filled in.
+# The page keeps its form as JSON in the tab's sessionStorage["graftui-form"] (and in localStorage, where a new tab
+# starts). Each time it writes it, the JSON is made just before (JSON.stringify, then setItem): noted here, so that a
+# test can wait until the browser holds the form it filled in.
 WATCH_STORED_FORM = """(key) => { if (window.__storedForms) return; window.__storedForms = [];
   const stringify = JSON.stringify, setItem = Storage.prototype.setItem; let last = null;
   JSON.stringify = function (...args) { last = stringify.apply(this, args); return last; };

@@ -688,6 +688,33 @@ def test_a_reload_keeps_the_form_and_the_uploaded_task(page, server):
     assert page.input_value("#lab-wise-n input") == "32"
 
 
+def test_two_browser_tabs_keep_their_own_pair_across_a_reload(page, server):
+    """A second tab starts from the form stored last, then keeps its own: each tab, reloaded, shows the pair picked
+    in it, not the one picked last in the other."""
+    bu.open_tab(page, "models")
+    first = page.input_value("#models-finetuned input")
+    assert first.startswith("minilm-movies"), first
+    other = page.context.new_page()
+    try:
+        bu.wait_usable(other, server.url, timeout_s=90)
+        other.wait_for_function("(v) => document.querySelector('#models-finetuned input').value === v", arg=first,
+                                timeout=30_000)  # a new tab starts where the last form was
+        bu.watch_stored_form(other)
+        bu.choose(other, "models-finetuned", "smollm2-movies (offline")
+        bu.wait_form_stored(other, {"finetuned": "smollm2-movies", "base": "smollm2"})
+        bu.wait_usable(page, server.url, timeout_s=90)
+        bu.open_tab(page, "localize")  # the form is back (the steps the reload test set) ...
+        page.wait_for_function("() => document.querySelector('#localize-steps input').value === '7'", timeout=30_000)
+        bu.open_tab(page, "models")
+        assert page.input_value("#models-finetuned input") == first  # ... with this tab's own pair
+        bu.wait_usable(other, server.url, timeout_s=90)
+        other.wait_for_function("() => document.querySelector('#models-finetuned input').value.startsWith("
+                                "'smollm2-movies')", timeout=30_000)
+        assert other.input_value("#models-base input").startswith("smollm2")
+    finally:
+        other.close()
+
+
 def test_the_models_tab_follows_the_fine_tune_picked_and_the_task_its_kind(page):
     """Picking smollm2-dates brings its base and its task, drops the sentiment OOD tasks and the last pair check, and
     moves the budget to a completion skill's 1 %; picking movies again brings the sentiment OOD tasks back."""

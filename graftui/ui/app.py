@@ -9,6 +9,7 @@ jobs. Every handler is wrapped by ``wiring.guarded``, which turns any exception 
 
 from __future__ import annotations
 
+import json
 import os
 
 import gradio as gr
@@ -115,19 +116,33 @@ def build_app() -> gr.Blocks:
     return demo
 
 
+FORM_KEY = "graftui-form"
+# Each browser tab keeps its own form (sessionStorage: a reload of the tab keeps it, another tab has its own); the
+# form stored last by any tab (localStorage) is where a new tab starts.
+REMEMBER_JS = """(...values) => {{ const keys = {keys}, form = {{}};
+  keys.forEach((key, i) => {{ form[key] = values[i]; }});
+  const text = JSON.stringify(form);
+  for (const store of [sessionStorage, localStorage]) {{ try {{ store.setItem("{key}", text); }} catch (e) {{}} }} }}"""
+RECALL_JS = """(sid) => {{ let text = null;
+  for (const store of [sessionStorage, localStorage]) {{ try {{ text = text || store.getItem("{key}"); }} catch (e) {{}} }}
+  return [sid, text || "{{}}"]; }}"""  # the page's inputs: its session id, then the form as stored
+MAX_FORM_CHARS = 200_000  # a stored form is the page's own widgets' values; a larger one is no form of this page
+
+
 def keep_form(page: Page, loaded) -> None:
-    """The browser keeps the form's values (pair, task, OOD tasks and mapping, columns, prompt, settings); a
+    """This browser tab keeps the form's values (pair, task, OOD tasks and mapping, columns, prompt, settings); a
     reload puts them back once the session is known, so an uploaded task is among the choices again."""
-    form = gr.BrowserState({}, storage_key="graftui-form")
+    form = gr.Textbox("{}", visible=False, elem_id="form-recalled")
     kept = page.kept
     columns_kept = {"text_column", "pair_column", "label_column"}
+    gr.on([c.change for c in kept.values()], None, list(kept.values()), None, show_progress="hidden", queue=False,
+          js=REMEMBER_JS.format(keys=json.dumps(list(kept)), key=FORM_KEY))
 
-    def remember(*values):
-        return dict(zip(kept, values))
-
-    gr.on([c.change for c in kept.values()], remember, list(kept.values()), [form], show_progress="hidden", queue=False)
-
-    def restore(saved):
+    def restore(text):
+        try:
+            saved = json.loads(text) if isinstance(text, str) and len(text) <= MAX_FORM_CHARS else {}
+        except ValueError:
+            saved = {}
         saved = saved if isinstance(saved, dict) else {}
         out = []
         for key, comp in kept.items():
@@ -146,7 +161,8 @@ def keep_form(page: Page, loaded) -> None:
                 out.append(gr.update(value=value))
         return out
 
-    page.on(loaded.then, restore, [form], list(kept.values()), show_progress="hidden")
+    page.on(loaded.then, restore, [form], list(kept.values()), show_progress="hidden",
+            js=RECALL_JS.format(key=FORM_KEY))
 
 
 def default_selection(entries, several: bool) -> list[str]:
