@@ -190,6 +190,14 @@ def choose(page, elem_id: str, option_text: str, timeout_s: float = 30.0) -> Non
     page.keyboard.press("Escape")  # a multiselect keeps its list open
 
 
+def cancel(page, button: str, timeout_s: float = 30.0) -> None:
+    """Press a Cancel button and confirm: it asks to be pressed again before it cancels."""
+    page.click(button, timeout=timeout_s * 1000)
+    page.wait_for_function("(sel) => document.querySelector(sel).innerText.includes('Confirm cancel')", arg=button,
+                           timeout=timeout_s * 1000)
+    page.click(button, timeout=timeout_s * 1000)
+
+
 def job_id_from_status(page) -> str | None:
     m = re.search(r"\(job (\S+?)\)", text(page, "#status-message"))
     return m.group(1) if m else None

@@ -184,9 +184,14 @@ def test_a_running_job_shows_its_step_and_time_left_and_a_reload_says_it_runs(pa
     assert "Ready" not in header and "Running: " in header and f"(job {job})" in header, header
     assert re.search(r"step \d+/100", header), header
     bu.open_tab(page, "localize")
+    page.click("#localize-cancel")  # asks to be confirmed, cancels nothing yet
+    page.wait_for_function("() => document.querySelector('#status-message').innerText.includes('Confirm cancel')",
+                           timeout=30_000)
+    assert "cancelled" not in bu.text(page, "#localize-status")
     page.click("#localize-cancel")
     page.wait_for_function("id => { const t = document.querySelector('#localize-status').innerText; "
                            "return t.includes(id) && t.includes('cancelled'); }", arg=job, timeout=60_000)
+    page.wait_for_function("() => document.querySelector('#localize-cancel').disabled", timeout=30_000)  # off now
     page.fill("#localize-steps input", "10")  # the form is kept: the default again for the tests that follow
     page.press("#localize-steps input", "Tab")
 
@@ -434,7 +439,7 @@ def test_a_tab_hidden_while_its_job_ended_shows_the_end_when_opened(page):
         waiting = bu.text(page, "#compose-status")
         assert f"[{job}]" in waiting and "· done" not in waiting, waiting
         bu.choose(page, "jobs-select", holder)  # release it: cancel the localization it waits for
-        page.click("#jobs-cancel")
+        bu.cancel(page, "#jobs-cancel")
         page.wait_for_function(  # the jobs panel, polled on every tab, shows the composition done (id, …, status)
             "id => [...document.querySelectorAll('#jobs-table [role=row].virtual-row')].some(r => { "
             "const c = [...r.querySelectorAll('[role=gridcell]')].map(x => x.innerText.trim()); "
@@ -447,8 +452,10 @@ def test_a_tab_hidden_while_its_job_ended_shows_the_end_when_opened(page):
                                "return t.includes('[' + id + ']') && t.includes('· done'); }", arg=job, timeout=30_000)
         print(f"[browser] the Compose tab showed its ended job {time.monotonic() - t0:.2f} s after it was opened")
     finally:
-        bu.choose(page, "jobs-select", holder)  # never leave it running for the tests that follow (cancelled: a no-op)
-        page.click("#jobs-cancel")
+        bu.choose(page, "jobs-select", holder)  # never leave it running for the tests that follow
+        page.wait_for_timeout(500)
+        if not page.is_disabled("#jobs-cancel"):  # off once it was cancelled
+            bu.cancel(page, "#jobs-cancel")
         bu.open_tab(page, "localize")
         page.fill("#localize-steps input", "10")  # the form is kept: the defaults again for the tests that follow
         page.press("#localize-steps input", "Tab")

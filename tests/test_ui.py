@@ -172,6 +172,39 @@ def test_cancel_takes_effect_at_the_next_step(tmp_path):
     assert runner.wait(job.id, timeout=5).status == "cancelled"
 
 
+def test_a_cancel_button_cancels_only_when_pressed_again_on_the_same_job(tmp_path):
+    from graftui.jobs import JobRunner
+    from graftui.ui.actions import CONFIRM_SECONDS, cancel_step
+
+    runner = JobRunner(tmp_path / "jobs")
+    started = threading.Event()
+
+    def slow(ctx):
+        for i in range(1000):
+            started.set()
+            ctx.report({"step": i, "steps": 1000, "loss": 0.0})
+            time.sleep(0.01)
+        return {}
+
+    job = runner.submit("localize", "slow", slow)
+    other = runner.submit("localize", "waiting", slow)
+    assert started.wait(5)
+    said, armed, look = cancel_step(runner, job, None, 100.0)
+    assert look == "armed" and armed == (job.id, 100.0) and "Confirm cancel" in said and "slow" in said
+    assert runner.get(job.id).status == "running"  # one press cancels nothing
+    said, armed, look = cancel_step(runner, other, armed, 101.0)  # armed for another job: asks again for this one
+    assert look == "armed" and armed == (other.id, 101.0) and runner.get(other.id).status == "queued"
+    said, armed, look = cancel_step(runner, job, (job.id, 100.0), 100.0 + CONFIRM_SECONDS + 1)  # too late
+    assert look == "armed" and runner.get(job.id).status == "running"
+    said, armed, look = cancel_step(runner, job, armed, armed[1] + 1)
+    assert look == "off" and armed is None and said == "Cancel requested for **slow**."
+    assert runner.wait(job.id, timeout=5).status == "cancelled"
+    said, armed, look = cancel_step(runner, runner.get(job.id), (job.id, time.time()), time.time())
+    assert look == "off" and "has already finished (cancelled)" in said
+    assert cancel_step(runner, None, None, 0.0) == ("Nothing to cancel.", None, "off")
+    runner.cancel(other.id)
+
+
 # -- error handling ----------------------------------------------------------------------------------
 def test_guarded_turns_exceptions_into_a_status_message_not_a_traceback():
     from graftui.data import DataError

@@ -144,6 +144,30 @@ def shown_job(runner, picked: str, kinds: tuple[str, ...]) -> Job | None:
     return job if job is not None and job.kind in kinds else None
 
 
+CONFIRM_SECONDS = 10.0  # a Cancel button, once pressed, asks to be pressed again within this long
+
+
+def cancel_step(runner, job: Job | None, armed, now: float) -> tuple[str, tuple | None, str]:
+    """One press of a Cancel button: (the status line, the button's new memory, its look: "off" for nothing to
+    cancel, "armed" asking to confirm, "ready"). The first press on a waiting or running job arms the button; a
+    second on the same job within CONFIRM_SECONDS cancels it."""
+    if job is None:
+        return "Nothing to cancel.", None, "off"
+    if job.status in FINISHED:
+        return f"**{md(job.title)}** has already finished ({job.status}).", None, "off"
+    if isinstance(armed, (list, tuple)) and len(armed) == 2 and armed[0] == job.id \
+            and isinstance(armed[1], (int, float)) and 0 <= now - armed[1] <= CONFIRM_SECONDS:
+        ok = runner.cancel(job.id)  # refuses a job that is not this page's own
+        return (f"Cancel requested for **{md(job.title)}**." if ok else
+                f"**{md(job.title)}** has already finished ({job.status})."), None, "off"
+    return (f"Press **Confirm cancel** within {CONFIRM_SECONDS:g} s to stop **{md(job.title)}** [{job.id}]; what it "
+            "has not saved is lost."), (job.id, now), "armed"
+
+
+def cancellable(job: Job | None) -> bool:
+    return job is not None and job.status not in FINISHED
+
+
 def job_status_line(job: Job | None, place: int | None = None) -> str:
     """One Markdown line about a job: how far it is (its step, and the time left at its measured pace), or its
     ``place`` in the queue while it waits, its result, or its error text when it failed (never a traceback)."""

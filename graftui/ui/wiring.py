@@ -261,9 +261,18 @@ def panel_changes(last, listing, shown, line, running: bool, now: float):
     return new_list, new_line, redraw, (listing, shown, line, line if redraw else last[3], now if redraw else last[4])
 
 
-def job_panel(sig_state, kinds, picker, status_md, outputs, render, latest_label, fixed_state=None):
+def cancel_look(look: str, label: str):
+    """A Cancel button as ``actions.cancel_step`` says: "off" (nothing to cancel), "armed" (press again to confirm)
+    or "ready"."""
+    if look == "armed":
+        return gr.update(value="Confirm cancel", variant="stop", interactive=True)
+    return gr.update(value=label, variant="secondary", interactive=look == "ready")
+
+
+def job_panel(sig_state, kinds, picker, status_md, outputs, render, latest_label, fixed_state=None, cancel=None):
     """The polled part of a result panel: the picked job of ``kinds`` (or the latest one), re-rendered only
-    when it changed; ``sig_state`` remembers what it last showed. Returns the part's function, inputs, outputs."""
+    when it changed; ``sig_state`` remembers what it last showed, ``cancel`` is the (button, label) turned off
+    while the job shown has finished. Returns the part's function, inputs, outputs."""
 
     def tick(picked, last):
         runner = store.runner()
@@ -273,16 +282,20 @@ def job_panel(sig_state, kinds, picker, status_md, outputs, render, latest_label
         place = runner.place(job.id) if job is not None and job.status == QUEUED else None
         line = None if job is None else (len(job.progress), round(job.fraction, 3), job.message, place)
         running = job is not None and job.status == "running"
+        another = last is None or shown != last[1]  # another job, or another status: the Cancel button follows
         new_list, new_line, redraw, state = panel_changes(last, listing, shown, line, running, time.monotonic())
+        button = [] if cancel is None else [cancel_look("ready" if actions.cancellable(job) else "off", cancel[1])
+                                            if another else gr.skip()]
         if not (new_list or new_line or redraw):
-            return (gr.skip(), gr.skip(), *[gr.skip() for _ in outputs], state)
+            return (gr.skip(), gr.skip(), *[gr.skip() for _ in outputs], *button, state)
         picker_update = gr.update(choices=[(latest_label, "")] + actions.job_choices(runner, kinds)) if new_list else gr.skip()
         status_update = actions.job_status_line(job, place) if new_line else gr.skip()
         figures_out = render(job) if redraw else [gr.skip() for _ in outputs]
-        return (picker_update, status_update, *figures_out, state)
+        return (picker_update, status_update, *figures_out, *button, state)
 
     inputs = [fixed_state if fixed_state is not None else picker, sig_state]
-    outs = ([picker] if fixed_state is None else []) + [status_md, *outputs, sig_state]
+    outs = ([picker] if fixed_state is None else []) + [status_md, *outputs,
+                                                        *([] if cancel is None else [cancel[0]]), sig_state]
     polled = tick if fixed_state is None else (lambda picked, last: tick(picked, last)[1:])
     return polled, inputs, outs
 
@@ -380,6 +393,7 @@ class Page:
     defaults: dict  # store.defaults(): what the number widgets start with
     poll: Poll = field(default_factory=Poll)
     kept: dict = field(default_factory=dict)  # form key -> widget: the browser keeps its value across reloads
+    cancel_buttons: dict = field(default_factory=dict)  # id(picker) -> (its Cancel button, the button's label)
     panels: dict = field(default_factory=dict)  # tab -> its panels' States, forgotten when the tab opens
     region_pickers: list = field(default_factory=list)  # (dropdown, several): refreshed when regions change
     checkpoint_pickers: list = field(default_factory=list)  # (dropdown, base offered): refreshed with checkpoints
@@ -462,7 +476,8 @@ class Page:
     def panel(self, tab: str, kinds, picker, status_md, outputs, render, latest_label, fixed_state=None) -> None:
         """A result panel of ``tab``: polled while that tab is open; picking a job shows it at once."""
         sig_state = self.state()
-        polled, inputs, outs = job_panel(sig_state, kinds, picker, status_md, outputs, render, latest_label, fixed_state)
+        polled, inputs, outs = job_panel(sig_state, kinds, picker, status_md, outputs, render, latest_label, fixed_state,
+                                         self.cancel_buttons.get(id(picker)))
         self.poll.add(polled, inputs, outs, tab=tab)
         self.panels.setdefault(tab, []).append(sig_state)
         if fixed_state is None:
@@ -477,17 +492,19 @@ class Page:
         self.on(picker.input, self.quiet(fill), [picker], [*widgets, self.status], show_progress="hidden")
 
     def cancel(self, button, picker, kinds: tuple[str, ...]) -> None:
-        """``button`` cancels the job ``picker`` shows."""
-        @self.safe
-        def run(picked):
-            runner = store.runner()
-            job = actions.shown_job(runner, picked, kinds)
-            if job is None:
-                return "Nothing to cancel."
-            ok = runner.cancel(job.id)
-            return f"Cancel requested for **{job.title}**." if ok else f"**{job.title}** has already finished ({job.status})."
+        """``button`` cancels the job ``picker`` shows, once confirmed by a second press; it is off while the job
+        shown has finished (the panel of ``picker`` turns it on and off as the job's status changes)."""
+        armed, label = self.state(None), button.value
+        self.cancel_buttons[id(picker)] = (button, label)
 
-        self.on(button.click, run, [picker], [self.status])
+        @self.safe
+        def run(picked, memory):
+            message, memory, look = actions.cancel_step(store.runner(), actions.shown_job(store.runner(), picked, kinds),
+                                                        memory, time.time())
+            return cancel_look(look, label), memory, message
+
+        self.on(button.click, run, [picker, armed], [button, armed, self.status])
+        self.on(picker.change, lambda picked: None, [picker], [armed], show_progress="hidden")  # another job: unarmed
 
     def report(self, prefix: str, picker, kinds: tuple[str, ...]) -> None:
         """A button that downloads the shown job's tables (CSV, JSON) and figures (HTML) as its report bundle."""

@@ -130,7 +130,8 @@ def build(page) -> gr.Tab:
             abl_n = gr.Number(AnatomyRequest.defaults()["n"], precision=0, label="Test examples",
                               elem_id="anatomy-ablate-n")
             abl_run = gr.Button("Run ablation", variant="primary", elem_id="anatomy-ablate-run", scale=0)
-            abl_cancel = gr.Button("Cancel", variant="stop", elem_id="anatomy-ablate-cancel", scale=0)
+            abl_cancel = gr.Button("Cancel", variant="secondary", interactive=False, elem_id="anatomy-ablate-cancel",
+                                         scale=0)
             abl_job = job_picker(LATEST, "anatomy-ablate")
         abl_status = gr.Markdown("", elem_id="anatomy-ablate-status")
         abl_plot = gr.Plot(figures.ablation_bars(None), elem_id="anatomy-ablation-plot")

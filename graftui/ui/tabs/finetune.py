@@ -51,7 +51,8 @@ def build(page) -> gr.Tab:
                               elem_id="finetune-examples")
         with gr.Row():
             ftn_run = gr.Button("Fine-tune", variant="primary", elem_id="finetune-run", scale=0)
-            ftn_cancel = gr.Button("Cancel", variant="stop", elem_id="finetune-cancel", scale=0)
+            ftn_cancel = gr.Button("Cancel", variant="secondary", interactive=False, elem_id="finetune-cancel",
+                                         scale=0)
             ftn_job = job_picker(LATEST, "finetune")
         ftn_status = gr.Markdown("", elem_id="finetune-status")
         ftn_plot = gr.Plot(render_finetune(None)[0], label="Training curves", elem_id="finetune-plot")

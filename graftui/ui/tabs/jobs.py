@@ -8,7 +8,9 @@ import time
 import gradio as gr
 
 from .. import actions, store
-from ..wiring import LIVE_REDRAW_SECONDS
+from ..wiring import LIVE_REDRAW_SECONDS, cancel_look
+
+LABEL = "Cancel selected job"
 
 
 def build(page) -> None:
@@ -19,7 +21,8 @@ def build(page) -> None:
         with gr.Row():
             job_sel = gr.Dropdown(actions.job_choices(store.runner()), label="Job", elem_id="jobs-select",
                                   allow_custom_value=True)  # see wiring.job_picker
-            job_cancel = gr.Button("Cancel selected job", variant="stop", elem_id="jobs-cancel", scale=0)
+            job_cancel = gr.Button(LABEL, variant="secondary", interactive=False, elem_id="jobs-cancel",
+                                   scale=0)
         job_md = gr.Markdown("", elem_id="jobs-detail")
         with gr.Accordion("Request of the selected job (re-run it with `graftui run FILE`)", open=False):
             job_req = gr.Code("", language="json", interactive=False, elem_id="jobs-request")
@@ -28,7 +31,7 @@ def build(page) -> None:
             job_bundle = gr.Button("Make report bundle of the selected job", elem_id="jobs-bundle", scale=0)
             job_bundle_file = gr.File(label="Report bundle (.zip: README, request, tables as CSV and JSON, figures)",
                                       interactive=False, elem_id="jobs-bundle-file")
-    jobs_sig = gr.State(None)
+    jobs_sig, armed = gr.State(None), page.state(None)
 
     def tick_jobs(last, picked):
         """The jobs table and the picked job's line: a new job or a new status at once, running figures
@@ -47,29 +50,29 @@ def build(page) -> None:
             fresh = False
             table, picker = actions.job_rows(runner), gr.update(choices=actions.job_choices(runner))
         line = gr.skip() if last is not None and detail == last[2] else detail
-        return table, picker, line, (listing, last[1] if fresh else sig, detail, last[3] if fresh else now)
+        button = gr.skip() if last is not None and listing == last[0] else \
+            cancel_look("ready" if actions.cancellable(job) else "off", LABEL)  # a status changed: the button follows
+        return table, picker, line, button, (listing, last[1] if fresh else sig, detail, last[3] if fresh else now)
 
-    page.poll.add(tick_jobs, [jobs_sig, job_sel], [jobs_df, job_sel, job_md, jobs_sig])
+    page.poll.add(tick_jobs, [jobs_sig, job_sel], [jobs_df, job_sel, job_md, job_cancel, jobs_sig])
 
     @page.safe
-    def on_job_cancel(picked):
-        if not picked:
-            raise ValueError("pick a job to cancel")
-        runner = store.runner()
-        ok = runner.cancel(picked)  # refuses a job that is not this page's own
-        job = runner.get(picked)
-        return f"Cancel requested for **{job.title}**." if ok else f"**{job.title}** has already finished ({job.status})."
+    def on_job_cancel(picked, memory):
+        message, memory, look = actions.cancel_step(store.runner(), store.runner().get(picked) if picked else None,
+                                                    memory, time.time())
+        return cancel_look(look, LABEL), memory, message
 
-    page.on(job_cancel.click, on_job_cancel, [job_sel], [page.status])
+    page.on(job_cancel.click, on_job_cancel, [job_sel, armed], [job_cancel, armed, page.status])
 
     @page.safe
     def on_job_pick(picked):
         job = store.runner().get(picked) if picked else None
         path = actions.request_file(job)
         text = json.dumps(job.params, indent=2) if path else "(this job has no request: it prepares the default model)"
-        return text if job else "", gr.update(value=str(path) if path else None), gr.skip()
+        return (text if job else "", gr.update(value=str(path) if path else None), None,
+                cancel_look("ready" if actions.cancellable(job) else "off", LABEL), gr.skip())
 
-    page.on(job_sel.change, on_job_pick, [job_sel], [job_req, job_req_dl, page.status])
+    page.on(job_sel.change, on_job_pick, [job_sel], [job_req, job_req_dl, armed, job_cancel, page.status])
 
     @page.safe
     def on_job_bundle(picked):

@@ -79,7 +79,8 @@ def build(page) -> gr.Tab:
                                   "core, union and how alike they are against chance")
         with gr.Row():
             loc_run = gr.Button("Run", variant="primary", elem_id="localize-run", scale=0)
-            loc_cancel = gr.Button("Cancel", variant="stop", elem_id="localize-cancel", scale=0)
+            loc_cancel = gr.Button("Cancel", variant="secondary", interactive=False, elem_id="localize-cancel",
+                                         scale=0)
             loc_job = job_picker(LATEST, "localize")
         loc_status = gr.Markdown("", elem_id="localize-status")
         page.report("localize", loc_job, KINDS)
