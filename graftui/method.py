@@ -29,8 +29,10 @@ serves every model.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import math
+import sys
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -436,14 +438,39 @@ class MaskLearner:
         return self.logits
 
 
+LARGE_BLOCK = 1 << 20  # bytes: blocks this large come from the system and go back to it when freed
+_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+
+
+def map_large_blocks() -> None:
+    """Serve every block of ``LARGE_BLOCK`` bytes or more by its own mapping, unmapped as soon as it is freed.
+
+    A mask step allocates and frees tensors the size of a weight or an activation (the candidate
+    tensors' gradients, the recomputed layers' activations). glibc serves blocks under its dynamic
+    threshold (which grows to 32 MiB after the first large free) from its heap and keeps their pages
+    once freed; later steps scatter over that free space, so the heap stays resident at everything
+    any step ever touched: 0.25 model sizes at 1 B parameters beyond what a step holds at once, more
+    after ranking a LoRA pair, whose δ products fill the heap first. A fixed threshold maps each such
+    block for its use only, for a page fault per page written. Process-wide, and kept: glibc has no
+    way back to its dynamic threshold. Elsewhere than glibc nothing is done.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL(None).mallopt(_M_MMAP_THRESHOLD, LARGE_BLOCK)
+    except Exception:  # not glibc (musl has no mallopt): its allocator is left as it is
+        pass
+
+
 class CandidateLearner(MaskLearner):
     """Eq. 3 with ℓ kept only over a candidate set C: the ⌈c·k⌉ parameters that moved most (and ``start``).
 
     The logit gradient of parameter i is ∇_θ L ⊙ δ_i ⊙ σ'(ℓ_i), and Eq. 2 starts every parameter
     outside γ_base at σ(S) ≈ 0: one that hardly moved can hardly enter the region. So outside C the
     working model stays θ_pre and nothing is held, and the learner holds, per tensor with
-    candidates, C's sorted flat indices, ℓ_C, σ(ℓ_C), θ_pre[C], θ_ft[C], δ_C and ∇_ℓ L over C:
-    O(|C|) beside the one working model. Where C holds every parameter with δ ≠ 0 this is the full
+    candidates, C's sorted flat indices, ℓ_C, θ_pre[C], θ_ft[C] and ∇_ℓ L over C: O(|C|) beside
+    the one working model: 24 bytes a candidate in float32 (σ(ℓ_C) and δ_C are formed again, a
+    tensor at a time, where a step needs them: the same values, for 8 bytes a candidate less). Where C holds every parameter with δ ≠ 0 this is the full
     learner's step (δ = 0 gives ∇_ℓ = 0 and θ = θ_pre): the "rms" scale still averages over the
     whole graftable count. Only tensors holding candidates take a weight gradient.
 
@@ -453,6 +480,7 @@ class CandidateLearner(MaskLearner):
 
     def __init__(self, model, params, pre, ft, k, config: LearnConfig = LearnConfig(), start: Region | None = None):
         layers = self._accept(model, params, pre, ft, k, config)
+        map_large_blocks()  # before ranking: its per-tensor temporaries are the first to go back
         chosen = top_k(_Movement(pre, ft, self.names), config.candidate_count(k, self.count))
         none = torch.empty(0, dtype=torch.int64)
         given = start or {}  # a given start joins C, so that γ_base ⊆ C also when it is not the top-k
@@ -468,9 +496,8 @@ class CandidateLearner(MaskLearner):
                 self.pre_c[n], self.ft_c[n] = take(pre, n, i).to(on[n]), take(ft, n, i).to(on[n])
                 release(pre, n)
                 release(ft, n)
-            self.delta_c = {n: torch.sub(self.ft_c[n], self.pre_c[n]) for n in self.candidates}  # as Held.delta
         if start is None:  # the top-k of |δ| lies inside the top-m (ties go earliest in both): no second pass
-            inside = top_k({n: d.abs() for n, d in self.delta_c.items()}, k)
+            inside = top_k({n: self._delta(n).abs() for n in self.candidates}, k)
             self.base = {n: self.candidates[n][i.to(on[n])].cpu() for n, i in inside.items()}
         else:
             self.base = start
@@ -479,11 +506,10 @@ class CandidateLearner(MaskLearner):
                                      on, getattr(torch, config.logit_dtype))
         self.counter = RegionCounter(self.logits, inside)  # the region's size and swaps, as the full learner counts them
         self.held = None
-        self.sigma_c = {n: torch.empty_like(l) for n, l in self.logits.items()}
         self.grads_c = {n: torch.empty_like(self.pre_c[n]) for n in self.candidates}
         self._begin([params[n] for n in self.candidates], layers)
-        held = sum(t.numel() * t.element_size() for part in (self.candidates, self.logits, self.sigma_c, self.pre_c,
-                                                              self.ft_c, self.delta_c, self.grads_c) for t in part.values())
+        held = sum(t.numel() * t.element_size() for part in (self.candidates, self.logits, self.pre_c, self.ft_c,
+                                                              self.grads_c) for t in part.values())
         log.debug("mask learning over C: %s of %s graftable parameters in %d of %d tensors (c = %s), holding %.3f GB; %s",
                   f"{sum(i.numel() for i in self.candidates.values()):,}", f"{self.count:,}", len(self.candidates),
                   len(self.names), config.candidates, held / 1e9, compute.memory_in_use(self.device))
@@ -494,7 +520,7 @@ class CandidateLearner(MaskLearner):
         with torch.no_grad():  # θ[C] ← lerp(θ_pre[C], θ_ft[C], σ(ℓ_C)); outside C it stays θ_pre
             for n, idx in self.candidates.items():
                 p = self.params[n]
-                s = torch.sigmoid(self.logits[n], out=self.sigma_c[n])
+                s = torch.sigmoid(self.logits[n])
                 if hard is not None:
                     chosen = torch.zeros(idx.numel(), dtype=torch.bool, device=idx.device)
                     if n in hard:
@@ -513,8 +539,8 @@ class CandidateLearner(MaskLearner):
             n = names[id(p)]
             g = torch.index_select(p.grad.reshape(-1), 0, self.candidates[n], out=self.grads_c[n])
             p.grad = None
-            g.mul_(self.delta_c[n])
-            torch.ops.aten.sigmoid_backward.grad_input(g, self.sigma_c[n], grad_input=g)
+            g.mul_(self._delta(n))
+            torch.ops.aten.sigmoid_backward.grad_input(g, torch.sigmoid(self.logits[n]), grad_input=g)
             flat = g.float()
             squares[n] = torch.dot(flat, flat).double()
             if need_peak:
@@ -524,6 +550,10 @@ class CandidateLearner(MaskLearner):
         out = _backward(self.model, batch, [self.params[n] for n in self.candidates], to_logit_gradient)
         size = _size(self.candidates, squares, peaks, need_peak, out.loss.device, lambda n: self.grads_c[n].zero_())
         return out, self.grads_c, size
+
+    def _delta(self, n: str) -> torch.Tensor:
+        """δ_C of one tensor, as ``Held.delta`` computes it."""
+        return torch.sub(self.ft_c[n], self.pre_c[n])
 
     def _restore(self) -> None:
         for n, idx in self.candidates.items():

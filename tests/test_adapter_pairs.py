@@ -232,3 +232,56 @@ def test_a_folder_holding_a_model_and_an_adapter_is_refused(lora, tmp_path):
     shutil.copy(lora["adapter"] / "adapter_config.json", mixed / "adapter_config.json")
     with pytest.raises(ModelError, match="holds both a model and a LoRA adapter"):
         models.load_lm(str(mixed), "causal-lm")
+
+
+LEARN_SCRIPT = """
+import sys
+import torch
+from graftui import method, models
+from graftui.completion import IGNORE
+from graftui.config import LearnConfig, LoadOptions
+
+base, adapter, out, blocks = sys.argv[1:]
+if blocks == "heap":  # glibc left at its dynamic threshold
+    method.map_large_blocks = lambda: None
+else:  # every block of a page or more mapped for its own use, as a big model's are
+    method.LARGE_BLOCK = int(blocks)
+torch.set_num_threads(1)
+pair = models.ModelPair.load(base, adapter, options=LoadOptions(head="completion"))
+params = {n: pair.param(n) for n in pair.graftable}
+gen = torch.Generator().manual_seed(3)
+ids = torch.randint(3, pair.model.lm.config.vocab_size, (6, 10), generator=gen)
+labels = ids.clone()
+labels[:, :5] = IGNORE
+batches = lambda epoch: [{"input_ids": ids[:3], "labels": labels[:3]}, {"input_ids": ids[3:], "labels": labels[3:]}]
+config = LearnConfig(steps=3, lr=0.5, candidates="3")
+found = {}
+for held in (False, True):  # theta_ft formed from the factors when read, and held whole
+    ft = {n: pair.ft[n].clone() for n in pair.ft} if held else pair.ft
+    region, logits = method.learn_region(pair.model, params, pair.pre, ft, 40, batches, config)
+    found[held] = {"region": region, "logits": logits.values, "candidates": logits.candidates}
+torch.save(found, out)
+"""
+
+
+def test_a_region_learned_inside_an_adapter_is_the_same_bits_however_memory_is_served(lora, tmp_path):
+    """Large blocks mapped for their own use (as mask learning serves them) or from glibc's heap, θ_ft formed from the
+    factors or held whole: the same candidates, logits and region, bit for bit."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "learn.py"
+    script.write_text(LEARN_SCRIPT)
+    found = {}
+    for blocks in ("heap", "4096"):
+        done = subprocess.run([sys.executable, str(script), str(lora["base"]), str(lora["adapter"]),
+                               str(tmp_path / f"{blocks}.pt"), blocks], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        found[blocks] = torch.load(tmp_path / f"{blocks}.pt")
+    runs = [found[blocks][held] for blocks in found for held in (False, True)]
+    first = runs[0]
+    assert first["region"] and any(not torch.equal(l, l.sign() * l.abs().max()) for l in first["logits"].values())
+    for run in runs[1:]:
+        for part in ("region", "logits", "candidates"):
+            assert run[part].keys() == first[part].keys()
+            assert all(torch.equal(run[part][n], first[part][n]) for n in first[part]), part
