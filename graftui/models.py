@@ -463,6 +463,14 @@ def _finite(values, name: str) -> bool:
     return ok
 
 
+def _unchanged(ft, pre, name: str) -> bool:
+    """Whether fine-tuning left a tensor as it was; mapped files give the pages compared back at once."""
+    same = torch.equal(ft[name], pre[name])
+    release(ft, name)
+    release(pre, name)
+    return same
+
+
 def _as_loaded(params: dict[str, torch.nn.Parameter], stored: Checkpoint) -> bool:
     """Whether the file holds what the model loaded, in one dtype: its first and last values of every tensor (a
     loader may convert what it reads: fuse, permute or cast tensors)."""
@@ -744,11 +752,12 @@ class ModelPair:
             return None
         graftable, excluded = _split(shared, spec, fixed)
         kept = set(graftable)
-        moved = [n for n in shared if n in kept or not torch.equal(ft_all[n], pre[n])]
+        moved = [n for n in shared if n in kept or not _unchanged(ft_all, pre, n)]
         ft = ft_all.renamed({n: in_ft[n] for n in moved}, dtype)
         with torch.no_grad():  # the working model: θ_pre's body, the fine-tuned head, laid out as from_models lays it
             for n in shared:  # out (a tensor's alignment decides which kernel a matmul takes, and its last bits)
                 params[n].data = pre[n].clone() if n in ft else pre[n]
+                pre.release(n)  # copied: the file's pages go back now, so loading holds one model, not two
         base_file.release()
         finetuned_file.release()
         return cls(model=finetuned.eval(), tokenizer=tokenizer, base_ref=base_ref, finetuned_ref=finetuned_ref,
