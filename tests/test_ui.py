@@ -825,6 +825,8 @@ def test_localize_compare_compose_export_jobs_end_to_end(home, tiny_checkpoints)
 
     cmp = finish(actions.submit_compare(runner, region_ids=[learned.result["region"]], ood=["amazon"], n=16, baselines=True))
     table, diffs, rel, hist, note, side, unlike_note, unlike = compare.render_compare(cmp)
+    assert rel["visible"] and hist["visible"] and unlike["label"] == compare.DISAGREEMENTS_LABEL
+    unlike = unlike["value"]
     assert set(table["model"]) >= {"fine-tuned", "pre-trained body + FT head", "Top movement", "Random", learned.result["region"]}
     # every paired difference of the job as a row: the graft against FT and each baseline, accuracy and ECE
     region = learned.result["region"]
@@ -1146,13 +1148,15 @@ def test_the_laboratory_fields_are_kept_across_reloads(home, monkeypatch):
 
     monkeypatch.setattr(store, "default_ready", lambda key=None: True)
     demo = app.build_app()
-    kept = {b.elem_id for b in _handler(demo, "remember").inputs}
+    remember = next(fn for fn in demo.fns.values() if isinstance(fn.js, str) and "setItem" in fn.js)  # in the browser
+    kept = {b.elem_id for b in remember.inputs}
     lab = {"lab-tasks", "lab-group", "lab-start", "lab-budget", "lab-steps", "lab-purify", "lab-n", "lab-wise-region",
            "lab-wise-alphas", "lab-wise-n", "lab-retrain-region", "lab-retrain-epochs", "lab-retrain-train",
            "lab-retrain-n", "lab-continual-tasks", "lab-continual-budget", "lab-continual-n", "lab-reproduce-quick"}
     assert lab <= kept, lab - kept
     restore = _handler(demo, "restore")
-    assert [b.elem_id for b in restore.outputs] == [b.elem_id for b in _handler(demo, "remember").inputs]
+    assert [b.elem_id for b in restore.outputs] == [b.elem_id for b in remember.inputs]
+    assert "sessionStorage" in remember.js and "sessionStorage" in restore.js  # each browser tab its own form
 
 
 def test_number_columns_are_never_wrapped():
