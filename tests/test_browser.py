@@ -789,6 +789,8 @@ def test_a_completion_skill_is_localized_and_compared_by_its_generations(page, t
     assert models[:2] == ["fine-tuned", "pre-trained, same prompt"] and region in models, models
     shown = [r for r in bu.table_rows(page, "compare-disagreements") if r]
     assert len(shown) == 12 and all(any(c.startswith(("✓", "✗")) for c in r) for r in shown), shown
+    assert "Generations on the first test examples" in bu.text(page, "#compare-disagreements")  # not "disagree"
+    assert not page.is_visible("#compare-reliability") and not page.is_visible("#compare-histogram")  # nothing to draw
     # Try it: for a completion region the whole box is one prompt (two lines here), and each model's greedy generation
     # for it is a row of the table
     page.wait_for_function("() => document.querySelector('#predict-run').innerText.includes('Generate') && "

@@ -280,7 +280,13 @@ def test_the_app_shows_a_completion_comparison_and_its_generations(trained, loca
     from graftui.ui.tabs import compare, models
 
     _, ev, _ = localized
-    table, diffs, _, _, note, _, _, shown = compare.render_compare(SimpleNamespace(result=ev.as_dict()))
+    table, diffs, rel, hist, note, _, _, shown = compare.render_compare(SimpleNamespace(result=ev.as_dict()))
+    assert not rel["visible"] and not hist["visible"]  # no confidence per example: no empty diagrams either
+    assert shown["label"] == actions.GENERATIONS_LABEL
+    shown = shown["value"]
+    models_in_order = list(shown.columns)[4:]  # the fine-tuned model first, the pre-trained model last
+    assert models_in_order[0] == "fine-tuned" and models_in_order[-1] == "pre-trained, same prompt"
+    assert shown.map(lambda cell: len(str(cell))).to_numpy().max() < 4 * actions.GENERATION_WIDTH
     assert list(table.columns) == actions.COMPLETION_COLUMNS and len(table) == 5
     assert table.loc[table["model"] == "fine-tuned", "Δ vs FT"].item() == "+0.0 pts"
     assert set(diffs["metric"]) == {"exact_match", "contains", "token_f1", "loss", "token_ece"}

@@ -22,8 +22,8 @@ from pathlib import Path
 import pandas as pd
 
 from .. import bundle, card, flows, hosted, settings
-from ..config import (DEFAULT_BASE, DEFAULT_EXAMPLES_PER_CLASS, DEFAULT_FINETUNED, DEFAULT_FINETUNED_REFS, Budget,
-                      GraftableSpec, is_default_finetuned)
+from ..config import (BODY_LABELS, DEFAULT_BASE, DEFAULT_EXAMPLES_PER_CLASS, DEFAULT_FINETUNED, DEFAULT_FINETUNED_REFS,
+                      FT_LABEL, Budget, GraftableSpec, is_default_finetuned)
 from ..completion import OFFLINE_SKILLS
 from ..data import OFFLINE_TASKS, all_as_test, preview
 from ..errors import ModelError, RegionError, RequestError
@@ -763,14 +763,22 @@ def compare_table(result: dict) -> pd.DataFrame:
     return pd.DataFrame(kind.app_rows(result), columns=list(kind.app_columns))
 
 
+GENERATION_WIDTH = 80  # characters of an answer or a generation a cell shows (the JSON and the bundle hold them whole)
+GENERATIONS_LABEL = (f"Generations on the first test examples: the fine-tuned model, each graft and baseline, then the "
+                     f"pre-trained model (texts cut at {GENERATION_WIDTH} characters; the report bundle holds them whole)")
+
+
 def generations_table(result: dict) -> pd.DataFrame:
     """Prompt, reference, the reference's answer under the rule, and each model's answer and greedy generation side
-    by side, marked as it was judged (``card.generation_cell``)."""
+    by side, marked as it was judged (``card.generation_cell``): the fine-tuned model first, then the grafts and
+    baselines, the pre-trained model (whose generations run longest) last."""
     shown = result.get("generations") or []
-    models = list(dict.fromkeys(r["model"] for r in result.get("rows") or []))
+    listed = list(dict.fromkeys(r["model"] for r in result.get("rows") or []))
+    last = [m for m in listed if m in BODY_LABELS]
+    models = [m for m in listed if m == FT_LABEL] + [m for m in listed if m != FT_LABEL and m not in last] + last
     out = [{"task": g.get("task", ""), "prompt": g["prompt"], "reference": g["reference"],
             "reference answer": g.get("reference_answer") or "",
-            **{m: card.generation_cell(g, m) for m in models if m in g}} for g in shown]
+            **{m: card.generation_cell(g, m, GENERATION_WIDTH) for m in models if m in g}} for g in shown]
     return pd.DataFrame(out, columns=["task", "prompt", "reference", "reference answer", *models])
 
 

@@ -20,6 +20,7 @@ INTRO = (
 GENERATIONS_NOTE = ("Greedy generations of each model on the first test examples, each cell the answer «…» the rule "
                     "read and the generation it came from: ✓ the answer is the reference's (exact match), ≈ it "
                     "contains it, ✗ neither (with its token F1 where above 0).")
+DISAGREEMENTS_LABEL = "Test examples where a graft and the fine-tuned model disagree (click a header to sort)"
 KINDS, LATEST = ("compare",), "latest comparison"
 SWEEP_KINDS, SWEEP_LATEST = ("sweep",), "latest sweep"
 PREDICT_KINDS, PREDICT_LATEST = ("predict",), "latest sentences"
@@ -29,22 +30,26 @@ def render_compare(job) -> list:
     empty = pd.DataFrame(columns=actions.COMPARE_COLUMNS)
     if job is None or not job.result:
         msg = "Run a comparison to fill this." if job is None else "Results appear when the job is done."
-        return [empty, pd.DataFrame(columns=actions.DIFFERENCE_COLUMNS), figures.empty_figure(msg),
-                figures.empty_figure(msg), "", figures.side_by_side(None), "",
-                pd.DataFrame(columns=actions.DISAGREEMENT_COLUMNS)]
+        return [empty, pd.DataFrame(columns=actions.DIFFERENCE_COLUMNS),
+                gr.update(value=figures.empty_figure(msg), visible=True),
+                gr.update(value=figures.empty_figure(msg), visible=True), "", figures.side_by_side(None), "",
+                gr.update(value=pd.DataFrame(columns=actions.DISAGREEMENT_COLUMNS), label=DISAGREEMENTS_LABEL)]
     res = job.result
     kind = kind_named(res.get("task_kind"))
     note = kind.app_heading(res) + kind.app_note
     if res.get("notes"):
         note += "\n\n" + "\n\n".join(f"Note: {n}" for n in res["notes"])
-    unscored = f"A {kind.name} task: no confidence per example to draw; its calibration, where it has one, is in the table."
+    # a kind without a confidence per example (generations) has no diagram to draw: its boxes are not shown
     return [actions.compare_table(res), actions.differences_table(res),
-            figures.reliability_diagram(res["reliability"], res["task"]) if res["reliability"] else
-            figures.empty_figure(unscored),
-            figures.confidence_histogram(res["histogram"], res["task"]) if res["histogram"] else
-            figures.empty_figure(unscored), note, figures.side_by_side(res.get("side_by_side")),
-            *((GENERATIONS_NOTE, actions.generations_table(res)) if res.get("generations") else
-              (actions.disagreements_note(res), actions.disagreements_table(res)))]
+            gr.update(value=figures.reliability_diagram(res["reliability"], res["task"]), visible=True)
+            if res["reliability"] else gr.update(value=None, visible=False),
+            gr.update(value=figures.confidence_histogram(res["histogram"], res["task"]), visible=True)
+            if res["histogram"] else gr.update(value=None, visible=False),
+            note, figures.side_by_side(res.get("side_by_side")),
+            *((GENERATIONS_NOTE, gr.update(value=actions.generations_table(res), label=actions.GENERATIONS_LABEL))
+              if res.get("generations") else (actions.disagreements_note(res),
+                                              gr.update(value=actions.disagreements_table(res),
+                                                        label=DISAGREEMENTS_LABEL)))]
 
 
 def render_sweep(job) -> list:
@@ -102,8 +107,7 @@ def build(page) -> gr.Tab:
         cmp_unlike_md = gr.Markdown("", elem_id="compare-disagreements-note")
         cmp_unlike = gr.Dataframe(pd.DataFrame(columns=actions.DISAGREEMENT_COLUMNS), interactive=False, wrap=True,
                                   max_height=TABLE_HEIGHT, elem_id="compare-disagreements",
-                                  label="Test examples where a graft and the fine-tuned model disagree (click a header "
-                                        "to sort)")
+                                  label=DISAGREEMENTS_LABEL)
         gr.Markdown("### Try sentences\nType sentences, one per line: the bare body, the fine-tuned model and the "
                     "graft of each region picked above classify them side by side (for a language model, its label "
                     "words' scores under its prompt). For completion regions the whole box is one prompt, and each "
