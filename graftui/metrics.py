@@ -507,6 +507,7 @@ def mean_nested(values: list) -> tuple[Any, Any]:
 
 
 DIFFERENCE_KEYS = ("a", "b", "task", "distribution", "metric", "sparsity", "alpha", "stage", "head", "forgetting")
+UNBOUNDED_METRICS = ("loss", "perplexity")  # paired differences not confined to [−1, 1]
 
 
 def differences_over_seeds(runs: list[list[dict]], over: str = "seeds") -> list[dict]:
@@ -531,8 +532,10 @@ def differences_over_seeds(runs: list[list[dict]], over: str = "seeds") -> list[
             seed_half = (across[1] - across[0]) / 2
             test_half = sum((hi - lo) / 2 for lo, hi in per_seed) / len(per_seed) if per_seed else 0.0
             half = math.sqrt(seed_half ** 2 + test_half ** 2)
-            # accuracy and ECE differences lie in [−1, 1]; so does any interval of them
-            d["ci"] = [max(-1.0, d["diff"] - half), min(1.0, d["diff"] + half)]
+            lo, hi = d["diff"] - half, d["diff"] + half
+            # a difference of shares (accuracy, ECE, exact match, …) lies in [−1, 1], and so does its interval; one
+            # of losses per token does not
+            d["ci"] = [lo, hi] if d.get("metric") in UNBOUNDED_METRICS else [max(-1.0, lo), min(1.0, hi)]
             d["ci_kind"] = f"{over} and test examples"
         else:
             d["ci"] = per_seed[0] if per_seed else None

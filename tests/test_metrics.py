@@ -259,6 +259,13 @@ def test_mean_std_and_rows_over_seeds():
     seed_half = 4.3027 * 0.02 / 3 ** 0.5
     half = (seed_half ** 2 + 0.02 ** 2) ** 0.5  # the seeds' spread and the shared test noise together
     assert d["ci"] == pytest.approx([0.03 - half, 0.03 + half])
+    near = [[{"a": "g", "b": "f", "task": "t", "metric": "accuracy", "diff": d, "ci": [d - 0.2, d + 0.2], "n": 100}]
+            for d in (-2.3, -2.4, -2.2)]  # a loss per token falls by 2.3: far outside [−1, 1]
+    (loss,) = differences_over_seeds([[{**e[0], "metric": "loss"}] for e in near])
+    assert loss["ci"][0] < -2.3 < loss["ci"][1] < -1.0  # not cut at −1
+    (share,) = differences_over_seeds([[{**e[0], "diff": d, "ci": [d - 0.05, d + 0.05]}]
+                                       for e, d in zip(near, (-0.98, -0.96, -0.97))])
+    assert share["ci"][0] == -1.0 < share["ci"][1]  # a difference of shares stays within [−1, 1]
 
 
 def test_a_nested_figure_averages_entry_by_entry_and_keeps_its_shape():
