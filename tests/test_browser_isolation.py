@@ -152,6 +152,7 @@ def test_isolation_of_four_hosted_sessions(browser, hosted_server):  # noqa: F81
         b.wait_for_function("id => document.querySelector('#region-list').innerText.includes(id)", arg=region_b,
                             timeout=30_000)
         for page in (a, c, d):
+            bu.open_tab(page, "localize")  # where the regions are listed
             assert region_b not in page.inner_text("#region-list")
         bu.open_tab(a, "localize")
         bu.cancel(a, "#localize-cancel")
