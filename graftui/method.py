@@ -470,9 +470,10 @@ class CandidateLearner(MaskLearner):
     working model stays θ_pre and nothing is held, and the learner holds, per tensor with
     candidates, C's sorted flat indices, ℓ_C, θ_pre[C], θ_ft[C] and ∇_ℓ L over C: O(|C|) beside
     the one working model: 24 bytes a candidate in float32 (σ(ℓ_C) and δ_C are formed again, a
-    tensor at a time, where a step needs them: the same values, for 8 bytes a candidate less). Where C holds every parameter with δ ≠ 0 this is the full
-    learner's step (δ = 0 gives ∇_ℓ = 0 and θ = θ_pre): the "rms" scale still averages over the
-    whole graftable count. Only tensors holding candidates take a weight gradient.
+    tensor at a time, where a step needs them: the same values, for 8 bytes a candidate less). Where
+    C holds every parameter with δ ≠ 0 this is the full learner's step (δ = 0 gives ∇_ℓ = 0 and
+    θ = θ_pre): the "rms" scale still averages over the whole graftable count. Only tensors holding
+    candidates take a weight gradient.
 
     The working model must be at θ_pre outside C when it starts (as a pair keeps it); ``finish``
     restores it at C only.
