@@ -153,12 +153,8 @@ def test_jobs_table_rows_from_a_runner_with_dummy_jobs(tmp_path):
     assert set(again["id"]) == {a.id, b.id}
 
 
-def test_cancel_takes_effect_at_the_next_step(tmp_path):
-    from graftui.jobs import JobRunner
-
-    runner = JobRunner(tmp_path / "jobs")
-    started = threading.Event()
-
+def slow_job(started: threading.Event):
+    """A job of 1,000 short steps, each reported (so a cancel takes effect at the next), ``started`` set at each."""
     def slow(ctx):
         for i in range(1000):
             started.set()
@@ -166,7 +162,15 @@ def test_cancel_takes_effect_at_the_next_step(tmp_path):
             time.sleep(0.01)
         return {}
 
-    job = runner.submit("localize", "slow", slow)
+    return slow
+
+
+def test_cancel_takes_effect_at_the_next_step(tmp_path):
+    from graftui.jobs import JobRunner
+
+    runner = JobRunner(tmp_path / "jobs")
+    started = threading.Event()
+    job = runner.submit("localize", "slow", slow_job(started))
     assert started.wait(5)
     assert runner.cancel(job.id)
     assert runner.wait(job.id, timeout=5).status == "cancelled"
@@ -178,16 +182,8 @@ def test_a_cancel_button_cancels_only_when_pressed_again_on_the_same_job(tmp_pat
 
     runner = JobRunner(tmp_path / "jobs")
     started = threading.Event()
-
-    def slow(ctx):
-        for i in range(1000):
-            started.set()
-            ctx.report({"step": i, "steps": 1000, "loss": 0.0})
-            time.sleep(0.01)
-        return {}
-
-    job = runner.submit("localize", "slow", slow)
-    other = runner.submit("localize", "waiting", slow)
+    job = runner.submit("localize", "slow", slow_job(started))
+    other = runner.submit("localize", "waiting", slow_job(threading.Event()))
     assert started.wait(5)
     said, armed, look = cancel_step(runner, job, None, 100.0)
     assert look == "armed" and armed == (job.id, 100.0) and "Confirm cancel" in said and "slow" in said
