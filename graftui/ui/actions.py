@@ -155,6 +155,8 @@ def cancel_step(runner, job: Job | None, armed, now: float) -> tuple[str, tuple 
         return "Nothing to cancel.", None, "off"
     if job.status in FINISHED:
         return f"**{md(job.title)}** has already finished ({job.status}).", None, "off"
+    if hasattr(runner, "check_cancel"):
+        runner.check_cancel(job.id)  # a job this page may not cancel is refused at the first press
     if isinstance(armed, (list, tuple)) and len(armed) == 2 and armed[0] == job.id \
             and isinstance(armed[1], (int, float)) and 0 <= now - armed[1] <= CONFIRM_SECONDS:
         ok = runner.cancel(job.id)  # refuses a job that is not this page's own

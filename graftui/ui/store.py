@@ -104,13 +104,17 @@ class Jobs:
     def wait(self, job_id: str, timeout: float | None = None):
         return self.runner.wait(job_id, timeout) if self.get(job_id) else None
 
-    def cancel(self, job_id: str) -> bool:
-        """Cancel one of this session's jobs (False when it has finished already)."""
+    def check_cancel(self, job_id: str) -> None:
+        """Refuse a job this page may not cancel: another session's (not seen here), or the server's own."""
         job = self.get(job_id)
         if job is None:
             raise SessionError(f"no job {job_id} here")
         if settings.hosted() and job.owner != self.owner:
             raise SessionError(f"'{job.title}' is the server's own job; it cannot be cancelled from a page")
+
+    def cancel(self, job_id: str) -> bool:
+        """Cancel one of this session's jobs (False when it has finished already)."""
+        self.check_cancel(job_id)
         return self.runner.cancel(job_id)
 
     def submit(self, kind: str, title: str, fn, params: dict | None = None, server: bool = False):

@@ -58,8 +58,11 @@ def build(page) -> None:
 
     @page.safe
     def on_job_cancel(picked, memory):
-        message, memory, look = actions.cancel_step(store.runner(), store.runner().get(picked) if picked else None,
-                                                    memory, time.time())
+        runner = store.runner()
+        job = runner.get(picked) if picked else None
+        if picked and job is None:
+            runner.check_cancel(picked)  # refused: not this page's job
+        message, memory, look = actions.cancel_step(runner, job, memory, time.time())
         return cancel_look(look, LABEL), memory, message
 
     page.on(job_cancel.click, on_job_cancel, [job_sel, armed], [job_cancel, armed, page.status])
