@@ -218,19 +218,32 @@ def submit_job(page, button: str, timeout_s: float = 60.0) -> str:
     return job_id_from_status(page)
 
 
+JOB_IN_LINE = re.compile(r"\[(\d{8}-\d{6}-[0-9a-f]{6})\]")  # "[20261127-052317-c46ad1]" in a tab's status line
+
+
+def tab_job(page, status: str) -> str | None:
+    """The id of the job a tab's status line shows."""
+    m = JOB_IN_LINE.search(text(page, status))
+    return m.group(1) if m else None
+
+
 def run_job(page, button: str, status: str, picker: str, timeout_s: float = 300.0) -> tuple[str, float]:
     """Press ``button``, then wait until the job it submitted is shown finished in ``status``.
 
-    The job is recognised by its id: the status line says "Submitted … (job ID)" and the job
-    picker ``picker`` shows ID once it follows the new job. Returns (status text, seconds).
+    The job is recognised by its id: the header says "Submitted … (job ID)" and the tab's status line and its job
+    picker ``picker`` show ID once they follow the new job. Either may tell it first: the header can be overwritten
+    at once by the news that an earlier job ended. Returns (status text, seconds).
     """
-    before = job_id_from_status(page)
+    before, before_here = job_id_from_status(page), tab_job(page, status)
     t0 = time.monotonic()
     page.click(button)
     job_id = None
     while time.monotonic() - t0 < 60:
         job_id = job_id_from_status(page)
         if job_id and job_id != before:
+            break
+        job_id = tab_job(page, status)
+        if job_id and job_id != before_here:
             break
         warn = text(page, "#status-message")
         if "⚠️" in warn:
