@@ -269,6 +269,11 @@ def cancel_look(look: str, label: str):
     return gr.update(value=label, variant="secondary", interactive=look == "ready")
 
 
+def cancel_button(job, label: str):
+    """A Cancel button as the job shown leaves it: on while it waits or runs, off once it has ended (or for none)."""
+    return cancel_look("ready" if actions.cancellable(job) else "off", label)
+
+
 def job_panel(sig_state, kinds, picker, status_md, outputs, render, latest_label, fixed_state=None, cancel=None):
     """The polled part of a result panel: the picked job of ``kinds`` (or the latest one), re-rendered only
     when it changed; ``sig_state`` remembers what it last showed, ``cancel`` is the (button, label) turned off
@@ -284,8 +289,7 @@ def job_panel(sig_state, kinds, picker, status_md, outputs, render, latest_label
         running = job is not None and job.status == "running"
         another = last is None or shown != last[1]  # another job, or another status: the Cancel button follows
         new_list, new_line, redraw, state = panel_changes(last, listing, shown, line, running, time.monotonic())
-        button = [] if cancel is None else [cancel_look("ready" if actions.cancellable(job) else "off", cancel[1])
-                                            if another else gr.skip()]
+        button = [] if cancel is None else [cancel_button(job, cancel[1]) if another else gr.skip()]
         if not (new_list or new_line or redraw):
             return (gr.skip(), gr.skip(), *[gr.skip() for _ in outputs], *button, state)
         picker_update = gr.update(choices=[(latest_label, "")] + actions.job_choices(runner, kinds)) if new_list else gr.skip()

@@ -8,7 +8,7 @@ import time
 import gradio as gr
 
 from .. import actions, store
-from ..wiring import LIVE_REDRAW_SECONDS, cancel_look
+from ..wiring import LIVE_REDRAW_SECONDS, cancel_button, cancel_look
 
 LABEL = "Cancel selected job"
 
@@ -50,8 +50,7 @@ def build(page) -> None:
             fresh = False
             table, picker = actions.job_rows(runner), gr.update(choices=actions.job_choices(runner))
         line = gr.skip() if last is not None and detail == last[2] else detail
-        button = gr.skip() if last is not None and listing == last[0] else \
-            cancel_look("ready" if actions.cancellable(job) else "off", LABEL)  # a status changed: the button follows
+        button = gr.skip() if last is not None and listing == last[0] else cancel_button(job, LABEL)  # a status changed
         return table, picker, line, button, (listing, last[1] if fresh else sig, detail, last[3] if fresh else now)
 
     page.poll.add(tick_jobs, [jobs_sig, job_sel], [jobs_df, job_sel, job_md, job_cancel, jobs_sig])
@@ -73,7 +72,7 @@ def build(page) -> None:
         path = actions.request_file(job)
         text = json.dumps(job.params, indent=2) if path else "(this job has no request: it prepares the default model)"
         return (text if job else "", gr.update(value=str(path) if path else None), None,
-                cancel_look("ready" if actions.cancellable(job) else "off", LABEL), gr.skip())
+                cancel_button(job, LABEL), gr.skip())
 
     page.on(job_sel.change, on_job_pick, [job_sel], [job_req, job_req_dl, armed, job_cancel, page.status])
 
