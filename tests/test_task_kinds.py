@@ -141,6 +141,7 @@ def test_a_fine_tune_picked_brings_its_base_task_and_their_ood_tasks(tmp_path, m
     (made / "config.json").write_text("{}")
     (made / "graftui_record.json").write_text(json.dumps({"base": "smollm2", "task": "numbers"}))
     assert actions.pair_of(str(made)) == ("smollm2", "numbers")
+    assert CLASSIFICATION.scores_ood and not COMPLETION_KIND.scores_ood and not HARNESS.scores_ood
     assert actions.default_ood("movies") == ["amazon", "tweets"] and actions.default_ood("dates") == []
     assert actions.default_ood("bbc") == [] and actions.default_ood("my.csv") == []
     said = actions.ood_preview("dates", {}, ["amazon"], None)

@@ -40,6 +40,7 @@ class TaskKind:
     markdown_columns: tuple[tuple[str, str], ...] = ()  # (header, key) of a model card's metrics table
     verbs: tuple[str, ...] = ()  # the verbs that work on this kind (the documentation's table reads them)
     sparsity: float = DEFAULT_SPARSITY  # the budget of a request that names none (neither --sparsity nor --k)
+    scores_ood: bool = False  # whether tasks of another distribution in its label space are scored (ood_note)
 
     def owns(self, task) -> bool:
         return isinstance(task, self.task_type)

@@ -136,6 +136,7 @@ class Classification(TaskKind):
         return metrics.paired_difference(a.per_example, b.per_example, a.labels, "accuracy", seed=seed)
 
     cheap_check = True
+    scores_ood = True
 
     def heldout_problem(self, pair, task) -> str | None:
         if len(task.label_names) != len(pair.label_names):

@@ -386,7 +386,8 @@ def pair_of(finetuned: str) -> tuple[str, str] | None:
 def default_ood(task: str) -> list[str]:
     """The OOD tasks a task starts with: the other sentiment tasks for a sentiment task, none for another (a
     completion or harness task has none)."""
-    return EvaluateRequest.make().ood_tasks(task) if named_kind(task) is CLASSIFICATION else []
+    kind = named_kind(task)
+    return EvaluateRequest.make().ood_tasks(task) if kind is not None and kind.scores_ood else []
 
 
 def budget_text(log_sparsity: float, counts: dict | None) -> str:
@@ -502,7 +503,7 @@ def ood_preview(task: str, columns: dict, ood: list[str], mapping: str | None) -
     if not ood:
         return "No OOD task: results score the in-distribution task only."
     kind = named_kind(task)
-    if kind is not None and kind is not CLASSIFICATION:
+    if kind is not None and not kind.scores_ood:
         return (f"⚠️ '{md(short_ref(task))}' is a {kind.name} task, scored on its own test items only: clear the "
                 "out-of-distribution tasks")
     labels = parse_label_map(mapping)
