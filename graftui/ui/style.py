@@ -1,0 +1,47 @@
+"""How the page looks: the CSS every table and narrow window needs, and which table columns hold numbers."""
+
+from __future__ import annotations
+
+from . import actions
+from .tabs import anatomy, laboratory
+
+TABLES = {  # each table's columns, by its elem_id: those in actions.NUMBER_COLUMNS are never wrapped
+    "region-list": actions.REGION_LIST_COLUMNS, "jobs-table": actions.JOB_COLUMNS, "models-counts": actions.COUNT_COLUMNS,
+    "compare-table": actions.COMPARE_COLUMNS, "compare-differences": actions.DIFFERENCE_COLUMNS,
+    "compare-disagreements": actions.DISAGREEMENT_COLUMNS, "predict-table": actions.PREDICT_COLUMNS + [f"p(class {i})" for i in range(8)], "lab-retrain-table": actions.COMPARE_COLUMNS,
+    "sweep-table": actions.SWEEP_COLUMNS + [f"OOD {i} ↑" for i in range(8)],  # and a column per OOD task, up to 8
+    "compose-table": actions.COMPOSE_COLUMNS, "compose-overlap-table": actions.OVERLAP_COLUMNS,
+    "regions-table": actions.REGIONS_COLUMNS,
+    "anatomy-kinds": actions.WEIGHT_BIAS_COLUMNS, "anatomy-tensors": anatomy.TENSOR_COLUMNS,
+    "anatomy-neurons": anatomy.NEURON_COLUMNS, "anatomy-ablation": anatomy.ABLATION_COLUMNS,
+    "anatomy-stability": anatomy.STABILITY_COLUMNS, "lab-wise-table": actions.WISE_COLUMNS,
+    "lab-union-table": laboratory.MULTITASK_COLUMNS, "lab-continual-table": laboratory.CONTINUAL_COLUMNS,
+}
+CSS = """
+/* A table's columns are as wide as its text needs when it is wrapped between words (never inside one), so a table
+   fits the page where it can, scrolls sideways where it cannot, and no header or cell is cut off. Gradio puts its
+   own scope (.gradio-container-N .contain) before every rule here. */
+.table-wrap { overflow-x: auto !important; }
+.table-wrap th, .table-wrap th *, .table-wrap [role=gridcell] span {
+    white-space: normal !important; word-break: normal !important; overflow-wrap: normal !important;
+    text-overflow: clip !important; hyphens: none; }
+.table-wrap [role=gridcell] span { overflow-wrap: break-word !important; }  /* only a word wider than its column */
+.table-wrap .sizing-body td { white-space: normal !important; }
+.table-wrap .header-content { overflow: visible !important; min-width: min-content !important; }
+/* A narrow window: the widgets of a row stack, each as wide as the page. */
+@media (max-width: 900px) {
+    .row > *:not(button), .row > .form > * { flex: 1 1 100% !important; min-width: 100% !important;
+                                             margin-left: 0 !important; margin-right: 0 !important; }
+}
+"""
+
+
+def number_css(tables: dict[str, list[str]]) -> str:
+    """Rules that keep the number columns of ``tables`` on one line. A cell names its column by position only
+    (``data-col``; the hidden row the widths are measured from, by its place), so the rules go by position."""
+    rules = []
+    for elem_id, columns in tables.items():
+        for i, name in enumerate(columns):
+            if name in actions.NUMBER_COLUMNS or name.startswith(("OOD ", "p(")):
+                rules.append(f"#{elem_id} .sizing-body td:nth-child({i + 1}), #{elem_id} [role=gridcell][data-col=\"{i}\"] span")
+    return ",\n".join(rules) + " { white-space: nowrap !important; }\n" if rules else ""
