@@ -32,6 +32,9 @@ DEFAULT_FINETUNED_REFS = {  # built on first use, then cached
     "smollm2-numbers": ("smollm2", "numbers"),
     "smollm2-dates-lora": ("smollm2", "dates"),  # the same skill as a LoRA adapter of the base (an adapter folder)
 }
+# how long each takes to build, about, on 2 CPU cores (docs/tasks.md): a job that builds one first says so
+DEFAULT_BUILD_SECONDS = {DEFAULT_FINETUNED: 120, "smollm2-movies": 150, "smollm2-dates": 270, "smollm2-numbers": 270,
+                         "smollm2-dates-lora": 450}
 GENERATIVE_DEFAULTS = ("smollm2-dates", "smollm2-numbers")  # the offline generative default and its second skill
 SENTIMENT_TASKS = ("movies", "amazon", "tweets")  # one label space: each is out of distribution for the others
 DEFAULT_MULTITASK_TASKS = ("movies", "amazon", "bbc")  # a similar pair (two sentiment tasks) and a dissimilar task

@@ -1,7 +1,11 @@
 """One runner for all long work (fine-tuning, localization, sweeps, evaluations).
 
-Jobs run one at a time on a background thread, so the models they share are never touched by two
-jobs at once. Waiting jobs are served client by client in turn (a client is the address a job came
+Jobs run in two lanes, each one job at a time on a background thread of its own: the main lane, and a quick
+lane for work that takes seconds (a prediction, an export, a job as short as the same job was here before), so a
+short job is never held behind a long one. A job in the quick lane loads models of its own (its caller's choice:
+``flows.common.own_pairs``), so the models a lane shares are never touched by two jobs at once. Each job carries
+the seconds it is expected to take, when its caller knows (``estimate``), from which a waiting job's start and end
+are foreseen (``expected``). Waiting jobs are served client by client in turn (a client is the address a job came
 from, else its owner; the one served longest ago goes next, and a client's own jobs in the order
 submitted), so one busy client cannot hold the queue; a job over the runner's time limit, or cancelled, is
 stopped at its next progress report, and one that reports no more is stopped in its thread STOP_GRACE seconds
@@ -35,6 +39,8 @@ from .paths import atomic_write
 log = logging.getLogger(__name__)
 
 QUEUED, RUNNING, DONE, FAILED, CANCELLED, INTERRUPTED = "queued", "running", "done", "failed", "cancelled", "interrupted"
+MAIN, QUICK = "main", "quick"
+LANES = (MAIN, QUICK)  # each runs one job at a time, beside the other
 FINISHED = {DONE, FAILED, CANCELLED, INTERRUPTED}
 STOP_GRACE = 30.0  # seconds a job past its time limit, or cancelled, has to stop at its own next step (a batch of
 # generations on a CPU may take this long between two)
@@ -59,6 +65,8 @@ class Job:
     error: str | None = None
     owner: str | None = None  # the hosted session that submitted it; None: the server's own (or a local user's)
     client: str | None = None  # the address it came from (hosted): fairness is per client, whatever its sessions
+    lane: str = MAIN
+    estimate: float | None = None  # the seconds it is expected to take, when its submitter knows
 
     @property
     def duration(self) -> float | None:
@@ -120,19 +128,24 @@ class JobRunner:
         self._fns: dict[str, tuple[JobFn, contextvars.Context]] = {}
         self._contexts: dict[str, JobContext] = {}
         self._waiting: list[str] = []  # job ids, in submission order
-        self._served: dict[str | None, float] = {}  # owner -> when one of its jobs last started
+        self._served: dict[tuple[str, str | None], float] = {}  # (lane, client) -> when its last job there started
         self._last_save: dict[str, float] = {}
         self._load_existing()
-        self._worker = threading.Thread(target=self._work, name="graftui-jobs", daemon=True)
-        self._worker.start()
+        self._workers = [threading.Thread(target=self._work, args=(lane,), name=f"graftui-jobs-{lane}", daemon=True)
+                         for lane in LANES]
+        for worker in self._workers:
+            worker.start()
 
     # -- public --------------------------------------------------------------------------------
     def submit(self, kind: str, title: str, fn: JobFn, params: dict | None = None, owner: str | None = None,
                dedupe: bool = False, client: str | None = None,
-               admit: Callable[[list[Job]], None] | None = None) -> Job:
-        """Queue ``fn``; with ``dedupe``, the same owner's identical job still waiting or running is returned instead
-        (a double click queues one job). ``admit(active jobs)`` may refuse it by raising: it runs under the runner's
-        lock, so quotas hold when many requests arrive at once."""
+               admit: Callable[[list[Job]], None] | None = None, lane: str = MAIN,
+               estimate: float | None = None) -> Job:
+        """Queue ``fn`` in ``lane``; with ``dedupe``, the same owner's identical job still waiting or running is
+        returned instead (a double click queues one job). ``admit(active jobs, both lanes)`` may refuse it by raising:
+        it runs under the runner's lock, so quotas hold when many requests arrive at once."""
+        if lane not in LANES:
+            raise ValueError(f"no lane '{lane}' (lanes: {', '.join(LANES)})")
         with self._lock:
             twin = self.twin(kind, params, owner) if dedupe else None
             if twin is not None:
@@ -140,12 +153,12 @@ class JobRunner:
             if admit is not None:
                 admit([j for j in self._jobs.values() if j.status in (QUEUED, RUNNING)])
             job = Job(id=time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6], kind=kind, title=title,
-                      params=params or {}, owner=owner, client=client)
+                      params=params or {}, owner=owner, client=client, lane=lane, estimate=estimate)
             self._save(job, required=True)  # a job whose record cannot be written is refused, not lost later
             self._jobs[job.id] = job
             self._fns[job.id] = (fn, contextvars.copy_context())
             self._waiting.append(job.id)
-            self._wake.notify()
+            self._wake.notify_all()  # each lane's worker waits on the same condition
         return job
 
     def twin(self, kind: str, params: dict | None, owner: str | None) -> Job | None:
@@ -157,10 +170,32 @@ class JobRunner:
                          and j.kind == kind and _without_out(j.params) == same), None)
 
     def place(self, job_id: str) -> int | None:
-        """A waiting job's place in the queue (1: next), as the queue serves owners in turn; None once it runs."""
+        """A waiting job's place in its lane (1: next), as the lane serves clients in turn; None once it runs."""
         with self._lock:
-            order = self._order()
+            job = self._jobs.get(job_id)
+            order = self._order(job.lane) if job is not None else []
             return order.index(job_id) + 1 if job_id in order else None
+
+    def expected(self, job_id: str, now: float | None = None) -> tuple[float, float | None] | None:
+        """(seconds until a job starts, seconds until it ends) from now, foreseen from what runs and waits before it
+        in its lane (a running job's measured pace, else its estimate); the end is None when the job's own length is
+        unknown, and the whole answer None when a job ahead of it has none, or it has ended."""
+        now = time.time() if now is None else now
+        with self._lock:
+            job = self._jobs.get(job_id)
+            if job is None or job.status in FINISHED:
+                return None
+            if job.status == RUNNING:
+                left = _left(job, now)
+                return None if left is None else (0.0, left)
+            ahead = [j for j in self._jobs.values() if j.status == RUNNING and j.lane == job.lane]
+            order = self._order(job.lane)
+            ahead += [self._jobs[i] for i in order[:order.index(job_id)]] if job_id in order else []
+            waits = [_left(j, now) if j.status == RUNNING else j.estimate for j in ahead]
+            if any(w is None for w in waits):
+                return None
+            start = float(sum(waits))
+            return start, None if job.estimate is None else start + job.estimate
 
     def cancel(self, job_id: str) -> bool:
         """Cancel a queued job now, or a running one at its next step."""
@@ -205,32 +240,32 @@ class JobRunner:
         return path
 
     # -- internals -----------------------------------------------------------------------------
-    def _order(self) -> list[str]:
-        """The waiting jobs in the order they will run: each round takes the next job of every client (or owner),
-        the one served longest ago first (``_lock`` held)."""
-        queued = [i for i in self._waiting if self._jobs[i].status == QUEUED]
+    def _order(self, lane: str) -> list[str]:
+        """The waiting jobs of ``lane`` in the order they will run: each round takes the next job of every client
+        (or owner), the one served longest ago in this lane first (``_lock`` held)."""
+        queued = [i for i in self._waiting if self._jobs[i].status == QUEUED and self._jobs[i].lane == lane]
         owners = list(dict.fromkeys(_turn(self._jobs[i]) for i in queued))
-        owners.sort(key=lambda o: self._served.get(o, float("-inf")))
+        owners.sort(key=lambda o: self._served.get((lane, o), float("-inf")))
         per_owner = {o: [i for i in queued if _turn(self._jobs[i]) == o] for o in owners}
         order, rounds = [], max((len(v) for v in per_owner.values()), default=0)
         for r in range(rounds):
             order += [jobs[r] for jobs in per_owner.values() if r < len(jobs)]
         return order
 
-    def _next(self) -> str:
+    def _next(self, lane: str) -> str:
         with self._lock:
             while True:
                 self._waiting = [i for i in self._waiting if self._jobs[i].status == QUEUED]
-                order = self._order()
+                order = self._order(lane)
                 if order:
                     self._waiting.remove(order[0])
-                    self._served[_turn(self._jobs[order[0]])] = time.monotonic()
+                    self._served[(lane, _turn(self._jobs[order[0]]))] = time.monotonic()
                     return order[0]
                 self._wake.wait()
 
-    def _work(self) -> None:
+    def _work(self, lane: str) -> None:
         while True:
-            job_id = self._next()
+            job_id = self._next(lane)
             with self._lock:
                 job = self._jobs[job_id]
                 fn, context = self._fns.pop(job_id, (None, None))
@@ -337,6 +372,18 @@ def _without_out(params: dict | None) -> dict:
     return {k: v for k, v in (params or {}).items() if k != "out"}
 
 
+PACE_AFTER = 0.05  # a running job's own pace foretells its end once it is this far; before, its estimate does
+
+
+def _left(job: Job, now: float) -> float | None:
+    """Seconds a running job still needs: at its measured pace once it is PACE_AFTER along, else its estimate less
+    the time it has run (never below 0); None when neither is known."""
+    ran = max(now - (job.started or now), 0.0)
+    if job.fraction >= PACE_AFTER:
+        return ran / job.fraction - ran
+    return None if job.estimate is None else max(job.estimate - ran, 0.0)
+
+
 def _turn(job: Job) -> str | None:
     """Whose turn a job waits for: its client's (one address, however many sessions), else its owner's."""
     return job.client or job.owner
@@ -344,7 +391,7 @@ def _turn(job: Job) -> str | None:
 
 _FIELD_TYPES = {"id": str, "kind": str, "title": str, "params": dict, "status": str, "progress": list,
                 "message": str, "result": (dict, type(None)), "error": (str, type(None)), "owner": (str, type(None)),
-                "client": (str, type(None))}
+                "client": (str, type(None)), "lane": str, "estimate": (int, float, type(None))}
 
 
 def _read_job(path: Path) -> Job:

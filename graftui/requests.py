@@ -66,6 +66,11 @@ WRITE_FIELDS = ("out", "keep")  # fields that name where a verb writes
 class Request:
     verb: ClassVar[str] = ""
     writes: ClassVar[bool] = False  # whether the verb writes files (then ``out`` says where)
+    # whether the verb takes seconds whatever its settings (a prediction, an export): the app runs it beside long jobs
+    instant: ClassVar[bool] = False
+    # whether the verb trains a model, which draws torch's process-wide random numbers: the app runs it beside no
+    # other job, so that a seeded run repeats
+    trains: ClassVar[bool] = False
 
     def destinations(self) -> dict[str, str]:
         """The places this request names to write (field -> path): ``out``, and a sweep's ``keep``."""
@@ -552,6 +557,7 @@ class PairRequest(LoadFields, TaskFields, PairFields):
     reads for the task's first training example and each label word's tokens."""
 
     verb: ClassVar[str] = "pair"
+    instant: ClassVar[bool] = True
 
     def check(self) -> None:
         self.check_loading()
@@ -562,6 +568,7 @@ class FinetuneRequest(ReplicateFields, LoadFields, TaskFields):
     """Fine-tune a base model on a task and write a Hugging Face checkpoint folder (with --seeds, one per seed)."""
 
     verb: ClassVar[str] = "finetune"
+    trains: ClassVar[bool] = True
     writes: ClassVar[bool] = True
     base: str = arg(DEFAULT_BASE, H_BASE, metavar="REF", group="models")
     optimizer: str = arg(DEFAULT_RECIPE.optimizer, "sgd (the paper's recipe) or adamw", choices=tuple(LR_FOR),
@@ -764,6 +771,7 @@ class PredictRequest(GraftsFields):
     a completion region's prompt: pre-trained body, fine-tuned, each graft."""
 
     verb: ClassVar[str] = "predict"
+    instant: ClassVar[bool] = True
     texts: list[str] = arg([], "a sentence to classify, or a prompt for a completion region (repeatable)",
                            flag="--text", metavar="TEXT", list="repeat")
     pairs: list[str] = arg([], "its second text, for text-pair tasks (repeatable, one per --text)", flag="--pair",
@@ -847,6 +855,7 @@ class RegionsRequest(Request):
     fine-tuning gain of its latest evaluation (graftui evaluate, the app's Compare), filtered and sorted."""
 
     verb: ClassVar[str] = "runs"  # graftui.runs(): graftui.regions is the module of region files
+    instant: ClassVar[bool] = True
     aliases: ClassVar[tuple[str, ...]] = ("regions",)  # on the command line, graftui regions lists them too
     folder: str | None = arg(None, "folder of region files (default: $GRAFTUI_HOME/regions)", metavar="DIR")
     task: str | None = arg(None, "only regions learned on this task (its name, or its file's name)", metavar="REF")
@@ -946,6 +955,7 @@ class ExportRequest(LoadFields):
     """Write θ_pre + γ⊙(θ_ft − θ_pre) as a normal Hugging Face checkpoint folder."""
 
     verb: ClassVar[str] = "export"
+    instant: ClassVar[bool] = True
     writes: ClassVar[bool] = True
     region: str | None = arg(None, "skill patch, or region with --finetuned (default: the newest in "
                              "$GRAFTUI_HOME/regions)", metavar="FILE")
@@ -1001,6 +1011,7 @@ class MultitaskRequest(ReplicateFields, RecipeFields, LearnFields):
     every region to every task (Eq. 5), the union of a group of tasks and its purification (§5.1)."""
 
     verb: ClassVar[str] = "multitask"
+    trains: ClassVar[bool] = True
     writes: ClassVar[bool] = True
     base: str = arg(DEFAULT_BASE, H_BASE, metavar="REF", group="models")
     tasks: list[str] = arg(list(DEFAULT_MULTITASK_TASKS), "tasks of the multi-task model (two or more)", metavar="LIST",
@@ -1084,6 +1095,7 @@ class RetrainRequest(ReplicateFields, RecipeFields, RegionStudyFields):
     fine-tuned model, the graft and BitFit (biases only), on accuracy and ECE."""
 
     verb: ClassVar[str] = "retrain"
+    trains: ClassVar[bool] = True
     no_bitfit: bool = arg(False, "skip the BitFit baseline (train every bias, nothing else)")
     seed: int = arg(0, "seed of the training subsample and the batch order (the test examples are the same for every "
                     "seed)", metavar="N")
@@ -1100,6 +1112,7 @@ class ContinualRequest(ReplicateFields, RecipeFields, LearnFields):
     task is inferred with the union of the regions up to its own; against naive sequential fine-tuning."""
 
     verb: ClassVar[str] = "continual"
+    trains: ClassVar[bool] = True
     writes: ClassVar[bool] = True
     base: str = arg(DEFAULT_BASE, H_BASE, metavar="REF", group="models")
     tasks: list[str] = arg(list(DEFAULT_MULTITASK_TASKS), "the task sequence t_1 … t_n, in order (two or more)",
@@ -1132,6 +1145,7 @@ class ReproduceRequest(Request):
     figures); every step is saved as it finishes, so a run that stops resumes where it stopped."""
 
     verb: ClassVar[str] = "reproduce"
+    trains: ClassVar[bool] = True
     writes: ClassVar[bool] = True
     quick: bool = arg(False, "short fine-tunes, 300 test examples per task, fewer points per curve and a shorter task "
                       "sequence (about 15 minutes on 2 CPU cores, weaker models); the full run takes up to 2 hours")

@@ -695,8 +695,11 @@ def test_the_forms_defaults_submit_as_they_stand(monkeypatch, fast):
     jobs = []
 
     class Runner:
-        def submit(self, kind, title, fn, params=None, owner=None):
+        def submit(self, kind, title, fn, params=None, owner=None, **lane):
             jobs.append((kind, params))
+
+        def history(self):
+            return []
 
     box = {k: 0 if v is None else v for k, v in d.items()}  # what the page sends: a number box shows None as 0
     pair = {"base": "minilm", "finetuned": "minilm-movies", "task": "movies", "columns": {}}
@@ -717,8 +720,11 @@ def test_the_laboratorys_seeds_reach_its_requests(home, monkeypatch):
     jobs = []
 
     class Runner:
-        def submit(self, kind, title, fn, params=None, owner=None):
+        def submit(self, kind, title, fn, params=None, owner=None, **lane):
             jobs.append((kind, title, params))
+
+        def history(self):
+            return []
 
     actions.submit_multitask(Runner(), tasks=["movies", "amazon"], group=[], log_sparsity=-4, start="empty", steps=2,
                              purify_steps=0, examples_per_class=8, n=16, seeds="0, 1")
@@ -1022,7 +1028,7 @@ def test_a_waiting_job_shows_its_place_in_the_queue(tmp_path):
         assert "queued · next in the queue" in actions.job_line(runner, first)
         assert "queued · place 2 in the queue" in actions.job_line(runner, second)
         rows = {r["id"]: r for r in actions.job_rows(runner).to_dict("records")}
-        assert rows[second.id]["progress"] == "place 2 in the queue"
+        assert rows[second.id]["progress"] == "place 2 in the queue · start unknown (no past run of a job before it)"
         before = actions.job_signature(runner)
         runner.cancel(first.id)
         assert actions.job_signature(runner) != before  # the table follows the queue
@@ -1048,6 +1054,12 @@ def test_a_reloaded_page_says_which_job_runs_and_then_how_it_ended(home, monkeyp
         assert "Ready" not in banner and f"Running: **Localize 'movies' slowly** (job {job.id})" in banner, banner
         assert "1 more job(s) waiting" in banner
         assert actions.settled_banner(banner) is None  # while it runs, the banner stays
+        assert actions.banner_now(banner) is None  # ... as it is, while the job has not moved
+        with store.runner().runner._lock:
+            store.runner().runner.get(job.id).fraction = 0.95
+        now = actions.banner_now(banner)  # a banner read at load follows the job's progress
+        assert now.startswith(f"Running: **Localize 'movies' slowly** (job {job.id}) — 95 %") and "1 more job" in now
+        assert actions.banner_now(now) is None
     finally:
         release.set()
     store.runner().runner.wait(job.id, 30)
@@ -1224,13 +1236,14 @@ def test_the_try_box_is_one_prompt_for_completion_regions_and_sentences_otherwis
 
     runner = Runner()
 
-    def submit(runner, request, title):
-        runner.params, runner.title = request.as_dict(), title
+    def submit(runner, request, title, **lane):
+        runner.params, runner.title, runner.kinds = request.as_dict(), title, lane.get("region_kinds")
         return "job"
 
     monkeypatch.setattr(actions, "submit", submit)
     actions.submit_predict(runner, region_ids=["gen"], text="  Q: the day after Monday?\nA:  \n")
     assert runner.params["texts"] == ["Q: the day after Monday?\nA:"] and "prompt" in runner.title
+    assert runner.kinds == ["completion"]  # the lane knows what the regions' tasks are
     actions.submit_predict(runner, region_ids=["cls"], text="a fine film\n\nawful")
     assert runner.params["texts"] == ["a fine film", "awful"]
     with pytest.raises(RequestError, match="type a prompt"):

@@ -12,6 +12,8 @@ offline defaults and the files the server wrote itself (``graftui.hosted``).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import json
 import threading
 from collections import OrderedDict
@@ -67,16 +69,30 @@ LOCAL = Guard()
 # -- shared steps --------------------------------------------------------------------------------
 _pairs: "OrderedDict[tuple, ModelPair]" = OrderedDict()
 _pairs_lock = threading.Lock()
-PAIR_CACHE_SIZE = 2
+PAIR_CACHE_SIZE = 2  # pairs kept for the flows of the main scope; another scope keeps one of its own
+_scope: contextvars.ContextVar[str] = contextvars.ContextVar("graftui_pair_scope", default="")
+
+
+@contextlib.contextmanager
+def own_pairs(scope: str):
+    """Flows run inside load pairs of their own, cached apart from everyone else's: a pair's working model is
+    grafted in place, so flows that run at the same time (the job runner's two lanes) must not share one."""
+    token = _scope.set(scope)
+    try:
+        yield
+    finally:
+        _scope.reset(token)
 
 
 def load_pair(base: str, finetuned: str, spec: GraftableSpec = GraftableSpec(), *, options: LoadOptions = LoadOptions(),
               labels=None, allow_local: bool = True) -> ModelPair:
-    """A ModelPair, from a small cache: the working model is always left at pre body + FT head."""
+    """A ModelPair, from a small cache (one per ``own_pairs`` scope): the working model is always left at pre body
+    + FT head."""
     labels = tuple(labels) if labels else None
     if labels and pair_kind(finetuned, options, allow_local=allow_local) == "classifier":
         labels = None  # a classifier has its own labels: one cache entry whatever the task
-    key = (base, finetuned, spec, options, labels, allow_local)
+    scope = _scope.get()
+    key = (scope, base, finetuned, spec, options, labels, allow_local)
     with _pairs_lock:
         if key in _pairs:
             _pairs.move_to_end(key)
@@ -89,9 +105,10 @@ def load_pair(base: str, finetuned: str, spec: GraftableSpec = GraftableSpec(), 
     resolved = replace(options, **pair.loading_record())
     with _pairs_lock:
         _pairs[key] = pair
-        _pairs[(base, finetuned, spec, resolved, labels, allow_local)] = pair
-        while len({id(p) for p in _pairs.values()}) > PAIR_CACHE_SIZE:
-            _pairs.popitem(last=False)
+        _pairs[(scope, base, finetuned, spec, resolved, labels, allow_local)] = pair
+        mine = lambda: [k for k in _pairs if k[0] == scope]  # noqa: E731
+        while len({id(_pairs[k]) for k in mine()}) > (PAIR_CACHE_SIZE if not scope else 1):
+            del _pairs[mine()[0]]
     return pair
 
 

@@ -41,6 +41,9 @@ class TaskKind:
     verbs: tuple[str, ...] = ()  # the verbs that work on this kind (the documentation's table reads them)
     sparsity: float = DEFAULT_SPARSITY  # the budget of a request that names none (neither --sparsity nor --k)
     scores_ood: bool = False  # whether tasks of another distribution in its label space are scored (ood_note)
+    # whether scoring it seeds the process's random generators (lm-evaluation-harness does, then puts them back), so a
+    # job that trains meanwhile would not repeat: the app never runs its jobs beside another
+    seeds_globally: bool = False
 
     def owns(self, task) -> bool:
         return isinstance(task, self.task_type)

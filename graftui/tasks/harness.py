@@ -73,6 +73,7 @@ def _paired(a: torch.Tensor, b: torch.Tensor, metric: str, seed: int = TEST_SAMP
 
 class Harness(Completion):
     name = "lm-eval"
+    seeds_globally = True
     words = Words(score="harness metric", calibration="-", reference="pre-trained",
                   scored_by="lm-evaluation-harness's own metric", key="score")
     task_type = HarnessSkill

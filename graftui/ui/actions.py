@@ -10,6 +10,7 @@ result; splitting them by tab would split the one place a widget's value becomes
 
 from __future__ import annotations
 
+import contextlib
 import html
 import json
 import math
@@ -29,7 +30,8 @@ from ..data import OFFLINE_TASKS, all_as_test, preview
 from ..errors import ModelError, RegionError, RequestError
 from ..hosted import check_rows, check_upload, safe_name, save_upload
 from ..formatting import difference_value, minutes, num, pct
-from ..jobs import FINISHED, QUEUED, RUNNING, Job
+from ..flows.common import own_pairs
+from ..jobs import FINISHED, MAIN, QUEUED, RUNNING, Job
 from ..localizers import get_method
 from ..paths import atomic_write, new_path, short_ref
 from ..regions import RegionRecord, check_fits, listing_row, load as load_region_file, save, settings_of
@@ -41,7 +43,7 @@ from ..requests import (
 from ..scoring import MAX_DISAGREEMENTS as MAX_SHOWN, align_labels
 from ..flows.replicates import replicate_groups
 from ..tasks import CLASSIFICATION, COMPLETION_KIND, KINDS, kind_named, named_kind
-from . import store
+from . import lanes, store
 
 # -- jobs table ----------------------------------------------------------------------------------
 JOB_COLUMNS = ["id", "kind", "title", "status", "progress", "duration", "message"]
@@ -63,7 +65,7 @@ def job_rows(runner, limit: int = 40) -> pd.DataFrame:
             "kind": job.kind,
             "title": job.title,
             "status": job.status,
-            "progress": f"{100 * job.fraction:.0f} %" if job.status != QUEUED else queue_words(runner.place(job.id)),
+            "progress": f"{100 * job.fraction:.0f} %" if job.status != QUEUED else wait_words(runner, job),
             "duration": _duration(job),
             "message": job.error or job.message,
         })
@@ -73,14 +75,40 @@ def job_rows(runner, limit: int = 40) -> pd.DataFrame:
 def job_signature(runner) -> tuple:
     """Changes whenever anything shown in the jobs table changes."""
     return tuple((j.id, j.status, round(j.fraction, 2), j.message, int(j.duration or 0),
-                  runner.place(j.id) if j.status == QUEUED else None) for j in runner.jobs()[:40])
+                  wait_words(runner, j) if j.status == QUEUED else None) for j in runner.jobs()[:40])
 
 
-def queue_words(place: int | None) -> str:
-    """A waiting job's place in the queue, as the page says it."""
+def queue_words(place: int | None, lane: str = MAIN) -> str:
+    """A waiting job's place in its lane, as the page says it."""
     if not place:
         return ""
-    return "next in the queue" if place == 1 else f"place {place} in the queue"
+    where = "the queue" if lane == MAIN else "the quick lane"
+    return f"next in {where}" if place == 1 else f"place {place} in {where}"
+
+
+def about(seconds: float) -> str:
+    """A foreseen time, as coarse as a foresight is (so a line does not change at every tick)."""
+    if seconds < 10:
+        return "a few seconds"
+    if seconds < 90:
+        return f"about {10 * round(seconds / 10):.0f} s"
+    return f"about {seconds / 60:.0f} min"
+
+
+def when_words(expected: tuple[float, float | None] | None, waiting: bool) -> str:
+    """When a job is expected to start and end (``JobRunner.expected``), or why that is not known."""
+    if expected is None:
+        return " · start unknown (no past run of a job before it)" if waiting else ""
+    start, end = expected
+    if not waiting:
+        return "" if end is None else f" · {about(end)} left"
+    words = f" · starts in {about(start)}"
+    return words + (f", ends in {about(end)}" if end is not None else ", length unknown (no past run)")
+
+
+def wait_words(runner, job: Job) -> str:
+    """A waiting job's place in its lane, and when it is expected to start and end."""
+    return queue_words(runner.place(job.id), job.lane) + when_words(runner.expected(job.id), waiting=True)
 
 
 PACE_STEPS = 10  # the pace of a stage is measured over its last steps
@@ -170,13 +198,15 @@ def cancellable(job: Job | None) -> bool:
     return job is not None and job.status not in FINISHED
 
 
-def job_status_line(job: Job | None, place: int | None = None) -> str:
+def job_status_line(job: Job | None, place: int | None = None, when: str = "") -> str:
     """One Markdown line about a job: how far it is (its step, and the time left at its measured pace), or its
-    ``place`` in the queue while it waits, its result, or its error text when it failed (never a traceback)."""
+    ``place`` in its lane while it waits and ``when`` it is expected to start and end (``when_words``), its
+    result, or its error text when it failed (never a traceback)."""
     if job is None:
         return "No job yet."
-    running = f" — {100 * job.fraction:.0f} %{step_words(job)}" if job.status == RUNNING else ""
-    waiting = f" · {queue_words(place)}" if job.status == QUEUED and place else ""
+    steps = step_words(job)
+    running = f" — {100 * job.fraction:.0f} %{steps or when}" if job.status == RUNNING else ""
+    waiting = f" · {queue_words(place, job.lane)}{when}" if job.status == QUEUED and place else ""
     text = f"**{md(job.title)}** [{job.id}] · {job.status}{running}{waiting}"  # titles, messages and notes quote user text
     if job.status == "failed":
         return text + f"\n\n⚠️ {md(job.error)}"
@@ -199,14 +229,25 @@ def job_status_line(job: Job | None, place: int | None = None) -> str:
     return text
 
 
+def job_when(runner, job: Job | None) -> str:
+    """``when_words`` of a job that waits or runs, from ``runner``."""
+    if job is None or job.status in FINISHED:
+        return ""
+    return when_words(runner.expected(job.id), waiting=job.status == QUEUED)
+
+
 def job_line(runner, job: Job | None) -> str:
-    """``job_status_line`` with the job's place in ``runner``'s queue."""
-    return job_status_line(job, runner.place(job.id) if job is not None and job.status == QUEUED else None)
+    """``job_status_line`` with the job's place in ``runner``'s lane, and when it should start and end."""
+    return job_status_line(job, runner.place(job.id) if job is not None and job.status == QUEUED else None,
+                           job_when(runner, job))
 
 
 def submitted_line(job: Job) -> str:
-    """The banner after a submission; ``settled_banner`` replaces it when the job ends."""
-    return f"Submitted **{md(job.title)}** (job {job.id}); it runs in the background, see its progress below."
+    """The banner after a submission, with its lane and the default model it builds first (``lanes.plan_words``);
+    ``settled_banner`` replaces it when the job ends."""
+    more = lanes.plan_words(job, lanes.default_to_build((job.params or {}).get("finetuned")))
+    return (f"Submitted **{md(job.title)}** (job {job.id}); it runs in the background, see its progress below."
+            + (f" {more}" if more else ""))
 
 
 def active_banner(runner) -> str | None:
@@ -217,11 +258,16 @@ def active_banner(runner) -> str | None:
     waiting = [j for j in reversed(jobs) if j.status == QUEUED]  # oldest first
     if not running and not waiting:
         return None
-    job = (running or waiting)[0]
+    return job_banner(runner, (running or waiting)[0])
+
+
+def job_banner(runner, job: Job) -> str:
+    """The banner of one job that runs or waits, with how many others wait (``active_banner``)."""
+    waiting = [j for j in runner.jobs() if j.status == QUEUED]
     if job.status == RUNNING:
         text = f"Running: **{md(job.title)}** (job {job.id}) — {100 * job.fraction:.0f} %{step_words(job)}"
     else:
-        text = f"Waiting: **{md(job.title)}** (job {job.id}), {queue_words(runner.place(job.id)) or 'in the queue'}"
+        text = f"Waiting: **{md(job.title)}** (job {job.id}), {wait_words(runner, job) or 'in the queue'}"
     more = len(waiting) - (job.status == QUEUED)
     if more:
         text += f"; {more} more job(s) waiting"
@@ -229,6 +275,24 @@ def active_banner(runner) -> str | None:
 
 
 _SUBMITTED = re.compile(r"(?:Submitted|Running:|Waiting:) \*\*.*\*\* \(job ([^)\s]+)\)", re.S)
+
+
+def banner_now(banner) -> str | None:
+    """The banner as it should read now, or None where it already does: once the job it announces has ended,
+    ``settled_banner``; while a job a reloaded page announced ("Running:", "Waiting:") still runs or waits, its
+    progress now, not as it was when the page opened."""
+    settled = settled_banner(banner)
+    if settled is not None:
+        return settled
+    m = _SUBMITTED.match(banner or "")
+    if m is None or banner.startswith("Submitted"):
+        return None
+    runner = store.runner()
+    job = runner.get(m.group(1))
+    if job is None or job.status in FINISHED:
+        return None
+    now = job_banner(runner, job)
+    return None if now == banner else now
 
 
 def settled_banner(banner) -> str | None:
@@ -273,20 +337,25 @@ def per_class(value) -> int | None:
     return None if n == DEFAULT_EXAMPLES_PER_CLASS else n
 
 
-def submit(runner, request, title: str, on_result=None, kind: str | None = None) -> Job:
-    """Validate ``request`` now (a bad field is a one-line message, no job), then run its flow as a job.
+def submit(runner, request, title: str, on_result=None, kind: str | None = None, region_kinds=()) -> Job:
+    """Validate ``request`` now (a bad field is a one-line message, no job), then run its flow as a job, in the lane
+    ``lanes.plan`` gives it (``region_kinds``: the kinds of the regions it reads); a job in the quick lane loads
+    models of its own, since the main lane's may be grafted at the same time.
 
     The job's params are the request, so any result shows, and re-runs from, what made it.
     """
 
     hosted.check_request(request, store.guard())  # hosted: also the ceilings on work, and every path it names
+    kind = kind or request.verb
+    plan = lanes.plan(request, kind, runner.history(), region_kinds)
 
     def fn(ctx) -> dict:
-        result = flows.run(request, progress=ctx.report, cancel=ctx.cancel, guard=store.guard())
+        with own_pairs(plan.lane) if plan.lane != MAIN else contextlib.nullcontext():
+            result = flows.run(request, progress=ctx.report, cancel=ctx.cancel, guard=store.guard())
         doc = result.as_dict()
         return on_result(result, doc) if on_result else doc
 
-    return runner.submit(kind or request.verb, title, fn, request.as_dict())
+    return runner.submit(kind, title, fn, request.as_dict(), lane=plan.lane, estimate=plan.estimate)
 
 
 def prompt_fields(head=None, template=None, label_words=None) -> dict:
@@ -527,7 +596,7 @@ def submit_compare(runner, *, region_ids: list[str], ood: list[str], n, baseline
     request = EvaluateRequest(regions=_paths(region_ids), ood=list(ood or []), n=whole(n), baselines=bool(baselines),
                               ood_labels=(ood_labels or "").strip() or None)
     title = f"Compare {len(region_ids)} region(s)" + (f" + {len(ood)} OOD task(s)" if ood else "")
-    return submit(runner, request, title, kind="compare")
+    return submit(runner, request, title, kind="compare", region_kinds=store.region_kinds(region_ids))
 
 
 def predict_kind(region_ids) -> str:
@@ -552,7 +621,8 @@ def submit_predict(runner, *, region_ids: list[str], text: str) -> Job:
     kind = kind_named(predict_kind(region_ids))
     texts = kind.try_texts(text)
     request = PredictRequest(regions=_paths(region_ids), texts=texts)
-    return submit(runner, request, f"{kind.try_title(texts)} with {len(region_ids)} region(s)")
+    return submit(runner, request, f"{kind.try_title(texts)} with {len(region_ids)} region(s)",
+                  region_kinds=store.region_kinds(region_ids))
 
 
 PREDICT_COLUMNS = list(CLASSIFICATION.predict_columns)
@@ -600,7 +670,7 @@ def submit_compose(runner, *, region_ids: list[str], resolve: str, n, stitch: bo
         return {**doc, "region": out.stem}
 
     title = f"Compose {len(paths)} regions (overlaps: {resolve}) and evaluate on each region's task"
-    return submit(runner, request, title, saved)
+    return submit(runner, request, title, saved, region_kinds=store.region_kinds(region_ids))
 
 
 def _over_seeds(request) -> str:
@@ -633,7 +703,8 @@ def submit_wise(runner, *, region_id: str, alphas: str, ood: list[str], n, over_
     request = WiseRequest(region=_paths([region_id] if region_id else [])[0], alphas=parse_alphas(alphas),
                           ood=list(ood) if ood else None, n=whole(n), replicates=_paths(others) if others else None)
     over = f" · mean over its {len(others) + 1} seeds" if others else ""
-    return submit(runner, request, f"WiSE curves of {region_id} ({len(request.alphas)} values of α){over}")
+    return submit(runner, request, f"WiSE curves of {region_id} ({len(request.alphas)} values of α){over}",
+                  region_kinds=store.region_kinds([region_id]))
 
 
 def submit_retrain(runner, *, region_id: str, epochs, train_examples, n) -> Job:
@@ -729,7 +800,8 @@ def submit_ablation(runner, *, region_id: str, n) -> Job:
     n = whole(n)
     request = AnatomyRequest.make(region=str(store.region_path(region_id)), ablate=True,
                                   **({} if n is None else {"n": n}))
-    return submit(runner, request, f"What each part of {region_id} is worth (n = {request.n})")
+    return submit(runner, request, f"What each part of {region_id} is worth (n = {request.n})",
+                  region_kinds=store.region_kinds([region_id]))
 
 
 # -- result tables ------------------------------------------------------------------------------

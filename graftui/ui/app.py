@@ -77,11 +77,12 @@ def build_app() -> gr.Blocks:
 
 FORM_KEY = "graftui-form"
 # Each browser tab keeps its own form (sessionStorage: a reload of the tab keeps it, another tab has its own); the
-# form stored last by any tab (localStorage) is where a new tab starts.
-REMEMBER_JS = """(...values) => {{ const keys = {keys}, form = {{}};
-  keys.forEach((key, i) => {{ form[key] = values[i]; }});
-  const text = JSON.stringify(form);
-  for (const store of [sessionStorage, localStorage]) {{ try {{ store.setItem("{key}", text); }} catch (e) {{}} }} }}"""
+# form stored last by any tab (localStorage) is where a new tab starts, without what is the tab's own (the jobs its
+# panels show).
+REMEMBER_JS = """(...values) => {{ const keys = {keys}, own = {own}, form = {{}}, shared = {{}};
+  keys.forEach((key, i) => {{ form[key] = values[i]; if (!own.includes(key)) shared[key] = values[i]; }});
+  try {{ sessionStorage.setItem("{key}", JSON.stringify(form)); }} catch (e) {{}}
+  try {{ localStorage.setItem("{key}", JSON.stringify(shared)); }} catch (e) {{}} }}"""
 RECALL_JS = """(sid) => {{ let text = null;
   for (const store of [sessionStorage, localStorage]) {{ try {{ text = text || store.getItem("{key}"); }} catch (e) {{}} }}
   return [sid, text || "{{}}"]; }}"""  # the page's inputs: its session id, then the form as stored
@@ -89,13 +90,14 @@ MAX_FORM_CHARS = 200_000  # a stored form is the page's own widgets' values; a l
 
 
 def keep_form(page: Page, loaded) -> None:
-    """This browser tab keeps the form's values (pair, task, OOD tasks and mapping, columns, prompt, settings); a
-    reload puts them back once the session is known, so an uploaded task is among the choices again."""
+    """This browser tab keeps the form's values (pair, task, OOD tasks and mapping, columns, prompt, settings) and
+    the job each of its panels shows; a reload puts them back once the session is known, so an uploaded task is among
+    the choices again, and a job another tab submitted since does not replace this tab's own."""
     form = gr.Textbox("{}", visible=False, elem_id="form-recalled")
-    kept = page.kept
+    kept = {**page.kept, **page.tab_kept}
     columns_kept = {"text_column", "pair_column", "label_column"}
     gr.on([c.change for c in kept.values()], None, list(kept.values()), None, show_progress="hidden", queue=False,
-          js=REMEMBER_JS.format(keys=json.dumps(list(kept)), key=FORM_KEY))
+          js=REMEMBER_JS.format(keys=json.dumps(list(kept)), own=json.dumps(list(page.tab_kept)), key=FORM_KEY))
 
     def restore(text):
         try:
@@ -108,6 +110,8 @@ def keep_form(page: Page, loaded) -> None:
             value = saved.get(key)
             if key not in saved or value is None:
                 out.append(gr.skip())
+            elif key in page.tab_kept:  # a job picker: a job id, looked up among the session's own jobs only
+                out.append(gr.update(value=value) if isinstance(value, str) and len(value) <= 64 else gr.skip())
             elif key == "task":
                 out.append(gr.update(choices=models.task_choices(), value=value))
             elif key == "ood":

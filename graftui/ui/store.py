@@ -34,7 +34,7 @@ from ..tasks import CLASSIFICATION, region_kind
 from ..hosted import check_disk, own_dir
 
 from ..flows.common import clear_cache, save_new
-from ..jobs import QUEUED, RUNNING, JobRunner
+from ..jobs import MAIN, QUEUED, RUNNING, JobRunner
 from ..models import checkpoint_record
 from ..training import is_built
 from ..paths import DATA_SUFFIXES, atomic_write, short_ref
@@ -101,6 +101,15 @@ class Jobs:
         """A visible waiting job's place in the queue (1: next), among every session's jobs; None once it runs."""
         return self.runner.place(job_id) if self.get(job_id) is not None else None
 
+    def expected(self, job_id: str) -> tuple[float, float | None] | None:
+        """When a visible job is expected to start and end, in seconds from now (``JobRunner.expected``)."""
+        return self.runner.expected(job_id) if self.get(job_id) is not None else None
+
+    def history(self) -> list:
+        """Every session's finished jobs, newest first: only their kinds, settings and lengths are read from them,
+        to foresee how long a job will take (``lanes.plan``)."""
+        return [j for j in self.runner.jobs() if j.finished is not None]
+
     def wait(self, job_id: str, timeout: float | None = None):
         return self.runner.wait(job_id, timeout) if self.get(job_id) else None
 
@@ -117,12 +126,15 @@ class Jobs:
         self.check_cancel(job_id)
         return self.runner.cancel(job_id)
 
-    def submit(self, kind: str, title: str, fn, params: dict | None = None, server: bool = False):
-        """Queue ``fn``; an identical job of this session still waiting or running is returned instead (a double
-        click queues one job). Hosted, a job counts against its session's and its client address's quotas, which a
-        fresh session does not reset (``server``: the server's own job)."""
+    def submit(self, kind: str, title: str, fn, params: dict | None = None, server: bool = False, lane: str = MAIN,
+               estimate: float | None = None):
+        """Queue ``fn`` in ``lane``; an identical job of this session still waiting or running is returned instead (a
+        double click queues one job). Hosted, a job counts against its session's and its client address's quotas, in
+        both lanes, which a fresh session does not reset (``server``: the server's own job)."""
+        more = {"lane": lane, "estimate": estimate}
         if not settings.hosted() or server:
-            return self.runner.submit(kind, title, fn, params, owner=None if server else self.owner, dedupe=not server)
+            return self.runner.submit(kind, title, fn, params, owner=None if server else self.owner, dedupe=not server,
+                                      **more)
         if self.owner is None:
             settings.workspace()  # raises: no live session
         address = session_client(self.owner)
@@ -143,7 +155,8 @@ class Jobs:
                 raise SessionError(f"the server is busy ({len(active)} job(s) waiting or running); try again in a few "
                                    "minutes")
 
-        return self.runner.submit(kind, title, fn, params, owner=self.owner, dedupe=True, client=address, admit=admit)
+        return self.runner.submit(kind, title, fn, params, owner=self.owner, dedupe=True, client=address, admit=admit,
+                                  **more)
 
 
 # -- sessions (hosted mode) ----------------------------------------------------------------------

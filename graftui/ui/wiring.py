@@ -285,7 +285,8 @@ def job_panel(sig_state, kinds, picker, status_md, outputs, render, latest_label
         listing = tuple((j.id, j.status) for j in runner.jobs() if j.kind in kinds)
         shown = None if job is None else (job.id, job.status)
         place = runner.place(job.id) if job is not None and job.status == QUEUED else None
-        line = None if job is None else (len(job.progress), round(job.fraction, 3), job.message, place)
+        when = actions.job_when(runner, job)  # coarse: it changes every few ticks, not at each
+        line = None if job is None else (len(job.progress), round(job.fraction, 3), job.message, place, when)
         running = job is not None and job.status == "running"
         another = last is None or shown != last[1]  # another job, or another status: the Cancel button follows
         new_list, new_line, redraw, state = panel_changes(last, listing, shown, line, running, time.monotonic())
@@ -293,7 +294,7 @@ def job_panel(sig_state, kinds, picker, status_md, outputs, render, latest_label
         if not (new_list or new_line or redraw):
             return (gr.skip(), gr.skip(), *[gr.skip() for _ in outputs], *button, state)
         picker_update = gr.update(choices=[(latest_label, "")] + actions.job_choices(runner, kinds)) if new_list else gr.skip()
-        status_update = actions.job_status_line(job, place) if new_line else gr.skip()
+        status_update = actions.job_status_line(job, place, when) if new_line else gr.skip()
         figures_out = render(job) if redraw else [gr.skip() for _ in outputs]
         return (picker_update, status_update, *figures_out, *button, state)
 
@@ -345,7 +346,7 @@ class Poll:
                 for _, ins, outs in parts]
 
         def tick(banner, *values):
-            settled = actions.settled_banner(banner)  # "Submitted…" once its job has ended
+            settled = actions.banner_now(banner)  # "Submitted…" once its job has ended; "Running: … %" as it runs
             out, at, problem = [], 0, gr.skip() if settled is None else settled
             for (fn, ins, outs), states in zip(parts, kept):
                 mine = values[at:at + len(ins)]
@@ -397,6 +398,7 @@ class Page:
     defaults: dict  # store.defaults(): what the number widgets start with
     poll: Poll = field(default_factory=Poll)
     kept: dict = field(default_factory=dict)  # form key -> widget: the browser keeps its value across reloads
+    tab_kept: dict = field(default_factory=dict)  # the same, for this browser tab alone: a new tab starts without them
     cancel_buttons: dict = field(default_factory=dict)  # id(picker) -> (its Cancel button, the button's label)
     panels: dict = field(default_factory=dict)  # tab -> its panels' States, forgotten when the tab opens
     region_pickers: list = field(default_factory=list)  # (dropdown, several): refreshed when regions change
@@ -484,7 +486,8 @@ class Page:
                                          self.cancel_buttons.get(id(picker)))
         self.poll.add(polled, inputs, outs, tab=tab)
         self.panels.setdefault(tab, []).append(sig_state)
-        if fixed_state is None:
+        if fixed_state is None and picker.elem_id:
+            self.tab_kept[picker.elem_id] = picker  # the job this browser tab shows, whatever another tab submits
             self.on(picker.change, self.quiet(lambda picked, fn=polled: (*fn(picked, None), gr.skip())), [picker],
                     [*outs, self.status])
 

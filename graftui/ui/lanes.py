@@ -1,0 +1,93 @@
+"""Which of the job runner's two lanes a job runs in, and how long it is expected to take.
+
+The quick lane runs beside long jobs, so that what takes seconds is never held behind them: an instant verb
+(``Request.instant``: a prediction, an export, an anatomy), and any other job whose same settings took at most
+QUICK_SECONDS here before. Two kinds of job always take the main lane: one that trains (``Request.trains``) or scores
+a task whose kind seeds the process's random generators (``TaskKind.seeds_globally``), since either would change a
+seeded run beside it; and one that first builds a default fine-tuned model (minutes, and training).
+
+A job's expected length is the median of the last runs of the same job (same verb and settings, wherever it
+writes; regions and texts counted, not named) on this server, plus the build of a default model it needs; unknown
+until such a job has run once.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+from ..config import DEFAULT_BUILD_SECONDS, default_checkpoint_dir, is_default_finetuned
+from ..jobs import DONE, MAIN, QUICK, Job
+from ..paths import short_ref
+from ..tasks import kind_named, named_kind
+from ..training import is_built
+
+QUICK_SECONDS = 60.0  # a job expected to take at most this long runs in the quick lane
+HISTORY_RUNS = 3  # the expected length is the median of the same job's last runs
+COUNTED = ("regions", "texts")  # fields a job's length depends on by their number, not their names
+WHERE = ("out", "keep")  # fields that only say where a job writes
+
+
+@dataclass(frozen=True)
+class Plan:
+    lane: str
+    estimate: float | None  # seconds, the build included; None: not known yet
+    builds: str | None = None  # the default fine-tuned model the job builds first
+
+
+def shape(params: dict | None) -> tuple:
+    """What decides a job's length among its request's fields: every field but where it writes, and of the regions
+    and texts their number."""
+    out = []
+    for key, value in sorted((params or {}).items()):
+        if key in WHERE:
+            continue
+        if key in COUNTED and isinstance(value, (list, tuple)):
+            value = len(value)
+        out.append((key, repr(value)))
+    return tuple(out)
+
+
+def typical_seconds(history: list[Job], kind: str, params: dict) -> float | None:
+    """The median length of the last HISTORY_RUNS finished runs of the same job (``history``: newest first)."""
+    want = shape(params)
+    runs = [j.duration for j in history if j.kind == kind and j.status == DONE and j.duration is not None
+            and shape(j.params) == want][:HISTORY_RUNS]
+    return statistics.median(runs) if runs else None
+
+
+def default_to_build(ref) -> str | None:
+    """The default fine-tuned model ``ref`` names when it is not built yet (a job with it builds it first)."""
+    ref = str(ref or "").strip().lower()
+    if is_default_finetuned(ref) and not is_built(default_checkpoint_dir(ref)):
+        return ref
+    return None
+
+
+def seeds_globally(request, region_kinds: list[str]) -> bool:
+    """Whether the request scores a task of a kind that seeds the process's random generators (its own task, or the
+    kinds of the regions it reads)."""
+    kinds = [named_kind(getattr(request, "task", None))] + [kind_named(k) for k in region_kinds]
+    return any(k is not None and k.seeds_globally for k in kinds)
+
+
+def plan(request, kind: str, history: list[Job], region_kinds: list[str] = ()) -> Plan:
+    """The lane and expected length of the job that runs ``request`` as ``kind``, given the server's past jobs."""
+    builds = default_to_build(getattr(request, "finetuned", None))
+    typical = typical_seconds(history, kind, request.as_dict())
+    estimate = None if typical is None else typical + (DEFAULT_BUILD_SECONDS.get(builds, 0.0) if builds else 0.0)
+    shares = not (request.trains or builds or seeds_globally(request, list(region_kinds)))
+    short = request.instant or (typical is not None and typical <= QUICK_SECONDS)
+    return Plan(QUICK if shares and short else MAIN, estimate, builds)
+
+
+def plan_words(job: Job, builds: str | None = None) -> str:
+    """What a submission says of its job's lane, and of the default model it builds first."""
+    words = []
+    if builds:
+        build = DEFAULT_BUILD_SECONDS.get(builds)
+        about = f" (about {build / 60:.0f} min on 2 CPU cores)" if build else ""
+        words.append(f"It first builds the default fine-tuned model **{short_ref(builds)}**{about}, once.")
+    if job.lane == QUICK:
+        words.append("It is short, so it runs in the quick lane, beside longer jobs.")
+    return " ".join(words)

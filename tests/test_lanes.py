@@ -1,0 +1,176 @@
+"""The job runner's two lanes: a short job beside a long one, foreseen start and end times, which lane a request
+takes (``ui.lanes``), and the models a lane loads for itself."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from graftui.jobs import DONE, MAIN, QUEUED, QUICK, RUNNING, Job, JobRunner
+
+
+def _blocker(started: threading.Event, release: threading.Event):
+    return lambda ctx: started.set() or release.wait(30) and {}
+
+
+def test_a_quick_job_finishes_while_a_long_one_runs_and_waits_in_its_lane_only(tmp_path):
+    runner = JobRunner(tmp_path)
+    release, started = threading.Event(), threading.Event()
+    try:
+        long = runner.submit("localize", "long", _blocker(started, release))
+        waits = runner.submit("localize", "behind the long one", lambda ctx: {})
+        quick = runner.submit("predict", "quick", lambda ctx: {"ok": 1}, lane=QUICK)
+        assert started.wait(10)
+        assert runner.wait(quick.id, 10).status == DONE  # not held behind the long job
+        assert runner.get(long.id).status == RUNNING and runner.get(waits.id).status == QUEUED
+        assert runner.place(waits.id) == 1
+    finally:
+        release.set()
+    assert runner.wait(waits.id, 10).status == DONE
+
+
+def test_a_lane_that_does_not_exist_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="no lane 'fast'"):
+        JobRunner(tmp_path).submit("predict", "x", lambda ctx: {}, lane="fast")
+
+
+def test_start_and_end_are_foreseen_from_what_runs_and_waits_before_a_job(tmp_path):
+    runner = JobRunner(tmp_path)
+    release, started = threading.Event(), threading.Event()
+    try:
+        running = runner.submit("localize", "runs", _blocker(started, release), estimate=100.0)
+        a = runner.submit("localize", "a", lambda ctx: {}, estimate=30.0)
+        b = runner.submit("localize", "b", lambda ctx: {})  # never run here: its own end is unknown
+        c = runner.submit("localize", "c", lambda ctx: {}, estimate=5.0)
+        beside = runner.submit("predict", "beside", _blocker(threading.Event(), release), lane=QUICK, estimate=3.0)
+        assert started.wait(10)
+        t0 = runner.get(running.id).started
+        assert runner.expected(running.id, now=t0 + 10) == pytest.approx((0.0, 90.0))
+        assert runner.expected(a.id, now=t0 + 10) == pytest.approx((90.0, 120.0))
+        assert runner.expected(b.id, now=t0 + 10) == pytest.approx((120.0, None))
+        assert runner.expected(c.id, now=t0 + 10) is None  # b, before it, has no estimate
+        with runner._lock:  # half way after 40 s: its own pace, not its estimate, foretells its end
+            runner.get(running.id).fraction = 0.5
+        assert runner.expected(a.id, now=t0 + 40) == pytest.approx((40.0, 70.0))
+        with runner._lock:
+            runner.get(running.id).fraction = 0.0
+        assert runner.expected(a.id, now=t0 + 500) == pytest.approx((0.0, 30.0))  # past its estimate: not below 0
+        assert runner.get(beside.id).lane == QUICK and runner.expected(beside.id) is not None
+        assert runner.place(beside.id) is None or runner.place(beside.id) == 1  # its own lane, not behind a, b, c
+    finally:
+        release.set()
+    assert runner.wait(c.id, 10).status == DONE and runner.expected(c.id) is None  # ended: nothing to foresee
+
+
+def test_lanes_survive_a_restart_and_old_records_without_one_read_as_main(tmp_path):
+    import json
+    runner = JobRunner(tmp_path)
+    job = runner.submit("predict", "p", lambda ctx: {}, lane=QUICK, estimate=2.0)
+    assert runner.wait(job.id, 10).status == DONE
+    record = tmp_path / job.id / "job.json"
+    again = JobRunner(tmp_path).get(job.id)
+    assert (again.lane, again.estimate) == (QUICK, 2.0)
+    data = json.loads(record.read_text())
+    del data["lane"], data["estimate"]
+    record.write_text(json.dumps(data))
+    assert JobRunner(tmp_path).get(job.id).lane == MAIN
+    data["lane"] = 3
+    record.write_text(json.dumps(data))
+    assert JobRunner(tmp_path).get(job.id).kind == "damaged"
+
+
+# -- which lane a request takes ------------------------------------------------------------------
+def _done(kind, params, seconds, finished=1000.0) -> Job:
+    return Job(id=f"j{seconds}", kind=kind, title="t", params=params, status=DONE, started=finished - seconds,
+               finished=finished)
+
+
+def test_a_request_takes_the_quick_lane_when_instant_or_short_before(monkeypatch):
+    from graftui.requests import FinetuneRequest, LocalizeRequest, PredictRequest
+    from graftui.ui import lanes
+
+    monkeypatch.setattr(lanes, "is_built", lambda folder: True)
+    predict = PredictRequest(regions=["/r/a.safetensors"], texts=["fine"])
+    assert lanes.plan(predict, "predict", []) == lanes.Plan(QUICK, None, None)
+    req = LocalizeRequest(base="minilm", finetuned="minilm-movies", task="movies", steps=5, out="/x/one.safetensors")
+    assert lanes.plan(req, "localize", []) == lanes.Plan(MAIN, None, None)  # never run here: not known to be short
+    past = [_done("localize", {**req.as_dict(), "out": "/x/two.safetensors"}, s) for s in (20.0, 40.0, 500.0)]
+    assert lanes.plan(req, "localize", past[:2]) == lanes.Plan(QUICK, 30.0, None)  # where it wrote does not matter
+    assert lanes.plan(req, "localize", past) == lanes.Plan(QUICK, 40.0, None)  # the median of its last runs
+    assert lanes.plan(req, "localize", past[2:]).lane == MAIN  # 500 s is long
+    other = LocalizeRequest(base="minilm", finetuned="minilm-movies", task="movies", steps=50)
+    assert lanes.plan(other, "localize", past[:2]) == lanes.Plan(MAIN, None, None)  # other settings: not known
+    assert lanes.plan(req, "compare", past[:2]).estimate is None  # another kind of job
+    ft = FinetuneRequest(base="minilm", task="movies")
+    assert lanes.plan(ft, "finetune", [_done("finetune", ft.as_dict(), 5.0)]) == lanes.Plan(MAIN, 5.0, None)  # trains
+
+
+def test_a_job_that_builds_a_default_model_or_runs_the_harness_takes_the_main_lane(monkeypatch):
+    from graftui.config import DEFAULT_BUILD_SECONDS
+    from graftui.requests import LocalizeRequest
+    from graftui.ui import lanes
+
+    monkeypatch.setattr(lanes, "is_built", lambda folder: False)
+    req = LocalizeRequest(base="smollm2", finetuned="smollm2-dates", task="dates")
+    past = [_done("localize", req.as_dict(), 20.0)]
+    assert lanes.plan(req, "localize", past) == lanes.Plan(MAIN, 20.0 + DEFAULT_BUILD_SECONDS["smollm2-dates"],
+                                                           "smollm2-dates")
+    job = Job(id="x", kind="localize", title="t", params=req.as_dict())
+    assert "builds the default fine-tuned model **smollm2-dates** (about 4 min" in lanes.plan_words(job, "smollm2-dates")
+    monkeypatch.setattr(lanes, "is_built", lambda folder: True)
+    assert lanes.plan(req, "localize", past).lane == QUICK
+    harness = LocalizeRequest(base="smollm2", finetuned="smollm2-dates", task="lm-eval:graftui_dates")
+    assert lanes.plan(harness, "localize", [_done("localize", harness.as_dict(), 20.0)]).lane == MAIN
+    assert lanes.plan(req, "localize", past, region_kinds=["lm-eval"]).lane == MAIN
+
+
+def test_the_page_says_when_a_waiting_job_should_start_and_end(tmp_path):
+    from graftui.ui import actions
+
+    runner = JobRunner(tmp_path)
+    release, started = threading.Event(), threading.Event()
+    try:
+        runner.submit("localize", "runs", _blocker(started, release), estimate=600.0)
+        waits = runner.submit("compare", "waits", lambda ctx: {}, estimate=45.0)
+        quick = runner.submit("predict", "beside", _blocker(threading.Event(), release), lane=QUICK)
+        assert started.wait(10)
+        line = actions.job_line(runner, runner.get(waits.id))
+        assert "next in the queue · starts in about 10 min, ends in about 11 min" in line
+        assert actions.wait_words(runner, runner.get(waits.id)).startswith("next in the queue · starts in about 10 min")
+        time.sleep(0.2)
+        assert "quick lane" in actions.submitted_line(runner.get(quick.id))
+        assert [actions.about(s) for s in (3, 44, 46, 89, 95, 3600)] == [
+            "a few seconds", "about 40 s", "about 50 s", "about 90 s", "about 2 min", "about 60 min"]
+    finally:
+        release.set()
+
+
+# -- the models a lane loads for itself ---------------------------------------------------------
+def test_flows_in_their_own_scope_load_a_pair_of_their_own(monkeypatch):
+    from graftui.flows import common
+
+    class Pair:
+        def to(self, device):
+            return self
+
+        def loading_record(self):
+            return {}
+
+    loads = []
+    monkeypatch.setattr(common.ModelPair, "load", classmethod(lambda cls, *a, **k: loads.append(a) or Pair()))
+    monkeypatch.setattr(common, "pair_kind", lambda *a, **k: "classifier")
+    common.clear_cache()
+    try:
+        main = common.load_pair("b", "f")
+        assert common.load_pair("b", "f") is main
+        with common.own_pairs(QUICK):
+            mine = common.load_pair("b", "f")
+            assert mine is not main and common.load_pair("b", "f") is mine
+            other = common.load_pair("b", "g")  # a scope of its own keeps one pair
+            assert common.load_pair("b", "f") is not mine
+        assert common.load_pair("b", "f") is main  # the main scope's pair was never dropped for the other's
+        assert len(loads) == 4 and other is not main
+    finally:
+        common.clear_cache()
