@@ -174,3 +174,12 @@ def test_flows_in_their_own_scope_load_a_pair_of_their_own(monkeypatch):
         assert len(loads) == 4 and other is not main
     finally:
         common.clear_cache()
+
+
+def test_the_pair_check_says_how_long_a_default_model_takes_to_build_before_any_job(monkeypatch):
+    from graftui.errors import ModelError
+    from graftui.ui import actions, store
+
+    monkeypatch.setattr(store, "default_ready", lambda key=None: False)
+    with pytest.raises(ModelError, match=r"'smollm2-dates-lora' is built on first use: .* about 8 min on 2 CPU cores"):
+        actions.check_pair("smollm2", "smollm2-dates-lora")

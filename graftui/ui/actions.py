@@ -23,8 +23,8 @@ from pathlib import Path
 import pandas as pd
 
 from .. import bundle, card, flows, hosted, settings
-from ..config import (BODY_LABELS, DEFAULT_BASE, DEFAULT_EXAMPLES_PER_CLASS, DEFAULT_FINETUNED, DEFAULT_FINETUNED_REFS,
-                      FT_LABEL, Budget, GraftableSpec, is_default_finetuned)
+from ..config import (BODY_LABELS, DEFAULT_BASE, DEFAULT_BUILD_SECONDS, DEFAULT_EXAMPLES_PER_CLASS, DEFAULT_FINETUNED,
+                      DEFAULT_FINETUNED_REFS, FT_LABEL, Budget, GraftableSpec, is_default_finetuned)
 from ..completion import OFFLINE_SKILLS
 from ..data import OFFLINE_TASKS, all_as_test, preview
 from ..errors import ModelError, RegionError, RequestError
@@ -381,8 +381,9 @@ def check_pair(base: str, finetuned: str, prompt: dict | None = None, task: str 
         if finetuned.strip().lower() == DEFAULT_FINETUNED:
             raise ModelError(f"'{finetuned}' is still being prepared: follow the 'Prepare default model' job below, then "
                              "check again")
+        build = DEFAULT_BUILD_SECONDS.get(finetuned.strip().lower(), 300)
         raise ModelError(f"'{finetuned}' is built on first use: start a localization with it (the job builds it first, "
-                         "a few minutes on a CPU), then check again")
+                         f"about {build / 60:.0f} min on 2 CPU cores, in the main lane), then check again")
     return flows.pair(pair_request(base, finetuned, prompt, task, columns), guard=store.guard()).pair
 
 
