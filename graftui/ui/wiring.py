@@ -223,6 +223,20 @@ def submitted(job, kinds: tuple[str, ...], latest_label: str) -> tuple:
     return actions.submitted_line(job), picker_for(kinds, latest_label, job), gr.skip()
 
 
+ANSWER_SECONDS = 20.0  # how long a Run button of instant work waits for its job's answer before leaving it to the panel
+
+
+def answered(job, kinds: tuple[str, ...], latest_label: str, render, seconds: float = ANSWER_SECONDS) -> tuple:
+    """What the Run button of instant work (a quick-lane job: a prediction) answers: as ``submitted``, and once the job
+    has ended within ``seconds``, its status line and ``render(job)`` at once, not at the panel's next tick."""
+    runner = store.runner()
+    done = runner.wait(job.id, seconds)
+    if done is None or done.status not in actions.FINISHED:
+        return (*submitted(job, kinds, latest_label), *[gr.skip() for _ in render(None)])
+    return (actions.submitted_line(job), picker_for(kinds, latest_label, job), actions.job_line(runner, done),
+            *render(done))
+
+
 JOB_FORMS = {  # which request field fills which widget when a panel shows a job (None: the widget's own value)
     "localize": ["method", ("sparsity", lambda v: math.log10(v) if v else None), "steps", "examples_per_class", "lr",
                  ("seeds", lambda v: ", ".join(map(str, v)))],

@@ -11,7 +11,7 @@ from ...errors import RequestError
 from ...paths import short_ref
 from ...tasks import kind_named
 from .. import actions, store
-from ..wiring import TABLE_HEIGHT, job_picker, submitted
+from ..wiring import TABLE_HEIGHT, answered, job_picker, submitted
 
 INTRO = (
     "How good is a graft? Accuracy, F1, calibration (ECE) and agreement with the fine-tuned model, in distribution "
@@ -151,9 +151,9 @@ def build(page) -> gr.Tab:
     @page.guard(beside=prd_status, regions=cmp_regions, region=cmp_regions, texts=prd_text, text=prd_text)
     def on_predict(region_ids, text):
         job = actions.submit_predict(store.runner(), region_ids=region_ids or [], text=text)
-        return submitted(job, PREDICT_KINDS, PREDICT_LATEST)
+        return answered(job, PREDICT_KINDS, PREDICT_LATEST, render_predict)  # its answer at once, not at the next tick
 
-    page.on(prd_run.click, on_predict, [cmp_regions, prd_text], [page.status, prd_job, prd_status])
+    page.on(prd_run.click, on_predict, [cmp_regions, prd_text], [page.status, prd_job, prd_status, prd_table])
 
     def on_predict_kind(region_ids):  # the box, its button and the table say what the picked regions do
         text_label, button, table_label = actions.PREDICT_WORDS[predict_kind_or_default(region_ids)]
