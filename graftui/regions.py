@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 import time
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field, fields, replace
@@ -30,7 +31,7 @@ from . import settings
 from .completion import CompletionSpec
 from .config import COMPLETION, FT_LABEL, HEADS, GraftableSpec, LoadOptions, is_body
 from .data import DataSpec
-from .errors import RegionError
+from .errors import RegionError, RequestError
 from .method import Region, region_size
 from .models import ModelPair, architecture, load_reader, pair_kind
 from .paths import atomic_dir, atomic_write, file_lock
@@ -685,6 +686,103 @@ def evaluation_entries(rows: list[dict], files: list, labels: list[str], records
                 "n": row.get("n"), "when": when, "region": Path(str(file)).name, "ft_accuracy": ft,
                 "bare_accuracy": bare, "f1": row.get("f1")})
     return out
+
+
+# -- tags and notes: what a person wrote about each run, beside the regions --------------------------
+ANNOTATIONS_FILE = "annotations.json"  # in a regions folder: region id -> its tags and note
+MAX_TAGS = 12  # tags one run keeps
+MAX_TAG_CHARS = 32
+MAX_NOTE_CHARS = 2000
+MAX_ANNOTATIONS = 10_000  # entries one file keeps (the latest); a folder holds far fewer regions
+MAX_ANNOTATIONS_BYTES = 8 << 20  # a file larger than this is not one we wrote: read as empty
+_TAG = re.compile(r"^\w(?:[\w.+-]| (?! ))*$")  # letters, digits, . _ + - and single spaces inside; no markup, no path
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f\u200b-\u200f\u202a-\u202e\u2066-\u2069]")  # kept out of notes
+
+
+def clean_tags(tags) -> list[str]:
+    """Tags as kept: comma-separated text or a list, trimmed, each once (any case), at most MAX_TAGS; a tag that is
+    too long or holds markup or path characters is a RequestError naming it and what a tag may hold."""
+    items = str(tags or "").split(",") if isinstance(tags, str) or tags is None else [str(t) for t in tags]
+    out: list[str] = []
+    for raw in items:
+        tag = " ".join(raw.split())
+        if not tag:
+            continue
+        if len(tag) > MAX_TAG_CHARS:
+            raise RequestError(f"the tag '{tag[:MAX_TAG_CHARS]}…' is longer than {MAX_TAG_CHARS} characters: shorten it")
+        if not _TAG.match(tag):
+            raise RequestError(f"the tag {json.dumps(tag, ensure_ascii=False)} holds characters a tag cannot: use "
+                               "letters, digits, '.', '_', '+', '-' and spaces, and separate tags with commas")
+        if tag.lower() not in (t.lower() for t in out):
+            out.append(tag)
+    if len(out) > MAX_TAGS:
+        raise RequestError(f"{len(out)} tags given; a run keeps at most {MAX_TAGS}: drop some")
+    return out
+
+
+def clean_note(note) -> str:
+    """A note as kept: its text without control or direction-changing characters, trimmed; longer than
+    MAX_NOTE_CHARS is a RequestError that says by how much."""
+    text = _CONTROL.sub("", str(note or "").replace("\r\n", "\n").replace("\r", "\n")).strip()
+    if len(text) > MAX_NOTE_CHARS:
+        raise RequestError(f"the note has {len(text):,} characters; a note holds at most {MAX_NOTE_CHARS:,}: "
+                           f"shorten it by {len(text) - MAX_NOTE_CHARS:,}")
+    return text
+
+
+def annotations_path(folder: str | Path) -> Path:
+    return Path(folder) / ANNOTATIONS_FILE
+
+
+def read_annotations(folder: str | Path) -> dict[str, dict]:
+    """Region id -> {"digest", "tags", "note", "when"} of ``folder`` ({} when none was written, or the file is not
+    one we wrote); entries that do not hold what ours hold are left out."""
+    path = annotations_path(folder)
+    try:
+        if path.stat().st_size > MAX_ANNOTATIONS_BYTES:
+            return {}
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    items = doc.get("runs") if isinstance(doc, dict) else None
+    out = {}
+    for e in items if isinstance(items, list) else []:
+        if (isinstance(e, dict) and isinstance(e.get("id"), str) and isinstance(e.get("digest"), str)
+                and isinstance(e.get("tags"), list) and all(isinstance(t, str) for t in e["tags"])
+                and isinstance(e.get("note"), str)):
+            out[e["id"]] = e
+    return out
+
+
+def annotation_of(annotations: Mapping, region_id: str, content_id: str) -> dict:
+    """The tags and note written about ``region_id`` while it held the region ``content_id``: a file saved later
+    under the same id (the first one deleted) does not inherit them."""
+    entry = annotations.get(region_id)
+    if entry is None or entry.get("digest") != content_id:
+        return {"tags": [], "note": ""}
+    return {"tags": list(entry["tags"]), "note": entry["note"]}
+
+
+def annotate(folder: str | Path, region_id: str, content_id: str, tags, note, keep=None) -> dict:
+    """Write the tags and note of ``region_id`` (whose region is ``content_id``) into ``folder``'s annotations, both
+    checked first (``clean_tags``, ``clean_note``); empty ones remove its entry. Writers take turns (a lock) and the
+    file is replaced whole (atomically), never half-written. ``keep``: the ids still saved, when known (the entries
+    of others go). Returns what was kept for it."""
+    tags, note = clean_tags(tags), clean_note(note)
+    if not isinstance(region_id, str) or not region_id or not isinstance(content_id, str) or not content_id:
+        raise RequestError("a note needs the id and content id of a saved region")
+    path = annotations_path(folder)
+    with file_lock(path):
+        kept = read_annotations(folder)
+        kept.pop(region_id, None)
+        if keep is not None:
+            kept = {i: e for i, e in kept.items() if i in set(keep)}
+        if tags or note:
+            kept[region_id] = {"id": region_id, "digest": content_id, "tags": tags, "note": note, "when": now_utc()}
+        entries = sorted(kept.values(), key=lambda e: str(e.get("when") or ""))[-MAX_ANNOTATIONS:]
+        text = json.dumps({"format": 1, "runs": entries}, indent=1, ensure_ascii=False)
+        atomic_write(path, lambda tmp: Path(tmp).write_text(text, encoding="utf-8"))
+    return {"tags": tags, "note": note}
 
 
 # -- a folder of regions as a table ------------------------------------------------------------------

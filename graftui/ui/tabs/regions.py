@@ -7,8 +7,8 @@ import gradio as gr
 
 from ... import figures
 from ...paths import short_ref
-from ...regions import LISTING_COLUMNS
-from .. import actions, store
+from ...regions import LISTING_COLUMNS, MAX_NOTE_CHARS, MAX_TAG_CHARS, MAX_TAGS
+from .. import actions, runs, store
 from ..wiring import TABLE_HEIGHT
 from . import push
 
@@ -38,25 +38,45 @@ FRONTIER_NOTE = (
 )
 
 
-def render_table(words, sort, descending, last=None) -> tuple | None:
-    """The regions table and the frontier plot for the filter and sort picked, and what they show (the signature the
-    poll compares); None when that is ``last``, what is shown already."""
+def render_table(words, sort, descending, last=None, by="") -> tuple | None:
+    """The regions table, the frontier plot, the runs table and its groups for the filter, sort and grouping picked,
+    and what they show (the signature the poll compares); None when that is ``last``, what is shown already. The
+    filter also finds a run by its tags and note."""
     rows = actions.regions_listing()
-    sig = (tuple((r["id"], r["digest"], r["scored"], r["created"]) for r in rows), words or "", sort or "", bool(descending))
+    sig = (tuple((r["id"], r["digest"], r["scored"], r["created"]) for r in rows), words or "", sort or "",
+           bool(descending), by or "", runs.notes_signature(), runs.jobs_signature())
     if sig == last:
         return None
-    shown = actions.regions_shown(rows, words, sort, descending)
-    return actions.regions_table(shown), figures.region_frontiers(shown), sig
+    shown = runs.shown(runs.runs(rows), words, sort, descending)
+    groups = (gr.update(value=runs.groups_table(runs.group_runs(shown, by), by), visible=True) if by else
+              gr.update(value=runs.groups_table([], "method"), visible=False))
+    return actions.regions_table(shown), figures.region_frontiers(shown), runs.runs_table(shown), groups, sig
 
 
-def build_table(page) -> None:
-    """The saved regions as a table to filter and sort, and their accuracies against their sizes in one plot; both
-    follow every region saved or deleted and every evaluation that ends."""
+RUNS_NOTE = (
+    "One row per saved region: its budget, the seeds of its run (a run over seeds saves a region per seed), its score "
+    "at its latest evaluation in distribution (accuracy, or exact match for a completion task), its ECE, its mean "
+    "accuracy over the OOD tasks of the latest comparison that scored it out of distribution, whether its "
+    "mask-learning curve was recorded, and its tags and note (written under **One region** below). The filter above "
+    "also finds tags and notes. Group the runs to see each budget's, method's or seed's mean score and its spread."
+)
+CURVES_NOTE = (
+    "The curves are the mask steps each run's localize job recorded (loss and training-batch accuracy, one colour per "
+    "run). A region made on the command line, uploaded, made by a data-free method, or whose job is gone has "
+    f"{runs.NO_CURVE}. The table below it lists the settings in which the first two runs picked differ."
+)
+
+
+def build_table(page) -> tuple:
+    """The saved regions as a table to filter and sort, their accuracies against their sizes in one plot, and the
+    runs table (columns, groups, curves, settings diff); all follow every region saved or deleted, every job that
+    ends and every tag written. Returns what a written note redraws: the refresh, its inputs and outputs, and the
+    curves' handler, picker and outputs (redrawn when the tab opens: a job may have ended meanwhile)."""
     gr.Markdown("### All regions and their latest scores\nEvery saved region with its pair, task, method and "
                 "settings, and the accuracy, ECE and share of the fine-tuning gain of its graft at its latest evaluation "
                 "(blank until one is scored on Compare), on the task it was scored on: its own unless another was "
                 "asked for.")
-    table, plot, sig = render_table("", "", False)
+    table, plot, run_table, groups_update, sig = render_table("", "", False)
     with gr.Row():
         words = gr.Textbox("", label="Filter", placeholder="words every row shown holds, e.g. movies learned",
                            elem_id="regions-filter")
@@ -66,22 +86,46 @@ def build_table(page) -> None:
                          elem_id="regions-table")
     figure = gr.Plot(plot, label="Accuracy against region size", elem_id="regions-frontiers")
     gr.Markdown(FRONTIER_NOTE, elem_id="regions-frontiers-note")
+    gr.Markdown("### Runs\n" + RUNS_NOTE, elem_id="runs-note")
+    group = gr.Radio(runs.GROUP_CHOICES, value="", label="Group by", elem_id="runs-group")
+    groups = gr.Dataframe(groups_update["value"], interactive=False, wrap=True, label="Runs grouped: score per group",
+                          visible=False, elem_id="runs-groups")
+    run_frame = gr.Dataframe(run_table, interactive=False, wrap=True, max_height=TABLE_HEIGHT, label="Runs",
+                             elem_id="runs-table")
+    picked = gr.Dropdown([], value=[], multiselect=True, allow_custom_value=True, label="Runs to overlay",
+                         elem_id="runs-pick")
+    curves = gr.Plot(runs.curves_figure([], {}), label="Mask learning of the runs picked", elem_id="runs-curves")
+    gr.Markdown(CURVES_NOTE, elem_id="runs-curves-note")
+    diff_line = gr.Markdown("", elem_id="runs-diff-note")
+    diff = gr.Dataframe(runs.compare_settings([])[0], interactive=False, wrap=True, label="Settings that differ",
+                        elem_id="runs-diff")
     shown = page.state(sig)
+    page.region_pickers.append((picked, True))  # its choices follow the saved regions; empty, it gets the newest
+    outputs = [frame, figure, run_frame, groups, shown]
 
-    def refresh(text, by, desc, last):
-        return render_table(text, by, desc, last) or (gr.skip(), gr.skip(), last)
+    def refresh(text, by_sort, desc, by, last):
+        return render_table(text, by_sort, desc, last, by) or (*[gr.skip()] * 4, last)
 
-    page.poll.add(refresh, [words, sort, descending, shown], [frame, figure, shown], tab="regions")
-    for event in (words.submit, sort.change, descending.change):
-        page.on(event, page.quiet(lambda *a: (*refresh(*a), gr.skip())), [words, sort, descending, shown],
-                [frame, figure, shown, page.status], show_progress="hidden")
+    page.poll.add(refresh, [words, sort, descending, group, shown], outputs, tab="regions")
+    for event in (words.submit, sort.change, descending.change, group.change):
+        page.on(event, page.quiet(lambda *a: (*refresh(*a), gr.skip())), [words, sort, descending, group, shown],
+                [*outputs, page.status], show_progress="hidden")
+
+    @page.quiet
+    def on_pick(ids):
+        ids = [i for i in ids or [] if isinstance(i, str)]
+        table_, line = runs.compare_settings(ids)
+        return runs.curves_figure(ids, runs.localize_curves(store.runner())), table_, line, gr.skip()
+
+    page.on(picked.change, on_pick, [picked], [curves, diff, diff_line, page.status], show_progress="hidden")
+    return refresh, [words, sort, descending, group, shown], outputs, (on_pick, picked, [curves, diff, diff_line])
 
 
 def build(page) -> gr.Tab:
     status = page.status
     with gr.Tab("Regions", elem_id="tab-regions") as tab:
         gr.Markdown(INTRO)
-        build_table(page)
+        refresh, refresh_in, refresh_out, (on_pick, picked, pick_out) = build_table(page)
         gr.Markdown("### One region")
         with gr.Row():
             reg_sel = gr.Dropdown(store.region_choices(), allow_custom_value=True, label="Saved region",
@@ -92,6 +136,14 @@ def build(page) -> gr.Tab:
                                            elem_id="region-download-indices")
             reg_export = gr.Button("Export grafted checkpoint (.zip)", elem_id="region-export")
             reg_delete = gr.Button(DELETE, variant="stop", elem_id="region-delete")
+        with gr.Row():
+            reg_tags = gr.Textbox("", label="Tags", placeholder="e.g. baseline, long run", max_lines=1,
+                                  info=f"separated by commas; at most {MAX_TAGS} of {MAX_TAG_CHARS} characters",
+                                  elem_id="region-tags")
+            reg_note = gr.Textbox("", label="Note", lines=2, max_lines=8, max_length=MAX_NOTE_CHARS,
+                                  info=f"at most {MAX_NOTE_CHARS:,} characters", elem_id="region-note")
+            reg_note_save = gr.Button("Save tags and note", elem_id="region-note-save", scale=0)
+        reg_note_status = gr.Markdown("", elem_id="region-note-status")
         reg_meta = gr.Dataframe(actions.region_meta_table(None), interactive=False, label="Metadata of the selected region",
                                 elem_id="regions-meta")
         reg_export_status = gr.Markdown("", elem_id="region-export-status")
@@ -117,6 +169,26 @@ def build(page) -> gr.Tab:
 
     for event in (reg_sel.change, tab.select):
         page.on(event, on_region_select, [reg_sel], [reg_dl, reg_dl_idx, reg_meta, status])
+
+    @page.quiet
+    def on_note_shown(region_id):
+        said = runs.note_of(region_id) if region_id else {"tags": [], "note": ""}
+        return ", ".join(said["tags"]), said["note"], "", gr.skip()
+
+    for event in (reg_sel.change, tab.select):
+        page.on(event, on_note_shown, [reg_sel], [reg_tags, reg_note, reg_note_status, status], show_progress="hidden")
+
+    @page.guard(beside=reg_note_status, region=reg_sel)
+    def on_note_save(region_id, tags, note, *shown_now):
+        kept = runs.save_note(region_id, tags, note)
+        drawn = refresh(*shown_now[:-1], None)
+        line = (f"✓ Saved {len(kept['tags'])} tag(s) and a note of {len(kept['note']):,} characters for "
+                f"**{region_id}**." if kept["tags"] or kept["note"] else f"✓ Cleared the tags and note of **{region_id}**.")
+        return (", ".join(kept["tags"]), kept["note"], line, *drawn, line)
+
+    page.on(reg_note_save.click, on_note_save, [reg_sel, reg_tags, reg_note, *refresh_in],
+            [reg_tags, reg_note, reg_note_status, *refresh_out, status])
+    page.on(tab.select, on_pick, [picked], [*pick_out, status], show_progress="hidden")
 
     armed = page.state(None)  # the region a first press of Delete named; a second press deletes it
 

@@ -1,0 +1,347 @@
+"""The Regions tab's runs table: every saved region as a run with its scores, grouped, its mask-learning curve, its
+tags and note, and the settings that tell two runs apart.
+
+A region file keeps its settings and request, not its curve: the curve is the progress its localize job recorded
+(one job per run, or one per seed of a run over seeds), read back from the session's jobs; a region made elsewhere
+(the command line, an upload, a union) or whose job is gone has none. Out-of-distribution accuracy is read the same
+way, from the latest comparison that scored the region on OOD tasks. Tags and notes are kept beside the regions
+(``regions.annotate``), in the session's own regions folder. Everything here is pure: the tab wires widgets to it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from .. import flows, regions
+from ..config import COMPLETION
+from ..errors import RequestError
+from ..figures import PALETTE, _layout, empty_figure
+from ..flows.replicates import replicate_groups
+from ..formatting import pct
+from ..hosted import own_dir
+from ..jobs import DONE
+from ..metrics import mean_std
+from ..paths import short_ref
+from . import actions, store
+
+NO_CURVE = "no curve recorded"
+
+# -- the runs: listing rows with what the jobs and the annotations add ----------------------------------
+
+
+def budget_of(meta) -> str:
+    """A run's budget as it is grouped: its sparsity as a share of the graftable parameters, else its k."""
+    if isinstance(meta.sparsity, (int, float)) and not isinstance(meta.sparsity, bool):
+        return f"{meta.sparsity:.3%}"
+    if meta.budget:
+        return str(meta.budget)
+    return f"k={meta.k:,}" if isinstance(meta.k, int) else "?"
+
+
+def localize_curves(runner) -> dict[str, list[dict]]:
+    """Region id -> the mask steps its localize job recorded (``step``, ``loss``, ``accuracy``, ``region_size``), from
+    the newest job that made it; a run over seeds gives each seed's region the steps of that seed. Only finished jobs
+    of this session (``runner`` is the session's view) are read."""
+    out: dict[str, list[dict]] = {}
+    for job in runner.jobs("localize"):  # newest first: a newer job's region of the same id wins
+        result = job.result if job.status == DONE and isinstance(job.result, dict) else None
+        if not result:
+            continue
+        steps = [p for p in job.progress if isinstance(p, dict) and "step" in p and "loss" in p]
+        seeds = [s for s in result.get("seeds") or [] if isinstance(s, dict) and isinstance(s.get("region"), str)]
+        made = [(s["region"], [p for p in steps if p.get("seed") == s.get("seed")]) for s in seeds]
+        if not seeds and isinstance(result.get("region"), str):
+            made = [(result["region"], [p for p in steps if "seed" not in p])]
+        for region_id, points in made:
+            if points:
+                out.setdefault(region_id, points)
+    return out
+
+
+def ood_accuracies(runner) -> dict[str, float]:
+    """Region file (resolved path) -> its mean accuracy (or exact match) over the OOD tasks of the newest finished
+    comparison that scored it out of distribution."""
+    out: dict[str, float] = {}
+    for job in runner.jobs("compare"):
+        result = job.result if job.status == DONE and isinstance(job.result, dict) else None
+        files = (result or {}).get("regions")
+        if not isinstance(files, dict):
+            continue
+        for label, file in files.items():
+            if not isinstance(file, str):  # a group of fine-tunes' regions: no one region's score
+                continue
+            scores = [r.get("accuracy") for r in result.get("rows") or [] if isinstance(r, dict)
+                      and r.get("model") == label and r.get("distribution") == "OOD"]
+            scores = [float(s) for s in scores if isinstance(s, (int, float)) and not isinstance(s, bool)]
+            key = str(Path(file).expanduser().resolve())
+            if scores and key not in out:
+                out[key] = sum(scores) / len(scores)
+    return out
+
+
+def run_seeds(entries) -> dict[str, str]:
+    """Region id -> the seeds of the run it belongs to ('0, 1, 2', in order, for the regions of one run over seeds),
+    else its own mask seed."""
+    out = {}
+    for members in replicate_groups([e.id for e in entries], entries).values():
+        seeds = [next(e for e in entries if e.id == m).meta.request.get("seed") for m in members]
+        for m in members:
+            out[m] = ", ".join(str(s) for s in sorted(seeds, key=lambda s: (not isinstance(s, int), str(s).zfill(12))))
+    for e in entries:
+        learn = e.meta.learn if isinstance(e.meta.learn, dict) else {}
+        if e.id not in out and isinstance(learn.get("seed"), int):
+            out[e.id] = str(learn["seed"])
+    return out
+
+
+def runs(rows: list[dict] | None = None) -> list[dict]:
+    """The session's saved regions as runs: each listing row (``actions.regions_listing``) with its budget, the seeds
+    of its run, its score as accuracy or exact match (a completion task's), its OOD accuracy, whether a curve was
+    recorded, and its tags and note."""
+    rows = actions.regions_listing() if rows is None else rows
+    entries = {e.id: e for e in store.list_regions()}
+    runner = store.runner()
+    curves, ood = localize_curves(runner), ood_accuracies(runner)
+    seeds = run_seeds(list(entries.values()))
+    notes = read_notes()
+    out = []
+    for r in rows:
+        entry = entries.get(r["id"])
+        if entry is None:
+            continue
+        completion = entry.task_kind.name == COMPLETION
+        said = regions.annotation_of(notes, r["id"], r["digest"])
+        out.append({**r, "budget": budget_of(entry.meta), "seeds": seeds.get(r["id"], ""),
+                    "score_kind": "exact match" if completion else "accuracy",
+                    "exact_match": r["accuracy"] if completion else None,
+                    "ood_accuracy": ood.get(str(Path(r["file"]).resolve())),
+                    "curve": r["id"] in curves, **said})
+    return out
+
+
+def shown(runs_: list[dict], words: str = "", sort: str | None = None, descending: bool = False) -> list[dict]:
+    """The runs that hold every word of the filter (any case) in what the regions table searches, or in their tags
+    or note, sorted as ``actions.regions_shown`` sorts (none: newest first)."""
+    def holds(run: dict, word: str) -> bool:
+        return word in " ".join([*run["tags"], run["note"]]).lower() or bool(flows.regionfiles.with_words([run], word))
+
+    wanted = str(words or "").lower().split()
+    return actions.regions_shown([r for r in runs_ if all(holds(r, w) for w in wanted)], "", sort, descending)
+
+
+RUNS_COLUMNS = ["id", "task", "method", "budget", "k (params)", "seed", "seeds of run", "accuracy", "exact match",
+                "ECE ↓", "OOD accuracy", "curve", "tags", "note"]
+NOTE_WIDTH = 80  # characters of a note the table shows; the region's own box holds it whole
+
+
+def _pct(v) -> str:
+    return pct(v, missing="")
+
+
+def runs_table(runs_: list[dict]) -> pd.DataFrame:
+    """The runs as the page shows them: one row each, scores as percentages, a note cut to NOTE_WIDTH."""
+    out = []
+    for r in runs_:
+        note = r["note"].replace("\n", " ")
+        out.append({
+            "id": r["id"], "task": short_ref(r["task"] or ""), "method": r["method"] or "", "budget": r["budget"],
+            "k (params)": f"{r['k']:,}" if r["k"] is not None else "",
+            "seed": "" if r["seed"] is None else str(r["seed"]), "seeds of run": r["seeds"],
+            "accuracy": "" if r["score_kind"] != "accuracy" else _pct(r["accuracy"]),
+            "exact match": _pct(r["exact_match"]), "ECE ↓": "" if r["ece"] is None else f"{r['ece']:.3f}",
+            "OOD accuracy": _pct(r["ood_accuracy"]), "curve": "yes" if r["curve"] else NO_CURVE,
+            "tags": ", ".join(r["tags"]), "note": note if len(note) <= NOTE_WIDTH else note[:NOTE_WIDTH - 1] + "…",
+        })
+    return pd.DataFrame(out, columns=RUNS_COLUMNS)
+
+
+# -- groups ----------------------------------------------------------------------------------------
+GROUPS = {"budget": "budget (sparsity)", "method": "method", "seed": "seed"}
+GROUP_CHOICES = [("no grouping", "")] + [(label, key) for key, label in GROUPS.items()]
+GROUP_COLUMNS = ["group", "runs", "scored", "score mean", "score spread (std)", "score min – max", "ECE ↓ mean",
+                 "OOD accuracy mean"]
+
+
+def group_key(run: dict, by: str) -> str:
+    value = {"budget": run["budget"], "method": run["method"], "seed": run["seed"]}[by]
+    return "(none)" if value is None or value == "" else str(value)
+
+
+def group_runs(runs_: list[dict], by: str) -> list[dict]:
+    """One row per value of ``by`` (budget, method or seed), in the order the runs come: how many runs and how many
+    scored, the mean, sample standard deviation, least and most of their score (accuracy, or exact match), and the
+    means of their ECE and OOD accuracy. A run never scored counts in ``runs`` only."""
+    if by not in GROUPS:
+        raise RequestError(f"cannot group by '{by}': choose {', '.join(GROUPS)}")
+    groups: dict[str, list[dict]] = {}
+    for r in runs_:
+        groups.setdefault(group_key(r, by), []).append(r)
+    out = []
+    for key, members in groups.items():
+        scores = [r["accuracy"] for r in members if r["accuracy"] is not None]
+        mean, std = mean_std(scores)
+        out.append({"group": key, "runs": len(members), "scored": len(scores), "mean": mean, "std": std,
+                    "min": min(scores) if scores else None, "max": max(scores) if scores else None,
+                    "ece": mean_std([r["ece"] for r in members])[0],
+                    "ood": mean_std([r["ood_accuracy"] for r in members])[0]})
+    return out
+
+
+def groups_table(groups: list[dict], by: str) -> pd.DataFrame:
+    rows = [{"group": f"{GROUPS[by]}: {g['group']}", "runs": str(g["runs"]), "scored": str(g["scored"]),
+             "score mean": _pct(g["mean"]),
+             "score spread (std)": "" if g["std"] is None else f"{100 * g['std']:.1f} pts",
+             "score min – max": "" if g["min"] is None else f"{_pct(g['min'])} – {_pct(g['max'])}",
+             "ECE ↓ mean": "" if g["ece"] is None else f"{g['ece']:.3f}", "OOD accuracy mean": _pct(g["ood"])}
+            for g in groups]
+    return pd.DataFrame(rows, columns=GROUP_COLUMNS)
+
+
+# -- curves of several runs in one plot -------------------------------------------------------------
+def curves_figure(picked: list[str], curves: dict[str, list[dict]]) -> go.Figure:
+    """The mask-learning curves of the runs ``picked``, overlaid: loss (top) and training-batch accuracy (bottom) per
+    mask step, one colour and one legend entry per run; the runs without a recorded curve are named in the title."""
+    picked = list(dict.fromkeys(picked or []))
+    if not picked:
+        return empty_figure("Pick runs above to overlay their mask-learning curves.")
+    drawn, missing = [r for r in picked if curves.get(r)], [r for r in picked if not curves.get(r)]
+    if not drawn:
+        return empty_figure(f"{NO_CURVE} for {', '.join(missing)}: only a region learned by a localize job of this "
+                            "page keeps one (a data-free method, the command line or an upload keeps none).")
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.1,
+                        subplot_titles=("Loss of the relaxed graft per batch", "Accuracy on the training batch"))
+    for i, run in enumerate(drawn):
+        points, colour = curves[run], PALETTE[i % len(PALETTE)]
+        x = [p["step"] for p in points]
+        fig.add_trace(go.Scatter(x=x, y=[p.get("loss") for p in points], mode="lines", name=run, legendgroup=run,
+                                 line={"color": colour},
+                                 hovertemplate=f"{run}<br>step %{{x}}<br>loss %{{y:.4f}}<extra></extra>"), row=1, col=1)
+        fig.add_trace(go.Scatter(x=x, y=[p.get("accuracy") for p in points], mode="lines", name=run, legendgroup=run,
+                                 showlegend=False, line={"color": colour},
+                                 hovertemplate=f"{run}<br>step %{{x}}<br>accuracy %{{y:.1%}}<extra></extra>"),
+                      row=2, col=1)
+    fig.update_yaxes(tickformat=".0%", range=[0, 1.05], row=2, col=1)
+    fig.update_xaxes(title_text="mask step", row=2, col=1)
+    title = f"Mask learning of {len(drawn)} run(s)" + (f" · {NO_CURVE} for {', '.join(missing)}" if missing else "")
+    fig = _layout(fig, title, height=520)
+    fig.update_layout(legend={"orientation": "h", "yanchor": "top", "y": -0.14, "x": 0})
+    return fig
+
+
+# -- the settings that tell two runs apart -------------------------------------------------------------
+SETTING_FIELDS = ("base", "finetuned", "finetuned_sha256", "task", "method", "budget", "sparsity", "k",
+                  "train_examples", "start", "group", "sources", "resolve", "uploaded_as", "library_version")
+NESTED = ("request", "learn", "graftable_spec", "loading")  # read field by field, as 'request.steps'
+NOT_SETTINGS = {"request.out", "request.overwrite"}  # where a run wrote its file, not how it was made
+ABSENT = "—"
+
+
+def _shown(value) -> str:
+    if isinstance(value, (list, tuple)):
+        return ", ".join(map(str, value))
+    if isinstance(value, dict):
+        return json.dumps(value, sort_keys=True, default=str)
+    return str(value)
+
+
+def run_settings(meta) -> dict[str, str]:
+    """A region's settings field by field: what made it (pair, task, method, budget) and every field of its request,
+    mask-learning config, graftable set and loading, as text."""
+    meta = regions.RegionMeta.from_dict(meta)
+    out = {}
+    for name in SETTING_FIELDS:
+        value = getattr(meta, name)
+        if value is not None:
+            out[name] = _shown(value)
+    for name in NESTED:
+        nested = getattr(meta, name)
+        for key, value in (nested if isinstance(nested, dict) else {}).items():
+            if f"{name}.{key}" not in NOT_SETTINGS and value is not None:
+                out[f"{name}.{key}"] = _shown(value)
+    return out
+
+
+def settings_diff(a, b) -> list[tuple[str, str, str]]:
+    """(field, a's value, b's value) for each setting of two regions' metadata that differs, a field only one has
+    shown as '—' for the other; in the order of ``run_settings``."""
+    sa, sb = run_settings(a), run_settings(b)
+    names = list(dict.fromkeys([*sa, *sb]))
+    return [(n, sa.get(n, ABSENT), sb.get(n, ABSENT)) for n in names if sa.get(n, ABSENT) != sb.get(n, ABSENT)]
+
+
+DIFF_WIDTH = 120  # characters of a value the table shows
+
+
+def diff_table(a_id: str, b_id: str, rows: list[tuple[str, str, str]]) -> pd.DataFrame:
+    def cut(text: str) -> str:
+        return text if len(text) <= DIFF_WIDTH else text[:DIFF_WIDTH - 1] + "…"
+
+    columns = ["setting", f"A: {a_id}", f"B: {b_id}"]
+    return pd.DataFrame([dict(zip(columns, (n, cut(x), cut(y)))) for n, x, y in rows], columns=columns)
+
+
+def compare_settings(picked: list[str]) -> tuple[pd.DataFrame, str]:
+    """The settings diff of the first two runs picked, and a line that says what it shows."""
+    picked = list(dict.fromkeys(picked or []))
+    if len(picked) < 2:
+        return pd.DataFrame(columns=["setting", "A", "B"]), "Pick two runs to see the settings that differ between them."
+    a, b = picked[:2]
+    rows = settings_diff(store.read_region_header(store.region_path(a)).meta,
+                         store.read_region_header(store.region_path(b)).meta)
+    more = f" (the first two of the {len(picked)} picked)" if len(picked) > 2 else ""
+    line = (f"**{a}** and **{b}**{more} differ in {len(rows)} setting(s)." if rows else
+            f"**{a}** and **{b}**{more} were made with the same settings.")
+    return diff_table(a, b, rows), line
+
+
+# -- tags and notes of a run --------------------------------------------------------------------------
+def notes_folder() -> Path:
+    """Where the session's tags and notes are kept: its own regions folder (hosted: never the gallery, never
+    another session's)."""
+    return store.regions_dir()
+
+
+def read_notes() -> dict[str, dict]:
+    own = own_dir("regions")
+    return regions.read_annotations(own) if own is not None else {}
+
+
+def note_of(region_id: str) -> dict:
+    """The tags and note of a saved region of this session (none: empty)."""
+    if not region_id:
+        return {"tags": [], "note": ""}
+    entry = store.read_region_header(store.region_path(region_id))
+    return regions.annotation_of(read_notes(), entry.id, entry.digest)
+
+
+def save_note(region_id: str, tags, note) -> dict:
+    """Keep the tags and note of ``region_id``, one of the regions this session lists (an id that is not, or names
+    another session's, is refused before anything is written): checked, locked and written whole."""
+    path = store.region_path(region_id)  # a plain id of this session's own folders, else a RegionError
+    entry = store.read_region_header(path)
+    if entry is None:
+        raise RequestError(f"'{region_id}' is not a readable region file: tags and notes need a saved region")
+    return regions.annotate(notes_folder(), entry.id, entry.digest, tags, note,
+                            keep=[e.id for e in store.list_regions()])
+
+
+def notes_signature() -> tuple:
+    """What changes when a tag or note is written: the annotations file's time and size."""
+    own = own_dir("regions")
+    try:
+        stat = regions.annotations_path(own).stat() if own is not None else None
+    except OSError:
+        return ()
+    return () if stat is None else (stat.st_mtime_ns, stat.st_size)
+
+
+def jobs_signature() -> tuple:
+    """What changes when a localize or compare job ends: their ids and statuses."""
+    runner = store.runner()
+    return tuple((j.id, j.status) for kind in ("localize", "compare") for j in runner.jobs(kind))
+

@@ -1,0 +1,255 @@
+"""The runs table of the Regions tab (graftui/ui/runs.py): columns read from the regions, their jobs and their score
+logs, groups with their mean and spread, curves overlaid from the localize jobs, the settings diff of two runs, and
+tags and notes kept beside the regions (checked, capped, written whole, never for a region of another session)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from conftest import make_tiny_pair
+from graftui import regions
+from graftui.config import COMPLETION
+from graftui.errors import RegionError, RequestError, SessionError
+
+
+def _indices(pair, start: int, k: int) -> dict:
+    name = sorted(pair.graftable)[0]
+    return {name: torch.arange(start, start + k, dtype=torch.int64)}
+
+
+def _save(pair, stem: str, start: int, k: int, method="learned", sparsity=0.01, seed=0, steps=10, lr=0.02,
+          completion=False):
+    from graftui.ui import store
+
+    learn = {"steps": steps, "lr": lr, "seed": seed, "optimizer": "normalized"} if method == "learned" else None
+    request = {"verb": "localize", "base": "tiny-base", "finetuned": "tiny-ft", "task": "movies", "method": method,
+               "sparsity": sparsity, "steps": steps, "lr": lr, "seed": seed, "out": f"/somewhere/{stem}.safetensors"}
+    record = regions.make_record(pair, _indices(pair, start, k), {
+        "method": method, "task": "movies", "sparsity": sparsity, "budget": f"sparsity={sparsity:g}", "learn": learn,
+        "request": request})
+    if completion:
+        record.meta.loading = {"head": COMPLETION}
+    return store.save_region(record, stem)
+
+
+def _score(path, accuracy, ece=0.1, when="2024-01-01T10:00:00Z"):
+    from graftui.ui import store
+
+    header = store.read_region_header(path)
+    regions.note_scores(store.regions_dir(), [{"digest": header.digest, "task": "movies", "accuracy": accuracy,
+                                               "ece": ece, "share_of_ft": 0.5, "n": 64, "when": when}])
+
+
+def _job(kind, result, steps=()):
+    """A finished job of ``kind`` that reported ``steps`` and returned ``result``, as the runner records one."""
+    from graftui.ui import store
+
+    runner = store.runner()
+
+    def body(ctx):
+        for event in steps:
+            ctx.report(event)
+        return result
+
+    job = runner.submit(kind, f"a {kind} job", body, {"verb": kind})
+    done = runner.wait(job.id, 30)
+    assert done.status == "done", (done.status, done.error)
+    return done
+
+
+def _steps(n, loss0, seed=None):
+    return [{"step": i, "steps": n, "loss": loss0 - 0.1 * i, "accuracy": 0.5 + 0.05 * i, "region_size": 20,
+             **({} if seed is None else {"seed": seed})} for i in range(1, n + 1)]
+
+
+@pytest.fixture
+def made(home):
+    """Four saved runs: two seeds of one learned run at 1 % (scored 0.70 and 0.80), a top-movement run at 0.1 %
+    (0.60) and a learned one never scored, with a localize job for the first three, over two seeds for the pair."""
+    from graftui.ui import store
+
+    pair, _, _ = make_tiny_pair()
+    a = _save(pair, "learned-seed0", 0, 20, seed=0)
+    b = _save(pair, "learned-seed1", 40, 20, seed=1)
+    c = _save(pair, "topmove", 80, 30, method="top-movement", sparsity=0.001)
+    d = _save(pair, "unscored", 120, 20, seed=7, steps=25)
+    _score(a, 0.70, 0.10)
+    _score(b, 0.80, 0.20)
+    _score(c, 0.60, 0.30)
+    _job("localize", {"region": "core", "seeds": [{"seed": 0, "region": a.stem}, {"seed": 1, "region": b.stem}]},
+         _steps(3, 1.0, seed=0) + _steps(4, 2.0, seed=1))
+    _job("compare", {"regions": {"learned": str(a), "group": [str(b)]},
+                     "rows": [{"model": "learned", "distribution": "OOD", "task": "amazon", "accuracy": 0.6},
+                              {"model": "learned", "distribution": "OOD", "task": "tweets", "accuracy": 0.7},
+                              {"model": "learned", "distribution": "in", "task": "movies", "accuracy": 0.9}]})
+    return {"a": a.stem, "b": b.stem, "c": c.stem, "d": d.stem, "store": store}
+
+
+def test_each_run_carries_its_budget_seeds_scores_ood_and_curve(made):
+    from graftui.ui import runs
+
+    rows = {r["id"]: r for r in runs.runs()}
+    a, b, c, d = (rows[made[k]] for k in "abcd")
+    assert (a["budget"], c["budget"]) == ("1.000%", "0.100%")
+    assert a["seeds"] == b["seeds"] == "0, 1" and d["seeds"] == "7" and c["seeds"] == ""
+    assert (a["accuracy"], b["accuracy"], d["accuracy"]) == (0.70, 0.80, None)
+    assert a["ood_accuracy"] == pytest.approx(0.65) and b["ood_accuracy"] is None  # b was only compared in a group
+    assert (a["curve"], b["curve"], c["curve"], d["curve"]) == (True, True, False, False)
+    table = runs.runs_table([a, d]).to_dict("records")
+    assert table[0]["OOD accuracy"] == "65.0%" and table[0]["accuracy"] == "70.0%" and table[0]["ECE ↓"] == "0.100"
+    assert table[1]["curve"] == runs.NO_CURVE and table[1]["accuracy"] == "" and table[1]["seeds of run"] == "7"
+    assert list(runs.runs_table([]).columns) == runs.RUNS_COLUMNS
+
+
+def test_a_completion_runs_score_is_its_exact_match(home):
+    from graftui.ui import runs
+
+    pair, _, _ = make_tiny_pair()
+    path = _save(pair, "dates", 0, 10, completion=True)
+    _score(path, 0.42)
+    (row,) = runs.runs()
+    assert (row["score_kind"], row["exact_match"]) == ("exact match", 0.42)
+    shown = runs.runs_table([row]).to_dict("records")[0]
+    assert (shown["exact match"], shown["accuracy"]) == ("42.0%", "")
+
+
+def test_groups_give_each_budget_method_and_seed_its_mean_and_spread(made):
+    from graftui.ui import runs
+
+    rows = runs.runs()
+    by_budget = {g["group"]: g for g in runs.group_runs(rows, "budget")}
+    learned = by_budget["1.000%"]
+    assert (learned["runs"], learned["scored"]) == (3, 2)  # the unscored run counts, its score does not
+    assert learned["mean"] == pytest.approx(0.75) and learned["std"] == pytest.approx(0.0707107, abs=1e-6)
+    assert (learned["min"], learned["max"]) == (0.70, 0.80) and learned["ece"] == pytest.approx(0.15)
+    assert learned["ood"] == pytest.approx(0.65)
+    assert (by_budget["0.100%"]["mean"], by_budget["0.100%"]["std"], by_budget["0.100%"]["runs"]) == (0.60, 0.0, 1)
+    by_method = {g["group"]: (g["runs"], g["scored"]) for g in runs.group_runs(rows, "method")}
+    assert by_method == {"learned": (3, 2), "top-movement": (1, 1)}
+    by_seed = {g["group"]: g["runs"] for g in runs.group_runs(rows, "seed")}
+    assert by_seed == {"0": 1, "1": 1, "7": 1, "(none)": 1}
+    table = runs.groups_table(runs.group_runs(rows, "budget"), "budget").to_dict("records")
+    first = next(t for t in table if t["group"] == "budget (sparsity): 1.000%")
+    assert (first["score mean"], first["score spread (std)"], first["score min – max"]) == ("75.0%", "7.1 pts",
+                                                                                          "70.0% – 80.0%")
+    with pytest.raises(RequestError, match="cannot group by 'task'"):
+        runs.group_runs(rows, "task")
+
+
+def test_curves_of_several_runs_are_overlaid_in_one_plot(made):
+    from graftui.ui import runs, store
+
+    curves = runs.localize_curves(store.runner())
+    assert set(curves) == {made["a"], made["b"]}
+    assert [p["step"] for p in curves[made["b"]]] == [1, 2, 3, 4]  # seed 1's own steps
+    fig = runs.curves_figure([made["a"], made["b"], made["c"]], curves)
+    names = [(t.name, list(t.x)) for t in fig.data]
+    assert names == [(made["a"], [1, 2, 3]), (made["a"], [1, 2, 3]), (made["b"], [1, 2, 3, 4]), (made["b"], [1, 2, 3, 4])]
+    assert list(fig.data[2].y) == pytest.approx([1.9, 1.8, 1.7, 1.6])
+    assert f"no curve recorded for {made['c']}" in fig.layout.title.text
+    empty = runs.curves_figure([made["d"]], curves)
+    assert not empty.data and "no curve recorded for unscored" in empty.layout.annotations[0].text
+
+
+def test_the_settings_diff_names_the_fields_that_differ(made):
+    from graftui.ui import runs, store
+
+    meta = {k: store.read_region_header(store.region_path(made[k])).meta for k in "abd"}
+    diff = {name: (x, y) for name, x, y in runs.settings_diff(meta["a"], meta["d"])}
+    assert diff == {"request.seed": ("0", "7"), "request.steps": ("10", "25"), "learn.steps": ("10", "25"),
+                    "learn.seed": ("0", "7")}  # request.out differs too, but is where, not how
+    assert runs.settings_diff(meta["a"], meta["a"]) == []
+    table, line = runs.compare_settings([made["a"], made["c"], made["d"]])
+    assert list(table.columns) == ["setting", f"A: {made['a']}", f"B: {made['c']}"]
+    rows = {r["setting"]: r for r in table.to_dict("records")}
+    assert rows["method"][f"B: {made['c']}"] == "top-movement" and rows["learn.steps"][f"B: {made['c']}"] == "—"
+    assert f"differ in {len(rows)} setting(s)" in line and "first two of the 3 picked" in line
+    assert "Pick two runs" in runs.compare_settings([made["a"]])[1]
+
+
+def test_tags_and_notes_round_trip_and_are_found_by_the_filter(made):
+    from graftui.ui import runs, store
+
+    kept = runs.save_note(made["c"], "baseline, Baseline ,  long   run,", "first line\r\nsecond\x00 line")
+    assert kept == {"tags": ["baseline", "long run"], "note": "first line\nsecond line"}
+    assert runs.note_of(made["c"]) == kept
+    doc = json.loads((store.regions_dir() / regions.ANNOTATIONS_FILE).read_text())
+    assert [e["id"] for e in doc["runs"]] == [made["c"]]
+    rows = runs.runs()
+    assert [r["id"] for r in runs.shown(rows, "BASELINE")] == [made["c"]]
+    assert [r["id"] for r in runs.shown(rows, "second topmove")] == [made["c"]]
+    assert runs.runs_table(runs.shown(rows, "baseline")).to_dict("records")[0]["tags"] == "baseline, long run"
+    # a file saved later under the same id does not inherit them; clearing both removes the entry
+    assert regions.annotation_of(regions.read_annotations(store.regions_dir()), made["c"], "other") == \
+        {"tags": [], "note": ""}
+    runs.save_note(made["c"], "", "  ")
+    assert runs.note_of(made["c"]) == {"tags": [], "note": ""}
+    assert json.loads((store.regions_dir() / regions.ANNOTATIONS_FILE).read_text())["runs"] == []
+
+
+def test_hostile_tags_and_notes_are_refused_with_one_line_and_nothing_written(made):
+    from graftui.ui import runs, store
+
+    runs.save_note(made["a"], "kept", "kept note")
+    file = store.regions_dir() / regions.ANNOTATIONS_FILE
+    before = file.read_bytes()
+    cases = [
+        (made["a"], "ok", "x" * (regions.MAX_NOTE_CHARS + 5), RequestError, "the note has 2,005 characters; a note "
+         "holds at most 2,000: shorten it by 5"),
+        (made["a"], "<b>bold</b>", "", RequestError, "the tag \"<b>bold</b>\" holds characters a tag cannot"),
+        (made["a"], "../../etc/passwd", "", RequestError, "holds characters a tag cannot"),
+        (made["a"], "a/b", "", RequestError, "use letters, digits"),
+        (made["a"], "t" * 40, "", RequestError, "longer than 32 characters"),
+        (made["a"], ",".join(f"t{i}" for i in range(13)), "", RequestError, "a run keeps at most 12"),
+        ("no-such-region", "ok", "", RegionError, "region 'no-such-region' is not saved here"),
+        ("../scores", "ok", "", RegionError, "'../scores' is not a region id"),
+        ("", "ok", "", RegionError, "no region selected"),
+    ]
+    for region_id, tags, note, error, words in cases:
+        with pytest.raises(error) as info:
+            runs.save_note(region_id, tags, note)
+        text = str(info.value)
+        assert words in text and "\n" not in text, text
+    assert file.read_bytes() == before  # nothing half-written, nothing changed
+    assert [p.name for p in store.regions_dir().iterdir() if ".tmp-" in p.name] == []
+
+
+def test_a_hosted_session_annotates_only_its_own_regions(home, monkeypatch):
+    from graftui.ui import runs, store
+
+    monkeypatch.setenv("GRAFTUI_HOSTED", "1")
+    pair, _, _ = make_tiny_pair()
+    mine, theirs = store.new_session(), store.new_session()
+    with store.session(theirs):
+        their = _save(pair, "their-run", 0, 10).stem
+        runs.save_note(their, "secret", "their note")
+    with store.session(mine):
+        own = _save(pair, "my-run", 0, 10).stem
+        with pytest.raises(RegionError, match=f"region '{their}' is not saved here"):
+            runs.save_note(their, "mine-now", "")
+        runs.save_note(own, "mine", "")
+        assert [r["id"] for r in runs.runs()] == [own] and runs.read_notes().keys() == {own}
+    with store.session(theirs):
+        assert runs.note_of(their) == {"tags": ["secret"], "note": "their note"}
+        assert runs.read_notes().keys() == {their}
+    with store.session("not-a-session"):
+        with pytest.raises(SessionError, match="no live session .*: reload the page"):
+            runs.save_note(own, "x", "")
+    assert not (store.gallery_dir() / regions.ANNOTATIONS_FILE).exists()
+
+
+def test_the_tab_renders_runs_groups_and_a_signature_that_follows_notes(made):
+    from graftui.ui import runs
+    from graftui.ui.tabs import regions as tab
+
+    table, figure, run_table, groups, sig = tab.render_table("", "", False, None, "method")
+    assert list(run_table.columns) == runs.RUNS_COLUMNS and len(run_table) == 4
+    assert groups["visible"] is True and set(groups["value"]["group"]) == {"method: learned", "method: top-movement"}
+    assert tab.render_table("", "", False, sig, "method") is None  # nothing new: nothing redrawn
+    runs.save_note(made["d"], "fresh", "")
+    again = tab.render_table("fresh", "", False, sig, "method")
+    assert again is not None and list(again[2]["id"]) == [made["d"]] and list(again[0]["id"]) == [made["d"]]
+    assert tab.render_table("", "", False, None, "")[3]["visible"] is False
