@@ -16,7 +16,7 @@ from graftui.errors import RegionError, RequestError, SessionError
 
 
 def _indices(pair, start: int, k: int) -> dict:
-    name = sorted(pair.graftable)[0]
+    name = max(pair.graftable, key=lambda n: pair.param(n).numel())
     return {name: torch.arange(start, start + k, dtype=torch.int64)}
 
 
@@ -111,7 +111,7 @@ def test_a_completion_runs_score_is_its_exact_match(home):
     path = _save(pair, "dates", 0, 10, completion=True)
     _score(path, 0.42)
     (row,) = runs.runs()
-    assert (row["score_kind"], row["exact_match"]) == ("exact match", 0.42)
+    assert (row["score_name"], row["accuracy"]) == ("exact match", 0.42)
     shown = runs.runs_table([row]).to_dict("records")[0]
     assert (shown["exact match"], shown["accuracy"]) == ("42.0%", "")
 
@@ -245,11 +245,11 @@ def test_the_tab_renders_runs_groups_and_a_signature_that_follows_notes(made):
     from graftui.ui import runs
     from graftui.ui.tabs import regions as tab
 
-    table, figure, run_table, groups, sig = tab.render_table("", "", False, None, "method")
+    table, figure, run_table, groups, sig = tab.render_all("", "", False, None, "method")
     assert list(run_table.columns) == runs.RUNS_COLUMNS and len(run_table) == 4
     assert groups["visible"] is True and set(groups["value"]["group"]) == {"method: learned", "method: top-movement"}
-    assert tab.render_table("", "", False, sig, "method") is None  # nothing new: nothing redrawn
+    assert tab.render_all("", "", False, sig, "method") is None  # nothing new: nothing redrawn
     runs.save_note(made["d"], "fresh", "")
-    again = tab.render_table("fresh", "", False, sig, "method")
+    again = tab.render_all("fresh", "", False, sig, "method")
     assert again is not None and list(again[2]["id"]) == [made["d"]] and list(again[0]["id"]) == [made["d"]]
-    assert tab.render_table("", "", False, None, "")[3]["visible"] is False
+    assert tab.render_all("", "", False, None, "")[3]["visible"] is False

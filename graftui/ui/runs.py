@@ -18,7 +18,6 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from .. import flows, regions
-from ..config import COMPLETION
 from ..errors import RequestError
 from ..figures import PALETTE, _layout, empty_figure
 from ..flows.replicates import replicate_groups
@@ -102,7 +101,8 @@ def run_seeds(entries) -> dict[str, str]:
 def runs(rows: list[dict] | None = None) -> list[dict]:
     """The session's saved regions as runs: each listing row (``actions.regions_listing``) with its budget, the seeds
     of its run, its score as accuracy or exact match (a completion task's), its OOD accuracy, whether a curve was
-    recorded, and its tags and note."""
+    recorded, and its tags and note. Its score (``accuracy``) is named as its task's kind names it (``score_name``:
+    accuracy, or exact match for a completion task)."""
     rows = actions.regions_listing() if rows is None else rows
     entries = {e.id: e for e in store.list_regions()}
     runner = store.runner()
@@ -114,12 +114,9 @@ def runs(rows: list[dict] | None = None) -> list[dict]:
         entry = entries.get(r["id"])
         if entry is None:
             continue
-        completion = entry.task_kind.name == COMPLETION
         said = regions.annotation_of(notes, r["id"], r["digest"])
         out.append({**r, "budget": budget_of(entry.meta), "seeds": seeds.get(r["id"], ""),
-                    "score_kind": "exact match" if completion else "accuracy",
-                    "exact_match": r["accuracy"] if completion else None,
-                    "ood_accuracy": ood.get(str(Path(r["file"]).resolve())),
+                    "score_name": entry.task_kind.words.score, "ood_accuracy": ood.get(str(Path(r["file"]).resolve())),
                     "curve": r["id"] in curves, **said})
     return out
 
@@ -137,6 +134,8 @@ def shown(runs_: list[dict], words: str = "", sort: str | None = None, descendin
 RUNS_COLUMNS = ["id", "task", "method", "budget", "k (params)", "seed", "seeds of run", "accuracy", "exact match",
                 "ECE ↓", "OOD accuracy", "curve", "tags", "note"]
 NOTE_WIDTH = 80  # characters of a note the table shows; the region's own box holds it whole
+SCORE_COLUMNS = {"accuracy": "accuracy", "exact match": "exact match"}  # a kind's score name -> its column (else the
+# first: a harness metric is shown as accuracy)
 
 
 def _pct(v) -> str:
@@ -148,12 +147,13 @@ def runs_table(runs_: list[dict]) -> pd.DataFrame:
     out = []
     for r in runs_:
         note = r["note"].replace("\n", " ")
+        scores = dict.fromkeys(SCORE_COLUMNS.values(), "")
+        scores[SCORE_COLUMNS.get(r["score_name"], "accuracy")] = _pct(r["accuracy"])
         out.append({
             "id": r["id"], "task": short_ref(r["task"] or ""), "method": r["method"] or "", "budget": r["budget"],
             "k (params)": f"{r['k']:,}" if r["k"] is not None else "",
             "seed": "" if r["seed"] is None else str(r["seed"]), "seeds of run": r["seeds"],
-            "accuracy": "" if r["score_kind"] != "accuracy" else _pct(r["accuracy"]),
-            "exact match": _pct(r["exact_match"]), "ECE ↓": "" if r["ece"] is None else f"{r['ece']:.3f}",
+            **scores, "ECE ↓": "" if r["ece"] is None else f"{r['ece']:.3f}",
             "OOD accuracy": _pct(r["ood_accuracy"]), "curve": "yes" if r["curve"] else NO_CURVE,
             "tags": ", ".join(r["tags"]), "note": note if len(note) <= NOTE_WIDTH else note[:NOTE_WIDTH - 1] + "…",
         })

@@ -38,7 +38,14 @@ FRONTIER_NOTE = (
 )
 
 
-def render_table(words, sort, descending, last=None, by="") -> tuple | None:
+def render_table(words, sort, descending, last=None) -> tuple | None:
+    """The regions table and the frontier plot for the filter and sort picked, and what they show; None when that is
+    ``last`` (``render_all`` without the runs)."""
+    drawn = render_all(words, sort, descending, last)
+    return None if drawn is None else (drawn[0], drawn[1], drawn[-1])
+
+
+def render_all(words, sort, descending, last=None, by="") -> tuple | None:
     """The regions table, the frontier plot, the runs table and its groups for the filter, sort and grouping picked,
     and what they show (the signature the poll compares); None when that is ``last``, what is shown already. The
     filter also finds a run by its tags and note."""
@@ -76,7 +83,7 @@ def build_table(page) -> tuple:
                 "settings, and the accuracy, ECE and share of the fine-tuning gain of its graft at its latest evaluation "
                 "(blank until one is scored on Compare), on the task it was scored on: its own unless another was "
                 "asked for.")
-    table, plot, run_table, groups_update, sig = render_table("", "", False)
+    table, plot, run_table, groups_update, sig = render_all("", "", False)
     with gr.Row():
         words = gr.Textbox("", label="Filter", placeholder="words every row shown holds, e.g. movies learned",
                            elem_id="regions-filter")
@@ -104,7 +111,7 @@ def build_table(page) -> tuple:
     outputs = [frame, figure, run_frame, groups, shown]
 
     def refresh(text, by_sort, desc, by, last):
-        return render_table(text, by_sort, desc, last, by) or (*[gr.skip()] * 4, last)
+        return render_all(text, by_sort, desc, last, by) or (*[gr.skip()] * 4, last)
 
     page.poll.add(refresh, [words, sort, descending, group, shown], outputs, tab="regions")
     for event in (words.submit, sort.change, descending.change, group.change):
@@ -161,22 +168,20 @@ def build(page) -> gr.Tab:
 
     @page.guard(region=reg_sel)
     def on_region_select(region_id):
+        """The selected region's downloads, metadata, and its tags and note to edit (one handler: a box typed into
+        just after a pick is never reset by a later answer)."""
         if not region_id:
-            return gr.update(value=None), gr.update(value=None), actions.region_meta_table(None), gr.skip()
+            return (gr.update(value=None), gr.update(value=None), actions.region_meta_table(None), "", "", "",
+                    gr.skip())
         record = store.load_region(region_id)
         path, indices = actions.region_file(region_id), actions.region_only_file(region_id)
-        return gr.update(value=str(path)), gr.update(value=str(indices)), actions.region_meta_table(record), gr.skip()
+        said = runs.note_of(region_id)
+        return (gr.update(value=str(path)), gr.update(value=str(indices)), actions.region_meta_table(record),
+                ", ".join(said["tags"]), said["note"], "", gr.skip())
 
     for event in (reg_sel.change, tab.select):
-        page.on(event, on_region_select, [reg_sel], [reg_dl, reg_dl_idx, reg_meta, status])
-
-    @page.quiet
-    def on_note_shown(region_id):
-        said = runs.note_of(region_id) if region_id else {"tags": [], "note": ""}
-        return ", ".join(said["tags"]), said["note"], "", gr.skip()
-
-    for event in (reg_sel.change, tab.select):
-        page.on(event, on_note_shown, [reg_sel], [reg_tags, reg_note, reg_note_status, status], show_progress="hidden")
+        page.on(event, on_region_select, [reg_sel], [reg_dl, reg_dl_idx, reg_meta, reg_tags, reg_note, reg_note_status,
+                                                     status])
 
     @page.guard(beside=reg_note_status, region=reg_sel)
     def on_note_save(region_id, tags, note, *shown_now):

@@ -1,0 +1,163 @@
+"""The runs table of the Regions tab in headless Chromium (``-k runs``): two runs picked have their mask-learning
+curves overlaid in one plot and their differing settings side by side; a tag written appears in the table, and a
+note holding markup is shown as text.
+
+The server's home is made before it starts, in seconds: three regions of a tiny pair, a finished localize job that
+recorded the curves of two of them (one per seed, as a run over seeds records them), and the default fine-tuned
+checkpoint marked built, so the page does not fine-tune it in the background: no test here needs a model.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import browser_util as bu
+from conftest import make_tiny_pair
+from test_browser import ARTIFACTS, browser  # noqa: F401 - the module's Chromium fixture
+
+pytestmark = pytest.mark.browser
+HOSTILE_NOTE = "<img src=x onerror=\"window.__pwned=1\"> **not bold**"
+
+
+def _make_home(home) -> dict:
+    """Regions and job records written as the app writes them, into ``home``."""
+    import torch
+
+    from graftui import regions
+    from graftui.config import default_checkpoint_dir
+    from graftui.jobs import JobRunner
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("GRAFTUI_HOME", str(home))
+        mp.setenv("GRAFTUI_FAST", "1")
+        mp.delenv("GRAFTUI_HOSTED", raising=False)
+        ready = default_checkpoint_dir()
+        ready.mkdir(parents=True)
+        (ready / "config.json").write_text("{}")  # marked built: the page starts no background fine-tune
+        pair, _, _ = make_tiny_pair()
+        name = max(pair.graftable, key=lambda n: pair.param(n).numel())  # room for every region below
+        ids = {}
+        for key, start, seed, steps, created in (("a", 0, 0, 6, "2024-01-01T10:00:00Z"),  # a and b: one run, 2 seeds
+                                                 ("b", 40, 1, 6, "2024-01-01T10:00:01Z"),
+                                                 ("c", 80, 2, 9, "2024-01-01T10:00:02Z")):
+            learn = {"steps": steps, "lr": 0.02, "seed": seed}
+            record = regions.make_record(pair, {name: torch.arange(start, start + 20)}, {
+                "method": "learned", "task": "movies", "sparsity": 0.01, "budget": "sparsity=0.01", "learn": learn,
+                "request": {"verb": "localize", "task": "movies", "method": "learned", "steps": steps, "seed": seed}})
+            record.meta.created = created
+            ids[key] = f"run-{key}"
+            regions.save(record, home / "regions" / f"{ids[key]}.safetensors")
+        runner = JobRunner(home / "jobs")
+
+        def body(ctx):
+            for seed, n in ((0, 6), (1, 6)):
+                for i in range(1, n + 1):
+                    ctx.report({"step": i, "steps": n, "loss": 1.0 - 0.05 * i + seed, "accuracy": 0.5 + 0.04 * i,
+                                "region_size": 20, "seed": seed})
+            return {"region": "core", "seeds": [{"seed": 0, "region": ids["a"]}, {"seed": 1, "region": ids["b"]}]}
+
+        job = runner.submit("localize", "Localize 'movies' over seeds 0, 1", body, {"verb": "localize"})
+        assert runner.wait(job.id, 30).status == "done"
+        time.sleep(0.3)  # the runner writes the finished record just after it says so
+    return ids
+
+
+@pytest.fixture(scope="module")
+def runs_page(browser, tmp_path_factory):  # noqa: F811
+    home = tmp_path_factory.mktemp("graftui-runs-home")
+    ids = _make_home(home)
+    srv = bu.AppServer(home=home, log_path=home.parent / "runs-server.log", fast=True)
+    try:
+        srv.start(timeout=120)
+    except Exception:
+        bu.save_artifacts(None, "runs-server-start", ARTIFACTS, srv)
+        raise
+    context = browser.new_context(viewport=bu.VIEWPORT)
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda err: errors.append(str(err)))
+    try:
+        bu.wait_usable(page, srv.url, timeout_s=90)
+        yield page, ids, errors, srv
+    finally:
+        context.close()
+        srv.stop()
+
+
+def _traces(page) -> list:
+    return page.evaluate("() => { const p = document.querySelector('#runs-curves .js-plotly-plot'); "
+                         "return p && p.data ? p.data.map(d => [d.name, d.x.length, d.y[0]]) : []; }")
+
+
+def test_two_runs_picked_overlay_their_curves_and_show_their_differing_settings(runs_page, request):
+    page, ids, errors, srv = runs_page
+    try:
+        bu.open_tab(page, "regions")
+        page.wait_for_function("ids => { const t = document.querySelector('#runs-table').innerText; "
+                               "return ids.every(i => t.includes(i)); }", arg=list(ids.values()), timeout=30_000)
+        rows = {r[0]: r for r in bu.table_rows(page, "runs-table") if r}
+        assert rows[ids["a"]][3] == "1.000%" and rows[ids["a"]][6] == "0, 1", rows[ids["a"]]
+        assert rows[ids["c"]][11] == "no curve recorded" and rows[ids["a"]][11] == "yes", rows
+        # the picker starts with the newest runs of one base: all three; the one without a curve is named, not drawn
+        page.wait_for_function("() => document.querySelectorAll('#runs-pick .token').length === 3", timeout=30_000)
+        page.wait_for_function("c => { const p = document.querySelector('#runs-curves .js-plotly-plot'); "
+                               "return p && p.layout && p.layout.title.text.includes('no curve recorded for ' + c); }",
+                               arg=ids["c"], timeout=30_000)
+        page.locator("#runs-pick .token", has_text=ids["c"]).locator(".token-remove").click()
+        page.wait_for_function("() => document.querySelectorAll('#runs-pick .token').length === 2", timeout=10_000)
+        page.wait_for_function("() => { const p = document.querySelector('#runs-curves .js-plotly-plot'); "
+                               "return p && p.layout && !p.layout.title.text.includes('no curve'); }", timeout=30_000)
+        traces = sorted(_traces(page))
+        # loss and batch accuracy of each run, its own steps (seed 1's loss starts one higher)
+        assert traces == [[ids["a"], 6, 0.54], [ids["a"], 6, 0.95], [ids["b"], 6, 0.54], [ids["b"], 6, 1.95]], traces
+        page.wait_for_function("() => document.querySelector('#runs-diff').innerText.includes('learn.seed')",
+                               timeout=30_000)
+        diff = {r[0]: r[1:] for r in bu.table_rows(page, "runs-diff") if r}
+        picked = [t.strip() for t in page.locator("#runs-pick .token").all_inner_texts()]
+        a_first = ids["a"] in picked[0]
+        assert diff["learn.seed"] == (["0", "1"] if a_first else ["1", "0"]), diff
+        assert diff["request.seed"] == diff["learn.seed"] and len(diff) == 2, diff
+        assert "differ in 2 setting(s)" in bu.text(page, "#runs-diff-note"), bu.text(page, "#runs-diff-note")
+        assert not errors, errors
+    except Exception:
+        bu.save_artifacts(page, request.node.name, ARTIFACTS, srv)
+        raise
+
+
+def test_a_tag_added_appears_in_the_table_and_markup_stays_text(runs_page, request):
+    page, ids, errors, srv = runs_page
+    try:
+        bu.open_tab(page, "regions")
+        bu.choose(page, "regions-select", f"[{ids['b']}]")
+        # the region shown (its metadata, tags and note) before the boxes are typed into
+        page.wait_for_function("() => document.querySelector('#regions-meta').innerText.includes('seed=1')",
+                               timeout=30_000)
+        page.fill("#region-tags input", "<b>bold</b>")
+        page.click("#region-note-save")
+        page.wait_for_function("() => document.querySelector('#region-note-status').innerText.includes("
+                               "'holds characters a tag cannot')", timeout=30_000)
+        assert "Traceback" not in page.inner_text("body")
+        page.fill("#region-tags input", "baseline, long run")
+        page.fill("#region-note textarea", HOSTILE_NOTE)
+        page.click("#region-note-save")
+        page.wait_for_function("() => document.querySelector('#region-note-status').innerText.includes('✓ Saved 2 tag')",
+                               timeout=30_000)
+        page.wait_for_function("() => document.querySelector('#runs-table').innerText.includes('baseline, long run')",
+                               timeout=30_000)
+        row = next(r for r in bu.table_rows(page, "runs-table") if r and r[0] == ids["b"])
+        assert row[12] == "baseline, long run" and row[13] == HOSTILE_NOTE, row
+        assert page.evaluate("() => document.querySelectorAll('#runs-table img, #runs-table b').length") == 0
+        assert page.evaluate("() => window.__pwned === undefined")
+        # the filter finds a run by its tag
+        page.fill("#regions-filter textarea", "baseline")
+        page.press("#regions-filter textarea", "Enter")
+        page.wait_for_function("a => !document.querySelector('#runs-table').innerText.includes(a)", arg=ids["a"],
+                               timeout=30_000)
+        assert [r[0] for r in bu.table_rows(page, "runs-table") if r] == [ids["b"]]
+        assert not errors, errors
+    except Exception:
+        bu.save_artifacts(page, request.node.name, ARTIFACTS, srv)
+        raise
+
