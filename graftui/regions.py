@@ -696,6 +696,7 @@ MAX_NOTE_CHARS = 2000
 MAX_ANNOTATIONS = 10_000  # entries one file keeps (the latest); a folder holds far fewer regions
 MAX_ANNOTATIONS_BYTES = 8 << 20  # a file larger than this is not one we wrote: read as empty
 _TAG = re.compile(r"^\w(?:[\w.+-]| (?! ))*$")  # letters, digits, . _ + - and single spaces inside; no markup, no path
+_NOT_TAG = re.compile(r"[\w.+\- ]")  # what a tag may hold: the rest is named in a refusal
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f\u200b-\u200f\u202a-\u202e\u2066-\u2069]")  # kept out of notes
 
 
@@ -710,9 +711,11 @@ def clean_tags(tags) -> list[str]:
             continue
         if len(tag) > MAX_TAG_CHARS:
             raise RequestError(f"the tag '{tag[:MAX_TAG_CHARS]}…' is longer than {MAX_TAG_CHARS} characters: shorten it")
-        if not _TAG.match(tag):
-            raise RequestError(f"the tag {json.dumps(tag, ensure_ascii=False)} holds characters a tag cannot: use "
-                               "letters, digits, '.', '_', '+', '-' and spaces, and separate tags with commas")
+        if not _TAG.match(tag):  # named by its place and its characters: the message never carries markup whole
+            bad = sorted(set(_NOT_TAG.sub("", tag))) or [tag[0]]
+            raise RequestError(f"tag {len(out) + 1} holds characters a tag cannot ({' '.join(map(repr, bad))}) or "
+                               "starts with one: use letters, digits, '.', '_', '+', '-' and spaces, starting with a "
+                               "letter or digit, and separate tags with commas")
         if tag.lower() not in (t.lower() for t in out):
             out.append(tag)
     if len(out) > MAX_TAGS:

@@ -139,6 +139,7 @@ def test_a_tag_added_appears_in_the_table_and_markup_stays_text(runs_page, reque
         page.wait_for_function("() => document.querySelector('#region-note-status').innerText.includes("
                                "'holds characters a tag cannot')", timeout=30_000)
         assert "Traceback" not in page.inner_text("body")
+        assert page.evaluate("() => document.querySelectorAll('#region-note-status b, #status-message b').length") == 0
         page.fill("#region-tags input", "baseline, long run")
         page.fill("#region-note textarea", HOSTILE_NOTE)
         page.click("#region-note-save")
