@@ -1,5 +1,7 @@
-"""Regions: download a saved region or skill patch, export it grafted onto its base, delete it, or upload one
-and add it to this session's regions once it fits the current pair."""
+"""Regions: every saved region in a table with its latest scores, and as a run (``ui.runs``: columns, groups, overlaid
+mask-learning curves, the settings two runs differ in, tags and notes); download a saved region or skill patch,
+export it grafted onto its base, delete it, or upload one and add it to this session's regions once it fits the
+current pair."""
 
 from __future__ import annotations
 
@@ -120,7 +122,8 @@ def build_table(page) -> tuple:
 
     @page.quiet
     def on_pick(ids):
-        ids = [i for i in ids or [] if isinstance(i, str)]
+        listed = {e.id for e in store.list_regions()}  # a value typed into the picker is no run: never drawn
+        ids = [i for i in ids or [] if isinstance(i, str) and i in listed]
         table_, line = runs.compare_settings(ids)
         return runs.curves_figure(ids, runs.localize_curves(store.runner())), table_, line, gr.skip()
 
