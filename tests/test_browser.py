@@ -257,6 +257,41 @@ def test_sentences_typed_on_compare_are_classified_by_each_model(page):
     assert {r[0] for r in rows} == {"1. A wonderful, moving film.", "2. A dull mess from start to finish."}, rows
     assert {r[1] for r in rows} == {"pre-trained body + FT head", "fine-tuned", region}, rows
     assert all(re.fullmatch(r"\d+(\.\d+)?%", r[3]) for r in rows), rows
+    STATE["predict_job"] = bu.tab_job(page, "#predict-status")
+
+
+def test_a_prediction_and_a_short_job_pass_a_long_job_submitted_before_them(page):
+    """Instant and short work runs in the quick lane beside a long job: a prediction answers within seconds, and a
+    comparison as short as its last run ends while a localization submitted before it still runs."""
+    _need("compare_job")
+    bu.open_tab(page, "localize")
+    page.fill("#localize-steps input", "100")
+    page.press("#localize-steps input", "Tab")
+    long = bu.submit_job(page, "#localize-run")
+    try:
+        page.wait_for_function("id => { const t = document.querySelector('#localize-status').innerText; "
+                               "return t.includes(id) && /step \\d+\\/100/.test(t); }", arg=long, timeout=120_000)
+        bu.open_tab(page, "compare")
+        page.fill("#predict-text textarea", "An utterly charming film.")
+        t0 = time.monotonic()
+        page.click("#predict-run")
+        page.wait_for_function("() => document.querySelector('#predict-table').innerText.includes('utterly charming')",
+                               timeout=60_000)
+        answered = time.monotonic() - t0
+        print(f"[browser] a prediction while a localization runs: answered in {answered:.1f} s")
+        assert answered < 4.0, f"the prediction took {answered:.1f} s beside the long job"
+        line, took = bu.run_job(page, "#compare-run", "#compare-status", "compare-job", timeout_s=JOB_S)
+        print(f"[browser] a comparison while a localization runs: {took:.1f} s")
+        assert "· done" in line, line
+        bu.open_tab(page, "localize")
+        still = bu.text(page, "#localize-status")
+        assert f"[{long}]" in still and "· running" in still, f"the long job was not running any more: {still}"
+    finally:
+        bu.open_tab(page, "localize")
+        if re.search(r"· (running|queued)", bu.text(page, "#localize-status")):
+            bu.cancel(page, "#localize-cancel")
+        page.fill("#localize-steps input", "10")  # the form is kept: the default again for the tests that follow
+        page.press("#localize-steps input", "Tab")
 
 
 # -- c. ------------------------------------------------------------------------------------------
@@ -718,6 +753,37 @@ def test_two_browser_tabs_keep_their_own_pair_across_a_reload(page, server):
         other.wait_for_function("() => document.querySelector('#models-finetuned input').value.startsWith("
                                 "'smollm2-movies')", timeout=30_000)
         assert other.input_value("#models-base input").startswith("smollm2")
+    finally:
+        other.close()
+
+
+def test_two_browser_tabs_show_their_own_jobs_across_a_reload(page, server):
+    """A job submitted in another tab does not take the place of this tab's own in its panels, also after a reload;
+    a new tab starts at the latest job, not at the job another tab shows."""
+    _need("predict_job")
+    bu.open_tab(page, "compare")
+    mine = bu.tab_job(page, "#predict-status")  # this tab's own latest prediction
+    assert mine, bu.text(page, "#predict-status")
+    other = page.context.new_page()
+    try:
+        bu.wait_usable(other, server.url, timeout_s=90)
+        bu.open_tab(other, "compare")
+        other.fill("#predict-text textarea", "Another tab's sentence.")
+        line, _ = bu.run_job(other, "#predict-run", "#predict-status", "predict-job", timeout_s=JOB_S)
+        theirs = bu.tab_job(other, "#predict-status")
+        assert theirs and theirs != mine, line
+        bu.wait_usable(page, server.url, timeout_s=90)
+        bu.open_tab(page, "compare")
+        page.wait_for_function("id => document.querySelector('#predict-status').innerText.includes(id)", arg=mine,
+                               timeout=30_000)
+        assert theirs not in bu.text(page, "#predict-status")
+        third = page.context.new_page()
+        try:
+            bu.wait_usable(third, server.url, timeout_s=90)
+            bu.open_tab(third, "compare")
+            assert third.input_value("#predict-job input") in ("", "latest sentences"), "a new tab took a shown job"
+        finally:
+            third.close()
     finally:
         other.close()
 
