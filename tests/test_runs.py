@@ -188,6 +188,9 @@ def test_tags_and_notes_round_trip_and_are_found_by_the_filter(made):
     runs.save_note(made["c"], "", "  ")
     assert runs.note_of(made["c"]) == {"tags": [], "note": ""}
     assert json.loads((store.regions_dir() / regions.ANNOTATIONS_FILE).read_text())["runs"] == []
+    runs.save_note(made["c"], "gone-soon", "")
+    store.delete_region(made["c"])  # a deleted region's tags and note go with it
+    assert json.loads((store.regions_dir() / regions.ANNOTATIONS_FILE).read_text())["runs"] == []
 
 
 def test_hostile_tags_and_notes_are_refused_with_one_line_and_nothing_written(made):

@@ -522,6 +522,8 @@ def delete_region(region_id: str) -> Path:
     path.unlink()
     if gone is not None and all(e.digest != gone.digest for e in list_regions()):
         regions.forget_scores(path.parent, [gone.digest])
+    if path.stem in regions.read_annotations(path.parent):  # its tags and note go with it
+        regions.annotate(path.parent, path.stem, gone.digest if gone is not None else "deleted", [], "")
     return path
 
 
