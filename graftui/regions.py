@@ -81,6 +81,7 @@ class RegionMeta(MutableMapping):
     train_examples: int | None = None
     learn: dict | None = None  # LearnConfig.as_dict() of a learned region
     graftable_spec: dict | None = None  # GraftableSpec.as_dict() the region was learned over
+    curve: list | None = None  # the mask-learning curve: [step, loss, training-batch accuracy] per step (``curve_points``)
     top_movement_overlap: float | None = None  # share of a learned region inside the top-movement region it started from
     # how it was made
     request: dict | None = None  # the request that makes it again (graftui run FILE)
@@ -165,6 +166,30 @@ _TYPES.update({f.name: {"str": (str,), "int": (int,), "float": (int, float), "li
 
 
 # -- typed readers --------------------------------------------------------------------------------
+MAX_CURVE_POINTS = 400  # a region file keeps at most this many steps of its curve (evenly spread, the last kept)
+
+
+def curve_of(reports: list[dict]) -> list[list]:
+    """A region file's ``curve`` from mask learning's step reports: [step, loss, accuracy] each, rounded, and at
+    most MAX_CURVE_POINTS of them."""
+    points = [[int(r["step"]), round(float(r["loss"]), 6), round(float(r["accuracy"]), 4)] for r in reports]
+    if len(points) > MAX_CURVE_POINTS:
+        every = -(-len(points) // MAX_CURVE_POINTS)
+        points = points[::every] + ([points[-1]] if (len(points) - 1) % every else [])
+    return points
+
+
+def curve_points(meta) -> list[dict]:
+    """A region's recorded curve as step reports ({step, loss, accuracy}); points that are not three numbers are
+    left out (region files are untrusted), and a region without a curve has none."""
+    out = []
+    for p in (meta.curve if isinstance(meta, RegionMeta) else None) or []:
+        if (isinstance(p, list) and len(p) == 3 and all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                                         and math.isfinite(v) for v in p)):
+            out.append({"step": p[0], "loss": p[1], "accuracy": p[2]})
+    return out
+
+
 def recorded_options(meta, **overrides) -> LoadOptions:
     """The LoadOptions a region was made with (its prompt), with ``overrides`` on top.
 

@@ -190,6 +190,8 @@ def test_localize_learned_writes_a_patch_of_exactly_k(learned, ft_dir):
     assert record.is_patch and record.size == K
     assert record.meta["method"] == "learned" and record.meta["learn"]["steps"] == 3
     assert record.meta["train_examples"] == 16
+    curve = record.meta.curve  # the mask-learning curve, step by step, kept with the region
+    assert [p[0] for p in curve] == [1, 2, 3] and all(p[1] > 0 and 0 <= p[2] <= 1 for p in curve), curve
 
 
 def test_a_classification_region_takes_its_kinds_budget_where_the_request_names_none(ft_dir, tmp_path):

@@ -257,3 +257,24 @@ def test_the_tab_renders_runs_groups_and_a_signature_that_follows_notes(made):
     again = tab.render_all("fresh", "", False, sig, "method")
     assert again is not None and list(again[2]["id"]) == [made["d"]] and list(again[0]["id"]) == [made["d"]]
     assert tab.render_all("", "", False, None, "")[3]["visible"] is False
+
+
+def test_a_region_file_keeps_its_curve_which_the_runs_table_reads_without_its_job(home):
+    from graftui.ui import runs
+
+    pair, _, _ = make_tiny_pair()
+    reports = [{"step": i, "loss": 2.0 - i / 1000, "accuracy": 0.5, "region_size": 3} for i in range(1, 1001)]
+    curve = regions.curve_of(reports)
+    assert len(curve) <= regions.MAX_CURVE_POINTS and curve[0] == [1, 1.999, 0.5] and curve[-1][0] == 1000
+    path = _save(pair, "kept-curve", 0, 10)
+    record = regions.load(path)
+    record.meta.curve = [[1, 1.5, 0.5], [2, 1.25, 0.75], ["3", 1.0, 0.5], [4, float("nan"), 0.5], [5, True, 0.5], 7]
+    regions.save(record, path)
+    from graftui.ui import store
+    entry = next(e for e in store.list_regions() if e.id == path.stem)
+    assert regions.curve_points(entry.meta) == [{"step": 1, "loss": 1.5, "accuracy": 0.5},
+                                                {"step": 2, "loss": 1.25, "accuracy": 0.75}]  # the rest is not numbers
+    row = next(r for r in runs.runs() if r["id"] == path.stem)
+    assert row["curve"] is True  # no job made it: the file's own curve
+    fig = runs.curves_figure([path.stem], runs.localize_curves(store.runner()))
+    assert [list(t.y) for t in fig.data if t.name and path.stem in t.name][0] == [1.5, 1.25]

@@ -140,7 +140,10 @@ def find_region(req, pair: ModelPair, task: Task | None, k: int, notes: list[str
     if info.needs_data:
         make_batches, n_train = kind_of(task).mask_batches(pair, task, req, notes)
 
+    steps: list[dict] = []  # the curve the region file keeps
+
     def on_step(report) -> None:
+        steps.append(asdict(report))
         progress({"stage": "mask learning", "k": k, **asdict(report)})
 
     region, _ = run_method(pair, Budget(k=k), req.method, make_batches=make_batches, config=config,
@@ -148,7 +151,8 @@ def find_region(req, pair: ModelPair, task: Task | None, k: int, notes: list[str
     budget = budget_of(req, task)
     made = {"method": req.method, "task": req.task, "budget": budget.describe(), "budget_k": k,
             "sparsity": budget.sparsity, "train_examples": n_train,
-            "learn": config.as_dict() if info.needs_data else None, "graftable_spec": req.graftable_spec().as_dict()}
+            "learn": config.as_dict() if info.needs_data else None, "graftable_spec": req.graftable_spec().as_dict(),
+            "curve": regions.curve_of(steps) if steps else None}
     return region, made
 
 

@@ -43,6 +43,14 @@ def budget_of(meta) -> str:
 
 
 def localize_curves(runner) -> dict[str, list[dict]]:
+    """Region id -> its mask-learning curve (``step``, ``loss``, ``accuracy``): the one its file keeps
+    (``regions.curve_points``), else, for a region written before files kept one, the steps its localize job recorded
+    (``job_curves``)."""
+    from_files = {e.id: points for e in store.list_regions() if (points := regions.curve_points(e.meta))}
+    return {**job_curves(runner), **from_files}
+
+
+def job_curves(runner) -> dict[str, list[dict]]:
     """Region id -> the mask steps its localize job recorded (``step``, ``loss``, ``accuracy``, ``region_size``), from
     the newest job that made it; a run over seeds gives each seed's region the steps of that seed. Only finished jobs
     of this session (``runner`` is the session's view) are read."""

@@ -70,9 +70,9 @@ RUNS_NOTE = (
     "also finds tags and notes. Group the runs to see each budget's, method's or seed's mean score and its spread."
 )
 CURVES_NOTE = (
-    "The curves are the mask steps each run's localize job recorded (loss and training-batch accuracy, one colour per "
-    "run). A region made on the command line, uploaded, made by a data-free method, or whose job is gone has "
-    f"{runs.NO_CURVE}. The table below it lists the settings in which the first two runs picked differ."
+    "The curves are the mask steps each run's region file keeps, or for an older region its localize job recorded "
+    "(loss and training-batch accuracy, one colour per run). A region made by a data-free method, or an older one "
+    f"whose job is gone, has {runs.NO_CURVE}. The table below it lists the settings in which the first two runs picked differ."
 )
 
 
