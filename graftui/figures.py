@@ -45,9 +45,45 @@ def _trend(values: list[float], window: int = 5) -> list[float]:
             for i in range(len(values))]
 
 
+HELDOUT_NAMES = {"top-movement start": "top-movement start", "this region": "learned region"}
+SMALL_HELDOUT = 100  # held-out examples below which the plot says the check is too small to tell FT and graft apart
+
+
+def heldout_half_width(n: int) -> float:
+    """The widest 95 % half-width of an accuracy measured on ``n`` examples (at 50 %, normal approximation): how far
+    apart a held-out check must put two models before it tells them apart."""
+    return 1.96 * 0.5 / max(n, 1) ** 0.5
+
+
+def _heldout_label(h: dict, last_step: int) -> str:
+    """The name a held-out diamond carries on the plot: where learning started, or the region it ended with."""
+    name = HELDOUT_NAMES.get(h["model"], h["model"])
+    if h["model"] == "this region" and not h["step"] and not last_step:
+        name = "region"  # a data-free method: no learning, the region itself
+    return f"{name} {h['accuracy']:.1%}"
+
+
+LABEL_ROOM = 0.13  # of the accuracy axis (0–105 %): the height a line's label takes above or below it
+
+
+def _label_heights(taken: list[float]) -> list[float] | None:
+    """Two heights on the accuracy axis for the diamonds' names, apart from each other and from what ``taken``
+    holds (the dotted lines with their labels, the diamonds): below all of it where there is room, else above it;
+    None where neither has room (the names then sit beside the diamonds)."""
+    low, high = min(taken) - LABEL_ROOM, max(taken) + LABEL_ROOM
+    if low >= 0.26:
+        return [low / 2 + 0.07, low / 2 - 0.07]
+    if 1.05 - high >= 0.26:
+        return [(high + 1.05) / 2 + 0.07, (high + 1.05) / 2 - 0.07]
+    return None
+
+
 def localize_progress(progress: list[dict], k: int | None = None, title: str = "Mask learning") -> go.Figure:
     """Loss (with its trend), batch accuracy with the held-out checks beside FT and the empty region, and the
-    relaxed region's size per mask step (the job's progress events)."""
+    relaxed region's size per mask step (the job's progress events), every trace named in the legend.
+
+    The bottom panel counts γ(S) ≥ 0.5, which is not the region: the region saved is the top k of the learned
+    logits (``method.binarise``), so a count above k while learning is expected and is said so on the plot."""
     seed = next((p["seed"] for p in reversed(progress) if "seed" in p), None)
     if seed is not None:  # a replicate run: the seed under way (each seed's steps start again at 1)
         progress = [p for p in progress if p.get("seed") == seed]
@@ -58,46 +94,79 @@ def localize_progress(progress: list[dict], k: int | None = None, title: str = "
         return empty_figure("Waiting for the first mask step… (models and data load first)")
     x = [p["step"] for p in steps]
     n = held[0]["n"] if held else None
+    half = heldout_half_width(n) if n else None
     fig = make_subplots(
-        rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.08,
+        rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.09,
         subplot_titles=(
-            "Loss of the relaxed graft per batch (thick: running mean)",
-            "Accuracy: training batch" + (f"; held-out check, n = {n:,} (◆)" if held else ""),
-            "Relaxed mask: parameters with γ(S) ≥ 0.5 (the saved region: exactly k)",
+            "Loss of the relaxed graft per batch",
+            "Accuracy: training batch" + ("" if not held else f"; held-out ◆, n = {n:,} (±{100 * half:.0f} pts)"
+                                          + ("<br>too few to tell models closer than that apart"
+                                             if n < SMALL_HELDOUT else "")),
+            "Parameters with γ ≥ 0.5 (not the region: the top k of ℓ)",
         ),
     )
+    fig.update_annotations(font={"size": 13})  # the panels' titles, before any other annotation is added
     if steps:
         losses = [p["loss"] for p in steps]
-        fig.add_trace(go.Scatter(x=x, y=losses, mode="lines+markers", name="loss", line={"width": 1},
+        fig.add_trace(go.Scatter(x=x, y=losses, mode="lines+markers", name="loss per batch", line={"width": 1},
                                  marker={"size": 4}, hovertemplate="step %{x}<br>loss %{y:.4f}<extra></extra>"),
                       row=1, col=1)
-        fig.add_trace(go.Scatter(x=x, y=_trend(losses), mode="lines", name="trend", line={"width": 3},
+        fig.add_trace(go.Scatter(x=x, y=_trend(losses), mode="lines", name="loss, running mean", line={"width": 3},
                                  hovertemplate="step %{x}<br>running mean %{y:.4f}<extra></extra>"), row=1, col=1)
         fig.add_trace(go.Scatter(x=x, y=[p["accuracy"] for p in steps], mode="lines+markers", name="batch accuracy",
                                  line={"color": PALETTE[2]},
                                  hovertemplate="step %{x}<br>accuracy %{y:.1%}<extra></extra>"), row=2, col=1)
+        region_note = f"the saved region: the top {k:,} by ℓ" if k else "the saved region: the top k by ℓ"
         fig.add_trace(go.Scatter(x=x, y=[p.get("region_size") for p in steps], mode="lines+markers",
-                                 name="region size", line={"color": PALETTE[3]},
-                                 hovertemplate="step %{x}<br>%{y:,} parameters<extra></extra>"), row=3, col=1)
+                                 name="γ ≥ 0.5 count", line={"color": PALETTE[3]},
+                                 hovertemplate=f"step %{{x}}<br>%{{y:,}} parameters with γ ≥ 0.5<br>({region_note})"
+                                               "<extra></extra>"), row=3, col=1)
     if held:
+        refs = {name: held[-1][name] for name in ("ft", "bare")}
+        upper = max(refs, key=refs.get)
         for name, colour in (("ft", MODEL_COLOURS[FT_LABEL]), ("bare", MODEL_COLOURS[BODY_LABEL])):
             words = "fine-tuned" if name == "ft" else "empty region"
-            fig.add_hline(y=held[-1][name], line_dash="dot", line_color=colour, row=2, col=1,
-                          annotation_text=f"{words} {held[-1][name]:.1%}", annotation_position="top left")
-        fig.add_trace(go.Scatter(x=[h["step"] for h in held], y=[h["accuracy"] for h in held], mode="markers+text",
+            # labelled mid-plot, the higher line's label above it and the lower's below: apart from each other and
+            # from the diamonds, which sit at the first and the last step
+            fig.add_hline(y=refs[name], line_dash="dot", line_color=colour, row=2, col=1,
+                          annotation_text=f"{words} {refs[name]:.1%}", annotation_font={"color": colour, "size": 11},
+                          annotation_position="top" if name == upper else "bottom")
+        last = max([h["step"] for h in held] + x)
+        labels = [_heldout_label(h, last) for h in held]
+        heights = _label_heights([*refs.values(), *(h["accuracy"] for h in held)])
+        fig.add_trace(go.Scatter(x=[h["step"] for h in held], y=[h["accuracy"] for h in held],
+                                 mode="markers" if heights else "markers+text", text=labels,
+                                 textposition=["middle right" if h["step"] < last or not last else "middle left"
+                                               for h in held], textfont={"size": 11},
                                  name="held-out", marker={"symbol": "diamond", "size": 12, "color": PALETTE[1]},
-                                 text=[f"{h['accuracy']:.1%}" for h in held], textposition="bottom center",
-                                 customdata=[[h["model"], h["n"]] for h in held],
+                                 customdata=[[HELDOUT_NAMES.get(h["model"], h["model"]), h["n"]] for h in held],
                                  hovertemplate="%{customdata[0]} (step %{x})<br>held-out accuracy %{y:.1%} on "
                                                "%{customdata[1]} examples<extra></extra>"), row=2, col=1)
+        for i, (h, label) in enumerate(zip(held, labels) if heights else ()):
+            # each diamond named where nothing else is written, a thin arrow pointing at it; the start's name runs
+            # to the right of the first step, the end's to the left of the last
+            at_end = h["step"] == last and last > 0
+            fig.add_annotation(text=label, x=h["step"], y=h["accuracy"], ax=h["step"], ay=heights[i % 2],
+                               xref="x2", yref="y2", axref="x2", ayref="y2", showarrow=True, arrowhead=0,
+                               arrowwidth=1, arrowcolor=PALETTE[1], standoff=6, xanchor="right" if at_end else "left",
+                               font={"size": 11, "color": PALETTE[1]})
     if k:
         fig.add_hline(y=k, line_dash="dot", line_color="#444", row=3, col=1,
                       annotation_text=f"budget k = {k:,}", annotation_position="bottom right")
+        if any((p.get("region_size") or 0) > k for p in steps):
+            fig.add_annotation(text="above k is expected: the saved region<br>is cut to the top k of ℓ",
+                               xref="x3 domain", yref="y3 domain", x=0.01, y=0.98, xanchor="left", yanchor="top",
+                               showarrow=False, align="left", font={"size": 10, "color": "#666"})
     fig.update_yaxes(tickformat=".0%", range=[0, 1.05], row=2, col=1)
     fig.update_yaxes(tickformat=",", row=3, col=1)
     fig.update_xaxes(tick0=1, dtick=max(1, len(x) // 10))
     fig.update_xaxes(title_text="mask step", row=3, col=1)
-    return _layout(fig, title, height=560).update_layout(showlegend=False)
+    if len(title) > 50 and " · " in title:  # a job's long title on two lines, so a phone-wide plot shows all of it
+        head, _, tail = title.rpartition(" · ")
+        title = f"{head}<br>{tail}" if len(head) <= 60 else title.replace(" · ", "<br>", 1)
+    return _layout(fig, title, height=600).update_layout(
+        showlegend=True, legend={"orientation": "h", "yanchor": "top", "y": -0.1, "x": 0, "font": {"size": 11}},
+        margin={"b": 110, "t": 76})
 
 
 def finetune_progress(progress: list[dict], title: str = "Fine-tuning") -> go.Figure:
@@ -229,28 +298,41 @@ def sweep_figure(rows: list[dict], task: str = "") -> go.Figure:
 
 
 # -- anatomy -------------------------------------------------------------------------------------
+def compact_count(v: int) -> str:
+    """A count in at most four characters (``987``, ``1.2k``, ``12k``, ``3.4M``): a heatmap cell holds it at a
+    readable size even on a phone."""
+    for size, unit in ((1_000_000, "M"), (1_000, "k")):
+        if abs(v) >= size:
+            scaled = v / size
+            return f"{scaled:.1f}".rstrip("0").rstrip(".") + unit if abs(scaled) < 10 else f"{scaled:.0f}{unit}"
+    return f"{v:,}"
+
+
 def anatomy_heatmap(anat, mode: str = "counts", title: str = "") -> go.Figure:
-    """Layers × module types; colour is the region count or its density, exact numbers on hover."""
+    """Layers × module types; colour is the region count or its density, short numbers in the cells (they stay
+    readable in a narrow window), exact numbers on hover. The title is short and the colour bar thin, so a
+    phone-wide plot keeps both."""
     if not anat.layers:
         return empty_figure("This region has no graftable parameters to place.")
     cols = [MODULE_LABELS.get(m, m) for m in anat.modules]
     z = anat.density if mode == "density" else anat.counts
     custom = [[[anat.counts[i][j], anat.totals[i][j], anat.density[i][j]] for j in range(len(cols))]
               for i in range(len(anat.layers))]
-    text = [[(f"{v:.2%}" if mode == "density" else f"{v:,}") if anat.totals[i][j] else "–"
+    text = [[(f"{100 * v:.2g}%" if mode == "density" else compact_count(v)) if anat.totals[i][j] else "–"
              for j, v in enumerate(row)] for i, row in enumerate(z)]
     fig = go.Figure(go.Heatmap(
         z=z, x=cols, y=list(anat.layers), customdata=custom, text=text, texttemplate="%{text}",
-        colorscale="Blues", colorbar={"title": {"text": "share of cell" if mode == "density" else "parameters"},
-                                      "tickformat": ".1%" if mode == "density" else ","},
+        textfont={"size": 11}, colorscale="Blues",
+        colorbar={"thickness": 10, "tickformat": ".1%" if mode == "density" else "~s", "nticks": 4},
         hovertemplate=("<b>%{y} · %{x}</b><br>in region: %{customdata[0]:,}<br>graftable in cell: %{customdata[1]:,}"
                        "<br>density: %{customdata[2]:.4%}<extra></extra>"),
         xgap=2, ygap=2,
     ))
-    fig.update_yaxes(autorange="reversed", title_text="transformer layer")
-    fig.update_xaxes(title_text="module type", side="bottom")
-    what = "density (region parameters / graftable parameters in the cell)" if mode == "density" else "region parameters per cell"
-    return _layout(fig, title or f"Where the region sits: {what}", height=140 + 42 * len(anat.layers))
+    fig.update_yaxes(autorange="reversed", automargin=True)  # the tick labels name the layers
+    fig.update_xaxes(title_text="module type", side="bottom", automargin=True)
+    what = "density (share of the cell)" if mode == "density" else "region parameters per cell"
+    return _layout(fig, title or f"Layer × module: {what}", height=140 + 42 * len(anat.layers)).update_layout(
+        title={"font": {"size": 14}}, margin={"l": 10, "r": 10})
 
 
 def module_bars(anat, title: str = "") -> go.Figure:

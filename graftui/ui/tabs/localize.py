@@ -20,12 +20,15 @@ KINDS, LATEST = ("localize",), "latest localize job"
 PLOT_NOTE = (
     "Mask learning relaxes the region to γ(S) = σ(S + ℓ) and steps ℓ on the task loss of the relaxed graft; the loss "
     "is that of one training batch, so it is noisy (the thick line is its running mean). The held-out check (◆) "
-    "scores the region on a sample of test examples the mask never saw — once where learning starts "
-    "(top-movement) and once at the end — beside the fine-tuned model and the empty region (dotted; their scores are "
-    "reused from earlier runs of this pair and task). The bottom panel counts parameters with γ ≥ 0.5 against the "
-    "budget k: the paper's learner may pass it while learning (the saved region is then the top k by ℓ, exactly k "
-    "parameters, and a region that fitted only far above k can lose the skill in that cut); the budget-true learner "
-    "grafts exactly k in every step and stays at or below k."
+    "scores the region on a sample of test examples the mask never saw — once where learning starts (the "
+    "**top-movement start**, the region learning begins from) and once at the end (the **learned region**) — beside "
+    "the fine-tuned model and the empty region (dotted; their scores are reused from earlier runs of this pair and "
+    "task). The panel's title says how far apart two scores must be for that sample to tell them apart (±, 95 %); "
+    "below 100 examples it says the sample is too small for closer ones. The bottom panel counts parameters with "
+    "γ ≥ 0.5, which is not the region: the saved region is the top k of ℓ, exactly k parameters, so a count above "
+    "the budget k while learning is expected, not a fault. Whether the cut to k kept the skill is what the end ◆ "
+    "says (a region that fitted only far above k can lose it there); the budget-true learner grafts exactly k in "
+    "every step and stays at or below k."
 )
 
 
