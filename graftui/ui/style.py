@@ -33,6 +33,28 @@ CSS = """
     .row > *:not(button), .row > .form > * { flex: 1 1 100% !important; min-width: 100% !important;
                                              margin-left: 0 !important; margin-right: 0 !important; }
 }
+/* Every tab keeps its button in the tab bar at any width; the bar wraps onto more lines instead of moving tabs into
+   a "⋯" menu (where a phone showed two tabs of eight). Gradio moves tabs there when the widths it measures on a
+   hidden copy of the bar exceed the bar's own; that copy is not laid out here, so it measures nothing, and the bar
+   takes the look of Gradio's own wrapping tab bar. */
+#tabs > .tab-wrapper { height: auto !important; }
+#tabs > .tab-wrapper > .tab-container.visually-hidden, #tabs > .tab-wrapper > .overflow-menu { display: none !important; }
+#tabs > .tab-wrapper > .tab-container[role=tablist] {
+    flex-wrap: wrap !important; height: auto !important; overflow: visible !important;
+    background: repeating-linear-gradient(to bottom, transparent 0, transparent calc(var(--size-8) - 1px),
+        color-mix(in srgb, var(--border-color-primary) 45%, transparent) calc(var(--size-8) - 1px),
+        color-mix(in srgb, var(--border-color-primary) 45%, transparent) var(--size-8)); }
+#tabs > .tab-wrapper > .tab-container[role=tablist] > button { height: var(--size-8) !important; }
+/* A phone: the jobs table keeps what a job is, where it stands and how far it got (title, status, progress), in
+   the page's width with no sideways scroll; its id, kind, duration and message are in the job's line below when it
+   is picked. Gradio sizes the columns from a hidden row of cells: those hidden here measure nothing. */
+@media (max-width: 560px) {
+    #jobs-table th:nth-child(1), #jobs-table th:nth-child(2), #jobs-table th:nth-child(6), #jobs-table th:nth-child(7),
+    #jobs-table .sizing-body td:nth-child(1), #jobs-table .sizing-body td:nth-child(2),
+    #jobs-table .sizing-body td:nth-child(6), #jobs-table .sizing-body td:nth-child(7),
+    #jobs-table [role=gridcell]:is([data-col="0"], [data-col="1"], [data-col="5"], [data-col="6"]) {
+        display: none !important; }
+}
 """
 
 
