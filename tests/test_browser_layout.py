@@ -200,11 +200,18 @@ def test_compare_filters_its_differences_pages_its_disagreements_and_keeps_the_r
     bu.choose(page, "compare-differences-pick", "every comparison")
     page.wait_for_function("n => document.querySelector('#compare-differences-count').innerText.includes("
                            "'All ' + n + ' differences')", arg=total, timeout=30_000)
+    # read once the table shows the whole filter's rows: each key typed filters by what is typed so far ("O" keeps OOD
+    # ECE rows), and the rows of a filter typed half-way may still be on screen when the count has changed
     page.click("#compare-differences-words input, #compare-differences-words textarea")
     page.keyboard.type("OOD accuracy")
     page.wait_for_function("n => !document.querySelector('#compare-differences-count').innerText.includes("
                            "'All ' + n)", arg=total, timeout=30_000)
-    rows = [r for r in bu.table_rows(page, "compare-differences") if r]
+    deadline, rows = time.monotonic() + 30, []
+    while time.monotonic() < deadline:
+        rows = [r for r in bu.table_rows(page, "compare-differences") if r]
+        if rows and all(r[2] == "OOD" and r[3] == "accuracy" for r in rows):
+            break
+        time.sleep(0.25)
     assert rows and all(r[2] == "OOD" and r[3] == "accuracy" for r in rows), rows
     # the disagreements: ten a page, with a control to the next page
     page.wait_for_function("() => /Rows 1–10 of \\d+/.test(document.querySelector('#compare-disagreements-page')"

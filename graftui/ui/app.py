@@ -18,7 +18,7 @@ from .. import settings
 from ..paths import clean_stale
 from . import actions, pagescript, store
 from .tabs import anatomy, compare, compose, finetune, jobs, laboratory, localize, models, regions
-from .style import CSS, TABLES, number_css
+from .style import CSS, TABLES, number_css, phone_css
 from .wiring import Page
 
 TAB_NAMES = ("Models", "Fine-tune", "Localize", "Compare", "Anatomy", "Compose", "Laboratory", "Regions")
@@ -42,7 +42,7 @@ def build_app() -> gr.Blocks:
         # The page's session id (hosted mode), issued on load and kept by the browser, encrypted.
         sid = gr.BrowserState("", storage_key="graftui-session", secret=store.browser_secret())
         page = Page(status, sid, store.defaults())
-        with gr.Tabs(elem_id="tabs"):
+        with gr.Tabs(elem_id="tabs", overflow_behavior="wrap"):  # every tab in the bar at any width, none behind "⋯"
             tabs = {name: module.build(page) for name, module in TABS.items()}
         jobs.build(page)
         page.finish()
@@ -198,7 +198,7 @@ def launch_options() -> dict:
     os.environ["FORWARDED_ALLOW_IPS"] = ""  # read by uvicorn when the server starts: trust no peer's header
     max_size = f"{int(settings.MAX_UPLOAD_MB)}mb" if settings.hosted() else None
     return {"allowed_paths": store.served_dirs(), "max_file_size": max_size, "show_error": True,
-            "css": CSS + number_css(TABLES),
+            "css": CSS + number_css(TABLES) + phone_css(),
             "app_kwargs": pagescript.app_kwargs(), "ssr_mode": False}
 
 

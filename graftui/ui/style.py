@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from . import actions
+from . import actions, runs
 from .tabs import anatomy, laboratory
 
 TABLES = {  # each table's columns, by its elem_id: those in actions.NUMBER_COLUMNS are never wrapped
@@ -16,6 +16,7 @@ TABLES = {  # each table's columns, by its elem_id: those in actions.NUMBER_COLU
     "anatomy-neurons": anatomy.NEURON_COLUMNS, "anatomy-ablation": anatomy.ABLATION_COLUMNS,
     "anatomy-stability": anatomy.STABILITY_COLUMNS, "lab-wise-table": actions.WISE_COLUMNS,
     "lab-union-table": laboratory.MULTITASK_COLUMNS, "lab-continual-table": laboratory.CONTINUAL_COLUMNS,
+    "runs-table": runs.RUNS_COLUMNS, "runs-groups": runs.GROUP_COLUMNS,
 }
 CSS = """
 /* A table's columns are as wide as its text needs when it is wrapped between words (never inside one), so a table
@@ -33,29 +34,24 @@ CSS = """
     .row > *:not(button), .row > .form > * { flex: 1 1 100% !important; min-width: 100% !important;
                                              margin-left: 0 !important; margin-right: 0 !important; }
 }
-/* Every tab keeps its button in the tab bar at any width; the bar wraps onto more lines instead of moving tabs into
-   a "⋯" menu (where a phone showed two tabs of eight). Gradio moves tabs there when the widths it measures on a
-   hidden copy of the bar exceed the bar's own; that copy is not laid out here, so it measures nothing, and the bar
-   takes the look of Gradio's own wrapping tab bar. */
-#tabs > .tab-wrapper { height: auto !important; }
-#tabs > .tab-wrapper > .tab-container.visually-hidden, #tabs > .tab-wrapper > .overflow-menu { display: none !important; }
-#tabs > .tab-wrapper > .tab-container[role=tablist] {
-    flex-wrap: wrap !important; height: auto !important; overflow: visible !important;
-    background: repeating-linear-gradient(to bottom, transparent 0, transparent calc(var(--size-8) - 1px),
-        color-mix(in srgb, var(--border-color-primary) 45%, transparent) calc(var(--size-8) - 1px),
-        color-mix(in srgb, var(--border-color-primary) 45%, transparent) var(--size-8)); }
-#tabs > .tab-wrapper > .tab-container[role=tablist] > button { height: var(--size-8) !important; }
-/* A phone: the jobs table keeps what a job is, where it stands and how far it got (title, status, progress), in
-   the page's width with no sideways scroll; its id, kind, duration and message are in the job's line below when it
-   is picked. Gradio sizes the columns from a hidden row of cells: those hidden here measure nothing. */
-@media (max-width: 560px) {
-    #jobs-table th:nth-child(1), #jobs-table th:nth-child(2), #jobs-table th:nth-child(6), #jobs-table th:nth-child(7),
-    #jobs-table .sizing-body td:nth-child(1), #jobs-table .sizing-body td:nth-child(2),
-    #jobs-table .sizing-body td:nth-child(6), #jobs-table .sizing-body td:nth-child(7),
-    #jobs-table [role=gridcell]:is([data-col="0"], [data-col="1"], [data-col="5"], [data-col="6"]) {
-        display: none !important; }
-}
 """
+
+
+PHONE_WIDTH = 560  # px: below this, a table shows only the columns a phone needs
+PHONE_HIDDEN = {"jobs-table": ("id", "kind", "duration", "message")}  # in the job's line below when it is picked
+
+
+def phone_css(hidden: dict[str, tuple[str, ...]] = PHONE_HIDDEN) -> str:
+    """On a phone the jobs table keeps what a job is, where it stands and how far it got (title, status, progress), in
+    the page's width with no sideways scroll. Gradio sizes the columns from a hidden row of cells, and a cell names
+    its column by position only, so the rules go by each hidden column's place in ``TABLES``."""
+    rules = []
+    for elem_id, names in hidden.items():
+        for i, name in enumerate(TABLES[elem_id]):
+            if name in names:
+                rules += [f"#{elem_id} th:nth-child({i + 1})", f"#{elem_id} .sizing-body td:nth-child({i + 1})",
+                          f"#{elem_id} [role=gridcell][data-col=\"{i}\"]"]
+    return f"@media (max-width: {PHONE_WIDTH}px) {{\n" + ",\n".join(rules) + " { display: none !important; }\n}\n"
 
 
 def number_css(tables: dict[str, list[str]]) -> str:
