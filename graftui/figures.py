@@ -6,6 +6,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from .config import BODY_LABEL, FT_LABEL, LM_BODY_LABEL
+from .formatting import SMALL_N, resolution
 from .layout import MODULE_LABELS
 from .paths import short_ref
 
@@ -46,13 +47,6 @@ def _trend(values: list[float], window: int = 5) -> list[float]:
 
 
 HELDOUT_NAMES = {"top-movement start": "top-movement start", "this region": "learned region"}
-SMALL_HELDOUT = 100  # held-out examples below which the plot says the check is too small to tell FT and graft apart
-
-
-def heldout_half_width(n: int) -> float:
-    """The widest 95 % half-width of an accuracy measured on ``n`` examples (at 50 %, normal approximation): how far
-    apart a held-out check must put two models before it tells them apart."""
-    return 1.96 * 0.5 / max(n, 1) ** 0.5
 
 
 def _heldout_label(h: dict, last_step: int) -> str:
@@ -94,14 +88,14 @@ def localize_progress(progress: list[dict], k: int | None = None, title: str = "
         return empty_figure("Waiting for the first mask step… (models and data load first)")
     x = [p["step"] for p in steps]
     n = held[0]["n"] if held else None
-    half = heldout_half_width(n) if n else None
+    half = resolution(n) if n else None  # how far apart the check must put two models to tell them apart
     fig = make_subplots(
         rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.09,
         subplot_titles=(
             "Loss of the relaxed graft per batch",
             "Accuracy: training batch" + ("" if not held else f"; held-out ◆, n = {n:,} (±{100 * half:.0f} pts)"
                                           + ("<br>too few to tell models closer than that apart"
-                                             if n < SMALL_HELDOUT else "")),
+                                             if n < SMALL_N else "")),
             "Parameters with γ ≥ 0.5 (not the region: the top k of ℓ)",
         ),
     )

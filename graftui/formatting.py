@@ -67,6 +67,29 @@ def difference_value(d: dict, between: str = "") -> str:
             f"[{_signed(scale * lo, digits)}, {_signed(scale * hi, digits)}]")
 
 
+SMALL_N = 100  # test examples below which a single run's check is too small to tell most models apart
+NOT_SHARES = ("ece", "loss", "perplexity")  # metrics whose differences are not shares of the examples
+
+
+def resolution(n: int) -> float:
+    """The widest 95 % half-width of a share (accuracy, exact match) measured on ``n`` examples (at 50 %, normal
+    approximation): how far apart two models must score before ``n`` examples tell them apart."""
+    return 1.96 * 0.5 / max(n, 1) ** 0.5
+
+
+def undecided(d: dict) -> str:
+    """Why a paired difference whose interval holds zero tells nothing: too few replicates, or, on a single run,
+    n examples, with how large a difference of shares that many could tell at best where they are few (an interval
+    of [+0.0, +0.0] on 16 examples says the two agreed on each, not that they are equal)."""
+    m, over, n = d.get("seeds") or 1, d.get("over", "seeds"), d.get("n") or 0
+    if m > 1:
+        return f"not distinguishable across {m} {over}"
+    words = f"not distinguishable at n = {n:,}"
+    if n < SMALL_N and d.get("metric") not in NOT_SHARES:
+        words += f", too few to tell apart differences under about ±{100 * resolution(n):.0f} pts"
+    return words
+
+
 def difference(d: dict, said: str = "") -> str:
     """A paired difference with its interval: "+3.2 pts [+0.9, +5.4]" for accuracy, "−0.012 [−0.020, −0.004]"
     for ECE, then ``said`` (" over top-movement"), then ": not distinguishable at n = 500" where the
@@ -80,7 +103,7 @@ def difference(d: dict, said: str = "") -> str:
         text += f" (each {ONE_OF.get(over, over)}'s paired interval excludes zero in {d.get('distinguishable_in', 0)} of {m})"
     if lo > 0 or hi < 0:
         return text
-    return text + (f": not distinguishable across {m} {over}" if m > 1 else f": not distinguishable at n = {d['n']:,}")
+    return f"{text}: {undecided(d)}"
 
 
 def minutes(seconds: float) -> str:

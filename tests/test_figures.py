@@ -49,7 +49,8 @@ def test_a_count_above_k_is_said_to_be_expected_and_a_small_sample_too_small():
     under = _texts(figures.localize_progress(_run(100, [90, 95], n=200), k=100))
     assert not any("above k is expected" in t for t in under), under
     assert any("n = 200 (±7 pts)" in t and "too few" not in t for t in under), under
-    assert figures.heldout_half_width(16) == pytest.approx(0.245)
+    from graftui.formatting import resolution
+    assert resolution(16) == pytest.approx(0.245)
 
 
 def test_a_long_job_title_takes_two_lines():

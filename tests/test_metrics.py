@@ -296,3 +296,15 @@ def test_disagreements_list_where_a_graft_decides_unlike_ft_most_confident_first
     assert [d["graft_confidence"] for d in found] == pytest.approx([0.6, 0.55])  # the most confident first
     assert found[0]["ft_confidence"] == pytest.approx(0.8) and {d["of"] for d in found} == {2}
     assert scoring.disagreements({FT_LABEL: ft, "same": ft.clone()}, None, split, task, ["same"]) == []
+
+
+def test_a_difference_on_few_examples_says_how_large_a_difference_they_could_tell():
+    from graftui.formatting import difference, undecided
+
+    agreed = {"metric": "accuracy", "diff": 0.0, "ci": [0.0, 0.0], "n": 16}  # the two agreed on each of 16
+    assert difference(agreed).endswith(": not distinguishable at n = 16, too few to tell apart differences under "
+                                       "about ±24 pts")
+    assert undecided({**agreed, "n": 500}) == "not distinguishable at n = 500"  # enough: no excuse made
+    assert undecided({**agreed, "metric": "ece"}) == "not distinguishable at n = 16"  # not a share: no points
+    assert undecided({**agreed, "seeds": 3}) == "not distinguishable across 3 seeds"
+    assert ": not distinguishable" not in difference({**agreed, "diff": 0.3, "ci": [0.1, 0.5]})

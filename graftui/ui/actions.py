@@ -29,7 +29,7 @@ from ..completion import OFFLINE_SKILLS
 from ..data import OFFLINE_TASKS, all_as_test, preview
 from ..errors import ModelError, RegionError, RequestError
 from ..hosted import check_rows, check_upload, safe_name, save_upload
-from ..formatting import difference_value, minutes, num, pct
+from ..formatting import difference_value, minutes, num, pct, undecided
 from ..flows.common import own_pairs
 from ..jobs import FINISHED, MAIN, QUEUED, RUNNING, Job
 from ..localizers import get_method
@@ -888,8 +888,7 @@ def differences_table(result: dict) -> pd.DataFrame:
                     "metric": "ECE" if d["metric"] == "ece" else d["metric"],
                     "difference [95 % CI]": difference_value(d, f" ({m} seeds)" if m > 1 else ""),
                     "McNemar p": "" if d.get("p") is None else f"{d['p']:.3g}",
-                    "reading": f"a is {apart}" if apart else
-                    (f"not distinguishable across {m} seeds" if m > 1 else f"not distinguishable at n = {d['n']:,}")})
+                    "reading": f"a is {apart}" if apart else undecided(d)})
     return pd.DataFrame(out, columns=DIFFERENCE_COLUMNS)
 
 
