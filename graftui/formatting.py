@@ -68,7 +68,7 @@ def difference_value(d: dict, between: str = "") -> str:
 
 
 SMALL_N = 100  # test examples below which a single run's check is too small to tell most models apart
-NOT_SHARES = ("ece", "loss", "perplexity")  # metrics whose differences are not shares of the examples
+SHARES = ("accuracy", "exact_match", "acc")  # metrics that are shares of the examples (each right or wrong)
 
 
 def resolution(n: int) -> float:
@@ -85,7 +85,7 @@ def undecided(d: dict) -> str:
     if m > 1:
         return f"not distinguishable across {m} {over}"
     words = f"not distinguishable at n = {n:,}"
-    if n < SMALL_N and d.get("metric") not in NOT_SHARES:
+    if n < SMALL_N and d.get("metric") in SHARES:
         words += f", too few to tell apart differences under about ±{100 * resolution(n):.0f} pts"
     return words
 

@@ -1,7 +1,7 @@
 """One runner for all long work (fine-tuning, localization, sweeps, evaluations).
 
 Jobs run in two lanes, each one job at a time on a background thread of its own: the main lane, and a quick
-lane for work that takes seconds (a prediction, an export, a job as short as the same job was here before), so a
+lane for work that takes seconds (a prediction, a job as short as the same job was here before), so a
 short job is never held behind a long one. A job in the quick lane loads models of its own (its caller's choice:
 ``flows.common.own_pairs``), so the models a lane shares are never touched by two jobs at once. Each job carries
 the seconds it is expected to take, when its caller knows (``estimate``), from which a waiting job's start and end
@@ -25,6 +25,7 @@ import contextvars
 import ctypes
 import json
 import logging
+import math
 import threading
 import time
 import traceback
@@ -380,7 +381,7 @@ def _left(job: Job, now: float) -> float | None:
     the time it has run (never below 0); None when neither is known."""
     ran = max(now - (job.started or now), 0.0)
     if job.fraction >= PACE_AFTER:
-        return ran / job.fraction - ran
+        return ran / min(job.fraction, 1.0) - ran
     return None if job.estimate is None else max(job.estimate - ran, 0.0)
 
 
@@ -391,7 +392,10 @@ def _turn(job: Job) -> str | None:
 
 _FIELD_TYPES = {"id": str, "kind": str, "title": str, "params": dict, "status": str, "progress": list,
                 "message": str, "result": (dict, type(None)), "error": (str, type(None)), "owner": (str, type(None)),
-                "client": (str, type(None)), "lane": str, "estimate": (int, float, type(None))}
+                "client": (str, type(None)), "lane": str, "estimate": (int, float, type(None)),
+                "created": (int, float), "started": (int, float, type(None)), "finished": (int, float, type(None)),
+                "fraction": (int, float)}
+_TIMES = ("created", "started", "finished", "fraction", "estimate")  # numbers, finite and not below 0
 
 
 def _read_job(path: Path) -> Job:
@@ -405,7 +409,14 @@ def _read_job(path: Path) -> Job:
             raise ValueError(f"it holds {type(data).__name__}, not a job")
         for name, kind in _FIELD_TYPES.items():
             if name in data and not isinstance(data[name], kind):
-                raise ValueError(f"its field '{name}' is not a {getattr(kind, '__name__', 'value')}")
+                what = getattr(kind, "__name__", None) or ("number" if float in kind else "value of its kind")
+                raise ValueError(f"its field '{name}' is not a {what}")
+        for name in _TIMES:
+            value = data.get(name)
+            if value is not None and (isinstance(value, bool) or not math.isfinite(value) or value < 0):
+                raise ValueError(f"its field '{name}' is not a number of at least 0")
+        if data.get("lane", MAIN) not in LANES:
+            raise ValueError(f"unknown lane '{data['lane']}'")
         job = Job(**{k: v for k, v in data.items() if k in Job.__dataclass_fields__})
         if job.id != path.parent.name:
             raise ValueError("its id does not match its folder")

@@ -173,17 +173,17 @@ def curve_of(reports: list[dict]) -> list[list]:
     """A region file's ``curve`` from mask learning's step reports: [step, loss, accuracy] each, rounded, and at
     most MAX_CURVE_POINTS of them."""
     points = [[int(r["step"]), round(float(r["loss"]), 6), round(float(r["accuracy"]), 4)] for r in reports]
-    if len(points) > MAX_CURVE_POINTS:
-        every = -(-len(points) // MAX_CURVE_POINTS)
-        points = points[::every] + ([points[-1]] if (len(points) - 1) % every else [])
-    return points
+    if len(points) > MAX_CURVE_POINTS:  # evenly spread, the first and the last kept
+        last = len(points) - 1
+        points = [points[round(i * last / (MAX_CURVE_POINTS - 1))] for i in range(MAX_CURVE_POINTS)]
+    return [p for p in points if math.isfinite(p[1]) and math.isfinite(p[2])]  # JSON has no NaN
 
 
 def curve_points(meta) -> list[dict]:
     """A region's recorded curve as step reports ({step, loss, accuracy}); points that are not three numbers are
     left out (region files are untrusted), and a region without a curve has none."""
     out = []
-    for p in (meta.curve if isinstance(meta, RegionMeta) else None) or []:
+    for p in ((meta.curve if isinstance(meta, RegionMeta) else None) or [])[:MAX_CURVE_POINTS]:
         if (isinstance(p, list) and len(p) == 3 and all(isinstance(v, (int, float)) and not isinstance(v, bool)
                                                          and math.isfinite(v) for v in p)):
             out.append({"step": p[0], "loss": p[1], "accuracy": p[2]})

@@ -66,7 +66,8 @@ WRITE_FIELDS = ("out", "keep")  # fields that name where a verb writes
 class Request:
     verb: ClassVar[str] = ""
     writes: ClassVar[bool] = False  # whether the verb writes files (then ``out`` says where)
-    # whether the verb takes seconds whatever its settings (a prediction, an export): the app runs it beside long jobs
+    # whether the verb takes seconds whatever its settings (a prediction; not an export, which writes a whole model):
+    # the app runs it beside long jobs
     instant: ClassVar[bool] = False
     # whether the verb trains a model, which draws torch's process-wide random numbers: the app runs it beside no
     # other job, so that a seeded run repeats
@@ -955,7 +956,6 @@ class ExportRequest(LoadFields):
     """Write θ_pre + γ⊙(θ_ft − θ_pre) as a normal Hugging Face checkpoint folder."""
 
     verb: ClassVar[str] = "export"
-    instant: ClassVar[bool] = True
     writes: ClassVar[bool] = True
     region: str | None = arg(None, "skill patch, or region with --finetuned (default: the newest in "
                              "$GRAFTUI_HOME/regions)", metavar="FILE")

@@ -93,7 +93,7 @@ def test_a_request_takes_the_quick_lane_when_instant_or_short_before(monkeypatch
 
     monkeypatch.setattr(lanes, "is_built", lambda folder: True)
     predict = PredictRequest(regions=["/r/a.safetensors"], texts=["fine"])
-    assert lanes.plan(predict, "predict", []) == lanes.Plan(QUICK, None, None)
+    assert lanes.plan(predict, "predict", []) == lanes.Plan(QUICK, lanes.INSTANT_SECONDS, None)
     req = LocalizeRequest(base="minilm", finetuned="minilm-movies", task="movies", steps=5, out="/x/one.safetensors")
     assert lanes.plan(req, "localize", []) == lanes.Plan(MAIN, None, None)  # never run here: not known to be short
     past = [_done("localize", {**req.as_dict(), "out": "/x/two.safetensors"}, s) for s in (20.0, 40.0, 500.0)]
@@ -109,7 +109,7 @@ def test_a_request_takes_the_quick_lane_when_instant_or_short_before(monkeypatch
 
 def test_a_job_that_builds_a_default_model_or_runs_the_harness_takes_the_main_lane(monkeypatch):
     from graftui.config import DEFAULT_BUILD_SECONDS
-    from graftui.requests import LocalizeRequest
+    from graftui.requests import LocalizeRequest, PredictRequest
     from graftui.ui import lanes
 
     monkeypatch.setattr(lanes, "is_built", lambda folder: False)
@@ -123,7 +123,11 @@ def test_a_job_that_builds_a_default_model_or_runs_the_harness_takes_the_main_la
     assert lanes.plan(req, "localize", past).lane == QUICK
     harness = LocalizeRequest(base="smollm2", finetuned="smollm2-dates", task="lm-eval:graftui_dates")
     assert lanes.plan(harness, "localize", [_done("localize", harness.as_dict(), 20.0)]).lane == MAIN
-    assert lanes.plan(req, "localize", past, region_kinds=["lm-eval"]).lane == MAIN
+    assert lanes.plan(req, "localize", past, reads=[("lm-eval", "smollm2")]).lane == MAIN
+    predict = PredictRequest(regions=["/r/a.safetensors"], texts=["fine"])  # its region's model is not built
+    monkeypatch.setattr(lanes, "is_built", lambda folder: False)
+    assert lanes.plan(predict, "predict", [], reads=[("completion", "smollm2-dates")]) == lanes.Plan(
+        MAIN, lanes.INSTANT_SECONDS + DEFAULT_BUILD_SECONDS["smollm2-dates"], "smollm2-dates")
 
 
 def test_the_page_says_when_a_waiting_job_should_start_and_end(tmp_path):
@@ -183,3 +187,58 @@ def test_the_pair_check_says_how_long_a_default_model_takes_to_build_before_any_
     monkeypatch.setattr(store, "default_ready", lambda key=None: False)
     with pytest.raises(ModelError, match=r"'smollm2-dates-lora' is built on first use: .* about 8 min on 2 CPU cores"):
         actions.check_pair("smollm2", "smollm2-dates-lora")
+
+
+def test_a_damaged_lane_or_time_in_a_job_record_is_listed_as_damaged(tmp_path):
+    import json
+    runner = JobRunner(tmp_path)
+    job = runner.submit("predict", "p", lambda ctx: {}, estimate=2.0)
+    assert runner.wait(job.id, 10).status == DONE
+    record = tmp_path / job.id / "job.json"
+    good = json.loads(record.read_text())
+    for field, value in [("started", "x"), ("estimate", float("nan")), ("estimate", True), ("finished", -1.0),
+                         ("lane", "fast")]:
+        record.write_text(json.dumps({**good, field: value}))
+        again = JobRunner(tmp_path).get(job.id)
+        assert again.kind == "damaged" and field in again.error, (field, value, again.error)
+        assert "Traceback" not in again.error and "\n" not in again.error
+
+
+def test_a_hosted_session_foresees_from_its_own_and_the_servers_jobs_only(tmp_path, monkeypatch):
+    from graftui import settings
+    from graftui.ui import store
+
+    runner = JobRunner(tmp_path)
+    for owner in ("a" * 32, "b" * 32, None):
+        assert runner.wait(runner.submit("compare", "c", lambda ctx: {}, owner=owner).id, 10).status == DONE
+    monkeypatch.setattr(settings, "hosted", lambda: True)
+    assert {j.owner for j in store.Jobs(runner, "a" * 32).history()} == {"a" * 32, None}
+
+
+def test_a_run_button_waits_only_for_a_job_foreseen_to_end_soon(tmp_path, monkeypatch):
+    import gradio as gr
+    from graftui.ui import store, wiring
+
+    runner = JobRunner(tmp_path)
+    monkeypatch.setattr(store, "runner", lambda: store.Jobs(runner, None))
+    render = lambda job: ["table of " + job.id] if job is not None else ["empty"]  # noqa: E731
+    quick = runner.submit("predict", "p", lambda ctx: {}, lane=QUICK, estimate=1.0)
+    got = wiring.answered(quick, ("predict",), "latest", render)
+    assert got[2].startswith("**p**") and "done" in got[2] and got[3] == f"table of {quick.id}"
+    release = threading.Event()
+    try:
+        slow = runner.submit("predict", "slow", lambda ctx: release.wait(30) and {}, lane=QUICK)  # length unknown
+        t0 = time.monotonic()
+        got = wiring.answered(slow, ("predict",), "latest", render)
+        assert time.monotonic() - t0 < 2 and got[2] == gr.skip() and got[3] == gr.skip()  # left to the panel
+    finally:
+        release.set()
+
+
+def test_a_long_curve_keeps_its_first_and_last_steps_and_no_more_points_than_its_cap():
+    from graftui import regions
+
+    for n in (401, 800, 1200):
+        curve = regions.curve_of([{"step": i, "loss": 1.0, "accuracy": 0.5} for i in range(1, n + 1)])
+        assert len(curve) == regions.MAX_CURVE_POINTS and curve[0][0] == 1 and curve[-1][0] == n
+    assert regions.curve_of([{"step": 1, "loss": float("nan"), "accuracy": 0.5}]) == []

@@ -1237,13 +1237,12 @@ def test_the_try_box_is_one_prompt_for_completion_regions_and_sentences_otherwis
     runner = Runner()
 
     def submit(runner, request, title, **lane):
-        runner.params, runner.title, runner.kinds = request.as_dict(), title, lane.get("region_kinds")
+        runner.params, runner.title = request.as_dict(), title
         return "job"
 
     monkeypatch.setattr(actions, "submit", submit)
     actions.submit_predict(runner, region_ids=["gen"], text="  Q: the day after Monday?\nA:  \n")
     assert runner.params["texts"] == ["Q: the day after Monday?\nA:"] and "prompt" in runner.title
-    assert runner.kinds == ["completion"]  # the lane knows what the regions' tasks are
     actions.submit_predict(runner, region_ids=["cls"], text="a fine film\n\nawful")
     assert runner.params["texts"] == ["a fine film", "awful"]
     with pytest.raises(RequestError, match="type a prompt"):

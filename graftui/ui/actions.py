@@ -337,17 +337,18 @@ def per_class(value) -> int | None:
     return None if n == DEFAULT_EXAMPLES_PER_CLASS else n
 
 
-def submit(runner, request, title: str, on_result=None, kind: str | None = None, region_kinds=()) -> Job:
+def submit(runner, request, title: str, on_result=None, kind: str | None = None) -> Job:
     """Validate ``request`` now (a bad field is a one-line message, no job), then run its flow as a job, in the lane
-    ``lanes.plan`` gives it (``region_kinds``: the kinds of the regions it reads); a job in the quick lane loads
-    models of its own, since the main lane's may be grafted at the same time.
+    ``lanes.plan`` gives it (from the request and the saved regions it reads); a job in the quick lane loads models of
+    its own, since the main lane's may be grafted at the same time.
 
     The job's params are the request, so any result shows, and re-runs from, what made it.
     """
 
     hosted.check_request(request, store.guard())  # hosted: also the ceilings on work, and every path it names
     kind = kind or request.verb
-    plan = lanes.plan(request, kind, runner.history(), region_kinds)
+    reads = [(e.task_kind.name, e.meta.finetuned) for e in store.regions_read(request)]
+    plan = lanes.plan(request, kind, runner.history(), reads)
 
     def fn(ctx) -> dict:
         with own_pairs(plan.lane) if plan.lane != MAIN else contextlib.nullcontext():
@@ -597,7 +598,7 @@ def submit_compare(runner, *, region_ids: list[str], ood: list[str], n, baseline
     request = EvaluateRequest(regions=_paths(region_ids), ood=list(ood or []), n=whole(n), baselines=bool(baselines),
                               ood_labels=(ood_labels or "").strip() or None)
     title = f"Compare {len(region_ids)} region(s)" + (f" + {len(ood)} OOD task(s)" if ood else "")
-    return submit(runner, request, title, kind="compare", region_kinds=store.region_kinds(region_ids))
+    return submit(runner, request, title, kind="compare")
 
 
 def predict_kind(region_ids) -> str:
@@ -622,8 +623,7 @@ def submit_predict(runner, *, region_ids: list[str], text: str) -> Job:
     kind = kind_named(predict_kind(region_ids))
     texts = kind.try_texts(text)
     request = PredictRequest(regions=_paths(region_ids), texts=texts)
-    return submit(runner, request, f"{kind.try_title(texts)} with {len(region_ids)} region(s)",
-                  region_kinds=store.region_kinds(region_ids))
+    return submit(runner, request, f"{kind.try_title(texts)} with {len(region_ids)} region(s)")
 
 
 PREDICT_COLUMNS = list(CLASSIFICATION.predict_columns)
@@ -671,7 +671,7 @@ def submit_compose(runner, *, region_ids: list[str], resolve: str, n, stitch: bo
         return {**doc, "region": out.stem}
 
     title = f"Compose {len(paths)} regions (overlaps: {resolve}) and evaluate on each region's task"
-    return submit(runner, request, title, saved, region_kinds=store.region_kinds(region_ids))
+    return submit(runner, request, title, saved)
 
 
 def _over_seeds(request) -> str:
@@ -704,8 +704,7 @@ def submit_wise(runner, *, region_id: str, alphas: str, ood: list[str], n, over_
     request = WiseRequest(region=_paths([region_id] if region_id else [])[0], alphas=parse_alphas(alphas),
                           ood=list(ood) if ood else None, n=whole(n), replicates=_paths(others) if others else None)
     over = f" · mean over its {len(others) + 1} seeds" if others else ""
-    return submit(runner, request, f"WiSE curves of {region_id} ({len(request.alphas)} values of α){over}",
-                  region_kinds=store.region_kinds([region_id]))
+    return submit(runner, request, f"WiSE curves of {region_id} ({len(request.alphas)} values of α){over}")
 
 
 def submit_retrain(runner, *, region_id: str, epochs, train_examples, n) -> Job:
@@ -801,8 +800,7 @@ def submit_ablation(runner, *, region_id: str, n) -> Job:
     n = whole(n)
     request = AnatomyRequest.make(region=str(store.region_path(region_id)), ablate=True,
                                   **({} if n is None else {"n": n}))
-    return submit(runner, request, f"What each part of {region_id} is worth (n = {request.n})",
-                  region_kinds=store.region_kinds([region_id]))
+    return submit(runner, request, f"What each part of {region_id} is worth (n = {request.n})")
 
 
 # -- result tables ------------------------------------------------------------------------------

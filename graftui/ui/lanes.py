@@ -1,14 +1,15 @@
 """Which of the job runner's two lanes a job runs in, and how long it is expected to take.
 
 The quick lane runs beside long jobs, so that what takes seconds is never held behind them: an instant verb
-(``Request.instant``: a prediction, an export, an anatomy), and any other job whose same settings took at most
+(``Request.instant``: a prediction, a pair check), and any other job whose same settings took at most
 QUICK_SECONDS here before. Two kinds of job always take the main lane: one that trains (``Request.trains``) or scores
 a task whose kind seeds the process's random generators (``TaskKind.seeds_globally``), since either would change a
 seeded run beside it; and one that first builds a default fine-tuned model (minutes, and training).
 
-A job's expected length is the median of the last runs of the same job (same verb and settings, wherever it
-writes; regions and texts counted, not named) on this server, plus the build of a default model it needs; unknown
-until such a job has run once.
+A job's expected length is the median of the last runs of the same job (same verb and settings, the same regions,
+wherever it writes; texts counted, not read) that this session sees, plus the build of a default model it needs;
+unknown until such a job has run once. What a quick job may still do beside a seeded one: load a model with weights
+missing from its checkpoint, whose initialisation draws the process's random numbers (no offline default is one).
 """
 
 from __future__ import annotations
@@ -24,7 +25,9 @@ from ..training import is_built
 
 QUICK_SECONDS = 60.0  # a job expected to take at most this long runs in the quick lane
 HISTORY_RUNS = 3  # the expected length is the median of the same job's last runs
-COUNTED = ("regions", "texts")  # fields a job's length depends on by their number, not their names
+INSTANT_SECONDS = 5.0  # what an instant verb is expected to take before it has run here
+COUNTED = ("texts",)  # fields a job's length depends on by their number, not their content (a region, by which it
+# is: its model and task decide the length)
 WHERE = ("out", "keep")  # fields that only say where a job writes
 
 
@@ -36,8 +39,8 @@ class Plan:
 
 
 def shape(params: dict | None) -> tuple:
-    """What decides a job's length among its request's fields: every field but where it writes, and of the regions
-    and texts their number."""
+    """What decides a job's length among its request's fields: every field but where it writes, and of the texts
+    their number."""
     out = []
     for key, value in sorted((params or {}).items()):
         if key in WHERE:
@@ -64,19 +67,25 @@ def default_to_build(ref) -> str | None:
     return None
 
 
-def seeds_globally(request, region_kinds: list[str]) -> bool:
+def seeds_globally(request, reads: list[tuple[str, str | None]]) -> bool:
     """Whether the request scores a task of a kind that seeds the process's random generators (its own task, or the
     kinds of the regions it reads)."""
-    kinds = [named_kind(getattr(request, "task", None))] + [kind_named(k) for k in region_kinds]
+    kinds = [named_kind(getattr(request, "task", None))] + [kind_named(k) for k, _ in reads]
     return any(k is not None and k.seeds_globally for k in kinds)
 
 
-def plan(request, kind: str, history: list[Job], region_kinds: list[str] = ()) -> Plan:
-    """The lane and expected length of the job that runs ``request`` as ``kind``, given the server's past jobs."""
-    builds = default_to_build(getattr(request, "finetuned", None))
+def plan(request, kind: str, history: list[Job], reads: list[tuple[str, str | None]] = ()) -> Plan:
+    """The lane and expected length of the job that runs ``request`` as ``kind``, given the past jobs this session
+    sees; ``reads``: the (task kind, fine-tuned model) of each saved region the request reads, whose default model
+    it builds first if it is not built (a region's, a replicate fine-tune's or the request's own)."""
+    refs = [getattr(request, "finetuned", None), *(getattr(request, "finetuned_replicates", None) or ()),
+            *(ft for _, ft in reads)]
+    builds = next((b for b in map(default_to_build, refs) if b), None)
     typical = typical_seconds(history, kind, request.as_dict())
+    if typical is None and request.instant:
+        typical = INSTANT_SECONDS
     estimate = None if typical is None else typical + (DEFAULT_BUILD_SECONDS.get(builds, 0.0) if builds else 0.0)
-    shares = not (request.trains or builds or seeds_globally(request, list(region_kinds)))
+    shares = not (request.trains or builds or seeds_globally(request, list(reads)))
     short = request.instant or (typical is not None and typical <= QUICK_SECONDS)
     return Plan(QUICK if shares and short else MAIN, estimate, builds)
 

@@ -1,9 +1,10 @@
 """The Regions tab's runs table: every saved region as a run with its scores, grouped, its mask-learning curve, its
 tags and note, and the settings that tell two runs apart.
 
-A region file keeps its settings and request, not its curve: the curve is the progress its localize job recorded
-(one job per run, or one per seed of a run over seeds), read back from the session's jobs; a region made elsewhere
-(the command line, an upload, a union) or whose job is gone has none. Out-of-distribution accuracy is read the same
+A region file keeps its settings, its request and its mask-learning curve (``regions.curve_points``); for a region
+written before files kept one, the curve is the progress its localize job recorded (one job per run, or one per seed
+of a run over seeds), read back from the session's jobs; a data-free region, or an older one whose job is gone, has
+none. Out-of-distribution accuracy is read the same
 way, from the latest comparison that scored the region on OOD tasks. Tags and notes are kept beside the regions
 (``regions.annotate``), in the session's own regions folder. Everything here is pure: the tab wires widgets to it.
 """

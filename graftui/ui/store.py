@@ -106,9 +106,10 @@ class Jobs:
         return self.runner.expected(job_id) if self.get(job_id) is not None else None
 
     def history(self) -> list:
-        """Every session's finished jobs, newest first: only their kinds, settings and lengths are read from them,
-        to foresee how long a job will take (``lanes.plan``)."""
-        return [j for j in self.runner.jobs() if j.finished is not None]
+        """The finished jobs this session sees (hosted: its own and the server's, so that how long a job takes
+        tells nothing of another session's work), newest first, to foresee how long a job will take
+        (``lanes.plan``)."""
+        return [j for j in self.jobs() if j.finished is not None]
 
     def wait(self, job_id: str, timeout: float | None = None):
         return self.runner.wait(job_id, timeout) if self.get(job_id) else None
@@ -536,6 +537,16 @@ def region_scores() -> dict[str, dict]:
             if key not in out or str(entry.get("when") or "") >= str(out[key].get("when") or ""):
                 out[key] = entry
     return out
+
+
+def regions_read(request) -> list[RegionEntry]:
+    """The saved regions a request names, in any of its fields (``regions``, ``region``, ``replicates`` …)."""
+    names = [v for value in request.as_dict().values() for v in (value if isinstance(value, list) else [value])
+             if isinstance(v, str) and v.endswith(".safetensors")]
+    if not names:
+        return []
+    entries = {str(e.path.resolve()): e for e in list_regions()}
+    return [entries[key] for key in dict.fromkeys(str(Path(n).resolve()) for n in names) if key in entries]
 
 
 def region_kinds(region_ids) -> list[str]:

@@ -223,14 +223,17 @@ def submitted(job, kinds: tuple[str, ...], latest_label: str) -> tuple:
     return actions.submitted_line(job), picker_for(kinds, latest_label, job), gr.skip()
 
 
-ANSWER_SECONDS = 20.0  # how long a Run button of instant work waits for its job's answer before leaving it to the panel
+ANSWER_SECONDS = 10.0  # the longest a Run button of instant work waits for its job's answer; longer goes to the panel
 
 
 def answered(job, kinds: tuple[str, ...], latest_label: str, render, seconds: float = ANSWER_SECONDS) -> tuple:
-    """What the Run button of instant work (a quick-lane job: a prediction) answers: as ``submitted``, and once the job
-    has ended within ``seconds``, its status line and ``render(job)`` at once, not at the panel's next tick."""
+    """What the Run button of instant work (a quick-lane job: a prediction) answers: as ``submitted``, and when the job
+    is foreseen to end within ``seconds`` and does, its status line and ``render(job)`` at once, not at the panel's
+    next tick (a job not foreseen so is left to the panel: a waiting button holds one of the page's handlers)."""
     runner = store.runner()
-    done = runner.wait(job.id, seconds)
+    when = runner.expected(job.id)
+    soon = when is not None and when[1] is not None and when[1] <= seconds
+    done = runner.wait(job.id, seconds) if soon else None
     if done is None or done.status not in actions.FINISHED:
         return (*submitted(job, kinds, latest_label), *[gr.skip() for _ in render(None)])
     return (actions.submitted_line(job), picker_for(kinds, latest_label, job), actions.job_line(runner, done),
