@@ -44,12 +44,15 @@ def _submit_localize(page, steps: int | None = None) -> str:
     bu.open_tab(page, "localize")
     if steps is not None:
         page.fill("#localize-steps input", str(steps))
-    before = bu.job_id_from_status(page)
+    before, before_here = bu.job_id_from_status(page), bu.tab_job(page, "#localize-status")
     page.click("#localize-run")
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
+    while time.monotonic() < deadline:  # the header or the tab's own line, whichever names the new job first
         job = bu.job_id_from_status(page)
         if job and job != before:
+            return job
+        job = bu.tab_job(page, "#localize-status")
+        if job and job != before_here:
             return job
         assert "⚠️" not in bu.text(page, "#status-message"), bu.text(page, "#status-message")
         time.sleep(0.25)

@@ -1054,12 +1054,7 @@ def test_a_reloaded_page_says_which_job_runs_and_then_how_it_ended(home, monkeyp
         assert "Ready" not in banner and f"Running: **Localize 'movies' slowly** (job {job.id})" in banner, banner
         assert "1 more job(s) waiting" in banner
         assert actions.settled_banner(banner) is None  # while it runs, the banner stays
-        assert actions.banner_now(banner) is None  # ... as it is, while the job has not moved
-        with store.runner().runner._lock:
-            store.runner().runner.get(job.id).fraction = 0.95
-        now = actions.banner_now(banner)  # a banner read at load follows the job's progress
-        assert now.startswith(f"Running: **Localize 'movies' slowly** (job {job.id}) — 95 %") and "1 more job" in now
-        assert actions.banner_now(now) is None
+        assert "when this page opened" in banner  # how far it was then, said as such: it does not follow the job
     finally:
         release.set()
     store.runner().runner.wait(job.id, 30)

@@ -262,12 +262,16 @@ def active_banner(runner) -> str | None:
 
 
 def job_banner(runner, job: Job) -> str:
-    """The banner of one job that runs or waits, with how many others wait (``active_banner``)."""
+    """The banner of one job that runs or waits, with how many others wait (``active_banner``). It says how far the
+    job was when the page opened, as such: the banner changes only when the job ends (``settled_banner``), since a
+    poll that rewrote it as the job moved could land after a newer banner (a job just submitted) and hide it."""
     waiting = [j for j in runner.jobs() if j.status == QUEUED]
     if job.status == RUNNING:
-        text = f"Running: **{md(job.title)}** (job {job.id}) — {100 * job.fraction:.0f} %{step_words(job)}"
+        text = (f"Running: **{md(job.title)}** (job {job.id}) — {100 * job.fraction:.0f} %{step_words(job)} when this "
+                "page opened")
     else:
-        text = f"Waiting: **{md(job.title)}** (job {job.id}), {wait_words(runner, job) or 'in the queue'}"
+        text = (f"Waiting: **{md(job.title)}** (job {job.id}), {wait_words(runner, job) or 'in the queue'} when this "
+                "page opened")
     more = len(waiting) - (job.status == QUEUED)
     if more:
         text += f"; {more} more job(s) waiting"
@@ -275,24 +279,6 @@ def job_banner(runner, job: Job) -> str:
 
 
 _SUBMITTED = re.compile(r"(?:Submitted|Running:|Waiting:) \*\*.*\*\* \(job ([^)\s]+)\)", re.S)
-
-
-def banner_now(banner) -> str | None:
-    """The banner as it should read now, or None where it already does: once the job it announces has ended,
-    ``settled_banner``; while a job a reloaded page announced ("Running:", "Waiting:") still runs or waits, its
-    progress now, not as it was when the page opened."""
-    settled = settled_banner(banner)
-    if settled is not None:
-        return settled
-    m = _SUBMITTED.match(banner or "")
-    if m is None or banner.startswith("Submitted"):
-        return None
-    runner = store.runner()
-    job = runner.get(m.group(1))
-    if job is None or job.status in FINISHED:
-        return None
-    now = job_banner(runner, job)
-    return None if now == banner else now
 
 
 def settled_banner(banner) -> str | None:

@@ -363,7 +363,7 @@ class Poll:
                 for _, ins, outs in parts]
 
         def tick(banner, *values):
-            settled = actions.banner_now(banner)  # "Submitted…" once its job has ended; "Running: … %" as it runs
+            settled = actions.settled_banner(banner)  # "Submitted…" once its job has ended
             out, at, problem = [], 0, gr.skip() if settled is None else settled
             for (fn, ins, outs), states in zip(parts, kept):
                 mine = values[at:at + len(ins)]
