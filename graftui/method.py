@@ -462,6 +462,17 @@ def map_large_blocks() -> None:
         pass
 
 
+def maps_blocks(memory: str, params: dict[str, torch.nn.Parameter]) -> bool:
+    """Whether the candidate learner maps large blocks (``map_large_blocks``): with memory "lean", or "auto" when the
+    model's tensors in CPU memory take more than a quarter of what is free there. The heap it spares is 0.2–0.25
+    model sizes at 1 B; its price is every later step of the process, its own and any other work's, at 1.28× the
+    time of a plain step on a 150m model (``benchmarks/bench_allocator.py``), where memory is not short."""
+    if memory != "auto":
+        return memory == "lean"
+    cpu = sum(p.numel() * p.element_size() for p in params.values() if p.device.type == "cpu")
+    return cpu > 0 and 4 * cpu > compute.free_memory(torch.device("cpu"))
+
+
 class CandidateLearner(MaskLearner):
     """Eq. 3 with ℓ kept only over a candidate set C: the ⌈c·k⌉ parameters that moved most (and ``start``).
 
@@ -481,7 +492,8 @@ class CandidateLearner(MaskLearner):
 
     def __init__(self, model, params, pre, ft, k, config: LearnConfig = LearnConfig(), start: Region | None = None):
         layers = self._accept(model, params, pre, ft, k, config)
-        map_large_blocks()  # before ranking: its per-tensor temporaries are the first to go back
+        if maps_blocks(config.memory, params):  # before ranking: its per-tensor temporaries are the first to go back
+            map_large_blocks()
         chosen = top_k(_Movement(pre, ft, self.names), config.candidate_count(k, self.count))
         none = torch.empty(0, dtype=torch.int64)
         given = start or {}  # a given start joins C, so that γ_base ⊆ C also when it is not the top-k

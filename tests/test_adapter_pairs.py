@@ -254,7 +254,7 @@ ids = torch.randint(3, pair.model.lm.config.vocab_size, (6, 10), generator=gen)
 labels = ids.clone()
 labels[:, :5] = IGNORE
 batches = lambda epoch: [{"input_ids": ids[:3], "labels": labels[:3]}, {"input_ids": ids[3:], "labels": labels[3:]}]
-config = LearnConfig(steps=3, lr=0.5, candidates="3")
+config = LearnConfig(steps=3, lr=0.5, candidates="3", memory="lean")  # lean: large blocks mapped, as asked above
 found = {}
 for held in (False, True):  # theta_ft formed from the factors when read, and held whole
     ft = {n: pair.ft[n].clone() for n in pair.ft} if held else pair.ft

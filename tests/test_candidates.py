@@ -310,3 +310,16 @@ def test_data_parallel_restricted_learning_gives_the_single_process_region(tmp_p
         torch.testing.assert_close(a["logits"][n], b["logits"][n], rtol=0, atol=1e-5)
     assert same_region(a["region"], b["region"])
     assert any(not torch.equal(l, l.sign() * 3.0) for l in a["logits"].values())  # the logits did move
+
+
+def test_large_blocks_are_mapped_only_where_memory_is_short(monkeypatch):
+    """Mapping every large block spares heap and costs every later step of the process: memory "lean" asks for it,
+    "fast" never, and "auto" only when the model takes more than a quarter of the free memory."""
+    from graftui import compute, method
+
+    params = {"w": torch.nn.Parameter(torch.zeros(1000))}  # 4,000 bytes
+    assert method.maps_blocks("lean", params) and not method.maps_blocks("fast", params)
+    monkeypatch.setattr(compute, "free_memory", lambda device: 20_000)
+    assert not method.maps_blocks("auto", params)
+    monkeypatch.setattr(compute, "free_memory", lambda device: 15_000)
+    assert method.maps_blocks("auto", params)
