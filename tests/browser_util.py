@@ -7,6 +7,7 @@ jobs that finish in the background, virtualised tables).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -27,6 +28,48 @@ CHROMIUM_ARGS = [
     "--disable-sync", "--disable-quic", "--no-first-run",
 ]
 VIEWPORT = {"width": 1280, "height": 800}
+
+
+ARTIFACTS = REPO / "test-artifacts"  # screenshots, pages and server logs of failed browser tests
+
+
+def unavailable(reason: str):
+    """A browser test that cannot run: a failure on CI (where it must run), else a skip."""
+    import pytest  # the screenshot script uses this module without pytest
+
+    if os.environ.get("CI"):
+        pytest.fail(f"browser tests cannot run: {reason}", pytrace=False)
+    pytest.skip(reason)
+
+
+@contextlib.contextmanager
+def chromium():
+    """Headless Chromium for a test module, or why it cannot start (``unavailable``)."""
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        unavailable("the playwright package is not installed (pip install -r requirements-dev.txt)")
+    if chromium_path() is None:
+        unavailable(f"Chromium not found at {CHROMIUM}; install it with `apt-get install -y chromium` "
+                    "(scripts/setup.sh --dev does this)")
+    with sync_playwright() as pw:
+        browser = launch_browser(pw)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+def started(home: Path, name: str, **settings) -> "AppServer":
+    """``app.py`` served from ``home`` (its log beside it, ``name``.log); a server that does not start leaves its
+    log among the artifacts."""
+    srv = AppServer(home=home, log_path=home.parent / f"{name}.log", **settings)
+    try:
+        srv.start(timeout=120)
+    except Exception:
+        save_artifacts(None, f"{name}-start", ARTIFACTS, srv)
+        raise
+    return srv
 
 
 # -- Chromium ---------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ import browser_util as bu
 pytestmark = pytest.mark.browser
 
 TABS = ["Models", "Fine-tune", "Localize", "Compare", "Anatomy", "Compose", "Laboratory", "Regions"]
-ARTIFACTS = bu.REPO / "test-artifacts"
+ARTIFACTS = bu.ARTIFACTS
 FIRST_JOB_S = 300  # the first job waits for the default fine-tune, built in the background on first page load
 JOB_S = 240
 
@@ -40,21 +40,9 @@ COUNT_FRAMES = """(() => { const frame = window.requestAnimationFrame.bind(windo
 STATE: dict = {}
 
 
-def _unavailable(reason: str):
-    if os.environ.get("CI"):
-        pytest.fail(f"browser tests cannot run: {reason}", pytrace=False)
-    pytest.skip(reason)
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    home = tmp_path_factory.mktemp("graftui-home")
-    srv = bu.AppServer(home=home, log_path=home.parent / "app-server.log", fast=True)
-    try:
-        srv.start(timeout=120)
-    except Exception:
-        bu.save_artifacts(None, "server-start", ARTIFACTS, srv)
-        raise
+    srv = bu.started(tmp_path_factory.mktemp("graftui-home"), "app-server", fast=True)
     print(f"\n[browser] app launch → HTTP 200: {srv.http_ready_s:.1f} s (port {srv.port})")
     STATE["server"] = srv
     yield srv
@@ -63,17 +51,8 @@ def server(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def browser():
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        _unavailable("the playwright package is not installed (pip install -r requirements-dev.txt)")
-    if bu.chromium_path() is None:
-        _unavailable(f"Chromium not found at {bu.CHROMIUM}; install it with `apt-get install -y chromium` "
-                     "(scripts/setup.sh --dev does this)")
-    with sync_playwright() as pw:
-        b = bu.launch_browser(pw)
+    with bu.chromium() as b:
         yield b
-        b.close()
 
 
 @pytest.fixture(scope="module")

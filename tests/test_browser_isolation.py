@@ -25,13 +25,7 @@ pytestmark = pytest.mark.browser
 def hosted_server(tmp_path_factory):
     home = tmp_path_factory.mktemp("graftui-hosted-home")
     # a ceiling on mask steps high enough for a job that runs until its session cancels it
-    srv = bu.AppServer(home=home, log_path=home.parent / "hosted-server.log", fast=True, hosted=True,
-                       extra_env={"GRAFTUI_MAX_STEPS": "100000"})
-    try:
-        srv.start(timeout=120)
-    except Exception:
-        bu.save_artifacts(None, "hosted-server-start", ARTIFACTS, srv)
-        raise
+    srv = bu.started(home, "hosted-server", fast=True, hosted=True, extra_env={"GRAFTUI_MAX_STEPS": "100000"})
     yield srv
     srv.stop()
 

@@ -10,7 +10,6 @@ browser. On a failure the page and the server log go to ``test-artifacts/``.
 
 from __future__ import annotations
 
-import os
 import re
 import time
 
@@ -18,8 +17,9 @@ import pandas as pd
 import pytest
 
 import browser_util as bu
+from test_browser import browser  # noqa: F401 - the module's Chromium fixture
 
-ARTIFACTS = bu.REPO / "test-artifacts"
+ARTIFACTS = bu.ARTIFACTS
 WIDE, NARROW, PHONE = {"width": 1400, "height": 1000}, {"width": 800, "height": 900}, {"width": 390, "height": 844}
 TABS = ["models", "finetune", "localize", "compare", "anatomy", "compose", "lab", "regions"]
 FIRST_JOB_S = 300  # the first job waits for the default fine-tune, built in the background on first page load
@@ -82,38 +82,12 @@ def test_a_long_table_is_shown_a_page_at_a_time():
 
 
 # -- the served app ------------------------------------------------------------------------------------------
-def _unavailable(reason: str):
-    if os.environ.get("CI"):
-        pytest.fail(f"browser tests cannot run: {reason}", pytrace=False)
-    pytest.skip(reason)
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    home = tmp_path_factory.mktemp("graftui-layout-home")
-    srv = bu.AppServer(home=home, log_path=home.parent / "app-layout-server.log", fast=True)
-    try:
-        srv.start(timeout=120)
-    except Exception:
-        bu.save_artifacts(None, "layout-server-start", ARTIFACTS, srv)
-        raise
+    srv = bu.started(tmp_path_factory.mktemp("graftui-layout-home"), "app-layout-server", fast=True)
     STATE["server"] = srv
     yield srv
     srv.stop()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        _unavailable("the playwright package is not installed (pip install -r requirements-dev.txt)")
-    if bu.chromium_path() is None:
-        _unavailable(f"Chromium not found at {bu.CHROMIUM}; install it with `apt-get install -y chromium`")
-    with sync_playwright() as pw:
-        b = bu.launch_browser(pw)
-        yield b
-        b.close()
 
 
 @pytest.fixture(scope="module")

@@ -68,12 +68,7 @@ def _make_home(home) -> dict:
 def runs_page(browser, tmp_path_factory):  # noqa: F811
     home = tmp_path_factory.mktemp("graftui-runs-home")
     ids = _make_home(home)
-    srv = bu.AppServer(home=home, log_path=home.parent / "runs-server.log", fast=True)
-    try:
-        srv.start(timeout=120)
-    except Exception:
-        bu.save_artifacts(None, "runs-server-start", ARTIFACTS, srv)
-        raise
+    srv = bu.started(home, "runs-server", fast=True)
     context = browser.new_context(viewport=bu.VIEWPORT)
     page = context.new_page()
     errors: list[str] = []
