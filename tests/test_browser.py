@@ -17,6 +17,7 @@ import time
 import pytest
 
 import browser_util as bu
+from conftest import link_shared_builds
 
 pytestmark = pytest.mark.browser
 
@@ -41,8 +42,9 @@ STATE: dict = {}
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    srv = bu.started(tmp_path_factory.mktemp("graftui-home"), "app-server", fast=True)
+def server(tmp_path_factory, shared_builds):
+    # the session's default models: built once, by whichever test or server needs one first
+    srv = bu.started(link_shared_builds(tmp_path_factory.mktemp("graftui-home"), shared_builds), "app-server", fast=True)
     print(f"\n[browser] app launch → HTTP 200: {srv.http_ready_s:.1f} s (port {srv.port})")
     STATE["server"] = srv
     yield srv
@@ -709,9 +711,14 @@ def test_a_reload_keeps_the_form_and_the_uploaded_task(page, server):
     assert page.input_value("#lab-wise-n input") == "32"
 
 
-def test_two_browser_tabs_keep_their_own_pair_across_a_reload(page, server):
+def test_two_browser_tabs_keep_their_own_pair_and_jobs_across_a_reload(page, server):
     """A second tab starts from the form stored last, then keeps its own: each tab, reloaded, shows the pair picked
-    in it, not the one picked last in the other."""
+    in it, not the one picked last in the other, and the jobs it submitted, not those the other submitted since; a
+    new tab starts at the latest job, not at the job another tab shows."""
+    _need("predict_job")
+    bu.open_tab(page, "compare")
+    mine = bu.tab_job(page, "#predict-status")  # this tab's own latest prediction
+    assert mine, bu.text(page, "#predict-status")
     bu.open_tab(page, "models")
     first = page.input_value("#models-finetuned input")
     assert first.startswith("minilm-movies"), first
@@ -723,39 +730,24 @@ def test_two_browser_tabs_keep_their_own_pair_across_a_reload(page, server):
         bu.watch_stored_form(other)
         bu.choose(other, "models-finetuned", "smollm2-movies (offline")
         bu.wait_form_stored(other, {"finetuned": "smollm2-movies", "base": "smollm2"})
-        bu.wait_usable(page, server.url, timeout_s=90)
-        bu.open_tab(page, "localize")  # the form is back (the steps the reload test set) ...
-        page.wait_for_function("() => document.querySelector('#localize-steps input').value === '7'", timeout=30_000)
-        bu.open_tab(page, "models")
-        assert page.input_value("#models-finetuned input") == first  # ... with this tab's own pair
-        bu.wait_usable(other, server.url, timeout_s=90)
-        other.wait_for_function("() => document.querySelector('#models-finetuned input').value.startsWith("
-                                "'smollm2-movies')", timeout=30_000)
-        assert other.input_value("#models-base input").startswith("smollm2")
-    finally:
-        other.close()
-
-
-def test_two_browser_tabs_show_their_own_jobs_across_a_reload(page, server):
-    """A job submitted in another tab does not take the place of this tab's own in its panels, also after a reload;
-    a new tab starts at the latest job, not at the job another tab shows."""
-    _need("predict_job")
-    bu.open_tab(page, "compare")
-    mine = bu.tab_job(page, "#predict-status")  # this tab's own latest prediction
-    assert mine, bu.text(page, "#predict-status")
-    other = page.context.new_page()
-    try:
-        bu.wait_usable(other, server.url, timeout_s=90)
         bu.open_tab(other, "compare")
         other.fill("#predict-text textarea", "Another tab's sentence.")
         line, _ = bu.run_job(other, "#predict-run", "#predict-status", "predict-job", timeout_s=JOB_S)
         theirs = bu.tab_job(other, "#predict-status")
         assert theirs and theirs != mine, line
         bu.wait_usable(page, server.url, timeout_s=90)
-        bu.open_tab(page, "compare")
+        bu.open_tab(page, "localize")  # the form is back (the steps the reload test set) ...
+        page.wait_for_function("() => document.querySelector('#localize-steps input').value === '7'", timeout=30_000)
+        bu.open_tab(page, "models")
+        assert page.input_value("#models-finetuned input") == first  # ... with this tab's own pair
+        bu.open_tab(page, "compare")  # ... and its own prediction, not the other tab's later one
         page.wait_for_function("id => document.querySelector('#predict-status').innerText.includes(id)", arg=mine,
                                timeout=30_000)
         assert theirs not in bu.text(page, "#predict-status")
+        bu.wait_usable(other, server.url, timeout_s=90)
+        other.wait_for_function("() => document.querySelector('#models-finetuned input').value.startsWith("
+                                "'smollm2-movies')", timeout=30_000)
+        assert other.input_value("#models-base input").startswith("smollm2")
         third = page.context.new_page()
         try:
             bu.wait_usable(third, server.url, timeout_s=90)

@@ -16,14 +16,15 @@ import time
 import pytest
 
 import browser_util as bu
+from conftest import link_shared_builds
 from test_browser import ARTIFACTS, FIRST_JOB_S, browser  # noqa: F401 - the module's Chromium fixture
 
 pytestmark = pytest.mark.browser
 
 
 @pytest.fixture(scope="module")
-def hosted_server(tmp_path_factory):
-    home = tmp_path_factory.mktemp("graftui-hosted-home")
+def hosted_server(tmp_path_factory, shared_builds):
+    home = link_shared_builds(tmp_path_factory.mktemp("graftui-hosted-home"), shared_builds)  # built once a session
     # a ceiling on mask steps high enough for a job that runs until its session cancels it
     srv = bu.started(home, "hosted-server", fast=True, hosted=True, extra_env={"GRAFTUI_MAX_STEPS": "100000"})
     yield srv

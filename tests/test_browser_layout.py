@@ -17,6 +17,7 @@ import pandas as pd
 import pytest
 
 import browser_util as bu
+from conftest import link_shared_builds
 from test_browser import browser  # noqa: F401 - the module's Chromium fixture
 
 ARTIFACTS = bu.ARTIFACTS
@@ -83,8 +84,9 @@ def test_a_long_table_is_shown_a_page_at_a_time():
 
 # -- the served app ------------------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    srv = bu.started(tmp_path_factory.mktemp("graftui-layout-home"), "app-layout-server", fast=True)
+def server(tmp_path_factory, shared_builds):
+    home = link_shared_builds(tmp_path_factory.mktemp("graftui-layout-home"), shared_builds)  # built once a session
+    srv = bu.started(home, "app-layout-server", fast=True)
     STATE["server"] = srv
     yield srv
     srv.stop()
