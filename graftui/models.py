@@ -29,7 +29,7 @@ from .paths import atomic_dir, file_lock
 from .prompts import LMReader, PromptClassifier, PromptTokenizer, kind_of, make_prompt, recorded_prompt
 from .adapters import CONFIG_NAME as ADAPTER_CONFIG
 from .adapters import Adapter, AdaptedWeights, adapter_base, is_adapter, read_adapter
-from .weights import Checkpoint, model_names, release, take
+from .weights import Checkpoint, Placed, model_names, release, take
 
 log = logging.getLogger(__name__)
 
@@ -821,7 +821,7 @@ class ModelPair:
     @property
     def lazy(self) -> bool:
         """Whether θ_pre and θ_ft are read from their files as needed (not held in memory)."""
-        return isinstance(self.pre, Checkpoint)
+        return isinstance(self.pre.source if isinstance(self.pre, Placed) else self.pre, Checkpoint)
 
     def loading_record(self) -> dict:
         """How to read this pair again (LoadFields names): recorded in regions, so later verbs reuse the prompt."""
@@ -930,13 +930,20 @@ class ModelPair:
         release(self.ft)
 
     def to(self, device: str | torch.device) -> "ModelPair":
-        """Move everything (working model and both parameter sets) to ``device``."""
+        """Move the working model to ``device``, and θ_pre and θ_ft where they are held in memory.
+
+        Values read from files (or computed from an adapter) stay where they are read: every write into the
+        working model moves the few values it needs, so a lazy pair on a GPU holds one model there, not three.
+        """
         if torch.device(device) == self.device:
             return self
         self.model.to(device)
         self._params = dict(self.model.named_parameters())
-        self.pre = {n: t.to(device) for n, t in self.pre.items()}
-        self.ft = {n: t.to(device) for n, t in self.ft.items()}
+        if isinstance(self.pre, dict) and isinstance(self.ft, dict):
+            self.pre = {n: t.to(device) for n, t in self.pre.items()}
+            self.ft = {n: t.to(device) for n, t in self.ft.items()}
+        else:
+            self.pre, self.ft = Placed(self.pre, device), Placed(self.ft, device)
         return self
 
     @property

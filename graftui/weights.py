@@ -185,6 +185,39 @@ def release(values: Mapping, name: str | None = None) -> None:
         values.release(name)
 
 
+class Placed(Mapping):
+    """Values read where they live (a mapped file, an adapter's δ), each handed out on ``device`` when read.
+
+    A lazy pair moved to a GPU moves its working model only: θ_pre and θ_ft stay mapped in host memory and
+    a read copies one tensor (or, through ``take``, a few values) over, so the GPU holds one model, not three.
+    """
+
+    def __init__(self, values: Mapping, device: torch.device | str):
+        self.source = values.source if isinstance(values, Placed) else values
+        self.device = torch.device(device)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.source)
+
+    def __len__(self) -> int:
+        return len(self.source)
+
+    def __contains__(self, name) -> bool:
+        return name in self.source
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self.source[name].to(self.device)
+
+    def numel(self, name: str) -> int:
+        return self.source.numel(name) if hasattr(self.source, "numel") else self.source[name].numel()
+
+    def take(self, name: str, index: torch.Tensor) -> torch.Tensor:
+        return take(self.source, name, index).to(self.device)
+
+    def release(self, name: str | None = None) -> None:
+        release(self.source, name)
+
+
 def model_names(params: dict[str, tuple[int, ...]], checkpoint: Checkpoint) -> tuple[dict[str, str], set[str]]:
     """(model name -> file key for the parameters the file holds with the same shape, the names it holds in another
     shape).

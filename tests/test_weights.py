@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 from graftui import models
 from graftui.config import LoadOptions
 from graftui.errors import ModelError
-from graftui.weights import Checkpoint, model_names, take
+from graftui.weights import Checkpoint, Placed, model_names, take
 from lm_util import make_tokenizer, write_lm_pair
 
 
@@ -131,6 +131,42 @@ def test_a_pair_read_from_its_files_is_the_pair_read_as_two_models(tmp_path, arc
     options = LoadOptions(head="completion")
     lazy = models.ModelPair.load(str(base_dir), str(ft_dir), options=options)
     _same_pairs(lazy, _eager(base_dir, ft_dir, options), torch.tensor([[1, 5, 9, 13, 2]]))
+
+
+def test_values_handed_out_where_the_model_lives_graft_and_learn_as_the_files_own(tmp_path):
+    """A lazy pair on a GPU reads θ_pre and θ_ft through ``Placed``: every reader (grafts, WiSE, the full and the
+    candidate learner, ranking by movement) must get the same values from it as from the files."""
+    from graftui import method
+    from graftui.config import LearnConfig
+
+    base_dir, ft_dir = write_lm_pair(tmp_path, "llama")
+    options = LoadOptions(head="completion")
+    plain = models.ModelPair.load(str(base_dir), str(ft_dir), options=options)
+    placed = models.ModelPair.load(str(base_dir), str(ft_dir), options=options)
+    placed.pre, placed.ft = Placed(placed.pre, "cpu"), Placed(Placed(placed.ft, "meta"), "cpu")
+    assert placed.lazy and isinstance(placed.ft.source, Checkpoint)  # wrapping twice keeps the files, not a wrapper
+    name = placed.graftable[1]
+    assert placed.pre.numel(name) == plain.pre[name].numel() and name in placed.ft and len(placed.ft) == len(plain.ft)
+    _same_pairs(placed, _eager(base_dir, ft_dir, options), torch.tensor([[1, 5, 9, 13, 2]]))
+    gen = torch.Generator().manual_seed(3)
+    ids = torch.randint(3, 60, (4, 8), generator=gen)
+    batches = lambda epoch: [{"input_ids": ids, "labels": ids}]  # noqa: E731
+    for candidates in ("all", "3"):
+        config = LearnConfig(steps=3, lr=0.5, candidates=candidates, memory="lean")
+        found = [method.learn_region(p.model, {n: p.param(n) for n in p.graftable}, p.pre, p.ft, 40, batches, config)[0]
+                 for p in (plain, placed)]
+        assert found[0].keys() == found[1].keys() and all(torch.equal(found[0][n], found[1][n]) for n in found[0])
+
+
+def test_a_lazy_pair_moved_off_the_cpu_moves_its_working_model_only(tmp_path):
+    base_dir, ft_dir = write_lm_pair(tmp_path, "llama")
+    pair = models.ModelPair.load(str(base_dir), str(ft_dir), options=LoadOptions(head="completion"))
+    name = pair.graftable[0]
+    pre = pair.pre[name].clone()
+    pair.to("meta")  # a device without storage: whatever were moved there would be lost
+    assert pair.device.type == "meta" and pair.lazy and isinstance(pair.pre.source, Checkpoint)
+    assert pair.pre[name].device.type == "meta" and pair.ft.take(name, torch.tensor([0, 1])).device.type == "meta"
+    assert torch.equal(pair.pre.source[name], pre)  # still read from the file, in host memory
 
 
 def test_a_classifier_pair_read_from_files_gets_its_head_from_the_fine_tune(tmp_path):
