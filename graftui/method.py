@@ -102,17 +102,17 @@ def top_k(scores, k: int) -> Region:
     k = max(0, min(int(k), total))
     if k == 0:
         return {}
-    threshold = _kth_largest(scores, names, k)
+    threshold = _kth_largest(scores, names, k).cpu()  # a host scalar: compared with tensors on any device
     region: Region = {}
     need = k - sum(int((scores[n].detach() > threshold).sum()) for n in names)  # ties to fill, earliest first
-    for name in names:
-        flat = scores[name].detach().reshape(-1).float().cpu()
+    for name in names:  # on the scores' own device: a GPU's are not copied over whole
+        flat = scores[name].detach().reshape(-1).float()
         chosen = flat > threshold
         if need > 0:
             ties = (flat == threshold).nonzero().squeeze(1)[:need]
             chosen[ties] = True
             need -= int(ties.numel())
-        idx = chosen.nonzero().squeeze(1)
+        idx = chosen.nonzero().squeeze(1).cpu()
         if idx.numel():
             region[name] = idx
     return region
@@ -131,8 +131,11 @@ def _kth_largest(scores, names, k: int) -> torch.Tensor:
         return torch.kthvalue(values, values.numel() - k + 1).values
 
     pool, held, floor, limit = [], 0, None, 2 * k
+    where = None  # the pool stays on the first tensor's device (a GPU's scores are not copied to the host)
     for name in names:
-        flat = scores[name].detach().reshape(-1).float().cpu()
+        flat = scores[name].detach().reshape(-1).float()
+        where = where or flat.device
+        flat = flat.to(where)
         if bool(flat.isnan().any()):
             raise ModelError(f"'{name}' has NaN scores, so no region can be ranked: the checkpoint holds NaN weights, "
                              "or mask learning diverged (try float32 logits or a smaller --lr)")
@@ -346,7 +349,7 @@ class MaskLearner:
     def _begin(self, trainable: Iterable[torch.nn.Parameter], layers: list | None) -> None:
         """Adam's state over ℓ, and the working model set for mask steps: gradients only where ℓ can act."""
         self.adam = {n: (torch.zeros_like(l, dtype=torch.float32), torch.zeros_like(l, dtype=torch.float32))
-                     for n, l in self.logits.items()} if self.config.optimizer == "adam" else None  # g² underflows in 16 bits
+                     for n, l in self._parts().items()} if self.config.optimizer == "adam" else None  # g² underflows in 16 bits
         self.steps_done = 0
         self.model.eval()  # no dropout: the mask, not noise, should explain the loss
         ids = {id(p) for p in trainable}
@@ -355,6 +358,10 @@ class MaskLearner:
             p.requires_grad_(id(p) in ids)
         compute.return_freed_memory()  # what ranking the movement used is free again
         self._uncheckpoint = compute.checkpoint_layers(self.model, layers, self.config.checkpoint_every) if layers else None
+
+    def _parts(self) -> dict[str, torch.Tensor]:
+        """What a step updates, keyed as ``_gradient`` returns ∇_ℓ L: ℓ per tensor."""
+        return self.logits
 
     def _gradient(self, batch: dict[str, torch.Tensor], hard_k: int | None, need_peak: bool):
         return logit_gradient(self.model, self.params, self.pre, self.ft, self.logits, batch, hard_k, need_peak,
@@ -371,18 +378,19 @@ class MaskLearner:
         need_peak = self.config.optimizer == "normalized" and self.config.norm == "max"
         out, grads, sq = self._gradient(batch, hard_k, need_peak)
         loss = out.loss.detach()
+        parts = self._parts()
         if world is not None:  # ∇_ℓ of the global batch's mean loss, the same in every process
-            sq, loss = world.reduce([grads[n] for n in self.logits], share, loss, need_peak)
+            sq, loss = world.reduce([grads[n] for n in parts], share, loss, need_peak)
         with torch.no_grad():
             scale = _step_scale(self.config, sq, self.count)
-            first = next(iter(self.logits), None)  # the step is taken in the wider of ℓ's and ∇'s dtypes
-            largest = torch.finfo(torch.promote_types(self.logits[first].dtype, grads[first].dtype)).max \
+            first = next(iter(parts), None)  # the step is taken in the wider of ℓ's and ∇'s dtypes
+            largest = torch.finfo(torch.promote_types(parts[first].dtype, grads[first].dtype)).max \
                 if first is not None else math.inf
             if not (math.isfinite(float(loss)) and scale <= largest and 10 * self.config.lr <= largest):  # stop now,
                 # not after the last step (adam's first step is 10 lr)
                 raise ModelError(f"mask learning diverged at step {self.steps_done} (loss {float(loss):g}, step "
                                  f"size {scale:g}) with --lr {self.config.lr:g}: lower --lr")
-            for n, ell in self.logits.items():
+            for n, ell in parts.items():
                 g = grads[n]
                 if self.adam is not None:
                     m, v = self.adam[n]
@@ -479,12 +487,17 @@ class CandidateLearner(MaskLearner):
     The logit gradient of parameter i is ∇_θ L ⊙ δ_i ⊙ σ'(ℓ_i), and Eq. 2 starts every parameter
     outside γ_base at σ(S) ≈ 0: one that hardly moved can hardly enter the region. So outside C the
     working model stays θ_pre and nothing is held, and the learner holds, per tensor with
-    candidates, C's sorted flat indices, ℓ_C, θ_pre[C], θ_ft[C] and ∇_ℓ L over C: O(|C|) beside
-    the one working model: 24 bytes a candidate in float32 (σ(ℓ_C) and δ_C are formed again, a
-    tensor at a time, where a step needs them: the same values, for 8 bytes a candidate less). Where
-    C holds every parameter with δ ≠ 0 this is the full learner's step (δ = 0 gives ∇_ℓ = 0 and
-    θ = θ_pre): the "rms" scale still averages over the whole graftable count. Only tensors holding
-    candidates take a weight gradient.
+    candidates, C's sorted flat indices, ℓ_C, θ_pre[C], θ_ft[C], ∇_ℓ L and θ[C] over C: O(|C|) beside
+    the one working model: 28 bytes a candidate in float32, and two scratch buffers (σ(ℓ_C) and δ_C
+    are formed again where a step needs them, on CPU a slice at a time). Where C holds every
+    parameter with δ ≠ 0 this is the full learner's step (δ = 0 gives ∇_ℓ = 0 and θ = θ_pre): the
+    "rms" scale still averages over the whole graftable count. Only tensors holding candidates take
+    a weight gradient.
+
+    The values over C of all tensors on one device are views into one buffer each, so a step's
+    element-wise work (σ, the graft's values, the chain rule, the update) is a few passes over C,
+    not a few per tensor: per tensor, a step only writes θ[C] and gathers ∇_θ L at C. On a GPU,
+    where each operation costs a launch, that is what keeps the step near a plain one.
 
     The working model must be at θ_pre outside C when it starts (as a pair keeps it); ``finish``
     restores it at C only.
@@ -503,75 +516,102 @@ class CandidateLearner(MaskLearner):
                 idx = torch.unique(torch.cat([chosen.get(n, none), given.get(n, none).cpu()]))
                 self.candidates[n] = idx.to(params[n].device)
         on = {n: self.candidates[n].device for n in self.candidates}
+        sizes = {n: (i.numel(),) for n, i in self.candidates.items()}
+        self.pre_c, self._pre = _flat_views(sizes, on, {n: params[n].dtype for n in sizes})
+        self.ft_c, self._ft = _flat_views(sizes, on, {n: params[n].dtype for n in sizes})
         with torch.no_grad():
-            self.pre_c, self.ft_c = {}, {}
             for n, i in self.candidates.items():  # a few values of each tensor; a mapped file's pages go back after
-                self.pre_c[n], self.ft_c[n] = take(pre, n, i).to(on[n]), take(ft, n, i).to(on[n])
+                self.pre_c[n].copy_(take(pre, n, i))
+                self.ft_c[n].copy_(take(ft, n, i))
                 release(pre, n)
                 release(ft, n)
         if start is None:  # the top-k of |δ| lies inside the top-m (ties go earliest in both): no second pass
-            inside = top_k({n: self._delta(n).abs() for n in self.candidates}, k)
+            inside = top_k({n: torch.sub(self.ft_c[n], self.pre_c[n]).abs() for n in self.candidates}, k)
             self.base = {n: self.candidates[n][i.to(on[n])].cpu() for n, i in inside.items()}
         else:
             self.base = start
             inside = {n: torch.searchsorted(self.candidates[n], i.to(on[n])) for n, i in start.items() if i.numel()}
-        self.logits = initial_logits(inside, {n: (i.numel(),) for n, i in self.candidates.items()}, config.sigmoid_bias,
-                                     on, getattr(torch, config.logit_dtype))
+        self.logits = initial_logits(inside, sizes, config.sigmoid_bias, on, getattr(torch, config.logit_dtype))
+        self._ell = {d: next(self.logits[n] for n in self.logits if on[n] == d)._base for d in self._pre}
         self.counter = RegionCounter(self.logits, inside)  # the region's size and swaps, as the full learner counts them
         self.held = None
-        self.grads_c = {n: torch.empty_like(self.pre_c[n]) for n in self.candidates}
+        self.grads_c, self._grads = _flat_views(sizes, on, {n: params[n].dtype for n in sizes})
+        self.value_c, self._value = _flat_views(sizes, on, {n: params[n].dtype for n in sizes})  # θ[C], reused
         self._begin([params[n] for n in self.candidates], layers)
         held = sum(t.numel() * t.element_size() for part in (self.candidates, self.logits, self.pre_c, self.ft_c,
-                                                              self.grads_c) for t in part.values())
+                                                              self.grads_c, self.value_c) for t in part.values())
         log.debug("mask learning over C: %s of %s graftable parameters in %d of %d tensors (c = %s), holding %.3f GB; %s",
                   f"{sum(i.numel() for i in self.candidates.values()):,}", f"{self.count:,}", len(self.candidates),
                   len(self.names), config.candidates, held / 1e9, compute.memory_in_use(self.device))
 
+    def _parts(self) -> dict[str, torch.Tensor]:
+        """ℓ_C as one buffer per device: a step updates each in one pass."""
+        return {str(d): ell for d, ell in self._ell.items()}
+
     def _gradient(self, batch: dict[str, torch.Tensor], hard_k: int | None, need_peak: bool):
-        """``logit_gradient`` over C: θ[C] written by index, ∇_θ L gathered at C and dropped in its hook."""
+        """``logit_gradient`` over C: θ[C] written by index, ∇_θ L gathered at C in its hook, and the chain rule
+        ∇_θ L[C] ⊙ δ_C ⊙ σ'(ℓ_C) taken once over each device's buffer when the backward pass is done."""
         hard = top_k(self.logits, hard_k) if hard_k else None  # positions inside C
         with torch.no_grad():  # θ[C] ← lerp(θ_pre[C], θ_ft[C], σ(ℓ_C)); outside C it stays θ_pre
-            for n, idx in self.candidates.items():
-                p = self.params[n]
-                s = torch.sigmoid(self.logits[n])
+            for d, ell in self._ell.items():
+                lo, hi, value = self._pre[d], self._ft[d], self._value[d]
                 if hard is not None:
-                    chosen = torch.zeros(idx.numel(), dtype=torch.bool, device=idx.device)
-                    if n in hard:
-                        chosen[hard[n].to(idx.device)] = True
-                    value = torch.where(chosen, self.ft_c[n], self.pre_c[n])
+                    chosen = torch.zeros(ell.numel(), dtype=torch.bool, device=ell.device)
+                    for n, pos in hard.items():
+                        if self.candidates[n].device == d:
+                            chosen[pos.to(d) + _offset(self.logits[n], ell)] = True
+                    torch.where(chosen, hi, lo, out=value)
                 else:
-                    value = torch.lerp(self.pre_c[n], self.ft_c[n], s if s.dtype == p.dtype else s.to(p.dtype))
-                p.data.view(-1).index_copy_(0, idx, value)
+                    for c in compute.chunks(ell):  # on CPU a slice at a time, through reused buffers
+                        s = torch.sigmoid(ell[c], out=self.scratch.take(0, ell[c]))
+                        w = s if s.dtype == value.dtype else self.scratch.take(1, value[c]).copy_(s)
+                        torch.lerp(lo[c], hi[c], w, out=value[c])
+            for n, idx in self.candidates.items():
+                p, value = self.params[n], self.value_c[n]
+                p.data.view(-1).index_copy_(0, idx, value if value.dtype == p.dtype else value.to(p.dtype))
                 p.grad = None
         names = {id(self.params[n]): n for n in self.candidates}
-        squares: dict[str, torch.Tensor] = {}
-        peaks: dict[str, torch.Tensor] = {}
+        seen: set[str] = set()
 
         @torch.no_grad()
-        def to_logit_gradient(p: torch.nn.Parameter) -> None:  # ∇_θ L[C] ⊙ δ_C ⊙ σ'(ℓ_C); ∇_θ L dropped at once
+        def gather(p: torch.nn.Parameter) -> None:  # ∇_θ L at C; the rest of ∇_θ L dropped at once
             n = names[id(p)]
-            g = torch.index_select(p.grad.reshape(-1), 0, self.candidates[n], out=self.grads_c[n])
+            into = self.grads_c[n]
+            if into.dtype == p.grad.dtype:
+                torch.index_select(p.grad.reshape(-1), 0, self.candidates[n], out=into)
+            else:  # a tensor narrower than others on its device
+                into.copy_(torch.index_select(p.grad.reshape(-1), 0, self.candidates[n]))
             p.grad = None
-            g.mul_(self._delta(n))
-            torch.ops.aten.sigmoid_backward.grad_input(g, torch.sigmoid(self.logits[n]), grad_input=g)
-            flat = g.float()
-            squares[n] = torch.dot(flat, flat).double()
-            if need_peak:
-                least, most = torch.aminmax(flat)
-                peaks[n] = torch.maximum(-least, most)
+            seen.add(n)
 
-        out = _backward(self.model, batch, [self.params[n] for n in self.candidates], to_logit_gradient)
-        size = _size(self.candidates, squares, peaks, need_peak, out.loss.device, lambda n: self.grads_c[n].zero_())
-        return out, self.grads_c, size
-
-    def _delta(self, n: str) -> torch.Tensor:
-        """δ_C of one tensor, as ``Held.delta`` computes it."""
-        return torch.sub(self.ft_c[n], self.pre_c[n])
+        out = _backward(self.model, batch, [self.params[n] for n in self.candidates], gather)
+        with torch.no_grad():
+            for n in self.candidates:  # the loss does not depend on it: ∇ = 0, not the last step's
+                if n not in seen:
+                    self.grads_c[n].zero_()
+            squares: dict[str, torch.Tensor] = {}
+            peaks: dict[str, torch.Tensor] = {}
+            for d, grad in self._grads.items():
+                lo, hi, ell = self._pre[d], self._ft[d], self._ell[d]
+                for c in compute.chunks(grad):  # ∇_θ L[C] ⊙ δ_C ⊙ σ'(ℓ_C), on CPU a slice at a time
+                    g = grad[c].mul_(torch.sub(hi[c], lo[c], out=self.scratch.take(1, grad[c])))
+                    torch.ops.aten.sigmoid_backward.grad_input(g, torch.sigmoid(ell[c], out=self.scratch.take(0, ell[c])),
+                                                               grad_input=g)
+                    flat = g.float()
+                    part = torch.dot(flat, flat).double()
+                    squares[str(d)] = part if str(d) not in squares else squares[str(d)] + part
+                    if need_peak:
+                        least, most = torch.aminmax(flat)
+                        part = torch.maximum(-least, most)
+                        peaks[str(d)] = part if str(d) not in peaks else torch.maximum(peaks[str(d)], part)
+        size = _size(squares, squares, peaks, need_peak, out.loss.device, lambda n: None)
+        return out, {str(d): g for d, g in self._grads.items()}, size
 
     def _restore(self) -> None:
         for n, idx in self.candidates.items():
-            self.params[n].data.view(-1).index_copy_(0, idx, self.pre_c[n])
-            self.params[n].grad = None
+            p = self.params[n]
+            p.data.view(-1).index_copy_(0, idx, self.pre_c[n].to(p.dtype))
+            p.grad = None
 
     def finish(self) -> Region:
         """Restore θ_pre at C and binarise: the top-k of ℓ_C, as flat indices of the parameters."""
@@ -581,6 +621,29 @@ class CandidateLearner(MaskLearner):
     def full_logits(self) -> CandidateLogits:
         return CandidateLogits(self.logits, self.candidates, {n: tuple(self.params[n].shape) for n in self.names},
                                -self.config.sigmoid_bias)
+
+
+def _flat_views(sizes: dict[str, tuple[int, ...]], on: dict[str, torch.device], dtypes: dict[str, torch.dtype]):
+    """(name -> view, device -> buffer): one buffer per device, cut in ``sizes``' order as ``initial_logits`` cuts
+    ℓ, so that a position in one buffer is the same candidate in every other."""
+    totals: dict[torch.device, int] = {}
+    for n, shape in sizes.items():
+        totals[on[n]] = totals.get(on[n], 0) + math.prod(shape)
+    dtype: dict[torch.device, torch.dtype] = {}
+    for n in sizes:  # a model that keeps some modules in float32 beside 16-bit ones: the wider on that device
+        dtype[on[n]] = torch.promote_types(dtype.get(on[n], dtypes[n]), dtypes[n])
+    flat = {d: torch.empty(total, dtype=dtype[d], device=d) for d, total in totals.items()}
+    views, used = {}, dict.fromkeys(flat, 0)
+    for n, shape in sizes.items():
+        d, size = on[n], math.prod(shape)
+        views[n] = flat[d][used[d]: used[d] + size].view(shape)
+        used[d] += size
+    return views, flat
+
+
+def _offset(view: torch.Tensor, buffer: torch.Tensor) -> int:
+    """Where ``view`` starts inside ``buffer``, in elements."""
+    return view.storage_offset() - buffer.storage_offset()
 
 
 class CandidateLogits(Mapping):

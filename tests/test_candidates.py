@@ -11,6 +11,7 @@ import math
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -83,7 +84,7 @@ def test_the_region_is_the_full_learners_when_c_holds_every_parameter_that_moved
     assert any(r.swapped for r in reports)  # the steps did change the region
 
 
-def test_a_factor_past_the_graftable_count_keeps_every_parameter_and_learns_the_full_logits_bit_for_bit():
+def test_a_factor_past_the_graftable_count_keeps_every_parameter_and_learns_the_full_logits():
     pair, _, _ = make_tiny_pair()
     params = params_of(pair)
     graftable = pair.counts()["graftable"]
@@ -97,7 +98,10 @@ def test_a_factor_past_the_graftable_count_keeps_every_parameter_and_learns_the_
     (full, full_logits), (region, logits) = found.values()
     assert method.region_size(logits.candidates) == graftable
     assert same_region(region, full)
-    assert all(torch.equal(logits[n], full_logits[n]) for n in params)  # same tensors, same passes: same bits
+    # the same maths, but over one buffer, not tensor by tensor: σ vectorises other positions (the last bit may
+    # differ) and the "rms" scale sums ∇² in one pass; four steps keep that within a few parts in a million
+    for n in params:
+        torch.testing.assert_close(logits[n], full_logits[n], rtol=1e-5, atol=1e-5)
 
 
 def test_the_region_is_exactly_k_inside_c_and_c_holds_the_start():
@@ -188,10 +192,13 @@ def test_the_learner_holds_memory_for_c_not_for_the_model(optimizer):
     shared = {"model", "params", "pre", "ft"}  # the caller's: the working model and the two parameter sets
     held = _held_tensors({a: v for a, v in vars(learner).items() if a not in shared})
     assert held and all(t.numel() <= c for t in held)  # no tensor of a parameter's full size
-    assert sum(t.numel() for t in held) <= 10 * c < graftable  # O(|C|): indices, ℓ, θ_pre, θ_ft, ∇, Adam, the start
-    keyed = [getattr(learner, a) for a in ("logits", "pre_c", "ft_c", "grads_c")]
-    keyed += [learner.adam] if learner.adam is not None else []
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() // t.element_size() for t in held}
+    assert sum(storages.values()) <= 12 * c < graftable  # O(|C|): indices, ℓ, θ_pre, θ_ft, ∇, θ[C], two scratch
+    # buffers, Adam's moments and the start
+    keyed = [getattr(learner, a) for a in ("logits", "pre_c", "ft_c", "grads_c", "value_c")]
     assert all(set(d) == set(learner.candidates) for d in keyed)  # nothing for a tensor without candidates
+    if learner.adam is not None:  # Adam's moments: one buffer over C per device, as ℓ_C
+        assert [m.numel() for m, _ in learner.adam.values()] == [c]
     learner.finish()
     full = learner.full_logits()  # full size only where asked, one tensor at a time
     n = next(n for n in params if n not in learner.candidates)
@@ -323,3 +330,33 @@ def test_large_blocks_are_mapped_only_where_memory_is_short(monkeypatch):
     assert not method.maps_blocks("auto", params)
     monkeypatch.setattr(compute, "free_memory", lambda device: 15_000)
     assert method.maps_blocks("auto", params)
+
+
+class _Mixed(torch.nn.Module):
+    """A float32 layer feeding a bfloat16 one, as models that keep some modules in float32 run."""
+
+    def __init__(self):
+        super().__init__()
+        self.wide, self.narrow = torch.nn.Linear(6, 8), torch.nn.Linear(8, 3).bfloat16()
+
+    def forward(self, x, labels):
+        logits = self.narrow(torch.tanh(self.wide(x)).bfloat16()).float()
+        return SimpleNamespace(loss=torch.nn.functional.cross_entropy(logits, labels), logits=logits)
+
+
+def test_a_model_keeping_some_tensors_in_float32_learns_over_c_with_each_tensor_in_its_own_dtype():
+    """C's buffers on a device take the widest dtype there; each tensor is written and read in its own."""
+    torch.manual_seed(0)
+    model = _Mixed()
+    params = dict(model.named_parameters())
+    pre = {n: p.detach().clone() for n, p in params.items()}
+    ft = {n: (p + torch.randn_like(p) * torch.rand_like(p).pow(4)).detach() for n, p in pre.items()}
+    gen = torch.Generator().manual_seed(1)
+    x, labels = torch.randn(16, 6, generator=gen), torch.randint(0, 3, (16,), generator=gen)
+    learner = method.MaskLearner(model, params, pre, ft, 10, LearnConfig(steps=3, lr=0.5, candidates="4"))
+    assert {t.dtype for t in learner.pre_c.values()} == {torch.float32}  # one buffer, the wider dtype
+    reports = [learner.step({"x": x, "labels": labels}) for _ in range(3)]
+    assert all(math.isfinite(r.loss) for r in reports) and learner.grads_c["narrow.weight"].abs().sum() > 0
+    region = learner.finish()
+    assert method.region_size(region) == 10 and "narrow.weight" in learner.candidates
+    assert all(params[n].dtype == pre[n].dtype and torch.equal(params[n].data, pre[n]) for n in params)
