@@ -1,7 +1,7 @@
 """Mask learning as models grow: peak memory in units of the model and time per step, side by side.
 
-    .venv/bin/python benchmarks/bench_scale.py [--sizes 20m,60m,150m,400m,1b,3b] [--steps 3] [--device cpu]
-        [--dtype float32|bfloat16] [--logit-dtype float32|float16|bfloat16] [--memory lean|fast]
+    .venv/bin/python benchmarks/bench_scale.py [--sizes 20m,60m,150m,400m,1b,3b,8b] [--steps 3] [--device cpu|cuda]
+        [--dtype float32|bfloat16] [--logit-dtype float32|float16|bfloat16] [--memory lean|fast|auto]
         [--checkpoint-every N] [--pair memory|files] [--candidates all|c] [--batch N] [--no-plain]
 
 For each size, a Llama pair is built from a config (random weights; the 'fine-tuned' copy is the
@@ -48,20 +48,33 @@ import torch
 
 SIZES = {  # hidden, layers, intermediate: Llama shapes of growing size
     "20m": (256, 8, 704), "60m": (512, 8, 1408), "150m": (768, 12, 2048), "400m": (1024, 20, 2816),
-    "1b": (2048, 16, 5632), "3b": (3072, 28, 8192),
+    "1b": (2048, 16, 5632), "3b": (3072, 28, 8192), "8b": (4096, 32, 14336),
 }
-VOCAB, BATCH, SEQ = 8192, 8, 64
+SHAPED = {"8b": {"num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 128256}}  # Llama-3-8B's own
+VOCAB, BATCH, SEQ = 8192, 8, 64  # token ids are drawn below VOCAB whatever the model's vocabulary
 
 
-def build(size: str, dtype: str = "float32"):
+def build(size: str, dtype: str = "float32", device: str = "cpu"):
+    """The size's Llama, at seed 0. Off the CPU it is made on the device in its dtype (an 8 B model is not
+    initialised on the host in float32 first); on the CPU as before, so earlier figures stand."""
     from transformers import LlamaConfig, LlamaForSequenceClassification
 
     hidden, layers, inter = SIZES[size]
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=hidden, num_hidden_layers=layers, intermediate_size=inter,
-                         num_attention_heads=max(4, hidden // 64), num_key_value_heads=max(4, hidden // 64),
-                         max_position_embeddings=SEQ, num_labels=2, pad_token_id=0)
+    shape = {"vocab_size": VOCAB, "num_attention_heads": max(4, hidden // 64), "num_key_value_heads": max(4, hidden // 64),
+             **SHAPED.get(size, {})}
+    config = LlamaConfig(hidden_size=hidden, num_hidden_layers=layers, intermediate_size=inter,
+                         max_position_embeddings=SEQ, num_labels=2, pad_token_id=0, **shape)
     torch.manual_seed(0)
-    return LlamaForSequenceClassification(config).to(getattr(torch, dtype)).eval()
+    if device == "cpu":
+        return LlamaForSequenceClassification(config).to(getattr(torch, dtype)).eval()
+    torch.cuda.manual_seed(0)
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(getattr(torch, dtype))
+    try:
+        with torch.device(device):
+            return LlamaForSequenceClassification(config).eval()
+    finally:
+        torch.set_default_dtype(default)
 
 
 def batches(steps: int, batch: int = BATCH):
@@ -73,20 +86,22 @@ def batches(steps: int, batch: int = BATCH):
 
 def move_body(model, seed: int = 1) -> None:
     """The 'fine-tune': heavy-tailed noise on the body, tensor by tensor."""
-    gen = torch.Generator().manual_seed(seed)
+    where = next(model.parameters()).device
+    gen = torch.Generator(device=where).manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.startswith("model.layers."):
-                noise = torch.randn(p.shape, generator=gen) * 0.01 * torch.rand(p.shape, generator=gen).pow(4)
+                noise = torch.randn(p.shape, generator=gen, device=where) * 0.01 * \
+                    torch.rand(p.shape, generator=gen, device=where).pow(4)
                 p.add_(noise.to(p.dtype))
 
 
-def write_pair(size: str, dtype: str, workdir: str) -> tuple[Path, Path]:
-    """The pair's two checkpoint folders under ``workdir``, written once (one model in memory)."""
+def write_pair(size: str, dtype: str, workdir: str, device: str = "cpu") -> tuple[Path, Path]:
+    """The pair's two checkpoint folders under ``workdir``, written once (one model in memory, made on ``device``)."""
     root = Path(workdir) / f"{size}-{dtype}"
     base, ft = root / "base", root / "finetuned"
     if not (ft / "config.json").exists():
-        model = build(size, dtype)
+        model = build(size, dtype, device)
         model.save_pretrained(base)
         move_body(model)
         model.save_pretrained(ft)
@@ -135,11 +150,11 @@ def child(mode: str, size: str, steps: int, device: str, dtype: str, logit_dtype
         model = LlamaForSequenceClassification.from_pretrained(ft_dir if pair_from == "files" else base_dir,
                                                                dtype=getattr(torch, dtype)).eval()
     else:
-        model = build(size, dtype)
+        model = build(size, dtype, device)
     n_params = sum(p.numel() for p in model.parameters())
     unit = sum(p.numel() * p.element_size() for p in model.parameters())
     times = []
-    ranked, resident = 0, {}  # the mask child's peak while building its learner, its resident memory after the steps
+    ranked, resident, built = 0, {}, 0.0  # the mask child's peak while building its learner, its resident memory after the steps
     if mode == "plain":
         model.to(device)
         if checkpoint_every:
@@ -164,7 +179,7 @@ def child(mode: str, size: str, steps: int, device: str, dtype: str, logit_dtype
             pair = ModelPair.from_adapter(model, None, read_adapter(str(ft_dir)), Checkpoint.open(base_dir), set(),
                                           GraftableSpec()).to(device)
         else:
-            finetuned = build(size, dtype)  # same seed: identical, then the body moves
+            finetuned = build(size, dtype, device)  # same seed: identical, then the body moves
             move_body(finetuned)
             pair = ModelPair.from_models(model, finetuned, None, {"score.weight"}, GraftableSpec()).to(device)
             del finetuned
@@ -173,9 +188,13 @@ def child(mode: str, size: str, steps: int, device: str, dtype: str, logit_dtype
         k = max(1, pair.counts()["graftable"] // 1000)
         loaded = _peak()
         _reset_peak()
+        started = time.perf_counter()
         learner = MaskLearner(pair.model, params, pair.pre, pair.ft, k, LearnConfig(
             steps=steps, logit_dtype=logit_dtype, memory=memory, checkpoint_every=checkpoint_every,
             candidates=candidates))
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        built = time.perf_counter() - started
         ranked = _peak()  # the learner built: the ranking by movement and C's values gathered
         _reset_peak()
         for batch in batches(steps, batch_size):
@@ -189,7 +208,7 @@ def child(mode: str, size: str, steps: int, device: str, dtype: str, logit_dtype
     gpu_peak = torch.cuda.max_memory_allocated() if device.startswith("cuda") else None
     stepped = _peak()
     print(json.dumps({"params": n_params, "unit": unit, "loaded": loaded, "peak": max(stepped, ranked),
-                      "ranked": ranked, "stepped": stepped, "resident": resident, "gpu_peak": gpu_peak,
+                      "ranked": ranked, "stepped": stepped, "resident": resident, "gpu_peak": gpu_peak, "build_s": built,
                       "step_s": statistics.median(times[1:] if len(times) > 1 else times)}))
 
 
@@ -221,7 +240,7 @@ def run_child(mode: str, size: str, args, checkpoint_every: int) -> dict:
                           capture_output=True, text=True)
     if done.returncode != 0:
         raise SystemExit(f"{mode} {size} failed:\n{done.stderr[-2000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    return json.loads(done.stdout.strip().splitlines()[-1]) if mode != "write" else {}
 
 
 def main() -> None:
@@ -231,7 +250,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     parser.add_argument("--logit-dtype", default="float32", choices=("float32", "float16", "bfloat16"))
-    parser.add_argument("--memory", default="lean", choices=("lean", "fast"))
+    parser.add_argument("--memory", default="lean", choices=("lean", "fast", "auto"))
     parser.add_argument("--checkpoint-every", type=int, default=0,
                         help="mask learning recomputes every N-th layer's activations (0: none)")
     parser.add_argument("--pair", default="memory", choices=("memory", "files", "lora"),
@@ -242,8 +261,13 @@ def main() -> None:
     parser.add_argument("--no-plain", action="store_true", help="skip the plain child (a model too big for two)")
     parser.add_argument("--workdir", default=str(Path(tempfile.gettempdir()) / "graftui-bench-scale"),
                         help="where --pair files writes the checkpoints (kept for later runs)")
-    parser.add_argument("--child", choices=("plain", "mask"))
+    parser.add_argument("--child", choices=("plain", "mask", "write"))
     args = parser.parse_args()
+    if args.child == "write":  # a process of its own: what the device's allocator keeps is not the children's
+        write_pair(args.sizes, args.dtype, args.workdir, args.device)
+        if args.pair == "lora":
+            write_adapter(args.sizes, args.dtype, args.workdir)
+        return
     if args.child:
         child(args.child, args.sizes, args.steps, args.device, args.dtype, args.logit_dtype, args.memory,
               args.checkpoint_every, args.pair, args.candidates, args.batch, args.workdir)
@@ -256,8 +280,8 @@ def main() -> None:
           f"{'plain s':>8} {'mask s':>8} {'ratio':>6}" + (f" {'ckpt s':>8} {'ratio':>6}" if every else "")
           + "   (peaks in units of the model in its dtype)")
     for size in args.sizes.split(","):
-        if args.pair != "memory":  # written before either child: its peak is not theirs
-            (write_pair if args.pair == "files" else write_adapter)(size, args.dtype, args.workdir)
+        if args.pair != "memory":  # written before either child, in a process of its own: its peak is not theirs
+            run_child("write", size, args, 0)
         mask = run_child("mask", size, args, every)
         plain = {"peak": math.nan, "gpu_peak": math.nan, "step_s": math.nan} if args.no_plain else \
             run_child("plain", size, args, 0)
@@ -270,6 +294,8 @@ def main() -> None:
             checkpointed = run_child("plain", size, args, every)
             line += f" {checkpointed['step_s']:>8.2f} {mask['step_s'] / checkpointed['step_s']:>5.2f}x"
         print(line, flush=True)
+        print(f"{'':>5} the learner built in {mask['build_s']:.1f} s (ranking by movement, C's values gathered)",
+              flush=True)
         if key == "peak":  # where the mask peak lies, and what stays resident
             print(f"{'':>5} mask peak {mask['ranked'] / unit:.2f}x while building the learner (ranking, C's values), "
                   f"{mask['stepped'] / unit:.2f}x while stepping; resident after the steps "
