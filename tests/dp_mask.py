@@ -1,7 +1,7 @@
 """Mask learning on the tiny pair, as one process or as several (run by ``torch.distributed.run``).
 
-    python tests/dp_mask.py OUT.pt [MEMORY]    # one process, the whole batch
-    python -m torch.distributed.run --nproc-per-node 2 tests/dp_mask.py OUT.pt [MEMORY]
+    python tests/dp_mask.py OUT.pt [MEMORY [CANDIDATES]]    # one process, the whole batch
+    python -m torch.distributed.run --nproc-per-node 2 tests/dp_mask.py OUT.pt [MEMORY [CANDIDATES]]
 
 Rank 0 (or the single process) saves the region and the final logits to OUT.pt.
 """
@@ -21,7 +21,9 @@ from graftui.requests import LearnConfig  # noqa: E402
 torch.set_num_threads(1)
 pair, _, _ = make_tiny_pair()
 params = {n: pair.param(n) for n in pair.graftable}
+memory = sys.argv[2] if len(sys.argv) > 2 else "auto"
+candidates = sys.argv[3] if len(sys.argv) > 3 else "all"
 region, logits = learn_region(pair.model, params, pair.pre, pair.ft, 200, random_batches(batch_size=7),
-                              LearnConfig(steps=4, lr=0.05, memory=sys.argv[2] if len(sys.argv) > 2 else "auto"))
+                              LearnConfig(steps=4, lr=0.05, memory=memory, candidates=candidates))
 if int(os.environ.get("RANK", "0")) == 0:
-    torch.save({"region": region, "logits": logits}, sys.argv[1])
+    torch.save({"region": region, "logits": {n: logits[n] for n in logits}}, sys.argv[1])

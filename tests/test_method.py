@@ -270,16 +270,18 @@ def test_top_k_equals_the_whole_sort_ties_included():
 
 
 @pytest.mark.e2e
-def test_data_parallel_mask_learning_gives_the_single_process_region(tmp_path):
-    """Two gloo processes, each on its rows of the same global batch (7 rows: 4 and 3), learn one region."""
+@pytest.mark.parametrize("candidates", ["all", "3"])
+def test_data_parallel_mask_learning_gives_the_single_process_region(tmp_path, candidates):
+    """Two gloo processes, each on its rows of the same global batch (7 rows: 4 and 3), learn one region, over every
+    graftable parameter or over a candidate set (whose ∇ over C is one buffer, reduced at once)."""
     import subprocess
     import sys
     from pathlib import Path
 
     script = str(Path(__file__).with_name("dp_mask.py"))
     env = {k: v for k, v in __import__("os").environ.items() if k not in {"RANK", "WORLD_SIZE", "LOCAL_RANK"}}
-    one = subprocess.run([sys.executable, script, str(tmp_path / "one.pt"), "fast"], capture_output=True, text=True, env=env,
-                         timeout=300)
+    one = subprocess.run([sys.executable, script, str(tmp_path / "one.pt"), "fast", candidates], capture_output=True,
+                         text=True, env=env, timeout=300)
     assert one.returncode == 0, one.stderr[-2000:]
     import socket
 
@@ -287,7 +289,8 @@ def test_data_parallel_mask_learning_gives_the_single_process_region(tmp_path):
         sock.bind(("127.0.0.1", 0))
         port = str(sock.getsockname()[1])
     two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-addr",
-                          "127.0.0.1", "--master-port", port, script, str(tmp_path / "two.pt"), "lean"], capture_output=True, text=True, env=env, timeout=300)
+                          "127.0.0.1", "--master-port", port, script, str(tmp_path / "two.pt"), "lean", candidates],
+                         capture_output=True, text=True, env=env, timeout=300)
     assert two.returncode == 0, two.stderr[-2000:]
     a, b = torch.load(tmp_path / "one.pt"), torch.load(tmp_path / "two.pt")
     for n in a["logits"]:
