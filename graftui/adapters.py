@@ -355,6 +355,10 @@ class AdaptedWeights(Mapping):
             return self.adapter.saved[own].to(base.device, base.dtype)
         return base + self.adapter.delta(own, base.dtype).to(base.device)
 
+    def numel(self, name: str) -> int:
+        """The tensor's size, without forming it."""
+        return self.pre.numel(name) if hasattr(self.pre, "numel") else self.pre[name].numel()
+
     def release(self, name: str | None = None) -> None:
         """Give back the pages of θ_pre's file read so far (``weights.Checkpoint.release``)."""
         release(self.pre, name)

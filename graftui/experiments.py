@@ -200,6 +200,7 @@ def retrain_inside(
     masks = {n: m.to(params[n].device) for n, m in masks.items()}
     if not names:
         return {}
+    start = {n: start[n].to(params[n].device) for n in names}  # read once (a GPU pair's θ_pre lives on the host)
     flags = {n: p.requires_grad for n, p in model.named_parameters()}
     trainable = {id(params[n]) for n in names}
     chosen = [params[n] for n in names]

@@ -43,7 +43,7 @@ import torch
 from . import compute
 from .errors import Cancelled, ModelError
 from .config import LOGIT_DTYPES, MEMORY_MODES, LearnConfig
-from .weights import release, take
+from .weights import Placed, release, take
 
 log = logging.getLogger(__name__)
 
@@ -135,11 +135,10 @@ def _kth_largest(scores, names, k: int) -> torch.Tensor:
     for name in names:
         flat = scores[name].detach().reshape(-1).float()
         where = where or flat.device
-        flat = flat.to(where)
         if bool(flat.isnan().any()):
             raise ModelError(f"'{name}' has NaN scores, so no region can be ranked: the checkpoint holds NaN weights, "
                              "or mask learning diverged (try float32 logits or a smaller --lr)")
-        part = flat if floor is None else flat[flat > floor]
+        part = (flat if floor is None else flat[flat > floor.to(flat.device)]).to(where)  # filtered, then moved
         pool.append(part)
         held += part.numel()
         if held >= limit:
@@ -317,6 +316,7 @@ class MaskLearner:
         start: Region | None = None,
     ):
         layers = self._accept(model, params, pre, ft, k, config)
+        self.pre, self.ft = pre, ft = _brought_over(pre, ft, params)
         # γ_base: top-movement by default; the paper's multi-task runs start from ∅ (App. C.2),
         # purification from a union of regions
         self.base = base_region(pre, ft, self.names, k) if start is None else start
@@ -396,8 +396,11 @@ class MaskLearner:
                     m, v = self.adam[n]
                     m.mul_(0.9).add_(g, alpha=0.1)
                     v.mul_(0.999).addcmul_(g, g, value=0.001)
-                    denom = (v / (1 - 0.999**self.steps_done)).sqrt_().add_(1e-12)
-                    ell.addcdiv_(m, denom, value=-self.config.lr / (1 - 0.9**self.steps_done))
+                    flat_v, flat_m, flat_ell = v.view(-1), m.view(-1), ell.view(-1)
+                    for c in compute.chunks(flat_v):  # on CPU a slice at a time: no temporary the size of all of ℓ
+                        denom = torch.div(flat_v[c], 1 - 0.999**self.steps_done, out=self.scratch.take(3, flat_v[c]))
+                        flat_ell[c].addcdiv_(flat_m[c], denom.sqrt_().add_(1e-12),
+                                             value=-self.config.lr / (1 - 0.9**self.steps_done))
                 else:
                     ell.sub_(g, alpha=scale)
             if self.config.within_budget:
@@ -526,7 +529,8 @@ class CandidateLearner(MaskLearner):
                 release(pre, n)
                 release(ft, n)
         if start is None:  # the top-k of |δ| lies inside the top-m (ties go earliest in both): no second pass
-            inside = top_k({n: torch.sub(self.ft_c[n], self.pre_c[n]).abs() for n in self.candidates}, k)
+            inside = top_k({n: torch.sub(self.ft_c[n], self.pre_c[n]).to(params[n].dtype).abs()  # |δ| as γ_base ranks it
+                            for n in self.candidates}, k)
             self.base = {n: self.candidates[n][i.to(on[n])].cpu() for n, i in inside.items()}
         else:
             self.base = start
@@ -839,6 +843,21 @@ class Held:
         with torch.no_grad():  # written now, so that their pages are not first touched inside a step
             return Held({n: torch.sigmoid(logits[n]) for n in params},
                         {n: torch.sub(ft[n], pre[n], out=torch.empty_like(params[n])) for n in params})
+
+
+def _brought_over(pre, ft, params: dict[str, torch.nn.Parameter]):
+    """θ_pre and θ_ft that a lazy pair on a GPU reads from the host (``Placed``), copied onto the parameters' devices
+    once where they take at most a quarter of the free memory there: the full learner reads both whole at every step.
+    Otherwise they stay where they are, and each step reads them over (use ``--candidates`` for such pairs)."""
+    if not (isinstance(pre, Placed) or isinstance(ft, Placed)):
+        return pre, ft
+    need: dict[torch.device, int] = {}
+    for p in params.values():
+        need[p.device] = need.get(p.device, 0) + 2 * p.numel() * p.element_size()
+    if not all(4 * bytes_ <= compute.free_memory(device) for device, bytes_ in need.items()):
+        return pre, ft
+    with torch.no_grad():
+        return {n: pre[n] for n in params}, {n: ft[n] for n in params}
 
 
 def _holds(memory: str, params: dict[str, torch.nn.Parameter], logits: dict[str, torch.Tensor]) -> bool:

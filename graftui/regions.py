@@ -32,6 +32,7 @@ from .completion import CompletionSpec
 from .config import COMPLETION, FT_LABEL, HEADS, GraftableSpec, LoadOptions, is_body
 from .data import DataSpec
 from .errors import RegionError, RequestError
+from .weights import take
 from .method import Region, region_size
 from .models import ModelPair, architecture, load_reader, pair_kind
 from .paths import atomic_dir, atomic_write, file_lock
@@ -342,7 +343,7 @@ def derived_record(source: RegionMeta, indices: Region, shapes: dict, fields_: d
 
 def with_patch(pair, record: RegionRecord) -> RegionRecord:
     """The same region carrying the fine-tuned values and the head: a self-contained skill patch."""
-    values = {n: pair.ft[n].reshape(-1)[i.to(pair.ft[n].device)].detach().cpu().clone() for n, i in record.indices.items()}
+    values = {n: take(pair.ft, n, i).detach().cpu().clone() for n, i in record.indices.items()}  # those values only
     head = {n: pair.param(n).detach().cpu().clone() for n in pair.head}
     return RegionRecord(record.indices, record.shapes, replace(record.meta, extra=dict(record.meta.extra)), values, head)
 

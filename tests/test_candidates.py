@@ -193,8 +193,8 @@ def test_the_learner_holds_memory_for_c_not_for_the_model(optimizer):
     held = _held_tensors({a: v for a, v in vars(learner).items() if a not in shared})
     assert held and all(t.numel() <= c for t in held)  # no tensor of a parameter's full size
     storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() // t.element_size() for t in held}
-    assert sum(storages.values()) <= 12 * c < graftable  # O(|C|): indices, ℓ, θ_pre, θ_ft, ∇, θ[C], two scratch
-    # buffers, Adam's moments and the start
+    assert sum(storages.values()) <= 13 * c < graftable  # O(|C|): indices, ℓ, θ_pre, θ_ft, ∇, θ[C], three scratch
+    # buffers (σ, δ, Adam's denominator), Adam's moments and the start
     keyed = [getattr(learner, a) for a in ("logits", "pre_c", "ft_c", "grads_c", "value_c")]
     assert all(set(d) == set(learner.candidates) for d in keyed)  # nothing for a tensor without candidates
     if learner.adam is not None:  # Adam's moments: one buffer over C per device, as ℓ_C
@@ -360,3 +360,22 @@ def test_a_model_keeping_some_tensors_in_float32_learns_over_c_with_each_tensor_
     region = learner.finish()
     assert method.region_size(region) == 10 and "narrow.weight" in learner.candidates
     assert all(params[n].dtype == pre[n].dtype and torch.equal(params[n].data, pre[n]) for n in params)
+
+
+def test_a_candidate_tensor_the_loss_does_not_reach_gets_a_zero_gradient_not_the_last_steps():
+    torch.manual_seed(0)
+    model = _Mixed()
+    model.idle = torch.nn.Linear(6, 4)  # moved by the fine-tune, never used by the forward pass
+    params = dict(model.named_parameters())
+    pre = {n: p.detach().clone() for n, p in params.items()}
+    ft = {n: (p + torch.randn_like(p) * torch.rand_like(p).pow(4)).detach() for n, p in pre.items()}
+    gen = torch.Generator().manual_seed(1)
+    batch = {"x": torch.randn(16, 6, generator=gen), "labels": torch.randint(0, 3, (16,), generator=gen)}
+    learner = method.MaskLearner(model, params, pre, ft, 10, LearnConfig(lr=0.5, candidates="1000"))
+    assert "idle.weight" in learner.candidates
+    learner.grads_c["idle.weight"].fill_(7.0)  # what a stale buffer would hold
+    before = learner.logits["idle.weight"].clone()
+    learner.step(batch)
+    assert torch.count_nonzero(learner.grads_c["idle.weight"]) == 0
+    assert torch.equal(learner.logits["idle.weight"], before)  # no step where the loss cannot reach
+    assert torch.count_nonzero(learner.grads_c["wide.weight"]) > 0

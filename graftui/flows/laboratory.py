@@ -409,7 +409,7 @@ def retrain(req: RetrainRequest, progress: Progress | None = None, cancel=None, 
     make_batches, steps, _ = training.recipe_batches(pair.tokenizer, task, recipe)
     jobs = [(RETRAINED, record.indices)]
     if not req.no_bitfit:
-        biases = {n: torch.arange(pair.pre[n].numel()) for n in pair.graftable if n.endswith("bias")}
+        biases = {n: torch.arange(pair.param(n).numel()) for n in pair.graftable if n.endswith("bias")}
         if biases:
             jobs.append((BITFIT, biases))
         else:
@@ -548,7 +548,7 @@ def continual(req: ContinualRequest, progress: Progress | None = None, cancel=No
         on_step = (lambda s, loss: stage(f"{arm}: learning '{req.tasks[i]}' (stage {i + 1}/{n}), step {s}/{steps}",
                                          step=s, steps=steps, loss=loss))
         params = {p: pair.param(p) for p in pair.graftable}
-        everything = {p: torch.arange(pair.pre[p].numel()) for p in pair.graftable}
+        everything = {p: torch.arange(pair.param(p).numel()) for p in pair.graftable}
         with pair.grafted(everything, {p: begin[p].reshape(-1) for p in pair.graftable}):
             torch.manual_seed(recipe.seed)
             return experiments.retrain_inside(pair.model, params, begin, region, make_batches, recipe, on_step, cancel)
