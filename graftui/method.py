@@ -192,18 +192,12 @@ def initial_logits(
     so the region is counted in a few passes over it rather than a few per tensor.
     """
     where = {n: torch.device(device[n] if isinstance(device, dict) else device) for n in shapes}
-    sizes: dict[torch.device, int] = {}
-    for name, shape in shapes.items():
-        sizes[where[name]] = sizes.get(where[name], 0) + math.prod(shape)
-    flat = {d: torch.full((size,), -bias, dtype=dtype, device=d) for d, size in sizes.items()}
-    logits, used = {}, dict.fromkeys(flat, 0)
-    for name, shape in shapes.items():
-        d, size = where[name], math.prod(shape)
-        ell = flat[d][used[d]: used[d] + size]
-        used[d] += size
-        if name in base:
-            ell[base[name].to(d)] = bias
-        logits[name] = ell.view(shape)
+    logits, flat = _flat_views(shapes, where, dict.fromkeys(shapes, dtype))
+    for buffer in flat.values():
+        buffer.fill_(-bias)
+    for name, idx in base.items():
+        if name in logits:
+            logits[name].view(-1)[idx.to(where[name])] = bias
     return logits
 
 
@@ -481,7 +475,7 @@ def maps_blocks(memory: str, params: dict[str, torch.nn.Parameter]) -> bool:
     if memory != "auto":
         return memory == "lean"
     cpu = sum(p.numel() * p.element_size() for p in params.values() if p.device.type == "cpu")
-    return cpu > 0 and 4 * cpu > compute.free_memory(torch.device("cpu"))
+    return cpu > 0 and not _fit({torch.device("cpu"): cpu})
 
 
 class CandidateLearner(MaskLearner):
@@ -520,8 +514,9 @@ class CandidateLearner(MaskLearner):
                 self.candidates[n] = idx.to(params[n].device)
         on = {n: self.candidates[n].device for n in self.candidates}
         sizes = {n: (i.numel(),) for n, i in self.candidates.items()}
-        self.pre_c, self._pre = _flat_views(sizes, on, {n: params[n].dtype for n in sizes})
-        self.ft_c, self._ft = _flat_views(sizes, on, {n: params[n].dtype for n in sizes})
+        dtypes = {n: params[n].dtype for n in sizes}
+        self.pre_c, self._pre = _flat_views(sizes, on, dtypes)
+        self.ft_c, self._ft = _flat_views(sizes, on, dtypes)
         with torch.no_grad():
             for n, i in self.candidates.items():  # a few values of each tensor; a mapped file's pages go back after
                 self.pre_c[n].copy_(take(pre, n, i))
@@ -539,8 +534,8 @@ class CandidateLearner(MaskLearner):
         self._ell = {d: next(self.logits[n] for n in self.logits if on[n] == d)._base for d in self._pre}
         self.counter = RegionCounter(self.logits, inside)  # the region's size and swaps, as the full learner counts them
         self.held = None
-        self.grads_c, self._grads = _flat_views(sizes, on, {n: params[n].dtype for n in sizes})
-        self.value_c, self._value = _flat_views(sizes, on, {n: params[n].dtype for n in sizes})  # θ[C], reused
+        self.grads_c, self._grads = _flat_views(sizes, on, dtypes)
+        self.value_c, self._value = _flat_views(sizes, on, dtypes)  # θ[C], reused
         self._begin([params[n] for n in self.candidates], layers)
         held = sum(t.numel() * t.element_size() for part in (self.candidates, self.logits, self.pre_c, self.ft_c,
                                                               self.grads_c, self.value_c) for t in part.values())
@@ -854,7 +849,7 @@ def _brought_over(pre, ft, params: dict[str, torch.nn.Parameter]):
     need: dict[torch.device, int] = {}
     for p in params.values():
         need[p.device] = need.get(p.device, 0) + 2 * p.numel() * p.element_size()
-    if not all(4 * bytes_ <= compute.free_memory(device) for device, bytes_ in need.items()):
+    if not _fit(need):
         return pre, ft
     with torch.no_grad():
         return {n: pre[n] for n in params}, {n: ft[n] for n in params}
@@ -866,6 +861,11 @@ def _holds(memory: str, params: dict[str, torch.nn.Parameter], logits: dict[str,
     need: dict[torch.device, int] = {}
     for n, p in params.items():
         need[p.device] = need.get(p.device, 0) + p.numel() * (p.element_size() + logits[n].element_size())
+    return _fit(need)
+
+
+def _fit(need: dict[torch.device, int]) -> bool:
+    """Whether each device's bytes take at most a quarter of the memory free there: room left for the step."""
     return all(4 * bytes_ <= compute.free_memory(device) for device, bytes_ in need.items())
 
 

@@ -18,6 +18,7 @@ import math
 import torch
 
 from .layout import MODULE_LABELS, anatomy
+from .weights import take
 
 Region = dict[str, torch.Tensor]
 
@@ -220,14 +221,6 @@ def _check(c: Contribution) -> None:
             raise ValueError(f"contribution {c.name!r}: {pname} indices are not sorted and unique")
 
 
-def _at(base, name: str, index: torch.Tensor) -> torch.Tensor:
-    """``base[name]``'s values at flat ``index``, read at those positions only where ``base`` can (a mapped file)."""
-    if hasattr(base, "take"):
-        return base.take(name, index)
-    flat = base[name].reshape(-1)
-    return flat[index.to(flat.device)]
-
-
 def union_values(
     contributions: list[Contribution],
     base: dict[str, torch.Tensor],
@@ -289,11 +282,11 @@ def union_values(
         if resolve in ("mean", "sum") and bool(shared.any()):
             if pname not in base:
                 raise KeyError(f"base has no parameter {pname!r}, needed to add overlapping deltas")
-            base_at = _at(base, pname, idx).to(dev).double()
+            base_at = take(base, pname, idx).to(dev).double()
             delta_sum = torch.zeros(uniq.numel(), dtype=torch.float64, device=dev)
             delta_sum.index_add_(0, inv, val.double() - base_at)
             delta = delta_sum[shared] / (counts[shared].double() if resolve == "mean" else 1.0)
-            base_shared = _at(base, pname, uniq[shared]).to(dev).double()
+            base_shared = take(base, pname, uniq[shared]).to(dev).double()
             merged[shared] = (base_shared + delta).to(merged.dtype)
         out_idx[pname], out_val[pname] = uniq, merged
 
