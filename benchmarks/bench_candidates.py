@@ -1,15 +1,20 @@
-"""How large the candidate set C must be: candidate-restricted mask learning against the full learner.
+"""The candidate learner against the full learner: the region it finds, and what the graft scores.
 
-    .venv/bin/python benchmarks/bench_candidates.py [--pairs movies,prompt,dates] [--factors 2,5,10,20]
-        [--seeds 0] [--n 200] [--out DIR]
+    .venv/bin/python benchmarks/bench_candidates.py [--pairs movies,prompt,dates,dates-small,lora,l1]
+        [--learners 5,movement:5] [--seeds 0] [--n 200] [--out DIR]
 
 For each offline pair — ``movies`` (minilm → minilm-movies, 0.1 %), ``prompt`` (smollm2 → smollm2-movies read
-through its prompt, 0.1 %), ``dates`` (smollm2 → smollm2-dates, 1 %: the smallest budget at which its
-region writes dates) — the learned region is found with ``--candidates all`` and with each factor c, at
-the default mask-learning settings and each seed. Printed per factor: |C|, the region's IoU with the full
-learner's region of the same seed, the wall time against it, and the paired difference of the grafts'
-scores on the same ``--n`` test examples (accuracy; exact match for dates; 95 % paired interval), c − all.
-The regions are kept in ``--out`` so a run can be read again; a second run reuses them.
+through its prompt, 0.1 %), ``dates`` and ``dates-small`` (smollm2 → smollm2-dates, an AdamW fine-tune, 1 % and
+0.1 %), ``lora`` (smollm2 → smollm2-dates-lora, an AdamW LoRA adapter, 1 %) and ``l1`` (smollm2 fine-tuned on dates
+with AdamW and an ℓ1 penalty on the movement, made here once with ``graftui finetune``, 0.1 %) — the learned region is
+found with ``--candidates all`` (the full learner) and with each learner of ``--learners``: a factor c is the
+candidate learner the memory plan picks where the full learner does not fit (C = γ_base and the parameters the first
+step's gradient ranks next, grown while learning), ``movement:c`` the candidate set of the c·k largest movements
+(without growth: the rule before), at the default mask-learning settings and each seed. Printed per learner: |C| at
+the start and at the end, how often C grew, the region's IoU with the full learner's region of the same seed, the wall
+time against it, and the paired difference of the grafts' scores on the same ``--n`` test examples (accuracy; exact
+match for a completion task; 95 % paired interval), learner − all. The regions are kept in ``--out`` so a run can be
+read again; a second run reuses them.
 """
 
 from __future__ import annotations
@@ -21,25 +26,48 @@ import tempfile
 import time
 from pathlib import Path
 
+PROMPT = {"template": "{text} It was", "label_words": "negative= bad,positive= good"}
 PAIRS = {  # name: (base, fine-tuned, task, sparsity, loading)
     "movies": ("minilm", "minilm-movies", "movies", 1e-3, {}),
-    "prompt": ("smollm2", "smollm2-movies", "movies", 1e-3, {"template": "{text} It was",
-                                                           "label_words": "negative= bad,positive= good"}),
+    "prompt": ("smollm2", "smollm2-movies", "movies", 1e-3, PROMPT),
     "dates": ("smollm2", "smollm2-dates", "dates", 1e-2, {}),
+    "dates-small": ("smollm2", "smollm2-dates", "dates", 1e-3, {}),
+    "lora": ("smollm2", "smollm2-dates-lora", "dates", 1e-2, {}),
+    "l1": ("smollm2", "l1", "dates", 1e-3, {}),  # the fine-tune is made in --out once
 }
 
 
-def localize(name: str, candidates: str, seed: int, out: Path) -> tuple[Path, float]:
+def finetuned_of(name: str, out: Path) -> str:
+    """The fine-tuned reference of a pair; the ℓ1 fine-tune is made once under ``out``."""
+    ref = PAIRS[name][1]
+    if ref != "l1":
+        return ref
+    folder = out / "smollm2-dates-l1"
+    if not (folder / "config.json").exists():
+        import graftui
+
+        graftui.finetune(base="smollm2", task="dates", optimizer="adamw", l1=1e-3, out=str(folder))
+    return str(folder)
+
+
+def settings(learner: str) -> dict:
+    """A learner's request fields: "all", a factor c (the gradient-ranked candidate learner), or "movement:c"."""
+    if learner.startswith("movement:"):
+        return {"candidates": learner.split(":", 1)[1], "rank": "movement", "grow_every": 0}
+    return {"candidates": learner}
+
+
+def localize(name: str, learner: str, seed: int, out: Path) -> tuple[Path, float]:
     import graftui
 
-    base, finetuned, task, sparsity, loading = PAIRS[name]
-    path = out / f"{name}-c{candidates}-s{seed}.safetensors"
+    base, _, task, sparsity, loading = PAIRS[name]
+    path = out / f"{name}-{learner.replace(':', '-')}-s{seed}.safetensors"
     record = out / f"{path.stem}.json"
     if path.exists() and record.exists():
         return path, json.loads(record.read_text())["seconds"]
     start = time.perf_counter()
-    graftui.localize(base=base, finetuned=finetuned, task=task, sparsity=sparsity, candidates=candidates, seed=seed,
-                     out=str(path), **loading)
+    graftui.localize(base=base, finetuned=finetuned_of(name, out), task=task, sparsity=sparsity, seed=seed,
+                     out=str(path), check_n=0, **settings(learner), **loading)
     seconds = time.perf_counter() - start
     record.write_text(json.dumps({"seconds": seconds}))
     return path, seconds
@@ -48,8 +76,8 @@ def localize(name: str, candidates: str, seed: int, out: Path) -> tuple[Path, fl
 def iou(a: dict, b: dict) -> float:
     inter = union = 0
     for name in set(a) | set(b):
-        x = set(a.get(name, ()).tolist()) if name in a else set()
-        y = set(b.get(name, ()).tolist()) if name in b else set()
+        x = set(a[name].tolist()) if name in a else set()
+        y = set(b[name].tolist()) if name in b else set()
         inter, union = inter + len(x & y), union + len(x | y)
     return inter / union if union else 1.0
 
@@ -73,8 +101,8 @@ def scorer_for(path: Path, n: int):
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--pairs", default="movies,prompt,dates")
-    parser.add_argument("--factors", default="2,5,10,20")
+    parser.add_argument("--pairs", default="movies,prompt,dates,dates-small,lora,l1")
+    parser.add_argument("--learners", default="5,movement:5")
     parser.add_argument("--seeds", default="0")
     parser.add_argument("--n", type=int, default=200)
     parser.add_argument("--out", default=str(Path(tempfile.gettempdir()) / "graftui-bench-candidates"))
@@ -84,35 +112,37 @@ def main() -> None:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    factors = [f.strip() for f in args.factors.split(",")]
+    learners = [f.strip() for f in args.learners.split(",")]
     seeds = [int(s) for s in args.seeds.split(",")]
     summary = []
     for name in args.pairs.split(","):
         print(f"\n{name}: {PAIRS[name][0]} → {PAIRS[name][1]} on {PAIRS[name][2]}, sparsity {PAIRS[name][3]:g}", flush=True)
-        print(f"{'c':>5} {'seed':>4} {'|C|':>12} {'IoU':>6} {'time':>6} {'score':>7} {'c − all [95 %]':>26}")
+        print(f"{'learner':>10} {'seed':>4} {'|C| start':>10} {'|C| end':>10} {'grew':>4} {'IoU':>6} {'time':>6} "
+              f"{'score':>7} {'learner − all [95 %]':>28}")
         for seed in seeds:
             full_path, full_s = localize(name, "all", seed, out)
             full = regions.load(full_path)
             pair, kind, score = scorer_for(full_path, args.n)
             with pair.grafted(full.indices):
                 full_out = score()
-            k = full.size
-            print(f"{'all':>5} {seed:>4} {pair.counts()['graftable']:>12,} {1.0:>6.3f} {1.0:>5.2f}x "
+            print(f"{'all':>10} {seed:>4} {pair.counts()['graftable']:>10,} {'':>10} {'':>4} {1.0:>6.3f} {1.0:>5.2f}x "
                   f"{full_out.score:>7.3f}", flush=True)
-            for c in factors:
-                path, seconds = localize(name, c, seed, out)
+            for learner in learners:
+                path, seconds = localize(name, learner, seed, out)
                 region = regions.load(path)
                 with pair.grafted(region.indices):
                     got = score()
                 diff = kind.paired(got, full_out, seed)  # got − full
                 lo, hi = diff["ci"]
                 overlap = iou(full.indices, region.indices)
-                size = min(int(-(-float(c) * k // 1)), pair.counts()["graftable"])
-                print(f"{c:>5} {seed:>4} {size:>12,} {overlap:>6.3f} {seconds / full_s:>5.2f}x {got.score:>7.3f} "
+                made = region.meta.learner or {}
+                print(f"{learner:>10} {seed:>4} {made.get('start', 0):>10,} {made.get('size', 0):>10,} "
+                      f"{made.get('grown', 0):>4} {overlap:>6.3f} {seconds / full_s:>5.2f}x {got.score:>7.3f} "
                       f"{diff['diff']:>+9.3f} [{lo:+.3f}, {hi:+.3f}]", flush=True)
-                summary.append({"pair": name, "factor": c, "seed": seed, "k": k, "iou": overlap,
+                summary.append({"pair": name, "learner": learner, "seed": seed, "k": full.size, "iou": overlap,
+                                "c_start": made.get("start"), "c_end": made.get("size"), "grown": made.get("grown"),
                                 "time_ratio": seconds / full_s, "score_all": full_out.score, "score": got.score,
-                                "diff": diff["diff"], "ci": [lo, hi]})
+                                "diff": diff["diff"], "ci": [lo, hi], "n": args.n})
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     print(f"\nwritten: {out / 'summary.json'}")
 

@@ -53,7 +53,8 @@ def main() -> None:
 
     from graftui import flows, metrics, scoring, settings
     from graftui.data import batches, kshot, load_task
-    from graftui.method import LearnConfig, learn_region
+    from graftui.learning import learn_region
+    from graftui.method import LearnConfig
     from graftui.config import Budget
     from graftui.models import GraftableSpec
     from graftui.requests import DEFAULT_EXAMPLES_PER_CLASS, DEFAULT_RECIPE

@@ -53,7 +53,7 @@ def bench_speed(pair, batch, repeats: int, modes=("fast", "lean")) -> dict:
     the figure: every step of a run but the first is one, while the first also pays, once per run,
     for memory the learner's set-up handed back to the system.
     """
-    from graftui.method import LearnConfig, MaskLearner
+    from graftui import learning
 
     k = max(1, pair.counts()["graftable"] // 1000)
     params = {n: pair.param(n) for n in pair.graftable}
@@ -64,7 +64,10 @@ def bench_speed(pair, batch, repeats: int, modes=("fast", "lean")) -> dict:
         t_plain = time.perf_counter() - t
         times = {}
         for mode in modes if i % 2 else modes[::-1]:
-            learner = MaskLearner(pair.model, params, pair.pre, pair.ft, k, learn_config(mode))
+            config = learn_config(mode)
+            the_plan = learning.plan(pair.model, params, pair.pre, pair.ft, k, config, batch)
+            learner = learning.make_learner(the_plan, pair.model, params, pair.pre, pair.ft, k, config,
+                                            batches=[batch])
             for step in (1, 2):
                 t = time.perf_counter()
                 learner.step(batch)  # counting the region, as a step that reports progress does
@@ -84,10 +87,12 @@ def bench_speed(pair, batch, repeats: int, modes=("fast", "lean")) -> dict:
 
 
 def learn_config(mode: str):
-    """"fast" / "lean": the full learner in that memory mode; "cF": candidates with factor F."""
+    """"fast" / "lean": the full learner in that memory mode; "cF": candidates with factor F (ranked by gradient on the
+    step's batch, no growth within the two timed steps)."""
     from graftui.method import LearnConfig
 
-    return LearnConfig(candidates=mode[1:]) if mode.startswith("c") else LearnConfig(memory=mode)
+    return LearnConfig(candidates=mode[1:], checkpoint_every=0) if mode.startswith("c") else \
+        LearnConfig(memory=mode, candidates="all")
 
 
 def bench_apply(pair, k: int = 100_000, repeats: int = 20) -> dict:

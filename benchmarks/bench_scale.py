@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/bench_scale.py [--sizes 20m,60m,150m,400m,1b,3b,8b] [--steps 3] [--device cpu|cuda]
         [--dtype float32|bfloat16] [--logit-dtype float32|float16|bfloat16] [--memory lean|fast|auto]
-        [--checkpoint-every N] [--pair memory|files] [--candidates all|c] [--batch N] [--no-plain]
+        [--checkpoint-every N|auto] [--pair memory|files|lora] [--candidates auto|all|c] [--batch N] [--no-plain]
 
 For each size, a Llama pair is built from a config (random weights; the 'fine-tuned' copy is the
 base plus heavy-tailed noise in the body), and two child processes run on the same batches:
@@ -11,13 +11,14 @@ base plus heavy-tailed noise in the body), and two child processes run on the sa
 * ``mask``: the pair and the region logits, ``--steps`` mask steps.
 
 ``--pair memory`` builds both models in the child and holds θ_pre and θ_ft in memory (the working
-model, θ_pre, θ_ft: memory "lean" by default; "fast" holds σ(ℓ) and δ too). ``--pair files`` writes
+model, θ_pre, θ_ft; memory "auto" by default, "lean" recomputes σ(ℓ) and δ, "fast" holds them). ``--pair files`` writes
 the two checkpoints once under ``--workdir`` (safetensors, one model in memory while writing) and
 reads the pair as graftui reads a pair from disk: the fine-tuned model loaded as the working model,
 θ_pre and θ_ft memory-mapped from their files; ``--pair lora`` reads θ_ft as a LoRA adapter of the base
 (rank 16 on every linear layer of the body), the base loaded as the working model and θ_pre mapped from
 its file. ``--candidates c`` keeps region logits only over the
-c·k parameters that moved most (graftui's default); ``all`` over every graftable parameter.
+C = γ_base and the c·k − k parameters the first step's gradient ranks next; ``all`` over every graftable parameter;
+``auto`` (the default, as graftui's) lets the memory plan choose, and the mask child prints the plan's line.
 
 Printed per size: parameters, the model's size in its dtype (the unit), and in that unit the peak
 resident memory of each child while it steps (the high-water mark is reset once the models are
@@ -132,11 +133,11 @@ def write_adapter(size: str, dtype: str, workdir: str, rank: int = 16) -> tuple[
 
 
 def child(mode: str, size: str, steps: int, device: str, dtype: str, logit_dtype: str, memory: str,
-          checkpoint_every: int, pair_from: str = "memory", candidates: str = "all", batch_size: int = BATCH,
+          checkpoint_every: int | None, pair_from: str = "memory", candidates: str = "auto", batch_size: int = BATCH,
           workdir: str = "") -> None:
+    from graftui import learning
     from graftui.models import GraftableSpec, ModelPair
     from graftui.compute import checkpoint_layers, checkpointable_layers
-    from graftui.method import MaskLearner
     from graftui.requests import LearnConfig
 
     if mode == "mask" and pair_from in ("files", "lora"):
@@ -155,6 +156,7 @@ def child(mode: str, size: str, steps: int, device: str, dtype: str, logit_dtype
     unit = sum(p.numel() * p.element_size() for p in model.parameters())
     times = []
     ranked, resident, built = 0, {}, 0.0  # the mask child's peak while building its learner, its resident memory after the steps
+    plan_line = None
     if mode == "plain":
         model.to(device)
         if checkpoint_every:
@@ -189,9 +191,12 @@ def child(mode: str, size: str, steps: int, device: str, dtype: str, logit_dtype
         loaded = _peak()
         _reset_peak()
         started = time.perf_counter()
-        learner = MaskLearner(pair.model, params, pair.pre, pair.ft, k, LearnConfig(
-            steps=steps, logit_dtype=logit_dtype, memory=memory, checkpoint_every=checkpoint_every,
-            candidates=candidates))
+        config = LearnConfig(steps=steps, logit_dtype=logit_dtype, memory=memory, checkpoint_every=checkpoint_every,
+                             candidates=candidates)
+        ranking = list(batches(1, batch_size))
+        the_plan = learning.plan(pair.model, params, pair.pre, pair.ft, k, config, ranking[0])
+        plan_line = the_plan.describe()
+        learner = learning.make_learner(the_plan, pair.model, params, pair.pre, pair.ft, k, config, batches=ranking)
         if device.startswith("cuda"):
             torch.cuda.synchronize()
         built = time.perf_counter() - started
@@ -207,7 +212,8 @@ def child(mode: str, size: str, steps: int, device: str, dtype: str, logit_dtype
         learner.finish()
     gpu_peak = torch.cuda.max_memory_allocated() if device.startswith("cuda") else None
     stepped = _peak()
-    print(json.dumps({"params": n_params, "unit": unit, "loaded": loaded, "peak": max(stepped, ranked),
+    print(json.dumps({"plan": plan_line if mode == "mask" else None,
+                      "params": n_params, "unit": unit, "loaded": loaded, "peak": max(stepped, ranked),
                       "ranked": ranked, "stepped": stepped, "resident": resident, "gpu_peak": gpu_peak, "build_s": built,
                       "step_s": statistics.median(times[1:] if len(times) > 1 else times)}))
 
@@ -231,10 +237,10 @@ def _reset_peak() -> None:
         fh.write("5")
 
 
-def run_child(mode: str, size: str, args, checkpoint_every: int) -> dict:
+def run_child(mode: str, size: str, args, checkpoint_every: int | None) -> dict:
     done = subprocess.run([sys.executable, __file__, "--child", mode, "--sizes", size, "--steps", str(args.steps),
                            "--device", args.device, "--dtype", args.dtype, "--logit-dtype", args.logit_dtype,
-                           "--memory", args.memory, "--checkpoint-every", str(checkpoint_every),
+                           "--memory", args.memory, "--checkpoint-every", "auto" if checkpoint_every is None else str(checkpoint_every),
                            "--pair", args.pair, "--candidates", args.candidates, "--batch", str(args.batch),
                            "--workdir", args.workdir],
                           capture_output=True, text=True)
@@ -250,13 +256,14 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     parser.add_argument("--logit-dtype", default="float32", choices=("float32", "float16", "bfloat16"))
-    parser.add_argument("--memory", default="lean", choices=("lean", "fast", "auto"))
-    parser.add_argument("--checkpoint-every", type=int, default=0,
-                        help="mask learning recomputes every N-th layer's activations (0: none)")
+    parser.add_argument("--memory", default="auto", choices=("lean", "fast", "auto"))
+    parser.add_argument("--checkpoint-every", default="auto",
+                        help="mask learning recomputes every N-th layer's activations (0: none; auto: the plan decides)")
     parser.add_argument("--pair", default="memory", choices=("memory", "files", "lora"),
                         help="hold θ_pre and θ_ft in memory, read them from checkpoint files written once, or read "
                              "θ_pre from the base's file and θ_ft as a LoRA adapter of it (rank 16, every linear layer)")
-    parser.add_argument("--candidates", default="all", help="'all', or the factor c of the candidate set")
+    parser.add_argument("--candidates", default="auto", help="'auto' (the memory plan decides), 'all', or the factor c "
+                        "of the candidate set")
     parser.add_argument("--batch", type=int, default=BATCH, help=f"rows per step (default {BATCH}, of {SEQ} tokens)")
     parser.add_argument("--no-plain", action="store_true", help="skip the plain child (a model too big for two)")
     parser.add_argument("--workdir", default=str(Path(tempfile.gettempdir()) / "graftui-bench-scale"),
@@ -268,14 +275,14 @@ def main() -> None:
         if args.pair == "lora":
             write_adapter(args.sizes, args.dtype, args.workdir)
         return
+    every = None if args.checkpoint_every == "auto" else int(args.checkpoint_every)
     if args.child:
         child(args.child, args.sizes, args.steps, args.device, args.dtype, args.logit_dtype, args.memory,
-              args.checkpoint_every, args.pair, args.candidates, args.batch, args.workdir)
+              every if args.child == "mask" else (every or 0), args.pair, args.candidates, args.batch, args.workdir)
         return
-    every = args.checkpoint_every
     print(f"batch {args.batch} x {SEQ} tokens, {args.steps} steps per child, device {args.device}, "
           f"{torch.get_num_threads()} threads, model {args.dtype}, logits {args.logit_dtype}, memory {args.memory}, "
-          f"checkpoint every {every or '-'}, pair from {args.pair}, candidates {args.candidates}")
+          f"checkpoint every {args.checkpoint_every}, pair from {args.pair}, candidates {args.candidates}")
     print(f"{'size':>5} {'params':>12} {'unit GB':>8} {'plain peak':>11} {'mask peak':>10} {'mask load':>10} "
           f"{'plain s':>8} {'mask s':>8} {'ratio':>6}" + (f" {'ckpt s':>8} {'ratio':>6}" if every else "")
           + "   (peaks in units of the model in its dtype)")
@@ -294,6 +301,7 @@ def main() -> None:
             checkpointed = run_child("plain", size, args, every)
             line += f" {checkpointed['step_s']:>8.2f} {mask['step_s'] / checkpointed['step_s']:>5.2f}x"
         print(line, flush=True)
+        print(f"{'':>5} {mask['plan']}", flush=True)
         print(f"{'':>5} the learner built in {mask['build_s']:.1f} s (ranking by movement, C's values gathered)",
               flush=True)
         if key == "peak":  # where the mask peak lies, and what stays resident

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import sys
 from typing import Callable, Iterable, Iterator
 
 import torch
 
+from . import errors
 from .errors import ModelError
 
 
@@ -205,11 +207,16 @@ CHUNK = 1 << 20  # values per slice of an element-wise pass on CPU: its temporar
 _WHOLE = (slice(None),)
 
 
-def chunks(flat: torch.Tensor) -> Iterable[slice]:
+DEVICE_CHUNK = 1 << 26  # values per slice of a device's reduction that would otherwise widen all of them (int64)
+
+
+def chunks(flat: torch.Tensor, everywhere: bool = False) -> Iterable[slice]:
     """Slices of a CPU pass over ``flat``; a GPU pass takes the whole tensor (a GPU pays per kernel launch
-    and its caching allocator takes no fresh pages)."""
+    and its caching allocator takes no fresh pages), or with ``everywhere`` slices of ``DEVICE_CHUNK`` (a count or
+    a sum whose temporaries would be several times the tensor)."""
     n = flat.numel()
-    return _WHOLE if n <= CHUNK or flat.device.type != "cpu" else [slice(i, min(i + CHUNK, n)) for i in range(0, n, CHUNK)]
+    size = CHUNK if flat.device.type == "cpu" else DEVICE_CHUNK if everywhere else n
+    return _WHOLE if n <= size else [slice(i, min(i + size, n)) for i in range(0, n, size)]
 
 
 class Scratch:
@@ -228,3 +235,102 @@ class Scratch:
         if key not in self.buffers or self.buffers[key].numel() < like.numel():
             self.buffers[key] = torch.empty(like.numel(), dtype=key[1], device=like.device)
         return self.buffers[key][: like.numel()].view(like.shape)
+
+
+# -- what fits --------------------------------------------------------------------------------------------------------
+SHARE = 4  # a learner's own state may take a quarter of the memory free on a device: the rest is room for the step
+
+
+def fits(need: dict[torch.device, int], share: int = SHARE) -> bool:
+    """Whether each device's bytes take at most 1/``share`` of the memory free there (``share=1``: at all)."""
+    return all(share * bytes_ <= free_memory(device) for device, bytes_ in need.items())
+
+
+LARGE_BLOCK = 1 << 20  # bytes: blocks this large come from the system and go back to it when freed
+_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+
+
+def map_large_blocks() -> None:
+    """Serve every block of ``LARGE_BLOCK`` bytes or more by its own mapping, unmapped as soon as it is freed.
+
+    A mask step allocates and frees tensors the size of a weight or an activation (the candidate
+    tensors' gradients, the recomputed layers' activations). glibc serves blocks under its dynamic
+    threshold (which grows to 32 MiB after the first large free) from its heap and keeps their pages
+    once freed; later steps scatter over that free space, so the heap stays resident at everything
+    any step ever touched: 0.25 model sizes at 1 B parameters beyond what a step holds at once, more
+    after ranking a LoRA pair, whose δ products fill the heap first. A fixed threshold maps each such
+    block for its use only, for a page fault per page written. Process-wide, and kept: glibc has no
+    way back to its dynamic threshold. Elsewhere than glibc nothing is done.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL(None).mallopt(_M_MMAP_THRESHOLD, LARGE_BLOCK)
+    except Exception:  # not glibc (musl has no mallopt): its allocator is left as it is
+        pass
+
+
+def maps_blocks(memory: str, params: dict[str, torch.nn.Parameter]) -> bool:
+    """Whether a lean learner maps large blocks (``map_large_blocks``): with memory "lean", or "auto" when the
+    model's tensors in CPU memory take more than a quarter of what is free there. The heap it spares is 0.2–0.25
+    model sizes at 1 B; its price is every later step of the process, its own and any other work's, at 1.28× the
+    time of a plain step on a 150m model (``benchmarks/bench_allocator.py``), where memory is not short."""
+    if memory != "auto":
+        return memory == "lean"
+    cpu = sum(p.numel() * p.element_size() for p in params.values() if p.device.type == "cpu")
+    return cpu > 0 and not fits({torch.device("cpu"): cpu})
+
+
+def saved_activations(model: torch.nn.Module, batch: dict[str, torch.Tensor],
+                      trainable: Iterable[torch.nn.Parameter]) -> int:
+    """Bytes the forward pass of ``batch`` keeps for the backward pass (a step's activations) when ``trainable`` take
+    gradients: measured on the batch's first row and scaled by its rows, the tensors autograd saves, each storage
+    once, the model's weights left out. No backward pass is run, and the model is left as it was."""
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor):  # kept until the pass is dropped, so that no storage is freed and reused
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in weights:
+            seen[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    flags = {p: p.requires_grad for p in model.parameters()}
+    ids = {id(p) for p in trainable}
+    training = model.training
+    device = next(model.parameters()).device
+    rows = next(iter(batch.values())).shape[0]
+    one = {key: value[:1].to(device) for key, value in batch.items()}
+    try:
+        model.eval()
+        for p in model.parameters():
+            p.requires_grad_(id(p) in ids)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+            out = model(**one)
+        del out
+    finally:
+        model.train(training)
+        for p, flag in flags.items():
+            p.requires_grad_(flag)
+    return sum(seen.values()) * rows
+
+
+# -- running out ----------------------------------------------------------------------------------------------------
+def out_of_memory(err: BaseException) -> bool:
+    """Whether ``err`` is the host or a device running out of memory (torch says so in several ways)."""
+    if errors.out_of_memory(err):
+        return True
+    text = str(err)
+    return isinstance(err, RuntimeError) and ("can't allocate memory" in text or "out of memory" in text.lower())
+
+
+def asked_bytes(err: BaseException) -> int | None:
+    """The allocation an out-of-memory error names ("Tried to allocate 52.00 GiB", "you tried to allocate N
+    bytes"), in bytes; None where it names none."""
+    text = str(err)
+    found = re.search(r"tried to allocate ([0-9.]+) ?(bytes|[KMGT]i?B)", text, re.IGNORECASE)
+    if not found:
+        return None
+    unit = found.group(2).upper().replace("I", "")
+    scale = {"BYTES": 1, "KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30, "TB": 1 << 40}.get(unit, 1)
+    return int(float(found.group(1)) * scale)

@@ -85,8 +85,15 @@ class LearnConfig:
     binarise: str = "topk"  # "topk" | "round"
     logit_dtype: str = "float32"  # precision of ℓ: float16 or bfloat16 halve its memory (one value per graftable parameter)
     memory: str = "auto"  # "fast" keeps σ(ℓ) and δ between passes (two more copies), "lean" recomputes them; same region
-    checkpoint_every: int = 0  # recompute every n-th layer's activations in the backward pass (0: keep them all); same region
-    candidates: str = "all"  # "all", or a factor c ≥ 1: ℓ is kept only over the ⌈c·k⌉ parameters that moved most
+    checkpoint_every: int | None = None  # recompute every n-th layer's activations in the backward pass (0: keep them
+    # all; None: the memory plan decides); same region
+    candidates: str = "auto"  # "auto" (the memory plan picks the full learner or c), "all", or a factor c ≥ 1: ℓ is kept
+    # only over C = γ_base and the ⌈c·k⌉ − k parameters the first step's gradient ranks highest
+    rank: str = "gradient"  # how C's other parameters are ranked: "gradient" (−∇_θL ⊙ δ at the relaxation's start) or
+    # "movement" (|δ|)
+    rank_examples: int = 16  # training examples the gradient ranking reads (whole batches; one at the default batch)
+    grow_every: int = 10  # steps between the passes that add to C the parameters whose gradient would carry them into
+    # the region (0: never)
     batch_size: int = 16
     seed: int = 0
 
@@ -95,29 +102,29 @@ class LearnConfig:
 
     @staticmethod
     def candidate_factor(value) -> float | None:
-        """The factor c of ``candidates`` (None for "all"); a ValueError, in one line, for anything else.
+        """The factor c of ``candidates`` (None for "all" and "auto"); a ValueError, in one line, for anything else.
 
         c < 1 is refused: γ_base (the top-k of |δ|) must lie inside C, or the relaxation could not start there.
         """
         text = str(value).strip()
-        if text.lower() == "all":
+        if text.lower() in CANDIDATE_CHOICES:
             return None
         try:
             factor = float(text)
         except ValueError:
             factor = None
         if factor is None or not math.isfinite(factor):
-            raise ValueError(f"--candidates {text!r} is not a factor: give 'all' or a factor ≥ 1 "
-                             "(C holds c·k of the parameters that moved most)")
+            raise ValueError(f"--candidates {text[:40]!r} is not a factor: give 'auto', 'all' or a factor c ≥ 1 "
+                             "(C holds c·k parameters: the budget and those the gradient ranks next)")
         if factor < 1:
-            raise ValueError(f"--candidates {text} cannot hold the budget: give 'all' or a factor ≥ 1 "
-                             "(C holds c·k of the parameters that moved most)")
+            raise ValueError(f"--candidates {text} cannot hold the budget: give 'auto', 'all' or a factor c ≥ 1 "
+                             "(C holds c·k parameters, and the region's k must fit in it)")
         return factor
 
-    def candidate_count(self, k: int, graftable: int) -> int | None:
-        """|C| = min(⌈c·k⌉, graftable) for a budget of k; None when ℓ is kept over every graftable parameter."""
-        factor = self.candidate_factor(self.candidates)
-        return None if factor is None else min(math.ceil(round(factor * k, 6)), graftable)  # 1.1·10 is 11, not 12
+
+CANDIDATE_CHOICES = ("auto", "all")
+CANDIDATE_RANKS = ("gradient", "movement")
+AUTO_FACTOR = 5.0  # |C| = 5·k where the memory plan picks the candidate learner (docs/method.md measures it)
 
 
 # -- how checkpoints are read ----------------------------------------------------------------------------

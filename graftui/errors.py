@@ -47,7 +47,7 @@ def message(err: BaseException) -> str:
     A GraftuiError, a ValueError from a library about the input, or the OS error of a file the
     user named says what it says; anything else is an internal error and is named as one.
     """
-    if isinstance(err, MemoryError):
+    if out_of_memory(err):
         return "ran out of memory: try a smaller model, fewer examples or a smaller batch"
     text = str(err.args[0]) if isinstance(err, KeyError) and len(err.args) == 1 else str(err)
     if is_user_error(err) or isinstance(err, Cancelled):
@@ -57,5 +57,11 @@ def message(err: BaseException) -> str:
 
 
 def is_user_error(err: BaseException) -> bool:
-    """Whether ``err`` is about the input (exit code 2), not a fault of graftui (exit code 1)."""
-    return isinstance(err, (ValueError, OSError))
+    """Whether ``err`` is about the input (exit code 2), not a fault of graftui (exit code 1): running out of memory is
+    the input's size against the machine's."""
+    return isinstance(err, (ValueError, OSError)) or out_of_memory(err)
+
+
+def out_of_memory(err: BaseException) -> bool:
+    """The host's MemoryError, or torch's for a device (named so: this module imports no torch)."""
+    return isinstance(err, MemoryError) or type(err).__name__ == "OutOfMemoryError"

@@ -41,6 +41,14 @@ def count(n: int | None, missing: str = "-") -> str:
 ONE_OF = {"seeds": "seed", "fine-tunes": "fine-tune", "runs": "run"}  # what replicates are, and one of them
 
 
+def memory(n: float) -> str:
+    """Bytes as a person reads them: "812 KB", "5.31 GB"."""
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}" if unit == "GB" else f"{n / size:.0f} {unit}"
+    return f"{int(n)} bytes"
+
+
 def one_line(text: str, width: int = 0) -> str:
     """A text on one line (its line breaks written as ⏎), cut to ``width`` characters when given."""
     flat = text.replace("\r\n", "\n").replace("\n", "⏎")

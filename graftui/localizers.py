@@ -15,9 +15,9 @@ from typing import Callable
 
 import torch
 
-from . import method
+from . import learning, method
 from .config import Budget, LearnConfig
-from .errors import BudgetError
+from .errors import BudgetError, Cancelled
 from .method import ProgressFn, Region
 
 
@@ -31,6 +31,8 @@ class MethodContext:
     config: LearnConfig = field(default_factory=LearnConfig)
     progress: ProgressFn | None = None
     cancel: threading.Event | None = None
+    announce: Callable[[str], None] | None = None  # a milestone worth a line of its own (the learner's plan)
+    details: dict = field(default_factory=dict)  # what the method tells the region file of how it ran
 
 
 @dataclass(frozen=True)
@@ -102,9 +104,8 @@ class _Scores:
 def learned(ctx: MethodContext) -> Region:
     pair = ctx.pair
     params = {n: pair.param(n) for n in pair.graftable}
-    region, _ = method.learn_region(
-        pair.model, params, pair.pre, pair.ft, ctx.k, ctx.make_batches, ctx.config, ctx.progress, ctx.cancel
-    )
+    region, _ = learning.learn_region(pair.model, params, pair.pre, pair.ft, ctx.k, ctx.make_batches, ctx.config,
+                                      ctx.progress, ctx.cancel, announce=ctx.announce, details=ctx.details)
     return region
 
 
@@ -171,15 +172,21 @@ def run_method(
     config: LearnConfig = LearnConfig(),
     progress: ProgressFn | None = None,
     cancel: threading.Event | None = None,
+    announce: Callable[[str], None] | None = None,
+    details: dict | None = None,
 ) -> tuple[Region, int]:
-    """Run one registered method on ``pair``; returns the region and the budget k it honoured."""
+    """Run one registered method on ``pair``; returns the region and the budget k it honoured. ``details`` (a dict)
+    receives what the method tells of how it ran (a learner's plan and candidate set)."""
     info = get_method(name)
     k = budget.resolve(pair.counts()["graftable"])
     if info.needs_data and make_batches is None:
         raise ValueError(f"method '{name}' needs training data")
     if cancel is not None and cancel.is_set():
-        raise method.Cancelled(f"{name} cancelled before it started")
-    region = info.fn(MethodContext(pair, k, make_batches, info.configured(config), progress, cancel))
+        raise Cancelled(f"{name} cancelled before it started")
+    ctx = MethodContext(pair, k, make_batches, info.configured(config), progress, cancel, announce)
+    region = info.fn(ctx)
+    if details is not None:
+        details.update(ctx.details)
     if method.region_size(region) > k:  # the budget is a promise to the user, not an internal check
         raise BudgetError(f"method '{name}' returned {method.region_size(region):,} parameters for a budget of {k:,}")
     return region, k

@@ -29,21 +29,17 @@ serves every model.
 
 from __future__ import annotations
 
-import ctypes
 import logging
 import math
-import sys
-import threading
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Callable, Iterable, Iterator
 
 import torch
 
 from . import compute
-from .errors import Cancelled, ModelError
+from .errors import ModelError
 from .config import LOGIT_DTYPES, MEMORY_MODES, LearnConfig
-from .weights import Placed, release, take
+from .weights import Placed, release
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +98,7 @@ def top_k(scores, k: int) -> Region:
     k = max(0, min(int(k), total))
     if k == 0:
         return {}
-    threshold = _kth_largest(scores, names, k).cpu()  # a host scalar: compared with tensors on any device
+    threshold = kth_largest(scores, names, k).cpu()  # a host scalar: compared with tensors on any device
     region: Region = {}
     need = k - sum(int((scores[n].detach() > threshold).sum()) for n in names)  # ties to fill, earliest first
     for name in names:  # on the scores' own device: a GPU's are not copied over whole
@@ -118,7 +114,7 @@ def top_k(scores, k: int) -> Region:
     return region
 
 
-def _kth_largest(scores, names, k: int) -> torch.Tensor:
+def kth_largest(scores, names, k: int) -> torch.Tensor:
     """The k-th largest score, reading the tensors once and holding about 2k candidates at a time.
 
     The k-th largest of the scores read so far (the floor) can only rise as more are read, and the
@@ -149,7 +145,7 @@ def _kth_largest(scores, names, k: int) -> torch.Tensor:
     return kth(torch.cat(pool))
 
 
-class _Movement:
+class Movement:
     """|δ| per tensor, computed when read: the ranking behind γ_base without a second model in memory."""
 
     def __init__(self, pre, ft, names):
@@ -178,7 +174,7 @@ def movement(pre: dict[str, torch.Tensor], ft: dict[str, torch.Tensor], names: I
 
 def base_region(pre: dict[str, torch.Tensor], ft: dict[str, torch.Tensor], names: list[str], k: int) -> Region:
     """γ_base: the k parameters that moved most during fine-tuning."""
-    return top_k(_Movement(pre, ft, names), k)
+    return top_k(Movement(pre, ft, names), k)
 
 
 # -- Eq. 2 -------------------------------------------------------------------------------------
@@ -192,7 +188,7 @@ def initial_logits(
     so the region is counted in a few passes over it rather than a few per tensor.
     """
     where = {n: torch.device(device[n] if isinstance(device, dict) else device) for n in shapes}
-    logits, flat = _flat_views(shapes, where, dict.fromkeys(shapes, dtype))
+    logits, flat = flat_views(shapes, where, dict.fromkeys(shapes, dtype))
     for buffer in flat.values():
         buffer.fill_(-bias)
     for name, idx in base.items():
@@ -246,7 +242,7 @@ class RegionCounter:
         size = 0
         for flat in self.buffers:  # one buffer per device: each count is read on its own device
             here = 0  # count_nonzero: a bool .sum() widens every element to int64, 6× slower
-            for c in compute.chunks(flat):
+            for c in compute.chunks(flat, everywhere=True):  # a GPU's count too: no int64 copy of ℓ
                 here += torch.count_nonzero(torch.gt(flat[c], 0, out=scratch.take(2, flat[c], torch.bool)))
             size += int(here)
         kept = sum(int(torch.count_nonzero(flat[idx] > 0)) for flat, idx in self.base)
@@ -271,7 +267,7 @@ class StepReport:
 ProgressFn = Callable[[StepReport], None]
 
 
-def _cycle(make_batches: Callable[[int], Iterable[dict]]) -> Iterator[dict]:
+def cycle_batches(make_batches: Callable[[int], Iterable[dict]]) -> Iterator[dict]:
     epoch = 0
     while True:
         empty = True
@@ -289,15 +285,9 @@ class MaskLearner:
     Holds the region logits ℓ (one value per graftable parameter, in ``config.logit_dtype``;
     two float32 more for Adam) and, when ``config.memory`` allows it, σ(ℓ) and δ (see ``Held``).
     The working parameters are overwritten while learning and put back to θ_pre by ``finish``.
-
-    With ``config.candidates`` a factor c, ``MaskLearner(...)`` is a :class:`CandidateLearner`,
-    which keeps ℓ only over the ⌈c·k⌉ parameters that moved most.
+    This is the full learner; ``candidates.CandidateLearner`` keeps ℓ over a candidate set only, and
+    ``learning.learn_region`` picks one of the two by what fits (``config.candidates``).
     """
-
-    def __new__(cls, model, params, pre, ft, k, config: LearnConfig = LearnConfig(), start=None):
-        if cls is MaskLearner and LearnConfig.candidate_factor(config.candidates) is not None:
-            cls = CandidateLearner
-        return super().__new__(cls)
 
     def __init__(
         self,
@@ -319,7 +309,9 @@ class MaskLearner:
                                      getattr(torch, config.logit_dtype))
         self.counter = RegionCounter(self.logits, self.base)
         self.held = Held.make(params, pre, ft, self.logits) if _holds(config.memory, params, self.logits) else None
-        self._begin(params.values(), layers)
+        self._enter(layers)
+        self._train_only(params.values())
+        self._begin()
 
     def _accept(self, model, params, pre, ft, k, config) -> list | None:
         """Refuse a bad config before any work, then keep what both learners share; returns the layers to checkpoint."""
@@ -329,7 +321,7 @@ class MaskLearner:
             raise ValueError(f"unknown logit dtype '{config.logit_dtype}' (use {', '.join(LOGIT_DTYPES)})")
         if config.memory not in MEMORY_MODES:
             raise ValueError(f"unknown memory mode '{config.memory}' (use {', '.join(MEMORY_MODES)})")
-        if config.checkpoint_every < 0:
+        if (config.checkpoint_every or 0) < 0:
             raise ValueError(f"checkpoint_every must be 0 (none) or a layer count >= 1, got {config.checkpoint_every}")
         LearnConfig.candidate_factor(config.candidates)
         layers = compute.checkpointable_layers(model) if config.checkpoint_every else None  # refused before any work
@@ -340,18 +332,25 @@ class MaskLearner:
         self.scratch = compute.Scratch()  # reused by every step
         return layers
 
-    def _begin(self, trainable: Iterable[torch.nn.Parameter], layers: list | None) -> None:
-        """Adam's state over ℓ, and the working model set for mask steps: gradients only where ℓ can act."""
-        self.adam = {n: (torch.zeros_like(l, dtype=torch.float32), torch.zeros_like(l, dtype=torch.float32))
-                     for n, l in self._parts().items()} if self.config.optimizer == "adam" else None  # g² underflows in 16 bits
-        self.steps_done = 0
-        self.model.eval()  # no dropout: the mask, not noise, should explain the loss
-        ids = {id(p) for p in trainable}
+    def _enter(self, layers: list | None) -> None:
+        """The working model set for mask learning: no dropout (the mask, not noise, should explain the loss), its
+        layers checkpointed as asked; ``finish`` undoes both."""
+        self.model.eval()
         self._saved_flags = {n: p.requires_grad for n, p in self.model.named_parameters()}
+        self._uncheckpoint = compute.checkpoint_layers(self.model, layers, self.config.checkpoint_every) if layers else None
+
+    def _train_only(self, trainable: Iterable[torch.nn.Parameter]) -> None:
+        """Weight gradients only where ℓ can act."""
+        ids = {id(p) for p in trainable}
         for p in self.model.parameters():
             p.requires_grad_(id(p) in ids)
+
+    def _begin(self) -> None:
+        """Adam's state over ℓ, in float32 (g² underflows in 16 bits)."""
+        self.adam = {n: (torch.zeros_like(l, dtype=torch.float32), torch.zeros_like(l, dtype=torch.float32))
+                     for n, l in self._parts().items()} if self.config.optimizer == "adam" else None
+        self.steps_done, self.scale, self.last_size = 0, 0.0, (0.0, 0.0)
         compute.return_freed_memory()  # what ranking the movement used is free again
-        self._uncheckpoint = compute.checkpoint_layers(self.model, layers, self.config.checkpoint_every) if layers else None
 
     def _parts(self) -> dict[str, torch.Tensor]:
         """What a step updates, keyed as ``_gradient`` returns ∇_ℓ L: ℓ per tensor."""
@@ -376,7 +375,8 @@ class MaskLearner:
         if world is not None:  # ∇_ℓ of the global batch's mean loss, the same in every process
             sq, loss = world.reduce([grads[n] for n in parts], share, loss, need_peak)
         with torch.no_grad():
-            scale = _step_scale(self.config, sq, self.count)
+            self.scale = scale = _step_scale(self.config, sq, self.count)
+            self.last_size = sq
             first = next(iter(parts), None)  # the step is taken in the wider of ℓ's and ∇'s dtypes
             largest = torch.finfo(torch.promote_types(parts[first].dtype, grads[first].dtype)).max \
                 if first is not None else math.inf
@@ -411,7 +411,7 @@ class MaskLearner:
         names = list(self.logits)
         if sum(self.logits[n].numel() for n in names) <= self.k:
             return
-        above = float(_kth_largest(self.logits, names, self.k + 1))
+        above = float(kth_largest(self.logits, names, self.k + 1))
         if above >= 0:
             shift = above + BUDGET_MARGIN
             for ell in self.logits.values():  # in float32: a 16-bit scalar may round the margin away (5 + 0.01 is 5)
@@ -429,6 +429,11 @@ class MaskLearner:
     def finish(self) -> Region:
         """Restore the working model and binarise (Eq. 4)."""
         self.held = None  # binarising may need the room
+        self._leave()
+        return binarise(self.logits, self.k, self.config.binarise)
+
+    def _leave(self) -> None:
+        """The working model as it was: θ_pre, its layers' own forward passes, its gradient flags."""
         if self._uncheckpoint is not None:
             self._uncheckpoint()
             self._uncheckpoint = None
@@ -436,193 +441,13 @@ class MaskLearner:
             self._restore()
         for n, p in self.model.named_parameters():
             p.requires_grad_(self._saved_flags[n])
-        return binarise(self.logits, self.k, self.config.binarise)
 
     def full_logits(self) -> dict[str, torch.Tensor]:
         """ℓ of every graftable parameter, shaped as the parameter."""
         return self.logits
 
 
-LARGE_BLOCK = 1 << 20  # bytes: blocks this large come from the system and go back to it when freed
-_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
-
-
-def map_large_blocks() -> None:
-    """Serve every block of ``LARGE_BLOCK`` bytes or more by its own mapping, unmapped as soon as it is freed.
-
-    A mask step allocates and frees tensors the size of a weight or an activation (the candidate
-    tensors' gradients, the recomputed layers' activations). glibc serves blocks under its dynamic
-    threshold (which grows to 32 MiB after the first large free) from its heap and keeps their pages
-    once freed; later steps scatter over that free space, so the heap stays resident at everything
-    any step ever touched: 0.25 model sizes at 1 B parameters beyond what a step holds at once, more
-    after ranking a LoRA pair, whose δ products fill the heap first. A fixed threshold maps each such
-    block for its use only, for a page fault per page written. Process-wide, and kept: glibc has no
-    way back to its dynamic threshold. Elsewhere than glibc nothing is done.
-    """
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        ctypes.CDLL(None).mallopt(_M_MMAP_THRESHOLD, LARGE_BLOCK)
-    except Exception:  # not glibc (musl has no mallopt): its allocator is left as it is
-        pass
-
-
-def maps_blocks(memory: str, params: dict[str, torch.nn.Parameter]) -> bool:
-    """Whether the candidate learner maps large blocks (``map_large_blocks``): with memory "lean", or "auto" when the
-    model's tensors in CPU memory take more than a quarter of what is free there. The heap it spares is 0.2–0.25
-    model sizes at 1 B; its price is every later step of the process, its own and any other work's, at 1.28× the
-    time of a plain step on a 150m model (``benchmarks/bench_allocator.py``), where memory is not short."""
-    if memory != "auto":
-        return memory == "lean"
-    cpu = sum(p.numel() * p.element_size() for p in params.values() if p.device.type == "cpu")
-    return cpu > 0 and not _fit({torch.device("cpu"): cpu})
-
-
-class CandidateLearner(MaskLearner):
-    """Eq. 3 with ℓ kept only over a candidate set C: the ⌈c·k⌉ parameters that moved most (and ``start``).
-
-    The logit gradient of parameter i is ∇_θ L ⊙ δ_i ⊙ σ'(ℓ_i), and Eq. 2 starts every parameter
-    outside γ_base at σ(S) ≈ 0: one that hardly moved can hardly enter the region. So outside C the
-    working model stays θ_pre and nothing is held, and the learner holds, per tensor with
-    candidates, C's sorted flat indices, ℓ_C, θ_pre[C], θ_ft[C], ∇_ℓ L and θ[C] over C: O(|C|) beside
-    the one working model: 28 bytes a candidate in float32, and two scratch buffers (σ(ℓ_C) and δ_C
-    are formed again where a step needs them, on CPU a slice at a time). Where C holds every
-    parameter with δ ≠ 0 this is the full learner's step (δ = 0 gives ∇_ℓ = 0 and θ = θ_pre): the
-    "rms" scale still averages over the whole graftable count. Only tensors holding candidates take
-    a weight gradient.
-
-    The values over C of all tensors on one device are views into one buffer each, so a step's
-    element-wise work (σ, the graft's values, the chain rule, the update) is a few passes over C,
-    not a few per tensor: per tensor, a step only writes θ[C] and gathers ∇_θ L at C. On a GPU,
-    where each operation costs a launch, that is what keeps the step near a plain one.
-
-    The working model must be at θ_pre outside C when it starts (as a pair keeps it); ``finish``
-    restores it at C only.
-    """
-
-    def __init__(self, model, params, pre, ft, k, config: LearnConfig = LearnConfig(), start: Region | None = None):
-        layers = self._accept(model, params, pre, ft, k, config)
-        if maps_blocks(config.memory, params):  # before ranking: its per-tensor temporaries are the first to go back
-            map_large_blocks()
-        chosen = top_k(_Movement(pre, ft, self.names), config.candidate_count(k, self.count))
-        none = torch.empty(0, dtype=torch.int64)
-        given = start or {}  # a given start joins C, so that γ_base ⊆ C also when it is not the top-k
-        self.candidates: Region = {}  # name -> sorted flat indices of C, on the parameter's device
-        for n in self.names:
-            if n in chosen or n in given:
-                idx = torch.unique(torch.cat([chosen.get(n, none), given.get(n, none).cpu()]))
-                self.candidates[n] = idx.to(params[n].device)
-        on = {n: self.candidates[n].device for n in self.candidates}
-        sizes = {n: (i.numel(),) for n, i in self.candidates.items()}
-        dtypes = {n: params[n].dtype for n in sizes}
-        self.pre_c, self._pre = _flat_views(sizes, on, dtypes)
-        self.ft_c, self._ft = _flat_views(sizes, on, dtypes)
-        with torch.no_grad():
-            for n, i in self.candidates.items():  # a few values of each tensor; a mapped file's pages go back after
-                self.pre_c[n].copy_(take(pre, n, i))
-                self.ft_c[n].copy_(take(ft, n, i))
-                release(pre, n)
-                release(ft, n)
-        if start is None:  # the top-k of |δ| lies inside the top-m (ties go earliest in both): no second pass
-            inside = top_k({n: torch.sub(self.ft_c[n], self.pre_c[n]).to(params[n].dtype).abs()  # |δ| as γ_base ranks it
-                            for n in self.candidates}, k)
-            self.base = {n: self.candidates[n][i.to(on[n])].cpu() for n, i in inside.items()}
-        else:
-            self.base = start
-            inside = {n: torch.searchsorted(self.candidates[n], i.to(on[n])) for n, i in start.items() if i.numel()}
-        self.logits = initial_logits(inside, sizes, config.sigmoid_bias, on, getattr(torch, config.logit_dtype))
-        self._ell = {d: next(self.logits[n] for n in self.logits if on[n] == d)._base for d in self._pre}
-        self.counter = RegionCounter(self.logits, inside)  # the region's size and swaps, as the full learner counts them
-        self.held = None
-        self.grads_c, self._grads = _flat_views(sizes, on, dtypes)
-        self.value_c, self._value = _flat_views(sizes, on, dtypes)  # θ[C], reused
-        self._begin([params[n] for n in self.candidates], layers)
-        held = sum(t.numel() * t.element_size() for part in (self.candidates, self.logits, self.pre_c, self.ft_c,
-                                                              self.grads_c, self.value_c) for t in part.values())
-        log.debug("mask learning over C: %s of %s graftable parameters in %d of %d tensors (c = %s), holding %.3f GB; %s",
-                  f"{sum(i.numel() for i in self.candidates.values()):,}", f"{self.count:,}", len(self.candidates),
-                  len(self.names), config.candidates, held / 1e9, compute.memory_in_use(self.device))
-
-    def _parts(self) -> dict[str, torch.Tensor]:
-        """ℓ_C as one buffer per device: a step updates each in one pass."""
-        return {str(d): ell for d, ell in self._ell.items()}
-
-    def _gradient(self, batch: dict[str, torch.Tensor], hard_k: int | None, need_peak: bool):
-        """``logit_gradient`` over C: θ[C] written by index, ∇_θ L gathered at C in its hook, and the chain rule
-        ∇_θ L[C] ⊙ δ_C ⊙ σ'(ℓ_C) taken once over each device's buffer when the backward pass is done."""
-        hard = top_k(self.logits, hard_k) if hard_k else None  # positions inside C
-        with torch.no_grad():  # θ[C] ← lerp(θ_pre[C], θ_ft[C], σ(ℓ_C)); outside C it stays θ_pre
-            for d, ell in self._ell.items():
-                lo, hi, value = self._pre[d], self._ft[d], self._value[d]
-                if hard is not None:
-                    chosen = torch.zeros(ell.numel(), dtype=torch.bool, device=ell.device)
-                    for n, pos in hard.items():
-                        if self.candidates[n].device == d:
-                            chosen[pos.to(d) + _offset(self.logits[n], ell)] = True
-                    torch.where(chosen, hi, lo, out=value)
-                else:
-                    for c in compute.chunks(ell):  # on CPU a slice at a time, through reused buffers
-                        s = torch.sigmoid(ell[c], out=self.scratch.take(0, ell[c]))
-                        w = s if s.dtype == value.dtype else self.scratch.take(1, value[c]).copy_(s)
-                        torch.lerp(lo[c], hi[c], w, out=value[c])
-            for n, idx in self.candidates.items():
-                p, value = self.params[n], self.value_c[n]
-                p.data.view(-1).index_copy_(0, idx, value if value.dtype == p.dtype else value.to(p.dtype))
-                p.grad = None
-        names = {id(self.params[n]): n for n in self.candidates}
-        seen: set[str] = set()
-
-        @torch.no_grad()
-        def gather(p: torch.nn.Parameter) -> None:  # ∇_θ L at C; the rest of ∇_θ L dropped at once
-            n = names[id(p)]
-            into = self.grads_c[n]
-            if into.dtype == p.grad.dtype:
-                torch.index_select(p.grad.reshape(-1), 0, self.candidates[n], out=into)
-            else:  # a tensor narrower than others on its device
-                into.copy_(torch.index_select(p.grad.reshape(-1), 0, self.candidates[n]))
-            p.grad = None
-            seen.add(n)
-
-        out = _backward(self.model, batch, [self.params[n] for n in self.candidates], gather)
-        with torch.no_grad():
-            for n in self.candidates:  # the loss does not depend on it: ∇ = 0, not the last step's
-                if n not in seen:
-                    self.grads_c[n].zero_()
-            squares: dict[str, torch.Tensor] = {}
-            peaks: dict[str, torch.Tensor] = {}
-            for d, grad in self._grads.items():
-                lo, hi, ell = self._pre[d], self._ft[d], self._ell[d]
-                for c in compute.chunks(grad):  # ∇_θ L[C] ⊙ δ_C ⊙ σ'(ℓ_C), on CPU a slice at a time
-                    g = grad[c].mul_(torch.sub(hi[c], lo[c], out=self.scratch.take(1, grad[c])))
-                    torch.ops.aten.sigmoid_backward.grad_input(g, torch.sigmoid(ell[c], out=self.scratch.take(0, ell[c])),
-                                                               grad_input=g)
-                    flat = g.float()
-                    part = torch.dot(flat, flat).double()
-                    squares[str(d)] = part if str(d) not in squares else squares[str(d)] + part
-                    if need_peak:
-                        least, most = torch.aminmax(flat)
-                        part = torch.maximum(-least, most)
-                        peaks[str(d)] = part if str(d) not in peaks else torch.maximum(peaks[str(d)], part)
-        size = _size(squares, squares, peaks, need_peak, out.loss.device, lambda n: None)
-        return out, {str(d): g for d, g in self._grads.items()}, size
-
-    def _restore(self) -> None:
-        for n, idx in self.candidates.items():
-            p = self.params[n]
-            p.data.view(-1).index_copy_(0, idx, self.pre_c[n].to(p.dtype))
-            p.grad = None
-
-    def finish(self) -> Region:
-        """Restore θ_pre at C and binarise: the top-k of ℓ_C, as flat indices of the parameters."""
-        inside = super().finish()
-        return {n: self.candidates[n][pos.to(self.candidates[n].device)].cpu() for n, pos in inside.items()}
-
-    def full_logits(self) -> CandidateLogits:
-        return CandidateLogits(self.logits, self.candidates, {n: tuple(self.params[n].shape) for n in self.names},
-                               -self.config.sigmoid_bias)
-
-
-def _flat_views(sizes: dict[str, tuple[int, ...]], on: dict[str, torch.device], dtypes: dict[str, torch.dtype]):
+def flat_views(sizes: dict[str, tuple[int, ...]], on: dict[str, torch.device], dtypes: dict[str, torch.dtype]):
     """(name -> view, device -> buffer): one buffer per device, cut in ``sizes``' order as ``initial_logits`` cuts
     ℓ, so that a position in one buffer is the same candidate in every other."""
     totals: dict[torch.device, int] = {}
@@ -640,74 +465,9 @@ def _flat_views(sizes: dict[str, tuple[int, ...]], on: dict[str, torch.device], 
     return views, flat
 
 
-def _offset(view: torch.Tensor, buffer: torch.Tensor) -> int:
+def offset_in(view: torch.Tensor, buffer: torch.Tensor) -> int:
     """Where ``view`` starts inside ``buffer``, in elements."""
     return view.storage_offset() - buffer.storage_offset()
-
-
-class CandidateLogits(Mapping):
-    """ℓ of a :class:`CandidateLearner` read as full tensors: ℓ_C at C and −bias (its start, σ ≈ 0) elsewhere.
-
-    Each tensor is made only when it is read, so a caller that wants full-size logits holds one at a
-    time; ``values`` and ``candidates`` are ℓ_C and C themselves.
-    """
-
-    def __init__(self, values: dict[str, torch.Tensor], candidates: Region, shapes: dict[str, tuple[int, ...]],
-                 fill: float):
-        self.values, self.candidates, self.shapes, self.fill = values, candidates, shapes, fill
-        self._dtype = next(iter(values.values())).dtype if values else torch.float32
-
-    def __iter__(self):
-        return iter(self.shapes)
-
-    def __len__(self):
-        return len(self.shapes)
-
-    def numel(self, name: str) -> int:
-        return math.prod(self.shapes[name])
-
-    def __getitem__(self, name: str) -> torch.Tensor:
-        shape = self.shapes[name]
-        if name not in self.candidates:
-            return torch.full(shape, self.fill, dtype=self._dtype)
-        ell = self.values[name]
-        full = torch.full((math.prod(shape),), self.fill, dtype=ell.dtype, device=ell.device)
-        full[self.candidates[name]] = ell
-        return full.view(shape)
-
-
-def learn_region(
-    model: torch.nn.Module,
-    params: dict[str, torch.nn.Parameter],
-    pre: dict[str, torch.Tensor],
-    ft: dict[str, torch.Tensor],
-    k: int,
-    make_batches: Callable[[int], Iterable[dict]],
-    config: LearnConfig = LearnConfig(),
-    progress: ProgressFn | None = None,
-    cancel: threading.Event | None = None,
-    start: Region | None = None,
-) -> tuple[Region, dict[str, torch.Tensor]]:
-    """Learn a region of exactly ``k`` graftable parameters (Eq. 2–4).
-
-    ``make_batches(epoch)`` yields model inputs with ``labels``. ``start`` replaces γ_base
-    (top-movement) as the region the relaxation starts from. The working parameters are left
-    at θ_pre afterwards, also when cancelled. Returns the region and the final logits ℓ, one tensor
-    per graftable parameter (with ``config.candidates`` a factor, a ``CandidateLogits`` that makes each
-    one when it is read).
-    """
-    learner = MaskLearner(model, params, pre, ft, k, config, start)  # a CandidateLearner when config.candidates is c
-    batches = _cycle(make_batches)
-    try:
-        for _ in range(config.steps):
-            if cancel is not None and cancel.is_set():
-                raise Cancelled("mask learning cancelled")
-            report = learner.step(next(batches), count_region=progress is not None)
-            if progress is not None:
-                progress(report)
-    finally:
-        region = learner.finish()
-    return region, learner.full_logits()
 
 
 def logit_gradient(
@@ -786,12 +546,12 @@ def logit_gradient(
         if need_peak:
             peaks[n] = peak.float()
 
-    out = _backward(model, batch, list(params.values()), to_logit_gradient)
-    size = _size(params, squares, peaks, need_peak, out.loss.device, lambda n: params[n].data.zero_())
+    out = backward_with(model, batch, list(params.values()), to_logit_gradient)
+    size = gradient_size(params, squares, peaks, need_peak, out.loss.device, lambda n: params[n].data.zero_())
     return out, {n: p.data for n, p in params.items()}, size
 
 
-def _backward(model: torch.nn.Module, batch: dict, hooked: list[torch.nn.Parameter], hook) -> object:
+def backward_with(model: torch.nn.Module, batch: dict, hooked: list[torch.nn.Parameter], hook) -> object:
     """One forward/backward with ``hook`` run on each of ``hooked`` as soon as its gradient is complete."""
     hooks = [p.register_post_accumulate_grad_hook(hook) for p in hooked]
     try:
@@ -805,7 +565,7 @@ def _backward(model: torch.nn.Module, batch: dict, hooked: list[torch.nn.Paramet
 
 
 @torch.no_grad()
-def _size(names, squares: dict, peaks: dict, need_peak: bool, device, untouched) -> tuple[torch.Tensor, torch.Tensor]:
+def gradient_size(names, squares: dict, peaks: dict, need_peak: bool, device, untouched) -> tuple[torch.Tensor, torch.Tensor]:
     """(Σ(∇_ℓ L)², max |∇_ℓ L|) over ``names``, summed in their order whatever order the backward pass took (a
     device map may spread them over devices); ``untouched(name)`` zeroes the gradient of a tensor the loss does not
     depend on."""
@@ -843,13 +603,13 @@ class Held:
 def _brought_over(pre, ft, params: dict[str, torch.nn.Parameter]):
     """θ_pre and θ_ft that a lazy pair on a GPU reads from the host (``Placed``), copied onto the parameters' devices
     once where they take at most a quarter of the free memory there: the full learner reads both whole at every step.
-    Otherwise they stay where they are, and each step reads them over (use ``--candidates`` for such pairs)."""
+    Otherwise they stay where they are, and each step reads them over (the candidate learner suits such pairs)."""
     if not (isinstance(pre, Placed) or isinstance(ft, Placed)):
         return pre, ft
     need: dict[torch.device, int] = {}
     for p in params.values():
         need[p.device] = need.get(p.device, 0) + 2 * p.numel() * p.element_size()
-    if not _fit(need):
+    if not compute.fits(need):
         return pre, ft
     with torch.no_grad():
         return {n: pre[n] for n in params}, {n: ft[n] for n in params}
@@ -861,12 +621,7 @@ def _holds(memory: str, params: dict[str, torch.nn.Parameter], logits: dict[str,
     need: dict[torch.device, int] = {}
     for n, p in params.items():
         need[p.device] = need.get(p.device, 0) + p.numel() * (p.element_size() + logits[n].element_size())
-    return _fit(need)
-
-
-def _fit(need: dict[torch.device, int]) -> bool:
-    """Whether each device's bytes take at most a quarter of the memory free there: room left for the step."""
-    return all(4 * bytes_ <= compute.free_memory(device) for device, bytes_ in need.items())
+    return compute.fits(need)
 
 
 def _step_scale(config: LearnConfig, size: tuple[torch.Tensor, torch.Tensor], count: int) -> float:

@@ -81,6 +81,7 @@ class RegionMeta(MutableMapping):
     sparsity: float | None = None
     train_examples: int | None = None
     learn: dict | None = None  # LearnConfig.as_dict() of a learned region
+    learner: dict | None = None  # how it was learned: the memory plan (full or candidate learner) and C's size, rule, growth
     graftable_spec: dict | None = None  # GraftableSpec.as_dict() the region was learned over
     curve: list | None = None  # the mask-learning curve: [step, loss, training-batch accuracy] per step (``curve_points``)
     top_movement_overlap: float | None = None  # share of a learned region inside the top-movement region it started from

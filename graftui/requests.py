@@ -29,7 +29,7 @@ from . import settings
 from .config import (
     DEFAULT_BASE, DEFAULT_CHECK_N, DEFAULT_EXAMPLES_PER_CLASS, DEFAULT_FINETUNED, DEFAULT_MULTITASK_TASKS, DEFAULT_RECIPE,
     DEFAULT_SPARSITY, DEFAULT_TASK, DTYPES, FAST, HEADS, LOGIT_DTYPES, LR_FOR, MEMORY_MODES, MODULE_TYPES, BINARISE_RULES,
-    MASK_OPTIMIZERS, SENTIMENT_TASKS, Budget, FinetuneConfig, GraftableSpec, LearnConfig, LoadOptions, default_recipe,
+    CANDIDATE_RANKS, MASK_OPTIMIZERS, SENTIMENT_TASKS, Budget, FinetuneConfig, GraftableSpec, LearnConfig, LoadOptions, default_recipe,
 )
 from .completion import CompletionSpec
 from .data import DataSpec
@@ -352,20 +352,30 @@ class LearnFields(Request):
     memory: str = arg(LearnConfig.memory, "fast keeps σ(ℓ) and δ through each step (two more copies of the graftable set, "
                       "fewer passes), lean recomputes them, auto is fast when they fit in a quarter of the free memory; "
                       "the region is the same", choices=MEMORY_MODES, group="mask learning (method 'learned')")
-    checkpoint_every: int = arg(LearnConfig.checkpoint_every, "recompute the activations of every N-th layer in the "
-                                "backward pass instead of keeping them (1: every layer; 0: none): less memory for up to "
-                                "one more forward pass per step; the region is the same", metavar="N",
-                                group="mask learning (method 'learned')")
-    candidates: str = arg(LearnConfig.candidates, "where region logits are kept: 'all' graftable parameters, or a "
-                          "factor c ≥ 1 for only the candidate set C, the c·k parameters that moved most (a parameter "
-                          "that hardly moved can hardly enter the region): memory for C instead of the model, the "
-                          "same region when C holds every parameter that moved", metavar="all|c",
+    checkpoint_every: int | None = arg(LearnConfig.checkpoint_every, "recompute the activations of every N-th layer "
+                                       "in the backward pass instead of keeping them (1: every layer; 0: none; default: "
+                                       "the memory plan decides): less memory for up to one more forward pass per step; "
+                                       "the region is the same", metavar="N", group="mask learning (method 'learned')")
+    candidates: str = arg(LearnConfig.candidates, "where region logits are kept: auto (a logit per graftable parameter "
+                          "where that fits in a quarter of the free memory, else the candidate set C at c = 5), 'all' "
+                          "graftable parameters, or a factor c ≥ 1 for C alone: γ_base and the c·k − k parameters the "
+                          "first step's gradient ranks next, grown as learning finds more (memory for C instead of the "
+                          "model; the same region when C holds every parameter that moved)", metavar="auto|all|c",
+                          group="mask learning (method 'learned')")
+    rank: str = arg(LearnConfig.rank, "how the candidate set ranks the parameters outside γ_base: gradient (the first "
+                    "step's |∇_θL ⊙ δ|, summed over --rank-examples) or movement (|δ|, the rule before)",
+                    choices=CANDIDATE_RANKS, group="mask learning (method 'learned')")
+    rank_examples: int = arg(LearnConfig.rank_examples, "training examples the gradient ranking reads (whole batches)",
+                             metavar="N", group="mask learning (method 'learned')")
+    grow_every: int = arg(LearnConfig.grow_every, "steps between the passes that add to C the parameters whose "
+                          "gradient would carry them into the region (0: never)", metavar="N",
                           group="mask learning (method 'learned')")
 
     def learn_config(self) -> LearnConfig:
         return LearnConfig(steps=self.steps, lr=float(self.lr), optimizer=self.optimizer, batch_size=self.batch_size,
                            binarise=self.binarise, seed=self.seed, logit_dtype=self.logit_dtype, memory=self.memory,
-                           checkpoint_every=self.checkpoint_every, candidates=str(self.candidates).strip().lower())
+                           checkpoint_every=self.checkpoint_every, candidates=str(self.candidates).strip().lower(),
+                           rank=self.rank, rank_examples=self.rank_examples, grow_every=self.grow_every)
 
     def check_learning(self) -> None:
         check_at_least_one("steps", self.steps)
@@ -373,7 +383,10 @@ class LearnFields(Request):
             raise RequestError(f"--lr must be a positive number, got {self.lr}")
         check_at_least_one("batch_size", self.batch_size)
         check_at_least_one("examples_per_class", self.examples_per_class)
-        if self.checkpoint_every < 0:
+        check_at_least_one("rank_examples", self.rank_examples)
+        if self.grow_every < 0:
+            raise RequestError(f"--grow-every must be 0 (C never grows) or a step count N >= 1, got {self.grow_every}")
+        if self.checkpoint_every is not None and self.checkpoint_every < 0:
             raise RequestError(f"--checkpoint-every must be 0 (keep all activations) or a layer count N >= 1, "
                                f"got {self.checkpoint_every}")
         try:

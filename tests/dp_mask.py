@@ -15,7 +15,7 @@ sys.path.insert(0, os.path.dirname(__file__))
 
 from conftest import make_tiny_pair, random_batches  # noqa: E402
 
-from graftui.method import learn_region  # noqa: E402
+from graftui.learning import learn_region  # noqa: E402
 from graftui.requests import LearnConfig  # noqa: E402
 
 torch.set_num_threads(1)

@@ -237,15 +237,15 @@ def test_a_folder_holding_a_model_and_an_adapter_is_refused(lora, tmp_path):
 LEARN_SCRIPT = """
 import sys
 import torch
-from graftui import method, models
+from graftui import compute, learning, models
 from graftui.completion import IGNORE
 from graftui.config import LearnConfig, LoadOptions
 
 base, adapter, out, blocks = sys.argv[1:]
 if blocks == "heap":  # glibc left at its dynamic threshold
-    method.map_large_blocks = lambda: None
+    compute.map_large_blocks = lambda: None
 else:  # every block of a page or more mapped for its own use, as a big model's are
-    method.LARGE_BLOCK = int(blocks)
+    compute.LARGE_BLOCK = int(blocks)
 torch.set_num_threads(1)
 pair = models.ModelPair.load(base, adapter, options=LoadOptions(head="completion"))
 params = {n: pair.param(n) for n in pair.graftable}
@@ -258,7 +258,7 @@ config = LearnConfig(steps=3, lr=0.5, candidates="3", memory="lean")  # lean: la
 found = {}
 for held in (False, True):  # theta_ft formed from the factors when read, and held whole
     ft = {n: pair.ft[n].clone() for n in pair.ft} if held else pair.ft
-    region, logits = method.learn_region(pair.model, params, pair.pre, ft, 40, batches, config)
+    region, logits = learning.learn_region(pair.model, params, pair.pre, ft, 40, batches, config)
     found[held] = {"region": region, "logits": logits.values, "candidates": logits.candidates}
 torch.save(found, out)
 """

@@ -1,8 +1,8 @@
 """Candidate-restricted mask learning (``LearnConfig.candidates``) and the streamed baselines, on tiny pairs.
 
-A parameter that hardly moved can hardly enter the region (∇_ℓ L = ∇_θ L ⊙ δ ⊙ σ'(ℓ)), so ℓ is kept
-only over C, the ⌈c·k⌉ parameters that moved most: the same region as the full learner when C holds
-every parameter that moved, and memory for C rather than for the model.
+ℓ is kept only over C: γ_base and the parameters the first step's gradient (or, with ``rank="movement"``, the
+movement) ranks next, grown as the learner goes: the same region as the full learner when C holds every parameter
+that moved, and memory for C rather than for the model.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ import pytest
 import torch
 
 from conftest import make_tiny_pair, random_batches
-from graftui import method
+from graftui import candidates as cand
+from graftui import learning, method
 from graftui.config import Budget, LearnConfig
 from graftui.errors import RequestError
 from graftui.localizers import run_method
@@ -54,6 +55,19 @@ def flat_outside(learner, name) -> torch.Tensor:
     return outside
 
 
+def candidate_learner(pair_or_model, k, config, start=None, params=None, pre=None, ft=None, batches=None):
+    """The candidate learner a config with a factor c asks for, as ``learn_region`` builds it."""
+    if params is None:
+        pair = pair_or_model
+        model, params, pre, ft = pair.model, params_of(pair), pair.pre, pair.ft
+    else:
+        model = pair_or_model
+    the_plan = learning.plan(model, params, pre, ft, k, config)
+    assert the_plan.learner == "candidate"
+    return learning.make_learner(the_plan, model, params, pre, ft, k, config, start,
+                                 (batches or random_batches())(0))
+
+
 def same_region(a, b) -> bool:
     return a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a)
 
@@ -69,12 +83,13 @@ def test_the_region_is_the_full_learners_when_c_holds_every_parameter_that_moved
     runs = {}
     for candidates in ("all", f"{factor:.4f}"):
         reports = []
-        config = LearnConfig(steps=5, lr=1.0, optimizer=optimizer, forward=forward, candidates=candidates)
-        region, logits = method.learn_region(pair.model, params, pair.pre, pair.ft, K, random_batches(), config,
+        config = LearnConfig(steps=5, lr=1.0, optimizer=optimizer, forward=forward, candidates=candidates,
+                             rank="movement")  # C holds every moved parameter, ranked by |δ|
+        region, logits = learning.learn_region(pair.model, params, pair.pre, pair.ft, K, random_batches(), config,
                                              progress=reports.append)
         runs[candidates] = region, logits, reports
     (full, _, full_reports), (restricted, logits, reports) = runs.values()
-    assert isinstance(logits, method.CandidateLogits)
+    assert isinstance(logits, cand.CandidateLogits)
     c_size = method.region_size(logits.candidates)
     assert moved(pair) <= c_size < pair.counts()["graftable"]  # a strict subset holding everything that moved
     assert same_region(restricted, full)
@@ -88,13 +103,12 @@ def test_a_factor_past_the_graftable_count_keeps_every_parameter_and_learns_the_
     pair, _, _ = make_tiny_pair()
     params = params_of(pair)
     graftable = pair.counts()["graftable"]
-    assert LearnConfig(candidates="1000").candidate_count(K, graftable) == graftable
-    assert LearnConfig(candidates="1.1").candidate_count(10, graftable) == 11  # ⌈c·k⌉, not one more for rounding
-    assert LearnConfig(candidates="all").candidate_count(K, graftable) is None
+    assert learning.candidate_count(1000, K, graftable) == graftable
+    assert learning.candidate_count(1.1, 10, graftable) == 11  # ⌈c·k⌉, not one more for rounding
     found = {}
     for candidates in ("all", "1000"):
         config = LearnConfig(steps=4, lr=0.5, candidates=candidates)
-        found[candidates] = method.learn_region(pair.model, params, pair.pre, pair.ft, K, random_batches(), config)
+        found[candidates] = learning.learn_region(pair.model, params, pair.pre, pair.ft, K, random_batches(), config)
     (full, full_logits), (region, logits) = found.values()
     assert method.region_size(logits.candidates) == graftable
     assert same_region(region, full)
@@ -109,10 +123,10 @@ def test_the_region_is_exactly_k_inside_c_and_c_holds_the_start():
     params = params_of(pair)
     unmoved = {pair.graftable[0]: torch.tensor([0, 5, 7])}  # in a tensor that did not move: not top-movement
     for start, k in ((None, K), (None, moved(pair) + 5), (unmoved, 3)):  # k past the moved: γ_base takes ties of 0
-        learner = method.MaskLearner(pair.model, params, pair.pre, pair.ft, k, LearnConfig(candidates="2"), start)
-        assert isinstance(learner, method.CandidateLearner)
+        learner = candidate_learner(pair, k, LearnConfig(candidates="2"), start)
+        assert isinstance(learner, cand.CandidateLearner)
         m = math.ceil(2 * k)
-        assert m <= method.region_size(learner.candidates) <= m + k
+        assert m <= method.region_size(learner.candidates) <= learner.room == m + k  # grown by one budget at most
         base = method.base_region(pair.pre, pair.ft, pair.graftable, k) if start is None else start
         assert same_region(learner.base, base)  # γ_base found inside C is the top-k of all |δ|
         for n, idx in base.items():
@@ -124,20 +138,22 @@ def test_the_region_is_exactly_k_inside_c_and_c_holds_the_start():
         for n, idx in region.items():
             c = learner.candidates[n].cpu()
             assert bool(torch.isin(idx, c).all()) and bool((idx[1:] > idx[:-1]).all()) and idx.dtype == torch.int64
-    rounded = method.learn_region(pair.model, params, pair.pre, pair.ft, K, random_batches(),
+    rounded = learning.learn_region(pair.model, params, pair.pre, pair.ft, K, random_batches(),
                                   LearnConfig(steps=3, lr=2.0, candidates="2", binarise="round"))[0]
     assert method.region_size(rounded) <= K
 
 
 @pytest.mark.parametrize("forward", ["relaxed", "hard"])
-def test_only_candidate_tensors_take_gradients_and_the_model_stays_theta_pre_outside_c(forward):
+def test_only_candidate_tensors_take_gradients_and_the_model_stays_at_the_start_outside_c(forward):
+    """Outside C the working model holds the relaxation's start, lerp(θ_pre, θ_ft, σ(−bias)), as the full learner's
+    first forward pass grafts it (θ_pre for a hard forward pass); finish puts θ_pre back everywhere."""
     pair = partly_moved_pair()
     params = params_of(pair)
     before = {n: p.detach().clone() for n, p in pair.model.named_parameters()}
     flags = {n: p.requires_grad for n, p in pair.model.named_parameters()}
-    learner = method.MaskLearner(pair.model, params, pair.pre, pair.ft, K,
-                                 LearnConfig(lr=1.0, candidates="2", forward=forward))
+    learner = candidate_learner(pair, K, LearnConfig(lr=1.0, candidates="2", forward=forward, grow_every=0))
     assert set(learner.candidates) < set(params)  # some tensors hold no candidate
+    weight = torch.sigmoid(torch.tensor(-3.0)).item() if forward == "relaxed" else 0.0
     seen = []
     handle = pair.model.register_forward_pre_hook(
         lambda *_: seen.append({n for n, p in pair.model.named_parameters() if p.requires_grad}))
@@ -147,7 +163,8 @@ def test_only_candidate_tensors_take_gradients_and_the_model_stays_theta_pre_out
             assert all(p.grad is None for p in pair.model.parameters())  # consumed in the hook, never made elsewhere
             for n in params:
                 outside = flat_outside(learner, n)
-                assert torch.equal(params[n].detach().reshape(-1)[outside], pair.pre[n].reshape(-1)[outside]), n
+                start = torch.lerp(pair.pre[n], pair.ft[n], torch.full_like(pair.pre[n], weight)).reshape(-1)
+                assert torch.equal(params[n].detach().reshape(-1)[outside], start[outside]), n
     finally:
         handle.remove()
     assert seen and all(s == set(learner.candidates) for s in seen)
@@ -182,8 +199,7 @@ def _held_tensors(value, seen=None):
 def test_the_learner_holds_memory_for_c_not_for_the_model(optimizer):
     pair = partly_moved_pair()
     params = params_of(pair)
-    learner = method.MaskLearner(pair.model, params, pair.pre, pair.ft, 20,
-                                 LearnConfig(candidates="3", optimizer=optimizer, memory="fast"))
+    learner = candidate_learner(pair, 20, LearnConfig(candidates="3", optimizer=optimizer, memory="fast", grow_every=0))
     for batch in random_batches()(0):
         learner.step(batch)
     c = method.region_size(learner.candidates)
@@ -216,16 +232,16 @@ def test_candidates_refusals_through_the_request(value, words):
         LocalizeRequest.make(candidates=value).validate()
     text = str(err.value)
     assert "\n" not in text and text.startswith((f"--candidates {value} ", f"--candidates '{value}' "))
-    assert words in text and "give 'all' or a factor ≥ 1" in text
+    assert words in text and "give 'auto', 'all' or a factor c ≥ 1" in text
+    pair, _, _ = make_tiny_pair()
     with pytest.raises(ValueError, match="--candidates"):  # the learner refuses it too, before any work
-        pair, _, _ = make_tiny_pair()
-        method.MaskLearner(pair.model, params_of(pair), pair.pre, pair.ft, 10, LearnConfig(candidates=value))
+        learning.plan(pair.model, params_of(pair), pair.pre, pair.ft, 10, LearnConfig(candidates=value))
 
 
 def test_candidates_reach_the_learner_through_the_request_and_the_registry():
     from graftui.requests import LocalizeRequest
 
-    assert LocalizeRequest.make().learn_config().candidates == LearnConfig().candidates == "all"  # see docs/method.md
+    assert LocalizeRequest.make().learn_config().candidates == LearnConfig().candidates == "auto"  # see docs/method.md
     assert LocalizeRequest.make(candidates="4").validate().learn_config().candidates == "4"
     assert LocalizeRequest.make(candidates=" ALL ").validate().learn_config().candidates == "all"
     assert "candidates" in LocalizeRequest.help("candidates") or "C" in LocalizeRequest.help("candidates")
@@ -280,7 +296,7 @@ import os, sys
 import torch
 sys.path.insert(0, {tests!r})
 from conftest import make_tiny_pair, random_batches
-from graftui.method import learn_region
+from graftui.learning import learn_region
 from graftui.config import LearnConfig
 torch.set_num_threads(1)
 pair, _, _ = make_tiny_pair()
@@ -322,14 +338,14 @@ def test_data_parallel_restricted_learning_gives_the_single_process_region(tmp_p
 def test_large_blocks_are_mapped_only_where_memory_is_short(monkeypatch):
     """Mapping every large block spares heap and costs every later step of the process: memory "lean" asks for it,
     "fast" never, and "auto" only when the model takes more than a quarter of the free memory."""
-    from graftui import compute, method
+    from graftui import compute
 
     params = {"w": torch.nn.Parameter(torch.zeros(1000))}  # 4,000 bytes
-    assert method.maps_blocks("lean", params) and not method.maps_blocks("fast", params)
+    assert compute.maps_blocks("lean", params) and not compute.maps_blocks("fast", params)
     monkeypatch.setattr(compute, "free_memory", lambda device: 20_000)
-    assert not method.maps_blocks("auto", params)
+    assert not compute.maps_blocks("auto", params)
     monkeypatch.setattr(compute, "free_memory", lambda device: 15_000)
-    assert method.maps_blocks("auto", params)
+    assert compute.maps_blocks("auto", params)
 
 
 class _Mixed(torch.nn.Module):
@@ -353,7 +369,8 @@ def test_a_model_keeping_some_tensors_in_float32_learns_over_c_with_each_tensor_
     ft = {n: (p + torch.randn_like(p) * torch.rand_like(p).pow(4)).detach() for n, p in pre.items()}
     gen = torch.Generator().manual_seed(1)
     x, labels = torch.randn(16, 6, generator=gen), torch.randint(0, 3, (16,), generator=gen)
-    learner = method.MaskLearner(model, params, pre, ft, 10, LearnConfig(steps=3, lr=0.5, candidates="4"))
+    learner = candidate_learner(model, 10, LearnConfig(steps=3, lr=0.5, candidates="4"), params=params, pre=pre, ft=ft,
+                                batches=lambda _: [{"x": x, "labels": labels}])
     assert {t.dtype for t in learner.pre_c.values()} == {torch.float32}  # one buffer, the wider dtype
     reports = [learner.step({"x": x, "labels": labels}) for _ in range(3)]
     assert all(math.isfinite(r.loss) for r in reports) and learner.grads_c["narrow.weight"].abs().sum() > 0
@@ -371,7 +388,8 @@ def test_a_candidate_tensor_the_loss_does_not_reach_gets_a_zero_gradient_not_the
     ft = {n: (p + torch.randn_like(p) * torch.rand_like(p).pow(4)).detach() for n, p in pre.items()}
     gen = torch.Generator().manual_seed(1)
     batch = {"x": torch.randn(16, 6, generator=gen), "labels": torch.randint(0, 3, (16,), generator=gen)}
-    learner = method.MaskLearner(model, params, pre, ft, 10, LearnConfig(lr=0.5, candidates="1000"))
+    learner = candidate_learner(model, 10, LearnConfig(lr=0.5, candidates="1000"), params=params, pre=pre, ft=ft,
+                                batches=lambda _: [batch])
     assert "idle.weight" in learner.candidates
     learner.grads_c["idle.weight"].fill_(7.0)  # what a stale buffer would hold
     before = learner.logits["idle.weight"].clone()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from graftui import method, models
+from graftui import learning, models
 from graftui.completion import IGNORE
 from graftui.config import LearnConfig, LoadOptions
 from graftui.weights import Checkpoint, Placed
@@ -76,7 +76,7 @@ def test_mask_learning_on_a_gpu_finds_the_cpu_region(tmp_path, candidates):
         pair = models.ModelPair.load(str(base_dir), str(ft_dir), options=COMPLETION).to(device)
         params = {n: pair.param(n) for n in pair.graftable}
         config = LearnConfig(steps=4, lr=0.5, candidates=candidates, memory="lean")
-        region, _ = method.learn_region(pair.model, params, pair.pre, pair.ft, 60, _batches(pair), config)
+        region, _ = learning.learn_region(pair.model, params, pair.pre, pair.ft, 60, _batches(pair), config)
         found[device] = {(n, int(i)) for n, idx in region.items() for i in idx}
         assert all(torch.equal(pair.param(n).detach().cpu(), pair.pre[n].cpu()) for n in params)  # restored
     cpu, gpu = found["cpu"], found["cuda"]

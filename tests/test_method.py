@@ -13,8 +13,8 @@ import pytest
 import torch
 from torch.func import functional_call
 
-from graftui import compute, method
-from graftui.method import Cancelled
+from graftui import compute, learning, method
+from graftui.errors import Cancelled
 from graftui.method import LearnConfig as _LearnConfig
 
 
@@ -135,7 +135,7 @@ def test_sixteen_bit_logits_keep_the_budget_and_find_nearly_the_same_region(tiny
     found = {}
     for logit_dtype in ("float32", dtype):
         config = LearnConfig(steps=5, lr=0.5, logit_dtype=logit_dtype)
-        found[logit_dtype], logits = method.learn_region(pair.model, params, pair.pre, pair.ft, 200, random_batches(), config)
+        found[logit_dtype], logits = learning.learn_region(pair.model, params, pair.pre, pair.ft, 200, random_batches(), config)
         assert all(l.dtype == getattr(torch, logit_dtype) for l in logits.values())
         assert method.region_size(found[logit_dtype]) == 200
     assert all(torch.equal(params[n].detach(), before[n]) for n in params)
@@ -153,7 +153,7 @@ def test_learn_region_keeps_budget_and_restores_the_model(tiny_pair, optimizer, 
     flags = {n: p.requires_grad for n, p in pair.model.named_parameters()}
     reports = []
     config = LearnConfig(steps=5, optimizer=optimizer, lr=1.0 if optimizer != "sgd" else 1e3, forward=forward)
-    region, logits = method.learn_region(
+    region, logits = learning.learn_region(
         pair.model, params, pair.pre, pair.ft, 50, random_batches(), config, progress=reports.append
     )
     assert method.region_size(region) == 50
@@ -193,8 +193,8 @@ def test_step_reports_count_the_region_and_an_uncounted_step_learns_the_same(tin
             assert report.region_size is None and report.swapped is None
     assert all(torch.equal(final[True][n], final[False][n]) for n in final[True])
     reports, config = [], LearnConfig(steps=3, lr=2.0)  # learn_region counts exactly when someone is told
-    shown, _ = method.learn_region(pair.model, params, pair.pre, pair.ft, 50, random_batches(), config, progress=reports.append)
-    silent, _ = method.learn_region(pair.model, params, pair.pre, pair.ft, 50, random_batches(), config)
+    shown, _ = learning.learn_region(pair.model, params, pair.pre, pair.ft, 50, random_batches(), config, progress=reports.append)
+    silent, _ = learning.learn_region(pair.model, params, pair.pre, pair.ft, 50, random_batches(), config)
     assert [type(r.region_size) for r in reports] == [int] * 3
     assert shown.keys() == silent.keys() and all(torch.equal(shown[n], silent[n]) for n in shown)
 
@@ -204,7 +204,7 @@ def test_learned_region_lowers_the_task_loss(tiny_pair):
     pair, _, _ = tiny_pair
     params = {n: pair.param(n) for n in pair.graftable}
     data = random_batches(n_batches=2, batch_size=16)
-    region, _ = method.learn_region(pair.model, params, pair.pre, pair.ft, 200, data, LearnConfig(steps=30, lr=0.5))
+    region, _ = learning.learn_region(pair.model, params, pair.pre, pair.ft, 200, data, LearnConfig(steps=30, lr=0.5))
     base = method.base_region(pair.pre, pair.ft, pair.graftable, 200)
 
     def loss(r):
@@ -227,7 +227,7 @@ def test_cancel_stops_and_restores(tiny_pair):
             cancel.set()
 
     with pytest.raises(Cancelled):
-        method.learn_region(pair.model, params, pair.pre, pair.ft, 10, random_batches(), LearnConfig(steps=10), progress, cancel)
+        learning.learn_region(pair.model, params, pair.pre, pair.ft, 10, random_batches(), LearnConfig(steps=10), progress, cancel)
     assert steps == [1, 2]
     assert all(torch.equal(params[n].detach(), before[n]) for n in params)
 
@@ -333,7 +333,7 @@ def test_sliced_passes_learn_what_whole_tensor_passes_learn(tiny_pair, monkeypat
     found = {}
     for chunk, memory in ((compute.CHUNK, "lean"), (37, "lean"), (37, "fast")):
         monkeypatch.setattr(compute, "CHUNK", chunk)
-        found[chunk, memory] = method.learn_region(pair.model, params, pair.pre, pair.ft, 150, random_batches(),
+        found[chunk, memory] = learning.learn_region(pair.model, params, pair.pre, pair.ft, 150, random_batches(),
                                                    LearnConfig(steps=4, lr=0.5, memory=memory, forward=forward))
     (whole, ell), (sliced, ell_sliced), (fast, ell_fast) = found.values()
     assert all(torch.equal(ell_sliced[n], ell_fast[n]) for n in params)
@@ -516,8 +516,9 @@ def test_a_budget_true_learner_never_holds_more_than_k_parameters_at_half(tiny_p
     for within, seen in ((True, counts), (False, free_counts)):
         config = LearnConfig(lr=3.0, forward=forward, within_budget=within, candidates=candidates,
                              logit_dtype=logit_dtype)
-        learner = method.MaskLearner(pair.model, params, pair.pre, pair.ft, k, config)
-        for step, batch in zip(range(6), method._cycle(batches)):
+        the_plan = learning.plan(pair.model, params, pair.pre, pair.ft, k, config)
+        learner = learning.make_learner(the_plan, pair.model, params, pair.pre, pair.ft, k, config, batches=batches(0))
+        for step, batch in zip(range(6), method.cycle_batches(batches)):
             report = learner.step(batch)
             gamma = [torch.sigmoid(l.float()) for l in learner.logits.values()]
             seen.append(sum(int((g >= 0.5).sum()) for g in gamma))

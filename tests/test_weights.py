@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from graftui import models
+from graftui import learning, models
 from graftui.config import LoadOptions
 from graftui.errors import ModelError
 from graftui.weights import Checkpoint, Placed, model_names, take
@@ -136,7 +136,7 @@ def test_a_pair_read_from_its_files_is_the_pair_read_as_two_models(tmp_path, arc
 def test_values_handed_out_where_the_model_lives_graft_and_learn_as_the_files_own(tmp_path):
     """A lazy pair on a GPU reads θ_pre and θ_ft through ``Placed``: every reader (grafts, WiSE, the full and the
     candidate learner, ranking by movement) must get the same values from it as from the files."""
-    from graftui import method
+    from graftui import learning
     from graftui.config import LearnConfig
 
     base_dir, ft_dir = write_lm_pair(tmp_path, "llama")
@@ -153,7 +153,7 @@ def test_values_handed_out_where_the_model_lives_graft_and_learn_as_the_files_ow
     batches = lambda epoch: [{"input_ids": ids, "labels": ids}]  # noqa: E731
     for candidates in ("all", "3"):
         config = LearnConfig(steps=3, lr=0.5, candidates=candidates, memory="lean")
-        found = [method.learn_region(p.model, {n: p.param(n) for n in p.graftable}, p.pre, p.ft, 40, batches, config)[0]
+        found = [learning.learn_region(p.model, {n: p.param(n) for n in p.graftable}, p.pre, p.ft, 40, batches, config)[0]
                  for p in (plain, placed)]
         assert found[0].keys() == found[1].keys() and all(torch.equal(found[0][n], found[1][n]) for n in found[0])
 

@@ -27,7 +27,8 @@ from ..config import (
 from ..data import DataSpec
 from ..errors import Cancelled, ModelError, RegionError, RequestError
 from ..experiments import JointLoss
-from ..method import learn_region, region_size
+from ..learning import learn_region
+from ..method import region_size
 from ..models import checkpoint_kind, checkpoint_record, load_classifier
 from ..paths import file_lock, new_path, short_ref, slug
 from ..requests import (

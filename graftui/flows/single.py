@@ -21,6 +21,7 @@ from ..config import (
 )
 from ..data import Task
 from ..errors import GraftuiError, ModelError, RegionError, RequestError
+from ..learning import out_of_memory_as_error, plan
 from ..localizers import METHODS, Budget, get_method, run_method
 from ..compute import data_parallel
 from ..method import region_size
@@ -146,13 +147,16 @@ def find_region(req, pair: ModelPair, task: Task | None, k: int, notes: list[str
         steps.append(asdict(report))
         progress({"stage": "mask learning", "k": k, **asdict(report)})
 
+    announce = (lambda line: progress({"stage": line, "announce": True})) if progress else None
+    details: dict = {}
     region, _ = run_method(pair, Budget(k=k), req.method, make_batches=make_batches, config=config,
-                           progress=on_step if progress else None, cancel=cancel)  # no one to report to: no count
+                           progress=on_step if progress else None, cancel=cancel,  # no one to report to: no count
+                           announce=announce, details=details)
     budget = budget_of(req, task)
     made = {"method": req.method, "task": req.task, "budget": budget.describe(), "budget_k": k,
             "sparsity": budget.sparsity, "train_examples": n_train,
             "learn": config.as_dict() if info.needs_data else None, "graftable_spec": req.graftable_spec().as_dict(),
-            "curve": regions.curve_of(steps) if steps else None}
+            "curve": regions.curve_of(steps) if steps else None, "learner": details or None}
     return region, made
 
 
@@ -174,6 +178,11 @@ def localize(req: LocalizeRequest, progress: Progress | None = None, cancel=None
         return localize_finetunes(localize, req, progress, cancel, guard)
     if req.seeds:
         return localize_seeds(localize, req, progress, cancel, guard)
+    with out_of_memory_as_error("localize"):
+        return _localize(req, progress, cancel, guard)
+
+
+def _localize(req: LocalizeRequest, progress: Progress | None, cancel, guard: Guard) -> LocalizeResult:
     start = time.time()
     info = get_method(req.method)
     for ref in (req.base, req.finetuned):
@@ -202,6 +211,9 @@ def localize(req: LocalizeRequest, progress: Progress | None = None, cancel=None
     k = budget_of(req, task).resolve(pair.counts()["graftable"])
     if progress:
         progress({"stage": f"budget k = {k:,}", "k": k})
+    if info.needs_data:  # a learner that cannot fit is refused here, before any work
+        plan(pair.model, {n: pair.param(n) for n in pair.graftable}, pair.pre, pair.ft, k,
+             info.configured(req.learn_config()))
     world = data_parallel()
     checking = bool(req.check_n) and world is None and kind is not None
     problem = kind.heldout_problem(pair, task) if checking else None
