@@ -204,7 +204,7 @@ def run_request(request, args: argparse.Namespace) -> int:
         text += "\n\n" + "\n".join(f"note: {n}" for n in doc["notes"])
     report = getattr(args, "report", None)
     if report:
-        result.save(report)
+        result.write_report(report)  # a report for every verb (a localize result's save writes its region)
         text += f"\n\nreport (with its request) written to {report}"
     out.emit(doc, text)
     return 0

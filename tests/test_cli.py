@@ -486,6 +486,51 @@ def test_report_bundle_holds_request_tables_figures_and_readme(learned, top, ft_
     assert [r["accuracy"] for r in again.as_dict()["rows"]] == [r["accuracy"] for r in result["rows"]]
 
 
+REPORTED = {  # every verb cheap enough here, with what it needs
+    "localize": lambda ft, regions_, tmp: ["--finetuned", ft, "--k", K, "--method", "top-movement", "--check-n", "16",
+                                           "--out", tmp / "r.safetensors", "--overwrite"],
+    "evaluate": lambda ft, regions_, tmp: ["--finetuned", ft, "--region", regions_[0], "--n", "16"],
+    "predict": lambda ft, regions_, tmp: ["--finetuned", ft, "--region", regions_[0], "--text", "a fine film"],
+    "pair": lambda ft, regions_, tmp: ["--finetuned", ft],
+    "anatomy": lambda ft, regions_, tmp: ["--region", regions_[0]],
+    "compose": lambda ft, regions_, tmp: ["--region", *regions_, "--out", tmp / "u.safetensors", "--overwrite"],
+    "runs": lambda ft, regions_, tmp: [],
+}
+
+
+@pytest.mark.parametrize("verb", sorted(REPORTED))
+@pytest.mark.parametrize("suffix", [".zip", ".json"])
+def test_every_verbs_report_is_a_report_bundle_or_json_that_opens(verb, suffix, learned, top, ft_dir, tmp_path):
+    """``--report`` writes the verb's report (a localize result's own ``save`` writes its region, never here)."""
+    import zipfile
+
+    out = tmp_path / f"{verb}{suffix}"
+    code, _, err = run_cli(verb, *REPORTED[verb](ft_dir, [learned[0], top[0]], tmp_path), "--report", out)
+    assert code == 0, err
+    if suffix == ".zip":
+        with zipfile.ZipFile(out) as zf:
+            names = set(zf.namelist())
+            request = json.loads(zf.read(f"{verb}/request.json"))
+            result = json.loads(zf.read(f"{verb}/result.json"))
+        assert {f"{verb}/README.md", f"{verb}/request.json", f"{verb}/result.json"} <= names
+    else:
+        doc = json.loads(out.read_text())
+        request, result = doc["request"], doc["result"]
+        assert flows.read_request(out).verb == verb  # 'graftui run FILE' reads it back
+    assert request["verb"] == verb and result["request"]["verb"] == verb
+
+
+def test_no_result_writes_its_report_another_way():
+    from graftui.flows.common import Result
+
+    def subclasses(cls):
+        for sub in cls.__subclasses__():
+            yield sub
+            yield from subclasses(sub)
+
+    assert [c.__name__ for c in subclasses(Result) if c.write_report is not Result.write_report] == []
+
+
 def _unzipped(archive, folder):
     import zipfile
 

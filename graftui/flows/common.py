@@ -347,6 +347,10 @@ class Result:
         return set()
 
     def save(self, path) -> Path:
+        """The report (``write_report``); a localize result saves its region instead."""
+        return self.write_report(path)
+
+    def write_report(self, path) -> Path:
         """A JSON report with the request that made it (``graftui run`` makes it again); a ``.zip``
         path gets the report bundle (bundle.py: README, tables as CSV/JSON, figures as HTML)."""
         if str(path).lower().endswith(".zip"):
