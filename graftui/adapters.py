@@ -24,6 +24,8 @@ from pathlib import Path
 
 import torch
 
+from . import settings
+from .config import DEFAULT_FINETUNED_REFS, MAX_ABS_VALUE
 from .errors import ModelError
 from .weights import release, take
 
@@ -108,6 +110,7 @@ class Adapter:
         """
         fix = (f"give the adapter's own base, '{self.base_name}' per its {CONFIG_NAME}" if self.base_name
                else f"give the base it was trained on (its {CONFIG_NAME} names none)")
+        self._check_targets(shapes, base_ref, fix)
         for name in self.names():
             if name not in shapes:
                 raise ModelError(f"adapter '{self.ref}' changes {name}, which --base {base_ref} does not have: {fix}")
@@ -118,6 +121,20 @@ class Adapter:
             elif want != got:
                 raise ModelError(f"adapter '{self.ref}' was trained on a base with {name} of shape {list(want)}; "
                                  f"--base {base_ref} has {list(got)}: {fix}")
+
+    def _check_targets(self, shapes: dict[str, tuple[int, ...]], base_ref: str, fix: str) -> None:
+        """Every module its config targets exists in the base (peft's matching: the name, or its last parts)."""
+        targets = self.config.get("target_modules")
+        modules = {name.rpartition(".")[0] for name in shapes}
+        if isinstance(targets, str):
+            if not any(re.fullmatch(targets, m) for m in modules):
+                raise ModelError(f"adapter '{self.ref}' targets modules matching {targets[:80]!r}, and --base {base_ref} "
+                                 f"has none: {fix}")
+            return
+        for target in targets or ():
+            if target not in modules and not any(m.endswith("." + target) for m in modules):
+                raise ModelError(f"adapter '{self.ref}' targets the module '{target[:80]}', which --base {base_ref} does "
+                                 f"not have: {fix}")
 
     def _shape(self, name: str) -> tuple[int, ...]:
         return self.factors[name].shape() if name in self.factors else tuple(self.saved[name].shape)
@@ -206,6 +223,42 @@ def _raw_config(ref: str, folder: Path) -> dict:
     return raw
 
 
+def _check_types(ref: str, raw: dict) -> None:
+    """The fields graftui computes with have the types peft writes, and a finite scale: a forged config is refused
+    here, in one line, not by arithmetic on a string later."""
+    def bad(key: str, want: str, value) -> ModelError:
+        shown = repr(value) if len(repr(value)) <= 40 else repr(value)[:40] + "…"
+        return ModelError(f"adapter '{ref}': {key} in {CONFIG_NAME} must be {want}, got {shown} "
+                          f"({type(value).__name__}): save the adapter again with peft")
+
+    def rank(key: str, value) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise bad(key, "a whole number ≥ 1", value)
+
+    def alpha(key: str, value) -> None:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise bad(key, "a finite number", value)
+        if abs(value) > MAX_ABS_VALUE:
+            raise ModelError(f"adapter '{ref}': {key} {value:g} in {CONFIG_NAME} scales δ far beyond any trained "
+                             f"adapter (at most {MAX_ABS_VALUE:g} here): a forged or broken config")
+
+    rank("r", raw.get("r", 8))
+    alpha("lora_alpha", raw.get("lora_alpha", 8))
+    for key, check in (("rank_pattern", rank), ("alpha_pattern", alpha)):
+        pattern = raw.get(key) or {}
+        if not isinstance(pattern, dict):
+            raise bad(key, "a mapping of module names to numbers", pattern)
+        for name, value in pattern.items():
+            check(f"{key}[{name!r}]", value)
+    for key in ("use_rslora", "fan_in_fan_out", "use_dora"):
+        if key in raw and not isinstance(raw[key], bool):
+            raise bad(key, "true or false", raw[key])
+    targets = raw.get("target_modules")
+    if targets is not None and not isinstance(targets, str) and not (
+            isinstance(targets, list) and all(isinstance(t, str) for t in targets)):
+        raise bad("target_modules", "a module name, a list of them or a regular expression", targets)
+
+
 def _lora_config(ref: str, raw: dict):
     """peft's LoraConfig of ``raw`` (its defaults and checks), refusing what is not a plain LoRA delta."""
     kind = raw["peft_type"].upper()
@@ -213,6 +266,7 @@ def _lora_config(ref: str, raw: dict):
         what = METHOD_NAMES.get(kind, f"a {raw['peft_type']}")
         raise ModelError(f"adapter '{ref}' is {what} adapter: graftui reads LoRA adapters only (their change to the "
                          "weights is δ = scaling·B·A; other methods change activations or weights otherwise)")
+    _check_types(ref, raw)
     from peft import LoraConfig
 
     try:
@@ -292,7 +346,12 @@ def _parse(ref: str, tensors: dict[str, torch.Tensor], config) -> tuple[dict[str
         if a.shape[0] != r or b.shape[1] != r:
             raise ModelError(f"adapter '{ref}': {module} has lora_A {list(a.shape)} and lora_B {list(b.shape)}, which "
                              f"disagree with its r = {r} in {CONFIG_NAME}: the adapter file and its config do not match")
+        if r > min(a.shape[1], b.shape[0]) and "embedding" not in h:
+            raise ModelError(f"adapter '{ref}': {module} has rank {r}, above its layer's width "
+                             f"{min(a.shape[1], b.shape[0])} (lora_A {list(a.shape)}, lora_B {list(b.shape)}): no LoRA "
+                             "trainer makes such an adapter")
         scaling = alpha / math.sqrt(r) if config.use_rslora else alpha / r
+        _check_size(ref, module, a, b, scaling)
         # peft's Embedding merges (B·A)ᵀ; its Linear transposes only when fan_in_fan_out (Conv1D)
         embedding = "embedding" in h
         factors[f"{module}.weight"] = Factors(a, b, scaling, embedding or bool(config.fan_in_fan_out), embedding)
@@ -301,12 +360,36 @@ def _parse(ref: str, tensors: dict[str, torch.Tensor], config) -> tuple[dict[str
                 raise ModelError(f"adapter '{ref}': the lora_B bias of {module} has shape {list(h['bias'].shape)}, "
                                  f"not [{b.shape[0]}]: the adapter file is damaged")
             factors[f"{module}.bias"] = Factors(None, h["bias"], scaling)
+    for name, tensor in saved.items():
+        _check_values(ref, name, tensor)
     both = sorted(set(factors) & set(saved))
     if both:
         raise ModelError(f"adapter '{ref}' both trains {both[0]} in full and adapts it by LoRA: graftui reads one or the other")
     if not factors and not saved:
         raise ModelError(f"adapter '{ref}' holds no LoRA weights: {WEIGHTS_NAME} is empty")
     return factors, saved
+
+
+def _check_values(ref: str, name: str, tensor: torch.Tensor, scaling: float = 1.0) -> None:
+    """Finite values within the magnitude any trained weight keeps (``MAX_ABS_VALUE``)."""
+    if not tensor.is_floating_point() or not tensor.numel():
+        return
+    if not bool(torch.isfinite(tensor).all()):
+        raise ModelError(f"adapter '{ref}' holds NaN or infinite values in {name}: it cannot be grafted")
+    largest = float(tensor.abs().max()) * abs(scaling)
+    if largest > MAX_ABS_VALUE:
+        raise ModelError(f"adapter '{ref}' changes {name} by {largest:.3g}, far beyond any trained weight (at most "
+                         f"{MAX_ABS_VALUE:g} here): a forged or broken adapter")
+
+
+def _check_size(ref: str, module: str, a: torch.Tensor, b: torch.Tensor, scaling: float) -> None:
+    """The factors are finite, and δ = scaling·B·A stays within ``MAX_ABS_VALUE``: bounded first without forming δ
+    (Σ_r max|B_:r|·max|A_r:|), formed only where that bound is not enough."""
+    for part, tensor in (("lora_A", a), ("lora_B", b)):
+        _check_values(ref, f"{module}.{part}", tensor)
+    bound = float((b.float().abs().amax(0) * a.float().abs().amax(1)).sum()) * abs(scaling)
+    if bound > MAX_ABS_VALUE:
+        _check_values(ref, f"{module}.weight", b.float() @ a.float(), scaling)
 
 
 def _first_line(err: BaseException) -> str:
@@ -381,3 +464,18 @@ def adapter_base(folder: str | Path) -> str | None:
         return None
     name = raw.get("base_model_name_or_path") if isinstance(raw, dict) else None
     return name if isinstance(name, str) and name.strip() else None
+
+
+def own_base(finetuned) -> str | None:
+    """The base a fine-tune names as its own: a default fine-tune's, or what a local adapter folder's
+    adapter_config.json names (not on a hosted server, whose folders are not a visitor's to read); None otherwise."""
+    ref = str(finetuned or "").strip()
+    if ref.lower() in DEFAULT_FINETUNED_REFS:
+        return DEFAULT_FINETUNED_REFS[ref.lower()][0]
+    if settings.hosted() or not ref or len(ref) > 4096:
+        return None
+    path = Path(ref).expanduser()
+    try:
+        return adapter_base(path) if path.is_dir() and is_adapter(path) else None
+    except OSError:
+        return None

@@ -30,7 +30,7 @@ from .completion import OFFLINE_SKILLS  # noqa: E402
 from .lmeval import OFFLINE as OFFLINE_HARNESS, PREFIX  # noqa: E402
 from .tasks import HARNESS  # noqa: E402
 from .data import OFFLINE_TASKS  # noqa: E402
-from .errors import RequestError, is_user_error, message  # noqa: E402
+from .errors import MAX_LINE, RequestError, is_user_error, message  # noqa: E402
 from .formatting import table  # noqa: E402
 from .paths import clean_stale  # noqa: E402
 from .localizers import METHODS  # noqa: E402
@@ -319,7 +319,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if is_user_error(err):
             print(f"{PROG}: error: {message(err)}", file=sys.stderr)
             return 2
-        text = " ".join(str(err).split())
+        text = " ".join(str(err)[:4 * MAX_LINE].split())[:MAX_LINE]
         print(f"{PROG}: error: unexpected {type(err).__name__}: {text} (run with --debug for the traceback)",
               file=sys.stderr)
         return 1

@@ -150,6 +150,13 @@ def _guess(columns: Sequence[str], spec: CompletionSpec) -> CompletionSpec:
     return CompletionSpec(**{**spec.__dict__, "prompt_column": prompt, "completion_column": completion})
 
 
+def completion_columns(columns: Sequence[str]) -> CompletionSpec | None:
+    """The columns a file would be read by as a completion task, from their names alone: a messages column, or both a
+    prompt and a completion column; None when they do not say so."""
+    spec = _guess(columns, CompletionSpec())
+    return spec if spec.messages_column or (spec.prompt_column and spec.completion_column) else None
+
+
 class NoCompletionColumns(DataError):
     """The source has no (prompt, completion) or messages columns: it is no completion task as it stands. ``partial``:
     it has one of the two (a completion file missing the other), so it is read as one rather than as a classification

@@ -64,6 +64,10 @@ def is_body(model: str) -> bool:
     return model in BODY_LABELS
 
 
+MAX_ABS_VALUE = 1e4  # trained weights stay far below this (SmolLM2's largest is 9.3): a patch or an adapter beyond
+# it is forged or broken
+
+
 # -- mask learning -------------------------------------------------------------------------------------
 LOGIT_DTYPES = ("float32", "float16", "bfloat16")
 MEMORY_MODES = ("auto", "fast", "lean")

@@ -41,6 +41,9 @@ class Cancelled(RuntimeError):
     """Raised inside a flow when its cancel event is set; not a failure."""
 
 
+MAX_LINE = 1000  # characters of a one-line error: what a user typed is quoted, never a whole file of it
+
+
 def message(err: BaseException) -> str:
     """One line a person can act on, never a traceback.
 
@@ -51,7 +54,8 @@ def message(err: BaseException) -> str:
         return "ran out of memory: try a smaller model, fewer examples or a smaller batch"
     text = str(err.args[0]) if isinstance(err, KeyError) and len(err.args) == 1 else str(err)
     if is_user_error(err) or isinstance(err, Cancelled):
-        return " ".join(text.split()) or type(err).__name__
+        line = " ".join(text[:4 * MAX_LINE].split()) or type(err).__name__
+        return line if len(line) <= MAX_LINE else line[:MAX_LINE - 1] + "…"  # a megabyte of input is never echoed
     first = text.strip().splitlines()[0] if text.strip() else ""
     return f"internal error ({type(err).__name__}: {first[:200]})"
 

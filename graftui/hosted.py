@@ -18,15 +18,16 @@ from pathlib import Path
 from safetensors import safe_open
 
 from . import settings
-from .config import is_default_finetuned
+from .config import default_checkpoint_dir, is_default_finetuned
 from .data import check_reference
 from .errors import DataError, ModelError, RequestError, SessionError
 from .generation import AnswerRule
 from .lmeval import OFFLINE as HARNESS_OFFLINE
 from .flows import Guard, clear_cache
-from .models import resolve
+from .models import pair_kind, resolve
 from .paths import DATA_SUFFIXES, atomic_write, short_ref
 from .regions import read_header
+from .training import is_built
 
 REGION_SUFFIXES = (".safetensors",)  # what a page may upload as a region or skill patch
 
@@ -293,3 +294,8 @@ def check_request(request, guard: Guard) -> None:
         if isinstance(recorded, str) and recorded:
             guard.checked_rule(AnswerRule(regex=recorded), f"region '{header.path.stem}'")
     guard.allow_local(models=refs(MODEL_FIELDS), tasks=refs(TASK_FIELDS))
+    options = request.load_options() if hasattr(request, "load_options") else None
+    if options is not None and options.prompted():  # a prompt on a classifier: refused here, not in its job
+        for ref in refs(("finetuned", "finetuned_replicates")):
+            if not (is_default_finetuned(ref) and not is_built(default_checkpoint_dir(ref))):  # a default not built
+                pair_kind(ref, options, allow_local=guard.allow_local(models=[ref]))  # yet: its recipe says, in its job

@@ -46,7 +46,9 @@ FINISHED = {DONE, FAILED, CANCELLED, INTERRUPTED}
 STOP_GRACE = 30.0  # seconds a job past its time limit, or cancelled, has to stop at its own next step (a batch of
 # generations on a CPU may take this long between two)
 WATCH_SECONDS = 0.2  # how often the runner looks at a running job
+QUICK_LIMIT = 120.0  # seconds a job may run in the quick lane, which serves work of seconds: past it, it is stopped
 NOBODY = ""  # the owner of a record whose owner is unknown: no hosted session's id (those have 32 characters)
+OWNER_FILE = "owner"  # beside job.json: whose job it is, should the record be damaged
 
 
 @dataclass
@@ -68,6 +70,7 @@ class Job:
     client: str | None = None  # the address it came from (hosted): fairness is per client, whatever its sessions
     lane: str = MAIN
     estimate: float | None = None  # the seconds it is expected to take, when its submitter knows
+    work: float | None = None  # what its request asks the models to read (tokens × models × passes), where it says
 
     @property
     def duration(self) -> float | None:
@@ -80,7 +83,17 @@ class Job:
 
 
 class TimeLimit(Cancelled):
-    """A job ran past the runner's time limit (a hosted server's GRAFTUI_JOB_SECONDS)."""
+    """A job ran past the runner's time limit (a hosted server's GRAFTUI_JOB_SECONDS), or past the quick lane's."""
+
+
+def _quick_stop() -> TimeLimit:
+    return TimeLimit(f"stopped after {QUICK_LIMIT:,.0f} s in the quick lane, which serves work of seconds: it was "
+                     "foreseen as short and was not; run it again and it waits in the main lane")
+
+
+def _limit_stop(limit: float) -> TimeLimit:
+    return TimeLimit(f"stopped after {limit:,.0f} s, this server's limit for one job: ask for less work (fewer steps, "
+                     "examples or test examples)")
 
 
 class JobContext:
@@ -93,10 +106,11 @@ class JobContext:
 
     def report(self, event: dict) -> None:
         """Record a progress event; ``fraction`` (0..1) and ``stage`` are shown, the rest plotted."""
-        limit = self._runner.max_seconds
-        if limit and time.time() - (self.job.started or time.time()) > limit:
-            raise TimeLimit(f"stopped after {limit:,.0f} s, this server's limit for one job: ask for less work "
-                            "(fewer steps, examples or test examples)")
+        limit, ran = self._runner.max_seconds, time.time() - (self.job.started or time.time())
+        if limit and ran > limit:
+            raise _limit_stop(limit)
+        if self.job.lane == QUICK and ran > QUICK_LIMIT:
+            raise _quick_stop()
         if self.cancel.is_set():
             raise Cancelled(f"{self.job.kind} cancelled")
         event = {k: v for k, v in event.items() if v is not None}
@@ -141,7 +155,7 @@ class JobRunner:
     def submit(self, kind: str, title: str, fn: JobFn, params: dict | None = None, owner: str | None = None,
                dedupe: bool = False, client: str | None = None,
                admit: Callable[[list[Job]], None] | None = None, lane: str = MAIN,
-               estimate: float | None = None) -> Job:
+               estimate: float | None = None, work: float | None = None) -> Job:
         """Queue ``fn`` in ``lane``; with ``dedupe``, the same owner's identical job still waiting or running is
         returned instead (a double click queues one job). ``admit(active jobs, both lanes)`` may refuse it by raising:
         it runs under the runner's lock, so quotas hold when many requests arrive at once."""
@@ -154,8 +168,10 @@ class JobRunner:
             if admit is not None:
                 admit([j for j in self._jobs.values() if j.status in (QUEUED, RUNNING)])
             job = Job(id=time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6], kind=kind, title=title,
-                      params=params or {}, owner=owner, client=client, lane=lane, estimate=estimate)
+                      params=params or {}, owner=owner, client=client, lane=lane, estimate=estimate, work=work)
             self._save(job, required=True)  # a job whose record cannot be written is refused, not lost later
+            if owner is not None:  # kept apart too: a damaged record is still listed to its own session
+                (self.job_dir(job.id) / OWNER_FILE).write_text(owner)
             self._jobs[job.id] = job
             self._fns[job.id] = (fn, contextvars.copy_context())
             self._waiting.append(job.id)
@@ -326,10 +342,11 @@ class JobRunner:
                 break
             if ctx.cancel.is_set() and cancelled_at is None:
                 cancelled_at = now
-            limit = self.max_seconds
-            if stop is None and limit and now - (job.started or now) > limit + STOP_GRACE:
-                stop = TimeLimit(f"stopped after {limit:,.0f} s, this server's limit for one job: ask for less work "
-                                 "(fewer steps, examples or test examples)")
+            limit, ran = self.max_seconds, now - (job.started or now)
+            if stop is None and limit and ran > limit + STOP_GRACE:
+                stop = _limit_stop(limit)
+            elif stop is None and job.lane == QUICK and ran > QUICK_LIMIT + STOP_GRACE:
+                stop = _quick_stop()
             elif stop is None and cancelled_at is not None and now - cancelled_at > STOP_GRACE:
                 stop = Cancelled(f"{job.kind} cancelled")
             if stop is not None and now - raised_at > STOP_GRACE:  # again, should the job have caught it
@@ -393,9 +410,10 @@ def _turn(job: Job) -> str | None:
 _FIELD_TYPES = {"id": str, "kind": str, "title": str, "params": dict, "status": str, "progress": list,
                 "message": str, "result": (dict, type(None)), "error": (str, type(None)), "owner": (str, type(None)),
                 "client": (str, type(None)), "lane": str, "estimate": (int, float, type(None)),
+                "work": (int, float, type(None)),
                 "created": (int, float), "started": (int, float, type(None)), "finished": (int, float, type(None)),
                 "fraction": (int, float)}
-_TIMES = ("created", "started", "finished", "fraction", "estimate")  # numbers, finite and not below 0
+_TIMES = ("created", "started", "finished", "fraction", "estimate", "work")  # numbers, finite and not below 0
 
 
 def _read_job(path: Path) -> Job:
@@ -426,10 +444,20 @@ def _read_job(path: Path) -> Job:
         return job
     except (OSError, ValueError, TypeError) as err:
         reason = str(err).splitlines()[0][:120] if str(err) else type(err).__name__
-        owner = data.get("owner") if isinstance(data, dict) and isinstance(data.get("owner"), str) else NOBODY
+        owner = data.get("owner") if isinstance(data, dict) and isinstance(data.get("owner"), str) else \
+            _owner_beside(path)
         return Job(id=path.parent.name, kind="damaged", title=f"damaged job record ({path.parent.name})", params={},
                    status=FAILED, created=_mtime(path), finished=_mtime(path), owner=owner,
                    error=f"the record of this job is damaged and was not loaded: {reason}")
+
+
+def _owner_beside(record: Path) -> str:
+    """The owner a job's folder names beside its record (written when it was submitted), else nobody."""
+    try:
+        owner = (record.parent / OWNER_FILE).read_text()[:64]
+    except (OSError, UnicodeDecodeError):
+        return NOBODY
+    return owner if owner.isprintable() else NOBODY
 
 
 def _mtime(path: Path) -> float:

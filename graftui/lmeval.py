@@ -471,7 +471,7 @@ def score(model, tokenizer, task: HarnessTask, limit: int | None = None, batch_s
     manager = _manager(task.include_path, task.registry)
     was_training = getattr(lm_model, "training", None)
     try:
-        with _quiet(), _kept_random_state():
+        with _quiet(), _kept_random_state(), stopped_at_line_end(tokenizer, task.output_type == "generate_until"):
             lm = lm_model if isinstance(lm_model, LM) else \
                 HFLM(pretrained=lm_model, tokenizer=tokenizer, batch_size=batch_size)
             out = simple_evaluate(model=lm, tasks=[task.name], task_manager=manager, limit=limit,
@@ -482,6 +482,41 @@ def score(model, tokenizer, task: HarnessTask, limit: int | None = None, batch_s
         if was_training is not None:
             lm_model.train(was_training)
     return _reading(task.name, task.output_type, out)
+
+
+def line_end(tokenizer) -> str | None:
+    """The token a generation stops at where the tokenizer has no end-of-sequence token: the newline, graftui's own
+    rule (an answer is its first line); None where the newline is not one token of its own."""
+    ids = tokenizer.encode("\n", add_special_tokens=False)
+    return tokenizer.convert_ids_to_tokens(ids[0]) if len(ids) == 1 else None
+
+
+def check_stop(tokenizer, task_name: str) -> None:
+    """A generate-until task needs a token to stop at: the tokenizer's end of sequence, or else the newline."""
+    if tokenizer.eos_token_id is None and line_end(tokenizer) is None:
+        raise DataError(f"lm-eval task '{task_name}' generates until the end-of-sequence token, and this model's "
+                        "tokenizer has none (nor a newline token to stop at): give a model whose tokenizer sets "
+                        "eos_token, or a multiple-choice task")
+
+
+@contextlib.contextmanager
+def stopped_at_line_end(tokenizer, generates: bool):
+    """The harness stops a generation at the tokenizer's end-of-sequence token, and fails where there is none: such
+    a tokenizer stops at the newline for the while (graftui's own answer rule), and is as it was after."""
+    if not generates or tokenizer is None or tokenizer.eos_token_id is not None:
+        yield
+        return
+    stop = line_end(tokenizer)
+    if stop is None:
+        raise DataError("this model's tokenizer has no end-of-sequence token and no newline token: an lm-eval "
+                        "generate-until task cannot stop its generations")
+    pad = tokenizer.pad_token
+    tokenizer.eos_token = stop
+    try:
+        yield
+    finally:
+        tokenizer.eos_token = None
+        tokenizer.pad_token = pad
 
 
 def _response(output_type: str, sample: dict) -> str:

@@ -28,7 +28,7 @@ from .method import region_to_mask, wise
 from .paths import atomic_dir, file_lock
 from .prompts import LMReader, PromptClassifier, PromptTokenizer, kind_of, make_prompt, recorded_prompt
 from .adapters import CONFIG_NAME as ADAPTER_CONFIG
-from .adapters import Adapter, AdaptedWeights, adapter_base, is_adapter, read_adapter
+from .adapters import Adapter, AdaptedWeights, adapter_base, is_adapter, own_base, read_adapter
 from .weights import Checkpoint, Placed, model_names, release, take
 
 log = logging.getLogger(__name__)
@@ -605,6 +605,10 @@ class ModelPair:
         ``labels`` (the task's, in its order) match the label words of a prompt to the classes.
         """
         kw = {"trust_remote_code": trust_remote_code, "allow_local": allow_local}
+        if adapter_of(base_ref, allow_local=allow_local) is not None:  # it would be read as its own base
+            named = own_base(base_ref)
+            raise ModelError(f"--base '{base_ref}' is a LoRA adapter, not a pre-trained model: give it as --finetuned"
+                             + (f", with its base '{named}' as --base" if named else ", with the model it adapts as --base"))
         for ref in (base_ref, finetuned_ref):
             check_not_quantized(ref, allow_local=allow_local, trust_remote_code=trust_remote_code)
         kind = pair_kind(finetuned_ref, options, allow_local=allow_local)
@@ -852,10 +856,12 @@ class ModelPair:
     # -- grafting ----------------------------------------------------------------------------
     @torch.no_grad()
     def _copy_in(self, region: dict[str, torch.Tensor], source: dict[str, torch.Tensor]) -> None:
-        """Copy ``source`` into the working model at the region's indices only: O(k)."""
+        """Copy ``source`` into the working model at the region's indices only: O(k); the pages of a mapped file that
+        the indices touched go back once each tensor is written (a scattered region touches most of them)."""
         for name, idx in region.items():
             flat = self._params[name].data.view(-1)
             flat[idx.to(flat.device)] = take(source, name, idx).to(flat.device)
+            release(source, name)
 
     def apply(self, region: dict[str, torch.Tensor]) -> None:
         """Write the fine-tuned values inside ``region`` into the working model."""
@@ -886,8 +892,9 @@ class ModelPair:
     def finetuned(self) -> Iterator[torch.nn.Module]:
         """The working model as the full fine-tuned checkpoint for the duration of the block."""
         with torch.no_grad():
-            for name, values in self.ft.items():
-                self._params[name].data.copy_(values)
+            for name in self.ft:
+                self._params[name].data.copy_(self.ft[name])
+                release(self.ft, name)  # a mapped file's pages go back as each tensor is copied
         try:
             yield self.model
         finally:
@@ -899,9 +906,12 @@ class ModelPair:
         masks = region_to_mask(region, {n: tuple(self.ft[n].shape) for n in self.ft}) if region is not None else {}
         try:
             with torch.no_grad():
-                for name, values in self.ft.items():
+                for name in self.ft:
+                    values = self.ft[name]
                     mask = None if region is None else masks[name].to(values.device)
                     self._params[name].data.copy_(wise(self.pre[name], values, alpha, mask))
+                    release(self.ft, name)
+                    release(self.pre, name)
             yield self.model
         finally:
             self.reset()
@@ -926,6 +936,7 @@ class ModelPair:
         """Back to pre-trained body + fine-tuned head; a whole-model pass over mapped files gives their pages back."""
         for name in self.ft:
             self._params[name].data.copy_(self.pre[name])
+            release(self.pre, name)  # tensor by tensor: the pass holds one tensor of the file, not the file
         release(self.pre)
         release(self.ft)
 

@@ -29,7 +29,7 @@ import torch
 
 from . import settings
 from .completion import CompletionSpec
-from .config import COMPLETION, FT_LABEL, HEADS, GraftableSpec, LoadOptions, is_body
+from .config import COMPLETION, FT_LABEL, HEADS, MAX_ABS_VALUE, GraftableSpec, LoadOptions, is_body
 from .data import DataSpec
 from .errors import RegionError, RequestError
 from .weights import take
@@ -41,7 +41,6 @@ from .version import __version__
 FORMAT_VERSION = "1"
 MAX_FILE_BYTES = 2 << 30  # a region file larger than this is not one we wrote
 MAX_LABELS = 10_000
-MAX_ABS_VALUE = 1e4  # trained weights stay far below this (SmolLM2's largest is 9.3); a patch beyond it is forged or broken
 
 
 # -- what a region file says about itself ---------------------------------------------------------

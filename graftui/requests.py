@@ -31,6 +31,7 @@ from .config import (
     DEFAULT_SPARSITY, DEFAULT_TASK, DTYPES, FAST, HEADS, LOGIT_DTYPES, LR_FOR, MEMORY_MODES, MODULE_TYPES, BINARISE_RULES,
     CANDIDATE_RANKS, MASK_OPTIMIZERS, SENTIMENT_TASKS, Budget, FinetuneConfig, GraftableSpec, LearnConfig, LoadOptions, default_recipe,
 )
+from .adapters import own_base
 from .completion import CompletionSpec
 from .data import DataSpec
 from .errors import GraftuiError, RequestError
@@ -125,6 +126,10 @@ class Request:
     def make(cls, **given) -> "Request":
         """A request with every field not given at its default (GRAFTUI_FAST's where that mode is on):
         how the CLI, the app, the Python API and every derived request build one."""
+        if issubclass(cls, PairFields) and "base" not in given:  # a fine-tune's own base, where it names one
+            base = own_base(given.get("finetuned"))
+            if base is not None:
+                given = {**given, "base": base}
         return cls(**{**cls.defaults(), **given})
 
 
@@ -201,7 +206,8 @@ def parse_list(text, kind=float, plural: str = "values", singular: str = "value"
 
 
 # -- field groups (help text written once) -------------------------------------------------------------
-H_BASE = "pre-trained model θ_pre: 'minilm', a checkpoint folder or a Hub id"
+H_BASE = ("pre-trained model θ_pre: 'minilm', a checkpoint folder or a Hub id (default: the fine-tune's own base where it "
+          "names one, as a default fine-tune or a LoRA adapter's config does, else minilm)")
 H_FT = "fine-tuned model θ_ft: 'minilm-movies' (built on first use), a checkpoint folder or a Hub id"
 H_TASK = "offline task (see 'graftui tasks'), a CSV/TSV/JSON(L)/Parquet file or folder, or a Hub dataset id"
 
@@ -776,7 +782,7 @@ class EvaluateRequest(ReplicateFields, GraftsFields, OodFields):
 
 
 MAX_PREDICT_TEXTS = 64  # sentences one request classifies: a look at a model, not a scoring run
-MAX_PREDICT_CHARS = 5000  # characters of one sentence (the models read a few hundred tokens of it at most)
+MAX_PREDICT_CHARS = 5000  # characters of one text a prediction reads (a look at a few sentences, not a document)
 
 
 @dataclass
@@ -798,8 +804,8 @@ class PredictRequest(GraftsFields):
             raise RequestError("--text: give one or more sentences to classify (or prompts, for a completion region), "
                                "none of them empty")
         if any(len(t) > MAX_PREDICT_CHARS for t in [*self.texts, *self.pairs] if isinstance(t, str)):
-            raise RequestError(f"--text: a sentence is longer than {MAX_PREDICT_CHARS:,} characters; the models read a "
-                               "few hundred tokens of it at most, so give a shorter one")
+            raise RequestError(f"--text: a text is longer than {MAX_PREDICT_CHARS:,} characters, the most one prediction "
+                               "reads; give a shorter one (score a whole test set with evaluate)")
         if len(self.texts) > MAX_PREDICT_TEXTS:
             raise RequestError(f"{len(self.texts)} texts are more than {MAX_PREDICT_TEXTS} for one look; score a test "
                                "set with evaluate instead")

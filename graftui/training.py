@@ -16,12 +16,13 @@ from typing import Callable
 
 import torch
 
-from . import completion, settings
+from . import completion, compute, settings
 from .config import (
     DEFAULT_FINETUNED_REFS, DEFAULT_LOADING, FinetuneConfig, GraftableSpec, LoadOptions, default_checkpoint_dir, recipe_for,
 )
 from .data import Split, Task, batches, load_task, subsample
 from .errors import Cancelled, ModelError
+from .formatting import memory
 from .models import CompletionLM, load_classifier, load_lm, load_reader, load_tokenizer, pair_kind
 from .paths import atomic_dir, file_lock, slug
 from .version import __version__
@@ -208,6 +209,7 @@ def with_lora(model, config: FinetuneConfig, base_ref: str):
     the base again (an offline default's name, not this machine's cache folder)."""
     from peft import LoraConfig, get_peft_model
 
+    check_lora_rank(model, config, base_ref)
     wrapped = get_peft_model(model, LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha, lora_dropout=0.0,
                                                target_modules="all-linear", bias="none", task_type="CAUSAL_LM"))
     lora = wrapped.peft_config["default"]
@@ -216,6 +218,30 @@ def with_lora(model, config: FinetuneConfig, base_ref: str):
     if not targets:
         raise ModelError(f"'{base_ref}' has no linear layer outside its LM head for a LoRA adapter to train")
     return wrapped, {"r": config.lora_rank, "alpha": config.lora_alpha, "targets": targets}
+
+
+def check_lora_rank(model: torch.nn.Module, config: FinetuneConfig, base_ref: str) -> None:
+    """A rank no wider than the narrowest layer it adapts (every linear layer but the LM head), and an adapter whose
+    training fits in the memory free: refused in one line before peft allocates it."""
+    head = {id(m) for m in (model.get_output_embeddings(),) if m is not None}
+    linear = [(n, m) for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and id(m) not in head]
+    if not linear:
+        return  # with_lora names the problem
+    name, narrowest = min(linear, key=lambda item: min(item[1].in_features, item[1].out_features))
+    width = min(narrowest.in_features, narrowest.out_features)
+    r = config.lora_rank
+    if r > width:
+        raise ModelError(f"--lora-rank {r} is wider than '{base_ref}''s narrowest adapted layer ({name}, "
+                         f"{narrowest.in_features} → {narrowest.out_features}): a rank above {width} adds nothing a "
+                         f"full update lacks; choose --lora-rank {min(16, width)} or at most {width}")
+    held = 4 + 4 + (8 if config.optimizer in ("adam", "adamw") else 4)  # weight, gradient, optimizer state (float32)
+    need = sum(r * (m.in_features + m.out_features) for _, m in linear) * held
+    device = next(model.parameters()).device
+    free = compute.free_memory(device)
+    if free and 2 * need > free:
+        raise ModelError(f"a LoRA adapter of rank {r} on {len(linear)} layers of '{base_ref}' takes about "
+                         f"{memory(need)} to train (weights, gradients, optimizer state) and {memory(free)} are free on "
+                         f"{device}: choose a smaller --lora-rank")
 
 
 def check_full(config: FinetuneConfig, task_name: str) -> None:

@@ -87,13 +87,14 @@ def _done(kind, params, seconds, finished=1000.0) -> Job:
                finished=finished)
 
 
-def test_a_request_takes_the_quick_lane_when_instant_or_short_before(monkeypatch):
-    from graftui.requests import FinetuneRequest, LocalizeRequest, PredictRequest
+def test_a_request_takes_the_quick_lane_when_its_cost_or_its_past_says_it_is_short(monkeypatch):
+    from graftui.requests import FinetuneRequest, LocalizeRequest, PairRequest, PredictRequest
     from graftui.ui import lanes
 
     monkeypatch.setattr(lanes, "is_built", lambda folder: True)
-    predict = PredictRequest(regions=["/r/a.safetensors"], texts=["fine"])
-    assert lanes.plan(predict, "predict", []) == lanes.Plan(QUICK, lanes.INSTANT_SECONDS, None)
+    predict = PredictRequest(regions=["/r/a.safetensors"], texts=["fine"])  # 2 tokens, read by 3 models
+    assert lanes.plan(predict, "predict", []) == lanes.Plan(QUICK, 6 * lanes.TOKEN_SECONDS, None, 6.0)
+    assert lanes.plan(PairRequest(), "pair", []) == lanes.Plan(QUICK, lanes.INSTANT_SECONDS, None)
     req = LocalizeRequest(base="minilm", finetuned="minilm-movies", task="movies", steps=5, out="/x/one.safetensors")
     assert lanes.plan(req, "localize", []) == lanes.Plan(MAIN, None, None)  # never run here: not known to be short
     past = [_done("localize", {**req.as_dict(), "out": "/x/two.safetensors"}, s) for s in (20.0, 40.0, 500.0)]
@@ -127,7 +128,60 @@ def test_a_job_that_builds_a_default_model_or_runs_the_harness_takes_the_main_la
     predict = PredictRequest(regions=["/r/a.safetensors"], texts=["fine"])  # its region's model is not built
     monkeypatch.setattr(lanes, "is_built", lambda folder: False)
     assert lanes.plan(predict, "predict", [], reads=[("completion", "smollm2-dates")]) == lanes.Plan(
-        MAIN, lanes.INSTANT_SECONDS + DEFAULT_BUILD_SECONDS["smollm2-dates"], "smollm2-dates")
+        MAIN, 198 * lanes.TOKEN_SECONDS + DEFAULT_BUILD_SECONDS["smollm2-dates"], "smollm2-dates", 198.0)  # 32 new
+
+
+def test_a_long_prompt_waits_in_the_main_lane_and_the_pace_of_past_predictions_calibrates_the_cost(monkeypatch):
+    """Predict is not quick by its verb: 4,900 characters read by three models generating 32 tokens each is minutes
+    on a CPU, one sentence is seconds; the pace of the predictions that ran here replaces the first guess."""
+    from graftui.requests import PredictRequest
+    from graftui.ui import lanes
+
+    monkeypatch.setattr(lanes, "is_built", lambda folder: True)
+    reads = [("completion", "smollm2-dates")]
+    long = PredictRequest(regions=["/r/a.safetensors"], texts=["word " * 980])
+    short = PredictRequest(regions=["/r/a.safetensors"], texts=["What is the date?"])
+    assert lanes.plan(long, "predict", [], reads).lane == MAIN
+    assert lanes.work(long, reads) == (4900 // 4 + 1) * 3 * 33 and lanes.plan(long, "predict", [], reads).estimate > 60
+    assert lanes.plan(short, "predict", [], reads).lane == QUICK
+    assert lanes.plan(short, "predict", [], []).work == (17 // 4 + 1) * 3  # a classifier generates nothing
+    slow = Job(id="p", kind="predict", title="t", params={}, status=DONE, started=0.0, finished=300.0, work=198.0)
+    assert lanes.token_seconds([slow]) == 300.0 / 198.0  # this machine is slower than the first guess
+    assert lanes.plan(short, "predict", [slow], reads).lane == MAIN
+
+
+def test_one_client_holds_no_more_than_its_share_of_the_quick_lane(monkeypatch):
+    from graftui.requests import PredictRequest
+    from graftui.ui import lanes
+
+    monkeypatch.setattr(lanes, "is_built", lambda folder: True)
+    short = PredictRequest(regions=["/r/a.safetensors"], texts=["fine"])
+    assert lanes.plan(short, "predict", [], held=lanes.QUICK_SHARE - 1).lane == QUICK
+    assert lanes.plan(short, "predict", [], held=lanes.QUICK_SHARE).lane == MAIN
+
+
+@pytest.mark.parametrize("reports", [True, False])
+def test_a_quick_job_that_outlives_the_quick_lane_is_stopped_with_a_line_that_says_why(tmp_path, monkeypatch, reports):
+    from graftui import jobs
+
+    monkeypatch.setattr(jobs, "QUICK_LIMIT", 0.3)
+    monkeypatch.setattr(jobs, "STOP_GRACE", 0.3)
+    runner = JobRunner(tmp_path)
+    started = threading.Event()
+
+    def long(ctx):
+        started.set()
+        for _ in range(400):
+            time.sleep(0.01)
+            if reports:
+                ctx.report({"fraction": 0.1})
+        return {}
+
+    job = runner.submit("predict", "t", long, lane=QUICK)
+    done = runner.wait(job.id, timeout=30)
+    assert started.is_set() and done.status == "failed"
+    assert done.error.startswith("stopped after 0 s in the quick lane, which serves work of seconds")
+    assert "run it again and it waits in the main lane" in done.error
 
 
 def test_the_page_says_when_a_waiting_job_should_start_and_end(tmp_path):

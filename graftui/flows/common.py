@@ -154,9 +154,26 @@ def needs_task_labels(finetuned: str, options: LoadOptions, guard: Guard) -> boo
 
 
 def prompt_notes(pair: ModelPair) -> list[str]:
-    """A note saying which prompt a language model was read with, when graftui chose its label words."""
+    """A note saying which prompt a language model was read with, when graftui chose its label words, and one when a
+    LoRA adapter names another base than the one it is read on."""
+    notes = []
     if pair.prompt is not None and pair.prompt.chosen:
-        return [f"no label words given: {pair.prompt.describe()} (give --label-words to choose others)"]
+        notes.append(f"no label words given: {pair.prompt.describe()} (give --label-words to choose others)")
+    named = pair.adapter.base_name if pair.adapter is not None else None
+    if named and not same_model(named, pair.base_ref):
+        notes.append(f"the adapter '{short_ref(pair.finetuned_ref)}' names '{named[:200]}' as its base (its "
+                     f"adapter_config.json); it is read on --base '{short_ref(pair.base_ref)}' as asked")
+    return notes
+
+
+def same_model(a: str, b: str) -> bool:
+    """Whether two references name one model: the same words, or the same folder or Hub id once resolved."""
+    if a.strip().lower() == b.strip().lower():
+        return True
+    try:
+        return resolve(a) == resolve(b)
+    except ModelError:
+        return False
     return []
 
 

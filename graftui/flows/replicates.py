@@ -22,7 +22,7 @@ from ..config import FT_LABEL
 from ..errors import Cancelled, RegionError, RequestError
 from ..paths import short_ref
 from ..regions import RegionRecord
-from ..requests import LocalizeRequest, Request, derive
+from ..requests import LocalizeRequest, Request
 from .common import LOCAL, Guard, LocalizeResult, Result, finish, load_region, part_progress, save_new
 
 
@@ -97,8 +97,7 @@ def localize_seeds(localize, req: LocalizeRequest, progress=None, cancel=None,
     checks: dict[int, dict | None] = {}  # each learned seed's quick held-out check
     notes: list[str] = []
     for i, (seed, out) in enumerate(outs.items()):
-        one = derive(LocalizeRequest, req, seed=seed, seeds=None, out=out, overwrite=req.overwrite,
-                     method=req.method, sparsity=req.sparsity, k=req.k, region_only=req.region_only)
+        one = req.replace(seed=seed, seeds=None, out=out)  # every field carried: --check-n 0 checks no seed
         earlier = _earlier_seed(one)
         if earlier is not None:
             found.append((seed, earlier, str(Path(out).expanduser()), True, 0.0))

@@ -227,6 +227,12 @@ def _localize(req: LocalizeRequest, progress: Progress | None, cancel, guard: Gu
         start_region = method.base_region(pair.pre, pair.ft, list(pair.graftable), k)
         quick_check(pair, task, {"top-movement start": start_region}, req, 0, progress, cancel)
     region, made = find_region(req, pair, task, k, notes, progress, cancel)
+    if region_size(region) < k:  # a method with fewer parameters to give than the budget (bias-only)
+        graftable = pair.counts()["graftable"]
+        notes.append(f"the method '{req.method}' gave {region_size(region):,} parameters "
+                     f"({pct(region_size(region) / graftable)} of the graftable set), fewer than the budget k = "
+                     f"{k:,} ({pct(k / graftable)}): it has no more to give ({info.description[:1].lower()}"
+                     f"{info.description[1:].rstrip('.')})")
     check = quick_check(pair, task, {"this region": region}, req, req.steps if info.needs_data else 0,
                         progress, cancel) if checking else None
     if check:

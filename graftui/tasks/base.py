@@ -44,6 +44,7 @@ class TaskKind:
     # whether scoring it seeds the process's random generators (lm-evaluation-harness does, then puts them back), so a
     # job that trains meanwhile would not repeat: the app never runs its jobs beside another
     seeds_globally: bool = False
+    generates: bool = False  # whether a prediction generates tokens (each new token one more pass over the prompt)
 
     def owns(self, task) -> bool:
         return isinstance(task, self.task_type)

@@ -80,6 +80,7 @@ class Completion(TaskKind):
     task_type = CompletionTask
     head = COMPLETION
     stitches_only = True
+    generates = True
     columns = (("model", "model"), ("task", "task"), ("n", "n"), ("exact match", "exact_match"),
                ("contains", "contains"), ("token F1", "token_f1"), ("loss/token", "loss"), ("ppl", "perplexity"),
                ("token ECE", "token_ece"), ("agree w/ FT", "agreement_with_ft"), ("k", "region_size"))

@@ -20,8 +20,9 @@ from ..completion import Completions, CompletionTask, prompt_room, context_lengt
 from ..config import FT_LABEL, LM_BODY_LABEL
 from ..errors import Cancelled, DataError, RequestError
 from ..formatting import difference, pct
-from ..lmeval import HarnessScore, HarnessTask, PREFIX, harness_names, load_harness_task, score
+from ..lmeval import HarnessScore, HarnessTask, PREFIX, check_stop, harness_names, load_harness_task, score
 from ..models import load_reader
+from ..paths import short_ref
 from ..scoring import TEST_SAMPLE_SEED, region_size, state_of
 from .base import Outcome, Words, register_kind
 from .completion import Completion
@@ -87,6 +88,11 @@ class Harness(Completion):
         return (f"--ood names classification tasks in the task's label space; the {self.name} task {task.name} has "
                 "none, so they are not scored: give more harness tasks as --task lm-eval:a,b")
 
+    def misread(self, pair, task) -> str:
+        return (f"'{task.name}' is an lm-evaluation-harness task, which scores a causal language model (its "
+                f"log-likelihoods and generations), and '{short_ref(pair.finetuned_ref)}' is read as a classifier: give "
+                "a causal LM pair, e.g. --base smollm2 --finetuned smollm2-dates")
+
     def check_sample(self, task, req) -> None:
         if not len(task.splits["train"]):
             raise DataError(f"'{task.name}' has no training or validation documents besides those it is evaluated "
@@ -95,6 +101,9 @@ class Harness(Completion):
 
     def check_context(self, pair, task, req, notes, n=0, meta=None, guard=None) -> None:
         prompt_room(context_length(pair.model), self.judging(req, meta, guard)[1])
+        for harness in task.harness:  # every harness check before any work
+            if harness.output_type == "generate_until":
+                check_stop(pair.tokenizer, harness.name)
 
     def check_finetune(self, req, task, config, allow, notes) -> None:
         self.check_sample(task, req)

@@ -25,7 +25,7 @@ import pandas as pd
 from .. import bundle, card, flows, hosted, settings
 from ..config import (BODY_LABELS, DEFAULT_BASE, DEFAULT_BUILD_SECONDS, DEFAULT_EXAMPLES_PER_CLASS, DEFAULT_FINETUNED,
                       DEFAULT_FINETUNED_REFS, FT_LABEL, Budget, GraftableSpec, is_default_finetuned)
-from ..completion import OFFLINE_SKILLS
+from ..completion import OFFLINE_SKILLS, completion_columns
 from ..data import OFFLINE_TASKS, all_as_test, preview
 from ..errors import ModelError, RegionError, RequestError
 from ..hosted import check_rows, check_upload, safe_name, save_upload
@@ -334,7 +334,7 @@ def submit(runner, request, title: str, on_result=None, kind: str | None = None)
     hosted.check_request(request, store.guard())  # hosted: also the ceilings on work, and every path it names
     kind = kind or request.verb
     reads = [(e.task_kind.name, e.meta.finetuned) for e in store.regions_read(request)]
-    plan = lanes.plan(request, kind, runner.history(), reads)
+    plan = lanes.plan(request, kind, runner.history(), reads, runner.quick_held())
 
     def fn(ctx) -> dict:
         with own_pairs(plan.lane) if plan.lane != MAIN else contextlib.nullcontext():
@@ -342,7 +342,7 @@ def submit(runner, request, title: str, on_result=None, kind: str | None = None)
         doc = result.as_dict()
         return on_result(result, doc) if on_result else doc
 
-    return runner.submit(kind, title, fn, request.as_dict(), lane=plan.lane, estimate=plan.estimate)
+    return runner.submit(kind, title, fn, request.as_dict(), lane=plan.lane, estimate=plan.estimate, work=plan.work)
 
 
 def prompt_fields(head=None, template=None, label_words=None) -> dict:
@@ -386,6 +386,12 @@ def read_data_upload(file) -> tuple[Path, dict]:
     def read(path):
         info = preview(str(path), allow_local=True)
         check_rows(path.name, sum(info["splits"].values()))
+        spec = completion_columns(info["columns"])
+        if spec is not None:  # a completion or chat file: its columns say so, and no text column is missing
+            said = (f"the chat column '{spec.messages_column}'" if spec.messages_column else
+                    f"the prompt column '{spec.prompt_column}' and the completion column '{spec.completion_column}'")
+            info["warnings"] = [w for w in info["warnings"] if "could not guess" not in w]
+            info["completion"] = f"read as a completion task, by {said}"
         return info
 
     return save_upload(file, read)
@@ -549,7 +555,8 @@ def task_summary(task) -> str:
 def upload_summary(path: Path, info: dict) -> tuple[str, str]:
     """(the Markdown beside an upload, the status line): its splits, and what reading it as a task would say."""
     splits = ", ".join(f"{k}: {v:,} rows" for k, v in info["splits"].items())
-    text = f"Read **{md(path.name)}** ({splits}). Check the guessed columns, then press **Check column mapping**."
+    text = f"Read **{md(path.name)}** ({splits}). Check the guessed columns, then press **Check column mapping**." \
+        if not info.get("completion") else f"Read **{md(path.name)}** ({splits}), {md(info['completion'])}."
     text += "".join(f"\n\n⚠️ {md(w)}" for w in info.get("warnings") or [])
     status = f"✓ Read {path.name}." if not info.get("warnings") else f"Read {path.name}; see the warning beside it."
     return text, status

@@ -34,7 +34,7 @@ from ..tasks import CLASSIFICATION, region_kind
 from ..hosted import check_disk, own_dir
 
 from ..flows.common import clear_cache, save_new
-from ..jobs import MAIN, QUEUED, RUNNING, JobRunner
+from ..jobs import MAIN, QUEUED, QUICK, RUNNING, JobRunner
 from ..models import checkpoint_record
 from ..training import is_built
 from ..paths import DATA_SUFFIXES, atomic_write, short_ref
@@ -111,6 +111,14 @@ class Jobs:
         (``lanes.plan``)."""
         return [j for j in self.jobs() if j.finished is not None]
 
+    def quick_held(self) -> int:
+        """How many jobs this session's client address (hosted) has waiting or running in the quick lane; 0 locally."""
+        if not settings.hosted() or self.owner is None:
+            return 0
+        address = session_client(self.owner)
+        return sum(j.lane == QUICK and j.status in (QUEUED, RUNNING) and address is not None and j.client == address
+                   for j in self.runner.jobs())
+
     def wait(self, job_id: str, timeout: float | None = None):
         return self.runner.wait(job_id, timeout) if self.get(job_id) else None
 
@@ -128,11 +136,11 @@ class Jobs:
         return self.runner.cancel(job_id)
 
     def submit(self, kind: str, title: str, fn, params: dict | None = None, server: bool = False, lane: str = MAIN,
-               estimate: float | None = None):
+               estimate: float | None = None, work: float | None = None):
         """Queue ``fn`` in ``lane``; an identical job of this session still waiting or running is returned instead (a
         double click queues one job). Hosted, a job counts against its session's and its client address's quotas, in
         both lanes, which a fresh session does not reset (``server``: the server's own job)."""
-        more = {"lane": lane, "estimate": estimate}
+        more = {"lane": lane, "estimate": estimate, "work": work}
         if not settings.hosted() or server:
             return self.runner.submit(kind, title, fn, params, owner=None if server else self.owner, dedupe=not server,
                                       **more)

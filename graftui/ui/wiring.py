@@ -7,6 +7,7 @@ Nothing here knows a tab; the tabs (``tabs/``) and the page (``app.py``) import 
 from __future__ import annotations
 
 import functools
+import html
 import logging
 import math
 import re
@@ -79,7 +80,8 @@ def guarded(status, toast: bool = True, beside=None, fields: dict | None = None)
                 return fn(*args, **kwargs)
             except Exception as err:  # noqa: BLE001 - the page must never show a traceback
                 log.warning("handler %s failed", fn.__name__, exc_info=True)
-                message = store.public(friendly_message(err, fields))  # a toast does not pass ``page_view``
+                # a toast does not pass ``page_view``; a message quotes form values, shown as text, never as HTML
+                message = html.escape(store.public(friendly_message(err, fields)), quote=False)
                 if toast:
                     gr.Warning(message)
                 return {status: f"{WARNING}{message}", **({beside: f"{WARNING}{message}"} if beside is not None else {})}
