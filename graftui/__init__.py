@@ -12,8 +12,11 @@ and their request types come from the verb registry (``graftui.flows.VERBS``), l
 so that ``import graftui`` stays cheap.
 """
 
+import os
 from importlib import import_module
 from pathlib import Path
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch starts its threads: idle workers sleep, not spin
 
 from .version import __version__  # noqa: F401  (graftui.__version__)
 

@@ -126,7 +126,8 @@ def device() -> str:
 
 
 def configure_torch() -> None:
-    """Every core this process may use, with idle OpenMP workers asleep (the CLI and the app alike).
+    """Every core this process may use (or OMP_NUM_THREADS of them, where set), with idle OpenMP workers asleep (the
+    CLI and the app alike).
 
     OMP_WAIT_POLICY must be set before torch starts its thread pool; the entry points set it
     first, this sets it for library users who did not.
@@ -138,4 +139,5 @@ def configure_torch() -> None:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         cores = os.cpu_count() or 1
-    torch.set_num_threads(max(1, cores))
+    asked = os.environ.get("OMP_NUM_THREADS", "")
+    torch.set_num_threads(max(1, min(int(asked), cores) if asked.isdigit() and int(asked) > 0 else cores))

@@ -166,8 +166,10 @@ class Checkpoint(Mapping):
         return tensor if self.dtype is None or tensor.dtype == self.dtype else tensor.to(self.dtype)
 
     def take(self, name: str, index: torch.Tensor) -> torch.Tensor:
-        """The values at flat ``index``: only their pages are read."""
-        values = self._mapped(name).view(-1)[index.cpu()]
+        """The values at flat ``index``: only their pages are read, and given back once copied (a scattered index
+        touches most of a tensor's pages, which would otherwise stay resident)."""
+        values = self._mapped(name).view(-1)[index.cpu()]  # a gather: a copy, not a view of the file
+        self.release(name)
         return values if self.dtype is None else values.to(self.dtype)
 
 

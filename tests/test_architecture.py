@@ -188,7 +188,8 @@ def test_derived_requests_carry_every_shared_field():
     )
 
     changed = {"steps": 3, "lr": 0.5, "optimizer": "adam", "batch_size": 4, "examples_per_class": 8, "binarise": "round",
-               "seed": 7, "logit_dtype": "float16", "memory": "lean", "checkpoint_every": 2, "candidates": "4", "head": "causal-lm",
+               "seed": 7, "logit_dtype": "float16", "memory": "lean", "checkpoint_every": 2, "candidates": "4", "rank": "movement",
+               "rank_examples": 32, "grow_every": 5, "head": "causal-lm",
                "template": "{text} was", "label_words": "a= x,b= y", "label_scoring": "all", "dtype": "bfloat16",
                "device_map": "auto", "include_embeddings": True, "modules": ["ffn_in"], "base": "b", "finetuned": "f",
                "task": "t", "text_column": "x", "pair_column": "y", "label_column": "z", "config": "c", "seeds": [1, 2],

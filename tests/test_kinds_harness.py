@@ -159,7 +159,7 @@ def test_a_kind_refuses_a_pair_read_the_other_way_naming_what_to_give():
     classifier = SimpleNamespace(completion=False, finetuned_ref="minilm-movies")
     lm = SimpleNamespace(completion=True, finetuned_ref="smollm2-dates")
     HARNESS.check_pair(lm, load_harness(TASK))
-    with pytest.raises(ModelError, match="is a lm-eval task, and the pair is read as a classifier: give the causal LMs"):
+    with pytest.raises(ModelError, match="is an lm-evaluation-harness task, which scores a causal language model"):
         HARNESS.check_pair(classifier, load_harness(TASK))
     with pytest.raises(ModelError, match="'smollm2-dates' was fine-tuned on completions, and 'movies' is a "
                                          "classification task"):

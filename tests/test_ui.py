@@ -701,6 +701,9 @@ def test_the_forms_defaults_submit_as_they_stand(monkeypatch, fast):
         def history(self):
             return []
 
+        def quick_held(self):
+            return 0
+
     box = {k: 0 if v is None else v for k, v in d.items()}  # what the page sends: a number box shows None as 0
     pair = {"base": "minilm", "finetuned": "minilm-movies", "task": "movies", "columns": {}}
     actions.submit_localize(Runner(), **pair, method="learned", log_sparsity=box["log_sparsity"], steps=box["steps"],
@@ -725,6 +728,9 @@ def test_the_laboratorys_seeds_reach_its_requests(home, monkeypatch):
 
         def history(self):
             return []
+
+        def quick_held(self):
+            return 0
 
     actions.submit_multitask(Runner(), tasks=["movies", "amazon"], group=[], log_sparsity=-4, start="empty", steps=2,
                              purify_steps=0, examples_per_class=8, n=16, seeds="0, 1")
@@ -1110,12 +1116,12 @@ def test_web_errors_name_the_widget_not_the_cli_flag(home, monkeypatch):
     assert out[by_id["localize-status"]] == "⚠️ Mask steps must be at least 1, got 0"  # beside the button too
     out = localize.fn("", "minilm", "minilm-movies", "movies", "(guess)", "(none)", "(guess)", "learned", -3, 5, 8, 0.02,
                       "auto", "", "", "0, -1", False)
-    assert out[by_id["status-message"]] == "⚠️ Seeds: every seed is a whole number >= 0, got -1"
+    assert out[by_id["status-message"]] == "⚠️ Seeds: every seed is a whole number &gt;= 0, got -1"  # Markdown shows ">"
     multitask = _handler(demo, "on_multitask")
     out = multitask.fn("", ["movies", "amazon"], [], -3, "empty", 5, -1, 10, "", False)
     assert out[by_id["status-message"]] == "⚠️ Purification steps must be 0 or more, got -1"
     out = multitask.fn("", ["movies", "amazon"], [], -3, "empty", 5, 0, 10, "0, -2", False)
-    assert out[by_id["status-message"]] == "⚠️ Seeds: every seed is a whole number >= 0, got -2"
+    assert out[by_id["status-message"]] == "⚠️ Seeds: every seed is a whole number &gt;= 0, got -2"
 
 
 def test_the_laboratory_shows_its_findings_in_tables():
