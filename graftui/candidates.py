@@ -10,7 +10,7 @@ bounded pool (``Pool``: O(|C|), no second model). On ``smollm2-dates`` at 1 % su
 98.7 % of the full learner's region, where the top 5·k of |δ| hold 89.9 % (docs/method.md). What C
 still misses is found as the learner goes: every ``grow_every`` steps a pass over every tensor holds
 the logit each parameter outside C would have reached at the pace of the steps so far against the
-region's boundary, and those that would be inside join C there.
+region's boundary, and those that would be inside join C, at their start.
 
 Outside C the working model holds the relaxation's start, θ_pre + σ(−bias)·δ (θ_pre for a hard
 forward pass), as the full learner's does before it moves them, so a step over C sees the model the
@@ -369,8 +369,10 @@ class CandidateLearner(MaskLearner):
         """Add to C the parameters outside it that would be in the region now: a pass over every tensor finds the logit
         gradient ∇_ℓ L = ∇_θ L ⊙ δ ⊙ σ'(−bias) of each parameter outside C (still at its start), and the logit it would
         have reached by now at the pace of the steps so far (the step size the full learner would take, with those
-        gradients in its norm) is held against the region's boundary (the k-th largest ℓ_C): those above it enter there,
-        the best first, as many as ``room`` allows. Returns how many entered."""
+        gradients in its norm) is held against the region's boundary (the k-th largest ℓ_C): those above it join C, the
+        best first, as many as ``room`` allows. They join at their start, −bias, and earn their place as C's others did:
+        set where one batch's gradient projects them, they pushed out better ones (measured: IoU with the full learner's
+        region 0.915 against 0.957 on minilm-movies). Returns how many joined."""
         if self.steps_done == 0:
             return 0
         slope = torch.sigmoid(torch.tensor(-self.config.sigmoid_bias)).item()
@@ -414,11 +416,7 @@ class CandidateLearner(MaskLearner):
         if not added:
             return 0
         carried = {n: (idx, self.logits[n]) for n, idx in self.candidates.items()}  # the old buffers, read once more
-        self._lay_out(_union(self.candidates, {n: i for n, (i, _) in entering.items()}), carried)
-        with torch.no_grad():
-            for n, (idx, ell) in entering.items():  # the entrants' logits where their pace put them
-                where = torch.searchsorted(self.candidates[n], idx.to(self.candidates[n].device))
-                self.logits[n][where] = ell.to(self.logits[n].dtype)
+        self._lay_out(_union(self.candidates, {n: i for n, (i, _) in entering.items()}), carried)  # entrants at −bias
         self.grown += 1
         self.added += added
         log.debug("C grew by %s at step %d (now %s); %s", f"{added:,}", self.steps_done, f"{self.size:,}",
