@@ -72,8 +72,14 @@ class Plan:
             act = act * (1 - 1 / self.checkpoint_every) + act / self.layers
         return (self.model_bytes + self.state_bytes + act) / max(self.model_bytes, 1)
 
+    @property
+    def worth_saying(self) -> bool:
+        """Whether the plan departs from a logit per parameter with every activation kept: only then is its line
+        printed before the work (it is recorded in the region file either way)."""
+        return self.learner != "full" or bool(self.checkpoint_every)
+
     def describe(self) -> str:
-        """The first progress line of mask learning."""
+        """The line that says the plan."""
         if self.learner == "full":
             why = {"all": "as asked"}.get(self.asked, f"its {memory(self.full_bytes)} fit in a quarter of the "
                                                       f"{memory(self.free_bytes)} free")
@@ -107,14 +113,8 @@ class Plan:
         return ", ".join(flags)
 
 
-def _devices(params: dict[str, torch.nn.Parameter]) -> dict[torch.device, int]:
-    held: dict[torch.device, int] = {}
-    for p in params.values():
-        held[p.device] = held.get(p.device, 0) + p.numel()
-    return held
-
-
 def _bytes(params, each: Callable[[torch.nn.Parameter], int]) -> dict[torch.device, int]:
+    """Per device, ``each(p)`` bytes for every value of every parameter there."""
     need: dict[torch.device, int] = {}
     for p in params.values():
         need[p.device] = need.get(p.device, 0) + p.numel() * each(p)
@@ -130,7 +130,7 @@ def plan(model: torch.nn.Module, params: dict[str, torch.nn.Parameter], pre, ft,
     asked = str(config.candidates).strip().lower()
     factor = LearnConfig.candidate_factor(asked)
     graftable = sum(p.numel() for p in params.values())
-    on = _devices(params)
+    on = _bytes(params, lambda p: 1)  # values per device
     device = max(on, key=on.get)
     logit = torch.empty((), dtype=getattr(torch, config.logit_dtype)).element_size()
     adam = 8 if config.optimizer == "adam" else 0
@@ -214,14 +214,15 @@ def learn_region(
 
     ``make_batches(epoch)`` yields model inputs with ``labels``. ``start`` replaces γ_base
     (top-movement) as the region the relaxation starts from. The working parameters are left
-    at θ_pre afterwards, also when cancelled or out of memory. ``announce`` gets the plan's line before any work,
+    at θ_pre afterwards, also when cancelled or out of memory. ``announce`` gets the plan's line before any work
+    where the plan is worth saying,
     ``details`` (a dict) what the region file keeps of the plan and of C. Returns the region and the final logits ℓ,
     one tensor per graftable parameter (for the candidate learner a ``CandidateLogits`` that makes each when read).
     """
     sample = next(iter(make_batches(0)), None)
     the_plan = plan(model, params, pre, ft, k, config, sample)
     del sample
-    if announce is not None:
+    if announce is not None and the_plan.worth_saying:
         announce(the_plan.describe())
     log.debug("%s; %s", the_plan.describe(), compute.memory_in_use(the_plan.device))
     learner = None
