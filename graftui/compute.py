@@ -5,6 +5,7 @@ that ``method`` reads as the paper.
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import os
 import re
@@ -59,7 +60,21 @@ def data_parallel() -> DataParallel | None:
         return None
     if not dist.is_initialized():
         dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        atexit.register(_leave_group)
     return DataParallel(dist.get_rank(), dist.get_world_size())
+
+
+def _leave_group() -> None:
+    """Wait for every process, then close the group: a process that exits with its group open can be aborted by its
+    transport's threads while another still holds the connection (a gloo run ended in SIGABRT this way)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return
+    try:
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
 
 
 def free_memory(device: torch.device) -> int:

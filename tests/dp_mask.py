@@ -3,7 +3,7 @@
     python tests/dp_mask.py OUT.pt [MEMORY [CANDIDATES]]    # one process, the whole batch
     python -m torch.distributed.run --nproc-per-node 2 tests/dp_mask.py OUT.pt [MEMORY [CANDIDATES]]
 
-Rank 0 (or the single process) saves the region and the final logits to OUT.pt.
+Rank 0 (or the single process) saves the region, the final logits and the candidate learner's C to OUT.pt.
 """
 
 import os
@@ -26,4 +26,5 @@ candidates = sys.argv[3] if len(sys.argv) > 3 else "all"
 region, logits = learn_region(pair.model, params, pair.pre, pair.ft, 200, random_batches(batch_size=7),
                               LearnConfig(steps=4, lr=0.05, memory=memory, candidates=candidates))
 if int(os.environ.get("RANK", "0")) == 0:
-    torch.save({"region": region, "logits": {n: logits[n] for n in logits}}, sys.argv[1])
+    torch.save({"region": region, "logits": {n: logits[n] for n in logits},
+                "candidates": getattr(logits, "candidates", None)}, sys.argv[1])
