@@ -88,11 +88,15 @@ def link_shared_builds(home: Path, builds: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def shared_builds(tmp_path_factory):
-    """The session's one copy of what graftui builds on first use (see ``SHARED_BUILDS``)."""
-    root = tmp_path_factory.mktemp("graftui-builds")
+def shared_builds(tmp_path_factory, worker_id):
+    """The run's one copy of what graftui builds on first use (see ``SHARED_BUILDS``): one folder for every worker
+    when the suite runs in several processes (``-n``), where each build's lock keeps two from making it at once."""
+    if worker_id == "master":
+        root = tmp_path_factory.mktemp("graftui-builds")
+    else:  # the workers' temporary folders share a parent
+        root = tmp_path_factory.getbasetemp().parent / "graftui-builds"
     for name in SHARED_BUILDS:
-        (root / name).mkdir()
+        (root / name).mkdir(parents=True, exist_ok=True)
     return root
 
 
