@@ -25,7 +25,7 @@ import warnings  # noqa: E402
 from dataclasses import fields  # noqa: E402
 from typing import Sequence  # noqa: E402
 
-from . import flows, settings  # noqa: E402
+from . import compute, flows, settings  # noqa: E402
 from .completion import OFFLINE_SKILLS  # noqa: E402
 from .lmeval import OFFLINE as OFFLINE_HARNESS, PREFIX  # noqa: E402
 from .tasks import HARNESS  # noqa: E402
@@ -191,6 +191,7 @@ def _no_library_bars() -> None:
 def run_request(request, args: argparse.Namespace) -> int:
     """Run a request's flow, print its result, and write the report when asked."""
     settings.configure_torch()
+    compute.map_large_blocks(compute.COMMAND_BLOCK)  # a short-lived process: what it frees goes back to the system
     clean_stale(settings.home(), depth=4)  # what runs killed mid-write left behind
     _no_library_bars()
     out = Terminal(args)

@@ -262,11 +262,13 @@ def fits(need: dict[torch.device, int], share: int = SHARE) -> bool:
 
 
 LARGE_BLOCK = 1 << 20  # bytes: blocks this large come from the system and go back to it when freed
+COMMAND_BLOCK = 8 << 20  # the same for a command-line run from its start: a 330 M pair's defaults peaked at 2.16
+# model sizes against 2.37 with glibc's dynamic threshold, in the same time (381 s and 384 s; bench_defaults.py)
 _M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
 
 
-def map_large_blocks() -> None:
-    """Serve every block of ``LARGE_BLOCK`` bytes or more by its own mapping, unmapped as soon as it is freed.
+def map_large_blocks(size: int = LARGE_BLOCK) -> None:
+    """Serve every block of ``size`` bytes or more by its own mapping, unmapped as soon as it is freed.
 
     A mask step allocates and frees tensors the size of a weight or an activation (the candidate
     tensors' gradients, the recomputed layers' activations). glibc serves blocks under its dynamic
@@ -280,7 +282,7 @@ def map_large_blocks() -> None:
     if not sys.platform.startswith("linux"):
         return
     try:
-        ctypes.CDLL(None).mallopt(_M_MMAP_THRESHOLD, LARGE_BLOCK)
+        ctypes.CDLL(None).mallopt(_M_MMAP_THRESHOLD, size)
     except Exception:  # not glibc (musl has no mallopt): its allocator is left as it is
         pass
 
