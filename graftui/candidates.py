@@ -220,7 +220,6 @@ class CandidateLearner(MaskLearner):
                 self.ranked_on, _, _ = attribution_pass(model, params, pre, ft, pool, self.base,
                                                         _sized(batches, config.rank_examples), cancel=cancel)
                 extra, _ = pool.top(pool.size)
-                compute.return_freed_memory()  # the pass's weight gradients are free again: hand back glibc's heap
             self.adam = None
             self._lay_out(_union(self.base, extra))
             self.start_count = self.size
