@@ -10,6 +10,7 @@ deleted, existing files stay as they were, no job is queued, no other session is
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pickle
@@ -94,16 +95,17 @@ class Server:
         return line
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
+@contextlib.contextmanager
+def hosted(root: Path, home: Path | None = None):
+    """The app served in hosted mode from this process (``home``: its GRAFTUI_HOME, by default a fresh one)."""
     from gradio_client import Client
 
     from graftui import flows
     from graftui.ui import actions, app, store
 
-    root = tmp_path_factory.mktemp("hosted")
+    home = home or root / "home"
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("GRAFTUI_HOME", str(root / "home"))
+        mp.setenv("GRAFTUI_HOME", str(home))
         mp.setenv("GRAFTUI_HOSTED", "1")
         mp.setenv("GRAFTUI_FAST", "1")
         mp.setenv("GRADIO_TEMP_DIR", str(root / "gradio"))
@@ -114,10 +116,16 @@ def server(tmp_path_factory):
         _, url, _ = demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=free_port(), quiet=True,
                                 **app.launch_options())
         try:
-            yield Server(url, Client(url, verbose=False, download_files=False), root / "home", root / "gradio")
+            yield Server(url, Client(url, verbose=False, download_files=False), home, root / "gradio")
         finally:
             demo.close()
             flows.clear_cache()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    with hosted(tmp_path_factory.mktemp("hosted")) as s:
+        yield s
 
 
 @pytest.fixture(scope="module")
