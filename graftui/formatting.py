@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from typing import Sequence
 
+from .metrics import in_points
+
 
 def pct(x: float | None, digits: int | None = None, *, spaced: bool = False, missing: str = "–") -> str:
     """``x`` (a fraction) as a percentage; ``digits`` None: adaptive (12.3%, 1.23%, 0.0034%)."""
@@ -67,8 +69,7 @@ def _signed(x: float, digits: int) -> str:
 def difference_value(d: dict, between: str = "") -> str:
     """The number of a paired difference and its interval, "+3.2 pts [+0.9, +5.4]" (accuracy) or
     "−0.012 [−0.020, −0.004]" (ECE); "+1.8 ± 0.9 pts" over seeds; ``between`` goes before the interval."""
-    shares = d["metric"] in ("accuracy", "exact_match") or d.get("share")  # of examples: in points
-    scale, digits, unit = (100, 1, " pts") if shares else (1, 3, "")
+    scale, digits, unit = (100, 1, " pts") if in_points(d) else (1, 3, "")
     spread = f" ± {scale * d['diff_std']:.{digits}f}" if (d.get("seeds") or 1) > 1 and d.get("diff_std") is not None else ""
     lo, hi = d["ci"]
     return (f"{_signed(scale * d['diff'], digits)}{spread}{unit}{between} "
@@ -76,7 +77,6 @@ def difference_value(d: dict, between: str = "") -> str:
 
 
 SMALL_N = 100  # test examples below which a single run's check is too small to tell most models apart
-SHARES = ("accuracy", "exact_match", "acc")  # metrics that are shares of the examples (each right or wrong)
 
 
 def resolution(n: int) -> float:
@@ -93,7 +93,7 @@ def undecided(d: dict) -> str:
     if m > 1:
         return f"not distinguishable across {m} {over}"
     words = f"not distinguishable at n = {n:,}"
-    if n < SMALL_N and d.get("metric") in SHARES:
+    if n < SMALL_N and in_points(d):
         words += f", too few to tell apart differences under about ±{100 * resolution(n):.0f} pts"
     return words
 

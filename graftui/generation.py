@@ -440,9 +440,6 @@ def reference_read(pair, name: str, task, data: Completions, rule: AnswerRule, m
     return kept_reference(pair, _key(name, task, data, rule, max_new_tokens), make)
 
 
-SHARES = ("exact_match", "contains")  # metrics that are shares of examples: their differences read in points
-
-
 def _figures(reading: Reading) -> dict[str, tuple]:
     """Each metric as the (num, den) of ``metrics.ratio``."""
     j, f = reading.judged, reading.forced
@@ -506,7 +503,7 @@ def compare_completions(pair, task, models: dict, *, split: str = "test", n: int
             d = metrics.paired_ratio_difference(_figures(readings[a])[metric], _figures(readings[b])[metric], metric,
                                                 seed=seed)
             differences.append({"a": a, "b": b, "task": task.name, "distribution": "in", **d,
-                                "share": metric in SHARES})
+                                "share": metrics.METRICS[metric].share})
     judged = {name: readings[name].judged for name in names}
     shown = [{"prompt": e[-2][1] if len(e) > 1 else "", "reference": e[-1][1], "reference_answer": ft.judged.wanted[i],
               **{name: readings[name].generations[i] for name in names},

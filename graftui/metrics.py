@@ -268,6 +268,38 @@ def predict_proba(
 # Two models scored on the same examples differ by less noise than two independent accuracies: the
 # examples both get right or both get wrong cancel. A difference is therefore read with an interval
 # computed on the pairs (the same resampled examples for both models), never from two separate intervals.
+@dataclass(frozen=True)
+class Metric:
+    """What a score is, said once for every front end: its label, whether it is a share of the examples (each one
+    right or wrong, so a difference of two reads in percentage points), which way is better, and how it aggregates."""
+    name: str
+    label: str
+    share: bool
+    higher_is_better: bool
+    aggregation: str = "mean over examples"
+
+
+METRICS: dict[str, Metric] = {m.name: m for m in (
+    Metric("accuracy", "accuracy", True, True),
+    Metric("f1", "F1", False, True, "macro over classes"),
+    Metric("ece", "ECE", False, False, "binned by confidence"),
+    Metric("exact_match", "exact match", True, True),
+    Metric("contains", "contains", True, True),
+    Metric("token_f1", "token F1", False, True),
+    Metric("loss", "loss", False, False, "mean over tokens"),
+    Metric("token_ece", "token ECE", False, False, "binned by confidence, over tokens"),
+)}
+
+
+def in_points(difference: dict) -> bool:
+    """Whether a paired difference is one of shares, read in points: as the difference says where it says (an
+    lm-evaluation-harness metric is one when every document scored 0 or 1), else as its metric is registered."""
+    if difference.get("share") is not None:
+        return bool(difference["share"])
+    metric = METRICS.get(difference.get("metric"))
+    return metric is not None and metric.share
+
+
 BOOTSTRAP_RESAMPLES = 2000
 PAIRED_METRICS = ("accuracy", "ece")
 

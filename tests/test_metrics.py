@@ -7,6 +7,7 @@ import torch
 from transformers import BertConfig, BertForSequenceClassification
 
 from graftui.metrics import (
+    METRICS,
     Metrics,
     accuracy,
     agreement,
@@ -308,3 +309,21 @@ def test_a_difference_on_few_examples_says_how_large_a_difference_they_could_tel
     assert undecided({**agreed, "metric": "ece"}) == "not distinguishable at n = 16"  # not a share: no points
     assert undecided({**agreed, "seeds": 3}) == "not distinguishable across 3 seeds"
     assert ": not distinguishable" not in difference({**agreed, "diff": 0.3, "ci": [0.1, 0.5]})
+
+
+@pytest.mark.parametrize("metric, share", [*((m.name, None) for m in METRICS.values()),
+                                           ("acc", True), ("acc_norm", True), ("perplexity", False)])
+def test_a_metric_prints_the_same_in_the_card_the_cli_and_the_app(metric, share):
+    """The one place that says whether a metric is a share (``metrics.METRICS``, or what a harness difference
+    says of itself) decides how its difference is written, alike in a card, the CLI's table and the app's."""
+    from graftui.flows.text import differences
+    from graftui.formatting import difference
+    from graftui.ui.actions import differences_table
+
+    d = {"a": "graft", "b": "fine-tuned", "task": "t", "metric": metric, "diff": 0.032, "ci": [0.010, 0.054],
+         "n": 500, "p": 0.01, **({} if share is None else {"share": share})}
+    points = METRICS[metric].share if share is None else share
+    want = "+3.2 pts [+1.0, +5.4]" if points else "+0.032 [+0.010, +0.054]"
+    assert difference(d).startswith(want)
+    assert want in differences([d]).splitlines()[-1]
+    assert differences_table({"differences": [d]})["difference [95 % CI]"].tolist() == [want]

@@ -12,7 +12,7 @@ from pathlib import Path
 from .. import card
 from ..config import FT_LABEL, kind_of_architecture
 from ..experiments import MERGES
-from ..formatting import count as _count, num as _num, pairs_table, pct, table
+from ..formatting import count as _count, difference_value, num as _num, pairs_table, pct, table
 from ..metrics import distinguishable
 from ..paths import short_ref
 from ..layout import MODULE_LABELS
@@ -128,23 +128,17 @@ def differences(found: list[dict]) -> str:
         return ""
     several = any((d.get("seeds") or 1) > 1 for d in found)
 
-    def cell(d):
-        scale, digits = (100, 1) if d["metric"] in ("accuracy", "exact_match", "contains") else (1, 3)
-        lo, hi = d["ci"]
-        spread = f" ± {scale * d['diff_std']:.{digits}f}" if several and d.get("diff_std") is not None else ""
-        return f"{scale * d['diff']:+.{digits}f}{spread} [{scale * lo:+.{digits}f}, {scale * hi:+.{digits}f}]"
-
-    rows = [[d["a"], d["b"], d["task"], d["metric"], _count(d["n"]), cell(d), "yes" if distinguishable(d) else "no",
+    rows = [[d["a"], d["b"], d["task"], d["metric"], _count(d["n"]), difference_value(d), "yes" if distinguishable(d) else "no",
              f"{d.get('distinguishable_in', 0)}/{d.get('seeds', 1)}" if several else
              ("-" if d.get("p") is None else f"{d['p']:.3g}")] for d in found]
     if several:
         over = found[0].get("over", "seeds")
-        title = (f"differences a − b over {over}: mean ± std (accuracy in pts) and its 95 % interval (the {over}' spread "
+        title = (f"differences a − b over {over}: mean ± std (shares of the examples in pts) and its 95 % interval (the {over}' spread "
                  f"and the shared test examples' noise together); last column: {over} whose own paired interval "
                  "excludes zero")
         return title + "\n" + table(["a", "b", "task", "metric", "n", "a − b ± std [95 % CI]", "≠ 0", f"{over} ≠ 0"],
                                      rows, "llllrlll")
-    return ("paired differences a − b on the same test examples (accuracy, exact match and contains in pts; 95 % "
+    return ("paired differences a − b on the same test examples (shares of the examples in pts; 95 % "
             "bootstrap interval; p: McNemar's exact test)\n"
             + table(["a", "b", "task", "metric", "n", "a − b [95 % CI]", "≠ 0", "p"], rows, "llllrlll"))
 
