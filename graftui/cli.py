@@ -26,10 +26,7 @@ from dataclasses import fields  # noqa: E402
 from typing import Sequence  # noqa: E402
 
 from . import compute, flows, settings  # noqa: E402
-from .completion import OFFLINE_SKILLS  # noqa: E402
-from .lmeval import OFFLINE as OFFLINE_HARNESS, PREFIX  # noqa: E402
-from .tasks import HARNESS  # noqa: E402
-from .data import OFFLINE_TASKS  # noqa: E402
+from .tasks import KINDS  # noqa: E402
 from .errors import MAX_LINE, RequestError, is_user_error, message  # noqa: E402
 from .formatting import table  # noqa: E402
 from .paths import clean_stale  # noqa: E402
@@ -241,9 +238,7 @@ def cmd_methods(args: argparse.Namespace) -> int:
 
 
 def cmd_tasks(args: argparse.Namespace) -> int:
-    tasks = [(n, "classification", d) for n, d in OFFLINE_TASKS.items()]
-    tasks += [(n, "completion", about[0]) for n, about in OFFLINE_SKILLS.items()]
-    tasks += [(PREFIX + n, HARNESS.name, about[0]) for n, about in OFFLINE_HARNESS.items()]
+    tasks = [(n, kind.name, d) for kind in KINDS.values() for n, d in kind.offline().items()]
     doc = {"tasks": [{"name": n, "kind": k, "description": d} for n, k, d in tasks]}
     text = table(["task", "kind", "description"], [list(t) for t in tasks], "lll")
     text += ("\n\n--task also takes a CSV/TSV/JSON(L)/Parquet file, a folder of them, or a Hugging Face dataset id: "

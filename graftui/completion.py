@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .data import SPLIT_NAMES, carve, pick_split, read_tables
-from .errors import DataError
+from .errors import ColumnsMissing, DataError
 
 PROMPT_GUESSES = ("prompt", "question", "instruction", "input", "query")
 COMPLETION_GUESSES = ("completion", "answer", "response", "output", "target", "solution")
@@ -157,18 +157,10 @@ def completion_columns(columns: Sequence[str]) -> CompletionSpec | None:
     return spec if spec.messages_column or (spec.prompt_column and spec.completion_column) else None
 
 
-class NoCompletionColumns(DataError):
-    """The source has no (prompt, completion) or messages columns: it is no completion task as it stands. ``partial``:
+class NoCompletionColumns(ColumnsMissing):
+    """The source has no (prompt, completion) or messages columns: it is no completion task as it stands. ``fits``:
     it has one of the two (a completion file missing the other), so it is read as one rather than as a classification
     task."""
-
-    partial: bool = False
-
-
-def _no_columns(message: str, partial: bool) -> NoCompletionColumns:
-    err = NoCompletionColumns(message)
-    err.partial = partial
-    return err
 
 
 def _check_columns(spec: CompletionSpec, columns: list[str], name: str) -> None:
@@ -181,15 +173,15 @@ def _check_columns(spec: CompletionSpec, columns: list[str], name: str) -> None:
         return
     if spec.completion_column is None:
         if spec.prompt_column is not None:
-            raise _no_columns(f"{name} has a prompt column ('{spec.prompt_column}') but no completion column: name it "
-                              "with --completion-column (and the prompt's with --prompt-column if it is not "
-                              f"'{spec.prompt_column}'); available columns: {available}", True)
-        raise _no_columns(f"{name} has no completion column: name it with --completion-column (or give a messages "
-                          f"column in the chat format); available columns: {available}", False)
+            raise NoCompletionColumns(f"{name} has a prompt column ('{spec.prompt_column}') but no completion column: name it "
+                                      "with --completion-column (and the prompt's with --prompt-column if it is not "
+                                      f"'{spec.prompt_column}'); available columns: {available}", True)
+        raise NoCompletionColumns(f"{name} has no completion column: name it with --completion-column (or give a messages "
+                                  f"column in the chat format); available columns: {available}", False)
     if spec.prompt_column is None:
-        raise _no_columns(f"{name} has a completion column ('{spec.completion_column}') but no prompt column: name it "
-                          "with --prompt-column (and the completion's with --completion-column if it is not "
-                          f"'{spec.completion_column}'); available columns: {available}", True)
+        raise NoCompletionColumns(f"{name} has a completion column ('{spec.completion_column}') but no prompt column: name it "
+                                  "with --prompt-column (and the completion's with --completion-column if it is not "
+                                  f"'{spec.completion_column}'); available columns: {available}", True)
 
 
 def _missing(value: Any) -> bool:

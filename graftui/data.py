@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import settings
-from .errors import DataError
+from .errors import ColumnsMissing, DataError
 from .paths import DATA_SUFFIXES
 
 if TYPE_CHECKING:
@@ -733,17 +733,9 @@ def _dropped_note(name: str, dropped: dict[str, int], column: str) -> tuple[str,
     return (f"{name}: left out {' and '.join(parts)} (empty cells, or NaN/null as a label)",) if parts else ()
 
 
-class MissingColumn(DataError):
-    """A text or label column that could not be guessed; ``found_any`` says whether the other one was (a source with
+class MissingColumn(ColumnsMissing):
+    """A text or label column that could not be guessed; ``fits`` says whether the other one was (a source with
     neither may be a completion task: ``tasks.read_task`` decides which error to tell)."""
-
-    found_any: bool = False
-
-
-def _missing_column(message: str, found_any: bool) -> MissingColumn:
-    err = MissingColumn(message)
-    err.found_any = found_any
-    return err
 
 
 def _check_columns(spec: DataSpec, columns: list[str], source: str) -> None:
@@ -753,11 +745,11 @@ def _check_columns(spec: DataSpec, columns: list[str], source: str) -> None:
         if column is not None and column not in columns:
             raise DataError(f"column '{column}' ({field}) not found in {source}; available columns: {available}")
     if spec.text_column is None:
-        raise _missing_column(f"could not guess the text column of {source}; set text_column (--text-column) to one "
-                              f"of: {available}", spec.label_column is not None)
+        raise MissingColumn(f"could not guess the text column of {source}; set text_column (--text-column) to one "
+                            f"of: {available}", spec.label_column is not None)
     if spec.label_column is None:
-        raise _missing_column(f"could not guess the label column of {source}; set label_column (--label-column) to one "
-                              f"of: {available}", True)
+        raise MissingColumn(f"could not guess the label column of {source}; set label_column (--label-column) to one "
+                            f"of: {available}", True)
 
 
 def _build_task(source: _Source, spec: DataSpec) -> Task:

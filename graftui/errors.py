@@ -21,6 +21,15 @@ class DataError(GraftuiError):
     """A task cannot be found, read or used as asked."""
 
 
+class ColumnsMissing(DataError):
+    """A source lacks the columns of the task kind it was read as. ``fits``: it holds some of them, so of the kinds
+    tried on it (``tasks.read_task``), this one's words are told."""
+
+    def __init__(self, message: str, fits: bool = False):
+        super().__init__(message)
+        self.fits = fits
+
+
 class ModelError(GraftuiError):
     """A checkpoint cannot be found, loaded or paired; the message says which and why."""
 

@@ -22,7 +22,7 @@ import torch
 
 from . import compute, settings
 from .completion import IGNORE, context_length, token_accuracy
-from .config import COMPLETION, DEFAULT_FINETUNED_REFS, GraftableSpec, LoadOptions, default_checkpoint_dir
+from .config import COMPLETION, DEFAULT_FINETUNED_REFS, GraftableSpec, LoadOptions, body_label, default_checkpoint_dir
 from .errors import ModelError
 from .method import region_to_mask, wise
 from .paths import atomic_dir, file_lock
@@ -644,10 +644,7 @@ class ModelPair:
             check_pair(base, finetuned, new_in_base)
             pair = cls.from_models(base, finetuned, tokenizer, new_in_base, spec, base_ref, finetuned_ref, labels,
                                    fixed)
-        pair.prompt = prompt
-        pair.options = replace(options, head=COMPLETION) if kind == COMPLETION else options
-        if pair.completion:
-            pair.label_names = ()
+        pair.read_as(prompt, replace(options, head=COMPLETION) if kind == COMPLETION else options)
         pair.hashes = {"base": content_hash(base_ref),
                        "finetuned": adapter.hash if adapter is not None else content_hash(finetuned_ref)}
         read = ("θ_pre memory-mapped from its file" if pair.lazy else "θ_pre held in memory") + (
@@ -666,6 +663,19 @@ class ModelPair:
     def completion(self) -> bool:
         """Whether the pair is a causal LM scored on completions (not a classifier)."""
         return self.options.head == COMPLETION
+
+    def read_as(self, prompt, options: LoadOptions) -> None:
+        """How the pair is read: through ``prompt`` (label words), or as ``options`` say; a causal LM read as itself,
+        on completions, has no labels."""
+        self.prompt, self.options = prompt, options
+        if self.completion:
+            self.label_names = ()
+
+    @property
+    def body_name(self) -> str:
+        """The name of the empty-region model: the bare body with FT's head, or, for a language model read through
+        label words or scored on completions, the pre-trained model under the same prompt."""
+        return body_label(self.prompt is not None or self.completion)
 
     def moved(self) -> bool:
         """Whether fine-tuning changed any graftable parameter (a pair of one checkpoint twice has nothing to find)."""

@@ -28,9 +28,7 @@ from pathlib import Path
 import torch
 
 from . import settings
-from .completion import CompletionSpec
 from .config import COMPLETION, FT_LABEL, HEADS, MAX_ABS_VALUE, GraftableSpec, LoadOptions, is_body
-from .data import DataSpec
 from .errors import RegionError, RequestError
 from .weights import take
 from .method import Region, region_size
@@ -218,24 +216,6 @@ def recorded_labels(meta) -> tuple[str, ...] | None:
 def recorded_spec(meta) -> GraftableSpec | None:
     """The graftable set a region was learned over, when it recorded one."""
     return GraftableSpec.from_dict(RegionMeta.from_dict(meta).graftable_spec)
-
-
-def recorded_columns(meta) -> DataSpec | CompletionSpec:
-    """The data columns a region's own task was read with (its request's, else an older file's data_spec); a
-    completion region's (read as a completion pair) as a CompletionSpec."""
-    meta = RegionMeta.from_dict(meta)
-    request, old = meta.request or {}, meta.data_spec or {}
-
-    def pick(key):
-        value = request.get(key) or old.get(key)
-        return value if isinstance(value, str) else None
-
-    if (meta.loading or {}).get("head") == COMPLETION:
-        return CompletionSpec(config=pick("config"), prompt_column=pick("prompt_column"),
-                              completion_column=pick("completion_column"), messages_column=pick("messages_column"))
-
-    return DataSpec(config=pick("config"), text_column=pick("text_column"), pair_column=pick("pair_column"),
-                    label_column=pick("label_column"))
 
 
 def settings_of(meta) -> list[str]:
@@ -584,9 +564,7 @@ def pair_from_patch(base_ref: str, record: RegionRecord, options=None, **load_kw
             params[name].data.view(-1)[idx] = record.values[name].to(params[name].dtype)
     pair = ModelPair.from_models(base, finetuned, tokenizer, head_names, spec, base_ref,
                                  f"patch:{record.meta.finetuned or '?'}", labels, fixed)
-    pair.prompt, pair.options = prompt, options
-    if pair.completion:
-        pair.label_names = ()
+    pair.read_as(prompt, options)
     missing = set(record.shapes) - set(pair.graftable)
     if missing:
         raise RegionError(f"the patch expects graftable tensors this base lacks (first: {sorted(missing)[0]})")

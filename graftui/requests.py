@@ -40,9 +40,9 @@ from .generation import MAX_IGNORED, MAX_NEW_TOKENS, WHITESPACE, AnswerRule
 from .localizers import METHODS
 from .regions import LISTING_COLUMNS
 from .sets import RESOLVE_MODES
+from .tasks import KINDS, task_kinds
 
 
-TASK_KINDS = ("auto", "classification", "completion")
 MAX_GENERATED = 1024  # --max-new-tokens at most
 
 
@@ -268,7 +268,7 @@ class TaskFields(Request):
 
     task_kind: str = arg("auto", "classification (a label per text), completion ((prompt, completion) pairs or "
                          "chats, scored on the completion) or auto (an offline skill, or the file's columns, decide)",
-                         choices=TASK_KINDS, group="data")
+                         choices=task_kinds, group="data")
     prompt_column: str | None = arg(None, "completion tasks: column holding the prompt (guessed if omitted)",
                                     metavar="NAME", group="completion tasks")
     completion_column: str | None = arg(None, "completion tasks: column holding the completion (guessed if omitted)",
@@ -329,10 +329,12 @@ class TaskFields(Request):
             rule.ignored()
         except GraftuiError as err:
             raise RequestError(str(err)) from None
-        if self.task_kind == "classification" and (self.prompt_column or self.completion_column or
-                                                    self.messages_column):
-            raise RequestError("--prompt-column, --completion-column and --messages-column are for completion tasks; "
-                               "drop them or use --task-kind completion")
+        asked = KINDS.get(self.task_kind)
+        for other in KINDS.values():
+            if asked is not None and other is not asked and any(getattr(self, f, None) for f in other.fields):
+                flags = [f"--{f.replace('_', '-')}" for f in other.fields]
+                raise RequestError(f"{', '.join(flags[:-1])} and {flags[-1]} are for {other.name} tasks; drop them or "
+                                   f"use --task-kind {other.name}")
 
 
 @dataclass

@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 
 from . import method, metrics, sets
-from .config import FT_LABEL, Budget, LearnConfig, body_label
+from .config import FT_LABEL, Budget, LearnConfig
 from .data import Task, batches, subsample
 from .errors import Cancelled, DataError, RegionError
 from .localizers import run_method
@@ -95,12 +95,6 @@ def sample(task: Task, split: str, n: int | None, seed: int = 0):
     """The examples of ``split`` that ``predict`` scores: all, or ``n`` of them drawn with ``seed``."""
     data = task.splits[split]
     return subsample(data, n, seed) if n is not None and n < len(data) else data
-
-
-def body_of(pair) -> str:
-    """The name of ``pair``'s empty-region model: the bare body with FT's head, or, for a language model read through
-    label words or scored on completions, the pre-trained model under the same prompt."""
-    return body_label(pair.prompt is not None or pair.completion)
 
 
 def predict(pair, task: Task, split: str, n: int | None, batch_size: int = 64, seed: int = 0):
@@ -195,7 +189,7 @@ def compare(
     (accuracy, ECE), get a paired interval on the same examples (:func:`differences`).
     """
     check_labels(pair, task)
-    body = body_of(pair)
+    body = pair.body_name
     rows, reliability, histogram, found = [], {}, {}, []
     pairs = [(label, FT_LABEL, m) for label in models for m in metrics.PAIRED_METRICS]
     pairs += [(label, body, "accuracy") for label in models]

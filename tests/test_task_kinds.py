@@ -119,7 +119,7 @@ def test_one_seed_writes_its_region_alone_and_two_write_their_core_and_union(set
     ("my.csv", "auto", True, "completion"), ("my.csv", "classification", False, "classification"),
     ("movies", "completion", False, "completion"), (None, "auto", False, None)])
 def test_a_task_names_its_kind_before_it_is_read_where_its_name_can(ref, kind, columns, named):
-    found = named_kind(ref, kind, columns)
+    found = named_kind(ref, kind, {"prompt_column"} if columns else ())
     assert (found.name if found is not None else None) == named
 
 

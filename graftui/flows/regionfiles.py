@@ -21,7 +21,7 @@ from ..models import architecture, checkpoint_kind, load_classifier, load_lm
 from ..paths import new_path, short_ref
 from ..regions import RegionRecord
 from ..requests import AnatomyRequest, ComposeRequest, EvaluateRequest, ExportRequest, RegionsRequest
-from ..tasks import kind_named, kind_of, read_task_as, region_kind
+from ..tasks import kind_named, kind_of, read_task_as, recorded_columns, region_kind
 from . import text
 from .common import (
     LOCAL, Guard, Progress, Result, check_build, check_model_ref, finish, get_task, labels_for, latest_region,
@@ -315,7 +315,7 @@ def stitch(req: ComposeRequest, records: list[RegionRecord], names: list[str], b
     if missing is not None:
         raise RegionError(f"stitching compares the stitched model with each fine-tune and merge, so every "
                           f"region's fine-tuned model must load; '{missing}' cannot: give regions made here")
-    tasks = [read_task_as(r.meta.task or DEFAULT_TASK, regions.recorded_columns(r.meta), guard) for r in records]
+    tasks = [read_task_as(r.meta.task or DEFAULT_TASK, recorded_columns(r.meta), guard) for r in records]
     kinds = {kind_of(t).name: kind_of(t) for t in tasks}
     if len(kinds) > 1:
         raise RegionError("stitching chooses each merge's λ on one score for every task: give regions of "
@@ -406,7 +406,7 @@ def compose(req: ComposeRequest, progress: Progress | None = None, cancel=None, 
     elif req.evaluate:
         records = [_as_patch(r, name, guard, progress, cancel) for r, name in zip(records, names)]
         scoring.check_composable(records)
-        tasks = [get_task(r.meta.task or DEFAULT_TASK, regions.recorded_columns(r.meta), guard) for r in records]
+        tasks = [get_task(r.meta.task or DEFAULT_TASK, recorded_columns(r.meta), guard) for r in records]
         for i, (record, name, task) in enumerate(zip(records, names, tasks)):
             if cancel is not None and cancel.is_set():
                 raise Cancelled("composition cancelled")

@@ -32,7 +32,7 @@ from ..regions import RegionMeta, RegionRecord
 from ..requests import (
     EvaluateRequest, FinetuneRequest, LocalizeRequest, PairRequest, PredictRequest, SweepRequest, derive,
 )
-from ..tasks import kind_named, kind_of, read_task, read_task_as
+from ..tasks import kind_named, kind_of, read_task, read_task_as, recorded_columns
 from . import text
 from .common import (
     LOCAL, Guard, LocalizeResult, Progress, Result, check_build, check_model_ref, finish,
@@ -278,7 +278,7 @@ def quick_check(pair: ModelPair, task, models: dict, req, step: int, progress=No
     part = kind.compare(pair, task, models, n=req.check_n, judging=kind.judging(req), cancel=cancel)
     rows = card.annotate(part["rows"])
     scored = {r["model"]: r for r in rows}
-    ft, bare = scored[FT_LABEL], scored[scoring.body_of(pair)]
+    ft, bare = scored[FT_LABEL], scored[pair.body_name]
     for name in models:
         if progress:
             progress({"stage": f"held-out check of {name}", "heldout": {
@@ -353,7 +353,7 @@ def regions_setting(req, guard: Guard) -> Grafts:
     notes: list[str] = same_regions(labels, records)
     base = req.base or first.base or DEFAULT_BASE
     task_ref = req.task or first.task or DEFAULT_TASK
-    spec = req.data_spec() if (req.task or not records) else regions.recorded_columns(first)
+    spec = req.data_spec() if (req.task or not records) else recorded_columns(first)
     finetuned = req.finetuned
     from_patch = False
     if finetuned is None:
@@ -376,7 +376,7 @@ def regions_setting(req, guard: Guard) -> Grafts:
     # each region is scored on the task it was learned on (or all on --task): one group per task
     groups: dict[tuple, list[int]] = {}
     for i, record in enumerate(records):
-        key = (req.task, None) if req.task else (record.meta.task or DEFAULT_TASK, regions.recorded_columns(record.meta))
+        key = (req.task, None) if req.task else (record.meta.task or DEFAULT_TASK, recorded_columns(record.meta))
         groups.setdefault(key, []).append(i)
     if not groups:
         groups[(task_ref, None)] = []
@@ -580,7 +580,7 @@ def predict(req: PredictRequest, progress: Progress | None = None, cancel=None, 
 
 def _models(pair: ModelPair, grafts: Grafts, ft_name: str) -> list[tuple[str, object]]:
     """(name, context) of each model predict shows: the bare body, FT, then every region's graft."""
-    models = [(scoring.body_of(pair), contextlib.nullcontext), (ft_name, pair.finetuned)]  # the pair rests as the body
+    models = [(pair.body_name, contextlib.nullcontext), (ft_name, pair.finetuned)]  # the pair rests as the body
     for label, record in zip(grafts.labels, grafts.records):
         region = graft_of(record)
         models.append((label, functools.partial(pair.grafted, *(region if isinstance(region, tuple) else (region,)))))

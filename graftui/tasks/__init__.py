@@ -2,17 +2,20 @@
 
 ``kind_of(task)`` gives a task's kind; each kind (classification, completion, lm-evaluation-harness) reads the pair,
 makes mask learning's batches, fine-tunes, scores models into rows of one schema and words the result. A new kind is
-one module registering one object (``base.register_kind``).
+one module registering one object (``base.register_kind``): the registry answers which kind a task reference,
+a task, a region file or a request's --task-kind names, and what `graftui tasks` lists.
 """
 
 from __future__ import annotations
 
-from .base import KINDS, Outcome, TaskKind, Words, kind_named, kind_of, register_kind
+from .base import KINDS, Outcome, TaskKind, Words, kind_named, kind_of, ordered, register_kind, task_kinds
 from .classification import CLASSIFICATION, examples_per_class, kshot_batches
 from .completion import COMPLETION_KIND, recorded_rule
 from .harness import HARNESS
-from .reading import named_kind, read_classification, read_task, read_task_as, region_kind
+from .reading import (given_fields, named_kind, read_classification, read_task, read_task_as, recorded_columns,
+                      region_kind)
 
 __all__ = ["CLASSIFICATION", "COMPLETION_KIND", "HARNESS", "KINDS", "Outcome", "TaskKind", "Words",
-           "examples_per_class", "kind_named", "kind_of", "kshot_batches", "named_kind", "read_classification",
-           "read_task", "read_task_as", "recorded_rule", "region_kind", "register_kind"]
+           "examples_per_class", "given_fields", "kind_named", "kind_of", "kshot_batches", "named_kind", "ordered",
+           "read_classification", "read_task", "read_task_as", "recorded_columns", "recorded_rule", "region_kind",
+           "register_kind", "task_kinds"]

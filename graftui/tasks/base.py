@@ -46,6 +46,46 @@ class TaskKind:
     seeds_globally: bool = False
     generates: bool = False  # whether a prediction generates tokens (each new token one more pass over the prompt)
 
+    # -- which tasks are of this kind ------------------------------------------------------------------
+    order: int = 50  # where the kind is asked whether it claims a reference, lower first
+    tried: int | None = None  # where a source no kind claims is tried as this kind, lower first (None: never)
+    choosable: bool = True  # a request may name it (--task-kind)
+    fields: tuple[str, ...] = ()  # the request's fields that only this kind reads (its columns)
+
+    def names(self, key: str) -> bool:
+        """Whether a task reference (lower case) names this kind whatever the request asks (a prefix: lm-eval:)."""
+        return False
+
+    def claims(self, key: str, asked: str, given: set[str]) -> bool:
+        """Whether a task reference is of this kind before anything is read: ``asked`` the request's --task-kind,
+        ``given`` the request's fields it gives a value."""
+        return self.names(key) or asked == self.name
+
+    def spec(self, req):
+        """The request's columns as this kind reads a source (None: it reads none)."""
+        return None
+
+    def takes(self, spec) -> bool:
+        """Whether ``spec`` is this kind's columns (a region's recorded columns name the kind to read its task as)."""
+        return False
+
+    def read(self, ref: str, spec, guard):
+        """The task ``ref`` names, read with the columns ``spec``, within what ``guard`` allows."""
+        raise NotImplementedError
+
+    def made(self, meta) -> bool:
+        """Whether a region's record says it was learned on a task of this kind."""
+        return False
+
+    def recorded_spec(self, meta):
+        """The columns a region's own task was read with, from its record (its request's, else an older file's
+        data_spec), as this kind reads them."""
+        return None
+
+    def offline(self) -> dict[str, str]:
+        """The tasks of this kind that need no download: reference -> one line about it."""
+        return {}
+
     def owns(self, task) -> bool:
         return isinstance(task, self.task_type)
 
@@ -219,12 +259,35 @@ def register_kind(kind: TaskKind) -> TaskKind:
     return kind
 
 
+def ordered() -> list[TaskKind]:
+    """The registered kinds in the order they are asked whether they claim a task reference."""
+    return sorted(KINDS.values(), key=lambda k: k.order)
+
+
 def kind_of(task) -> TaskKind:
-    """The kind of a task object (the most specific registered kind owning it)."""
-    owners = [k for k in KINDS.values() if k.owns(task)]
-    if not owners:
-        raise TypeError(f"no task kind reads {type(task).__name__}")
-    return max(owners, key=lambda k: len(k.task_type.__mro__))
+    """The kind of a task object: the one registered for its class, else for its nearest base class."""
+    for cls in type(task).__mro__:
+        for kind in KINDS.values():
+            if kind.task_type is cls:
+                return kind
+    raise TypeError(f"no task kind reads {type(task).__name__}")
+
+
+def recorded_fields(meta, names: tuple[str, ...]) -> dict[str, str | None]:
+    """The request fields ``names`` a region's task was read with, from its record (its request's, else an older
+    file's data_spec)."""
+    request, old = meta.request or {}, meta.data_spec or {}
+
+    def pick(key):
+        value = request.get(key) or old.get(key)
+        return value if isinstance(value, str) else None
+
+    return {name: pick(name) for name in names}
+
+
+def task_kinds() -> tuple[str, ...]:
+    """The values of --task-kind: auto, then every registered kind a request may name."""
+    return ("auto", *(k.name for k in KINDS.values() if k.choosable))
 
 
 def kind_named(name: str | None) -> TaskKind:
@@ -232,4 +295,5 @@ def kind_named(name: str | None) -> TaskKind:
     return KINDS[name or "classification"]
 
 
-__all__ = ["KINDS", "Outcome", "TaskKind", "Words", "kind_named", "kind_of", "register_kind"]
+__all__ = ["KINDS", "Outcome", "TaskKind", "Words", "kind_named", "kind_of", "ordered", "recorded_fields",
+           "register_kind", "task_kinds"]

@@ -11,12 +11,12 @@ from types import SimpleNamespace
 
 from .. import card, metrics, scoring, settings, training
 from ..config import BODY_LABEL, COMPLETION, DEFAULT_EXAMPLES_PER_CLASS, FT_LABEL, LoadOptions, is_body
-from ..data import Split, Task, batches, kshot
+from ..data import OFFLINE_TASKS, DataSpec, Split, Task, batches, kshot, load_task
 from ..errors import Cancelled, DataError, ModelError, RequestError
 from ..formatting import num, pct, table
 from ..paths import short_ref
 from ..method import region_size
-from .base import Outcome, TaskKind, register_kind
+from .base import Outcome, TaskKind, recorded_fields, register_kind
 
 
 def examples_per_class(req, task: Task, notes: list[str]) -> int:
@@ -69,6 +69,36 @@ class Classification(TaskKind):
     markdown_columns = (("accuracy (95 % interval)", "score"), ("ECE", "ece"), ("share of FT gain", "gain_recovered"))
     verbs = ("finetune", "localize", "evaluate", "predict", "sweep", "anatomy", "compose", "export", "push",
              "reproduce", "pair")
+    order, tried = 30, 1  # an offline task by its name; any other source is tried as a classification task first
+
+    def claims(self, key: str, asked: str, given: set[str]) -> bool:
+        return asked == self.name or key in OFFLINE_TASKS
+
+    def spec(self, req) -> DataSpec:
+        return req.data_spec()
+
+    def takes(self, spec) -> bool:
+        return isinstance(spec, DataSpec)
+
+    def read(self, ref: str, spec, guard) -> Task:
+        """Column options given for an offline task must name its own columns (text, label)."""
+        spec = spec if isinstance(spec, DataSpec) else DataSpec()
+        if str(ref).strip().lower() in OFFLINE_TASKS:
+            for name, allowed in (("text_column", "text"), ("label_column", "label"), ("pair_column", None)):
+                column = getattr(spec, name)
+                if column is not None and column != allowed:
+                    raise DataError(f"column '{column}' ({name}) not found in the offline task '{ref}'; "
+                                    "its columns are text, label")
+        return guard.checked_task(load_task(ref, spec, allow_local=guard.allow_local(tasks=[ref])))
+
+    def made(self, meta) -> bool:
+        return (getattr(meta, "loading", None) or {}).get("head") != COMPLETION
+
+    def recorded_spec(self, meta) -> DataSpec:
+        return DataSpec(**recorded_fields(meta, ("config", "text_column", "pair_column", "label_column")))
+
+    def offline(self) -> dict[str, str]:
+        return dict(OFFLINE_TASKS)
 
     def reading(self, options: LoadOptions, task) -> LoadOptions:
         if options.head == COMPLETION:
@@ -152,7 +182,7 @@ class Classification(TaskKind):
             """(metrics in distribution, {OOD task: accuracy}, test predictions) of a graft; ``None`` is the
             fine-tuned model, ``{}`` the empty region (both cached per pair)."""
             if region is None or region == {}:
-                name = FT_LABEL if region is None else scoring.body_of(pair)
+                name = FT_LABEL if region is None else pair.body_name
                 probs, labels = scoring.reference_predict(pair, name, task, "test", req.n, seed)
                 ood = {o.name: metrics.accuracy(*scoring.reference_predict(pair, name, o, "test", req.n, seed))
                        for o in oods}
@@ -169,7 +199,7 @@ class Classification(TaskKind):
 
     def sweep_rows(self, reference, pair, task, req, made, kept, sparsity, cancel=None):
         ft, bare = reference.ft, reference.bare
-        predictions = {FT_LABEL: reference.ft_probs, scoring.body_of(pair): reference.bare_probs}
+        predictions = {FT_LABEL: reference.ft_probs, pair.body_name: reference.bare_probs}
         rows = []
         for name, region in made.items():
             own, ood, predictions[name], _ = reference.score(region)
@@ -201,7 +231,7 @@ class Classification(TaskKind):
     def predict(self, pair, task, req, models, ft_name, judging, notes, progress=None, cancel=None):
         """Each model's class probabilities for each sentence, and whether it decides as FT (the bare body too)."""
         sentences = Split(tuple(req.texts), (0,) * len(req.texts), tuple(req.pairs) if req.pairs else None)
-        body = scoring.body_of(pair)
+        body = pair.body_name
         names = list(task.label_names)
         rows, ft_says = [], {}
         for m, (model, context) in enumerate(models):

@@ -15,13 +15,14 @@ from types import SimpleNamespace
 import torch
 
 from .. import card, generation, metrics, settings, training
-from ..completion import Completions, CompletionTask, batches, context_length, prompt_room
+from ..completion import (OFFLINE_SKILLS, Completions, CompletionSpec, CompletionTask, batches, context_length,
+                          load_completion_task, prompt_room)
 from ..config import COMPLETION, COMPLETION_SPARSITY, FT_LABEL, LM_BODY_LABEL, LoadOptions
 from ..errors import Cancelled, DataError, ModelError, RequestError
 from ..formatting import num, one_line, pct, table
 from ..models import context_of, load_reader, load_tokenizer
 from ..scoring import TEST_SAMPLE_SEED
-from .base import Outcome, TaskKind, Words, register_kind
+from .base import Outcome, TaskKind, Words, recorded_fields, register_kind
 
 DEFAULT_TRAIN_SAMPLE = 256  # examples mask learning steps over (a completion task has no classes to count per)
 
@@ -88,6 +89,31 @@ class Completion(TaskKind):
                         ("loss per token", "loss"), ("token ECE", "token_ece"), ("share of FT gain", "gain_recovered"))
     verbs = ("finetune", "localize", "evaluate", "predict", "sweep", "anatomy", "compose", "export", "push", "pair")
     sparsity = COMPLETION_SPARSITY  # measured: a skill of an AdamW fine-tune fits at 1 %, rarely at 0.1 %
+    order, tried = 20, 2  # an offline skill, or completion columns given; a source no kind claims, after classification
+    fields = ("prompt_column", "completion_column", "messages_column")
+
+    def claims(self, key: str, asked: str, given: set[str]) -> bool:
+        return asked == self.name or (asked == "auto" and bool(set(given) & set(self.fields) or key in OFFLINE_SKILLS))
+
+    def spec(self, req) -> CompletionSpec:
+        return req.completion_spec()
+
+    def takes(self, spec) -> bool:
+        return isinstance(spec, CompletionSpec)
+
+    def read(self, ref: str, spec, guard) -> CompletionTask:
+        task = load_completion_task(ref, spec if isinstance(spec, CompletionSpec) else CompletionSpec(),
+                                    allow_local=guard.allow_local(tasks=[ref]))
+        return guard.checked_task(task)
+
+    def made(self, meta) -> bool:
+        return (getattr(meta, "loading", None) or {}).get("head") == COMPLETION
+
+    def recorded_spec(self, meta) -> CompletionSpec:
+        return CompletionSpec(**recorded_fields(meta, ("config", *self.fields)))
+
+    def offline(self) -> dict[str, str]:
+        return {name: about[0] for name, about in OFFLINE_SKILLS.items()}
 
     def reading(self, options: LoadOptions, task) -> LoadOptions:
         """The causal LM itself (a prompt or a classifier head the request gave is refused, naming what it gave)."""

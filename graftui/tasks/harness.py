@@ -20,7 +20,8 @@ from ..completion import Completions, CompletionTask, prompt_room, context_lengt
 from ..config import FT_LABEL, LM_BODY_LABEL
 from ..errors import Cancelled, DataError, RequestError
 from ..formatting import difference, pct
-from ..lmeval import HarnessScore, HarnessTask, PREFIX, check_stop, harness_names, load_harness_task, score
+from ..lmeval import (OFFLINE as OFFLINE_HARNESS, PREFIX, HarnessScore, HarnessTask, check_stop, harness_names, is_harness_ref,
+                      load_harness_task, score)
 from ..models import load_reader
 from ..paths import short_ref
 from ..scoring import TEST_SAMPLE_SEED, region_size, state_of
@@ -83,6 +84,26 @@ class Harness(Completion):
     markdown_columns = (("score (95 % interval)", "score"), ("harness stderr", "stderr"),
                         ("share of FT gain", "gain_recovered"))
     verbs = ("localize", "evaluate", "predict", "pair")
+    order, tried, choosable, fields = 10, None, False, ()  # named by its prefix, whatever the request asks
+
+    def names(self, key: str) -> bool:
+        return is_harness_ref(key)
+
+    def claims(self, key: str, asked: str, given: set[str]) -> bool:
+        return self.names(key)
+
+    def takes(self, spec) -> bool:
+        return False
+
+    def read(self, ref: str, spec, guard) -> HarnessSkill:
+        guard.checked_harness(harness_names(ref))
+        return guard.checked_task(load_harness(ref))
+
+    def made(self, meta) -> bool:
+        return super().made(meta) and is_harness_ref(getattr(meta, "task", None) or "")
+
+    def offline(self) -> dict[str, str]:
+        return {PREFIX + name: about[0] for name, about in OFFLINE_HARNESS.items()}
 
     def ood_note(self, task) -> str:
         return (f"--ood names classification tasks in the task's label space; the {self.name} task {task.name} has "

@@ -1,17 +1,12 @@
-"""Reading a request's task as the kind it names: a classification task, a completion task, or an
-lm-evaluation-harness task (``lm-eval:NAME``)."""
+"""Reading a request's task as the kind it names: each registered kind is asked in turn whether it claims the
+reference (``TaskKind.claims``: an ``lm-eval:`` name, an offline task, the kind the request asks for, columns only
+one kind reads); a source none claims is tried as each kind that reads sources, in turn."""
 
 from __future__ import annotations
 
-from ..completion import OFFLINE_SKILLS, CompletionSpec, NoCompletionColumns, load_completion_task
-from ..data import OFFLINE_TASKS, MissingColumn, load_task
-from ..errors import DataError
-from ..lmeval import harness_names, is_harness_ref
-from ..config import COMPLETION
-from .base import TaskKind
+from ..errors import ColumnsMissing, DataError
+from .base import KINDS, TaskKind, ordered
 from .classification import CLASSIFICATION
-from .completion import COMPLETION_KIND
-from .harness import HARNESS, load_harness
 
 
 def _noted(task, notes: list[str] | None):
@@ -21,71 +16,63 @@ def _noted(task, notes: list[str] | None):
 
 
 def read_classification(ref: str, spec, guard, notes: list[str] | None = None):
-    """A classification task; column options given for an offline task must name its own columns (text, label).
-    What reading it left out (rows without a text or a label) is said in ``notes``."""
-    if str(ref).strip().lower() in OFFLINE_TASKS:
-        for name, allowed in (("text_column", "text"), ("label_column", "label"), ("pair_column", None)):
-            column = getattr(spec, name)
-            if column is not None and column != allowed:
-                raise DataError(f"column '{column}' ({name}) not found in the offline task '{ref}'; "
-                                "its columns are text, label")
-    return _noted(guard.checked_task(load_task(ref, spec, allow_local=guard.allow_local(tasks=[ref]))), notes)
+    """A classification task; what reading it left out (rows without a text or a label) is said in ``notes``."""
+    return _noted(CLASSIFICATION.read(ref, spec, guard), notes)
 
 
 def read_task_as(ref: str, spec, guard, notes: list[str] | None = None):
-    """A task read as ``spec`` says: an ``lm-eval:`` name a harness task, a CompletionSpec a completion task, a
-    DataSpec a classification task."""
-    if is_harness_ref(ref):
-        guard.checked_harness(harness_names(ref))
-        return _noted(guard.checked_task(load_harness(ref)), notes)
-    if not isinstance(spec, CompletionSpec):
-        return read_classification(ref, spec, guard, notes)
-    task = load_completion_task(ref, spec, allow_local=guard.allow_local(tasks=[ref]))
-    return _noted(guard.checked_task(task), notes)
-
-
-def named_kind(ref, kind: str = "auto", completion_columns: bool = False) -> TaskKind | None:
-    """The kind a task reference names before anything is read (None: only reading the source can tell). An
-    ``lm-eval:`` name is a harness task; with kind auto, an offline skill or a completion column given makes a
-    completion task, and an offline classification task is one."""
+    """A task read as ``spec`` says: a reference that names its kind (``lm-eval:``) as that kind, else as the kind
+    whose columns ``spec`` is, else as a classification task."""
     key = str(ref or "").strip().lower()
-    if is_harness_ref(key):
-        return HARNESS
-    if kind == "completion" or (kind == "auto" and (completion_columns or key in OFFLINE_SKILLS)):
-        return COMPLETION_KIND
-    if kind == "classification" or key in OFFLINE_TASKS:
-        return CLASSIFICATION
-    return None
+    kind = next((k for k in ordered() if k.names(key)), None) or next((k for k in ordered() if k.takes(spec)),
+                                                                       CLASSIFICATION)
+    return _noted(kind.read(ref, spec, guard), notes)
+
+
+def given_fields(req) -> set[str]:
+    """The request's fields, of those only one kind reads, that it gives a value."""
+    return {f for kind in KINDS.values() for f in kind.fields if getattr(req, f, None)}
+
+
+def named_kind(ref, asked: str = "auto", given=()) -> TaskKind | None:
+    """The kind a task reference names before anything is read (None: only reading the source can tell): the
+    first kind, in order, that claims it (``asked``: the request's --task-kind; ``given``: its fields given)."""
+    key = str(ref or "").strip().lower()
+    return next((k for k in ordered() if k.claims(key, asked, set(given))), None)
 
 
 def read_task(req, guard, notes: list[str] | None = None):
-    """The request's task as the kind it names (``named_kind``); any other source is read as a classification task
-    first, then as a completion task, and the error said is the one of the kind the source's columns fit."""
+    """The request's task as the kind it names (``named_kind``); any other source is tried as each kind that reads
+    sources, in turn, and the error said is that of the kind whose columns the source fits: a later kind's missing
+    columns are told instead of an earlier one's only where the source holds some of the later's and none of the
+    earlier's, and a later kind's other error (its columns are there) at once."""
     ref = req.task
-    named = named_kind(ref, req.task_kind, bool(req.prompt_column or req.completion_column or req.messages_column))
-    if named is HARNESS:
-        return read_task_as(ref, None, guard, notes)
-    if named is COMPLETION_KIND:
-        return read_task_as(ref, req.completion_spec(), guard, notes)
-    try:
-        return read_classification(ref, req.data_spec(), guard, notes)
-    except DataError as first:
-        if named is CLASSIFICATION:
-            raise
+    named = named_kind(ref, req.task_kind, given_fields(req))
+    if named is not None:
+        return _noted(named.read(ref, named.spec(req), guard), notes)
+    told = None
+    for kind in sorted((k for k in KINDS.values() if k.tried is not None), key=lambda k: k.tried):
         try:
-            return read_task_as(ref, req.completion_spec(), guard, notes)
-        except NoCompletionColumns as second:  # a prompt or a completion column and no text or label column: a
-            # completion file missing its other column, told in its own words
-            if second.partial and isinstance(first, MissingColumn) and not first.found_any:
-                raise second from None
-            raise first from None
+            return _noted(kind.read(ref, kind.spec(req), guard), notes)
+        except DataError as err:
+            if told is None:
+                told = err
+            elif not isinstance(err, ColumnsMissing):
+                raise
+            elif err.fits and isinstance(told, ColumnsMissing) and not told.fits:
+                told = err
+    raise told from None
 
 
 def region_kind(meta) -> TaskKind:
     """The kind of task a region was learned on, from its file: its recorded reading and task."""
-    if (getattr(meta, "loading", None) or {}).get("head") != COMPLETION:
-        return CLASSIFICATION
-    return HARNESS if is_harness_ref(getattr(meta, "task", None) or "") else COMPLETION_KIND
+    return next(k for k in ordered() if k.made(meta))
 
 
-__all__ = ["named_kind", "region_kind", "read_classification", "read_task", "read_task_as"]
+def recorded_columns(meta):
+    """The columns a region's own task was read with, as its kind reads them."""
+    return region_kind(meta).recorded_spec(meta)
+
+
+__all__ = ["given_fields", "named_kind", "recorded_columns", "region_kind", "read_classification", "read_task",
+           "read_task_as"]

@@ -27,6 +27,7 @@ from ..hosted import own_dir
 from ..jobs import DONE
 from ..metrics import mean_std
 from ..paths import short_ref
+from ..tasks import KINDS
 from . import actions, store
 
 NO_CURVE = "no curve recorded"
@@ -140,11 +141,19 @@ def shown(runs_: list[dict], words: str = "", sort: str | None = None, descendin
     return actions.regions_shown([r for r in runs_ if all(holds(r, w) for w in wanted)], "", sort, descending)
 
 
-RUNS_COLUMNS = ["id", "task", "method", "budget", "k (params)", "seed", "seeds of run", "accuracy", "exact match",
-                "ECE ↓", "OOD accuracy", "curve", "tags", "note"]
+def score_columns() -> list[str]:
+    """One column per score name of the registered kinds (accuracy, exact match, the harness's metric): a run's
+    score shows under its own kind's name."""
+    return list(dict.fromkeys(kind.words.score for kind in KINDS.values()))
+
+
+def runs_columns() -> list[str]:
+    return ["id", "task", "method", "budget", "k (params)", "seed", "seeds of run", *score_columns(), "ECE ↓",
+            "OOD accuracy", "curve", "tags", "note"]
+
+
+RUNS_COLUMNS = runs_columns()  # as the page is built
 NOTE_WIDTH = 80  # characters of a note the table shows; the region's own box holds it whole
-SCORE_COLUMNS = {"accuracy": "accuracy", "exact match": "exact match"}  # a kind's score name -> its column (else the
-# first: a harness metric is shown as accuracy)
 
 
 def _pct(v) -> str:
@@ -156,8 +165,8 @@ def runs_table(runs_: list[dict]) -> pd.DataFrame:
     out = []
     for r in runs_:
         note = r["note"].replace("\n", " ")
-        scores = dict.fromkeys(SCORE_COLUMNS.values(), "")
-        scores[SCORE_COLUMNS.get(r["score_name"], "accuracy")] = _pct(r["accuracy"])
+        scores = dict.fromkeys(score_columns(), "")
+        scores[r["score_name"]] = _pct(r["accuracy"])
         out.append({
             "id": r["id"], "task": short_ref(r["task"] or ""), "method": r["method"] or "", "budget": r["budget"],
             "k (params)": f"{r['k']:,}" if r["k"] is not None else "",
@@ -166,7 +175,7 @@ def runs_table(runs_: list[dict]) -> pd.DataFrame:
             "OOD accuracy": _pct(r["ood_accuracy"]), "curve": "yes" if r["curve"] else NO_CURVE,
             "tags": ", ".join(r["tags"]), "note": note if len(note) <= NOTE_WIDTH else note[:NOTE_WIDTH - 1] + "…",
         })
-    return pd.DataFrame(out, columns=RUNS_COLUMNS)
+    return pd.DataFrame(out, columns=runs_columns())
 
 
 # -- groups ----------------------------------------------------------------------------------------
