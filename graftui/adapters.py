@@ -14,7 +14,6 @@ methods, DoRA and the other variants, convolutions, pickled weights) is refused 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import math
 import re
@@ -26,7 +25,8 @@ import torch
 
 from . import settings
 from .config import DEFAULT_FINETUNED_REFS, MAX_ABS_VALUE
-from .errors import ModelError
+from .errors import ModelError, first_line
+from .paths import file_sha256
 from .weights import release, take
 
 CONFIG_NAME = "adapter_config.json"
@@ -168,7 +168,7 @@ def read_adapter(ref: str, *, allow_local: bool = True) -> Adapter:
     try:
         tensors = load_file(str(weights))
     except (SafetensorError, OSError) as err:
-        raise ModelError(f"adapter '{ref}': {WEIGHTS_NAME} cannot be read ({_first_line(err)})") from err
+        raise ModelError(f"adapter '{ref}': {WEIGHTS_NAME} cannot be read ({first_line(err)})") from err
     factors, saved = _parse(ref, tensors, config)
     summary = {"peft_type": "LORA", "r": config.r, "lora_alpha": config.lora_alpha, "use_rslora": config.use_rslora,
                "target_modules": sorted(config.target_modules) if isinstance(config.target_modules, (set, list))
@@ -177,7 +177,7 @@ def read_adapter(ref: str, *, allow_local: bool = True) -> Adapter:
                "modules_to_save": list(config.modules_to_save or []), "bias": config.bias,
                "lora_bias": config.lora_bias, "adapted": len(factors), "saved": len(saved)}
     return Adapter(ref=ref, folder=str(folder), base_name=raw.get("base_model_name_or_path") or None,
-                   hash=_sha256(weights), config=summary, factors=factors, saved=saved)
+                   hash=file_sha256(weights), config=summary, factors=factors, saved=saved)
 
 
 def _folder(ref: str, allow_local: bool) -> Path:
@@ -206,7 +206,7 @@ def _folder(ref: str, allow_local: bool) -> Path:
         raise ModelError(f"no Hub repository '{ref}' (or it is private or gated: sign in with a token that can "
                          "read it)") from err
     except OSError as err:  # HTTP errors and a full disk alike
-        raise ModelError(f"could not download adapter '{ref}': {_first_line(err)}") from err
+        raise ModelError(f"could not download adapter '{ref}': {first_line(err)}") from err
 
 
 def _raw_config(ref: str, folder: Path) -> dict:
@@ -273,7 +273,7 @@ def _lora_config(ref: str, raw: dict):
         config = LoraConfig.from_peft_type(**LoraConfig.check_kwargs(**{k: v for k, v in raw.items()
                                                                           if k != "runtime_config"}))
     except (TypeError, ValueError) as err:
-        raise ModelError(f"adapter '{ref}': {CONFIG_NAME} is not a valid LoRA config ({_first_line(err)})") from err
+        raise ModelError(f"adapter '{ref}': {CONFIG_NAME} is not a valid LoRA config ({first_line(err)})") from err
     if config.use_dora:
         raise ModelError(f"adapter '{ref}' is a DoRA adapter (use_dora): graftui reads plain LoRA only, as DoRA also "
                          "rescales each weight's columns by a learnt magnitude; merge it into a full checkpoint instead")
@@ -390,19 +390,6 @@ def _check_size(ref: str, module: str, a: torch.Tensor, b: torch.Tensor, scaling
     bound = float((b.float().abs().amax(0) * a.float().abs().amax(1)).sum()) * abs(scaling)
     if bound > MAX_ABS_VALUE:
         _check_values(ref, f"{module}.weight", b.float() @ a.float(), scaling)
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0] if text else type(err).__name__
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 class AdaptedWeights(Mapping):

@@ -9,7 +9,6 @@ JSON under ``tables/``, and every figure as interactive HTML under ``figures/`` 
 from __future__ import annotations
 
 import csv
-import hashlib
 import io
 import json
 import shutil
@@ -18,7 +17,7 @@ import zipfile
 from pathlib import Path
 
 from . import figures as fig
-from .paths import atomic_write
+from .paths import atomic_write, file_sha256
 from .version import __version__
 
 
@@ -109,14 +108,6 @@ def figures(verb: str, result: dict) -> dict:
     return out
 
 
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def _input_files(request: dict) -> list[Path]:
     found = []
     for key in ("region", "regions"):
@@ -179,7 +170,7 @@ def readme(request: dict, result: dict, version: str) -> str:
               "`request.json` holds every setting of the request (defaults included); with the same seed and "
               "inputs the numbers come out the same.", "", "## Inputs", ""]
     for path in _input_files(request):
-        lines.append(f"- `{path.name}`: sha256 `{sha256(path)}`")
+        lines.append(f"- `{path.name}`: sha256 `{file_sha256(path)}`")
     for key in ("base", "finetuned", "task"):
         if request.get(key):
             lines.append(f"- {key}: `{request[key]}`")

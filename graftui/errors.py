@@ -65,8 +65,15 @@ def message(err: BaseException) -> str:
     if is_user_error(err) or isinstance(err, Cancelled):
         line = " ".join(text[:4 * MAX_LINE].split()) or type(err).__name__
         return line if len(line) <= MAX_LINE else line[:MAX_LINE - 1] + "…"  # a megabyte of input is never echoed
-    first = text.strip().splitlines()[0] if text.strip() else ""
-    return f"internal error ({type(err).__name__}: {first[:200]})"
+    return f"internal error ({type(err).__name__}: {first_line(text) if text.strip() else ''})"
+
+
+def first_line(err: BaseException | str, width: int = 200) -> str:
+    """The first line of an error's message (its class name where it has none), cut to ``width`` characters: what a
+    message quotes of a library's error."""
+    text = str(err).strip()
+    line = text.splitlines()[0] if text else type(err).__name__
+    return line if len(line) <= width else line[:width - 1] + "…"
 
 
 def is_user_error(err: BaseException) -> bool:

@@ -9,7 +9,6 @@ of a workspace. Each refusal is one line that names the limit.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import shutil
@@ -25,7 +24,7 @@ from .generation import AnswerRule
 from .lmeval import OFFLINE as HARNESS_OFFLINE
 from .flows import Guard, clear_cache
 from .models import pair_kind, resolve
-from .paths import DATA_SUFFIXES, atomic_write, short_ref
+from .paths import DATA_SUFFIXES, atomic_write, file_sha256, short_ref
 from .regions import read_header
 from .training import is_built
 
@@ -217,12 +216,9 @@ def save_upload(path: str | Path, read=None):
     """
     src = check_upload(path, DATA_SUFFIXES)
     check_disk(src.stat().st_size / 2**20)
-    digest = hashlib.sha256()
-    with open(src, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
+    digest = file_sha256(src)
     # one folder per content hash keeps the file's own name, which the data loader reads split names from
-    dest = settings.subdir("uploads") / digest.hexdigest()[:12] / f"{safe_name(src.stem, 60)}{src.suffix.lower()}"
+    dest = settings.subdir("uploads") / digest[:12] / f"{safe_name(src.stem, 60)}{src.suffix.lower()}"
     if dest.exists():
         return dest, read(dest) if read else None
     dest.parent.mkdir(parents=True, exist_ok=True)

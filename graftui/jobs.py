@@ -34,7 +34,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from .errors import Cancelled, message
+from .errors import Cancelled, first_line, message
 from .paths import atomic_write
 
 log = logging.getLogger(__name__)
@@ -443,7 +443,7 @@ def _read_job(path: Path) -> Job:
         float(job.fraction)
         return job
     except (OSError, ValueError, TypeError) as err:
-        reason = str(err).splitlines()[0][:120] if str(err) else type(err).__name__
+        reason = first_line(err)
         owner = data.get("owner") if isinstance(data, dict) and isinstance(data.get("owner"), str) else \
             _owner_beside(path)
         return Job(id=path.parent.name, kind="damaged", title=f"damaged job record ({path.parent.name})", params={},

@@ -7,7 +7,6 @@ copy, built on first need), a local directory, or a Hugging Face Hub id.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import importlib.util
 import inspect
 import json
@@ -23,9 +22,9 @@ import torch
 from . import compute, settings
 from .completion import IGNORE, context_length, token_accuracy
 from .config import COMPLETION, DEFAULT_FINETUNED_REFS, GraftableSpec, LoadOptions, body_label, default_checkpoint_dir
-from .errors import ModelError
+from .errors import ModelError, first_line
 from .method import region_to_mask, wise
-from .paths import atomic_dir, file_lock
+from .paths import atomic_dir, file_lock, file_sha256
 from .prompts import LMReader, PromptClassifier, PromptTokenizer, kind_of, make_prompt, recorded_prompt
 from .adapters import CONFIG_NAME as ADAPTER_CONFIG
 from .adapters import Adapter, AdaptedWeights, adapter_base, is_adapter, own_base, read_adapter
@@ -100,7 +99,7 @@ def smollm2_folder() -> Path:
             tokenizer = AutoTokenizer.from_pretrained(str(source), gguf_file=gguf.name)
             quantised = AutoModelForCausalLM.from_pretrained(str(source), gguf_file=gguf.name, dtype=torch.float32)
         except Exception as err:  # noqa: BLE001 - gguf missing or a damaged file
-            raise ModelError(f"could not read {gguf.name}: {str(err).splitlines()[0] if str(err) else type(err).__name__} "
+            raise ModelError(f"could not read {gguf.name}: {first_line(err)} "
                              "(the package gguf is needed)") from err
         config = quantised.config
         if hasattr(config, "quantization_config"):
@@ -114,7 +113,7 @@ def smollm2_folder() -> Path:
 
 
 def _load_error(ref: str, err: Exception) -> ModelError:
-    text = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    text = first_line(err)
     if "safetensors" in text.lower() or isinstance(err, OSError) and "model.safetensors" in str(err):
         return ModelError(f"could not load '{ref}': graftui loads safetensors weights only ({text})")
     return ModelError(f"could not load model '{ref}': {text}")
@@ -401,12 +400,7 @@ def architecture(model) -> str:
 
 @lru_cache(maxsize=32)
 def _hash_files(files: tuple[tuple[str, float, int], ...]) -> str:
-    digest = hashlib.sha256()
-    for name, _, _ in files:
-        with open(name, "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                digest.update(block)
-    return digest.hexdigest()
+    return file_sha256(*(name for name, _, _ in files))
 
 
 def content_hash(ref: str) -> str | None:

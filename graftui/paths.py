@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import hashlib
 import os
 import re
 import shutil
@@ -21,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Callable, Iterator
+
+from .errors import first_line
 
 DATA_SUFFIXES = (".csv", ".tsv", ".jsonl", ".json", ".parquet")  # the data files a task may be read from
 _TEMP = re.compile(r"^\..+\.tmp-(?P<host>[\w-]+)-(?P<pid>\d+)-(?P<start>\d+)-[^.]+$")  # made aside by atomic_*
@@ -77,7 +80,7 @@ def _write_error(path: Path, err: BaseException) -> OSError:
     text = str(err)
     if getattr(err, "errno", None) == errno.ENOSPC or "No space left" in text:
         return OSError(f"cannot write '{path}': No space left on the device; free some space and run again")
-    reason = (getattr(err, "strerror", None) or text.splitlines()[0]) if text else type(err).__name__
+    reason = getattr(err, "strerror", None) or first_line(err)
     return OSError(f"cannot write '{path}': {reason}")
 
 
@@ -194,3 +197,13 @@ def clean_stale(root: str | Path, depth: int = 3) -> list[Path]:
         elif depth > 1 and entry.is_dir() and not entry.is_symlink() and not m:
             removed += clean_stale(entry, depth - 1)
     return removed
+
+
+def file_sha256(*paths) -> str:
+    """The sha256 of a file's bytes (of several files', one after another), read a megabyte at a time."""
+    digest = hashlib.sha256()
+    for path in paths:
+        with open(path, "rb") as fh:
+            for block in iter(lambda: fh.read(1 << 20), b""):
+                digest.update(block)
+    return digest.hexdigest()

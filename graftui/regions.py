@@ -28,8 +28,8 @@ from pathlib import Path
 import torch
 
 from . import settings
-from .config import COMPLETION, FT_LABEL, HEADS, MAX_ABS_VALUE, GraftableSpec, LoadOptions, is_body
-from .errors import RegionError, RequestError
+from .config import FT_LABEL, HEADS, MAX_ABS_VALUE, GraftableSpec, LoadOptions, is_body
+from .errors import RegionError, RequestError, first_line
 from .weights import take
 from .method import Region, region_size
 from .models import ModelPair, architecture, load_reader, pair_kind
@@ -376,7 +376,7 @@ def load(path: str | Path) -> RegionRecord:
             metadata = fh.metadata() or {}
             tensors = {key: fh.get_tensor(key) for key in fh.keys()}
     except Exception as err:  # noqa: BLE001 - any parse failure of an untrusted file
-        raise RegionError(f"'{path.name}' is not a readable safetensors region file ({_first_line(err)})") from err
+        raise RegionError(f"'{path.name}' is not a readable safetensors region file ({first_line(err)})") from err
     version = metadata.get("graftui_format")
     if version is None:
         raise RegionError(f"'{path.name}' is a safetensors file but not a graftui region (no format tag)")
@@ -386,7 +386,7 @@ def load(path: str | Path) -> RegionRecord:
         shapes = {n: tuple(int(d) for d in s) for n, s in json.loads(metadata.get("shapes", "")).items()}
         meta = json.loads(metadata.get("meta", "{}"))
     except (ValueError, TypeError, AttributeError) as err:
-        raise RegionError(f"'{path.name}' has unreadable metadata ({_first_line(err)})") from err
+        raise RegionError(f"'{path.name}' has unreadable metadata ({first_line(err)})") from err
     meta = RegionMeta.from_dict(meta, path.name)
     kind = metadata.get("kind", "region")
     indices, values, head = {}, {}, {}
@@ -528,11 +528,6 @@ def check_fits(record: RegionRecord, pair) -> None:
                     f"'{record.meta.task or '?'}', {name} of shape {list(value.shape)}), which does not fit this "
                     f"model's {list(pair.param(name).shape)}: use it with the base model "
                     f"'{record.meta.base or '?'}' and a task with the same labels")
-
-
-def _first_line(err: Exception) -> str:
-    text = str(err).strip()
-    return text.splitlines()[0][:200] if text else type(err).__name__
 
 
 # -- a pair from a patch, and export -------------------------------------------------------------

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Callable
 
 from .. import settings
-from ..errors import RequestError
+from ..errors import RequestError, first_line
 from ..formatting import pairs_table
 from ..requests import Request
 from .common import LOCAL, Guard, Progress, Result, load_region
@@ -116,7 +116,7 @@ def read_request(path, out: str | None = None, overwrite: bool = False) -> Reque
                 data = json.loads(text)
         except Exception as err:  # noqa: BLE001 - any parse error is the file's
             raise RequestError(f"'{path}' is not valid {'YAML' if p.suffix.lower() in {'.yaml', '.yml'} else 'JSON'}: "
-                               f"{str(err).splitlines()[0]}") from None
+                               f"{first_line(err)}") from None
         written = isinstance(data, dict) and "request" in data
         if written:
             data = data["request"]
