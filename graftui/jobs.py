@@ -224,6 +224,7 @@ class JobRunner:
                 job.status, job.finished, job.message = CANCELLED, time.time(), "cancelled before it started"
                 self._fns.pop(job_id, None)
                 self._save(job)
+                self._wake.notify_all()  # who waits for it
                 return True
             ctx = self._contexts.get(job_id)
         if ctx is not None:
@@ -242,14 +243,17 @@ class JobRunner:
         return sorted(items, key=lambda j: j.created, reverse=True)
 
     def wait(self, job_id: str, timeout: float | None = None) -> Job:
-        deadline = None if timeout is None else time.time() + timeout
-        while True:
-            job = self.get(job_id)
-            if job is None or job.status in FINISHED:
-                return job
-            if deadline is not None and time.time() > deadline:
-                return job
-            time.sleep(0.05)
+        """The job once it has ended and its record is written (or as it stands after ``timeout`` seconds)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._wake:
+            while True:
+                job = self.get(job_id)
+                if job is None or job.status in FINISHED:
+                    return job
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    return job
+                self._wake.wait(left)
 
     def job_dir(self, job_id: str) -> Path:
         path = self.root / job_id
@@ -307,27 +311,26 @@ class JobRunner:
                 with contextlib.suppress(Exception):
                     self.after_forced_stop()
             err = stopped or outcome.get("error")
+            end: dict = {}
             try:
                 if err is None:
-                    with self._lock:
-                        job.result, job.status, job.fraction = outcome.get("result") or {}, DONE, 1.0
-                        job.message = "done"
+                    end = {"result": outcome.get("result") or {}, "status": DONE, "fraction": 1.0, "message": "done"}
                 elif isinstance(err, Cancelled) and not isinstance(err, TimeLimit):
-                    with self._lock:
-                        job.status, job.message = CANCELLED, "cancelled"
+                    end = {"status": CANCELLED, "message": "cancelled"}
                 else:
                     if not isinstance(err, TimeLimit):  # a failure, not a limit: its traceback is kept
                         with contextlib.suppress(OSError):
                             (self.job_dir(job_id) / "error.log").write_text(outcome.get("trace", ""))
                         log.warning("job %s failed: %s", job_id, err)
-                    with self._lock:
-                        job.status, job.error = FAILED, message(err)
-                        job.message = job.error
+                    end = {"status": FAILED, "error": message(err), "message": message(err)}
             finally:
-                with self._lock:
+                with self._lock:  # the end is seen with its record written: who waits for it reads the file
+                    for name, value in (end or {"status": FAILED, "message": "failed"}).items():
+                        setattr(job, name, value)
                     job.finished = time.time()
                     self._contexts.pop(job_id, None)
-                self._save(job)
+                    self._save(job)
+                    self._wake.notify_all()
 
     def _watch(self, thread: threading.Thread, job: Job, ctx: JobContext) -> BaseException | None:
         """Wait for a job's thread. A job that stops reporting (a loop that never calls ``report``) is stopped all

@@ -9,7 +9,6 @@ checkpoint marked built, so the page does not fine-tune it in the background: no
 
 from __future__ import annotations
 
-import time
 
 import pytest
 
@@ -59,8 +58,7 @@ def _make_home(home) -> dict:
             return {"region": "core", "seeds": [{"seed": 0, "region": ids["a"]}, {"seed": 1, "region": ids["b"]}]}
 
         job = runner.submit("localize", "Localize 'movies' over seeds 0, 1", body, {"verb": "localize"})
-        assert runner.wait(job.id, 30).status == "done"
-        time.sleep(0.3)  # the runner writes the finished record just after it says so
+        assert runner.wait(job.id, 30).status == "done"  # and its record is written
     return ids
 
 

@@ -135,3 +135,21 @@ def test_a_job_that_never_reports_is_stopped_past_its_time_limit_and_after_a_can
     assert spinning.wait(10)
     assert runner.cancel(job.id)
     assert runner.wait(job.id, 30).status == CANCELLED
+
+
+def test_wait_returns_once_the_finished_record_is_written(tmp_path, monkeypatch):
+    """Who waits for a job reads its record next (the app's job list, a bundle): the record of its end is on disk
+    when ``wait`` returns, however slow the disk (each record here takes 0.3 s to write)."""
+    from graftui import jobs
+
+    def slow(path, write):
+        time.sleep(0.3)
+        return atomic_write(path, write)
+
+    atomic_write = jobs.atomic_write
+    monkeypatch.setattr(jobs, "atomic_write", slow)
+    runner = JobRunner(tmp_path)
+    for fn, status in ((lambda ctx: {"ok": 1}, DONE), (lambda ctx: 1 / 0, FAILED)):
+        job = runner.submit("localize", "t", fn)
+        assert runner.wait(job.id, 30).status == status
+        assert json.loads((tmp_path / job.id / "job.json").read_text())["status"] == status
