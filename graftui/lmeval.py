@@ -386,6 +386,10 @@ _quiet_lock = threading.Lock()
 _quiet_depth = [0, []]  # open _quiet blocks across threads, and the levels the first one found
 
 
+def _nothing(*args, **kwargs) -> None:
+    return None
+
+
 @contextlib.contextmanager
 def _quiet():
     """The harness's and datasets' loggers at ERROR and datasets' progress bars off while the harness runs (it warns
@@ -452,9 +456,14 @@ def score(model, tokenizer, task: HarnessTask, limit: int | None = None, batch_s
     wherever the task's settings do not sample, under the harness's fixed seeds, so two calls on the same weights give
     the same numbers; the model's train/eval mode and the process's random states are as they were after.
     """
+    from lm_eval import evaluator
     from lm_eval.api.model import LM
     from lm_eval.evaluator import simple_evaluate
     from lm_eval.models.huggingface import HFLM
+
+    # simple_evaluate describes the machine in every result it returns (torch's collect_env and git, each run as a
+    # subprocess: 0.6 s a score on 2 CPU cores); graftui reads none of it, so none is collected
+    evaluator.add_env_info, evaluator.get_git_commit_hash = _nothing, _nothing
 
     if limit is not None and doc_ids is not None:
         raise DataError("give limit or doc_ids, not both")

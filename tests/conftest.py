@@ -5,8 +5,11 @@ from __future__ import annotations
 import copy
 import importlib.util
 import itertools
+import multiprocessing.process
 import os
 import re
+import socket
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -62,15 +65,36 @@ def mask_to_region(masks: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {n: m.reshape(-1).nonzero().squeeze(1) for n, m in masks.items() if bool(m.any())}
 
 
-TIERS = ("e2e", "browser", "slow")
+TIERS = ("e2e", "browser", "slow", "gpu")
 
 
 def pytest_collection_modifyitems(config, items):
-    """Every test not marked e2e, browser or slow is a unit test: ``pytest -m unit`` is the tier to run after each
+    """Every test not marked e2e, browser, slow or gpu is a unit test: ``pytest -m unit`` is the tier to run after each
     change."""
     for item in items:
         if not any(item.get_closest_marker(tier) for tier in TIERS):
             item.add_marker(pytest.mark.unit)
+
+
+@pytest.fixture(autouse=True)
+def _a_unit_test_stays_in_this_process(request, monkeypatch):
+    """The unit tier's promise, kept: a unit test that starts a process or opens a socket fails, naming the tier it
+    belongs to (a subprocess, a server or a browser is e2e)."""
+    if request.node.get_closest_marker("unit") is None:
+        yield
+        return
+
+    def refused(what: str):
+        def refuse(*args, **kwargs):
+            raise AssertionError(f"a unit test {what}: mark it e2e (the unit tier runs in this process alone)")
+        return refuse
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", refused("starts a subprocess"))
+    monkeypatch.setattr(os, "fork", refused("forks"))
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", refused("starts a process"))
+    for call in ("connect", "connect_ex", "bind"):
+        monkeypatch.setattr(socket.socket, call, refused("opens a socket"))
+    yield
 
 
 # What graftui builds on first use, the same whatever the home: SmolLM2 dequantised from its GGUF file (``models``) and

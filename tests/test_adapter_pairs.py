@@ -264,6 +264,7 @@ torch.save(found, out)
 """
 
 
+@pytest.mark.e2e  # two processes of their own: the allocator is set before a process starts
 def test_a_region_learned_inside_an_adapter_is_the_same_bits_however_memory_is_served(lora, tmp_path):
     """Large blocks mapped for their own use (as mask learning serves them) or from glibc's heap, θ_ft formed from the
     factors or held whole: the same candidates, logits and region, bit for bit."""
