@@ -146,3 +146,13 @@ def test_a_fine_tune_picked_brings_its_base_task_and_their_ood_tasks(tmp_path, m
     assert actions.default_ood("bbc") == [] and actions.default_ood("my.csv") == []
     said = actions.ood_preview("dates", {}, ["amazon"], None)
     assert "'dates' is a completion task" in said and "clear the out-of-distribution tasks" in said
+
+
+@pytest.mark.parametrize("verb, tasks, kind", [("multitask", "movies,dates", "completion"),
+                                              ("continual", "lm-eval:graftui_dates,movies", "lm-eval")])
+def test_the_laboratory_asks_the_kind_and_refuses_a_task_of_another_before_any_work(verb, tasks, kind):
+    """The paper's experiments run on classification tasks: a completion or harness task is named, with the kinds the
+    verb works on, before a model is loaded."""
+    code, out, err = run_cli(verb, "--tasks", tasks)
+    assert code == 2 and out == "" and err.count("\n") == 1, err
+    assert f"is a {kind} task, and {verb} works on classification tasks" in err

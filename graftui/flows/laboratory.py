@@ -35,9 +35,9 @@ from ..requests import (
     ContinualRequest, FinetuneRequest, LocalizeRequest, MultitaskRequest, RetrainRequest, WiseRequest, derive,
 )
 from . import text
-from ..tasks import examples_per_class, kshot_batches
+from ..tasks import examples_per_class, kshot_batches, read_for
 from .common import (
-    LOCAL, Guard, Progress, Result, check_build, check_model_ref, finish, get_pair, get_task, latest_region, load_region, ood_tasks, pair_for_regions, save_new, part_progress,
+    LOCAL, Guard, Progress, Result, check_build, check_model_ref, finish, get_pair, latest_region, load_region, ood_tasks, pair_for_regions, save_new, part_progress,
 )
 from .registry import verb
 from .replicates import each_seed, replicated
@@ -135,7 +135,7 @@ def multitask(req: MultitaskRequest, progress: Progress | None = None, cancel=No
     check_model_ref(req.base)
     refuse_language_model(req.base, "the multi-task experiment", guard)
     notes: list[str] = []
-    tasks = [get_task(t, DataSpec(), guard, notes) for t in req.tasks]
+    tasks = [read_for(req.verb, t, DataSpec(), guard, notes) for t in req.tasks]
     for t in tasks:
         examples_per_class(req, t, [])  # a bad k-shot size fails before any model is loaded
     folder = _ensure_checkpoint(req, tasks, guard, progress, cancel)
@@ -379,7 +379,7 @@ def _region_setting(req, guard: Guard, progress, cancel):
     if not task_ref:
         raise RegionError("the region names no task; give --task")
     notes: list[str] = []
-    task = get_task(task_ref, req.data_spec(), guard, notes)
+    task = read_for(req.verb, task_ref, req.data_spec(), guard, notes)
     oods = ood_tasks(req, task_ref, task, guard, notes)
     pair = pair_for_regions(base, finetuned, [record], guard, progress, cancel)
     try:
@@ -509,7 +509,7 @@ def continual(req: ContinualRequest, progress: Progress | None = None, cancel=No
     check_model_ref(req.base)
     refuse_language_model(req.base, "the continual-learning experiment", guard)
     notes: list[str] = []
-    tasks = [get_task(t, DataSpec(), guard, notes) for t in req.tasks]
+    tasks = [read_for(req.verb, t, DataSpec(), guard, notes) for t in req.tasks]
     n = len(tasks)
     out_dir = Path(req.out).expanduser() if req.out else settings.subdir("regions")
     out_dir.mkdir(parents=True, exist_ok=True)

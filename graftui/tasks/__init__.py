@@ -12,10 +12,10 @@ from .base import KINDS, Outcome, TaskKind, Words, kind_named, kind_of, ordered,
 from .classification import CLASSIFICATION, examples_per_class, kshot_batches
 from .completion import COMPLETION_KIND, recorded_rule
 from .harness import HARNESS
-from .reading import (given_fields, named_kind, read_classification, read_task, read_task_as, recorded_columns,
-                      region_kind)
+from .reading import (given_fields, named_kind, read_classification, read_for, read_task, read_task_as,
+                      recorded_columns, region_kind)
 
 __all__ = ["CLASSIFICATION", "COMPLETION_KIND", "HARNESS", "KINDS", "Outcome", "TaskKind", "Words",
            "examples_per_class", "given_fields", "kind_named", "kind_of", "kshot_batches", "named_kind", "ordered",
-           "read_classification", "read_task", "read_task_as", "recorded_columns", "recorded_rule", "region_kind",
+           "read_classification", "read_for", "read_task", "read_task_as", "recorded_columns", "recorded_rule", "region_kind",
            "register_kind", "task_kinds"]

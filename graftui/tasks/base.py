@@ -122,8 +122,12 @@ class TaskKind:
 
     def supports(self, verb: str, task) -> None:
         """Refuse a verb this kind cannot do, in one line."""
+        self.does(verb, task.name)
+
+    def does(self, verb: str, name: str) -> None:
+        """Refuse ``verb`` on the task ``name`` of this kind, in one line, where the kind cannot do it."""
         if verb not in self.verbs:
-            raise RequestError(f"'{task.name}' is a {self.name} task, and {verb} works on "
+            raise RequestError(f"'{name}' is a {self.name} task, and {verb} works on "
                                + ", ".join(k.name for k in KINDS.values() if verb in k.verbs) + " tasks")
 
     def ood_note(self, task) -> str | None:

@@ -68,7 +68,7 @@ class Classification(TaskKind):
                ("F1", "f1"), ("ECE", "ece"), ("agree w/ FT", "agreement_with_ft"), ("k", "region_size"))
     markdown_columns = (("accuracy (95 % interval)", "score"), ("ECE", "ece"), ("share of FT gain", "gain_recovered"))
     verbs = ("finetune", "localize", "evaluate", "predict", "sweep", "anatomy", "compose", "export", "push",
-             "reproduce", "pair")
+             "reproduce", "pair", "multitask", "wise", "retrain", "continual")
     order, tried = 30, 1  # an offline task by its name; any other source is tried as a classification task first
 
     def claims(self, key: str, asked: str, given: set[str]) -> bool:

@@ -15,17 +15,16 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import card, generation, metrics, settings
+from .. import generation, metrics
 from ..completion import Completions, CompletionTask, prompt_room, context_length
 from ..config import FT_LABEL, LM_BODY_LABEL
 from ..errors import Cancelled, DataError, RequestError
 from ..formatting import difference, pct
-from ..lmeval import (OFFLINE as OFFLINE_HARNESS, PREFIX, HarnessScore, HarnessTask, check_stop, harness_names, is_harness_ref,
-                      load_harness_task, score)
-from ..models import load_reader
+from ..lmeval import (OFFLINE as OFFLINE_HARNESS, PREFIX, HarnessScore, HarnessTask, check_stop, harness_names,
+                      is_harness_ref, load_harness_task, score)
 from ..paths import short_ref
 from ..scoring import TEST_SAMPLE_SEED, region_size, state_of
-from .base import Outcome, Words, register_kind
+from .base import Words, register_kind
 from .completion import Completion
 
 
@@ -126,9 +125,6 @@ class Harness(Completion):
             if harness.output_type == "generate_until":
                 check_stop(pair.tokenizer, harness.name)
 
-    def check_finetune(self, req, task, config, allow, notes) -> None:
-        self.check_sample(task, req)
-
     def judging(self, req, meta=None, guard=None):
         """The harness judges with its own filters and metrics: no answer rule of graftui's applies, and a request
         that gives one is refused, naming its flags."""
@@ -140,44 +136,6 @@ class Harness(Completion):
             raise RequestError(f"{', '.join(given)}: an lm-eval task is judged by the harness's own filters (its "
                                f"YAML's filter_list); drop {'it' if len(given) == 1 else 'them'}")
         return generation.AnswerRule(), generation.MAX_NEW_TOKENS  # what predict's generations are cut by
-
-    def sweep_rows(self, reference, pair, task, req, made, kept, sparsity, cancel=None):
-        """Each method's region scored by the harness beside FT and the pre-trained model, every two methods
-        paired."""
-        methods = list(made)
-        part = self.compare(pair, task, made, n=req.n, contrasts=[(a, b) for x, a in enumerate(methods)
-                                                                  for b in methods[x + 1:]], cancel=cancel)
-        rows = []
-        for t in dict.fromkeys(r["task"] for r in part["rows"]):
-            by = {r["model"]: r for r in part["rows"] if r["task"] == t}
-            ft = reference.ft = by[FT_LABEL]
-            bare = reference.bare = by[LM_BODY_LABEL]
-            for name in methods:
-                r = by[name]
-                rows.append({"method": name, "task": t, "region": kept.get(name), "sparsity": sparsity,
-                             "k": r["region_size"], "n": r["n"], "metric": r["metric"], "score": r["score"],
-                             "accuracy": r["score"], "stderr": r["stderr"], "ece": None, "calibration": None,
-                             "ood": {}, "ft_accuracy": ft["score"],
-                             "retained": r["score"] / ft["score"] if ft["score"] else None,
-                             "gain_recovered": card.gain_recovered(r["score"], ft["score"], bare["score"])})
-        found = [{**d, "sparsity": sparsity} for d in part["differences"] if d["b"] != LM_BODY_LABEL]
-        return rows, found
-
-    def sweep_fields(self, reference) -> dict:
-        ft, bare = reference.ft, reference.bare
-        return {"ft_accuracy": ft["score"], "ft_ece": None, "ft_ood": {}, "body_accuracy": bare["score"],
-                "n_test": ft["n"]}
-
-    def scores(self, model, tokenizer, task: HarnessSkill, n) -> list[HarnessScore]:
-        """The harness's reading of ``model`` as it is now on each of the task's harness tasks."""
-        return [score(model, tokenizer, t, doc_ids=sample_ids(t, n)) for t in task.harness]
-
-    def test_score(self, out, task, req, options, notes) -> dict:
-        model, tokenizer, _ = load_reader(str(out), "completion", None, options)
-        found = self.scores(model.eval().to(settings.device()), tokenizer, task, req.test_examples)
-        values = [f.metrics[_primary(f)] for f in found]
-        return {"test_accuracy": sum(values) / len(values), "test_examples": sum(f.n for f in found),
-                "test_loss": None, "chance_accuracy": None}
 
     def compare(self, pair, task, models, *, n, contrasts=(), oods=(), judging=None, progress=None, cancel=None):
         """Every model on every harness task; rows with the harness's metric and stderr, paired differences of the
@@ -215,9 +173,6 @@ class Harness(Completion):
     def scorer(self, pair, task, split, n, judging=None, notes=None):
         raise RequestError(f"'{task.name}' is scored by lm-evaluation-harness on its own documents; ablations and "
                            "merges choose on graftui's own tasks: give a completion or classification task")
-
-    def paired(self, a: Outcome, b: Outcome, seed: int) -> dict:
-        return _paired(a.per_example, b.per_example, "score", seed)
 
     app_columns = ("model", "task", "n", "metric", "score ↑ [95 % CI]", "harness stderr", "share of FT gain", "Δ vs FT",
                    "k (params)")

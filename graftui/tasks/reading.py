@@ -29,6 +29,15 @@ def read_task_as(ref: str, spec, guard, notes: list[str] | None = None):
     return _noted(kind.read(ref, spec, guard), notes)
 
 
+def read_for(verb: str, ref: str, spec, guard, notes: list[str] | None = None):
+    """A task for a verb that works on some kinds only (the laboratory's): the kind its reference names, else the
+    kind whose columns ``spec`` is, refused in one line before anything is read where that kind cannot do ``verb``."""
+    key = str(ref or "").strip().lower()
+    kind = named_kind(key) or next((k for k in ordered() if k.takes(spec)), CLASSIFICATION)
+    kind.does(verb, str(ref))
+    return _noted(kind.read(ref, spec if kind.takes(spec) else None, guard), notes)
+
+
 def given_fields(req) -> set[str]:
     """The request's fields, of those only one kind reads, that it gives a value."""
     return {f for kind in KINDS.values() for f in kind.fields if getattr(req, f, None)}
@@ -74,5 +83,5 @@ def recorded_columns(meta):
     return region_kind(meta).recorded_spec(meta)
 
 
-__all__ = ["given_fields", "named_kind", "recorded_columns", "region_kind", "read_classification", "read_task",
+__all__ = ["given_fields", "named_kind", "read_for", "recorded_columns", "region_kind", "read_classification", "read_task",
            "read_task_as"]
