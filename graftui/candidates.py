@@ -30,8 +30,9 @@ import torch
 from . import compute
 from .config import LearnConfig
 from .errors import Cancelled
-from .method import (MaskLearner, Movement, Region, RegionCounter, backward_with, base_region, binarise, flat_views,
-                     gradient_size, kth_largest, offset_in, top_k)
+from .compute import flat_views, offset_in
+from .method import (MaskLearner, Movement, Region, RegionCounter, backward_with, base_region, binarise, gradient_size,
+                     kth_largest, top_k)
 from .weights import release, take
 
 log = logging.getLogger(__name__)

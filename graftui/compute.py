@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import atexit
 import ctypes
+import math
 import os
 import re
 import sys
@@ -232,6 +233,29 @@ def chunks(flat: torch.Tensor, everywhere: bool = False) -> Iterable[slice]:
     n = flat.numel()
     size = CHUNK if flat.device.type == "cpu" else DEVICE_CHUNK if everywhere else n
     return _WHOLE if n <= size else [slice(i, min(i + size, n)) for i in range(0, n, size)]
+
+
+def flat_views(sizes: dict[str, tuple[int, ...]], on: dict[str, torch.device], dtypes: dict[str, torch.dtype]):
+    """(name -> view, device -> buffer): one buffer per device, cut in ``sizes``' order as ``initial_logits`` cuts
+    ℓ, so that a position in one buffer is the same candidate in every other."""
+    totals: dict[torch.device, int] = {}
+    for n, shape in sizes.items():
+        totals[on[n]] = totals.get(on[n], 0) + math.prod(shape)
+    dtype: dict[torch.device, torch.dtype] = {}
+    for n in sizes:  # a model that keeps some modules in float32 beside 16-bit ones: the wider on that device
+        dtype[on[n]] = torch.promote_types(dtype.get(on[n], dtypes[n]), dtypes[n])
+    flat = {d: torch.empty(total, dtype=dtype[d], device=d) for d, total in totals.items()}
+    views, used = {}, dict.fromkeys(flat, 0)
+    for n, shape in sizes.items():
+        d, size = on[n], math.prod(shape)
+        views[n] = flat[d][used[d]: used[d] + size].view(shape)
+        used[d] += size
+    return views, flat
+
+
+def offset_in(view: torch.Tensor, buffer: torch.Tensor) -> int:
+    """Where ``view`` starts inside ``buffer``, in elements."""
+    return view.storage_offset() - buffer.storage_offset()
 
 
 class Scratch:

@@ -191,7 +191,7 @@ def initial_logits(
     so the region is counted in a few passes over it rather than a few per tensor.
     """
     where = {n: torch.device(device[n] if isinstance(device, dict) else device) for n in shapes}
-    logits, flat = flat_views(shapes, where, dict.fromkeys(shapes, dtype))
+    logits, flat = compute.flat_views(shapes, where, dict.fromkeys(shapes, dtype))
     for buffer in flat.values():
         buffer.fill_(-bias)
     for name, idx in base.items():
@@ -448,29 +448,6 @@ class MaskLearner:
     def full_logits(self) -> dict[str, torch.Tensor]:
         """ℓ of every graftable parameter, shaped as the parameter."""
         return self.logits
-
-
-def flat_views(sizes: dict[str, tuple[int, ...]], on: dict[str, torch.device], dtypes: dict[str, torch.dtype]):
-    """(name -> view, device -> buffer): one buffer per device, cut in ``sizes``' order as ``initial_logits`` cuts
-    ℓ, so that a position in one buffer is the same candidate in every other."""
-    totals: dict[torch.device, int] = {}
-    for n, shape in sizes.items():
-        totals[on[n]] = totals.get(on[n], 0) + math.prod(shape)
-    dtype: dict[torch.device, torch.dtype] = {}
-    for n in sizes:  # a model that keeps some modules in float32 beside 16-bit ones: the wider on that device
-        dtype[on[n]] = torch.promote_types(dtype.get(on[n], dtypes[n]), dtypes[n])
-    flat = {d: torch.empty(total, dtype=dtype[d], device=d) for d, total in totals.items()}
-    views, used = {}, dict.fromkeys(flat, 0)
-    for n, shape in sizes.items():
-        d, size = on[n], math.prod(shape)
-        views[n] = flat[d][used[d]: used[d] + size].view(shape)
-        used[d] += size
-    return views, flat
-
-
-def offset_in(view: torch.Tensor, buffer: torch.Tensor) -> int:
-    """Where ``view`` starts inside ``buffer``, in elements."""
-    return view.storage_offset() - buffer.storage_offset()
 
 
 def logit_gradient(
