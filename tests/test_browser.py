@@ -418,6 +418,7 @@ def test_report_bundle_of_a_job_downloads(page, tmp_path):
 
     job = _need("compare_job")
     bu.choose(page, "jobs-select", f"[{job}]")
+    page.wait_for_selector("#jobs-bundle:not([disabled])", timeout=15_000)  # on for a finished job's pick
     path = bu.download_made_file(page, "#jobs-bundle", "jobs-bundle-file", tmp_path)
     assert path.name == f"report-{job}.zip", path.name
     with zipfile.ZipFile(path) as zf:

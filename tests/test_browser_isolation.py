@@ -131,8 +131,9 @@ def test_isolation_of_four_hosted_sessions(browser, hosted_server):  # noqa: F81
             round_trips.append(_timed(lambda: d.click("#models-data-check"), lambda: d.wait_for_function(
                 "() => document.querySelector('#status-message').innerText.includes('Column mapping checked')",
                 timeout=30_000)))
-            round_trips.append(_timed(lambda: d.click("#jobs-bundle"), lambda: d.wait_for_function(
-                "() => document.querySelector('#status-message').innerText.includes('pick a job in the list above')",
+            bu.open_tab(d, "compare")
+            round_trips.append(_timed(lambda: d.click("#predict-run"), lambda: d.wait_for_function(
+                "() => document.querySelector('#status-message').innerText.includes('pick at least one region')",
                 timeout=30_000)))
         still = [f"{r[1]} {r[3]}" for r in bu.table_rows(a, "jobs-table") if r and r[0] == job_a]
         print(f"\n[isolation] while A's job ran ({', '.join(still)}): tab switch median {statistics.median(switches):.2f} s "

@@ -130,19 +130,22 @@ def test_check_n_zero_skips_the_check_and_a_bad_one_is_one_line(gpt2, tmp_path):
 
 
 @pytest.mark.unit
-@pytest.mark.parametrize("kind, share, said", [("completion", 0.03, True), ("classification", 0.2, True),
-                                               ("completion", 0.5, False), ("completion", None, False)])
-def test_a_region_that_lost_the_skill_on_held_out_examples_says_so_in_one_sentence(kind, share, said):
+@pytest.mark.parametrize("kind, share, said, budget", [
+    ("completion", 0.03, True, 0.01), ("classification", 0.2, True, 0.001), ("classification", 0.2, True, 0.2),
+    ("completion", 0.5, False, 0.01), ("completion", None, False, 0.01)])
+def test_a_region_that_lost_the_skill_on_held_out_examples_says_so_in_one_sentence(kind, share, said, budget):
     from graftui.flows.single import did_not_fit
     from graftui.tasks import kind_named
 
     rows = [{"model": FT_LABEL, "accuracy": 1.0}, {"model": "this region", "accuracy": 0.03, "gain_recovered": share}]
-    notes = did_not_fit({"rows": rows, "n": 100}, kind_named(kind), 106203)
+    notes = did_not_fit({"rows": rows, "n": 100}, kind_named(kind), 106203, round(106203 / budget))
     if not said:
         assert notes == []
         return
     score = "exact match" if kind == "completion" else "accuracy"
     assert notes == [f"the skill did not fit in k = 106,203 parameters: the region's held-out {score} is 3.0% against "
-                     "the fine-tune's 100.0% (n = 100); try a larger budget such as 1 %, the budget-true method "
-                     "(--method budget-true), or a fine-tune with an ℓ1 penalty on the movement (finetune --optimizer "
+                     "the fine-tune's 100.0% (n = 100); try "
+                     + {0.01: "a larger budget such as 10 % (ten times this one), ",
+                        0.001: "a larger budget such as 1 % (ten times this one), ", 0.2: ""}[budget]
+                     + "the budget-true method (--method budget-true), or a fine-tune with an ℓ1 penalty on the movement (finetune --optimizer "
                      "adamw --l1 1e-3)"]

@@ -295,7 +295,9 @@ def test_the_app_shows_a_completion_comparison_and_its_generations(trained, loca
     assert shown["fine-tuned"].str.match(r"^(✓|≈|✗( \(F1 [\d.]+\))?) ").all()
     exact = [g["exact"]["fine-tuned"] for g in ev.as_dict()["generations"]]
     assert shown["fine-tuned"].str.startswith("✓").tolist() == exact  # the mark is the example's exact match
-    assert ("dates" in dict((v, k) for k, v in models.task_choices())) and actions.data_columns("numbers", "x") == {}
+    offered = dict((v, k) for k, v in models.task_choices())
+    assert "dates" in offered and actions.data_columns("numbers", "x") == {}
+    assert offered["lm-eval:graftui_dates"].startswith("lm-eval:graftui_dates (lm-eval): ")  # every kind's own tasks
 
 
 def test_sweep_and_ablation_score_completion_regions_by_generation(trained, localized):

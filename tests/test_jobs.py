@@ -153,3 +153,20 @@ def test_wait_returns_once_the_finished_record_is_written(tmp_path, monkeypatch)
         job = runner.submit("localize", "t", fn)
         assert runner.wait(job.id, 30).status == status
         assert json.loads((tmp_path / job.id / "job.json").read_text())["status"] == status
+
+
+def test_a_job_has_a_report_bundle_to_make_only_once_it_finished_with_a_result(tmp_path):
+    """The Jobs panel's bundle button is on only for such a job, and making one for any other says why in one line."""
+    import pytest
+
+    from graftui.jobs import Job
+    from graftui.ui import actions
+
+    done = Job(id="a", kind="localize", title="Localize", params={"verb": "localize"}, status=DONE, result={"k": 1})
+    assert actions.reportable(done)
+    for job in (None, Job(id="b", kind="localize", title="L", params={"verb": "localize"}, status="running"),
+                Job(id="c", kind="prepare", title="Prepare", params={}, status=DONE, result={"k": 1}),
+                Job(id="d", kind="localize", title="L", params={"verb": "localize"}, status=FAILED)):
+        assert not actions.reportable(job)
+        with pytest.raises(ValueError, match="pick a job in the list above first|has no result to report"):
+            actions.report_bundle(job)

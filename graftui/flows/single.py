@@ -236,7 +236,7 @@ def _localize(req: LocalizeRequest, progress: Progress | None, cancel, guard: Gu
     check = quick_check(pair, task, {"this region": region}, req, req.steps if info.needs_data else 0,
                         progress, cancel) if checking else None
     if check:
-        notes += did_not_fit(check, kind, k)
+        notes += did_not_fit(check, kind, k, pair.counts()["graftable"])
     record = region_record(req, pair, region, made, notes, time.time() - start)
     if req.out:
         out = Path(req.out).expanduser()
@@ -254,20 +254,21 @@ def _localize(req: LocalizeRequest, progress: Progress | None, cancel, guard: Gu
 DID_NOT_FIT = 0.5  # a region keeping less than this share of the fine-tune's gain on held-out examples lost the skill
 
 
-def did_not_fit(check: dict, kind, k: int) -> list[str]:
+def did_not_fit(check: dict, kind, k: int, graftable: int) -> list[str]:
     """One sentence when the held-out check says the skill is not in the region: it kept less than half of what
     fine-tuning gained over the empty region (mask learning's own batch may still score high: the relaxed region it
-    trained on can be far larger than k)."""
+    trained on can be far larger than k). The larger budget it suggests is ten times this one (none past 10 %)."""
     by = {r["model"]: r for r in check["rows"]}
     region, ft = by.get("this region"), by.get(FT_LABEL)
     share = region.get("gain_recovered") if region else None
     if share is None or share >= DID_NOT_FIT:
         return []
-    what = kind.words.score
+    what, share = kind.words.score, k / max(graftable, 1)
+    larger = f"a larger budget such as {100 * 10 * share:.2g} % (ten times this one), " if share < 0.1 else ""
     return [f"the skill did not fit in k = {k:,} parameters: the region's held-out {what} is "
-            f"{pct(region['accuracy'], 1)} against the fine-tune's {pct(ft['accuracy'], 1)} (n = {check['n']:,}); try a "
-            "larger budget such as 1 %, the budget-true method (--method budget-true), or a fine-tune with an ℓ1 "
-            "penalty on the movement (finetune --optimizer adamw --l1 1e-3)"]
+            f"{pct(region['accuracy'], 1)} against the fine-tune's {pct(ft['accuracy'], 1)} (n = {check['n']:,}); try "
+            f"{larger}the budget-true method (--method budget-true), or a fine-tune with an ℓ1 penalty on the movement "
+            "(finetune --optimizer adamw --l1 1e-3)"]
 
 
 def quick_check(pair: ModelPair, task, models: dict, req, step: int, progress=None, cancel=None) -> dict:

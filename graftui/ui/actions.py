@@ -756,11 +756,16 @@ def request_file(job: Job | None) -> Path | None:
     return path
 
 
+def reportable(job: Job | None) -> bool:
+    """Whether a job has a report bundle to make: it finished with a result of a verb's request."""
+    return job is not None and job.status == "done" and bool(job.result) and "verb" in (job.params or {})
+
+
 def report_bundle(job: Job | None) -> str:
     """The report bundle (bundle.py) of a finished job, written once into this session's downloads."""
     if job is None:
         raise ValueError("pick a job in the list above first")
-    if job.status != "done" or not job.result or "verb" not in (job.params or {}):
+    if not reportable(job):
         raise ValueError(f"'{job.title}' has no result to report ({job.status}); pick a finished job")
     path = store.downloads_dir() / f"report-{job.id}.zip"
     if not path.exists():

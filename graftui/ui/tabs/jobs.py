@@ -15,8 +15,10 @@ LABEL = "Cancel selected job"
 
 def build(page) -> None:
     with gr.Accordion("Jobs", open=True, elem_id="jobs-panel"):
-        gr.Markdown("Jobs run one at a time in the background, in the order submitted; they keep running when you "
-                    "close or reload the page, and stay listed after a restart.")
+        gr.Markdown("Jobs run in the background in two lanes, each one job at a time: a quick lane for work of "
+                    "seconds (a prediction, a check), beside the main lane for the rest, so a short job never waits "
+                    "behind a long one; a lane takes its waiting jobs from each user in turn. They keep running when "
+                    "you close or reload the page, and stay listed after a restart.")
         jobs_df = gr.Dataframe(actions.job_rows(store.runner()), interactive=False, wrap=True, elem_id="jobs-table")
         with gr.Row():
             job_sel = gr.Dropdown(actions.job_choices(store.runner()), label="Job", elem_id="jobs-select",
@@ -28,7 +30,8 @@ def build(page) -> None:
             job_req = gr.Code("", language="json", interactive=False, elem_id="jobs-request")
             job_req_dl = gr.DownloadButton("Download request (JSON)", value=None, elem_id="jobs-request-download")
         with gr.Row():
-            job_bundle = gr.Button("Make report bundle of the selected job", elem_id="jobs-bundle", scale=0)
+            job_bundle = gr.Button("Make report bundle of the selected job", elem_id="jobs-bundle", scale=0,
+                                   interactive=False)  # on once a finished job with a result is picked
             job_bundle_file = gr.File(label="Report bundle (.zip: README, request, tables as CSV and JSON, figures)",
                                       interactive=False, elem_id="jobs-bundle-file")
     jobs_sig, armed = gr.State(None), page.state(None)
@@ -50,10 +53,13 @@ def build(page) -> None:
             fresh = False
             table, picker = actions.job_rows(runner), gr.update(choices=actions.job_choices(runner))
         line = gr.skip() if last is not None and detail == last[2] else detail
-        button = gr.skip() if last is not None and listing == last[0] else cancel_button(job, LABEL)  # a status changed
-        return table, picker, line, button, (listing, last[1] if fresh else sig, detail, last[3] if fresh else now)
+        same = last is not None and listing == last[0]  # no job appeared and none changed status
+        button = gr.skip() if same else cancel_button(job, LABEL)
+        bundle = gr.skip() if same else gr.update(interactive=actions.reportable(job))
+        return (table, picker, line, button, bundle,
+                (listing, last[1] if fresh else sig, detail, last[3] if fresh else now))
 
-    page.poll.add(tick_jobs, [jobs_sig, job_sel], [jobs_df, job_sel, job_md, job_cancel, jobs_sig])
+    page.poll.add(tick_jobs, [jobs_sig, job_sel], [jobs_df, job_sel, job_md, job_cancel, job_bundle, jobs_sig])
 
     @page.safe
     def on_job_cancel(picked, memory):
@@ -72,9 +78,9 @@ def build(page) -> None:
         path = actions.request_file(job)
         text = json.dumps(job.params, indent=2) if path else "(this job has no request: it prepares the default model)"
         return (text if job else "", gr.update(value=str(path) if path else None), None,
-                cancel_button(job, LABEL), gr.skip())
+                cancel_button(job, LABEL), gr.update(interactive=actions.reportable(job)), gr.skip())
 
-    page.on(job_sel.change, on_job_pick, [job_sel], [job_req, job_req_dl, armed, job_cancel, page.status])
+    page.on(job_sel.change, on_job_pick, [job_sel], [job_req, job_req_dl, armed, job_cancel, job_bundle, page.status])
 
     @page.safe
     def on_job_bundle(picked):

@@ -10,10 +10,10 @@ import pandas as pd
 
 from ... import settings
 from ...config import DEFAULT_BASE, DEFAULT_FINETUNED, DEFAULT_TASK
-from ...completion import OFFLINE_SKILLS
 from ...data import OFFLINE_TASKS
 from ...paths import short_ref
 from ...requests import EvaluateRequest, LoadFields, choices_of
+from ...tasks import CLASSIFICATION, KINDS
 from .. import actions, store
 from ..wiring import guarded, skip_none
 
@@ -28,8 +28,10 @@ UNCHECKED = "Press **Check pair** to load both models and count their parameters
 
 
 def task_choices() -> list[tuple[str, str]]:
-    skills = [(f"{name} (completion): {about[0]}", name) for name, about in OFFLINE_SKILLS.items()]
-    return [(f"{name}: {desc}", name) for name, desc in OFFLINE_TASKS.items()] + skills + store.upload_choices()
+    """Every task of every kind that needs no download (a kind other than classification named beside it), then the
+    uploads."""
+    return [(f"{name}: {about}" if kind is CLASSIFICATION else f"{name} ({kind.name}): {about}", name)
+            for kind in KINDS.values() for name, about in kind.offline().items()] + store.upload_choices()
 
 
 def ood_choices() -> list[tuple[str, str]]:
