@@ -635,7 +635,13 @@ def test_deleting_a_region_clears_it_from_every_picker_and_polling_goes_on(page)
     page.click("#region-delete")  # a first press only asks to press again: nothing is deleted on one click
     page.wait_for_function("() => document.querySelector('#status-message').innerText.includes('again to delete')",
                            timeout=30_000)
+    assert "Confirm" in bu.text(page, "#region-delete")
+    page.wait_for_function("() => !document.querySelector('#region-delete').innerText.includes('Confirm')",
+                           timeout=40_000)  # left armed, it goes back to Delete after CONFIRM_SECONDS
     assert second in bu.text(page, "#region-list")
+    page.click("#region-delete")  # so it asks again
+    page.wait_for_function("() => document.querySelector('#region-delete').innerText.includes('Confirm')",
+                           timeout=30_000)
     page.click("#region-delete")
     page.wait_for_function("id => document.querySelector('#status-message').innerText.includes('Deleted region ' + id)",
                            arg=second, timeout=60_000)  # once seen queued 28 s behind other handlers on a busy machine

@@ -252,11 +252,12 @@ def test_poll_runs_every_part_in_one_event_and_a_failing_part_keeps_its_outputs(
     quiet.add(lambda x: (gr.skip(), gr.skip()), [a], [b, c])
     quiet.wire({"one": timer}, status, sid)
     assert timer.fn("", "", 1) == gr.skip()  # nothing new: one skip for all outputs (Gradio's cheap path)
-    clash = Poll()
-    clash.add(lambda: (1,), [], [b])
-    clash.add(lambda: (2,), [], [b])
-    with pytest.raises(ValueError, match="same component"):
-        clash.wire({"one": Timer()}, status, sid)
+    shared = Poll()  # two parts that update one component (a panel's Cancel button, and the part disarming it)
+    shared.add(lambda x: (x,), [a], [b])
+    shared.add(lambda x: (gr.skip() if x == 1 else "disarmed",), [a], [b])
+    shared.wire({"one": timer}, status, sid)
+    assert timer.outputs == [b, status]  # one output: the later part's answer wins where both answer
+    assert timer.fn("", "", 1, 1)[0] == 1 and timer.fn("", "", 2, 2)[0] == "disarmed"
     with pytest.raises(ValueError, match="no timer for the tab 'other'"):
         poll.wire({"one": Timer()}, status, sid)
 
@@ -1254,3 +1255,13 @@ def test_the_try_box_is_one_prompt_for_completion_regions_and_sentences_otherwis
     assert compare.predict_kind_or_default(["gen"]) == "completion"
     assert compare.predict_kind_or_default(["gen", "cls"]) == compare.predict_kind_or_default([]) == "classification"
     assert actions.PREDICT_WORDS["completion"][:2] == ("Prompt (the whole box is one prompt)", "Generate")
+
+
+def test_a_confirm_button_confirms_only_its_own_target_within_its_window_and_expires_after():
+    from graftui.ui import actions
+
+    armed, window = ("job1", 100.0), actions.CONFIRM_SECONDS
+    assert actions.confirms(armed, "job1", 100.0 + window) and not actions.confirms(armed, "job2", 101.0)
+    assert not actions.confirms(armed, "job1", 100.0 + window + 0.1) and not actions.confirms(None, "job1", 100.0)
+    assert not actions.expired(armed, 100.0 + window) and actions.expired(armed, 100.0 + window + 0.1)
+    assert not actions.expired(None, 1e9) and not actions.expired("job1", 1e9)  # nothing armed: nothing to undo

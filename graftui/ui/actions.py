@@ -172,7 +172,20 @@ def shown_job(runner, picked: str, kinds: tuple[str, ...]) -> Job | None:
     return job if job is not None and job.kind in kinds else None
 
 
-CONFIRM_SECONDS = 10.0  # a Cancel button, once pressed, asks to be pressed again within this long
+CONFIRM_SECONDS = 10.0  # a Cancel or Delete button, once pressed, asks to be pressed again within this long
+
+
+def confirms(armed, key: str, now: float) -> bool:
+    """Whether a press confirms what the first press of its button named: the same ``key`` (a job, a region), within
+    CONFIRM_SECONDS (``armed``: the button's memory, (key, when))."""
+    return isinstance(armed, (list, tuple)) and len(armed) == 2 and armed[0] == key \
+        and isinstance(armed[1], (int, float)) and 0 <= now - armed[1] <= CONFIRM_SECONDS
+
+
+def expired(armed, now: float) -> bool:
+    """Whether a button armed by a first press has waited past CONFIRM_SECONDS: it goes back to its first look."""
+    return isinstance(armed, (list, tuple)) and len(armed) == 2 and isinstance(armed[1], (int, float)) \
+        and now - armed[1] > CONFIRM_SECONDS
 
 
 def cancel_step(runner, job: Job | None, armed, now: float) -> tuple[str, tuple | None, str]:
@@ -185,8 +198,7 @@ def cancel_step(runner, job: Job | None, armed, now: float) -> tuple[str, tuple 
         return f"**{md(job.title)}** has already finished ({job.status}).", None, "off"
     if hasattr(runner, "check_cancel"):
         runner.check_cancel(job.id)  # a job this page may not cancel is refused at the first press
-    if isinstance(armed, (list, tuple)) and len(armed) == 2 and armed[0] == job.id \
-            and isinstance(armed[1], (int, float)) and 0 <= now - armed[1] <= CONFIRM_SECONDS:
+    if confirms(armed, job.id, now):
         ok = runner.cancel(job.id)  # refuses a job that is not this page's own
         return (f"Cancel requested for **{md(job.title)}**." if ok else
                 f"**{md(job.title)}** has already finished ({job.status})."), None, "off"

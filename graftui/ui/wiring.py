@@ -356,9 +356,9 @@ class Poll:
     @staticmethod
     def _wire(parts: list, timer, status, sid, opened=None) -> None:
         inputs = [sid, status, *(c for _, ins, _ in parts for c in ins)]
-        outputs = [c for _, _, outs in parts for c in outs]
-        if len(set(map(id, outputs))) != len(outputs):
-            raise ValueError("two polled parts update the same component")
+        outputs = list({id(c): c for _, _, outs in parts for c in outs}.values())  # a component two parts update
+        # (a panel's Cancel button, and the part that disarms it) is one output: the later part's answer wins
+        where = {id(c): j for j, c in enumerate(outputs)}
 
         # (input position, output position) of each State a part reads and writes back
         kept = [[(i, j) for j, c in enumerate(outs) if isinstance(c, gr.State) for i, x in enumerate(ins) if x is c]
@@ -366,7 +366,7 @@ class Poll:
 
         def tick(banner, *values):
             settled = actions.settled_banner(banner)  # "Submitted…" once its job has ended
-            out, at, problem = [], 0, gr.skip() if settled is None else settled
+            out, at, problem = [gr.skip() for _ in outputs], 0, gr.skip() if settled is None else settled
             for (fn, ins, outs), states in zip(parts, kept):
                 mine = values[at:at + len(ins)]
                 try:
@@ -377,7 +377,9 @@ class Poll:
                 for i, j in states:
                     if _same(got[j], mine[i]):
                         got[j] = gr.skip()
-                out += got
+                for component, value in zip(outs, got):
+                    if not _skipped(value):
+                        out[where[id(component)]] = value
                 at += len(ins)
             out.append(problem)
             return gr.skip() if all(_skipped(v) for v in out) else tuple(out)
@@ -531,6 +533,18 @@ class Page:
 
         self.on(button.click, run, [picker, armed], [button, armed, self.status])
         self.on(picker.change, lambda picked: None, [picker], [armed], show_progress="hidden")  # another job: unarmed
+        self.disarms(button, armed, lambda picked: cancel_button(actions.shown_job(store.runner(), picked, kinds),
+                                                                 label), [picker])
+
+    def disarms(self, button, armed, look, inputs: list = ()) -> None:
+        """A confirm button left armed goes back to its first look (``look(*inputs)``) once CONFIRM_SECONDS have
+        passed: a later press asks again, and the button never says "Confirm" when it would not."""
+        def tick(memory, *values):
+            if not actions.expired(memory, time.time()):
+                return gr.skip(), gr.skip()
+            return look(*values), None
+
+        self.poll.add(tick, [armed, *inputs], [button, armed])
 
     def report(self, prefix: str, picker, kinds: tuple[str, ...]) -> None:
         """A button that downloads the shown job's tables (CSV, JSON) and figures (HTML) as its report bundle."""

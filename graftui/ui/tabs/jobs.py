@@ -71,6 +71,8 @@ def build(page) -> None:
         return cancel_look(look, LABEL), memory, message
 
     page.on(job_cancel.click, on_job_cancel, [job_sel, armed], [job_cancel, armed, page.status])
+    page.disarms(job_cancel, armed, lambda picked: cancel_button(store.runner().get(picked) if picked else None, LABEL),
+                 [job_sel])
 
     @page.safe
     def on_job_pick(picked):

@@ -5,6 +5,8 @@ current pair."""
 
 from __future__ import annotations
 
+import time
+
 import gradio as gr
 
 from ... import figures
@@ -198,14 +200,16 @@ def build(page) -> gr.Tab:
             [reg_tags, reg_note, reg_note_status, *refresh_out, status])
     page.on(tab.select, on_pick, [picked], [*pick_out, status], show_progress="hidden")
 
-    armed = page.state(None)  # the region a first press of Delete named; a second press deletes it
+    armed = page.state(None)  # (the region a first press of Delete named, when); a second press deletes it
 
     @page.guard(region=reg_sel)
     def on_region_delete(region_id, named):
         path = store.region_path(region_id)  # an id outside this workspace is refused before anything else
-        if named != region_id:
-            return (gr.skip(), f"Press **{DELETE}** again to delete **{path.stem}** for good: it cannot be undone.",
-                    region_id, gr.update(value=f"Confirm: delete {path.stem}"))
+        if (named[0] if isinstance(named, (list, tuple)) and named else None) != region_id:
+            # the page's poll disarms the button CONFIRM_SECONDS after this press (``Page.disarms``)
+            return (gr.skip(), f"Press **Confirm: delete** again to delete **{path.stem}** for good (within "
+                    f"{actions.CONFIRM_SECONDS:g} s): it cannot be undone.", (region_id, time.time()),
+                    gr.update(value=f"Confirm: delete {path.stem}"))
         store.delete_region(region_id)
         return gr.update(value=None), f"Deleted region **{path.stem}**.", None, gr.update(value=DELETE)
 
@@ -215,6 +219,7 @@ def build(page) -> gr.Tab:
         return None, gr.update(value=DELETE)
 
     page.on(reg_sel.change, disarm, [reg_sel], [armed, reg_delete], show_progress="hidden")
+    page.disarms(reg_delete, armed, lambda: gr.update(value=DELETE))
 
     @page.guard(beside=reg_export_status, region=reg_sel)
     def on_export(region_id):
