@@ -1265,3 +1265,28 @@ def test_a_confirm_button_confirms_only_its_own_target_within_its_window_and_exp
     assert not actions.confirms(armed, "job1", 100.0 + window + 0.1) and not actions.confirms(None, "job1", 100.0)
     assert not actions.expired(armed, 100.0 + window) and actions.expired(armed, 100.0 + window + 0.1)
     assert not actions.expired(None, 1e9) and not actions.expired("job1", 1e9)  # nothing armed: nothing to undo
+
+
+def test_compare_follows_the_regions_picked_not_the_models_tab(home, monkeypatch, tmp_path):
+    """A completion region is never sent with the Models tab's OOD tasks, and picking another pair drops the regions
+    of the last one."""
+    from types import SimpleNamespace
+
+    from graftui.ui import actions, store
+
+    entries = [SimpleNamespace(id="dates-r", meta=SimpleNamespace(finetuned="smollm2-dates")),
+               SimpleNamespace(id="movies-r", meta=SimpleNamespace(finetuned="minilm-movies"))]
+    monkeypatch.setattr(store, "list_regions", lambda: entries)
+    assert actions.of_pair(["dates-r", "movies-r", "gone"], "minilm-movies") == ["movies-r"]
+    (tmp_path / "ft").mkdir()
+    assert actions.same_model(f"{tmp_path}/../{tmp_path.name}/ft", str(tmp_path / "ft")) and not actions.same_model("smollm2-dates", "minilm-movies")
+
+    sent = {}
+    monkeypatch.setattr(actions, "_paths", lambda ids, at_least=1: [f"/r/{i}.safetensors" for i in ids])
+    monkeypatch.setattr(actions, "submit", lambda runner, request, title, kind=None: sent.update(r=request, t=title))
+    for kinds, ood in ((["completion"], []), (["classification"], ["amazon"]), (["completion", "classification"],
+                                                                              ["amazon"])):
+        monkeypatch.setattr(store, "region_kinds", lambda ids, kinds=kinds: kinds)
+        actions.submit_compare(None, region_ids=["x"] * len(kinds), ood=["amazon"], n=10, baselines=False,
+                               ood_labels="0:0")
+        assert sent["r"].ood == ood and ("OOD" in sent["t"]) == bool(ood)

@@ -33,6 +33,7 @@ from ..formatting import difference_value, minutes, num, pct, undecided
 from ..flows.common import own_pairs
 from ..jobs import FINISHED, MAIN, QUEUED, RUNNING, Job
 from ..localizers import get_method
+from ..models import resolve as resolve_model
 from ..paths import atomic_write, new_path, short_ref
 from ..regions import RegionRecord, check_fits, listing_row, load as load_region_file, save, settings_of
 from ..requests import (
@@ -542,6 +543,24 @@ def submit_finetune(runner, *, base: str, task: str, columns: dict, optimizer: s
     return submit(runner, request, title, made)
 
 
+def same_model(a, b) -> bool:
+    """Whether two model references name one model (a default's name and its built folder alike)."""
+    def where(ref) -> str:
+        ref = str(ref or "").strip()
+        try:
+            return str(Path(resolve_model(ref, allow_local=not settings.hosted())).resolve())
+        except (ModelError, OSError):  # not a model here (yet): its folder, or the name as given
+            return str(Path(ref).expanduser().resolve()) if Path(ref).expanduser().exists() else ref.lower()
+
+    return where(a) == where(b)
+
+
+def of_pair(region_ids: list[str], finetuned: str) -> list[str]:
+    """The picked regions made from ``finetuned``: picking another pair leaves no region of the last one picked."""
+    entries = {e.id: e for e in store.list_regions()}
+    return [r for r in region_ids or [] if r in entries and same_model(entries[r].meta.finetuned, finetuned)]
+
+
 def _paths(region_ids: list[str], at_least: int = 1) -> list[str]:
     if len(region_ids or []) < at_least:
         raise RegionError("pick at least one region (run Localize first if the list is empty)" if at_least == 1
@@ -599,7 +618,10 @@ def ood_preview(task: str, columns: dict, ood: list[str], mapping: str | None) -
 
 def submit_compare(runner, *, region_ids: list[str], ood: list[str], n, baselines: bool, ood_labels: str | None = None
                    ) -> Job:
-
+    """Evaluate the picked regions on their own task; the Models tab's OOD tasks only for regions of a kind that
+    scores them (a completion skill is never 'compared on amazon')."""
+    if not any(kind_named(k).scores_ood for k in store.region_kinds(region_ids)):
+        ood, ood_labels = [], None
     request = EvaluateRequest(regions=_paths(region_ids), ood=list(ood or []), n=whole(n), baselines=bool(baselines),
                               ood_labels=(ood_labels or "").strip() or None)
     title = f"Compare {len(region_ids)} region(s)" + (f" + {len(ood)} OOD task(s)" if ood else "")

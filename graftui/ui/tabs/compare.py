@@ -156,7 +156,8 @@ def build(page) -> gr.Tab:
                                       label="Regions to evaluate (one fine-tuned model, or the same regions of several fine-tunes)", elem_id="compare-regions")
             cmp_n = gr.Number(d["test_examples"], precision=0, label="Test examples per task", elem_id="compare-n")
             cmp_base = gr.Checkbox(True, label="Add top-movement and random regions of the same k", elem_id="compare-baselines")
-        gr.Markdown("The in-distribution task is the one each region was learned on; OOD tasks come from the **Models** tab.")
+        gr.Markdown("The in-distribution task is the one each region was learned on; OOD tasks come from the **Models** "
+                    "tab, for classification regions (a completion skill is scored on its own task only).")
         with gr.Row():
             cmp_run = gr.Button("Evaluate", variant="primary", elem_id="compare-run", scale=0)
             cmp_job = job_picker(LATEST, "compare")
@@ -243,6 +244,13 @@ def build(page) -> gr.Tab:
         return gr.update(label=text_label), gr.update(value=button), gr.update(label=table_label)
 
     page.on(cmp_regions.change, on_predict_kind, [cmp_regions], [prd_text, prd_run, prd_table], show_progress="hidden")
+
+    def on_pair(finetuned, picked):  # another pair on the Models tab: the last pair's regions are no longer picked
+        kept = actions.of_pair(picked, finetuned)
+        return (gr.skip() if kept == list(picked or []) else gr.update(value=kept)), gr.skip()
+
+    page.on(page.finetuned.change, page.quiet(on_pair), [page.finetuned, cmp_regions], [cmp_regions, page.status],
+            show_progress="hidden")
 
     @page.guard(beside=swp_status, sparsities=swp_budgets, steps=page.mask[0], examples_per_class=page.mask[1],
                 lr=page.mask[2], n=cmp_n, keep=swp_keep)
