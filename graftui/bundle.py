@@ -2,8 +2,9 @@
 
 ``README.md`` (the result card, the command that re-makes it, file and model hashes, versions),
 ``request.json`` (``graftui run request.json`` re-runs it), ``result.json``, every table as CSV and
-JSON under ``tables/``, and every figure as interactive HTML under ``figures/`` (one shared
-``plotly.min.js``, so the bundle opens offline).
+JSON under ``tables/``, every figure as interactive HTML under ``figures/`` (one shared
+``plotly.min.js``, so the bundle opens offline), the region files the request reads under ``inputs/``
+and those the run wrote under ``outputs/``.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 
 from . import figures as fig
 from .paths import atomic_write, file_sha256
+from .regions import RegionMeta, curve_points
 from .version import __version__
 
 
@@ -79,15 +81,30 @@ def tables(verb: str, result: dict) -> dict[str, list[dict]]:
         out["side_by_side_modules"] = [{"module": m, **{n: side["module_share"][n][j] for n in side["names"]}}
                                        for j, m in enumerate(side["module_labels"])]
         out["side_by_side_overlap"] = _matrix_rows(side["names"], side["overlap"], "region")
+    check = result.get("check")
+    if isinstance(check, dict) and isinstance(check.get("rows"), list) and check["rows"]:
+        out["heldout_check"] = check["rows"]  # a localization's quick check on held-out examples
+    if isinstance(result.get("top_modules"), list) and result["top_modules"]:
+        out["top_modules"] = result["top_modules"]
+    if _curve(result):
+        out["mask_curve"] = _curve(result)
     if verb == "finetune" and "test_accuracy" in result:
         out["test"] = [{k: result.get(k) for k in ("task", "test_accuracy", "test_accuracy_ci", "test_examples",
                                                    "chance_accuracy")}]
     return out
 
 
+def _curve(result: dict) -> list[dict]:
+    """The mask-learning curve a localization's region recorded ({step, loss, accuracy} per step)."""
+    meta = result.get("meta")
+    return curve_points(RegionMeta.from_dict(meta)) if isinstance(meta, dict) and meta.get("curve") else []
+
+
 def figures(verb: str, result: dict) -> dict:
     """The result's plotly figures by name (the app draws the same ones)."""
     out = {}
+    if _curve(result):
+        out["mask_curve"] = fig.localize_progress(_curve(result), result.get("k"))
     if result.get("reliability"):
         out["reliability"] = fig.reliability_diagram(result["reliability"], result.get("task", ""))
     if result.get("histogram"):
@@ -156,7 +173,7 @@ def _header_meta(path: Path) -> dict:
         return {}
 
 
-def readme(request: dict, result: dict, version: str) -> str:
+def readme(request: dict, result: dict, version: str, root: Path | None = None) -> str:
     import torch
     import transformers
 
@@ -178,22 +195,27 @@ def readme(request: dict, result: dict, version: str) -> str:
     for key in ("base_sha256", "finetuned_sha256"):
         for value in dict.fromkeys(m.get(key) for m in metas if m.get(key)):
             lines.append(f"- {key.replace('_sha256', '')} model (sha256 of its weights): `{value}`")
-    lines += ["", "## Files", "", "- `result.json`: the result as `--json` prints it",
-              "- `inputs/`: the region files the request reads (`request.json` names them there)",
-              "- `tables/*.csv`, `tables/*.json`: every table", "- `figures/*.html`: every figure (interactive; "
-              "the camera icon saves a PNG)", "", "## Versions", "",
+    files = {"inputs": "- `inputs/`: the region files the request reads (`request.json` names them there)",
+             "outputs": "- `outputs/`: the region files the run wrote",
+             "tables": "- `tables/*.csv`, `tables/*.json`: every table",
+             "figures": "- `figures/*.html`: every figure (interactive; the camera icon saves a PNG)"}
+    there = [line for name, line in files.items() if root is None or (root / name).is_dir()]
+    lines += ["", "## Files", "", "- `result.json`: the result as `--json` prints it", *there, "", "## Versions", "",
               f"graftui {version}, torch {torch.__version__}, transformers {transformers.__version__}", ""]
     return "\n".join(lines)
 
 
-def write(request: dict, result: dict, path, version: str = __version__) -> Path:
-    """Write the bundle of one result (``request`` as ``Request.as_dict()`` gives it) to ``path`` (.zip)."""
+def write(request: dict, result: dict, path, version: str = __version__, outputs=()) -> Path:
+    """Write the bundle of one result (``request`` as ``Request.as_dict()`` gives it) to ``path`` (.zip);
+    ``outputs``: the region files the run wrote (each at most MAX_INPUT_BYTES is copied)."""
     path = Path(path).expanduser()
     verb = request.get("verb", "result")
     with tempfile.TemporaryDirectory(prefix="graftui-bundle-") as tmp:
         root = Path(tmp)
-        (root / "tables").mkdir()
-        for name, rows in tables(verb, result).items():
+        made_tables = tables(verb, result)
+        if made_tables:
+            (root / "tables").mkdir()
+        for name, rows in made_tables.items():
             (root / "tables" / f"{name}.csv").write_text(_csv(rows))
             (root / "tables" / f"{name}.json").write_text(json.dumps(rows, indent=2))
         made = figures(verb, result)
@@ -201,9 +223,13 @@ def write(request: dict, result: dict, path, version: str = __version__) -> Path
             (root / "figures").mkdir()
             for name, figure in made.items():
                 figure.write_html(root / "figures" / f"{name}.html", include_plotlyjs="directory", full_html=True)
+        written = [Path(p) for p in outputs if Path(p).is_file() and Path(p).stat().st_size <= MAX_INPUT_BYTES]
+        for file in written:
+            (root / "outputs").mkdir(exist_ok=True)
+            shutil.copyfile(file, root / "outputs" / file.name)
         (root / "request.json").write_text(json.dumps(with_inputs(request, root), indent=2))
         (root / "result.json").write_text(json.dumps(result, indent=2))
-        (root / "README.md").write_text(readme(request, result, version))
+        (root / "README.md").write_text(readme(request, result, version, root))
 
         def pack(target):
             with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as zf:

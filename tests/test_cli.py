@@ -8,6 +8,7 @@ installed console script to prove it works.
 from __future__ import annotations
 
 import contextlib
+import csv
 import hashlib
 import dataclasses
 import io
@@ -484,6 +485,26 @@ def test_report_bundle_holds_request_tables_figures_and_readme(learned, top, ft_
     # the bundle's request makes the same result again
     again = flows.run(flows.read_request(_unzipped(out, tmp_path) / "cmp" / "request.json"))
     assert [r["accuracy"] for r in again.as_dict()["rows"]] == [r["accuracy"] for r in result["rows"]]
+
+
+def test_a_localizations_report_bundle_holds_its_region_check_and_mask_curve(ft_dir, tmp_path):
+    """What a localize run made is in its bundle: the region file it wrote, the held-out check and the curve of mask
+    learning as tables, the curve as a figure; the README lists only the folders the bundle has."""
+    import zipfile
+
+    code, _, err = run_cli("localize", "--finetuned", ft_dir, "--task", "movies", "--k", K, "--method", "learned",
+                           "--steps", "3", "--examples-per-class", "8", "--check-n", "16",
+                           "--out", tmp_path / "r.safetensors", "--report", tmp_path / "loc.zip")
+    assert code == 0, err
+    with zipfile.ZipFile(tmp_path / "loc.zip") as zf:
+        names = set(zf.namelist())
+        assert zf.read("loc/outputs/r.safetensors") == (tmp_path / "r.safetensors").read_bytes()
+        curve = list(csv.DictReader(io.StringIO(zf.read("loc/tables/mask_curve.csv").decode())))
+        check = list(csv.DictReader(io.StringIO(zf.read("loc/tables/heldout_check.csv").decode())))
+        readme = zf.read("loc/README.md").decode()
+    assert {"loc/figures/mask_curve.html", "loc/tables/top_modules.csv"} <= names
+    assert [int(r["step"]) for r in curve] == [1, 2, 3] and {r["model"] for r in check} >= {"fine-tuned", "this region"}
+    assert "`outputs/`" in readme and "`inputs/`" not in readme  # it read no region file
 
 
 REPORTED = {  # every verb cheap enough here, with what it needs

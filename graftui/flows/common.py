@@ -367,11 +367,15 @@ class Result:
         """The report (``write_report``); a localize result saves its region instead."""
         return self.write_report(path)
 
+    def files_written(self) -> list[str]:
+        """The region files the run wrote (a report bundle carries them)."""
+        return []
+
     def write_report(self, path) -> Path:
         """A JSON report with the request that made it (``graftui run`` makes it again); a ``.zip``
         path gets the report bundle (bundle.py: README, tables as CSV/JSON, figures as HTML)."""
         if str(path).lower().endswith(".zip"):
-            return bundle.write(self.request.as_dict(), self.as_dict(), path)
+            return bundle.write(self.request.as_dict(), self.as_dict(), path, outputs=self.files_written())
         doc = {"graftui_version": __version__, "request": self.request.as_dict(), "result": self.as_dict()}
         return atomic_write(Path(path).expanduser(), lambda tmp: Path(tmp).write_text(json.dumps(doc, indent=2)))
 
@@ -397,6 +401,9 @@ class LocalizeResult(Result):
     def region(self):
         """The region γ as flat indices per graftable tensor."""
         return self.record.indices
+
+    def files_written(self) -> list[str]:
+        return [p for p in (self.path, *(r.get("path") for r in (*self.seeds, *self.finetunes))) if p]
 
     def save(self, path) -> Path:
         """Write the region (or skill patch) to ``path``."""

@@ -214,6 +214,9 @@ class ComposeResult(Result):
     generations: list[dict] = field(default_factory=list)  # stitched completion tasks: each model's generations
     task_kind: str = "classification"  # the kind its rows are scored by (tasks.KINDS)
 
+    def files_written(self) -> list[str]:
+        return [self.written["path"]] if isinstance(self.written, dict) and self.written.get("path") else []
+
     def matrix(self) -> dict:
         """The overlap matrix as sets.overlap_matrix returns it."""
         return {k: getattr(self, k) for k in ("names", "sizes", "intersection_counts", "overlap", "iou")}

@@ -510,9 +510,9 @@ def submit_localize(runner, *, base: str, finetuned: str, task: str, columns: di
                               examples_per_class=per_class(examples_per_class), lr=float(lr or 0),
                               seeds=parse_seeds(seeds), check_n=LocalizeRequest.defaults()["check_n"])
 
-    def saved(result, doc) -> dict:
-        return {"region": Path(result.path).stem, "k": result.k, "notes": result.notes, "summary": result.record.summary(),
-                "card": doc.get("card") or [], "stability": doc.get("stability"),
+    def saved(result, doc) -> dict:  # the flow's own result, and what the page reads of it by region id
+        return {**doc, "region": Path(result.path).stem, "summary": result.record.summary(),
+                "card": doc.get("card") or [],
                 "seeds": [{"seed": e["seed"], "region": Path(e["path"]).stem} for e in doc.get("seeds") or []]}
 
     title = (f"Localize '{short_ref(task)}' in {short_ref(finetuned)} · {get_method(method).label} · "
@@ -790,6 +790,15 @@ def request_file(job: Job | None) -> Path | None:
     return path
 
 
+def _region_file(region_id: str) -> Path | None:
+    """A saved region's file in this workspace (None where it is no longer there)."""
+    try:
+        path = store.region_path(region_id)
+    except (RegionError, ValueError):
+        return None
+    return path if path.is_file() else None
+
+
 def reportable(job: Job | None) -> bool:
     """Whether a job has a report bundle to make: it finished with a result of a verb's request."""
     return job is not None and job.status == "done" and bool(job.result) and "verb" in (job.params or {})
@@ -803,7 +812,9 @@ def report_bundle(job: Job | None) -> str:
         raise ValueError(f"'{job.title}' has no result to report ({job.status}); pick a finished job")
     path = store.downloads_dir() / f"report-{job.id}.zip"
     if not path.exists():
-        bundle.write(store.public(job.params), store.public(job.result), path)
+        made = [(job.result or {}).get("region"), *(s.get("region") for s in (job.result or {}).get("seeds") or ())]
+        outputs = [p for p in (_region_file(r) for r in made if isinstance(r, str)) if p is not None]
+        bundle.write(store.public(job.params), store.public(job.result), path, outputs=outputs)
     return str(path)
 
 
