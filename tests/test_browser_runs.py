@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 
 import browser_util as bu
+from graftui.ui import runs
 from conftest import make_tiny_pair
 from test_browser import ARTIFACTS, browser  # noqa: F401 - the module's Chromium fixture
 
@@ -92,7 +93,8 @@ def test_two_runs_picked_overlay_their_curves_and_show_their_differing_settings(
                                "return ids.every(i => t.includes(i)); }", arg=list(ids.values()), timeout=30_000)
         rows = {r[0]: r for r in bu.table_rows(page, "runs-table") if r}
         assert rows[ids["a"]][3] == "1.000%" and rows[ids["a"]][6] == "0, 1", rows[ids["a"]]
-        assert rows[ids["c"]][11] == "no curve recorded" and rows[ids["a"]][11] == "yes", rows
+        curve = runs.RUNS_COLUMNS.index("curve")
+        assert rows[ids["c"]][curve] == "no curve recorded" and rows[ids["a"]][curve] == "yes", rows
         # the picker starts with the newest runs of one base: all three; the one without a curve is named, not drawn
         page.wait_for_function("() => document.querySelectorAll('#runs-pick .token').length === 3", timeout=30_000)
         page.wait_for_function("c => { const p = document.querySelector('#runs-curves .js-plotly-plot'); "
@@ -141,7 +143,8 @@ def test_a_tag_added_appears_in_the_table_and_markup_stays_text(runs_page, reque
         page.wait_for_function("() => document.querySelector('#runs-table').innerText.includes('baseline, long run')",
                                timeout=30_000)
         row = next(r for r in bu.table_rows(page, "runs-table") if r and r[0] == ids["b"])
-        assert row[12] == "baseline, long run" and row[13] == HOSTILE_NOTE, row
+        tags, note = runs.RUNS_COLUMNS.index("tags"), runs.RUNS_COLUMNS.index("note")
+        assert row[tags] == "baseline, long run" and row[note] == HOSTILE_NOTE, row
         assert page.evaluate("() => document.querySelectorAll('#runs-table img, #runs-table b').length") == 0
         assert page.evaluate("() => window.__pwned === undefined")
         # the filter finds a run by its tag
