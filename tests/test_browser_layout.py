@@ -50,6 +50,8 @@ def test_the_differences_open_on_their_first_comparison_and_filter_by_words():
     assert compare.comparison_shown(choices, None) == "r1 − fine-tuned"  # a first result: the main comparison
     assert compare.comparison_shown(choices, compare.ALL_COMPARISONS) == compare.ALL_COMPARISONS  # a choice is kept
     assert compare.comparison_shown([compare.ALL_COMPARISONS], None) is None  # no result yet: the first one picks
+    with_paper = [*choices, "r1 − Top movement", "r1 (baseline) − Top movement"]
+    assert compare.comparison_shown(with_paper, None) == "r1 − Top movement"  # the paper's comparison opens
     shown, line = compare.filter_differences(table, "r1 − Random", "")
     assert len(shown) == 4 and set(shown["a − b"]) == {"r1 − Random"} and line == "4 of 8 differences shown."
     shown, line = compare.filter_differences(table, compare.ALL_COMPARISONS, "ood  ece")  # every word, any case
@@ -166,13 +168,14 @@ def test_compare_filters_its_differences_pages_its_disagreements_and_keeps_the_r
     line, took = bu.run_job(page, "#compare-run", "#compare-status", "compare-job", timeout_s=JOB_S)
     print(f"[layout] comparison on 128 examples: {took:.1f} s")
     assert "· done" in line, line
-    # the differences open on the first graft against the fine-tuned model, and say how many of how many are shown
+    # the differences open on the paper's comparison (the graft against the top-movement region of its size), and say
+    # how many of how many are shown
     page.wait_for_function("() => /\\d+ of \\d+ differences shown/.test("
                            "document.querySelector('#compare-differences-count').innerText)", timeout=30_000)
     count = bu.text(page, "#compare-differences-count")
     shown, total = map(int, re.search(r"(\d+) of (\d+) differences", count).groups())
     rows = [r for r in bu.table_rows(page, "compare-differences") if r]
-    assert len(rows) == shown < total and {r[0] for r in rows} == {f"{region} − fine-tuned"}, (count, rows)
+    assert len(rows) == shown < total and {r[0] for r in rows} == {f"{region} − Top movement"}, (count, rows)
     bu.choose(page, "compare-differences-pick", "every comparison")
     page.wait_for_function("n => document.querySelector('#compare-differences-count').innerText.includes("
                            "'All ' + n + ' differences')", arg=total, timeout=30_000)

@@ -8,6 +8,7 @@ import pandas as pd
 
 from ... import figures
 from ...errors import RequestError
+from ...localizers import get_method
 from ...paths import short_ref
 from ...tasks import kind_named
 from .. import actions, store
@@ -51,12 +52,17 @@ def comparison_choices(table: dict | None) -> list[str]:
     return [ALL_COMPARISONS, *dict.fromkeys(str(r[0]) for r in rows)]
 
 
+TOP_MOVEMENT = get_method("top-movement").label  # the paper's baseline: a graft against it is its comparison
+
+
 def comparison_shown(choices: list[str], picked: str | None) -> str | None:
     """The comparison a new result shows: the one picked where the result has it (every comparison included), else
-    its first (the first graft against the fine-tuned model), so a long table opens on the one it is read by."""
+    the paper's (the first graft against the top-movement region of its size), else its first (the first graft
+    against the fine-tuned model), so a long table opens on the one it is read by."""
     if picked in choices:
         return picked
-    return choices[1] if len(choices) > 1 else None  # no result yet: the first one picks
+    papers = next((c for c in choices[1:] if c.partition(" − ")[2].startswith(TOP_MOVEMENT)), None)
+    return papers or (choices[1] if len(choices) > 1 else None)  # no result yet: the first one picks
 
 
 def filter_differences(table: dict | None, comparison: str | None, words: str | None) -> tuple[pd.DataFrame, str]:
