@@ -32,6 +32,7 @@ from .config import FT_LABEL, HEADS, MAX_ABS_VALUE, GraftableSpec, LoadOptions, 
 from .errors import RegionError, RequestError, first_line
 from .weights import take
 from .method import Region, region_size
+from .metrics import mean_std
 from .models import ModelPair, architecture, load_reader, pair_kind
 from .paths import atomic_dir, atomic_write, file_lock
 from .version import __version__
@@ -805,12 +806,90 @@ def listing_row(path: Path, kind: str, meta: RegionMeta, content_id: str, score:
         frac = meta.k / meta.graftable_params
     return {
         "id": path.stem, "file": str(path), "kind": kind, "digest": content_id, "base": meta.base,
-        "finetuned": meta.finetuned, "task": meta.task, "method": meta.method, "k": meta.k,
+        "finetuned": meta.finetuned, "task": meta.task, "method": meta.method, "k": meta.k, "budget": budget_of(meta),
         "share_of_graftable": frac, "steps": _whole(learn.get("steps")), "seed": _whole(learn.get("seed")),
         "created": meta.created,
         **{key: score.get(key) for key in ("accuracy", "ece", "share_of_ft", "ft_accuracy")},
         "scored_task": score.get("task"), "n": score.get("n"), "scored": score.get("when"),
     }
+
+
+# -- runs: the regions as the runs that made them -------------------------------------------------------
+def budget_of(meta) -> str:
+    """A run's budget as it is grouped: its sparsity as a share of the graftable parameters, else its k."""
+    if isinstance(meta.sparsity, (int, float)) and not isinstance(meta.sparsity, bool):
+        return f"{meta.sparsity:.3%}"
+    if meta.budget:
+        return str(meta.budget)
+    return f"k={meta.k:,}" if isinstance(meta.k, int) else "?"
+
+
+GROUPS = {"budget": "budget (sparsity)", "method": "method", "seed": "seed"}
+
+
+def group_key(run: dict, by: str) -> str:
+    value = {"budget": run["budget"], "method": run["method"], "seed": run["seed"]}[by]
+    return "(none)" if value is None or value == "" else str(value)
+
+
+def group_runs(runs_: list[dict], by: str) -> list[dict]:
+    """One row per value of ``by`` (budget, method or seed), in the order the runs come: how many runs and how many
+    scored, the mean, sample standard deviation, least and most of their score (accuracy, or exact match), and the
+    means of their ECE and OOD accuracy (where the rows have one). A run never scored counts in ``runs`` only."""
+    if by not in GROUPS:
+        raise RequestError(f"cannot group by '{by}': choose {', '.join(GROUPS)}")
+    groups: dict[str, list[dict]] = {}
+    for r in runs_:
+        groups.setdefault(group_key(r, by), []).append(r)
+    out = []
+    for key, members in groups.items():
+        scores = [r["accuracy"] for r in members if r["accuracy"] is not None]
+        mean, std = mean_std(scores)
+        out.append({"group": key, "runs": len(members), "scored": len(scores), "mean": mean, "std": std,
+                    "min": min(scores) if scores else None, "max": max(scores) if scores else None,
+                    "ece": mean_std([r["ece"] for r in members])[0],
+                    "ood": mean_std([r.get("ood_accuracy") for r in members])[0]})
+    return out
+
+
+SETTING_FIELDS = ("base", "finetuned", "finetuned_sha256", "task", "method", "budget", "sparsity", "k",
+                  "train_examples", "start", "group", "sources", "resolve", "uploaded_as", "library_version")
+NESTED = ("request", "learn", "graftable_spec", "loading")  # read field by field, as 'request.steps'
+NOT_SETTINGS = {"request.out", "request.overwrite"}  # where a run wrote its file, not how it was made
+ABSENT = "—"
+
+
+def _shown(value) -> str:
+    if isinstance(value, (list, tuple)):
+        return ", ".join(map(str, value))
+    if isinstance(value, dict):
+        return json.dumps(value, sort_keys=True, default=str)
+    return str(value)
+
+
+def run_settings(meta) -> dict[str, str]:
+    """A region's settings field by field: what made it (pair, task, method, budget) and every field of its request,
+    mask-learning config, graftable set and loading, as text."""
+    meta = RegionMeta.from_dict(meta)
+    out = {}
+    for name in SETTING_FIELDS:
+        value = getattr(meta, name)
+        if value is not None:
+            out[name] = _shown(value)
+    for name in NESTED:
+        nested = getattr(meta, name)
+        for key, value in (nested if isinstance(nested, dict) else {}).items():
+            if f"{name}.{key}" not in NOT_SETTINGS and value is not None:
+                out[f"{name}.{key}"] = _shown(value)
+    return out
+
+
+def settings_diff(a, b) -> list[tuple[str, str, str]]:
+    """(field, a's value, b's value) for each setting of two regions' metadata that differs, a field only one has
+    shown as '—' for the other; in the order of ``run_settings``."""
+    sa, sb = run_settings(a), run_settings(b)
+    names = list(dict.fromkeys([*sa, *sb]))
+    return [(n, sa.get(n, ABSENT), sb.get(n, ABSENT)) for n in names if sa.get(n, ABSENT) != sb.get(n, ABSENT)]
 
 
 def listing(folder: str | Path) -> list[dict]:

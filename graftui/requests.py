@@ -38,7 +38,7 @@ from .errors import GraftuiError, RequestError
 from .experiments import MERGES
 from .generation import MAX_IGNORED, MAX_NEW_TOKENS, WHITESPACE, AnswerRule
 from .localizers import METHODS
-from .regions import LISTING_COLUMNS
+from .regions import GROUPS, LISTING_COLUMNS
 from .sets import RESOLVE_MODES
 from .tasks import KINDS, task_kinds
 
@@ -887,6 +887,11 @@ class RegionsRequest(Request):
                                 metavar="REF")
     sort: str | None = arg(None, "column to sort by (default: the newest first)", choices=LISTING_COLUMNS)
     descending: bool = arg(False, "sort the largest, latest or last in the alphabet first")
+    group_by: str | None = arg(None, "one row per budget, method or seed of the regions shown: how many runs and how "
+                               "many scored, the mean, spread and range of their score, their mean ECE",
+                               choices=tuple(GROUPS))
+    diff: list[str] | None = arg(None, "two region ids (or files): the settings that tell the two runs apart",
+                                 metavar="A,B", list="comma")
 
     def check(self) -> None:
         if self.folder is not None:
@@ -899,6 +904,9 @@ class RegionsRequest(Request):
             value = getattr(self, name)
             if value is not None and not str(value).strip():
                 raise RequestError(f"{_name(name)}: give a value to filter by, or drop {_name(name)}")
+        if self.diff is not None and (len(self.diff) != 2 or not all(isinstance(d, str) and d.strip()
+                                                                     for d in self.diff)):
+            raise RequestError(f"--diff takes two region ids, got {len(self.diff)}: give e.g. --diff a-seed0,a-seed1")
 
 
 @dataclass

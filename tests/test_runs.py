@@ -120,23 +120,23 @@ def test_groups_give_each_budget_method_and_seed_its_mean_and_spread(made):
     from graftui.ui import runs
 
     rows = runs.runs()
-    by_budget = {g["group"]: g for g in runs.group_runs(rows, "budget")}
+    by_budget = {g["group"]: g for g in regions.group_runs(rows, "budget")}
     learned = by_budget["1.000%"]
     assert (learned["runs"], learned["scored"]) == (3, 2)  # the unscored run counts, its score does not
     assert learned["mean"] == pytest.approx(0.75) and learned["std"] == pytest.approx(0.0707107, abs=1e-6)
     assert (learned["min"], learned["max"]) == (0.70, 0.80) and learned["ece"] == pytest.approx(0.15)
     assert learned["ood"] == pytest.approx(0.65)
     assert (by_budget["0.100%"]["mean"], by_budget["0.100%"]["std"], by_budget["0.100%"]["runs"]) == (0.60, 0.0, 1)
-    by_method = {g["group"]: (g["runs"], g["scored"]) for g in runs.group_runs(rows, "method")}
+    by_method = {g["group"]: (g["runs"], g["scored"]) for g in regions.group_runs(rows, "method")}
     assert by_method == {"learned": (3, 2), "top-movement": (1, 1)}
-    by_seed = {g["group"]: g["runs"] for g in runs.group_runs(rows, "seed")}
+    by_seed = {g["group"]: g["runs"] for g in regions.group_runs(rows, "seed")}
     assert by_seed == {"0": 1, "1": 1, "7": 1, "(none)": 1}
-    table = runs.groups_table(runs.group_runs(rows, "budget"), "budget").to_dict("records")
+    table = runs.groups_table(regions.group_runs(rows, "budget"), "budget").to_dict("records")
     first = next(t for t in table if t["group"] == "budget (sparsity): 1.000%")
     assert (first["score mean"], first["score spread (std)"], first["score min – max"]) == ("75.0%", "7.1 pts",
                                                                                           "70.0% – 80.0%")
     with pytest.raises(RequestError, match="cannot group by 'task'"):
-        runs.group_runs(rows, "task")
+        regions.group_runs(rows, "task")
 
 
 def test_curves_of_several_runs_are_overlaid_in_one_plot(made):
@@ -158,10 +158,10 @@ def test_the_settings_diff_names_the_fields_that_differ(made):
     from graftui.ui import runs, store
 
     meta = {k: store.read_region_header(store.region_path(made[k])).meta for k in "abd"}
-    diff = {name: (x, y) for name, x, y in runs.settings_diff(meta["a"], meta["d"])}
+    diff = {name: (x, y) for name, x, y in regions.settings_diff(meta["a"], meta["d"])}
     assert diff == {"request.seed": ("0", "7"), "request.steps": ("10", "25"), "learn.steps": ("10", "25"),
                     "learn.seed": ("0", "7")}  # request.out differs too, but is where, not how
-    assert runs.settings_diff(meta["a"], meta["a"]) == []
+    assert regions.settings_diff(meta["a"], meta["a"]) == []
     table, line = runs.compare_settings([made["a"], made["c"], made["d"]])
     assert list(table.columns) == ["setting", f"A: {made['a']}", f"B: {made['c']}"]
     rows = {r["setting"]: r for r in table.to_dict("records")}
@@ -278,3 +278,20 @@ def test_a_region_file_keeps_its_curve_which_the_runs_table_reads_without_its_jo
     assert row["curve"] is True  # no job made it: the file's own curve
     fig = runs.curves_figure([path.stem], runs.localize_curves(store.runner()))
     assert [list(t.y) for t in fig.data if t.name and path.stem in t.name][0] == [1.5, 1.25]
+
+
+def test_the_command_line_groups_the_runs_and_names_the_settings_two_differ_in(made):
+    """``graftui runs --group-by`` and ``--diff`` are the library's grouping and settings diff, as the page's."""
+    from cli_util import run_cli
+
+    code, out, err = run_cli("runs", "--group-by", "budget", "--json")
+    assert code == 0, err
+    groups = {g["group"]: g for g in json.loads(out)["groups"]}
+    assert groups["1.000%"]["runs"] == 3 and groups["1.000%"]["scored"] == 2
+    assert groups["1.000%"]["mean"] == pytest.approx(0.75) and groups["0.100%"]["mean"] == pytest.approx(0.60)
+    code, out, err = run_cli("runs", "--diff", f"{made['a']},{made['d']}")
+    assert code == 0, err
+    assert f"{made['a']} and {made['d']}: 4 setting(s) differ" in out and "request.steps" in out
+    for bad, said in ((made["a"], "--diff takes two region ids, got 1"), (f"{made['a']},nope", "no region 'nope'")):
+        code, out, err = run_cli("runs", "--diff", bad)
+        assert code == 2 and said in err and err.count("\n") == 1, err

@@ -508,6 +508,8 @@ class RegionsResult(Result):
     folder: str = ""
     regions: list[dict] = field(default_factory=list)  # regions.listing_row of each region shown, in order
     total: int = 0  # regions in the folder, before the filters
+    groups: list[dict] = field(default_factory=list)  # with --group-by: regions.group_runs of the regions shown
+    diff: list[dict] = field(default_factory=list)  # with --diff A,B: {setting, a, b} for each setting that differs
 
 
 FILTERS = ("task", "method", "finetuned")  # request field = the row's column it filters on
@@ -564,4 +566,17 @@ def regions_table(req: RegionsRequest, progress: Progress | None = None, cancel=
     rows = regions.listing(folder)
     shown = select_regions(rows, req.task, req.method, req.finetuned, req.sort, req.descending, f"in {folder}")
     notes = [] if rows else [f"no region files in {folder}; 'graftui localize' writes one there"]
-    return RegionsResult(req, notes, time.time() - start, str(folder), shown, len(rows))
+    groups = regions.group_runs(shown, req.group_by) if req.group_by else []
+    diff = []
+    if req.diff:
+        a, b = (_listed(rows, name, folder) for name in req.diff)
+        diff = [{"setting": n, "a": x, "b": y} for n, x, y in regions.settings_diff(a, b)]
+    return RegionsResult(req, notes, time.time() - start, str(folder), shown, len(rows), groups, diff)
+
+
+def _listed(rows: list[dict], name: str, folder: Path):
+    """The header of the region ``name`` (its id, or its file's name) among the rows listed."""
+    found = next((r for r in rows if r["id"] == name or Path(r["file"]).name == name.strip()), None)
+    if found is None:
+        raise RequestError(f"--diff: no region '{name}' in {folder}; give the ids 'graftui runs' lists")
+    return regions.read_header(Path(found["file"])).meta

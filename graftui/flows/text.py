@@ -320,9 +320,23 @@ def regions(doc: dict) -> str:
     text = table(["id", "base", "fine-tuned", "task", "method", "k", "share", "steps", "seed", "created (UTC)",
                   "accuracy", "ECE", "share of FT gain"], rows, "lllllrrrrlrrr")
     scored = sum(r["accuracy"] is not None for r in shown)
-    return "\n".join([text, "", f"{len(shown)} of {total} region(s) in {doc['folder']}; {scored} scored. Scores are each "
-                      "region's latest evaluation on its task (graftui evaluate, the app's Compare); share: of the "
-                      "graftable parameters; share of FT gain: (graft − bare body) / (fine-tuned − bare body)."])
+    parts = [text, "", f"{len(shown)} of {total} region(s) in {doc['folder']}; {scored} scored. Scores are each "
+             "region's latest evaluation on its task (graftui evaluate, the app's Compare); share: of the "
+             "graftable parameters; share of FT gain: (graft − bare body) / (fine-tuned − bare body)."]
+    by = (doc.get("request") or {}).get("group_by")
+    if doc.get("groups"):
+        spread = lambda g: "-" if g["std"] is None else f"{100 * g['std']:.1f} pts"  # noqa: E731
+        parts += ["", f"grouped by {by}: the score's mean, spread (std) and range over the runs scored",
+                  table([by, "runs", "scored", "mean", "spread", "min", "max", "ECE mean"],
+                        [[g["group"], str(g["runs"]), str(g["scored"]), _pct(g["mean"]), spread(g), _pct(g["min"]),
+                          _pct(g["max"]), _num(g["ece"])] for g in doc["groups"]], "lrrrrrrr")]
+    if doc.get("diff") is not None and (doc.get("request") or {}).get("diff"):
+        a, b = doc["request"]["diff"]
+        parts += ["", f"{a} and {b}: " + (f"{len(doc['diff'])} setting(s) differ" if doc["diff"] else
+                                          "made with the same settings")]
+        if doc["diff"]:
+            parts.append(table(["setting", a, b], [[d["setting"], d["a"], d["b"]] for d in doc["diff"]], "lll"))
+    return "\n".join(parts)
 
 
 def compose(doc: dict) -> str:

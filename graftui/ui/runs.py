@@ -11,7 +11,6 @@ way, from the latest comparison that scored the region on OOD tasks. Tags and no
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pandas as pd
@@ -25,7 +24,7 @@ from ..flows.replicates import replicate_groups
 from ..formatting import pct
 from ..hosted import own_dir
 from ..jobs import DONE
-from ..metrics import mean_std
+from ..regions import GROUPS, budget_of, settings_diff
 from ..paths import short_ref
 from ..tasks import KINDS
 from . import actions, store
@@ -33,15 +32,6 @@ from . import actions, store
 NO_CURVE = "no curve recorded"
 
 # -- the runs: listing rows with what the jobs and the annotations add ----------------------------------
-
-
-def budget_of(meta) -> str:
-    """A run's budget as it is grouped: its sparsity as a share of the graftable parameters, else its k."""
-    if isinstance(meta.sparsity, (int, float)) and not isinstance(meta.sparsity, bool):
-        return f"{meta.sparsity:.3%}"
-    if meta.budget:
-        return str(meta.budget)
-    return f"k={meta.k:,}" if isinstance(meta.k, int) else "?"
 
 
 def localize_curves(runner) -> dict[str, list[dict]]:
@@ -179,35 +169,9 @@ def runs_table(runs_: list[dict]) -> pd.DataFrame:
 
 
 # -- groups ----------------------------------------------------------------------------------------
-GROUPS = {"budget": "budget (sparsity)", "method": "method", "seed": "seed"}
 GROUP_CHOICES = [("no grouping", "")] + [(label, key) for key, label in GROUPS.items()]
 GROUP_COLUMNS = ["group", "runs", "scored", "score mean", "score spread (std)", "score min – max", "ECE ↓ mean",
                  "OOD accuracy mean"]
-
-
-def group_key(run: dict, by: str) -> str:
-    value = {"budget": run["budget"], "method": run["method"], "seed": run["seed"]}[by]
-    return "(none)" if value is None or value == "" else str(value)
-
-
-def group_runs(runs_: list[dict], by: str) -> list[dict]:
-    """One row per value of ``by`` (budget, method or seed), in the order the runs come: how many runs and how many
-    scored, the mean, sample standard deviation, least and most of their score (accuracy, or exact match), and the
-    means of their ECE and OOD accuracy. A run never scored counts in ``runs`` only."""
-    if by not in GROUPS:
-        raise RequestError(f"cannot group by '{by}': choose {', '.join(GROUPS)}")
-    groups: dict[str, list[dict]] = {}
-    for r in runs_:
-        groups.setdefault(group_key(r, by), []).append(r)
-    out = []
-    for key, members in groups.items():
-        scores = [r["accuracy"] for r in members if r["accuracy"] is not None]
-        mean, std = mean_std(scores)
-        out.append({"group": key, "runs": len(members), "scored": len(scores), "mean": mean, "std": std,
-                    "min": min(scores) if scores else None, "max": max(scores) if scores else None,
-                    "ece": mean_std([r["ece"] for r in members])[0],
-                    "ood": mean_std([r["ood_accuracy"] for r in members])[0]})
-    return out
 
 
 def groups_table(groups: list[dict], by: str) -> pd.DataFrame:
@@ -252,46 +216,6 @@ def curves_figure(picked: list[str], curves: dict[str, list[dict]]) -> go.Figure
 
 
 # -- the settings that tell two runs apart -------------------------------------------------------------
-SETTING_FIELDS = ("base", "finetuned", "finetuned_sha256", "task", "method", "budget", "sparsity", "k",
-                  "train_examples", "start", "group", "sources", "resolve", "uploaded_as", "library_version")
-NESTED = ("request", "learn", "graftable_spec", "loading")  # read field by field, as 'request.steps'
-NOT_SETTINGS = {"request.out", "request.overwrite"}  # where a run wrote its file, not how it was made
-ABSENT = "—"
-
-
-def _shown(value) -> str:
-    if isinstance(value, (list, tuple)):
-        return ", ".join(map(str, value))
-    if isinstance(value, dict):
-        return json.dumps(value, sort_keys=True, default=str)
-    return str(value)
-
-
-def run_settings(meta) -> dict[str, str]:
-    """A region's settings field by field: what made it (pair, task, method, budget) and every field of its request,
-    mask-learning config, graftable set and loading, as text."""
-    meta = regions.RegionMeta.from_dict(meta)
-    out = {}
-    for name in SETTING_FIELDS:
-        value = getattr(meta, name)
-        if value is not None:
-            out[name] = _shown(value)
-    for name in NESTED:
-        nested = getattr(meta, name)
-        for key, value in (nested if isinstance(nested, dict) else {}).items():
-            if f"{name}.{key}" not in NOT_SETTINGS and value is not None:
-                out[f"{name}.{key}"] = _shown(value)
-    return out
-
-
-def settings_diff(a, b) -> list[tuple[str, str, str]]:
-    """(field, a's value, b's value) for each setting of two regions' metadata that differs, a field only one has
-    shown as '—' for the other; in the order of ``run_settings``."""
-    sa, sb = run_settings(a), run_settings(b)
-    names = list(dict.fromkeys([*sa, *sb]))
-    return [(n, sa.get(n, ABSENT), sb.get(n, ABSENT)) for n in names if sa.get(n, ABSENT) != sb.get(n, ABSENT)]
-
-
 DIFF_WIDTH = 120  # characters of a value the table shows
 
 

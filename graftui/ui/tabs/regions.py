@@ -11,7 +11,7 @@ import gradio as gr
 
 from ... import figures
 from ...paths import short_ref
-from ...regions import LISTING_COLUMNS, MAX_NOTE_CHARS, MAX_TAG_CHARS, MAX_TAGS
+from ...regions import LISTING_COLUMNS, MAX_NOTE_CHARS, MAX_TAG_CHARS, MAX_TAGS, group_runs
 from .. import actions, runs, store
 from ..wiring import TABLE_HEIGHT
 from . import push
@@ -59,7 +59,7 @@ def render_all(words, sort, descending, last=None, by="") -> tuple | None:
     if sig == last:
         return None
     shown = runs.shown(runs.runs(rows), words, sort, descending)
-    groups = (gr.update(value=runs.groups_table(runs.group_runs(shown, by), by), visible=True) if by else
+    groups = (gr.update(value=runs.groups_table(group_runs(shown, by), by), visible=True) if by else
               gr.update(value=runs.groups_table([], "method"), visible=False))
     return actions.regions_table(shown), figures.region_frontiers(shown), runs.runs_table(shown), groups, sig
 
