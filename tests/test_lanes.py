@@ -1,5 +1,5 @@
 """The job runner's two lanes: a short job beside a long one, foreseen start and end times, which lane a request
-takes (``ui.lanes``), and the models a lane loads for itself."""
+takes (``graftui.lanes``), and the models a lane loads for itself."""
 
 from __future__ import annotations
 
@@ -89,7 +89,7 @@ def _done(kind, params, seconds, finished=1000.0) -> Job:
 
 def test_a_request_takes_the_quick_lane_when_its_cost_or_its_past_says_it_is_short(monkeypatch):
     from graftui.requests import FinetuneRequest, LocalizeRequest, PairRequest, PredictRequest
-    from graftui.ui import lanes
+    from graftui import lanes
 
     monkeypatch.setattr(lanes, "is_built", lambda folder: True)
     predict = PredictRequest(regions=["/r/a.safetensors"], texts=["fine"])  # 2 tokens, read by 3 models
@@ -111,7 +111,7 @@ def test_a_request_takes_the_quick_lane_when_its_cost_or_its_past_says_it_is_sho
 def test_a_job_that_builds_a_default_model_or_runs_the_harness_takes_the_main_lane(monkeypatch):
     from graftui.config import DEFAULT_BUILD_SECONDS
     from graftui.requests import LocalizeRequest, PredictRequest
-    from graftui.ui import lanes
+    from graftui import lanes
 
     monkeypatch.setattr(lanes, "is_built", lambda folder: False)
     req = LocalizeRequest(base="smollm2", finetuned="smollm2-dates", task="dates")
@@ -135,7 +135,7 @@ def test_a_long_prompt_waits_in_the_main_lane_and_the_pace_of_past_predictions_c
     """Predict is not quick by its verb: 4,900 characters read by three models generating 32 tokens each is minutes
     on a CPU, one sentence is seconds; the pace of the predictions that ran here replaces the first guess."""
     from graftui.requests import PredictRequest
-    from graftui.ui import lanes
+    from graftui import lanes
 
     monkeypatch.setattr(lanes, "is_built", lambda folder: True)
     reads = [("completion", "smollm2-dates")]
@@ -152,7 +152,7 @@ def test_a_long_prompt_waits_in_the_main_lane_and_the_pace_of_past_predictions_c
 
 def test_one_client_holds_no_more_than_its_share_of_the_quick_lane(monkeypatch):
     from graftui.requests import PredictRequest
-    from graftui.ui import lanes
+    from graftui import lanes
 
     monkeypatch.setattr(lanes, "is_built", lambda folder: True)
     short = PredictRequest(regions=["/r/a.safetensors"], texts=["fine"])

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from .. import bundle, card, flows, hosted, settings
+from .. import bundle, card, flows, hosted, lanes, settings
 from ..config import (BODY_LABELS, DEFAULT_BASE, DEFAULT_BUILD_SECONDS, DEFAULT_EXAMPLES_PER_CLASS, DEFAULT_FINETUNED,
                       DEFAULT_FINETUNED_REFS, FT_LABEL, Budget, GraftableSpec, is_default_finetuned)
 from ..completion import OFFLINE_SKILLS, completion_columns
@@ -44,7 +44,7 @@ from ..requests import (
 from ..scoring import MAX_DISAGREEMENTS as MAX_SHOWN, align_labels
 from ..flows.replicates import replicate_groups
 from ..tasks import CLASSIFICATION, COMPLETION_KIND, KINDS, kind_named, named_kind
-from . import lanes, store
+from . import store
 
 # -- jobs table ----------------------------------------------------------------------------------
 JOB_COLUMNS = ["id", "kind", "title", "status", "progress", "duration", "message"]
