@@ -21,6 +21,7 @@ from graftui.generation import REGEX_SECONDS, AnswerRule, judge
 from graftui.requests import EvaluateRequest, LocalizeRequest
 from graftui.tasks import COMPLETION_KIND, recorded_rule
 from graftui.tasks.harness import HARNESS
+from graftui.ui.kinds import app_of
 
 from lm_util import write_completion_task, write_lm_pair
 
@@ -147,7 +148,7 @@ def test_a_comparisons_rows_and_generations_carry_the_three_scores(monkeypatch):
     lines = COMPLETION_KIND.card(part, None, "fine-tuned")
     assert "contain it on 66.7 %" in lines[0] and "whitespace collapsed" in lines[0]
     assert "contains the reference's answer on 100.0 %" in lines[1] and "token F1 0.889" in lines[1]
-    shown = COMPLETION_KIND.app_rows({"rows": part["rows"]})
+    shown = app_of(COMPLETION_KIND).app_rows({"rows": part["rows"]})
     assert [r["contains ↑"] for r in shown] == ["66.7%", "0.0%", "100.0%"]
     assert [r["token F1 ↑"] for r in shown] == ["0.556", "0.000", "0.889"]
     assert json.loads(json.dumps(part))["rule"]["regexes_to_ignore"] == []

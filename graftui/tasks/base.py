@@ -213,31 +213,6 @@ class TaskKind:
         """Each of ``models`` (name, context) on each text of ``req``: (rows, label names, card sentences)."""
         raise NotImplementedError
 
-    app_columns: tuple[str, ...] = ()  # the app's comparison table: short headers, the note under it says what each is
-    app_note: str = ""  # what the app's comparison columns mean
-    try_words: tuple[str, str, str] = ("", "", "")  # the app's Try box: its label, its button, its table's label
-    predict_columns: tuple[str, ...] = ()  # the app's Try table
-
-    def app_rows(self, result: dict) -> list[dict]:
-        """A comparison's rows as the app's table shows them (``app_columns``)."""
-        raise NotImplementedError
-
-    def app_heading(self, result: dict) -> str:
-        """The line above the app's comparison note: the task(s) scored."""
-        return f"{self.name.capitalize()} task: **{result['task']}**. "
-
-    def try_texts(self, text: str) -> list[str]:
-        """The texts the Try box's content is: one sentence per line, or the whole box as one prompt."""
-        raise NotImplementedError
-
-    def try_title(self, texts: list[str]) -> str:
-        """The Try job's title."""
-        raise NotImplementedError
-
-    def predict_rows(self, result: dict) -> list[dict]:
-        """Predict's rows as the app's Try table shows them (``predict_columns`` and, for classes, one per class)."""
-        raise NotImplementedError
-
     def legend(self, rows: list[dict]) -> str:
         """The sentence under a comparison's table: what its columns measure."""
         raise NotImplementedError

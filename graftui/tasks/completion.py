@@ -19,7 +19,7 @@ from ..completion import (OFFLINE_SKILLS, Completions, CompletionSpec, Completio
                           load_completion_task, prompt_room)
 from ..config import COMPLETION, COMPLETION_SPARSITY, FT_LABEL, LM_BODY_LABEL, LoadOptions
 from ..errors import Cancelled, DataError, ModelError, RequestError
-from ..formatting import num, one_line, pct, table
+from ..formatting import one_line, table
 from ..models import context_of, load_reader, load_tokenizer
 from ..scoring import TEST_SAMPLE_SEED
 from .base import Outcome, TaskKind, Words, recorded_fields, register_kind
@@ -294,57 +294,6 @@ class Completion(TaskKind):
                  generation.same_answer(said[model][i], said[ft_name][i], rule, one_line)}
                 for i in range(len(req.texts)) for model, _ in models]
         return rows, [], card.predict_card(rows, ft_name, len(req.texts), judged=rule.describe(new))
-
-    app_columns = ("model", "task", "n", "exact match ↑ [95 % CI]", "contains ↑", "token F1 ↑", "share of FT gain",
-                   "Δ vs FT", "loss/token ↓", "perplexity ↓", "token ECE ↓", "agree w/ FT", "k (params)")
-    app_note = ("Exact match: the share of the n test prompts whose greedy generation gives the reference's answer "
-                "under the answer rule (first line, or what the answer regex finds, then the filters the rule names), "
-                "with a 95 % Wilson interval; contains: the share whose answer contains the reference's; token F1: "
-                "the mean F1 of the two answers' whitespace-separated tokens; loss/token and perplexity of the "
-                "reference completion's tokens (teacher forced); token ECE: the calibration error of the next-token "
-                "prediction over those tokens; agreement: the same answer as the fine-tuned model.")
-    try_words = ("Prompt (the whole box is one prompt)", "Generate", "Each model's greedy generation for the prompt")
-    predict_columns = ("prompt", "model", "generation", "same answer as FT")
-
-    def app_rows(self, result) -> list[dict]:
-        rows = result.get("rows") or []
-        ft = {r["task"]: r["exact_match"] for r in rows if r["model"] == "fine-tuned"}
-        out = []
-        for r in rows:
-            ci = r.get("accuracy_ci") or card.wilson(r["exact_match"], r["n"])
-            size = r.get("region_size")
-            out.append({
-                "model": r["model"], "task": r["task"], "n": f"{round(r['n']):,}",
-                "exact match ↑ [95 % CI]": pct(r["exact_match"], 1, missing="")
-                + (f" [{100 * ci[0]:.0f}–{100 * ci[1]:.0f}]" if ci else ""),
-                "contains ↑": pct(r.get("contains"), 1, missing=""), "token F1 ↑": num(r.get("token_f1"), missing=""),
-                "share of FT gain": pct(r.get("gain_recovered"), 1, missing=""),
-                "Δ vs FT": "" if r["task"] not in ft else f"{100 * (r['exact_match'] - ft[r['task']]):+.1f} pts",
-                "loss/token ↓": num(r.get("loss"), missing=""), "perplexity ↓": num(r.get("perplexity"), missing=""),
-                "token ECE ↓": num(r.get("token_ece"), missing=""),
-                "agree w/ FT": pct(r.get("agreement_with_ft"), 1, missing=""),
-                "k (params)": "" if size is None else f"{round(size):,}"})
-        return out
-
-    def try_texts(self, text) -> list[str]:
-        prompt = (text or "").strip()
-        if not prompt:
-            raise RequestError("type a prompt: the whole box is one prompt for a completion region")
-        return [prompt]
-
-    def try_title(self, texts) -> str:
-        return "Generate from a prompt"
-
-    def predict_rows(self, result) -> list[dict]:
-        texts = result.get("texts") or []
-        out = []
-        for r in result.get("rows") or []:
-            text = texts[r["text"]] if r["text"] < len(texts) else ""
-            agrees = r.get("agrees_with_ft")
-            out.append({"prompt": text if len(text) <= 80 else text[:77] + "...", "model": r["model"],
-                        "generation": r.get("generation") or "", "same answer as FT": "" if agrees is None
-                        else ("yes" if agrees else "no")})
-        return out
 
     def legend(self, rows) -> str:
         return ("exact match, contains (the reference's answer within the answer) and token F1 of greedy "

@@ -174,26 +174,6 @@ class Harness(Completion):
         raise RequestError(f"'{task.name}' is scored by lm-evaluation-harness on its own documents; ablations and "
                            "merges choose on graftui's own tasks: give a completion or classification task")
 
-    app_columns = ("model", "task", "n", "metric", "score ↑ [95 % CI]", "harness stderr", "share of FT gain", "Δ vs FT",
-                   "k (params)")
-    app_note = ("Scores are lm-evaluation-harness's own metric of each task, beside its stderr; the paired differences "
-                "are graftui's, on the same documents.")
-
-    def app_heading(self, result) -> str:
-        return f"lm-evaluation-harness task(s): **{result['task'].removeprefix(PREFIX)}**. "
-
-    def app_rows(self, result) -> list[dict]:
-        rows = result.get("rows") or []
-        ft = {r["task"]: r["score"] for r in rows if r["model"] == "fine-tuned"}
-        return [{"model": r["model"], "task": r["task"], "n": f"{round(r['n']):,}", "metric": r.get("metric") or "",
-                 "score ↑ [95 % CI]": pct(r["score"], 1, missing="") + (
-                     f" [{100 * r['accuracy_ci'][0]:.0f}–{100 * r['accuracy_ci'][1]:.0f}]" if r.get("accuracy_ci")
-                     else ""),
-                 "harness stderr": pct(r.get("stderr"), 1, missing=""),
-                 "share of FT gain": pct(r.get("gain_recovered"), 1, missing=""),
-                 "Δ vs FT": "" if r["task"] not in ft else f"{100 * (r['score'] - ft[r['task']]):+.1f} pts",
-                 "k (params)": "" if r.get("region_size") is None else f"{round(r['region_size']):,}"} for r in rows]
-
     def legend(self, rows) -> str:
         return ("score: the harness's own metric of each task (its YAML's first), ± its stderr; paired differences "
                 "below are graftui's, on the same documents")

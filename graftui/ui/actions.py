@@ -45,6 +45,7 @@ from ..scoring import MAX_DISAGREEMENTS as MAX_SHOWN, align_labels
 from ..flows.replicates import replicate_groups
 from ..tasks import CLASSIFICATION, COMPLETION_KIND, KINDS, kind_named, named_kind
 from . import store
+from .kinds import app_of
 
 # -- jobs table ----------------------------------------------------------------------------------
 JOB_COLUMNS = ["id", "kind", "title", "status", "progress", "duration", "message"]
@@ -639,7 +640,7 @@ def predict_kind(region_ids) -> str:
     return kinds[0] if kinds else CLASSIFICATION.name
 
 
-PREDICT_WORDS = {name: kind.try_words for name, kind in KINDS.items()}  # the Try box's label, button and table label
+PREDICT_WORDS = {name: app_of(kind).try_words for name, kind in KINDS.items()}  # the Try box's label, button and table label
 
 
 def submit_predict(runner, *, region_ids: list[str], text: str) -> Job:
@@ -648,13 +649,13 @@ def submit_predict(runner, *, region_ids: list[str], text: str) -> Job:
     if not region_ids:
         raise RegionError("pick at least one region (run Localize first if the list is empty)")
     kind = kind_named(predict_kind(region_ids))
-    texts = kind.try_texts(text)
+    texts = app_of(kind).try_texts(text)
     request = PredictRequest(regions=_paths(region_ids), texts=texts)
-    return submit(runner, request, f"{kind.try_title(texts)} with {len(region_ids)} region(s)")
+    return submit(runner, request, f"{app_of(kind).try_title(texts)} with {len(region_ids)} region(s)")
 
 
-PREDICT_COLUMNS = list(CLASSIFICATION.predict_columns)
-GENERATION_COLUMNS = list(COMPLETION_KIND.predict_columns)
+PREDICT_COLUMNS = list(app_of(CLASSIFICATION).predict_columns)
+GENERATION_COLUMNS = list(app_of(COMPLETION_KIND).predict_columns)
 
 
 def predict_table(result: dict) -> pd.DataFrame:
@@ -663,7 +664,8 @@ def predict_table(result: dict) -> pd.DataFrame:
     prompt, and whether its answer is the fine-tuned model's (the task kind's ``predict_rows``)."""
     kind = kind_named(result.get("kind"))
     names = result.get("label_names") or []
-    return pd.DataFrame(kind.predict_rows(result), columns=[*kind.predict_columns, *(f"p({n})" for n in names)])
+    words = app_of(kind)
+    return pd.DataFrame(words.predict_rows(result), columns=[*words.predict_columns, *(f"p({n})" for n in names)])
 
 
 def parse_budgets(text: str) -> list[float]:
@@ -871,14 +873,14 @@ def _num(v, digits: int = 3) -> str:
     return num(v, digits, missing="")
 
 
-COMPARE_COLUMNS = list(CLASSIFICATION.app_columns)
-COMPLETION_COLUMNS = list(COMPLETION_KIND.app_columns)
+COMPARE_COLUMNS = list(app_of(CLASSIFICATION).app_columns)
+COMPLETION_COLUMNS = list(app_of(COMPLETION_KIND).app_columns)
 
 
 def compare_table(result: dict) -> pd.DataFrame:
     """One row per (model, task), in the columns of its task kind; the note under the table says what each is."""
     kind = kind_named(result.get("task_kind"))
-    return pd.DataFrame(kind.app_rows(result), columns=list(kind.app_columns))
+    return pd.DataFrame(app_of(kind).app_rows(result), columns=list(app_of(kind).app_columns))
 
 
 GENERATION_WIDTH = 80  # characters of an answer or a generation a cell shows (the JSON and the bundle hold them whole)

@@ -12,6 +12,7 @@ from ...localizers import get_method
 from ...paths import short_ref
 from ...tasks import kind_named
 from .. import actions, store
+from ..kinds import app_of
 from ..wiring import TABLE_HEIGHT, answered, job_picker, submitted
 
 INTRO = (
@@ -103,7 +104,7 @@ def render_compare(job) -> list:
                 gr.update(value=pd.DataFrame(columns=actions.DISAGREEMENT_COLUMNS), label=DISAGREEMENTS_LABEL)]
     res = job.result
     kind = kind_named(res.get("task_kind"))
-    note = kind.app_heading(res) + kind.app_note
+    note = app_of(kind).app_heading(res) + app_of(kind).app_note
     if res.get("notes"):
         note += "\n\n" + "\n\n".join(f"Note: {n}" for n in res["notes"])
     # a kind without a confidence per example (generations) has no diagram to draw: its boxes are not shown; one
