@@ -22,7 +22,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .data import SPLIT_NAMES, carve, pick_split, read_tables
+from .data import SPLIT_NAMES, carve
+from .sources import pick_split, read_tables
 from .errors import ColumnsMissing, DataError
 
 PROMPT_GUESSES = ("prompt", "question", "instruction", "input", "query")

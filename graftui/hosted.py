@@ -18,7 +18,7 @@ from safetensors import safe_open
 
 from . import settings
 from .config import default_checkpoint_dir, is_default_finetuned
-from .data import check_reference
+from .sources import check_reference
 from .errors import DataError, ModelError, RequestError, SessionError
 from .generation import AnswerRule
 from .lmeval import OFFLINE as HARNESS_OFFLINE
