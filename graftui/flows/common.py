@@ -314,6 +314,27 @@ def save_new(record: RegionRecord, folder: Path, stem: str, write: bool = True) 
             continue
 
 
+def phase_progress(progress: Progress | None, start: float, end: float, stage: str | None = None
+                   ) -> Progress | None:
+    """The progress of one phase of a run (mask learning, then scoring): its fraction, or step / steps, mapped into
+    [start, end] of the whole, its stages named by ``stage`` where given, so a job never sits at 100 % while it
+    still scores."""
+    if progress is None:
+        return None
+
+    def inner(event: dict) -> None:
+        part = event.get("fraction")
+        if part is None and event.get("steps"):
+            part = event.get("step", 0) / max(event["steps"], 1)
+        out = dict(event)
+        if part is not None:
+            out["fraction"] = start + (end - start) * min(max(float(part), 0.0), 1.0)
+        if stage:
+            out["stage"] = f"{stage}: {event['stage']}" if event.get("stage") else stage
+        progress(out)
+    return inner
+
+
 def part_progress(progress: Progress | None, i: int, n: int, seed: int | None, name: str | None = None
                   ) -> Progress | None:
     """The progress of seed ``i`` of ``n`` (or of the part ``name``, such as one fine-tune) as a part of the whole

@@ -38,7 +38,7 @@ from .common import (
     LOCAL, Guard, LocalizeResult, Progress, Result, check_build, check_model_ref, finish,
     get_pair, get_task,
     graft_of, labels_for, load_region, loadable, merged_shapes, needs_task_labels, ood_tasks,
-    pair_for_regions, prompt_notes, remember_scores, same_regions, save_new, part_progress, side_by_side,
+    pair_for_regions, phase_progress, prompt_notes, remember_scores, same_regions, save_new, part_progress, side_by_side,
 )
 from .registry import verb
 from .replicates import (
@@ -226,7 +226,8 @@ def _localize(req: LocalizeRequest, progress: Progress | None, cancel, guard: Gu
         # region learning starts from (generating is slower: such a task checks the learned region only)
         start_region = method.base_region(pair.pre, pair.ft, list(pair.graftable), k)
         quick_check(pair, task, {"top-movement start": start_region}, req, 0, progress, cancel)
-    region, made = find_region(req, pair, task, k, notes, progress, cancel)
+    learned = (CHEAP_CHECK_FROM if kind.cheap_check else CHECK_FROM) if checking else 1.0  # where scoring starts
+    region, made = find_region(req, pair, task, k, notes, phase_progress(progress, 0.0, learned), cancel)
     if region_size(region) < k:  # a method with fewer parameters to give than the budget (bias-only)
         graftable = pair.counts()["graftable"]
         notes.append(f"the method '{req.method}' gave {region_size(region):,} parameters "
@@ -234,7 +235,8 @@ def _localize(req: LocalizeRequest, progress: Progress | None, cancel, guard: Gu
                      f"{k:,} ({pct(k / graftable)}): it has no more to give ({info.description[:1].lower()}"
                      f"{info.description[1:].rstrip('.')})")
     check = quick_check(pair, task, {"this region": region}, req, req.steps if info.needs_data else 0,
-                        progress, cancel) if checking else None
+                        phase_progress(progress, learned, 1.0, f"held-out check on {req.check_n:,} examples"),
+                        cancel) if checking else None
     if check:
         notes += did_not_fit(check, kind, k, pair.counts()["graftable"])
     record = region_record(req, pair, region, made, notes, time.time() - start)
@@ -251,6 +253,8 @@ def _localize(req: LocalizeRequest, progress: Progress | None, cancel, guard: Gu
     return LocalizeResult(req, notes, time.time() - start, str(out), record, check=check)
 
 
+CHEAP_CHECK_FROM = 0.9  # the share of a localize job's progress that is mask learning, where the check is one pass
+CHECK_FROM = 0.5  # … and where it generates, or the harness scores (minutes for a LoRA pair or an lm-eval task)
 DID_NOT_FIT = 0.5  # a region keeping less than this share of the fine-tune's gain on held-out examples lost the skill
 
 
@@ -276,7 +280,7 @@ def quick_check(pair: ModelPair, task, models: dict, req, step: int, progress=No
     per pair): {task, n, step, rows, differences}; each graft's accuracy (a completion task's: its exact match) goes
     to ``progress`` as a ``heldout`` event."""
     kind = kind_of(task)
-    part = kind.compare(pair, task, models, n=req.check_n, judging=kind.judging(req), cancel=cancel)
+    part = kind.compare(pair, task, models, n=req.check_n, judging=kind.judging(req), progress=progress, cancel=cancel)
     rows = card.annotate(part["rows"])
     scored = {r["model"]: r for r in rows}
     ft, bare = scored[FT_LABEL], scored[pair.body_name]
