@@ -252,13 +252,15 @@ def shows_ended(line: str, job_id: str) -> bool:
 
 
 def submit_job(page, button: str, timeout_s: float = 60.0) -> str:
-    """Press ``button`` and return the id of the job it submitted, once the header names that job (the header may
-    still name an earlier one when the button is pressed)."""
+    """Press ``button`` and return the id of the job it submitted, once the header's "Submitted …" banner names that
+    job (the header may still name an earlier one when the button is pressed, or say that one ended)."""
     before = job_id_from_status(page)
     page.click(button)
-    page.wait_for_function("id => { const m = /\\(job (\\S+?)\\)/.exec(document.querySelector('#status-message').innerText); "
-                           "return m && m[1] !== id; }", arg=before or "", timeout=timeout_s * 1000)
-    return job_id_from_status(page)
+    # only a submission's own banner names it: a line saying that an earlier job ended may land just after the click
+    found = page.wait_for_function(
+        "id => { const m = /Submitted [\\s\\S]*?\\(job (\\S+?)\\)/.exec(document.querySelector('#status-message').innerText); "
+        "return m && m[1] !== id ? m[1] : null; }", arg=before or "", timeout=timeout_s * 1000)
+    return found.json_value()
 
 
 JOB_IN_LINE = re.compile(r"\[(\d{8}-\d{6}-[0-9a-f]{6})\]")  # "[20261127-052317-c46ad1]" in a tab's status line

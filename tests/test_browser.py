@@ -737,7 +737,9 @@ def test_two_browser_tabs_keep_their_own_pair_and_jobs_across_a_reload(page, ser
         bu.watch_stored_form(other)
         bu.choose(other, "models-finetuned", "smollm2-movies (offline")
         bu.wait_form_stored(other, {"finetuned": "smollm2-movies", "base": "smollm2"})
-        bu.open_tab(other, "compare")
+        bu.open_tab(other, "compare")  # another pair: the regions of the last one are no longer picked
+        other.wait_for_function("() => !document.querySelectorAll('#compare-regions .token').length", timeout=30_000)
+        bu.choose(other, "compare-regions", _need("region1"))  # one picked again by hand
         other.fill("#predict-text textarea", "Another tab's sentence.")
         line, _ = bu.run_job(other, "#predict-run", "#predict-status", "predict-job", timeout_s=JOB_S)
         theirs = bu.tab_job(other, "#predict-status")

@@ -157,3 +157,21 @@ def test_a_region_that_lost_the_skill_on_held_out_examples_says_so_in_one_senten
                         0.001: "a larger budget such as 1 % (ten times this one), ", 0.2: ""}[budget]
                      + "the budget-true method (--method budget-true), or a fine-tune with an ℓ1 penalty on the movement (finetune --optimizer "
                      "adamw --l1 1e-3)"]
+
+
+@pytest.mark.unit
+def test_a_phase_or_a_part_of_a_run_maps_its_progress_into_its_share_of_the_whole():
+    from graftui.flows.common import part_progress, phase_progress
+
+    events = []
+    phase_progress(events.append, 0.9, 1.0, "held-out check")({"fraction": 0.5, "stage": "scoring FT"})
+    phase_progress(events.append, 0.0, 0.9)({"step": 3, "steps": 6})
+    phase_progress(events.append, 0.0, 0.9)({"stage": "loading"})  # says nothing of how far: no fraction
+    part = part_progress(events.append, 1, 4, 7)
+    part({"step": 5, "steps": 10, "stage": "mask learning"})
+    part({"stage": "saving"})
+    fractions = [e.get("fraction") for e in events]
+    assert fractions[2] is None and fractions[:2] + fractions[3:] == pytest.approx([0.95, 0.45, 0.375, 0.25])
+    assert [e.get("stage") for e in events] == ["held-out check: scoring FT", None, "loading",
+                                               "seed 7 (2/4): mask learning", "seed 7 (2/4): saving"]
+    assert events[3]["seed"] == 7 and phase_progress(None, 0, 1) is None and part_progress(None, 0, 2, 0) is None

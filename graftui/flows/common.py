@@ -323,10 +323,7 @@ def phase_progress(progress: Progress | None, start: float, end: float, stage: s
         return None
 
     def inner(event: dict) -> None:
-        part = event.get("fraction")
-        if part is None and event.get("steps"):
-            part = event.get("step", 0) / max(event["steps"], 1)
-        out = dict(event)
+        part, out = _share(event), dict(event)
         if part is not None:
             out["fraction"] = start + (end - start) * min(max(float(part), 0.0), 1.0)
         if stage:
@@ -335,21 +332,24 @@ def phase_progress(progress: Progress | None, start: float, end: float, stage: s
     return inner
 
 
+def _share(event: dict) -> float | None:
+    """How far an event says its part is: its fraction, or step / steps (None: it says nothing)."""
+    if event.get("fraction") is not None:
+        return event["fraction"]
+    return event.get("step", 0) / max(event["steps"], 1) if event.get("steps") else None
+
+
 def part_progress(progress: Progress | None, i: int, n: int, seed: int | None, name: str | None = None
                   ) -> Progress | None:
     """The progress of seed ``i`` of ``n`` (or of the part ``name``, such as one fine-tune) as a part of the whole
     run, its stages named by it."""
-    if progress is None:
+    phase = phase_progress(progress, i / n, (i + 1) / n, f"{name or f'seed {seed}'} ({i + 1}/{n})")
+    if phase is None:
         return None
+    own = {"seed": seed} if name is None else {}
 
     def inner(event: dict) -> None:
-        part = event.get("fraction")
-        if part is None and event.get("steps"):
-            part = event.get("step", 0) / max(event["steps"], 1)
-        stage = event.get("stage", "")
-        own = {"seed": seed} if name is None else {}
-        progress({**event, "stage": f"{name or f'seed {seed}'} ({i + 1}/{n})" + (f": {stage}" if stage else ""),
-                  "fraction": (i + min(float(part or 0), 1.0)) / n, **own})
+        phase({**event, "fraction": _share(event) or 0.0, **own})
     return inner
 
 
