@@ -1290,3 +1290,13 @@ def test_compare_follows_the_regions_picked_not_the_models_tab(home, monkeypatch
         actions.submit_compare(None, region_ids=["x"] * len(kinds), ood=["amazon"], n=10, baselines=False,
                                ood_labels="0:0")
         assert sent["r"].ood == ood and ("OOD" in sent["t"]) == bool(ood)
+
+
+def test_the_training_sample_is_counted_as_the_tasks_kind_counts_it():
+    """'per class' only where the task has classes: a completion or harness task's sample is its prompts."""
+    from graftui.tasks import named_kind
+    from graftui.ui.kinds import app_of
+
+    assert app_of(named_kind("movies")).sample_label == "Training examples per class"
+    for task in ("dates", "lm-eval:graftui_dates"):
+        assert "per class" not in app_of(named_kind(task)).sample_label

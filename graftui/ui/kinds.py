@@ -27,6 +27,7 @@ class KindApp:
     """How the app words one kind's results (``kind``: its registered name)."""
 
     kind: str = ""
+    sample_label: str = "Training examples per class"  # the mask-learning sample's field on the Localize tab
     app_columns: tuple[str, ...] = ()  # the app's comparison table: short headers, the note under it says what each is
     app_note: str = ""  # what the app's comparison columns mean
     try_words: tuple[str, str, str] = ("", "", "")  # the app's Try box: its label, its button, its table's label
@@ -124,6 +125,7 @@ class ClassificationApp(KindApp):
 
 class CompletionApp(KindApp):
     kind = "completion"
+    sample_label = "Training examples (prompts; a completion task has no classes)"
 
     app_columns = ("model", "task", "n", "exact match ↑ [95 % CI]", "contains ↑", "token F1 ↑", "share of FT gain",
                    "Δ vs FT", "loss/token ↓", "perplexity ↓", "token ECE ↓", "agree w/ FT", "k (params)")

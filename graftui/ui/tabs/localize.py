@@ -9,12 +9,15 @@ from ... import figures, settings
 from ...config import DEFAULT_BASE, DEFAULT_EXAMPLES_PER_CLASS, DEFAULT_FINETUNED
 from ...localizers import METHODS, get_method
 from ...requests import LocalizeRequest
+from ...tasks import CLASSIFICATION, named_kind
 from .. import actions, store
+from ..kinds import app_of
 from ..wiring import job_picker, seeds_box, submitted
 
 INTRO = (
     "Find the few parameters that carry the skill: a region of k parameters (the budget) whose graft "
-    "keeps the fine-tuned model's accuracy. The learned method takes a few mask steps on k examples per class."
+    "keeps the fine-tuned model's accuracy. The learned method takes a few mask steps on a small training sample "
+    "(so many examples per class, or prompts for a completion task)."
 )
 KINDS, LATEST = ("localize",), "latest localize job"
 PLOT_NOTE = (
@@ -104,6 +107,12 @@ def build(page) -> gr.Tab:
                 [loc_budget_md, page.status])
     page.on(loc_method.change, page.safe(lambda m: (method_info(m), gr.skip())), [loc_method],
             [loc_method_md, page.status])
+
+    def on_task(task):  # the sample is counted per class, or in prompts, as the task's kind counts it
+        return gr.update(label=app_of(named_kind(task) or CLASSIFICATION).sample_label), gr.skip()
+
+    for ev in (page.task.change, tab.select):
+        page.on(ev, page.quiet(on_task), [page.task], [loc_epc, page.status], show_progress="hidden")
 
     @page.guard(beside=loc_status, method=loc_method, sparsity=loc_budget, k=loc_budget, steps=loc_steps,
                 examples_per_class=loc_epc, lr=loc_lr, seeds=loc_seeds)
