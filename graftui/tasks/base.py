@@ -86,9 +86,6 @@ class TaskKind:
         """The tasks of this kind that need no download: reference -> one line about it."""
         return {}
 
-    def owns(self, task) -> bool:
-        return isinstance(task, self.task_type)
-
     # -- reading ----------------------------------------------------------------------------------
     def reading(self, options: LoadOptions, task) -> LoadOptions:
         """The pair's reading for this kind, refusing a reading the request gave that cannot score it."""
