@@ -88,11 +88,10 @@ def scorer_for(path: Path, n: int):
     from graftui.config import GraftableSpec
     from graftui.flows.common import LOCAL, load_pair
     from graftui.requests import EvaluateRequest
-    from graftui.tasks import kind_of
-    from graftui.tasks.reading import read_task_as
+    from graftui.tasks import kind_of, read_task_as, recorded_columns
 
     meta = regions.load(path).meta
-    task = read_task_as(meta.task, regions.recorded_columns(meta), LOCAL)
+    task = read_task_as(meta.task, recorded_columns(meta), LOCAL)
     pair = load_pair(meta.base, meta.finetuned, regions.recorded_spec(meta) or GraftableSpec(),
                      options=regions.recorded_options(meta), labels=regions.recorded_labels(meta))
     kind = kind_of(task)
