@@ -86,8 +86,9 @@ def tables(verb: str, result: dict) -> dict[str, list[dict]]:
         out["heldout_check"] = check["rows"]  # a localization's quick check on held-out examples
     if isinstance(result.get("top_modules"), list) and result["top_modules"]:
         out["top_modules"] = result["top_modules"]
-    if _curve(result):
-        out["mask_curve"] = _curve(result)
+    curve = _curve(result)
+    if curve:
+        out["mask_curve"] = curve
     if verb == "finetune" and "test_accuracy" in result:
         out["test"] = [{k: result.get(k) for k in ("task", "test_accuracy", "test_accuracy_ci", "test_examples",
                                                    "chance_accuracy")}]
@@ -102,9 +103,9 @@ def _curve(result: dict) -> list[dict]:
 
 def figures(verb: str, result: dict) -> dict:
     """The result's plotly figures by name (the app draws the same ones)."""
-    out = {}
-    if _curve(result):
-        out["mask_curve"] = fig.localize_progress(_curve(result), result.get("k"))
+    out, curve = {}, _curve(result)
+    if curve:
+        out["mask_curve"] = fig.localize_progress(curve, result.get("k"))
     if result.get("reliability"):
         out["reliability"] = fig.reliability_diagram(result["reliability"], result.get("task", ""))
     if result.get("histogram"):
@@ -138,6 +139,19 @@ def _input_files(request: dict) -> list[Path]:
 MAX_INPUT_BYTES = 64 << 20  # a region or skill patch larger than this stays out of the bundle (its hash is listed)
 
 
+def _carried(file, root: Path, folder: str) -> str | None:
+    """Copy ``file`` into the bundle's ``folder`` (once) and return its name there; None for a file that is not there
+    or is larger than MAX_INPUT_BYTES (it stays out)."""
+    path = Path(file)
+    if not path.is_file() or path.stat().st_size > MAX_INPUT_BYTES:
+        return None
+    (root / folder).mkdir(exist_ok=True)
+    target = root / folder / path.name
+    if not target.exists():
+        shutil.copyfile(path, target)
+    return f"{folder}/{path.name}"
+
+
 def with_inputs(request: dict, root: Path) -> dict:
     """The request as the bundle holds it: the region files it reads copied under ``inputs/`` and named there, so
     ``graftui run request.json`` in the unpacked bundle makes the result again on any machine."""
@@ -149,15 +163,8 @@ def with_inputs(request: dict, root: Path) -> dict:
         items = value if isinstance(value, list) else [value]
         moved = []
         for item in items:
-            path = Path(item) if isinstance(item, str) else None
-            if path is not None and path.is_file() and path.stat().st_size <= MAX_INPUT_BYTES:
-                (root / "inputs").mkdir(exist_ok=True)
-                target = root / "inputs" / path.name
-                if not target.exists():
-                    shutil.copyfile(path, target)
-                moved.append(f"inputs/{path.name}")
-            else:
-                moved.append(item)
+            kept = _carried(item, root, "inputs") if isinstance(item, str) else None
+            moved.append(kept or item)
         out[key] = moved if isinstance(value, list) else moved[0]
     return out
 
@@ -223,10 +230,8 @@ def write(request: dict, result: dict, path, version: str = __version__, outputs
             (root / "figures").mkdir()
             for name, figure in made.items():
                 figure.write_html(root / "figures" / f"{name}.html", include_plotlyjs="directory", full_html=True)
-        written = [Path(p) for p in outputs if Path(p).is_file() and Path(p).stat().st_size <= MAX_INPUT_BYTES]
-        for file in written:
-            (root / "outputs").mkdir(exist_ok=True)
-            shutil.copyfile(file, root / "outputs" / file.name)
+        for file in outputs:
+            _carried(file, root, "outputs")
         (root / "request.json").write_text(json.dumps(with_inputs(request, root), indent=2))
         (root / "result.json").write_text(json.dumps(result, indent=2))
         (root / "README.md").write_text(readme(request, result, version, root))

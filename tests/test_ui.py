@@ -1279,6 +1279,7 @@ def test_compare_follows_the_regions_picked_not_the_models_tab(home, monkeypatch
     monkeypatch.setattr(store, "list_regions", lambda: entries)
     assert actions.of_pair(["dates-r", "movies-r", "gone"], "minilm-movies") == ["movies-r"]
     (tmp_path / "ft").mkdir()
+    (tmp_path / "ft" / "config.json").write_text("{}")  # a checkpoint folder, named two ways
     assert actions.same_model(f"{tmp_path}/../{tmp_path.name}/ft", str(tmp_path / "ft")) and not actions.same_model("smollm2-dates", "minilm-movies")
 
     sent = {}

@@ -267,8 +267,8 @@ def did_not_fit(check: dict, kind, k: int, graftable: int) -> list[str]:
     share = region.get("gain_recovered") if region else None
     if share is None or share >= DID_NOT_FIT:
         return []
-    what, share = kind.words.score, k / max(graftable, 1)
-    larger = f"a larger budget such as {100 * 10 * share:.2g} % (ten times this one), " if share < 0.1 else ""
+    what, budget = kind.words.score, k / max(graftable, 1)
+    larger = f"a larger budget such as {100 * 10 * budget:.2g} % (ten times this one), " if budget < 0.1 else ""
     return [f"the skill did not fit in k = {k:,} parameters: the region's held-out {what} is "
             f"{pct(region['accuracy'], 1)} against the fine-tune's {pct(ft['accuracy'], 1)} (n = {check['n']:,}); try "
             f"{larger}the budget-true method (--method budget-true), or a fine-tune with an ℓ1 penalty on the movement "

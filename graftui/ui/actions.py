@@ -30,10 +30,9 @@ from ..data import OFFLINE_TASKS, all_as_test, preview
 from ..errors import ModelError, RegionError, RequestError
 from ..hosted import check_rows, check_upload, safe_name, save_upload
 from ..formatting import difference_value, minutes, num, pct, undecided
-from ..flows.common import own_pairs
+from ..flows.common import own_pairs, same_model
 from ..jobs import FINISHED, MAIN, QUEUED, RUNNING, Job
 from ..localizers import get_method
-from ..models import resolve as resolve_model
 from ..paths import atomic_write, new_path, short_ref
 from ..regions import RegionRecord, check_fits, listing_row, load as load_region_file, save, settings_of
 from ..requests import (
@@ -177,17 +176,23 @@ def shown_job(runner, picked: str, kinds: tuple[str, ...]) -> Job | None:
 CONFIRM_SECONDS = 10.0  # a Cancel or Delete button, once pressed, asks to be pressed again within this long
 
 
+def _armed_at(armed) -> float | None:
+    """When a confirm button's first press armed it (its memory: (key, when)); None when it is not armed."""
+    ok = isinstance(armed, (list, tuple)) and len(armed) == 2 and isinstance(armed[1], (int, float))
+    return armed[1] if ok else None
+
+
 def confirms(armed, key: str, now: float) -> bool:
     """Whether a press confirms what the first press of its button named: the same ``key`` (a job, a region), within
     CONFIRM_SECONDS (``armed``: the button's memory, (key, when))."""
-    return isinstance(armed, (list, tuple)) and len(armed) == 2 and armed[0] == key \
-        and isinstance(armed[1], (int, float)) and 0 <= now - armed[1] <= CONFIRM_SECONDS
+    at = _armed_at(armed)
+    return at is not None and armed[0] == key and 0 <= now - at <= CONFIRM_SECONDS
 
 
 def expired(armed, now: float) -> bool:
     """Whether a button armed by a first press has waited past CONFIRM_SECONDS: it goes back to its first look."""
-    return isinstance(armed, (list, tuple)) and len(armed) == 2 and isinstance(armed[1], (int, float)) \
-        and now - armed[1] > CONFIRM_SECONDS
+    at = _armed_at(armed)
+    return at is not None and now - at > CONFIRM_SECONDS
 
 
 def cancel_step(runner, job: Job | None, armed, now: float) -> tuple[str, tuple | None, str]:
@@ -544,22 +549,10 @@ def submit_finetune(runner, *, base: str, task: str, columns: dict, optimizer: s
     return submit(runner, request, title, made)
 
 
-def same_model(a, b) -> bool:
-    """Whether two model references name one model (a default's name and its built folder alike)."""
-    def where(ref) -> str:
-        ref = str(ref or "").strip()
-        try:
-            return str(Path(resolve_model(ref, allow_local=not settings.hosted())).resolve())
-        except (ModelError, OSError):  # not a model here (yet): its folder, or the name as given
-            return str(Path(ref).expanduser().resolve()) if Path(ref).expanduser().exists() else ref.lower()
-
-    return where(a) == where(b)
-
-
 def of_pair(region_ids: list[str], finetuned: str) -> list[str]:
     """The picked regions made from ``finetuned``: picking another pair leaves no region of the last one picked."""
     entries = {e.id: e for e in store.list_regions()}
-    return [r for r in region_ids or [] if r in entries and same_model(entries[r].meta.finetuned, finetuned)]
+    return [r for r in region_ids or [] if r in entries and same_model(entries[r].meta.finetuned or "", finetuned or "")]
 
 
 def _paths(region_ids: list[str], at_least: int = 1) -> list[str]:
