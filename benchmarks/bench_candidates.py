@@ -88,7 +88,7 @@ def scorer_for(path: Path, n: int):
     from graftui.config import GraftableSpec
     from graftui.flows.common import LOCAL, load_pair
     from graftui.requests import EvaluateRequest
-    from graftui.tasks import kind_of, read_task_as, recorded_columns
+    from graftui.kinds import kind_of, read_task_as, recorded_columns
 
     meta = regions.load(path).meta
     task = read_task_as(meta.task, recorded_columns(meta), LOCAL)

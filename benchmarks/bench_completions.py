@@ -36,7 +36,7 @@ PAIR = ("smollm2", "smollm2-dates")
 
 def long_examples(tokenizer, n: int, tokens: int):
     """``n`` completions of about ``tokens`` tokens: a few-shot prompt of written-out dates, then the query."""
-    from graftui.completion import Completions, offline_skill
+    from graftui.tasks.completion.data import Completions, offline_skill
 
     pool = offline_skill("dates").splits["train"].examples
     out, at = [], 0
@@ -56,7 +56,7 @@ def long_examples(tokenizer, n: int, tokens: int):
 
 
 def batch_of(tokenizer, size: int, tokens: int) -> dict:
-    from graftui.completion import batches
+    from graftui.tasks.completion.data import batches
 
     return next(batches(tokenizer, long_examples(tokenizer, size, tokens), False, size, tokens + 16))
 
@@ -111,8 +111,8 @@ def bench_speed(pair, batch, repeats: int) -> dict:
 
 def bench_generation(pair, prompts: int, repeats: int, new_tokens: int = 16, batch: int = 32) -> dict:
     """Tokens generated per second, ours against plain ``generate`` on the same prompts (batches of ``batch``)."""
-    from graftui import generation
-    from graftui.completion import offline_skill
+    from graftui.tasks.completion import generation
+    from graftui.tasks.completion.data import offline_skill
 
     task = offline_skill("dates")
     data = task.splits["test"].select(range(prompts))

@@ -32,7 +32,7 @@ CONFIGS = {  # LearnConfig fields that differ from the defaults; "examples_per_c
 
 def independent_split(task, n: int, finetune_examples: int, examples_per_class: int):
     """Training sentences outside the fine-tune's subsample and the mask's k-shot sample."""
-    from graftui.data import kshot, subsample
+    from graftui.tasks.classification.data import kshot, subsample
 
     train = task.splits["train"]
     used = set(subsample(train, finetune_examples, 0).texts) | set(kshot(train, examples_per_class, 0).texts)
@@ -51,8 +51,9 @@ def main() -> None:
 
     from dataclasses import replace
 
-    from graftui import flows, metrics, scoring, settings
-    from graftui.data import batches, kshot, load_task
+    from graftui import flows, metrics, settings
+    from graftui.tasks.classification import scoring
+    from graftui.tasks.classification.data import batches, kshot, load_task
     from graftui.learning import learn_region
     from graftui.method import LearnConfig
     from graftui.config import Budget

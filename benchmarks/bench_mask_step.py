@@ -29,7 +29,7 @@ import torch
 
 
 def batch_of(pair, n: int = 16):
-    from graftui.data import batches, load_task, subsample
+    from graftui.tasks.classification.data import batches, load_task, subsample
 
     task = load_task("movies")
     split = subsample(task.splits["train"], n, seed=0)

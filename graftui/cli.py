@@ -26,7 +26,7 @@ from dataclasses import fields  # noqa: E402
 from typing import Sequence  # noqa: E402
 
 from . import compute, flows, settings  # noqa: E402
-from .tasks import KINDS  # noqa: E402
+from .kinds import KINDS  # noqa: E402
 from .errors import MAX_LINE, RequestError, is_user_error, message  # noqa: E402
 from .formatting import table  # noqa: E402
 from .paths import clean_stale  # noqa: E402

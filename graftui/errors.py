@@ -23,7 +23,7 @@ class DataError(GraftuiError):
 
 class ColumnsMissing(DataError):
     """A source lacks the columns of the task kind it was read as. ``fits``: it holds some of them, so of the kinds
-    tried on it (``tasks.read_task``), this one's words are told."""
+    tried on it (``kinds.read_task``), this one's words are told."""
 
     def __init__(self, message: str, fits: bool = False):
         super().__init__(message)

@@ -18,10 +18,10 @@ from safetensors import safe_open
 
 from . import settings
 from .config import default_checkpoint_dir, is_default_finetuned
-from .sources import check_reference
+from .tasks.sources import check_reference
 from .errors import DataError, ModelError, RequestError, SessionError
-from .generation import AnswerRule
-from .lmeval import OFFLINE as HARNESS_OFFLINE
+from .tasks.completion.generation import AnswerRule
+from .tasks.harness.lmeval import OFFLINE as HARNESS_OFFLINE
 from .flows import Guard, clear_cache
 from .models import pair_kind, resolve
 from .paths import DATA_SUFFIXES, atomic_write, file_sha256, short_ref

@@ -21,10 +21,10 @@ import statistics
 from dataclasses import dataclass
 
 from .config import DEFAULT_BUILD_SECONDS, default_checkpoint_dir, is_default_finetuned
-from .generation import MAX_NEW_TOKENS
+from .tasks.completion.generation import MAX_NEW_TOKENS
 from .jobs import DONE, FAILED, MAIN, QUICK, QUICK_LIMIT, Job
 from .paths import short_ref
-from .tasks import kind_named, named_kind
+from .kinds import kind_named, named_kind
 from .training import is_built
 
 QUICK_SECONDS = 60.0  # a job expected to take at most this long runs in the quick lane

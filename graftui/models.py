@@ -20,7 +20,7 @@ from typing import Iterator
 import torch
 
 from . import compute, settings
-from .completion import IGNORE, context_length, token_accuracy
+from .tasks.completion.data import IGNORE, context_length, token_accuracy
 from .config import COMPLETION, DEFAULT_FINETUNED_REFS, GraftableSpec, LoadOptions, body_label, default_checkpoint_dir
 from .errors import ModelError, first_line
 from .method import region_to_mask, wise

@@ -32,15 +32,15 @@ from .config import (
     CANDIDATE_RANKS, MASK_OPTIMIZERS, SENTIMENT_TASKS, Budget, FinetuneConfig, GraftableSpec, LearnConfig, LoadOptions, default_recipe,
 )
 from .adapters import own_base
-from .completion import CompletionSpec
-from .data import DataSpec
+from .tasks.completion.data import CompletionSpec
+from .tasks.classification.data import DataSpec
 from .errors import GraftuiError, RequestError
 from .experiments import MERGES
-from .generation import MAX_IGNORED, MAX_NEW_TOKENS, WHITESPACE, AnswerRule
+from .tasks.completion.generation import MAX_IGNORED, MAX_NEW_TOKENS, WHITESPACE, AnswerRule
 from .localizers import METHODS
 from .regions import GROUPS, LISTING_COLUMNS
 from .sets import RESOLVE_MODES
-from .tasks import KINDS, task_kinds
+from .kinds import KINDS, task_kinds
 
 
 MAX_GENERATED = 1024  # --max-new-tokens at most

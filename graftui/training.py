@@ -16,11 +16,12 @@ from typing import Callable
 
 import torch
 
-from . import completion, compute, settings
+from .tasks.completion import data as completion
+from . import compute, settings
 from .config import (
     DEFAULT_FINETUNED_REFS, DEFAULT_LOADING, FinetuneConfig, GraftableSpec, LoadOptions, default_checkpoint_dir, recipe_for,
 )
-from .data import Split, Task, batches, load_task, subsample
+from .tasks.classification.data import Split, Task, batches, load_task, subsample
 from .errors import Cancelled, ModelError
 from .formatting import memory
 from .models import CompletionLM, load_classifier, load_lm, load_reader, load_tokenizer, pair_kind

@@ -5,7 +5,7 @@ The sentiment tasks must work offline, so the VADER ground-truth sentences are
 vendored in the repository. This script makes that copy reproducible: it fetches
 the sdist from PyPI (or takes a local copy), checks its sha256, and writes every
 sentence of the three sets (neutral ones included, so the label rule stays in
-graftui/data.py) to a gzip file whose bytes depend only on the input.
+graftui/tasks/classification/data.py) to a gzip file whose bytes depend only on the input.
 
     python scripts/build_assets.py                 # download with pip, then build
     python scripts/build_assets.py --sdist X.tar.gz

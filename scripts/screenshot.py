@@ -127,7 +127,7 @@ def wait_plot(page, elem_id: str, timeout_s: float = 60) -> None:
 def upload_ood(page) -> None:
     """Upload a small CSV (60 held-out Amazon snippets) on the Models tab and add it to the OOD tasks; the task
     stays movies."""
-    from graftui.data import load_task
+    from graftui.tasks.classification.data import load_task
 
     test = load_task("amazon").splits["test"]
     words = {0: "negative", 1: "positive"}

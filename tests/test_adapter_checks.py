@@ -171,7 +171,7 @@ def test_a_lora_adapter_that_cannot_fit_is_refused_before_training(tmp_path, mon
 def test_a_tokenizer_without_an_end_token_stops_at_the_line_end_and_is_as_it_was(tmp_path):
     from transformers import AutoTokenizer
 
-    from graftui import lmeval
+    from graftui.tasks.harness import lmeval
 
     tokenizer = AutoTokenizer.from_pretrained(write_base(tmp_path / "base", "llama"))
     tokenizer.eos_token = None

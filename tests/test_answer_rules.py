@@ -14,13 +14,14 @@ import pytest
 import torch
 
 import graftui
-from graftui import card, cli, generation, regions
-from graftui.completion import Completions
+from graftui import card, cli, regions
+from graftui.tasks.completion import generation
+from graftui.tasks.completion.data import Completions
 from graftui.errors import DataError, RequestError
-from graftui.generation import REGEX_SECONDS, AnswerRule, judge
+from graftui.tasks.completion.generation import REGEX_SECONDS, AnswerRule, judge
 from graftui.requests import EvaluateRequest, LocalizeRequest
-from graftui.tasks import COMPLETION_KIND, recorded_rule
-from graftui.tasks.harness import HARNESS
+from graftui.kinds import COMPLETION_KIND, recorded_rule
+from graftui.tasks.harness.kind import HARNESS
 from graftui.ui.kinds import app_of
 
 from lm_util import write_completion_task, write_lm_pair

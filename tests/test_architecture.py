@@ -59,6 +59,13 @@ def imports(name: str, path: Path, known: dict) -> list[tuple[str, bool]]:
     return out
 
 
+def parents(module: str) -> set[str]:
+    """The packages Python runs before ``module`` (``tasks.completion.data`` runs ``tasks`` and ``tasks.completion``;
+    the top package ``graftui`` is the lazy API and is left out)."""
+    parts = module.split(".")
+    return {".".join(parts[:i]) for i in range(1, len(parts))}
+
+
 def graph() -> dict[str, set[str]]:
     known = modules()
     return {name: {t for t, _ in imports(name, path, known)} for name, path in known.items()}
@@ -81,6 +88,15 @@ def floor_of(module: str, table: dict[str, int]) -> int | None:
         return table[key]
     return next((f for pattern, f in table.items() if "*" in pattern and re.fullmatch(
         re.escape(pattern).replace(r"\*", r"[\w.]+"), key)), None)
+
+
+def test_importing_a_module_loads_no_floor_above_it_through_its_packages():
+    """Python runs a module's packages before the module: a package on a floor above one of its modules would load
+    that floor (and, through it, maybe the module's own importers) with every import of the module."""
+    table = floors()
+    upward = [f"{m} (floor {floor_of(m, table)}) sits in {p} (floor {floor_of(p, table)})"
+              for m in modules() if m for p in parents(m) if floor_of(p, table) > floor_of(m, table)]
+    assert not upward, "packages above their modules:\n" + "\n".join(upward)
 
 
 def test_no_import_cycle_counting_imports_inside_functions():

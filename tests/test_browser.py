@@ -658,7 +658,7 @@ def test_deleting_a_region_clears_it_from_every_picker_and_polling_goes_on(page)
 def test_an_uploaded_file_is_an_ood_task_with_a_label_mapping(page):
     """A CSV with 0/1 labels, uploaded on the Models tab, is offered as an OOD task; a mapping that
     swaps its labels is previewed beside the field and used by the comparison."""
-    from graftui.data import load_task
+    from graftui.tasks.classification.data import load_task
 
     first = _need("region1")
     amazon = load_task("amazon").splits["test"]

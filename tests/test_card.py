@@ -90,10 +90,10 @@ def test_finetune_card_warns_near_chance():
 
 
 def test_ood_label_mapping_relabels_exactly():
-    from graftui.data import Split, Task
+    from graftui.tasks.classification.data import Split, Task
     from graftui.errors import DataError, RequestError
     from graftui.requests import parse_label_map
-    from graftui.scoring import align_labels
+    from graftui.tasks.classification.scoring import align_labels
 
     split = Split(texts=("a", "b", "c", "d"), labels=(0, 1, 2, 3))
     stars = Task("stars", ("1", "2", "4", "5"), {"train": split, "validation": split, "test": split}, "hand-made")

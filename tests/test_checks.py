@@ -7,7 +7,8 @@ import pytest
 
 from lm_util import write_lm_pair, write_task
 
-from graftui import card, flows, regions, scoring
+from graftui import card, flows, regions
+from graftui.tasks.classification import scoring
 from graftui.config import BODY_LABEL, FT_LABEL, LM_BODY_LABEL
 from graftui.requests import EvaluateRequest, LocalizeRequest
 
@@ -63,7 +64,7 @@ def test_localize_scores_its_region_at_once_as_evaluate_does_and_names_the_promp
 
 def test_references_are_kept_per_sample_content_not_per_task_name(gpt2, tmp_path):
     """Two tasks called alike with other sentences never share FT's scores; the same sample is served from the pair."""
-    from graftui.data import load_task
+    from graftui.tasks.classification.data import load_task
 
     base, ft, task = gpt2
     pair = flows.load_pair(str(base), str(ft), labels=("negative", "positive"))
@@ -143,7 +144,7 @@ def test_check_n_zero_skips_the_check_and_a_bad_one_is_one_line(gpt2, tmp_path):
     ("completion", 0.5, False, 0.01), ("completion", None, False, 0.01)])
 def test_a_region_that_lost_the_skill_on_held_out_examples_says_so_in_one_sentence(kind, share, said, budget):
     from graftui.flows.single import did_not_fit
-    from graftui.tasks import kind_named
+    from graftui.kinds import kind_named
 
     rows = [{"model": FT_LABEL, "accuracy": 1.0}, {"model": "this region", "accuracy": 0.03, "gain_recovered": share}]
     notes = did_not_fit({"rows": rows, "n": 100}, kind_named(kind), 106203, round(106203 / budget))

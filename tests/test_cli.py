@@ -763,7 +763,7 @@ def test_run_remakes_a_region_bit_for_bit_from_its_file_and_from_a_config(learne
 
 def test_a_small_csv_localizes_with_the_defaults_and_says_so(ft_dir, tmp_path, monkeypatch):
     monkeypatch.delenv("GRAFTUI_FAST", raising=False)
-    from graftui.data import load_task
+    from graftui.tasks.classification.data import load_task
 
     movies = load_task("movies").splits["train"]
     small = tmp_path / "small.csv"
@@ -779,7 +779,7 @@ def test_a_small_csv_localizes_with_the_defaults_and_says_so(ft_dir, tmp_path, m
 
 
 def test_an_ood_file_with_integer_labels_maps_onto_named_labels(ft_dir, tmp_path):
-    from graftui.data import load_task
+    from graftui.tasks.classification.data import load_task
 
     amazon = load_task("amazon").splits["test"]
     ood = tmp_path / "mine.csv"

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from graftui import completion
-from graftui.completion import IGNORE, CompletionSpec, Completions, load_completion_task
+from graftui.tasks.completion import data as completion
+from graftui.tasks.completion.data import IGNORE, CompletionSpec, Completions, load_completion_task
 from graftui.errors import DataError
 
 

@@ -10,9 +10,9 @@ import json
 import pytest
 import torch
 
-from graftui import completion, generation
+from graftui.tasks.completion import data as completion, generation
 from graftui.flows import text
-from graftui.completion import Completions
+from graftui.tasks.completion.data import Completions
 from graftui.errors import DataError
 
 from cli_util import refused, run_cli

@@ -11,8 +11,9 @@ import pytest
 import torch
 
 import graftui
-from graftui import cli, completion, generation, regions
-from graftui.completion import Completions
+from graftui import cli, regions
+from graftui.tasks.completion import data as completion, generation
+from graftui.tasks.completion.data import Completions
 from graftui.config import COMPLETION_SPARSITY, DEFAULT_SPARSITY, Budget, LoadOptions, kind_of_architecture
 from graftui.experiments import MERGES
 from graftui.models import load_lm, load_tokenizer, pair_kind

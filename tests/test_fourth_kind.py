@@ -1,5 +1,5 @@
-"""A task kind is one module and one registration: a fourth kind, written in a temporary module outside the package,
-is found by every part of graftui that asks which kind a task is, with no edit anywhere else."""
+"""A task kind is one folder (here one module) and one registration: a fourth kind, written in a temporary module
+outside the package, is found by every part of graftui that asks which kind a task is, with no edit anywhere else."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from graftui import tasks
+from graftui import kinds
 from graftui.errors import RequestError
 from graftui.requests import LocalizeRequest
-from graftui.tasks import KINDS
+from graftui.kinds import KINDS
 from graftui.ui import runs  # imported before the fourth kind: the page's columns are those of the kinds it knew
 
 from cli_util import run_cli
@@ -22,7 +22,7 @@ ECHO = '''
 from dataclasses import dataclass
 
 from graftui.card import Words
-from graftui.tasks import TaskKind, register_kind
+from graftui.tasks.base import TaskKind, register_kind
 
 
 @dataclass
@@ -76,14 +76,14 @@ def test_a_fourth_kind_is_one_module_and_one_registration(echo, capsys):
     from graftui.flows.common import LOCAL
 
     kind = echo.ECHO
-    assert tasks.named_kind("echo:abc") is kind and tasks.named_kind("movies") is tasks.CLASSIFICATION
-    task = tasks.read_task(LocalizeRequest(task="echo:abc"), LOCAL)
-    assert isinstance(task, echo.EchoTask) and tasks.kind_of(task) is kind
-    assert tasks.read_task_as("echo:abc", None, LOCAL).name == "echo:abc"
-    assert tasks.region_kind(SimpleNamespace(task="echo:abc", loading={})) is kind
-    assert tasks.region_kind(SimpleNamespace(task="movies", loading={})) is tasks.CLASSIFICATION
+    assert kinds.named_kind("echo:abc") is kind and kinds.named_kind("movies") is kinds.CLASSIFICATION
+    task = kinds.read_task(LocalizeRequest(task="echo:abc"), LOCAL)
+    assert isinstance(task, echo.EchoTask) and kinds.kind_of(task) is kind
+    assert kinds.read_task_as("echo:abc", None, LOCAL).name == "echo:abc"
+    assert kinds.region_kind(SimpleNamespace(task="echo:abc", loading={})) is kind
+    assert kinds.region_kind(SimpleNamespace(task="movies", loading={})) is kinds.CLASSIFICATION
 
-    assert "echo" in tasks.task_kinds()  # --task-kind offers it, and a request may name it
+    assert "echo" in kinds.task_kinds()  # --task-kind offers it, and a request may name it
     LocalizeRequest(task="x.csv", task_kind="echo").validate()
     with pytest.raises(RequestError, match="unknown task kind 'nope'; choose from auto, classification, completion, "
                                            "echo"):
@@ -105,4 +105,4 @@ def test_a_fourth_kind_is_one_module_and_one_registration(echo, capsys):
     table = runs.runs_table([row])  # its score under its own name in the app's runs table
     assert table["echo match"].tolist() == ["42.0%"] and table["accuracy"].tolist() == [""]
     KINDS.pop("echo")
-    assert "echo" not in tasks.task_kinds() and "echo match" not in runs.runs_table([]).columns
+    assert "echo" not in kinds.task_kinds() and "echo match" not in runs.runs_table([]).columns

@@ -8,10 +8,11 @@ import math
 import pytest
 import torch
 
-from graftui import generation, metrics
-from graftui.completion import Completions
+from graftui.tasks.completion import generation
+from graftui import metrics
+from graftui.tasks.completion.data import Completions
 from graftui.errors import DataError
-from graftui.generation import AnswerRule
+from graftui.tasks.completion.generation import AnswerRule
 
 from lm_util import make_lm, make_tokenizer
 
@@ -109,7 +110,7 @@ def test_batched_greedy_generation_equals_one_prompt_at_a_time(lm):
 
 
 def test_teacher_forcing_sums_the_loss_transformers_averages(lm):
-    from graftui.completion import batches
+    from graftui.tasks.completion.data import batches
 
     model, tok = lm
     split = _split()

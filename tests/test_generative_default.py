@@ -8,8 +8,9 @@ from __future__ import annotations
 import pytest
 
 import graftui
-from graftui import flows, generation, settings
-from graftui.completion import offline_skill
+from graftui import flows, settings
+from graftui.tasks.completion import generation
+from graftui.tasks.completion.data import offline_skill
 from graftui.models import load_lm, load_tokenizer
 
 pytestmark = pytest.mark.e2e

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from graftui import learning, models
-from graftui.completion import IGNORE
+from graftui.tasks.completion.data import IGNORE
 from graftui.config import LearnConfig, LoadOptions
 from graftui.weights import Checkpoint, Placed
 from lm_util import write_base, write_lm_pair

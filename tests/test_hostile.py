@@ -563,7 +563,7 @@ def test_a_tiny_parquet_file_that_decodes_to_300_mb_is_refused_at_once_with_boun
 
 def test_cells_and_headers_that_would_mislead_a_reader_are_refused_with_their_line(tmp_path, monkeypatch):
     from graftui import settings
-    from graftui.data import load_task, preview
+    from graftui.tasks.classification.data import load_task, preview
 
     monkeypatch.setattr(settings, "MAX_CELL_CHARS", 1000)
     rows = "".join(f"sentence {i},{i % 2}\n" for i in range(20))
@@ -588,7 +588,7 @@ def test_cells_and_headers_that_would_mislead_a_reader_are_refused_with_their_li
 
 
 def test_labels_that_mean_missing_or_negative_are_read_as_they_are_meant(tmp_path):
-    from graftui.data import load_task, preview
+    from graftui.tasks.classification.data import load_task, preview
 
     texts = [f"sentence number {i}" for i in range(60)]
 
@@ -653,8 +653,8 @@ def test_a_fine_tune_that_diverges_or_holds_nan_is_one_line(tmp_path):
 def test_a_template_reading_a_second_text_needs_a_task_that_has_one():
     from types import SimpleNamespace
 
-    from graftui.data import DataError, Split, Task
-    from graftui.scoring import check_labels
+    from graftui.tasks.classification.data import DataError, Split, Task
+    from graftui.tasks.classification.scoring import check_labels
 
     split = Split(("a", "b"), (0, 1))
     task = Task("single", ("neg", "pos"), {"train": split, "validation": split, "test": split}, "test")
@@ -801,7 +801,7 @@ def test_the_queue_serves_clients_in_turn_drops_double_clicks_and_stops_a_job_ov
 def test_hosted_ceilings_and_paths_are_checked_before_a_job_is_queued(monkeypatch, tmp_path):
     from graftui import hosted, settings
     from graftui.errors import DataError, RequestError
-    from graftui.generation import AnswerRule
+    from graftui.tasks.completion.generation import AnswerRule
     from graftui.requests import LocalizeRequest, SweepRequest, WiseRequest
 
     monkeypatch.setenv("GRAFTUI_HOSTED", "1")
@@ -836,7 +836,7 @@ def test_hosted_ceilings_and_paths_are_checked_before_a_job_is_queued(monkeypatc
 
 
 def test_an_upload_read_only_out_of_distribution_is_scored_on_all_its_rows(tmp_path):
-    from graftui.data import all_as_test, load_task
+    from graftui.tasks.classification.data import all_as_test, load_task
 
     path = tmp_path / "ood.csv"
     path.write_text("text,label\n" + "".join(f"review number {i},{i % 2}\n" for i in range(80)))
@@ -910,7 +910,7 @@ def ticking():
 
 def test_a_backtracking_answer_regex_ends_in_one_line_and_never_holds_the_interpreter():
     from graftui.errors import DataError
-    from graftui.generation import REGEX_SECONDS, AnswerRule
+    from graftui.tasks.completion.generation import REGEX_SECONDS, AnswerRule
 
     import re
 
@@ -1072,7 +1072,7 @@ def test_an_answer_regex_whose_counts_would_fill_the_memory_is_refused_before_it
     """regex expands counted repeats when it compiles: a 30-character pattern took all the memory before any search."""
     from graftui import hosted, settings
     from graftui.errors import DataError, RequestError
-    from graftui.generation import AnswerRule
+    from graftui.tasks.completion.generation import AnswerRule
     from graftui.requests import EvaluateRequest
 
     monkeypatch.delenv("GRAFTUI_HOSTED", raising=False)

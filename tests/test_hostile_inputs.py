@@ -59,7 +59,7 @@ def test_a_prompt_on_a_classifier_is_refused_before_a_hosted_job_is_queued(monke
 def test_a_harness_task_on_a_classifier_pair_names_what_the_harness_scores():
     from types import SimpleNamespace
 
-    from graftui.tasks import kind_named
+    from graftui.kinds import kind_named
 
     harness = kind_named("lm-eval")
     pair = SimpleNamespace(finetuned_ref="minilm-movies", completion=False)

@@ -6,7 +6,7 @@ import json
 import threading
 import time
 
-from graftui.data import DataError
+from graftui.tasks.classification.data import DataError
 from graftui.jobs import CANCELLED, DONE, FAILED, INTERRUPTED, JobRunner
 
 

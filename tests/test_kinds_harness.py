@@ -8,12 +8,12 @@ import pytest
 import graftui
 from graftui import regions
 from graftui.card import ACCURACY
-from graftui.completion import offline_skill
-from graftui.data import load_task
+from graftui.tasks.completion.data import offline_skill
+from graftui.tasks.classification.data import load_task
 from graftui.errors import DataError, RequestError
 from graftui.flows import text
-from graftui.tasks import CLASSIFICATION, COMPLETION_KIND, HARNESS, KINDS, kind_named, kind_of, region_kind
-from graftui.tasks.harness import load_harness, sample_ids
+from graftui.kinds import CLASSIFICATION, COMPLETION_KIND, HARNESS, KINDS, kind_named, kind_of, region_kind
+from graftui.tasks.harness.kind import load_harness, sample_ids
 
 from cli_util import refused
 
@@ -139,7 +139,7 @@ def test_a_shared_server_runs_only_the_offline_harness_tasks(monkeypatch):
     """A registry task downloads a dataset of any size and its YAML may run code: on a hosted server it is refused
     before anything is read, in one line naming the tasks that do run there."""
     from graftui import hosted, settings
-    from graftui.tasks import read_task_as
+    from graftui.kinds import read_task_as
 
     guard = hosted.HostedGuard()
     monkeypatch.setattr(settings, "hosted", lambda: True)

@@ -32,7 +32,8 @@ def test_relative_gain_is_eq5_and_none_without_a_gain():
 
 def accuracy_of(pair, task, region, n: int) -> float:
     """Test accuracy of θ̄(region), or of the fine-tuned model when ``region`` is None."""
-    from graftui import metrics, scoring
+    from graftui import metrics
+    from graftui.tasks.classification import scoring
 
     with (pair.finetuned() if region is None else pair.grafted(region)):
         return metrics.accuracy(*scoring.predict(pair, task, "test", n))
@@ -40,7 +41,8 @@ def accuracy_of(pair, task, region, n: int) -> float:
 
 def metrics_of(pair, task, region, n: int):
     """Accuracy, ECE … of θ̄(region), or of the fine-tuned model when ``region`` is None."""
-    from graftui import metrics, scoring
+    from graftui import metrics
+    from graftui.tasks.classification import scoring
 
     with (pair.finetuned() if region is None else pair.grafted(region)):
         return metrics.metrics(*scoring.predict(pair, task, "test", n))
@@ -159,7 +161,7 @@ def tiny_multitask(tmp_path_factory):
     from transformers import BertConfig, BertModel
 
     from graftui import training
-    from graftui.data import load_task
+    from graftui.tasks.classification.data import load_task
     from graftui.requests import FinetuneConfig
 
     root = tmp_path_factory.mktemp("multitask")
@@ -192,8 +194,9 @@ def test_multitask_fine_tune_writes_one_checkpoint_per_task_with_one_shared_body
 
 
 def test_multitask_flow_matrices_agree_with_the_region_files_and_eq5(tiny_multitask, tmp_path, monkeypatch):
-    from graftui import flows, regions, scoring
-    from graftui.data import load_task
+    from graftui import flows, regions
+    from graftui.tasks.classification import scoring
+    from graftui.tasks.classification.data import load_task
     from graftui.requests import MultitaskRequest
 
     monkeypatch.setenv("GRAFTUI_HOME", str(tmp_path / "home"))
@@ -450,7 +453,7 @@ def test_fine_tuning_with_a_frozen_head_keeps_the_new_head_at_its_initialisation
     from safetensors.torch import load_file
 
     from graftui import training
-    from graftui.data import load_task
+    from graftui.tasks.classification.data import load_task
     from graftui.models import load_classifier
     from graftui.requests import FinetuneConfig
 
@@ -488,7 +491,7 @@ def test_adamw_with_l1_keeps_the_body_near_the_base_but_lets_the_new_head_train(
     from safetensors.torch import load_file
 
     from graftui import training
-    from graftui.data import load_task
+    from graftui.tasks.classification.data import load_task
     from graftui.models import load_classifier
     from graftui.requests import FinetuneConfig
 

@@ -11,7 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from graftui import completion, data, generation, lmeval, metrics
+from graftui.tasks.completion import data as completion, generation
+from graftui.tasks.classification import data
+from graftui.tasks.harness import lmeval
+from graftui import metrics
 from graftui.config import PROMPT_LOADING
 from graftui.errors import DataError
 from graftui.prompts import PromptClassifier, PromptTokenizer, make_prompt

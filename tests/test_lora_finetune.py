@@ -9,7 +9,7 @@ import torch
 
 from graftui import cli, training
 from graftui.adapters import read_adapter
-from graftui.completion import load_completion_task
+from graftui.tasks.completion.data import load_completion_task
 from graftui.config import FinetuneConfig, default_checkpoint_dir, recipe_for
 from graftui.errors import RequestError
 from lm_util import write_base, write_completion_task, write_task
@@ -91,7 +91,7 @@ def test_a_negative_rank_and_lora_on_a_classification_task_are_refused_in_one_li
 
 
 def test_a_full_finetune_refuses_a_rank_it_would_ignore(tmp_path):
-    from graftui.data import load_task
+    from graftui.tasks.classification.data import load_task
 
     with pytest.raises(Exception, match="--lora-rank trains an adapter for completion tasks only"):
         training.finetune(str(tmp_path / "never-read"), load_task(str(write_task(tmp_path / "l.csv"))),

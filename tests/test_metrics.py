@@ -283,9 +283,9 @@ def test_a_nested_figure_averages_entry_by_entry_and_keeps_its_shape():
 
 
 def test_disagreements_list_where_a_graft_decides_unlike_ft_most_confident_first():
-    from graftui import scoring
+    from graftui.tasks.classification import scoring
     from graftui.config import FT_LABEL
-    from graftui.data import Split, Task
+    from graftui.tasks.classification.data import Split, Task
 
     split = Split(("a", "b", "c", "d"), (0, 1, 1, 0))
     task = Task("t", ("neg", "pos"), {s: split for s in ("train", "validation", "test")}, "hand-made")

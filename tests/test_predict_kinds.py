@@ -9,8 +9,8 @@ import json
 import pytest
 
 import graftui
-from graftui import generation
-from graftui.completion import Completions
+from graftui.tasks.completion import generation
+from graftui.tasks.completion.data import Completions
 from graftui.models import load_lm, load_tokenizer
 
 from cli_util import run_cli

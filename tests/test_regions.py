@@ -249,7 +249,7 @@ def test_predict_shows_each_model_on_the_sentences_given_as_scoring_would(tmp_pa
     (with the patch's values), as the scoring code computes them directly; refusals are one line each."""
     from graftui import flows, metrics
     from graftui.config import BODY_LABEL, FT_LABEL
-    from graftui.data import Split, batches
+    from graftui.tasks.classification.data import Split, batches
     from graftui.errors import RequestError
     from graftui.localizers import Budget, run_method
     from graftui.requests import MAX_PREDICT_TEXTS, PredictRequest

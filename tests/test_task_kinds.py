@@ -9,7 +9,7 @@ import json
 import pytest
 
 from graftui.config import COMPLETION_SPARSITY, DEFAULT_SPARSITY
-from graftui.tasks import CLASSIFICATION, COMPLETION_KIND, HARNESS, named_kind
+from graftui.kinds import CLASSIFICATION, COMPLETION_KIND, HARNESS, named_kind
 from graftui.ui import actions
 
 

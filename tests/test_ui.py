@@ -203,7 +203,7 @@ def test_a_cancel_button_cancels_only_when_pressed_again_on_the_same_job(tmp_pat
 
 # -- error handling ----------------------------------------------------------------------------------
 def test_guarded_turns_exceptions_into_a_status_message_not_a_traceback():
-    from graftui.data import DataError
+    from graftui.tasks.classification.data import DataError
     from graftui.ui.wiring import guarded
 
     status = object()
@@ -437,7 +437,7 @@ def test_friendly_message_keeps_quotes_and_names_internal_errors():
 
 # -- hosted mode -----------------------------------------------------------------------------------
 def test_hosted_mode_refuses_server_paths_but_not_its_own_uploads(home, monkeypatch, tmp_path):
-    from graftui.data import DataError
+    from graftui.tasks.classification.data import DataError
     from graftui.models import ModelError
     from graftui.ui import store
 
@@ -617,8 +617,8 @@ class CharTokenizer:
 
 def test_union_graft_is_scored_against_each_region_alone_and_restored():
     from graftui import regions, sets
-    from graftui.data import Split, Task
-    from graftui.scoring import evaluate_on_pair, union_of
+    from graftui.tasks.classification.data import Split, Task
+    from graftui.tasks.classification.scoring import evaluate_on_pair, union_of
 
     pair, _, _ = make_tiny_pair()
     pair.tokenizer = CharTokenizer()
@@ -977,7 +977,7 @@ def test_the_built_defaults_are_listed_once_by_their_names(home):
 def test_user_text_is_shown_as_text_and_a_hosted_page_names_no_server_path(home, monkeypatch):
     import json
 
-    from graftui.data import Split, Task
+    from graftui.tasks.classification.data import Split, Task
     from graftui.ui import actions, app, store
 
     split = Split(("a", "b"), (0, 1))
@@ -1295,7 +1295,7 @@ def test_compare_follows_the_regions_picked_not_the_models_tab(home, monkeypatch
 
 def test_the_training_sample_is_counted_as_the_tasks_kind_counts_it():
     """'per class' only where the task has classes: a completion or harness task's sample is its prompts."""
-    from graftui.tasks import named_kind
+    from graftui.kinds import named_kind
     from graftui.ui.kinds import app_of
 
     assert app_of(named_kind("movies")).sample_label == "Training examples per class"

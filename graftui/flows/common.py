@@ -26,15 +26,15 @@ from ..config import (
     DEFAULT_FINETUNED_REFS, FT_LABEL, GraftableSpec, LoadOptions, default_checkpoint_dir,
     is_default_finetuned,
 )
-from ..data import DataSpec, Task, all_as_test
+from ..tasks.classification.data import DataSpec, Task, all_as_test
 from ..errors import GraftuiError, ModelError, RegionError, RequestError
 from ..layout import MODULE_LABELS, anatomy as count_anatomy
 from ..models import ModelPair, pair_kind, resolve
 from ..paths import Exists, atomic_write, new_path, short_ref
 from ..regions import RegionRecord
 from ..requests import Request
-from ..scoring import align_labels
-from ..tasks import kind_named, read_classification as get_task
+from ..tasks.classification.scoring import align_labels
+from ..kinds import kind_named, read_classification as get_task
 from ..version import __version__
 
 Progress = Callable[[dict], None]

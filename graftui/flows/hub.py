@@ -20,7 +20,7 @@ from pathlib import Path
 
 from .. import card, regions, settings
 from ..errors import RequestError
-from ..tasks import CLASSIFICATION, kind_named
+from ..kinds import CLASSIFICATION, kind_named
 from ..requests import EvaluateRequest, ExportRequest, PushRequest, derive
 from ..version import __version__
 from . import text

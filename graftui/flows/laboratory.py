@@ -19,12 +19,14 @@ from pathlib import Path
 
 import torch
 
-from .. import card, experiments, metrics, regions, scoring, sets, settings, training
+from .. import card, experiments, metrics, regions, sets, settings, training
+from ..tasks.classification import scoring
+from ..tasks.grafts import TEST_SAMPLE_SEED
 from ..config import (
     DEFAULT_BASE, DEFAULT_MULTITASK, DEFAULT_MULTITASK_TASKS, Budget, GraftableSpec, default_checkpoint_dir,
     is_default_finetuned,
 )
-from ..data import DataSpec
+from ..tasks.classification.data import DataSpec
 from ..errors import Cancelled, ModelError, RegionError, RequestError
 from ..experiments import JointLoss
 from ..learning import learn_region
@@ -35,7 +37,7 @@ from ..requests import (
     ContinualRequest, FinetuneRequest, LocalizeRequest, MultitaskRequest, RetrainRequest, WiseRequest, derive,
 )
 from . import text
-from ..tasks import examples_per_class, kshot_batches, read_for
+from ..kinds import examples_per_class, kshot_batches, read_for
 from .common import (
     LOCAL, Guard, Progress, Result, check_build, check_model_ref, finish, get_pair, latest_region, load_region, ood_tasks, pair_for_regions, save_new, part_progress,
 )
@@ -230,7 +232,7 @@ def multitask(req: MultitaskRequest, progress: Progress | None = None, cancel=No
 
         def acc(where: list, at: int = j) -> float:
             """The accuracy of the working model on task j; its ECE goes to ``where[at]``."""
-            m = metrics.metrics(*scoring.predict(pair, task, "test", req.n, seed=scoring.TEST_SAMPLE_SEED))
+            m = metrics.metrics(*scoring.predict(pair, task, "test", req.n, seed=TEST_SAMPLE_SEED))
             where[at] = m.ece
             return m.accuracy
 
@@ -318,7 +320,7 @@ def wise(req: WiseRequest, progress: Progress | None = None, cancel=None, guard:
                         raise Cancelled("WiSE curves cancelled")
                     if progress:
                         progress({"stage": f"{curve} α = {alpha:g} on {t.name}", "fraction": done / total})
-                    probs, labels = scoring.predict(pair, t, "test", req.n, seed=scoring.TEST_SAMPLE_SEED)
+                    probs, labels = scoring.predict(pair, t, "test", req.n, seed=TEST_SAMPLE_SEED)
                     predictions.setdefault((alpha, t.name), ({}, labels))[0][curve] = probs
                     m = metrics.metrics(probs, labels)
                     rows.append({"curve": curve, "alpha": alpha, "task": t.name, "distribution": "in" if t is task else "OOD",
@@ -427,7 +429,7 @@ def retrain(req: RetrainRequest, progress: Progress | None = None, cancel=None, 
         values = experiments.retrain_inside(pair.model, params, pair.pre, region, make_batches, recipe, step, cancel)
         models[label] = (region, values)
         trained[label] = region_size(region)
-    comparison = scoring.compare(pair, task, models, ood=oods, n=req.n, seed=scoring.TEST_SAMPLE_SEED, cancel=cancel,
+    comparison = scoring.compare(pair, task, models, ood=oods, n=req.n, seed=TEST_SAMPLE_SEED, cancel=cancel,
                                  contrasts=[(label, "graft") for label, _ in jobs],
                                  progress=(lambda d: progress({**d, "fraction": 0.7 + 0.3 * d.get("fraction", 0)}))
                                  if progress else None)
@@ -561,7 +563,7 @@ def continual(req: ContinualRequest, progress: Progress | None = None, cancel=No
         pair = pair_of(j)
         with pair.grafted(indices, values):
             predictions[(arm, i, j)], labels[j] = scoring.predict(pair, tasks[j], "test", req.n,
-                                                                      seed=scoring.TEST_SAMPLE_SEED)
+                                                                      seed=TEST_SAMPLE_SEED)
         return metrics.accuracy(predictions[(arm, i, j)], labels[j])
 
     # 2. forget-free: stage i trains only its new part; task j is inferred with the patch of stage j

@@ -11,7 +11,9 @@ from pathlib import Path
 
 import torch
 
-from .. import card, regions, scoring, sets, settings
+from .. import card, regions, sets, settings
+from ..tasks.classification import scoring
+from ..tasks.grafts import TEST_SAMPLE_SEED
 from ..config import DEFAULT_BASE, DEFAULT_TASK
 from ..errors import Cancelled, ModelError, RegionError, RequestError
 from ..experiments import MERGES, best_lambda, drop_part, row_of
@@ -21,7 +23,7 @@ from ..models import architecture, checkpoint_kind, load_classifier, load_lm
 from ..paths import new_path, short_ref
 from ..regions import RegionRecord
 from ..requests import AnatomyRequest, ComposeRequest, EvaluateRequest, ExportRequest, RegionsRequest
-from ..tasks import kind_named, kind_of, read_task_as, recorded_columns, region_kind
+from ..kinds import kind_named, kind_of, read_task_as, recorded_columns, region_kind
 from . import text
 from .common import (
     LOCAL, Guard, Progress, Result, check_build, check_model_ref, finish, get_task, labels_for, latest_region,
@@ -165,7 +167,7 @@ def ablate(req: AnatomyRequest, path: str, record: RegionRecord, anat: Anatomy, 
         kept, kept_values = drop_part(record.indices, record.shapes, **{by: part}, values=values)
         dropped = record.size - sets.region_size(kept)
         without = full if not dropped else score(kept, kept_values)
-        d = kind.paired(full, without, scoring.TEST_SAMPLE_SEED)
+        d = kind.paired(full, without, TEST_SAMPLE_SEED)
         rows.append({"by": by, "part": part, "label": label, "parameters": dropped, "graftable": totals[(by, part)],
                      "share": dropped / max(record.size, 1), "accuracy": without.score,
                      "drop": d["diff"], "ci": d["ci"], "p": d["p"], "distinguishable": distinguishable(d)})
@@ -212,7 +214,7 @@ class ComposeResult(Result):
     differences: list[dict] = field(default_factory=list)  # with evaluate: union and bare body − region alone, paired
     stitch: dict | None = None  # with --stitch: each merge's λ and density (chosen on validation) and its grid's scores
     generations: list[dict] = field(default_factory=list)  # stitched completion tasks: each model's generations
-    task_kind: str = "classification"  # the kind its rows are scored by (tasks.KINDS)
+    task_kind: str = "classification"  # the kind its rows are scored by (kinds.KINDS)
 
     def files_written(self) -> list[str]:
         return [self.written["path"]] if isinstance(self.written, dict) and self.written.get("path") else []

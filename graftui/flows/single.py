@@ -14,12 +14,13 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from .. import card, method, metrics, regions, scoring, sets, settings, training
+from .. import card, method, metrics, regions, sets, settings, training
+from ..tasks.classification import scoring
 from ..config import (
     DEFAULT_BASE, DEFAULT_FINETUNED, DEFAULT_FINETUNED_REFS, DEFAULT_LOADING, DEFAULT_SPARSITY, DEFAULT_TASK, FT_LABEL,
     GraftableSpec, LoadOptions, default_checkpoint_dir,
 )
-from ..data import Task
+from ..tasks.classification.data import Task
 from ..errors import GraftuiError, ModelError, RegionError, RequestError
 from ..learning import out_of_memory_as_error, plan
 from ..localizers import METHODS, Budget, get_method, run_method
@@ -32,7 +33,7 @@ from ..regions import RegionMeta, RegionRecord
 from ..requests import (
     EvaluateRequest, FinetuneRequest, LocalizeRequest, PairRequest, PredictRequest, SweepRequest, derive,
 )
-from ..tasks import kind_named, kind_of, read_task, read_task_as, recorded_columns
+from ..kinds import kind_named, kind_of, read_task, read_task_as, recorded_columns
 from . import text
 from .common import (
     LOCAL, Guard, LocalizeResult, Progress, Result, check_build, check_model_ref, finish,
@@ -315,7 +316,7 @@ class EvaluateResult(Result):
     per_finetune: list[dict] = field(default_factory=list)  # … and each fine-tune's own rows and differences
     generations: list[dict] = field(default_factory=list)  # a completion task: prompt, reference, each model's answer
     judging: list[dict] = field(default_factory=list)  # a completion task: {"task", "rule", "max_new_tokens"} it was judged by
-    task_kind: str = "classification"  # the kind its rows are scored by (tasks.KINDS)
+    task_kind: str = "classification"  # the kind its rows are scored by (kinds.KINDS)
 
 
 def _merge_patches(records, labels):
@@ -608,7 +609,7 @@ class SweepResult(Result):
     per_seed: list[dict] = field(default_factory=list)  # with --seeds: each seed's rows and differences
     finetunes: list[str] = field(default_factory=list)  # with --finetuned-replicates: … means over these fine-tunes
     per_finetune: list[dict] = field(default_factory=list)  # … and each one's rows and differences
-    task_kind: str = "classification"  # the kind its rows are scored by (tasks.KINDS)
+    task_kind: str = "classification"  # the kind its rows are scored by (kinds.KINDS)
 
     def as_dict(self) -> dict:
         out = super().as_dict()

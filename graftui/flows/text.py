@@ -17,7 +17,7 @@ from ..metrics import distinguishable
 from ..paths import short_ref
 from ..layout import MODULE_LABELS
 from ..localizers import get_method
-from ..tasks import kind_named
+from ..kinds import kind_named
 
 
 def _pct(x) -> str:

@@ -1,21 +1,8 @@
-"""Task kinds: what a verb needs to know of its task, one object per kind.
+"""Task kinds, one folder each: ``classification/``, ``completion/``, ``harness/``.
 
-``kind_of(task)`` gives a task's kind; each kind (classification, completion, lm-evaluation-harness) reads the pair,
-makes mask learning's batches, fine-tunes, scores models into rows of one schema and words the result. A new kind is
-one module registering one object (``base.register_kind``): the registry answers which kind a task reference,
-a task, a region file or a request's --task-kind names, and what `graftui tasks` lists.
+A kind's folder holds its data (reading and batching its examples), its scoring and ``kind.py``, the one object
+(``base.TaskKind``) that tells every verb what differs for that kind. ``sources.py`` reads the files and Hub datasets
+every kind starts from; ``base.py`` is the registry. This package imports nothing itself: a kind's data module sits
+on a lower floor than the kinds (the core imports it), so loading it must not load the kinds. ``graftui.kinds``
+imports each built-in kind, which registers it, and answers every question about kinds.
 """
-
-from __future__ import annotations
-
-from .base import KINDS, Outcome, TaskKind, Words, kind_named, kind_of, ordered, register_kind, task_kinds
-from .classification import CLASSIFICATION, examples_per_class, kshot_batches
-from .completion import COMPLETION_KIND, recorded_rule
-from .harness import HARNESS
-from .reading import (given_fields, named_kind, read_classification, read_for, read_task, read_task_as,
-                      recorded_columns, region_kind)
-
-__all__ = ["CLASSIFICATION", "COMPLETION_KIND", "HARNESS", "KINDS", "Outcome", "TaskKind", "Words",
-           "examples_per_class", "given_fields", "kind_named", "kind_of", "kshot_batches", "named_kind", "ordered",
-           "read_classification", "read_for", "read_task", "read_task_as", "recorded_columns", "recorded_rule", "region_kind",
-           "register_kind", "task_kinds"]

@@ -2,7 +2,8 @@
 
 A verb never asks which kind its task is: it asks the task's kind (``kind_of(task)``) to read the pair, make the
 batches mask learning steps over, fine-tune, score a set of models into rows of one schema, and word the result.
-A new kind is one module with one ``register_kind`` call; nothing else in graftui changes.
+A new kind is one folder under ``tasks/`` whose ``kind.py`` makes one ``register_kind`` call, loaded by one import line in
+``graftui.kinds``; nothing else in graftui changes.
 
 Rows of every kind share one schema: ``model``, ``task``, ``n``, ``score`` (the kind's own measure: accuracy,
 exact match, the harness's metric), ``metric`` (its name), ``accuracy`` (= ``score``, the name the paper's tables

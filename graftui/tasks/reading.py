@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from ..errors import ColumnsMissing, DataError
 from .base import KINDS, TaskKind, ordered
-from .classification import CLASSIFICATION
+from .classification.kind import CLASSIFICATION
 
 
 def _noted(task, notes: list[str] | None):

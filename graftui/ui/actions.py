@@ -25,8 +25,8 @@ import pandas as pd
 from .. import bundle, card, flows, hosted, lanes, settings
 from ..config import (BODY_LABELS, DEFAULT_BASE, DEFAULT_BUILD_SECONDS, DEFAULT_EXAMPLES_PER_CLASS, DEFAULT_FINETUNED,
                       DEFAULT_FINETUNED_REFS, FT_LABEL, Budget, GraftableSpec, is_default_finetuned)
-from ..completion import OFFLINE_SKILLS, completion_columns
-from ..data import OFFLINE_TASKS, all_as_test, preview
+from ..tasks.completion.data import OFFLINE_SKILLS, completion_columns
+from ..tasks.classification.data import OFFLINE_TASKS, all_as_test, preview
 from ..errors import ModelError, RegionError, RequestError
 from ..hosted import check_rows, check_upload, safe_name, save_upload
 from ..formatting import difference_value, minutes, num, pct, undecided
@@ -40,9 +40,9 @@ from ..requests import (
     MultitaskRequest, PairRequest, PredictRequest, ReproduceRequest, RetrainRequest, SweepRequest, TaskFields, WiseRequest,
     PushRequest, parse_label_map, parse_list,
 )
-from ..scoring import MAX_DISAGREEMENTS as MAX_SHOWN, align_labels
+from ..tasks.classification.scoring import MAX_DISAGREEMENTS as MAX_SHOWN, align_labels
 from ..flows.replicates import replicate_groups
-from ..tasks import CLASSIFICATION, COMPLETION_KIND, KINDS, kind_named, named_kind
+from ..kinds import CLASSIFICATION, COMPLETION_KIND, KINDS, kind_named, named_kind
 from . import store
 from .kinds import app_of
 

@@ -11,8 +11,8 @@ from .. import card
 from ..config import is_body
 from ..errors import RequestError
 from ..formatting import num, pct
-from ..lmeval import PREFIX
-from ..tasks import KINDS, TaskKind
+from ..tasks.harness.lmeval import PREFIX
+from ..kinds import KINDS, TaskKind
 
 
 def _pct(v) -> str:

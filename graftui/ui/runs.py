@@ -26,7 +26,7 @@ from ..hosted import own_dir
 from ..jobs import DONE
 from ..regions import GROUPS, budget_of, settings_diff
 from ..paths import short_ref
-from ..tasks import KINDS
+from ..kinds import KINDS
 from . import actions, store
 
 NO_CURVE = "no curve recorded"

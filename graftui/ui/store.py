@@ -30,7 +30,7 @@ from .. import hosted, regions, settings
 from ..config import (DEFAULT_BASE, DEFAULT_EXAMPLES_PER_CLASS, DEFAULT_FINETUNED_REFS, DEFAULT_SPARSITY,
                       INTERACTIVE, default_checkpoint_dir)
 from ..errors import RegionError, SessionError
-from ..tasks import CLASSIFICATION, region_kind
+from ..kinds import CLASSIFICATION, region_kind
 from ..hosted import check_disk, own_dir
 
 from ..flows.common import clear_cache, save_new
@@ -460,7 +460,7 @@ class RegionEntry:
 
     @property
     def task_kind(self):
-        """The kind of task it was learned on (``tasks.region_kind``): a completion region's models generate."""
+        """The kind of task it was learned on (``kinds.region_kind``): a completion region's models generate."""
         return region_kind(self.meta)
 
     @property

@@ -10,7 +10,7 @@ from ... import figures
 from ...errors import RequestError
 from ...localizers import get_method
 from ...paths import short_ref
-from ...tasks import kind_named
+from ...kinds import kind_named
 from .. import actions, store
 from ..kinds import app_of
 from ..wiring import TABLE_HEIGHT, answered, job_picker, submitted

@@ -9,7 +9,7 @@ import gradio as gr
 import pandas as pd
 
 from ... import figures
-from ...data import OFFLINE_TASKS
+from ...tasks.classification.data import OFFLINE_TASKS
 from ...paths import short_ref
 from ...requests import ContinualRequest, MultitaskRequest, WiseRequest
 from .. import actions, store

@@ -9,7 +9,7 @@ from ... import figures, settings
 from ...config import DEFAULT_BASE, DEFAULT_EXAMPLES_PER_CLASS, DEFAULT_FINETUNED
 from ...localizers import METHODS, get_method
 from ...requests import LocalizeRequest
-from ...tasks import CLASSIFICATION, named_kind
+from ...kinds import CLASSIFICATION, named_kind
 from .. import actions, store
 from ..kinds import app_of
 from ..wiring import job_picker, seeds_box, submitted

@@ -10,10 +10,10 @@ import pandas as pd
 
 from ... import settings
 from ...config import DEFAULT_BASE, DEFAULT_FINETUNED, DEFAULT_TASK
-from ...data import OFFLINE_TASKS
+from ...tasks.classification.data import OFFLINE_TASKS
 from ...paths import short_ref
 from ...requests import EvaluateRequest, LoadFields, choices_of
-from ...tasks import CLASSIFICATION, KINDS
+from ...kinds import CLASSIFICATION, KINDS
 from .. import actions, store
 from ..wiring import guarded, skip_none
 

@@ -28,12 +28,12 @@ from typing import Any, Callable
 import regex
 import torch
 
-from . import metrics
-from .completion import IGNORE, Completions, context_length, encode, prompt_room, tokens, truncation_note
-from .config import FT_LABEL, LM_BODY_LABEL
-from .errors import Cancelled, DataError
-from .metrics import COMPLETION_METRICS
-from .scoring import kept_reference, region_size, state_of
+from ... import metrics
+from .data import IGNORE, Completions, context_length, encode, prompt_room, tokens, truncation_note
+from ...config import FT_LABEL, LM_BODY_LABEL
+from ...errors import Cancelled, DataError
+from ...metrics import COMPLETION_METRICS
+from ..grafts import kept_reference, region_size, state_of
 
 MAX_NEW_TOKENS = 32
 GENERATION_BATCH = 32

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from . import settings
-from .errors import DataError
-from .paths import DATA_SUFFIXES
+from .. import settings
+from ..errors import DataError
+from ..paths import DATA_SUFFIXES
 
 # the offline classification tasks: a name that is neither a file nor a Hub id (data.py reads them)
 OFFLINE_TASKS: dict[str, str] = {

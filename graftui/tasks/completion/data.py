@@ -22,9 +22,9 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .data import SPLIT_NAMES, carve
-from .sources import pick_split, read_tables
-from .errors import ColumnsMissing, DataError
+from ..classification.data import SPLIT_NAMES, carve
+from ..sources import pick_split, read_tables
+from ...errors import ColumnsMissing, DataError
 
 PROMPT_GUESSES = ("prompt", "question", "instruction", "input", "query")
 COMPLETION_GUESSES = ("completion", "answer", "response", "output", "target", "solution")

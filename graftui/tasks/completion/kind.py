@@ -14,15 +14,16 @@ from types import SimpleNamespace
 
 import torch
 
-from .. import card, generation, metrics, settings, training
-from ..completion import (OFFLINE_SKILLS, Completions, CompletionSpec, CompletionTask, batches, context_length,
-                          load_completion_task, prompt_room)
-from ..config import COMPLETION, COMPLETION_SPARSITY, FT_LABEL, LM_BODY_LABEL, LoadOptions
-from ..errors import Cancelled, DataError, ModelError, RequestError
-from ..formatting import one_line, table
-from ..models import context_of, load_reader, load_tokenizer
-from ..scoring import TEST_SAMPLE_SEED
-from .base import Outcome, TaskKind, Words, recorded_fields, register_kind
+from ... import card, metrics, settings, training
+from . import generation
+from .data import (OFFLINE_SKILLS, Completions, CompletionSpec, CompletionTask, batches, context_length,
+                   load_completion_task, prompt_room)
+from ...config import COMPLETION, COMPLETION_SPARSITY, FT_LABEL, LM_BODY_LABEL, LoadOptions
+from ...errors import Cancelled, DataError, ModelError, RequestError
+from ...formatting import one_line, table
+from ...models import context_of, load_reader, load_tokenizer
+from ..grafts import TEST_SAMPLE_SEED
+from ..base import Outcome, TaskKind, Words, recorded_fields, register_kind
 
 DEFAULT_TRAIN_SAMPLE = 256  # examples mask learning steps over (a completion task has no classes to count per)
 

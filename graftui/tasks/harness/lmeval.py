@@ -38,14 +38,14 @@ import lm_eval
 import numpy as np
 import torch
 
-from . import settings
-from .completion import Completions, offline_skill
-from .config import PROMPT_LOADING
-from .data import SPLIT_NAMES, load_task
-from .errors import DataError
-from .generation import MAX_NEW_TOKENS, AnswerRule
-from .paths import atomic_write
-from .prompts import LMReader, parse_label_words
+from ... import settings
+from ..completion.data import Completions, offline_skill
+from ...config import PROMPT_LOADING
+from ..classification.data import SPLIT_NAMES, load_task
+from ...errors import DataError
+from ..completion.generation import MAX_NEW_TOKENS, AnswerRule
+from ...paths import atomic_write
+from ...prompts import LMReader, parse_label_words
 
 PREFIX = "lm-eval:"
 FORMAT = 1  # of the offline task files; a new one rewrites them
@@ -161,7 +161,7 @@ def task_yaml(name: str, output_type: str, fields: dict, data_files: dict[str, s
               "output_type": output_type, "training_split": "train", "validation_split": "validation",
               "test_split": "test", **fields, "metadata": {"version": float(FORMAT)}}
     what = OFFLINE[name][0] if name in OFFLINE else name
-    return f"# {what}\n# Written by graftui.lmeval; rewritten when graftui's data changes.{_yaml_value(config, 0)}\n"
+    return f"# {what}\n# Written by graftui.tasks.harness.lmeval; rewritten when graftui's data changes.{_yaml_value(config, 0)}\n"
 
 
 _written: set[str] = set()

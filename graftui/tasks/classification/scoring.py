@@ -16,12 +16,13 @@ from typing import Callable
 
 import torch
 
-from . import method, metrics, sets
-from .config import FT_LABEL, Budget, LearnConfig
+from ... import method, metrics, sets
+from ...config import FT_LABEL, Budget, LearnConfig
 from .data import Task, batches, subsample
-from .errors import Cancelled, DataError, RegionError
-from .localizers import run_method
-from .regions import RegionRecord
+from ..grafts import kept_reference, region_size, state_of
+from ...errors import Cancelled, DataError, RegionError
+from ...localizers import run_method
+from ...regions import RegionRecord
 
 Progress = Callable[[dict], None]
 ALONE, UNION, BODY = "region alone", "union graft", "pre-trained body + its head"
@@ -85,12 +86,6 @@ def align_labels(task: Task, other: Task, mapping: dict[str, str] | None = None)
 
 
 # -- predictions -------------------------------------------------------------------------------------
-# The n test examples a sweep or an evaluation scores are drawn with this seed, whatever the run's own seed: the
-# seeds of a replicate run (and any two runs with the same n) are scored on the same examples, so their
-# differences pair and their spread is the seeds', not the test sample's.
-TEST_SAMPLE_SEED = 0
-
-
 def sample(task: Task, split: str, n: int | None, seed: int = 0):
     """The examples of ``split`` that ``predict`` scores: all, or ``n`` of them drawn with ``seed``."""
     data = task.splits[split]
@@ -110,36 +105,12 @@ def predict(pair, task: Task, split: str, n: int | None, batch_size: int = 64, s
     return probs[back], labels[back]
 
 
-# The fine-tuned model's and the bare body's predictions on a sample are the same in every comparison of one pair:
-# they are kept with the pair (``ModelPair.references``, gone with it) and reused, so a second comparison or a
-# Localize's quick score of the same pair and task scores only the grafts. The key holds the sample's content, not
-# its name: two uploads called alike never share an entry.
-_references_lock = threading.Lock()
-REFERENCES_PER_PAIR = 16
-
-
 def _sample_key(task: Task, split: str, n: int | None, seed: int) -> str:
     data = sample(task, split, n, seed)
     h = hashlib.sha256(repr((task.max_length, task.label_names)).encode())
     for text, other, label in zip(data.texts, data.pairs or [None] * len(data), data.labels):
         h.update(repr((text, other, label)).encode())
     return h.hexdigest()
-
-
-def kept_reference(pair, key, make: Callable[[], object]):
-    """What ``make()`` returns for ``key``, kept with the pair (the oldest of more than REFERENCES_PER_PAIR dropped):
-    FT's and the empty region's scores, which every comparison of the same examples shares."""
-    with _references_lock:
-        found = pair.references.get(key)
-    if found is not None:
-        return found
-    found = make()
-    with _references_lock:
-        kept = pair.references
-        kept[key] = found
-        while len(kept) > REFERENCES_PER_PAIR:
-            kept.pop(next(iter(kept)))
-    return found
 
 
 def reference_predict(pair, name: str, task: Task, split: str, n: int | None, seed: int = 0):
@@ -266,21 +237,6 @@ def differences(predictions: dict[str, torch.Tensor], labels, pairs, task: str, 
             d = metrics.paired_difference(predictions[a], predictions[b], labels, metric, seed=seed)
             out.append({"a": a, "b": b, "task": task, "distribution": distribution, **d})
     return out
-
-
-def state_of(pair, model):
-    """The context in which the working model is ``model``: a region (its graft), (indices, values) written as
-    given, or a callable that returns a context of its own (whole tensors held: another fine-tune, a merge)."""
-    if callable(model):
-        return model()
-    return pair.grafted(model) if isinstance(model, dict) else pair.grafted(*model)
-
-
-def region_size(model) -> int | None:
-    """A graft's region size (None for whole tensors held)."""
-    if callable(model):
-        return None
-    return method.region_size(model if isinstance(model, dict) else model[0])
 
 
 def baseline_regions(pair, k: int, names: tuple[str, ...] = ("top-movement", "random"), seed: int = 0) -> dict:

@@ -9,14 +9,16 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from .. import card, metrics, scoring, settings, training
-from ..config import BODY_LABEL, COMPLETION, DEFAULT_EXAMPLES_PER_CLASS, FT_LABEL, LoadOptions, is_body
-from ..data import OFFLINE_TASKS, DataSpec, Split, Task, batches, kshot, load_task
-from ..errors import Cancelled, DataError, ModelError, RequestError
-from ..formatting import num, pct, table
-from ..paths import short_ref
-from ..method import region_size
-from .base import Outcome, TaskKind, recorded_fields, register_kind
+from ... import card, metrics, settings, training
+from . import scoring
+from ..grafts import TEST_SAMPLE_SEED
+from ...config import BODY_LABEL, COMPLETION, DEFAULT_EXAMPLES_PER_CLASS, FT_LABEL, LoadOptions, is_body
+from .data import OFFLINE_TASKS, DataSpec, Split, Task, batches, kshot, load_task
+from ...errors import Cancelled, DataError, ModelError, RequestError
+from ...formatting import num, pct, table
+from ...paths import short_ref
+from ...method import region_size
+from ..base import Outcome, TaskKind, recorded_fields, register_kind
 
 
 def examples_per_class(req, task: Task, notes: list[str]) -> int:
@@ -148,7 +150,7 @@ class Classification(TaskKind):
                 "chance_accuracy": float(labels.bincount().max()) / n if n else None}  # always the commonest class
 
     def compare(self, pair, task, models, *, n, contrasts=(), oods=(), judging=None, progress=None, cancel=None):
-        part = scoring.compare(pair, task, models, ood=list(oods), n=n, seed=scoring.TEST_SAMPLE_SEED,
+        part = scoring.compare(pair, task, models, ood=list(oods), n=n, seed=TEST_SAMPLE_SEED,
                                contrasts=list(contrasts), progress=progress, cancel=cancel).as_dict()
         self.scored(part["rows"])
         return {**part, "generations": [], "notes": []}
@@ -157,7 +159,7 @@ class Classification(TaskKind):
         scoring.check_labels(pair, task)
 
         def score() -> Outcome:
-            probs, labels = scoring.predict(pair, task, split, n, seed=scoring.TEST_SAMPLE_SEED)
+            probs, labels = scoring.predict(pair, task, split, n, seed=TEST_SAMPLE_SEED)
             return Outcome(metrics.accuracy(probs, labels), len(labels), probs, labels)
 
         return score
@@ -176,7 +178,7 @@ class Classification(TaskKind):
 
     def sweep_reference(self, pair, task, req, oods, cancel=None):
         scoring.check_labels(pair, task)
-        seed = scoring.TEST_SAMPLE_SEED
+        seed = TEST_SAMPLE_SEED
 
         def score(region):
             """(metrics in distribution, {OOD task: accuracy}, test predictions) of a graft; ``None`` is the

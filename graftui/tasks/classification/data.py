@@ -23,9 +23,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .errors import ColumnsMissing, DataError
-from .sources import (OFFLINE_TASKS, Source, check_rows, columns_of, head_rows, load_source, pick_table_split,
-                      resolve_source, values_of)
+from ...errors import ColumnsMissing, DataError
+from ..sources import (OFFLINE_TASKS, Source, check_rows, columns_of, head_rows, load_source, pick_table_split,
+                       resolve_source, values_of)
 
 if TYPE_CHECKING:
     import torch
@@ -35,7 +35,7 @@ CARVE_SEED = 0
 MAX_TEST = 1000
 MAX_VALIDATION = 500
 
-ASSETS_DIR = Path(__file__).resolve().parents[1] / "assets"
+ASSETS_DIR = Path(__file__).resolve().parents[3] / "assets"  # the repository's assets/
 VADER_FILE = ASSETS_DIR / "vader_sentences.jsonl.gz"
 SENTIMENT_LABELS = ("negative", "positive")
 NEUTRAL_BAND = 0.5  # mean ratings within ±0.5 (of −4..+4) are too weak to call either way

@@ -15,17 +15,18 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import generation, metrics
-from ..completion import Completions, CompletionTask, prompt_room, context_length
-from ..config import FT_LABEL, LM_BODY_LABEL
-from ..errors import Cancelled, DataError, RequestError
-from ..formatting import difference, pct
-from ..lmeval import (OFFLINE as OFFLINE_HARNESS, PREFIX, HarnessScore, HarnessTask, check_stop, harness_names,
-                      is_harness_ref, load_harness_task, score)
-from ..paths import short_ref
-from ..scoring import TEST_SAMPLE_SEED, region_size, state_of
-from .base import Words, register_kind
-from .completion import Completion
+from ..completion import generation
+from ... import metrics
+from ..completion.data import Completions, CompletionTask, prompt_room, context_length
+from ...config import FT_LABEL, LM_BODY_LABEL
+from ...errors import Cancelled, DataError, RequestError
+from ...formatting import difference, pct
+from .lmeval import (OFFLINE as OFFLINE_HARNESS, PREFIX, HarnessScore, HarnessTask, check_stop, harness_names,
+                     is_harness_ref, load_harness_task, score)
+from ...paths import short_ref
+from ..grafts import TEST_SAMPLE_SEED, region_size, state_of
+from ..base import Words, register_kind
+from ..completion.kind import Completion
 
 
 @dataclass(frozen=True)

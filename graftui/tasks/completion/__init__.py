@@ -1,0 +1,1 @@
+"""Completion: (prompt, completion) pairs and chats, judged by greedy generation, exact match and loss per token."""
