@@ -16,6 +16,7 @@ import shutil
 import tempfile
 import zipfile
 from pathlib import Path
+from typing import Callable
 
 from . import figures as fig
 from .paths import atomic_write, file_sha256
@@ -67,8 +68,13 @@ def _matrix_rows(names, matrix, what: str) -> list[dict]:
     return [{what: a, **{b: matrix[i][j] for j, b in enumerate(names)}} for i, a in enumerate(names)]
 
 
+# What only one verb's result holds: its tables and figures, registered with the verb (``flows.registry.verb``)
+VERB_TABLES: dict[str, Callable[[dict], dict[str, list[dict]]]] = {}
+VERB_FIGURES: dict[str, Callable[[dict], dict]] = {}
+
+
 def tables(verb: str, result: dict) -> dict[str, list[dict]]:
-    """The result's tables by name, as lists of rows."""
+    """The result's tables by name, as lists of rows: those any result may hold, then the verb's own."""
     out = {}
     if isinstance(result.get("rows"), list) and result["rows"] and isinstance(result["rows"][0], dict):
         out["rows"] = result["rows"]
@@ -89,10 +95,7 @@ def tables(verb: str, result: dict) -> dict[str, list[dict]]:
     curve = _curve(result)
     if curve:
         out["mask_curve"] = curve
-    if verb == "finetune" and "test_accuracy" in result:
-        out["test"] = [{k: result.get(k) for k in ("task", "test_accuracy", "test_accuracy_ci", "test_examples",
-                                                   "chance_accuracy")}]
-    return out
+    return {**out, **VERB_TABLES.get(verb, lambda _: {})(result)}
 
 
 def _curve(result: dict) -> list[dict]:
@@ -102,7 +105,8 @@ def _curve(result: dict) -> list[dict]:
 
 
 def figures(verb: str, result: dict) -> dict:
-    """The result's plotly figures by name (the app draws the same ones)."""
+    """The result's plotly figures by name (the app draws the same ones): those any result may hold, then the
+    verb's own."""
     out, curve = {}, _curve(result)
     if curve:
         out["mask_curve"] = fig.localize_progress(curve, result.get("k"))
@@ -112,18 +116,7 @@ def figures(verb: str, result: dict) -> dict:
         out["confidence"] = fig.confidence_histogram(result["histogram"], result.get("task", ""))
     if result.get("side_by_side"):
         out["side_by_side"] = fig.side_by_side(result["side_by_side"])
-    if verb == "sweep" and result.get("rows"):
-        out["sweep"] = fig.sweep_figure(result["rows"], result.get("task", ""))
-    if verb == "compose" and result.get("names"):
-        out["overlap"] = fig.overlap_heatmap({k: result[k] for k in ("names", "sizes", "intersection_counts", "overlap",
-                                                                     "iou")})
-    if verb == "multitask" and result.get("tasks"):
-        out["gain"] = fig.gain_heatmap(result)
-    if verb == "wise" and result.get("rows"):
-        out["wise"] = fig.wise_curves(result["rows"])
-    if verb == "continual" and result.get("tasks"):
-        out["continual"] = fig.continual_curves(result)
-    return out
+    return {**out, **VERB_FIGURES.get(verb, lambda _: {})(result)}
 
 
 def _input_files(request: dict) -> list[Path]:

@@ -10,7 +10,8 @@ registry answers which kind a task reference, a task, a region file or a request
 
 from __future__ import annotations
 
-from .tasks.base import KINDS, Outcome, TaskKind, Words, kind_named, kind_of, ordered, register_kind, task_kinds
+from .tasks.base import (KINDS, Outcome, TaskKind, Words, kind_in, kind_named, kind_of, ordered, register_kind,
+                         task_kinds)
 from .tasks.classification.kind import CLASSIFICATION, examples_per_class, kshot_batches
 from .tasks.completion.kind import COMPLETION_KIND, recorded_rule
 from .tasks.harness.kind import HARNESS
@@ -18,6 +19,6 @@ from .tasks.reading import (given_fields, named_kind, read_classification, read_
                             recorded_columns, region_kind)
 
 __all__ = ["CLASSIFICATION", "COMPLETION_KIND", "HARNESS", "KINDS", "Outcome", "TaskKind", "Words",
-           "examples_per_class", "given_fields", "kind_named", "kind_of", "kshot_batches", "named_kind", "ordered",
-           "read_classification", "read_for", "read_task", "read_task_as", "recorded_columns", "recorded_rule", "region_kind",
-           "register_kind", "task_kinds"]
+           "examples_per_class", "given_fields", "kind_in", "kind_named", "kind_of", "kshot_batches", "named_kind",
+           "ordered", "read_classification", "read_for", "read_task", "read_task_as", "recorded_columns",
+           "recorded_rule", "region_kind", "register_kind", "task_kinds"]

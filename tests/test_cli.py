@@ -534,6 +534,8 @@ def test_every_verbs_report_is_a_report_bundle_or_json_that_opens(verb, suffix, 
             request = json.loads(zf.read(f"{verb}/request.json"))
             result = json.loads(zf.read(f"{verb}/result.json"))
         assert {f"{verb}/README.md", f"{verb}/request.json", f"{verb}/result.json"} <= names
+        own = {"compose": "figures/overlap.html"}.get(verb)  # a figure only this verb draws, registered with it
+        assert own is None or f"{verb}/{own}" in names, names
     else:
         doc = json.loads(out.read_text())
         request, result = doc["request"], doc["result"]

@@ -12,7 +12,8 @@ from graftui.tasks.completion.data import offline_skill
 from graftui.tasks.classification.data import load_task
 from graftui.errors import DataError, RequestError
 from graftui.flows import text
-from graftui.kinds import CLASSIFICATION, COMPLETION_KIND, HARNESS, KINDS, kind_named, kind_of, region_kind
+from graftui.errors import RequestError
+from graftui.kinds import CLASSIFICATION, COMPLETION_KIND, HARNESS, KINDS, kind_in, kind_named, kind_of, region_kind
 from graftui.tasks.harness.kind import load_harness, sample_ids
 
 from cli_util import refused
@@ -23,7 +24,12 @@ TASK = "lm-eval:graftui_dates"
 def test_each_task_is_read_by_exactly_its_own_kind():
     movies, dates, harness = load_task("movies"), offline_skill("dates"), load_harness(TASK)
     assert [kind_of(t) for t in (movies, dates, harness)] == [CLASSIFICATION, COMPLETION_KIND, HARNESS]
-    assert set(KINDS) == {"classification", "completion", "lm-eval"} and kind_named(None) is CLASSIFICATION
+    assert set(KINDS) == {"classification", "completion", "lm-eval"}
+    # a result that names no kind predates recorded kinds and was a classification; a name no kind has is refused
+    assert kind_in({}) is CLASSIFICATION and kind_in({"task_kind": "completion"}) is COMPLETION_KIND
+    for name in (None, "", "regression"):
+        with pytest.raises(RequestError, match="unknown task kind"):
+            kind_named(name)
     assert CLASSIFICATION.words is ACCURACY and COMPLETION_KIND.words.key == "exact_match"
     # a harness task learns on its training documents, never on those it is scored on
     assert len(harness.splits["train"]) == len(dates.splits["train"]) and not len(harness.splits["test"])

@@ -34,7 +34,7 @@ from ..paths import Exists, atomic_write, new_path, short_ref
 from ..regions import RegionRecord
 from ..requests import Request
 from ..tasks.classification.scoring import align_labels
-from ..kinds import kind_named, read_classification as get_task
+from ..kinds import kind_in, read_classification as get_task
 from ..version import __version__
 
 Progress = Callable[[dict], None]
@@ -454,7 +454,7 @@ class LocalizeResult(Result):
             "meta": json.loads(json.dumps(r.meta.as_dict(), default=plain)),
         })
         check = out.get("check")
-        checked = kind_named(check.get("task_kind")).card(check, out["graftable_params"], FT_LABEL) if check else []
+        checked = kind_in(check).card(check, out["graftable_params"], FT_LABEL) if check else []
         out["card"] = card.localize_card(out, checked)
         return out
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from .. import card, experiments, metrics, regions, sets, settings, training
+from .. import card, experiments, figures as fig, metrics, regions, sets, settings, training
 from ..tasks.classification import scoring
 from ..tasks.grafts import TEST_SAMPLE_SEED
 from ..config import (
@@ -125,7 +125,7 @@ def refuse_language_model(ref: str, what: str, guard: Guard) -> None:
 
 
 @verb(MultitaskRequest, "regions of a multi-task model: overlap, skill transfer (Eq. 5), union, purification",
-      text.multitask)
+      text.multitask, figures=lambda doc: {"gain": fig.gain_heatmap(doc)} if doc.get("tasks") else {})
 def multitask(req: MultitaskRequest, progress: Progress | None = None, cancel=None, guard: Guard = LOCAL) -> MultitaskResult:
     """Regions of every task of one multi-task model, their overlap, Eq. 5, the union and its purification. With
     ``req.seeds`` once per mask seed (one multi-task model), every figure the mean over seeds, each seed's kept."""
@@ -288,7 +288,8 @@ class WiseResult(Result):
         return out
 
 
-@verb(WiseRequest, "WiSE-FT and WiSE-graft curves along α, in and out of distribution", text.wise)
+@verb(WiseRequest, "WiSE-FT and WiSE-graft curves along α, in and out of distribution", text.wise,
+      figures=lambda doc: {"wise": fig.wise_curves(doc["rows"])} if doc.get("rows") else {})
 def wise(req: WiseRequest, progress: Progress | None = None, cancel=None, guard: Guard = LOCAL) -> WiseResult:
     """Accuracy and ECE of θ_pre + α·δ (WiSE-FT) and θ_pre + α·γ⊙δ (WiSE-graft) along α. With ``req.replicates``
     (the region from other mask seeds) once per region, every figure the mean over them, each region's kept."""
@@ -493,7 +494,8 @@ def _written(pre: dict, patch: tuple[dict, dict]) -> dict:
     return out
 
 
-@verb(ContinualRequest, "forget-free continual learning with regions, against sequential fine-tuning", text.continual)
+@verb(ContinualRequest, "forget-free continual learning with regions, against sequential fine-tuning", text.continual,
+      figures=lambda doc: {"continual": fig.continual_curves(doc)} if doc.get("tasks") else {})
 def continual(req: ContinualRequest, progress: Progress | None = None, cancel=None,
               guard: Guard = LOCAL) -> ContinualResult:
     """Learn t_1 … t_n one after another in two ways and score every earlier task after each stage.

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from .. import card, regions, sets, settings
+from .. import card, figures as fig, regions, sets, settings
 from ..tasks.classification import scoring
 from ..tasks.grafts import TEST_SAMPLE_SEED
 from ..config import DEFAULT_BASE, DEFAULT_TASK
@@ -385,7 +385,13 @@ def stitch(req: ComposeRequest, records: list[RegionRecord], names: list[str], b
     return Stitched(rows, found, chosen, patches, (union_idx, union_val), report, shown, kind.name)
 
 
-@verb(ComposeRequest, "overlap of regions, their union, and the union graft scored", text.compose)
+def _overlap_figure(doc: dict) -> dict:
+    keys = ("names", "sizes", "intersection_counts", "overlap", "iou")
+    return {"overlap": fig.overlap_heatmap({k: doc[k] for k in keys})} if doc.get("names") else {}
+
+
+@verb(ComposeRequest, "overlap of regions, their union, and the union graft scored", text.compose,
+      figures=_overlap_figure)
 def compose(req: ComposeRequest, progress: Progress | None = None, cancel=None, guard: Guard = LOCAL) -> ComposeResult:
     """Overlap and union of regions; with ``evaluate``, the union graft scored on every region's task."""
     req.validate()

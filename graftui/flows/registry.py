@@ -18,7 +18,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Callable
 
-from .. import settings
+from .. import bundle, settings
 from ..errors import RequestError, first_line
 from ..formatting import pairs_table
 from ..requests import Request
@@ -42,8 +42,10 @@ def plain_text(doc: dict) -> str:
     return pairs_table([(k, v) for k, v in doc.items() if isinstance(v, (str, int, float, bool)) and k != "seconds"])
 
 
-def verb(request: type[Request], summary: str, text: Callable[[dict], str] = plain_text):
-    """Decorator: register a flow as the verb of ``request`` (its name is ``request.verb``)."""
+def verb(request: type[Request], summary: str, text: Callable[[dict], str] = plain_text, *,
+         tables: Callable[[dict], dict] | None = None, figures: Callable[[dict], dict] | None = None):
+    """Decorator: register a flow as the verb of ``request`` (its name is ``request.verb``); ``tables`` and
+    ``figures``: what only this verb's result holds, by name, for its report bundle."""
 
     def register(flow):
         name = request.verb
@@ -52,6 +54,9 @@ def verb(request: type[Request], summary: str, text: Callable[[dict], str] = pla
         if name in VERBS:
             raise ValueError(f"a verb named '{name}' is already registered")
         VERBS[name] = Verb(name, request, flow, summary, text)
+        for registry, made in ((bundle.VERB_TABLES, tables), (bundle.VERB_FIGURES, figures)):
+            if made is not None:
+                registry[name] = made
         return flow
 
     return register

@@ -14,7 +14,7 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from .. import card, method, metrics, regions, sets, settings, training
+from .. import card, figures as fig, method, metrics, regions, sets, settings, training
 from ..tasks.classification import scoring
 from ..config import (
     DEFAULT_BASE, DEFAULT_FINETUNED, DEFAULT_FINETUNED_REFS, DEFAULT_LOADING, DEFAULT_SPARSITY, DEFAULT_TASK, FT_LABEL,
@@ -72,7 +72,12 @@ class FinetuneResult(Result):
         return out
 
 
-@verb(FinetuneRequest, "make a fine-tuned checkpoint (SGD or AdamW + ℓ1)", text.finetune)
+def _test_table(doc: dict) -> dict:
+    keys = ("task", "test_accuracy", "test_accuracy_ci", "test_examples", "chance_accuracy")
+    return {"test": [{k: doc.get(k) for k in keys}]} if "test_accuracy" in doc else {}
+
+
+@verb(FinetuneRequest, "make a fine-tuned checkpoint (SGD or AdamW + ℓ1)", text.finetune, tables=_test_table)
 def finetune(req: FinetuneRequest, progress: Progress | None = None, cancel=None, guard: Guard = LOCAL) -> FinetuneResult:
     """Fine-tune ``req.base`` on ``req.task``; the default folder is per recipe and reused. With ``req.seeds`` one
     fine-tune per seed (the variance the paper reports is over fine-tunes), each kept, a finished one reused."""
@@ -636,7 +641,8 @@ def _sweep_over(runs: list[SweepResult], req, over: str, each: list[dict]) -> Sw
                    **kept)
 
 
-@verb(SweepRequest, "accuracy against region size for several methods", text.sweep)
+@verb(SweepRequest, "accuracy against region size for several methods", text.sweep,
+      figures=lambda doc: {"sweep": fig.sweep_figure(doc["rows"], doc.get("task", ""))} if doc.get("rows") else {})
 def sweep(req: SweepRequest, progress: Progress | None = None, cancel=None, guard: Guard = LOCAL) -> SweepResult:
     """Accuracy, ECE and OOD accuracy against budget for several methods (Fig. 2, Tables 6–7); writes no file."""
     req.validate()

@@ -17,7 +17,7 @@ from ..metrics import distinguishable
 from ..paths import short_ref
 from ..layout import MODULE_LABELS
 from ..localizers import get_method
-from ..kinds import kind_named
+from ..kinds import kind_in
 
 
 def _pct(x) -> str:
@@ -32,7 +32,7 @@ def finetune(doc: dict) -> str:
         ("recipe", f"{c['optimizer']}, lr {c['lr']:g}, {c['epochs']} epoch(s), batch {c['batch_size']}"
          + (f", l1 {c['l1']:g}" if c["l1"] else "") + (f", LoRA rank {c['lora_rank']}" if c.get("lora_rank") else "")
          + f", {_trained_on(doc)} training examples"),
-        (f"test {kind_named(doc.get('task_kind')).words.score}", f"{doc['test_accuracy']:.3f}"
+        (f"test {kind_in(doc).words.score}", f"{doc['test_accuracy']:.3f}"
          + (f" ± {doc['test_accuracy_std']:.3f} over {len(doc['seeds'])} seeds" if doc.get("seeds") else "")
          + f"  (n={doc['test_examples']:,})"),
         ("time", f"{doc['seconds']:.1f} s"),
@@ -86,7 +86,7 @@ def finetunes(doc: dict) -> str:
 def check(found: dict) -> str:
     """Localize's quick held-out score: the region beside FT and the empty region on the same examples."""
     rows = [[r["model"], _count(r["n"]), _num(r["accuracy"]), _num(r["ece"])] for r in found["rows"]]
-    words = kind_named(found.get("task_kind")).words
+    words = kind_in(found).words
     names = [words.score, words.calibration]
     return "\n".join(["", "", f"held-out check on {found['n']:,} test examples of {found['task']}:",
                       table(["model", "n", *names], rows, "lrrr")])
@@ -170,7 +170,7 @@ def generations(shown: list[dict], models: list[str]) -> str:
 
 def rows_table(doc: dict) -> str:
     """A comparison's rows in the columns its task kind declares (``TaskKind.columns``)."""
-    columns = kind_named(doc.get("task_kind")).columns
+    columns = kind_in(doc).columns
     words = ("model", "task", "distribution", "metric")
 
     def cell(row, key):
@@ -186,7 +186,7 @@ def rows_table(doc: dict) -> str:
 
 
 def evaluate(doc: dict) -> str:
-    kind = kind_named(doc.get("task_kind"))
+    kind = kind_in(doc)
     parts = [rows_table(doc), "", kind.legend(doc["rows"]), *_seeds_line(doc)]
     if doc.get("differences"):
         parts += ["", differences(doc["differences"])]
@@ -204,7 +204,7 @@ def evaluate(doc: dict) -> str:
 
 def predict(doc: dict) -> str:
     """One block per text: each model's answer to it, in the words of the task's kind."""
-    return kind_named(doc.get("kind")).predict_text(doc)
+    return kind_in(doc, "kind").predict_text(doc)
 
 
 def sweep(doc: dict) -> str:
@@ -214,7 +214,7 @@ def sweep(doc: dict) -> str:
     body = [[f"{s:g}", "/".join(_count(round(k)) for k in sorted({by[(m, s)]["k"] for m in methods if (m, s) in by})),
              *[_sd(by[(m, s)], "accuracy") if (m, s) in by else "-" for m in methods]] for s in sparsities]
     oods = doc.get("ood") or []
-    words = kind_named(doc.get("task_kind")).words
+    words = kind_in(doc).words
     score, ece = words.score, words.calibration
     detail = [[FT_LABEL, "", "", _num(doc["ft_accuracy"]), _num(doc.get("ft_ece")),
                *(_num(doc["ft_ood"].get(o)) for o in oods)]]

@@ -267,10 +267,19 @@ def task_kinds() -> tuple[str, ...]:
     return ("auto", *(k.name for k in KINDS.values() if k.choosable))
 
 
-def kind_named(name: str | None) -> TaskKind:
-    """A kind by its registered name (a result's ``task_kind``); classification where a result names none."""
-    return KINDS[name or "classification"]
+def kind_named(name: str) -> TaskKind:
+    """A kind by its registered name (a result's ``task_kind``, a request's --task-kind)."""
+    try:
+        return KINDS[name]
+    except KeyError:
+        raise RequestError(f"unknown task kind {name!r}: graftui knows {', '.join(sorted(KINDS))}") from None
 
 
-__all__ = ["KINDS", "Outcome", "TaskKind", "Words", "kind_named", "kind_of", "ordered", "recorded_fields",
+def kind_in(doc: dict, key: str = "task_kind") -> TaskKind:
+    """The kind a result document names under ``key``. A document that names none is a classification's: results
+    and region files written before graftui recorded their task's kind were all classifications."""
+    return kind_named(doc.get(key) or "classification")
+
+
+__all__ = ["KINDS", "Outcome", "TaskKind", "Words", "kind_in", "kind_named", "kind_of", "ordered", "recorded_fields",
            "register_kind", "task_kinds"]

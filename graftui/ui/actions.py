@@ -42,7 +42,7 @@ from ..requests import (
 )
 from ..tasks.classification.scoring import MAX_DISAGREEMENTS as MAX_SHOWN, align_labels
 from ..flows.replicates import replicate_groups
-from ..kinds import CLASSIFICATION, COMPLETION_KIND, KINDS, kind_named, named_kind
+from ..kinds import CLASSIFICATION, COMPLETION_KIND, KINDS, kind_in, kind_named, named_kind
 from . import store
 from .kinds import app_of
 
@@ -655,7 +655,7 @@ def predict_table(result: dict) -> pd.DataFrame:
     """One row per sentence and model: the predicted class, its probability, every class's, and whether it
     decides as the fine-tuned model. For completion regions one row per model: its greedy generation for the
     prompt, and whether its answer is the fine-tuned model's (the task kind's ``predict_rows``)."""
-    kind = kind_named(result.get("kind"))
+    kind = kind_in(result, "kind")
     names = result.get("label_names") or []
     words = app_of(kind)
     return pd.DataFrame(words.predict_rows(result), columns=[*words.predict_columns, *(f"p({n})" for n in names)])
@@ -872,7 +872,7 @@ COMPLETION_COLUMNS = list(app_of(COMPLETION_KIND).app_columns)
 
 def compare_table(result: dict) -> pd.DataFrame:
     """One row per (model, task), in the columns of its task kind; the note under the table says what each is."""
-    kind = kind_named(result.get("task_kind"))
+    kind = kind_in(result)
     return pd.DataFrame(app_of(kind).app_rows(result), columns=list(app_of(kind).app_columns))
 
 

@@ -10,7 +10,7 @@ from ... import figures
 from ...errors import RequestError
 from ...localizers import get_method
 from ...paths import short_ref
-from ...kinds import kind_named
+from ...kinds import kind_in
 from .. import actions, store
 from ..kinds import app_of
 from ..wiring import TABLE_HEIGHT, answered, job_picker, submitted
@@ -103,7 +103,7 @@ def render_compare(job) -> list:
                 gr.update(value=None, visible=False), "",
                 gr.update(value=pd.DataFrame(columns=actions.DISAGREEMENT_COLUMNS), label=DISAGREEMENTS_LABEL)]
     res = job.result
-    kind = kind_named(res.get("task_kind"))
+    kind = kind_in(res)
     note = app_of(kind).app_heading(res) + app_of(kind).app_note
     if res.get("notes"):
         note += "\n\n" + "\n\n".join(f"Note: {n}" for n in res["notes"])
