@@ -58,7 +58,7 @@ t0 = time.monotonic()
 from graftui.training import ensure_default_finetuned
 path = ensure_default_finetuned()
 from graftui.config import DEFAULT_BASE, DEFAULT_FINETUNED
-from graftui.ui.actions import per_class
+from graftui.ui.forms import per_class
 from graftui.ui.store import defaults
 d = defaults()
 print(json.dumps({

@@ -35,7 +35,7 @@ def main() -> int:
     import graftui
     from graftui import regions, training
     from graftui.jobs import DONE, MAIN, QUICK, RUNNING
-    from graftui.ui import actions, store
+    from graftui.ui import forms, store
 
     finetuned = str(training.ensure_default_finetuned("smollm2-dates"))
     path = work / "dates.safetensors"
@@ -47,7 +47,7 @@ def main() -> int:
     def ask(sid: str, text: str):
         with store.session(sid):
             region = store.save_region(regions.load(path)).stem
-            return actions.submit_predict(runner, region_ids=[region], text=text)
+            return forms.submit_predict(runner, region_ids=[region], text=text)
 
     def answered(sid: str) -> float:
         t0 = time.monotonic()

@@ -229,7 +229,7 @@ def test_the_anatomy_tab_offers_the_seeds_of_the_run_and_shows_their_stability(s
     import shutil
 
     from graftui import regions
-    from graftui.ui import actions, store
+    from graftui.ui import forms, store
     from graftui.ui.tabs import anatomy
 
     monkeypatch.setenv("GRAFTUI_HOME", str(tmp_path / "home"))
@@ -239,7 +239,7 @@ def test_the_anatomy_tab_offers_the_seeds_of_the_run_and_shows_their_stability(s
     for name in ("seed0", "seed1"):
         shutil.copy(seeds_run[name], folder / f"r-{name}.safetensors")
     shutil.copy(seeds_run["root"] / "r-core.safetensors", folder / "r-core.safetensors")
-    assert actions.seeds_of_run("r-seed0") == ["r-seed1"] and actions.seeds_of_run("r-core") == []
+    assert forms.seeds_of_run("r-seed0") == ["r-seed1"] and forms.seeds_of_run("r-core") == []
     fig, table, line = anatomy.stability_outputs("r-seed0", ["r-seed1"])
     st = seeds_run["stability"]
     assert [t.type for t in fig.data] == ["heatmap"]

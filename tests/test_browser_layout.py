@@ -31,13 +31,13 @@ HEIGHT = "() => Math.max(document.documentElement.scrollHeight, document.body.sc
 
 # -- the helpers behind the Compare tab's filter and pages (no browser) -----------------------------------------
 def _differences():
-    from graftui.ui import actions
+    from graftui.ui import tables
     from graftui.ui.tabs import compare
 
     rows = [[f"{a} − {b}", task, dist, metric, "+1.0 pts [−2.0, +4.0]", "0.5", "not distinguishable at n = 64"]
             for a, b in (("r1", "fine-tuned"), ("r1", "Random"))
             for task, dist in (("movies", "ID"), ("amazon", "OOD")) for metric in ("accuracy", "ECE")]
-    return compare.table_value(pd.DataFrame(rows, columns=actions.DIFFERENCE_COLUMNS))
+    return compare.table_value(pd.DataFrame(rows, columns=tables.DIFFERENCE_COLUMNS))
 
 
 @pytest.mark.unit
@@ -64,11 +64,11 @@ def test_the_differences_open_on_their_first_comparison_and_filter_by_words():
 
 @pytest.mark.unit
 def test_a_long_table_is_shown_a_page_at_a_time():
-    from graftui.ui import actions
+    from graftui.ui import tables
     from graftui.ui.tabs import compare
 
     rows = [["r1", f"sentence {i}", "pos", "pos", "90%", "neg", "80%"] for i in range(23)]
-    table = compare.table_value(pd.DataFrame(rows, columns=actions.DISAGREEMENT_COLUMNS), "label", 10)
+    table = compare.table_value(pd.DataFrame(rows, columns=tables.DISAGREEMENT_COLUMNS), "label", 10)
     shown, page, line, before, after = compare.page_of(table, 0)
     assert list(shown["text"]) == [f"sentence {i}" for i in range(10)] and (page, before, after) == (0, False, True)
     assert line == "Rows 1–10 of 23 (page 1 of 3)."
@@ -76,12 +76,12 @@ def test_a_long_table_is_shown_a_page_at_a_time():
     assert list(shown["text"]) == ["sentence 20", "sentence 21", "sentence 22"] and page == 2
     assert (before, after) == (True, False) and line == "Rows 21–23 of 23 (page 3 of 3)."
     assert compare.page_of(table, -3)[1] == 0
-    whole = compare.table_value(pd.DataFrame(rows[:12], columns=actions.DISAGREEMENT_COLUMNS))  # generations: all
+    whole = compare.table_value(pd.DataFrame(rows[:12], columns=tables.DISAGREEMENT_COLUMNS))  # generations: all
     shown, _, line, before, after = compare.page_of(whole, 0)
     assert len(shown) == 12 and line == "All 12 rows shown." and not before and not after
     # a table redrawn unchanged is the same value (the page's filter and page stay), a changed one is not
-    assert compare.table_value(pd.DataFrame(rows, columns=actions.DISAGREEMENT_COLUMNS), "label", 10) == table
-    assert compare.table_value(pd.DataFrame(rows[1:], columns=actions.DISAGREEMENT_COLUMNS), "label", 10) != table
+    assert compare.table_value(pd.DataFrame(rows, columns=tables.DISAGREEMENT_COLUMNS), "label", 10) == table
+    assert compare.table_value(pd.DataFrame(rows[1:], columns=tables.DISAGREEMENT_COLUMNS), "label", 10) != table
 
 
 # -- the served app ------------------------------------------------------------------------------------------

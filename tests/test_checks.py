@@ -83,7 +83,7 @@ def test_references_are_kept_per_sample_content_not_per_task_name(gpt2, tmp_path
 
 
 def test_the_readings_explain_a_share_above_100_and_a_fine_tune_that_gained_nothing():
-    from graftui.ui import actions
+    from graftui.ui import tables
 
     def row(model, acc, size=None, task="t"):
         return {"model": model, "task": task, "distribution": "in", "n": 100, "accuracy": acc, "f1": acc, "ece": 0.1,
@@ -96,7 +96,7 @@ def test_the_readings_explain_a_share_above_100_and_a_fine_tune_that_gained_noth
     assert "the pre-trained model read through the same prompt (zero-shot): 60.0 %" in lm[0]
     nothing = card.annotate([row(FT_LABEL, 0.5), row(BODY_LABEL, 0.6), row("g", 0.55, 10)])
     assert "Fine-tuning gained nothing on this task" in " ".join(card.evaluate_card(nothing))
-    table = actions.compare_table({"rows": nothing})
+    table = tables.compare_table({"rows": nothing})
     assert list(table["share of FT gain"]) == ["", "", "n/a: FT ≤ bare"]
 
 

@@ -277,18 +277,18 @@ def test_the_app_shows_a_completion_comparison_and_its_generations(trained, loca
     one_architecture(trained)
     from types import SimpleNamespace
 
-    from graftui.ui import actions
+    from graftui.ui import forms, tables
     from graftui.ui.tabs import compare, models
 
     _, ev, _ = localized
     table, diffs, rel, hist, note, _, _, shown = compare.render_compare(SimpleNamespace(result=ev.as_dict()))
     assert not rel["visible"] and not hist["visible"]  # no confidence per example: no empty diagrams either
-    assert shown["label"] == actions.GENERATIONS_LABEL
+    assert shown["label"] == tables.GENERATIONS_LABEL
     shown = shown["value"]
     models_in_order = list(shown.columns)[4:]  # the fine-tuned model first, the pre-trained model last
     assert models_in_order[0] == "fine-tuned" and models_in_order[-1] == "pre-trained, same prompt"
-    assert shown.map(lambda cell: len(str(cell))).to_numpy().max() < 4 * actions.GENERATION_WIDTH
-    assert list(table.columns) == actions.COMPLETION_COLUMNS and len(table) == 5
+    assert shown.map(lambda cell: len(str(cell))).to_numpy().max() < 4 * tables.GENERATION_WIDTH
+    assert list(table.columns) == tables.COMPLETION_COLUMNS and len(table) == 5
     assert table.loc[table["model"] == "fine-tuned", "Δ vs FT"].item() == "+0.0 pts"
     assert set(diffs["metric"]) == {"exact_match", "contains", "token_f1", "loss", "token_ece"}
     assert "Completion task" in note and "contains" in note and "token F1" in note
@@ -297,7 +297,7 @@ def test_the_app_shows_a_completion_comparison_and_its_generations(trained, loca
     exact = [g["exact"]["fine-tuned"] for g in ev.as_dict()["generations"]]
     assert shown["fine-tuned"].str.startswith("✓").tolist() == exact  # the mark is the example's exact match
     offered = dict((v, k) for k, v in models.task_choices())
-    assert "dates" in offered and actions.data_columns("numbers", "x") == {}
+    assert "dates" in offered and forms.data_columns("numbers", "x") == {}
     assert offered["lm-eval:graftui_dates"].startswith("lm-eval:graftui_dates (lm-eval): ")  # every kind's own tasks
 
 

@@ -56,7 +56,7 @@ def until(condition, timeout: float):
 
 def test_a_sentence_is_answered_in_the_quick_lane_while_another_sessions_long_prompt_generates(dates_server):
     from graftui.jobs import CANCELLED, DONE, MAIN, QUICK, RUNNING
-    from graftui.ui import actions, store
+    from graftui.ui import store, tables
 
     server, region = dates_server
     a, b = server.session(), server.session()
@@ -76,7 +76,7 @@ def test_a_sentence_is_answered_in_the_quick_lane_while_another_sessions_long_pr
         assert runner.get(long.id).status == RUNNING  # B was answered beside A's prediction, not after it
         print(f"[lanes] one sentence answered in {answered:.1f} s ({runner.get(short.id).duration:.1f} s of work) "
               f"while a {len(LONG):,}-character prompt generated in the main lane")
-        table = actions.predict_table(runner.get(short.id).result)
+        table = tables.predict_table(runner.get(short.id).result)
         assert len(table) == 3 and table["generation"].str.len().gt(0).all()  # FT, pre-trained and the graft wrote
     finally:
         runner.cancel(long.id)

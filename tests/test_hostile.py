@@ -101,7 +101,7 @@ def hosted(root: Path, home: Path | None = None):
     from gradio_client import Client
 
     from graftui import flows
-    from graftui.ui import actions, app, store
+    from graftui.ui import app, forms, store
 
     home = home or root / "home"
     with pytest.MonkeyPatch.context() as mp:
@@ -110,7 +110,7 @@ def hosted(root: Path, home: Path | None = None):
         mp.setenv("GRAFTUI_FAST", "1")
         mp.setenv("GRADIO_TEMP_DIR", str(root / "gradio"))
         mp.setattr(store, "_runner", None)
-        mp.setattr(actions, "submit_prepare", lambda runner: None)  # no default fine-tune in the background
+        mp.setattr(forms, "submit_prepare", lambda runner: None)  # no default fine-tune in the background
         demo = app.build_app()
         demo.queue(default_concurrency_limit=4)
         _, url, _ = demo.launch(prevent_thread_lock=True, server_name="127.0.0.1", server_port=free_port(), quiet=True,

@@ -73,28 +73,28 @@ def test_a_harness_task_on_a_classifier_pair_names_what_the_harness_scores():
     ("question,answer\n", "the prompt column 'question' and the completion column 'answer'"),
 ])
 def test_a_completion_upload_is_read_as_one(tmp_path, monkeypatch, header, said):
-    from graftui.ui import actions
+    from graftui.ui import forms
 
     monkeypatch.setenv("GRAFTUI_HOME", str(tmp_path / "home"))
     source = tmp_path / "skills.csv"
     source.write_text(header + "".join(f"what is {i} plus one?,{i + 1}\n" for i in range(40)))
-    path, info = actions.read_data_upload(str(source))
+    path, info = forms.read_data_upload(str(source))
     assert not any("could not guess" in w for w in info["warnings"]), info["warnings"]
-    text, status = actions.upload_summary(path, info)
+    text, status = forms.upload_summary(path, info)
     assert f"read as a completion task, by {said}" in text and status == f"✓ Read {path.name}."
 
 
 def test_a_chat_upload_is_read_as_one(tmp_path, monkeypatch):
-    from graftui.ui import actions
+    from graftui.ui import forms
 
     monkeypatch.setenv("GRAFTUI_HOME", str(tmp_path / "home"))
     source = tmp_path / "chats.jsonl"
     source.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"hi {i}"},
                                                        {"role": "assistant", "content": f"hello {i}"}]}) + "\n"
                               for i in range(40)))
-    path, info = actions.read_data_upload(str(source))
+    path, info = forms.read_data_upload(str(source))
     assert "could not guess" not in " ".join(info["warnings"])
-    assert "read as a completion task, by the chat column 'messages'" in actions.upload_summary(path, info)[0]
+    assert "read as a completion task, by the chat column 'messages'" in forms.upload_summary(path, info)[0]
 
 
 def test_a_warning_shows_a_form_value_as_text_not_html(monkeypatch):

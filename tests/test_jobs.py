@@ -160,13 +160,13 @@ def test_a_job_has_a_report_bundle_to_make_only_once_it_finished_with_a_result(t
     import pytest
 
     from graftui.jobs import Job
-    from graftui.ui import actions
+    from graftui.ui import forms
 
     done = Job(id="a", kind="localize", title="Localize", params={"verb": "localize"}, status=DONE, result={"k": 1})
-    assert actions.reportable(done)
+    assert forms.reportable(done)
     for job in (None, Job(id="b", kind="localize", title="L", params={"verb": "localize"}, status="running"),
                 Job(id="c", kind="prepare", title="Prepare", params={}, status=DONE, result={"k": 1}),
                 Job(id="d", kind="localize", title="L", params={"verb": "localize"}, status=FAILED)):
-        assert not actions.reportable(job)
+        assert not forms.reportable(job)
         with pytest.raises(ValueError, match="pick a job in the list above first|has no result to report"):
-            actions.report_bundle(job)
+            forms.report_bundle(job)

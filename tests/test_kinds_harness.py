@@ -12,7 +12,6 @@ from graftui.tasks.completion.data import offline_skill
 from graftui.tasks.classification.data import load_task
 from graftui.errors import DataError, RequestError
 from graftui.flows import text
-from graftui.errors import RequestError
 from graftui.kinds import CLASSIFICATION, COMPLETION_KIND, HARNESS, KINDS, kind_in, kind_named, kind_of, region_kind
 from graftui.tasks.harness.kind import load_harness, sample_ids
 

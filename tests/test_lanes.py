@@ -185,7 +185,7 @@ def test_a_quick_job_that_outlives_the_quick_lane_is_stopped_with_a_line_that_sa
 
 
 def test_the_page_says_when_a_waiting_job_should_start_and_end(tmp_path):
-    from graftui.ui import actions
+    from graftui.ui import jobwords
 
     runner = JobRunner(tmp_path)
     release, started = threading.Event(), threading.Event()
@@ -194,11 +194,11 @@ def test_the_page_says_when_a_waiting_job_should_start_and_end(tmp_path):
         waits = runner.submit("compare", "waits", lambda ctx: {}, estimate=45.0)
         quick = runner.submit("predict", "beside", _blocker(threading.Event(), release), lane=QUICK)
         assert started.wait(10)
-        line = actions.job_line(runner, runner.get(waits.id))
+        line = jobwords.job_line(runner, runner.get(waits.id))
         assert "next in the queue · starts in about 10 min, ends in about 11 min" in line
-        assert actions.wait_words(runner, runner.get(waits.id)).startswith("next in the queue · starts in about 10 min")
-        assert "quick lane" in actions.submitted_line(runner.get(quick.id))
-        assert [actions.about(s) for s in (3, 44, 46, 89, 95, 3600)] == [
+        assert jobwords.wait_words(runner, runner.get(waits.id)).startswith("next in the queue · starts in about 10 min")
+        assert "quick lane" in jobwords.submitted_line(runner.get(quick.id))
+        assert [jobwords.about(s) for s in (3, 44, 46, 89, 95, 3600)] == [
             "a few seconds", "about 40 s", "about 50 s", "about 90 s", "about 2 min", "about 60 min"]
     finally:
         release.set()
@@ -235,11 +235,11 @@ def test_flows_in_their_own_scope_load_a_pair_of_their_own(monkeypatch):
 
 def test_the_pair_check_says_how_long_a_default_model_takes_to_build_before_any_job(monkeypatch):
     from graftui.errors import ModelError
-    from graftui.ui import actions, store
+    from graftui.ui import forms, store
 
     monkeypatch.setattr(store, "default_ready", lambda key=None: False)
     with pytest.raises(ModelError, match=r"'smollm2-dates-lora' is built on first use: .* about 8 min on 2 CPU cores"):
-        actions.check_pair("smollm2", "smollm2-dates-lora")
+        forms.check_pair("smollm2", "smollm2-dates-lora")
 
 
 def test_a_damaged_lane_or_time_in_a_job_record_is_listed_as_damaged(tmp_path):

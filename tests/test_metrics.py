@@ -318,7 +318,7 @@ def test_a_metric_prints_the_same_in_the_card_the_cli_and_the_app(metric, share)
     says of itself) decides how its difference is written, alike in a card, the CLI's table and the app's."""
     from graftui.flows.text import differences
     from graftui.formatting import difference
-    from graftui.ui.actions import differences_table
+    from graftui.ui.tables import differences_table
 
     d = {"a": "graft", "b": "fine-tuned", "task": "t", "metric": metric, "diff": 0.032, "ci": [0.010, 0.054],
          "n": 500, "p": 0.01, **({} if share is None else {"share": share})}

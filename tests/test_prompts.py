@@ -272,18 +272,18 @@ def test_a_device_map_places_the_pair(lm_root):
 
 
 def test_the_app_checks_and_previews_a_language_model_pair(lm_root):
-    from graftui.ui import actions
+    from graftui.ui import forms
 
     root, pairs, task = lm_root
     base, ft = pairs["gpt2"]
-    prompt = actions.prompt_fields("auto", "Review: {text}\nIt was", "positive= good,negative= bad")
-    desc = actions.check_pair(str(base), str(ft), prompt, str(task), {})
+    prompt = forms.prompt_fields("auto", "Review: {text}\nIt was", "positive= good,negative= bad")
+    desc = forms.check_pair(str(base), str(ft), prompt, str(task), {})
     assert desc["kind"] == "causal-lm" and desc["prompt"]["words"] == [" bad", " good"]
-    shown = actions.preview_prompt(str(ft), str(task), {}, prompt)
+    shown = forms.preview_prompt(str(ft), str(task), {}, prompt)
     assert shown["prompt"].startswith("Review: ") and shown["prompt"].endswith("\nIt was")
     assert set(shown["label_tokens"]) == {"negative", "positive"}
     with pytest.raises(GraftuiError, match="--template and --label-words are for language models"):
-        actions.check_pair(str(base), str(ft), actions.prompt_fields("classifier", "{text} x", ""), str(task), {})
+        forms.check_pair(str(base), str(ft), forms.prompt_fields("classifier", "{text} x", ""), str(task), {})
 
 
 @pytest.mark.e2e
@@ -322,7 +322,7 @@ def test_smollm2_is_made_once_from_the_package_gguf(own_home, tmp_path, monkeypa
 def test_reviewed_edges_pairs_masks_labels_dtypes_and_experiments(lm_root, tmp_path):
     from graftui.errors import RegionError, RequestError
     from graftui.requests import MultitaskRequest
-    from graftui.ui import actions
+    from graftui.ui import forms
 
     root, pairs, task = lm_root
     tok = make_tokenizer(tmp_path, mask=True)
@@ -338,7 +338,7 @@ def test_reviewed_edges_pairs_masks_labels_dtypes_and_experiments(lm_root, tmp_p
     with pytest.raises(ModelError, match="classification head per task"):
         flows.run(MultitaskRequest(base=str(pairs["gpt2"][0]), tasks=["movies", "amazon"]))
     with pytest.raises(ModelError, match="sequence classifier"):
-        actions.preview_prompt("minilm-movies", "movies", {}, actions.prompt_fields())
+        forms.preview_prompt("minilm-movies", "movies", {}, forms.prompt_fields())
     from graftui.flows.text import _auto_class
 
     assert _auto_class("LlamaForCausalLM") == "AutoModelForCausalLM" and _auto_class("BertForMaskedLM") == "AutoModelForMaskedLM"

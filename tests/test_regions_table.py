@@ -27,7 +27,7 @@ def _entry(record, accuracy: float, when: str, **more) -> dict:
 
 
 def test_the_score_log_keeps_each_regions_latest_entry_and_forgets_deleted_regions(home):
-    from graftui.ui import actions, store
+    from graftui.ui import library, store
     from graftui.ui.tabs import regions as tab
 
     pair, _, _ = make_tiny_pair()
@@ -42,14 +42,14 @@ def test_the_score_log_keeps_each_regions_latest_entry_and_forgets_deleted_regio
     regions.note_scores(folder, [latest])
     regions.note_scores(folder, [_entry(a, 0.10, "2024-01-01T09:00:00Z")])  # scored before the one kept: ignored
     assert regions.latest_scores(folder) == {da: {**latest, "ft_accuracy": 0.8}}  # one row for both files of a
-    rows = {r["id"]: r for r in actions.regions_listing()}
+    rows = {r["id"]: r for r in library.regions_listing()}
     assert set(rows) == {a1.stem, a2.stem, other.stem}
     for stem in (a1.stem, a2.stem):
         assert (rows[stem]["accuracy"], rows[stem]["ece"], rows[stem]["share_of_ft"], rows[stem]["n"],
                 rows[stem]["scored"], rows[stem]["digest"]) == (0.72, 0.1, 0.5, 64, "2024-01-01T11:00:00Z", da)
     assert rows[other.stem]["accuracy"] is None and rows[other.stem]["k"] == 30
     table, figure, _ = tab.render_table("", "", False)
-    assert list(table.columns) == actions.REGIONS_COLUMNS
+    assert list(table.columns) == library.REGIONS_COLUMNS
     shown = {r["id"]: r for r in table.to_dict("records")}
     assert shown[a1.stem]["accuracy"] == "72.0%" and shown[a1.stem]["share of FT gain"] == "50.0%"
     assert shown[a1.stem]["ECE ↓"] == "0.100" and shown[a1.stem]["created (UTC)"] == a.meta.created.replace("T", " ")[:16]
@@ -64,9 +64,9 @@ def test_the_score_log_keeps_each_regions_latest_entry_and_forgets_deleted_regio
     assert list(tab.render_table("", "accuracy", False)[0]["id"])[-1] == other.stem  # unscored: last either way
     # a deleted region leaves the table; its scores go once no file holds that region
     store.delete_region(a1.stem)
-    assert da in regions.latest_scores(folder) and [r["id"] for r in actions.regions_listing() if r["digest"] == da] == [a2.stem]
+    assert da in regions.latest_scores(folder) and [r["id"] for r in library.regions_listing() if r["digest"] == da] == [a2.stem]
     store.delete_region(a2.stem)
-    assert regions.latest_scores(folder) == {} and [r["id"] for r in actions.regions_listing()] == [other.stem]
+    assert regions.latest_scores(folder) == {} and [r["id"] for r in library.regions_listing()] == [other.stem]
     assert list(tab.render_table("", "", False)[0]["id"]) == [other.stem]
 
 

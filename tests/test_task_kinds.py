@@ -10,7 +10,7 @@ import pytest
 
 from graftui.config import COMPLETION_SPARSITY, DEFAULT_SPARSITY
 from graftui.kinds import CLASSIFICATION, COMPLETION_KIND, HARNESS, named_kind
-from graftui.ui import actions
+from graftui.ui import forms
 
 
 from cli_util import refused, run_cli
@@ -126,25 +126,25 @@ def test_a_task_names_its_kind_before_it_is_read_where_its_name_can(ref, kind, c
 def test_each_kind_has_its_budget_and_the_app_follows_it_until_one_is_chosen_by_hand():
     assert COMPLETION_KIND.sparsity == HARNESS.sparsity == COMPLETION_SPARSITY  # a harness task's regions are learned
     assert CLASSIFICATION.sparsity == DEFAULT_SPARSITY  # on the completion loss, as a completion task's are
-    assert actions.budget_for("dates", -3) == -2 and actions.budget_for("movies", -2) == -3
-    assert actions.budget_for("my.csv", -3) is None  # only reading the file could tell its kind
-    assert actions.budget_for("dates", -2.5) is None  # a budget chosen by hand stays
+    assert forms.budget_for("dates", -3) == -2 and forms.budget_for("movies", -2) == -3
+    assert forms.budget_for("my.csv", -3) is None  # only reading the file could tell its kind
+    assert forms.budget_for("dates", -2.5) is None  # a budget chosen by hand stays
 
 
 def test_a_fine_tune_picked_brings_its_base_task_and_their_ood_tasks(tmp_path, monkeypatch):
     monkeypatch.setenv("GRAFTUI_HOME", str(tmp_path))
-    assert actions.pair_of("smollm2-dates") == ("smollm2", "dates") and actions.pair_of("minilm-movies") == \
+    assert forms.pair_of("smollm2-dates") == ("smollm2", "dates") and forms.pair_of("minilm-movies") == \
         ("minilm", "movies")
-    assert actions.pair_of("someone/a-hub-model") is None
+    assert forms.pair_of("someone/a-hub-model") is None
     made = tmp_path / "checkpoints" / "mine"
     made.mkdir(parents=True)
     (made / "config.json").write_text("{}")
     (made / "graftui_record.json").write_text(json.dumps({"base": "smollm2", "task": "numbers"}))
-    assert actions.pair_of(str(made)) == ("smollm2", "numbers")
+    assert forms.pair_of(str(made)) == ("smollm2", "numbers")
     assert CLASSIFICATION.scores_ood and not COMPLETION_KIND.scores_ood and not HARNESS.scores_ood
-    assert actions.default_ood("movies") == ["amazon", "tweets"] and actions.default_ood("dates") == []
-    assert actions.default_ood("bbc") == [] and actions.default_ood("my.csv") == []
-    said = actions.ood_preview("dates", {}, ["amazon"], None)
+    assert forms.default_ood("movies") == ["amazon", "tweets"] and forms.default_ood("dates") == []
+    assert forms.default_ood("bbc") == [] and forms.default_ood("my.csv") == []
+    said = forms.ood_preview("dates", {}, ["amazon"], None)
     assert "'dates' is a completion task" in said and "clear the out-of-distribution tasks" in said
 
 

@@ -125,7 +125,7 @@ def test_overlap_heatmap_from_overlap_matrix():
 # -- jobs ------------------------------------------------------------------------------------------
 def test_jobs_table_rows_from_a_runner_with_dummy_jobs(tmp_path):
     from graftui.jobs import JobRunner
-    from graftui.ui import actions
+    from graftui.ui import jobwords
 
     runner = JobRunner(tmp_path / "jobs")
 
@@ -140,16 +140,16 @@ def test_jobs_table_rows_from_a_runner_with_dummy_jobs(tmp_path):
     a = runner.submit("localize", "dummy ok", ok)
     b = runner.submit("compare", "dummy broken", broken)
     runner.wait(b.id, timeout=10)
-    frame = actions.job_rows(runner)
-    assert list(frame.columns) == actions.JOB_COLUMNS
+    frame = jobwords.job_rows(runner)
+    assert list(frame.columns) == jobwords.JOB_COLUMNS
     rows = {r["id"]: r for r in frame.to_dict("records")}
     assert rows[a.id]["status"] == "done" and rows[a.id]["progress"] == "100 %"
     assert rows[b.id]["status"] == "failed"
     assert rows[b.id]["message"] == "column 'txt' not found"
-    assert "Traceback" not in actions.job_status_line(runner.get(b.id))
-    assert "⚠️ column 'txt' not found" in actions.job_status_line(runner.get(b.id))
+    assert "Traceback" not in jobwords.job_status_line(runner.get(b.id))
+    assert "⚠️ column 'txt' not found" in jobwords.job_status_line(runner.get(b.id))
     # a restarted runner sees the same jobs
-    again = actions.job_rows(JobRunner(tmp_path / "jobs"))
+    again = jobwords.job_rows(JobRunner(tmp_path / "jobs"))
     assert set(again["id"]) == {a.id, b.id}
 
 
@@ -178,7 +178,7 @@ def test_cancel_takes_effect_at_the_next_step(tmp_path):
 
 def test_a_cancel_button_cancels_only_when_pressed_again_on_the_same_job(tmp_path):
     from graftui.jobs import JobRunner
-    from graftui.ui.actions import CONFIRM_SECONDS, cancel_step
+    from graftui.ui.jobwords import CONFIRM_SECONDS, cancel_step
 
     runner = JobRunner(tmp_path / "jobs")
     started = threading.Event()
@@ -286,16 +286,16 @@ def test_poll_writes_a_state_back_only_when_its_value_changed():
 def test_the_submitted_banner_is_replaced_once_its_job_has_ended(home):
     import threading
 
-    from graftui.ui import actions, store
+    from graftui.ui import jobwords, store
 
     release = threading.Event()
     job = store.runner().submit("localize", "waits", lambda ctx: release.wait(30) and {})
-    banner = actions.submitted_line(job)
-    assert actions.settled_banner(banner) is None  # still queued or running: the banner stays
-    assert actions.settled_banner("⚠️ something else") is None and actions.settled_banner(None) is None
+    banner = jobwords.submitted_line(job)
+    assert jobwords.settled_banner(banner) is None  # still queued or running: the banner stays
+    assert jobwords.settled_banner("⚠️ something else") is None and jobwords.settled_banner(None) is None
     release.set()
     store.runner().runner.wait(job.id, 30)
-    settled = actions.settled_banner(banner)
+    settled = jobwords.settled_banner(banner)
     assert settled is not None and "Submitted" not in settled and f"(job {job.id}) ended: done" in settled
 
 
@@ -513,7 +513,7 @@ def test_uploads_are_capped_and_typed(home, monkeypatch, tmp_path):
 # -- regions store and tables ----------------------------------------------------------------------
 def test_saved_regions_are_listed_after_a_restart_and_ids_are_checked(home):
     from graftui import regions
-    from graftui.ui import actions, store
+    from graftui.ui import library, store, tables
 
     pair, _, _ = make_tiny_pair()
     record = tiny_record(pair, k=20)
@@ -522,53 +522,53 @@ def test_saved_regions_are_listed_after_a_restart_and_ids_are_checked(home):
     assert [e.id for e in entries] == [path.stem]
     assert entries[0].kind == "patch" and entries[0].meta["k"] == 20
     assert "movies · top-movement · k=20" in entries[0].label
-    table = actions.region_list_rows()
+    table = library.region_list_rows()
     assert table.iloc[0]["k (params)"] == "20"
     for bad in ("../etc/passwd", "", "a/b"):
         with pytest.raises(regions.RegionError):
             store.region_path(bad)
-    only = regions.load(actions.region_only_file(path.stem))
+    only = regions.load(library.region_only_file(path.stem))
     assert not only.is_patch and only.size == 20
-    meta = actions.region_meta_table(store.load_region(path.stem))
+    meta = tables.region_meta_table(store.load_region(path.stem))
     assert "k (parameters in region)" in set(meta["field"])
 
 
 def test_budget_text_shows_k_when_the_graftable_count_is_known(home):
-    from graftui.ui import actions, store
+    from graftui.ui import forms, store, tables
 
-    assert "check the pair" in actions.budget_text(-3, None)
+    assert "check the pair" in forms.budget_text(-3, None)
     store.remember_counts("b", "f", {"graftable": 2_000_000, "head": 10, "excluded": 5, "total": 2_000_015})
-    text = actions.budget_text(-3, store.known_counts("b", "f"))
+    text = forms.budget_text(-3, store.known_counts("b", "f"))
     assert "k = 2,000" in text and "0.1000%" in text
-    table = actions.counts_table(store.known_counts("b", "f"))
+    table = tables.counts_table(store.known_counts("b", "f"))
     assert table.iloc[0]["count"] == "2,000,000"
-    assert actions.counts_table(None).iloc[0]["count"] == "not checked yet"
+    assert tables.counts_table(None).iloc[0]["count"] == "not checked yet"
 
 
 def test_laboratory_inputs_are_checked_before_any_job(home):
     from graftui.errors import RequestError
-    from graftui.ui import actions, store
+    from graftui.ui import forms, store
 
-    assert actions.parse_alphas("1, 0,0.5") == [0.0, 0.5, 1.0]
+    assert forms.parse_alphas("1, 0,0.5") == [0.0, 0.5, 1.0]
     with pytest.raises(ValueError, match="α values like"):
-        actions.parse_alphas("0, half")
+        forms.parse_alphas("0, half")
     with pytest.raises(ValueError, match="at least one α"):
-        actions.parse_alphas(" , ")
+        forms.parse_alphas(" , ")
     runner = store.runner()
     before = len(runner.jobs())
     with pytest.raises(RequestError, match="two or more different tasks"):
-        actions.submit_multitask(runner, tasks=["movies"], group=[], log_sparsity=-3, start="empty", steps=5,
+        forms.submit_multitask(runner, tasks=["movies"], group=[], log_sparsity=-3, start="empty", steps=5,
                                  purify_steps=2, examples_per_class=None, n=10)
     with pytest.raises(RequestError, match="'bbc' is not one of --tasks"):
-        actions.submit_multitask(runner, tasks=["movies", "amazon"], group=["movies", "bbc"], log_sparsity=-3,
+        forms.submit_multitask(runner, tasks=["movies", "amazon"], group=["movies", "bbc"], log_sparsity=-3,
                                  start="empty", steps=5, purify_steps=2, examples_per_class=None, n=10)
     with pytest.raises(ValueError, match="pick at least one region"):
-        actions.submit_wise(runner, region_id="", alphas="0, 1", ood=[], n=10)
+        forms.submit_wise(runner, region_id="", alphas="0, 1", ood=[], n=10)
     assert len(runner.jobs()) == before
 
 
 def test_parse_budgets():
-    from graftui.ui.actions import parse_budgets
+    from graftui.ui.forms import parse_budgets
 
     assert parse_budgets("1e-3, 1e-5;1e-4") == [1e-5, 1e-4, 1e-3]
     with pytest.raises(ValueError, match="not a number"):
@@ -580,7 +580,7 @@ def test_parse_budgets():
 
 
 def test_compare_table_labels_every_column():
-    from graftui.ui.actions import compare_table
+    from graftui.ui.tables import compare_table
 
     base = {"n": 10, "f1": 0.5, "ece": 0.05, "agreement_with_ft": 1.0, "region_size": None}
     result = {"rows": [
@@ -598,10 +598,10 @@ def test_compare_table_labels_every_column():
 
 
 def test_submit_prepare_is_skipped_when_the_default_is_cached(home, monkeypatch):
-    from graftui.ui import actions, store
+    from graftui.ui import forms, store
 
     monkeypatch.setattr(store, "default_ready", lambda key=None: True)
-    assert actions.submit_prepare(store.runner()) is None
+    assert forms.submit_prepare(store.runner()) is None
 
 
 # -- compose flow --------------------------------------------------------------------------------
@@ -645,7 +645,7 @@ def test_union_graft_is_scored_against_each_region_alone_and_restored():
 
 
 def test_compose_report_text_names_the_rule_and_the_shared_count():
-    from graftui.ui.actions import compose_report_text
+    from graftui.ui.tables import compose_report_text
 
     text = compose_report_text({"union_params": 50, "overlap_params": 3, "per_pair": {"a": {"b": 3}, "b": {}},
                                 "sizes": {"a": 30, "b": 23}, "resolve": "mean"})
@@ -689,7 +689,7 @@ def test_app_builds_with_the_named_tabs_and_stable_element_ids(home, monkeypatch
 @pytest.mark.parametrize("fast", ["1", ""])
 def test_the_forms_defaults_submit_as_they_stand(monkeypatch, fast):
     """Run pressed on an untouched form is a job, in either mode (not a refusal of the form's own defaults)."""
-    from graftui.ui import actions, store
+    from graftui.ui import forms, store
 
     monkeypatch.setenv("GRAFTUI_FAST", fast)
     d = store.defaults()
@@ -707,9 +707,9 @@ def test_the_forms_defaults_submit_as_they_stand(monkeypatch, fast):
 
     box = {k: 0 if v is None else v for k, v in d.items()}  # what the page sends: a number box shows None as 0
     pair = {"base": "minilm", "finetuned": "minilm-movies", "task": "movies", "columns": {}}
-    actions.submit_localize(Runner(), **pair, method="learned", log_sparsity=box["log_sparsity"], steps=box["steps"],
+    forms.submit_localize(Runner(), **pair, method="learned", log_sparsity=box["log_sparsity"], steps=box["steps"],
                             examples_per_class=box["examples_per_class"], lr=box["mask_lr"])
-    actions.submit_sweep(Runner(), **pair, budgets=box["sweep_budgets"], steps=box["steps"],
+    forms.submit_sweep(Runner(), **pair, budgets=box["sweep_budgets"], steps=box["steps"],
                          examples_per_class=box["examples_per_class"], lr=box["mask_lr"], n=box["test_examples"])
     assert [kind for kind, _ in jobs] == ["localize", "sweep"]
     assert jobs[0][1]["examples_per_class"] == (16 if fast else None)
@@ -719,7 +719,7 @@ def test_the_laboratorys_seeds_reach_its_requests(home, monkeypatch):
     """Multi-task and continual take a Seeds box; WiSE's 'mean over its seeds' adds the other regions of the picked
     region's localize run, and says in one line when there are none."""
     from graftui.errors import RequestError
-    from graftui.ui import actions, store
+    from graftui.ui import forms, store
 
     jobs = []
 
@@ -733,24 +733,24 @@ def test_the_laboratorys_seeds_reach_its_requests(home, monkeypatch):
         def quick_held(self):
             return 0
 
-    actions.submit_multitask(Runner(), tasks=["movies", "amazon"], group=[], log_sparsity=-4, start="empty", steps=2,
+    forms.submit_multitask(Runner(), tasks=["movies", "amazon"], group=[], log_sparsity=-4, start="empty", steps=2,
                              purify_steps=0, examples_per_class=8, n=16, seeds="0, 1")
-    actions.submit_continual(Runner(), tasks=["movies", "amazon"], log_sparsity=-4, steps=2, examples_per_class=8,
+    forms.submit_continual(Runner(), tasks=["movies", "amazon"], log_sparsity=-4, steps=2, examples_per_class=8,
                              n=16, seeds="2,3")
     assert [(kind, params["seeds"]) for kind, _, params in jobs] == [("multitask", [0, 1]), ("continual", [2, 3])]
     assert all(title.endswith(f"· seeds {', '.join(map(str, params['seeds']))}") for _, title, params in jobs)
     monkeypatch.setattr(store, "region_path", lambda rid: Path(f"/regions/{rid}.safetensors"))
-    monkeypatch.setattr(actions.WiseRequest, "check", lambda self: None)  # no such files: the request is what is read
-    monkeypatch.setattr(actions, "seeds_of_run", lambda rid: ["r-seed1", "r-seed2"] if rid == "r-seed0" else [])
-    actions.submit_wise(Runner(), region_id="r-seed0", alphas="0, 1", ood=[], n=16, over_seeds=True)
+    monkeypatch.setattr(forms.WiseRequest, "check", lambda self: None)  # no such files: the request is what is read
+    monkeypatch.setattr(forms, "seeds_of_run", lambda rid: ["r-seed1", "r-seed2"] if rid == "r-seed0" else [])
+    forms.submit_wise(Runner(), region_id="r-seed0", alphas="0, 1", ood=[], n=16, over_seeds=True)
     assert jobs[-1][2]["replicates"] == ["/regions/r-seed1.safetensors", "/regions/r-seed2.safetensors"]
     assert "mean over its 3 seeds" in jobs[-1][1]
-    actions.submit_wise(Runner(), region_id="r-seed0", alphas="0, 1", ood=[], n=16)
+    forms.submit_wise(Runner(), region_id="r-seed0", alphas="0, 1", ood=[], n=16)
     assert not jobs[-1][2].get("replicates")
     with pytest.raises(RequestError, match="no other seeds saved"):
-        actions.submit_wise(Runner(), region_id="alone", alphas="0, 1", ood=[], n=16, over_seeds=True)
+        forms.submit_wise(Runner(), region_id="alone", alphas="0, 1", ood=[], n=16, over_seeds=True)
     with pytest.raises(RequestError, match="seed"):
-        actions.submit_continual(Runner(), tasks=["movies", "amazon"], log_sparsity=-4, steps=2, examples_per_class=8,
+        forms.submit_continual(Runner(), tasks=["movies", "amazon"], log_sparsity=-4, steps=2, examples_per_class=8,
                                  n=16, seeds="1, one")
 
 
@@ -768,10 +768,10 @@ def test_fast_mode_lowers_defaults(monkeypatch):
     # and the k-shot box's default stands for the library's default, "up to 256, all there are when fewer"
     assert all(isinstance(v, (int, float)) for k, v in full.items() if k != "sweep_budgets"), full
     from graftui.requests import LocalizeRequest
-    from graftui.ui import actions
+    from graftui.ui import forms
 
-    assert actions.per_class(full["examples_per_class"]) is LocalizeRequest.defaults()["examples_per_class"] is None
-    assert actions.per_class(16) == 16 and actions.per_class(0) == 0 and actions.per_class(None) is None
+    assert forms.per_class(full["examples_per_class"]) is LocalizeRequest.defaults()["examples_per_class"] is None
+    assert forms.per_class(16) == 16 and forms.per_class(0) == 0 and forms.per_class(None) is None
 
 
 # -- the app's jobs end to end, on a tiny saved pair -------------------------------------------------
@@ -806,7 +806,7 @@ def test_localize_compare_compose_export_jobs_end_to_end(home, tiny_checkpoints)
 
     from graftui import flows, regions
     from graftui.errors import RequestError
-    from graftui.ui import actions, store
+    from graftui.ui import forms, store
     from graftui.ui.tabs import compare, compose, localize
 
     runner = store.runner()
@@ -817,22 +817,22 @@ def test_localize_compare_compose_export_jobs_end_to_end(home, tiny_checkpoints)
         assert done.status == "done", done.error
         return done
 
-    learned = finish(actions.submit_localize(runner, base=base, finetuned=ft, task="movies", columns={}, method="learned",
+    learned = finish(forms.submit_localize(runner, base=base, finetuned=ft, task="movies", columns={}, method="learned",
                                              log_sparsity=-2, steps=2, examples_per_class=4, lr=0.5))
     steps = [p for p in learned.progress if "step" in p]
     assert len(steps) == 2 and steps[-1]["k"] == learned.result["k"] > 0  # the live plot's budget line
     assert localize.render_localize(learned)[0].data  # the live figure has its curves
     assert learned.params["verb"] == "localize" and learned.params["examples_per_class"] == 4
-    again = flows.run_file(actions.request_file(learned))  # the job's request, downloaded, runs again to the same region
+    again = flows.run_file(forms.request_file(learned))  # the job's request, downloaded, runs again to the same region
     first = regions.load(store.region_path(learned.result["region"]))
     assert all(torch.equal(first.indices[n], again.region[n]) for n in first.indices)
     Path(again.path).unlink()
-    other = finish(actions.submit_localize(runner, base=base, finetuned=ft, task="amazon", columns={}, method="top-movement",
+    other = finish(forms.submit_localize(runner, base=base, finetuned=ft, task="amazon", columns={}, method="top-movement",
                                            log_sparsity=-2, steps=2, examples_per_class=4, lr=0.5))
     ids = [e.id for e in store.list_regions()]
     assert set(ids) == {learned.result["region"], other.result["region"]}
 
-    cmp = finish(actions.submit_compare(runner, region_ids=[learned.result["region"]], ood=["amazon"], n=16, baselines=True))
+    cmp = finish(forms.submit_compare(runner, region_ids=[learned.result["region"]], ood=["amazon"], n=16, baselines=True))
     table, diffs, rel, hist, note, side, unlike_note, unlike = compare.render_compare(cmp)
     assert rel["visible"] and hist["visible"] and unlike["label"] == compare.DISAGREEMENTS_LABEL
     unlike = unlike["value"]
@@ -853,25 +853,25 @@ def test_localize_compare_compose_export_jobs_end_to_end(home, tiny_checkpoints)
     assert all(row["FT says"] != row["graft says"] for _, row in unlike.iterrows())
     agree = next(r["agreement_with_ft"] for r in cmp.result["rows"] if r["model"] == region and r["task"] == "movies")
     assert len(ours) == round((1 - agree) * 16) and (not ours or f"{len(ours)} of 16" in unlike_note)
-    prd = finish(actions.submit_predict(runner, region_ids=[region], text="a great film\n\n   \nawful, dull"))
+    prd = finish(forms.submit_predict(runner, region_ids=[region], text="a great film\n\n   \nawful, dull"))
     (frame,) = compare.render_predict(prd)
     assert list(frame["sentence"].unique()) == ["1. a great film", "2. awful, dull"]  # blank lines are not sentences
     assert list(frame["model"].unique()) == ["pre-trained body + FT head", "fine-tuned", region]
     assert {f"p({name})" for name in prd.result["label_names"]} <= set(frame.columns)
     assert set(frame[frame["model"] == region]["same as FT"]) <= {"yes", "no"}
     with pytest.raises(RequestError, match="type one or more sentences"):
-        actions.submit_predict(runner, region_ids=[region], text=" \n ")
-    bad = runner.wait(actions.submit_compare(runner, region_ids=[learned.result["region"]], ood=["bbc"], n=16,
+        forms.submit_predict(runner, region_ids=[region], text=" \n ")
+    bad = runner.wait(forms.submit_compare(runner, region_ids=[learned.result["region"]], ood=["bbc"], n=16,
                                              baselines=False).id, timeout=240)
     assert bad.status == "failed" and "bbc" in bad.error and "same labels" in bad.error  # the CLI says the same
 
-    cps = finish(actions.submit_compose(runner, region_ids=ids, resolve="mean", n=16))
+    cps = finish(forms.submit_compose(runner, region_ids=ids, resolve="mean", n=16))
     report, frame = compose.render_compose(cps)
     assert "Union graft" in report and set(frame["task"]) == {"movies", "amazon"} and len(frame) == 6
     union = regions.load(store.region_path(cps.result["region"]))
     assert union.is_patch and union.meta["request"]["verb"] == "compose"
 
-    exp = finish(actions.submit_export(runner, region_id=learned.result["region"]))
+    exp = finish(forms.submit_export(runner, region_id=learned.result["region"]))
     with zipfile.ZipFile(exp.result["zip"]) as z:
         assert {"config.json", "model.safetensors", "graftui_region.json"} <= set(z.namelist())
         assert json.loads(z.read("graftui_region.json"))["export_request"]["verb"] == "export"
@@ -879,7 +879,7 @@ def test_localize_compare_compose_export_jobs_end_to_end(home, tiny_checkpoints)
 
 
 def test_small_shares_stay_visible():
-    from graftui.ui.actions import share
+    from graftui.ui.tables import share
 
     assert share(770 / 22_713_986) == "0.0034%"
     assert share(0.4752) == "47.52%" and share(0) == "0.00%"
@@ -978,16 +978,16 @@ def test_user_text_is_shown_as_text_and_a_hosted_page_names_no_server_path(home,
     import json
 
     from graftui.tasks.classification.data import Split, Task
-    from graftui.ui import actions, app, store
+    from graftui.ui import app, forms, store
 
     split = Split(("a", "b"), (0, 1))
     task = Task("<img src=x onerror=alert(1)>.csv", ("<b>neg</b>", "pos"), {"train": split, "validation": split,
                                                                           "test": split}, "local file /srv/x.csv",
                 notes=("<script>1</script>",))
-    text = actions.task_summary(task)
+    text = forms.task_summary(task)
     assert "<img" not in text and "<b>" not in text and "<script>" not in text and "&lt;b&gt;neg" in text
     monkeypatch.setenv("GRAFTUI_HOSTED", "1")
-    assert "/srv/x.csv" not in actions.task_summary(task)  # an upload's place on the server is not the page's
+    assert "/srv/x.csv" not in forms.task_summary(task)  # an upload's place on the server is not the page's
     monkeypatch.setattr(store, "default_ready", lambda key=None: True)
     config = json.dumps(app.build_app().get_config_file(), default=str)
     assert str(home) not in config and "/work" not in config
@@ -1001,29 +1001,29 @@ def _handler(demo, name: str):
 
 def test_a_running_jobs_line_shows_its_step_and_the_time_left_at_its_measured_pace():
     from graftui.jobs import Job
-    from graftui.ui import actions
+    from graftui.ui import jobwords
 
     # loading took 30 s before the first step; then 2 s a step: 28 steps left → 56 s, not (30 + 22) / 12 × 28
     steps = [{"stage": "mask learning", "step": i, "steps": 40, "time": 30.0 + 2 * (i - 1)} for i in range(1, 13)]
     job = Job("j1", "localize", "Localize x", {}, status="running", progress=steps, fraction=0.3, message="mask learning")
-    line = actions.job_status_line(job)
+    line = jobwords.job_status_line(job)
     assert "step 12/40, about 56 s left" in line, line
-    assert actions.step_progress(job) == (12, 40, pytest.approx(56.0))
+    assert jobwords.step_progress(job) == (12, 40, pytest.approx(56.0))
     one = Job("j2", "localize", "x", {}, status="running", progress=steps[:1], message="mask learning")
-    assert "step 1/40" in actions.job_status_line(one) and "left" not in actions.job_status_line(one)  # no pace yet
+    assert "step 1/40" in jobwords.job_status_line(one) and "left" not in jobwords.job_status_line(one)  # no pace yet
     moved_on = Job("j3", "sweep", "x", {}, status="running", progress=steps, message="evaluating on movies")
-    assert "step" not in actions.job_status_line(moved_on)  # its stage has no steps: an old step is not shown
+    assert "step" not in jobwords.job_status_line(moved_on)  # its stage has no steps: an old step is not shown
     said = Job("j4", "retrain", "x", {}, status="running", message="training the graft: step 12/40",
                progress=[{**p, "stage": "training the graft: step 12/40"} for p in steps])
-    assert actions.job_status_line(said).count("step 12/40") == 1  # the stage says it already: said once
+    assert jobwords.job_status_line(said).count("step 12/40") == 1  # the stage says it already: said once
     slow = Job("j5", "finetune", "x", {}, status="running", message="mask learning",
                progress=[{**p, "time": 60.0 * p["step"]} for p in steps])
-    assert "about 28 min left" in actions.job_status_line(slow)
+    assert "about 28 min left" in jobwords.job_status_line(slow)
 
 
 def test_a_waiting_job_shows_its_place_in_the_queue(tmp_path):
     from graftui.jobs import JobRunner
-    from graftui.ui import actions
+    from graftui.ui import jobwords
 
     runner = JobRunner(tmp_path / "jobs")
     release, started = threading.Event(), threading.Event()
@@ -1032,20 +1032,20 @@ def test_a_waiting_job_shows_its_place_in_the_queue(tmp_path):
         first = runner.submit("compare", "waits first", lambda ctx: {})
         second = runner.submit("compare", "waits second", lambda ctx: {})
         started.wait(10)  # it runs (its status is set before its function is called); the others wait
-        assert "queued · next in the queue" in actions.job_line(runner, first)
-        assert "queued · place 2 in the queue" in actions.job_line(runner, second)
-        rows = {r["id"]: r for r in actions.job_rows(runner).to_dict("records")}
+        assert "queued · next in the queue" in jobwords.job_line(runner, first)
+        assert "queued · place 2 in the queue" in jobwords.job_line(runner, second)
+        rows = {r["id"]: r for r in jobwords.job_rows(runner).to_dict("records")}
         assert rows[second.id]["progress"] == "place 2 in the queue · start unknown (no past run of a job before it)"
-        before = actions.job_signature(runner)
+        before = jobwords.job_signature(runner)
         runner.cancel(first.id)
-        assert actions.job_signature(runner) != before  # the table follows the queue
-        assert "next in the queue" in actions.job_line(runner, runner.get(second.id))
+        assert jobwords.job_signature(runner) != before  # the table follows the queue
+        assert "next in the queue" in jobwords.job_line(runner, runner.get(second.id))
     finally:
         release.set()
 
 
 def test_a_reloaded_page_says_which_job_runs_and_then_how_it_ended(home, monkeypatch):
-    from graftui.ui import actions, app, store
+    from graftui.ui import app, jobwords, store
 
     monkeypatch.setattr(store, "default_ready", lambda key=None: True)
     demo = app.build_app()
@@ -1060,13 +1060,13 @@ def test_a_reloaded_page_says_which_job_runs_and_then_how_it_ended(home, monkeyp
         banner = load.fn("")[0]
         assert "Ready" not in banner and f"Running: **Localize 'movies' slowly** (job {job.id})" in banner, banner
         assert "1 more job(s) waiting" in banner
-        assert actions.settled_banner(banner) is None  # while it runs, the banner stays
+        assert jobwords.settled_banner(banner) is None  # while it runs, the banner stays
         assert "when this page opened" in banner  # how far it was then, said as such: it does not follow the job
     finally:
         release.set()
     store.runner().runner.wait(job.id, 30)
     store.runner().runner.wait(waiting.id, 30)
-    assert f"(job {job.id}) ended: done" in actions.settled_banner(banner)
+    assert f"(job {job.id}) ended: done" in jobwords.settled_banner(banner)
 
 
 def test_an_error_in_the_header_is_cleared_by_the_next_success_on_any_tab(home, monkeypatch):
@@ -1170,10 +1170,10 @@ def test_the_laboratory_fields_are_kept_across_reloads(home, monkeypatch):
 
 
 def test_number_columns_are_never_wrapped():
-    from graftui.ui import actions, app
+    from graftui.ui import app, tables
 
     css = app.launch_options()["css"]
-    at = actions.COMPARE_COLUMNS.index("accuracy ↑ [95 % CI]")
+    at = tables.COMPARE_COLUMNS.index("accuracy ↑ [95 % CI]")
     assert f'#compare-table [role=gridcell][data-col="{at}"] span' in css
     assert f"#compare-table .sizing-body td:nth-child({at + 1})" in css
     assert '#compare-table [role=gridcell][data-col="0"]' not in css  # model names wrap
@@ -1183,7 +1183,7 @@ def test_number_columns_are_never_wrapped():
 
 
 def test_the_differences_table_reads_replicate_groups_over_seeds():
-    from graftui.ui.actions import differences_table
+    from graftui.ui.tables import differences_table
 
     one = {"a": "r", "b": "fine-tuned", "task": "movies", "distribution": "in", "metric": "accuracy", "diff": 0.032,
            "ci": [0.009, 0.054], "n": 500, "p": 0.0123}
@@ -1200,15 +1200,15 @@ def test_the_differences_table_reads_replicate_groups_over_seeds():
 def test_the_try_box_shows_each_models_generation_for_a_completion_region():
     """A completion region's predict result (kind "completion": one prompt, a generation per model) is drawn as one
     row per model with its generation; a classification result keeps its class columns."""
-    from graftui.ui import actions
+    from graftui.ui import tables
     from graftui.ui.tabs import compare
 
     result = {"kind": "completion", "task": "dates", "texts": ["Q: the day after Monday?\nA:"], "rows": [
         {"text": 0, "model": "pre-trained", "generation": "Sunday", "agrees_with_ft": False},
         {"text": 0, "model": "fine-tuned", "generation": "Tuesday", "agrees_with_ft": None},
         {"text": 0, "model": "dates-learned-k9", "generation": "Tuesday", "agrees_with_ft": True}]}
-    frame = actions.predict_table(result)
-    assert list(frame.columns) == actions.GENERATION_COLUMNS
+    frame = tables.predict_table(result)
+    assert list(frame.columns) == tables.GENERATION_COLUMNS
     assert frame.values.tolist() == [
         ["Q: the day after Monday?\nA:", "pre-trained", "Sunday", "no"],
         ["Q: the day after Monday?\nA:", "fine-tuned", "Tuesday", ""],
@@ -1216,22 +1216,22 @@ def test_the_try_box_shows_each_models_generation_for_a_completion_region():
 
     (drawn,) = compare.render_predict(type("Job", (), {"result": result})())
     assert drawn.equals(frame)
-    classified = actions.predict_table({"label_names": ["neg", "pos"], "texts": ["fine"], "rows": [
+    classified = tables.predict_table({"label_names": ["neg", "pos"], "texts": ["fine"], "rows": [
         {"text": 0, "model": "fine-tuned", "probs": {"neg": 0.2, "pos": 0.8}, "predicted": "pos", "confidence": 0.8,
          "agrees_with_ft": None}]})
-    assert list(classified.columns) == [*actions.PREDICT_COLUMNS, "p(neg)", "p(pos)"]
+    assert list(classified.columns) == [*tables.PREDICT_COLUMNS, "p(neg)", "p(pos)"]
 
 
 def test_the_try_box_is_one_prompt_for_completion_regions_and_sentences_otherwise(home, monkeypatch):
     """For completion regions the whole box is one prompt (its lines kept) and the box, its button and the table say
     Prompt / Generate; for classification regions it is one sentence per line; both kinds at once: one line."""
     from graftui.errors import RequestError
-    from graftui.ui import actions, store
+    from graftui.ui import forms, store
     from graftui.ui.tabs import compare
 
     kinds = {"gen": "completion", "cls": "classification"}
     monkeypatch.setattr(store, "region_kinds", lambda ids: [kinds[i] for i in ids])
-    monkeypatch.setattr(actions, "_paths", lambda ids, at_least=1: [f"/regions/{i}.safetensors" for i in ids])
+    monkeypatch.setattr(forms, "_paths", lambda ids, at_least=1: [f"/regions/{i}.safetensors" for i in ids])
 
     class Runner:  # what the button's handler hands on: the request and its title
         params = title = None
@@ -1242,29 +1242,29 @@ def test_the_try_box_is_one_prompt_for_completion_regions_and_sentences_otherwis
         runner.params, runner.title = request.as_dict(), title
         return "job"
 
-    monkeypatch.setattr(actions, "submit", submit)
-    actions.submit_predict(runner, region_ids=["gen"], text="  Q: the day after Monday?\nA:  \n")
+    monkeypatch.setattr(forms, "submit", submit)
+    forms.submit_predict(runner, region_ids=["gen"], text="  Q: the day after Monday?\nA:  \n")
     assert runner.params["texts"] == ["Q: the day after Monday?\nA:"] and "prompt" in runner.title
-    actions.submit_predict(runner, region_ids=["cls"], text="a fine film\n\nawful")
+    forms.submit_predict(runner, region_ids=["cls"], text="a fine film\n\nawful")
     assert runner.params["texts"] == ["a fine film", "awful"]
     with pytest.raises(RequestError, match="type a prompt"):
-        actions.submit_predict(runner, region_ids=["gen"], text=" \n ")
+        forms.submit_predict(runner, region_ids=["gen"], text=" \n ")
     with pytest.raises(RequestError, match="pick regions of one kind") as err:
-        actions.submit_predict(runner, region_ids=["gen", "cls"], text="x")
+        forms.submit_predict(runner, region_ids=["gen", "cls"], text="x")
     assert "\n" not in str(err.value)
     assert compare.predict_kind_or_default(["gen"]) == "completion"
     assert compare.predict_kind_or_default(["gen", "cls"]) == compare.predict_kind_or_default([]) == "classification"
-    assert actions.PREDICT_WORDS["completion"][:2] == ("Prompt (the whole box is one prompt)", "Generate")
+    assert forms.PREDICT_WORDS["completion"][:2] == ("Prompt (the whole box is one prompt)", "Generate")
 
 
 def test_a_confirm_button_confirms_only_its_own_target_within_its_window_and_expires_after():
-    from graftui.ui import actions
+    from graftui.ui import jobwords
 
-    armed, window = ("job1", 100.0), actions.CONFIRM_SECONDS
-    assert actions.confirms(armed, "job1", 100.0 + window) and not actions.confirms(armed, "job2", 101.0)
-    assert not actions.confirms(armed, "job1", 100.0 + window + 0.1) and not actions.confirms(None, "job1", 100.0)
-    assert not actions.expired(armed, 100.0 + window) and actions.expired(armed, 100.0 + window + 0.1)
-    assert not actions.expired(None, 1e9) and not actions.expired("job1", 1e9)  # nothing armed: nothing to undo
+    armed, window = ("job1", 100.0), jobwords.CONFIRM_SECONDS
+    assert jobwords.confirms(armed, "job1", 100.0 + window) and not jobwords.confirms(armed, "job2", 101.0)
+    assert not jobwords.confirms(armed, "job1", 100.0 + window + 0.1) and not jobwords.confirms(None, "job1", 100.0)
+    assert not jobwords.expired(armed, 100.0 + window) and jobwords.expired(armed, 100.0 + window + 0.1)
+    assert not jobwords.expired(None, 1e9) and not jobwords.expired("job1", 1e9)  # nothing armed: nothing to undo
 
 
 def test_compare_follows_the_regions_picked_not_the_models_tab(home, monkeypatch, tmp_path):
@@ -1272,23 +1272,23 @@ def test_compare_follows_the_regions_picked_not_the_models_tab(home, monkeypatch
     of the last one."""
     from types import SimpleNamespace
 
-    from graftui.ui import actions, store
+    from graftui.ui import forms, store
 
     entries = [SimpleNamespace(id="dates-r", meta=SimpleNamespace(finetuned="smollm2-dates")),
                SimpleNamespace(id="movies-r", meta=SimpleNamespace(finetuned="minilm-movies"))]
     monkeypatch.setattr(store, "list_regions", lambda: entries)
-    assert actions.of_pair(["dates-r", "movies-r", "gone"], "minilm-movies") == ["movies-r"]
+    assert forms.of_pair(["dates-r", "movies-r", "gone"], "minilm-movies") == ["movies-r"]
     (tmp_path / "ft").mkdir()
     (tmp_path / "ft" / "config.json").write_text("{}")  # a checkpoint folder, named two ways
-    assert actions.same_model(f"{tmp_path}/../{tmp_path.name}/ft", str(tmp_path / "ft")) and not actions.same_model("smollm2-dates", "minilm-movies")
+    assert forms.same_model(f"{tmp_path}/../{tmp_path.name}/ft", str(tmp_path / "ft")) and not forms.same_model("smollm2-dates", "minilm-movies")
 
     sent = {}
-    monkeypatch.setattr(actions, "_paths", lambda ids, at_least=1: [f"/r/{i}.safetensors" for i in ids])
-    monkeypatch.setattr(actions, "submit", lambda runner, request, title, kind=None: sent.update(r=request, t=title))
+    monkeypatch.setattr(forms, "_paths", lambda ids, at_least=1: [f"/r/{i}.safetensors" for i in ids])
+    monkeypatch.setattr(forms, "submit", lambda runner, request, title, kind=None: sent.update(r=request, t=title))
     for kinds, ood in ((["completion"], []), (["classification"], ["amazon"]), (["completion", "classification"],
                                                                               ["amazon"])):
         monkeypatch.setattr(store, "region_kinds", lambda ids, kinds=kinds: kinds)
-        actions.submit_compare(None, region_ids=["x"] * len(kinds), ood=["amazon"], n=10, baselines=False,
+        forms.submit_compare(None, region_ids=["x"] * len(kinds), ood=["amazon"], n=10, baselines=False,
                                ood_labels="0:0")
         assert sent["r"].ood == ood and ("OOD" in sent["t"]) == bool(ood)
 

@@ -16,7 +16,7 @@ import gradio as gr
 
 from .. import settings
 from ..paths import clean_stale
-from . import actions, pagescript, store
+from . import forms, jobwords, library, pagescript, store
 from .tabs import anatomy, compare, compose, finetune, jobs, laboratory, localize, models, regions
 from .style import CSS, TABLES, number_css, phone_css
 from .wiring import Page
@@ -52,8 +52,8 @@ def build_app() -> gr.Blocks:
             session = store.resume(current, request)  # the browser's own id while it lives, else a new workspace
             with store.session(session):
                 runner = store.runner()
-                job = actions.submit_prepare(runner)
-                active = actions.active_banner(runner)  # a reloaded page says what still runs, not "Ready"
+                job = forms.submit_prepare(runner)
+                active = jobwords.active_banner(runner)  # a reloaded page says what still runs, not "Ready"
             msg = active or "Ready. Start on **Models** (the offline default pair is preselected), then **Localize**."
             if job is not None:
                 msg = (f"{active} The default fine-tuned model (**minilm-movies**) is being prepared once, in the "
@@ -161,7 +161,7 @@ def poll_lists(page: Page) -> None:
                     out.append(gr.update(choices=choices, value=kept))
                 else:
                     out.append(gr.update(choices=choices))
-            out.append(actions.region_list_rows())
+            out.append(library.region_list_rows())
         else:
             out += [gr.skip() for _ in pickers] + [gr.skip()]
         if csig != last_ckpts:

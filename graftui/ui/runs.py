@@ -27,7 +27,7 @@ from ..jobs import DONE
 from ..regions import GROUPS, budget_of, settings_diff
 from ..paths import short_ref
 from ..kinds import KINDS
-from . import actions, store
+from . import library, store
 
 NO_CURVE = "no curve recorded"
 
@@ -99,11 +99,11 @@ def run_seeds(entries) -> dict[str, str]:
 
 
 def runs(rows: list[dict] | None = None) -> list[dict]:
-    """The session's saved regions as runs: each listing row (``actions.regions_listing``) with its budget, the seeds
+    """The session's saved regions as runs: each listing row (``library.regions_listing``) with its budget, the seeds
     of its run, its score as accuracy or exact match (a completion task's), its OOD accuracy, whether a curve was
     recorded, and its tags and note. Its score (``accuracy``) is named as its task's kind names it (``score_name``:
     accuracy, or exact match for a completion task)."""
-    rows = actions.regions_listing() if rows is None else rows
+    rows = library.regions_listing() if rows is None else rows
     entries = {e.id: e for e in store.list_regions()}
     runner = store.runner()
     curves, ood = localize_curves(runner), ood_accuracies(runner)
@@ -123,12 +123,12 @@ def runs(rows: list[dict] | None = None) -> list[dict]:
 
 def shown(runs_: list[dict], words: str = "", sort: str | None = None, descending: bool = False) -> list[dict]:
     """The runs that hold every word of the filter (any case) in what the regions table searches, or in their tags
-    or note, sorted as ``actions.regions_shown`` sorts (none: newest first)."""
+    or note, sorted as ``library.regions_shown`` sorts (none: newest first)."""
     def holds(run: dict, word: str) -> bool:
         return word in " ".join([*run["tags"], run["note"]]).lower() or bool(flows.regionfiles.with_words([run], word))
 
     wanted = str(words or "").lower().split()
-    return actions.regions_shown([r for r in runs_ if all(holds(r, w) for w in wanted)], "", sort, descending)
+    return library.regions_shown([r for r in runs_ if all(holds(r, w) for w in wanted)], "", sort, descending)
 
 
 def score_columns() -> list[str]:

@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-from . import actions, runs
+from . import jobwords, library, runs, tables
 from .tabs import anatomy, laboratory
 
-TABLES = {  # each table's columns, by its elem_id: those in actions.NUMBER_COLUMNS are never wrapped
-    "region-list": actions.REGION_LIST_COLUMNS, "jobs-table": actions.JOB_COLUMNS, "models-counts": actions.COUNT_COLUMNS,
-    "compare-table": actions.COMPARE_COLUMNS, "compare-differences": actions.DIFFERENCE_COLUMNS,
-    "compare-disagreements": actions.DISAGREEMENT_COLUMNS, "predict-table": actions.PREDICT_COLUMNS + [f"p(class {i})" for i in range(8)], "lab-retrain-table": actions.COMPARE_COLUMNS,
-    "sweep-table": actions.SWEEP_COLUMNS + [f"OOD {i} ↑" for i in range(8)],  # and a column per OOD task, up to 8
-    "compose-table": actions.COMPOSE_COLUMNS, "compose-overlap-table": actions.OVERLAP_COLUMNS,
-    "regions-table": actions.REGIONS_COLUMNS,
-    "anatomy-kinds": actions.WEIGHT_BIAS_COLUMNS, "anatomy-tensors": anatomy.TENSOR_COLUMNS,
+TABLES = {  # each table's columns, by its elem_id: those in tables.NUMBER_COLUMNS are never wrapped
+    "region-list": library.REGION_LIST_COLUMNS, "jobs-table": jobwords.JOB_COLUMNS, "models-counts": tables.COUNT_COLUMNS,
+    "compare-table": tables.COMPARE_COLUMNS, "compare-differences": tables.DIFFERENCE_COLUMNS,
+    "compare-disagreements": tables.DISAGREEMENT_COLUMNS, "predict-table": tables.PREDICT_COLUMNS + [f"p(class {i})" for i in range(8)], "lab-retrain-table": tables.COMPARE_COLUMNS,
+    "sweep-table": tables.SWEEP_COLUMNS + [f"OOD {i} ↑" for i in range(8)],  # and a column per OOD task, up to 8
+    "compose-table": tables.COMPOSE_COLUMNS, "compose-overlap-table": tables.OVERLAP_COLUMNS,
+    "regions-table": library.REGIONS_COLUMNS,
+    "anatomy-kinds": tables.WEIGHT_BIAS_COLUMNS, "anatomy-tensors": anatomy.TENSOR_COLUMNS,
     "anatomy-neurons": anatomy.NEURON_COLUMNS, "anatomy-ablation": anatomy.ABLATION_COLUMNS,
-    "anatomy-stability": anatomy.STABILITY_COLUMNS, "lab-wise-table": actions.WISE_COLUMNS,
+    "anatomy-stability": anatomy.STABILITY_COLUMNS, "lab-wise-table": tables.WISE_COLUMNS,
     "lab-union-table": laboratory.MULTITASK_COLUMNS, "lab-continual-table": laboratory.CONTINUAL_COLUMNS,
     "runs-table": runs.RUNS_COLUMNS, "runs-groups": runs.GROUP_COLUMNS,
 }
@@ -54,12 +54,12 @@ def phone_css(hidden: dict[str, tuple[str, ...]] = PHONE_HIDDEN) -> str:
     return f"@media (max-width: {PHONE_WIDTH}px) {{\n" + ",\n".join(rules) + " { display: none !important; }\n}\n"
 
 
-def number_css(tables: dict[str, list[str]]) -> str:
-    """Rules that keep the number columns of ``tables`` on one line. A cell names its column by position only
+def number_css(columns_of: dict[str, list[str]]) -> str:
+    """Rules that keep the number columns of the tables ``columns_of`` names on one line. A cell names its column by position only
     (``data-col``; the hidden row the widths are measured from, by its place), so the rules go by position."""
     rules = []
-    for elem_id, columns in tables.items():
+    for elem_id, columns in columns_of.items():
         for i, name in enumerate(columns):
-            if name in actions.NUMBER_COLUMNS or name.startswith(("OOD ", "p(")):
+            if name in tables.NUMBER_COLUMNS or name.startswith(("OOD ", "p(")):
                 rules.append(f"#{elem_id} .sizing-body td:nth-child({i + 1}), #{elem_id} [role=gridcell][data-col=\"{i}\"] span")
     return ",\n".join(rules) + " { white-space: nowrap !important; }\n" if rules else ""

@@ -22,7 +22,7 @@ from .. import settings
 from ..errors import message
 from ..jobs import QUEUED
 from ..requests import choices_of
-from . import actions, store
+from . import forms, jobwords, store
 
 log = logging.getLogger(__name__)
 
@@ -207,13 +207,13 @@ def job_controls(label: str, prefix: str, latest_label: str):
 
 def picker_for(kinds: tuple[str, ...], latest_label: str, job):
     """A job picker showing ``job`` among the jobs of ``kinds``."""
-    choices = [(latest_label, "")] + actions.job_choices(store.runner(), kinds)
+    choices = [(latest_label, "")] + jobwords.job_choices(store.runner(), kinds)
     return gr.update(choices=choices, value=job.id)
 
 
 def seeds_box(elem_id: str, info: str = "the experiment once per mask seed; every figure becomes the mean over "
               "seeds, with its spread and each seed's own numbers") -> gr.Textbox:
-    """The Seeds (replicates) box of a form: empty for one run, or seeds such as '0, 1, 2' (``actions.parse_seeds``)."""
+    """The Seeds (replicates) box of a form: empty for one run, or seeds such as '0, 1, 2' (``forms.parse_seeds``)."""
     return gr.Textbox("", label="Seeds (replicates)", placeholder="one run; or e.g. 0, 1, 2", info=info,
                       elem_id=elem_id)
 
@@ -222,7 +222,7 @@ def submitted(job, kinds: tuple[str, ...], latest_label: str) -> tuple:
     """What a Run button's handler answers: the banner and the tab's picker showing the new job. The status line
     (the third output, where a refused form says why) is left to the panel, which writes it together with its
     record of what it shows: a line written here could land after a tick that saw the job end, and stay."""
-    return actions.submitted_line(job), picker_for(kinds, latest_label, job), gr.skip()
+    return jobwords.submitted_line(job), picker_for(kinds, latest_label, job), gr.skip()
 
 
 ANSWER_SECONDS = 10.0  # the longest a Run button of instant work waits for its job's answer; longer goes to the panel
@@ -236,9 +236,9 @@ def answered(job, kinds: tuple[str, ...], latest_label: str, render, seconds: fl
     when = runner.expected(job.id)
     soon = when is not None and when[1] is not None and when[1] <= seconds
     done = runner.wait(job.id, seconds) if soon else None
-    if done is None or done.status not in actions.FINISHED:
+    if done is None or done.status not in jobwords.FINISHED:
         return (*submitted(job, kinds, latest_label), *[gr.skip() for _ in render(None)])
-    return (actions.submitted_line(job), picker_for(kinds, latest_label, job), actions.job_line(runner, done),
+    return (jobwords.submitted_line(job), picker_for(kinds, latest_label, job), jobwords.job_line(runner, done),
             *render(done))
 
 
@@ -281,7 +281,7 @@ def panel_changes(last, listing, shown, line, running: bool, now: float):
 
 
 def cancel_look(look: str, label: str):
-    """A Cancel button as ``actions.cancel_step`` says: "off" (nothing to cancel), "armed" (press again to confirm)
+    """A Cancel button as ``jobwords.cancel_step`` says: "off" (nothing to cancel), "armed" (press again to confirm)
     or "ready"."""
     if look == "armed":
         return gr.update(value="Confirm cancel", variant="stop", interactive=True)
@@ -290,7 +290,7 @@ def cancel_look(look: str, label: str):
 
 def cancel_button(job, label: str):
     """A Cancel button as the job shown leaves it: on while it waits or runs, off once it has ended (or for none)."""
-    return cancel_look("ready" if actions.cancellable(job) else "off", label)
+    return cancel_look("ready" if jobwords.cancellable(job) else "off", label)
 
 
 def job_panel(sig_state, kinds, picker, status_md, outputs, render, latest_label, fixed_state=None, cancel=None):
@@ -300,11 +300,11 @@ def job_panel(sig_state, kinds, picker, status_md, outputs, render, latest_label
 
     def tick(picked, last):
         runner = store.runner()
-        job = actions.shown_job(runner, picked, kinds)
+        job = jobwords.shown_job(runner, picked, kinds)
         listing = tuple((j.id, j.status) for j in runner.jobs() if j.kind in kinds)
         shown = None if job is None else (job.id, job.status)
         place = runner.place(job.id) if job is not None and job.status == QUEUED else None
-        when = actions.job_when(runner, job)  # coarse: it changes every few ticks, not at each
+        when = jobwords.job_when(runner, job)  # coarse: it changes every few ticks, not at each
         line = None if job is None else (len(job.progress), round(job.fraction, 3), job.message, place, when)
         running = job is not None and job.status == "running"
         another = last is None or shown != last[1]  # another job, or another status: the Cancel button follows
@@ -312,8 +312,8 @@ def job_panel(sig_state, kinds, picker, status_md, outputs, render, latest_label
         button = [] if cancel is None else [cancel_button(job, cancel[1]) if another else gr.skip()]
         if not (new_list or new_line or redraw):
             return (gr.skip(), gr.skip(), *[gr.skip() for _ in outputs], *button, state)
-        picker_update = gr.update(choices=[(latest_label, "")] + actions.job_choices(runner, kinds)) if new_list else gr.skip()
-        status_update = actions.job_status_line(job, place, when) if new_line else gr.skip()
+        picker_update = gr.update(choices=[(latest_label, "")] + jobwords.job_choices(runner, kinds)) if new_list else gr.skip()
+        status_update = jobwords.job_status_line(job, place, when) if new_line else gr.skip()
         figures_out = render(job) if redraw else [gr.skip() for _ in outputs]
         return (picker_update, status_update, *figures_out, *button, state)
 
@@ -365,7 +365,7 @@ class Poll:
                 for _, ins, outs in parts]
 
         def tick(banner, *values):
-            settled = actions.settled_banner(banner)  # "Submitted…" once its job has ended
+            settled = jobwords.settled_banner(banner)  # "Submitted…" once its job has ended
             out, at, problem = [gr.skip() for _ in outputs], 0, gr.skip() if settled is None else settled
             for (fn, ins, outs), states in zip(parts, kept):
                 mine = values[at:at + len(ins)]
@@ -527,20 +527,20 @@ class Page:
 
         @self.safe
         def run(picked, memory):
-            message, memory, look = actions.cancel_step(store.runner(), actions.shown_job(store.runner(), picked, kinds),
+            message, memory, look = jobwords.cancel_step(store.runner(), jobwords.shown_job(store.runner(), picked, kinds),
                                                         memory, time.time())
             return cancel_look(look, label), memory, message
 
         self.on(button.click, run, [picker, armed], [button, armed, self.status])
         self.on(picker.change, lambda picked: None, [picker], [armed], show_progress="hidden")  # another job: unarmed
-        self.disarms(button, armed, lambda picked: cancel_button(actions.shown_job(store.runner(), picked, kinds),
+        self.disarms(button, armed, lambda picked: cancel_button(jobwords.shown_job(store.runner(), picked, kinds),
                                                                  label), [picker])
 
     def disarms(self, button, armed, look, inputs: list = ()) -> None:
         """A confirm button left armed goes back to its first look (``look(*inputs)``) once CONFIRM_SECONDS have
         passed: a later press asks again, and the button never says "Confirm" when it would not."""
         def tick(memory, *values):
-            if not actions.expired(memory, time.time()):
+            if not jobwords.expired(memory, time.time()):
                 return gr.skip(), gr.skip()
             return look(*values), None
 
@@ -556,8 +556,8 @@ class Page:
 
         @self.safe
         def on_report(picked):
-            job = actions.shown_job(store.runner(), picked, kinds)
-            return gr.update(value=actions.report_bundle(job), visible=True), gr.skip()
+            job = jobwords.shown_job(store.runner(), picked, kinds)
+            return gr.update(value=forms.report_bundle(job), visible=True), gr.skip()
 
         self.on(button.click, on_report, [picker], [file, self.status])
 

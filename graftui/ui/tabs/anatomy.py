@@ -10,7 +10,7 @@ from ... import figures
 from ...formatting import pct
 from ...paths import short_ref
 from ...requests import AnatomyRequest
-from .. import actions, store
+from .. import forms, store, tables
 from ..wiring import TABLE_HEIGHT, job_picker, submitted
 
 INTRO = (
@@ -73,13 +73,13 @@ def stability_table(stability: dict | None) -> pd.DataFrame:
 
 
 def anatomy_outputs(region_id: str, mode: str) -> list:
-    result = actions.anatomy_of(region_id)
+    result = forms.anatomy_of(region_id)
     record, anat = result.record, result.anatomy
     m = record.meta
     summary = (f"Region **{region_id}**: k = **{record.size:,}** of {record.graftable:,} graftable parameters "
                f"({record.size / max(record.graftable, 1):.4%}); method {m.method or '?'}, task {m.task or '?'}, "
                f"fine-tuned model {short_ref(m.finetuned or '?')}.")
-    return [figures.anatomy_heatmap(anat, mode), figures.module_bars(anat), actions.weight_bias_table(anat), summary,
+    return [figures.anatomy_heatmap(anat, mode), figures.module_bars(anat), tables.weight_bias_table(anat), summary,
             tensors_table(result.tensors), neurons_table(result.neurons)]
 
 
@@ -97,7 +97,7 @@ def stability_outputs(region_id: str, seed_ids: list[str]) -> list:
         return [figures.part_stability_heatmap(None), stability_table(None),
                 "No other seed of this region's run is saved: localize with several seeds to see how stable each part "
                 "is." if region_id else ""]
-    st = actions.stability_of(region_id, seed_ids).as_dict()["stability"]
+    st = forms.stability_of(region_id, seed_ids).as_dict()["stability"]
     over = f" ({st['over_chance']:,.0f}× chance)" if st.get("over_chance") else ""
     line = (f"Seeds {', '.join(map(str, st['seed_numbers']))}: mean overlap **{pct(st['mean_overlap'])}** against "
             f"{pct(st['chance_overlap'])} for random regions of these sizes{over}; **{st['core']:,}** parameters "
@@ -116,7 +116,7 @@ def build(page) -> gr.Tab:
         ana_heat = gr.Plot(figures.empty_figure("Pick a region."), elem_id="anatomy-heatmap")
         with gr.Row():
             ana_bars = gr.Plot(figures.empty_figure("Pick a region."), elem_id="anatomy-bars")
-            ana_kinds = gr.Dataframe(max_height=TABLE_HEIGHT, value=pd.DataFrame(columns=actions.WEIGHT_BIAS_COLUMNS),
+            ana_kinds = gr.Dataframe(max_height=TABLE_HEIGHT, value=pd.DataFrame(columns=tables.WEIGHT_BIAS_COLUMNS),
                                      interactive=False, label="Weights vs biases", elem_id="anatomy-kinds")
         gr.Markdown("### Top tensors and neurons\n" + TOP_NOTE)
         ana_tensors = gr.Dataframe(pd.DataFrame(columns=TENSOR_COLUMNS), interactive=False, wrap=True,
@@ -163,7 +163,7 @@ def build(page) -> gr.Tab:
 
     @page.guard(beside=st_md, region=ana_region, replicate=st_seeds)
     def on_region(region_id):
-        seeds = actions.seeds_of_run(region_id) if region_id else []
+        seeds = forms.seeds_of_run(region_id) if region_id else []
         return (gr.update(choices=seeds, value=seeds), *stability_outputs(region_id, seeds), gr.skip())
 
     for event in (ana_region.change, tab.select):
@@ -177,7 +177,7 @@ def build(page) -> gr.Tab:
 
     @page.guard(beside=abl_status, region=ana_region, n=abl_n)
     def on_ablate(region_id, n):
-        return submitted(actions.submit_ablation(store.runner(), region_id=region_id, n=n), KINDS, LATEST)
+        return submitted(forms.submit_ablation(store.runner(), region_id=region_id, n=n), KINDS, LATEST)
 
     page.on(abl_run.click, on_ablate, [ana_region, abl_n], [page.status, abl_job, abl_status])
     page.cancel(abl_cancel, abl_job, KINDS)

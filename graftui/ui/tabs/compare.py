@@ -11,7 +11,7 @@ from ...errors import RequestError
 from ...localizers import get_method
 from ...paths import short_ref
 from ...kinds import kind_in
-from .. import actions, store
+from .. import forms, store, tables
 from ..kinds import app_of
 from ..wiring import TABLE_HEIGHT, answered, job_picker, submitted
 
@@ -76,7 +76,7 @@ def filter_differences(table: dict | None, comparison: str | None, words: str | 
              and all(w in " ".join(map(str, r)).lower() for w in wanted)]
     line = "" if not rows else (f"All {len(rows):,} differences shown." if len(shown) == len(rows) else
                                 f"{len(shown):,} of {len(rows):,} differences shown.")
-    return _frame(table, shown, actions.DIFFERENCE_COLUMNS), line
+    return _frame(table, shown, tables.DIFFERENCE_COLUMNS), line
 
 
 def page_of(table: dict | None, page: int) -> tuple[pd.DataFrame, int, str, bool, bool]:
@@ -89,19 +89,19 @@ def page_of(table: dict | None, page: int) -> tuple[pd.DataFrame, int, str, bool
     first, last = page * size, min(len(rows), (page + 1) * size)
     line = "" if not rows else (f"All {len(rows):,} rows shown." if pages == 1 else
                                 f"Rows {first + 1:,}–{last:,} of {len(rows):,} (page {page + 1} of {pages}).")
-    return (_frame(table, rows[first:last], actions.DISAGREEMENT_COLUMNS), page, line, page > 0,
+    return (_frame(table, rows[first:last], tables.DISAGREEMENT_COLUMNS), page, line, page > 0,
             page < pages - 1)
 
 
 def render_compare(job) -> list:
-    empty = pd.DataFrame(columns=actions.COMPARE_COLUMNS)
+    empty = pd.DataFrame(columns=tables.COMPARE_COLUMNS)
     if job is None or not job.result:
         msg = "Run a comparison to fill this." if job is None else "Results appear when the job is done."
-        return [empty, pd.DataFrame(columns=actions.DIFFERENCE_COLUMNS),
+        return [empty, pd.DataFrame(columns=tables.DIFFERENCE_COLUMNS),
                 gr.update(value=figures.empty_figure(msg), visible=True),
                 gr.update(value=figures.empty_figure(msg), visible=True), "",
                 gr.update(value=None, visible=False), "",
-                gr.update(value=pd.DataFrame(columns=actions.DISAGREEMENT_COLUMNS), label=DISAGREEMENTS_LABEL)]
+                gr.update(value=pd.DataFrame(columns=tables.DISAGREEMENT_COLUMNS), label=DISAGREEMENTS_LABEL)]
     res = job.result
     kind = kind_in(res)
     note = app_of(kind).app_heading(res) + app_of(kind).app_note
@@ -110,15 +110,15 @@ def render_compare(job) -> list:
     # a kind without a confidence per example (generations) has no diagram to draw: its boxes are not shown; one
     # region has no side-by-side figure, and takes no room for it
     side = res.get("side_by_side")
-    return [actions.compare_table(res), actions.differences_table(res),
+    return [tables.compare_table(res), tables.differences_table(res),
             gr.update(value=figures.reliability_diagram(res["reliability"], res["task"]), visible=True)
             if res["reliability"] else gr.update(value=None, visible=False),
             gr.update(value=figures.confidence_histogram(res["histogram"], res["task"]), visible=True)
             if res["histogram"] else gr.update(value=None, visible=False),
             note, gr.update(value=figures.side_by_side(side), visible=True) if side else gr.update(value=None, visible=False),
-            *((GENERATIONS_NOTE, gr.update(value=actions.generations_table(res), label=actions.GENERATIONS_LABEL))
-              if res.get("generations") else (actions.disagreements_note(res),
-                                              gr.update(value=actions.disagreements_table(res),
+            *((GENERATIONS_NOTE, gr.update(value=tables.generations_table(res), label=tables.GENERATIONS_LABEL))
+              if res.get("generations") else (tables.disagreements_note(res),
+                                              gr.update(value=tables.disagreements_table(res),
                                                         label=DISAGREEMENTS_LABEL)))]
 
 
@@ -134,22 +134,22 @@ def render_compare_panel(job) -> list:
 def render_sweep(job) -> list:
     if job is None or not job.result:
         msg = "Run a sweep to fill this." if job is None else "The curve appears when the sweep is done."
-        return [figures.empty_figure(msg), pd.DataFrame(columns=actions.SWEEP_COLUMNS)]
+        return [figures.empty_figure(msg), pd.DataFrame(columns=tables.SWEEP_COLUMNS)]
     rows = job.result["rows"]
-    return [figures.sweep_figure(rows, short_ref(job.result.get("task", ""))), actions.sweep_table(rows)]
+    return [figures.sweep_figure(rows, short_ref(job.result.get("task", ""))), tables.sweep_table(rows)]
 
 
 def render_predict(job) -> list:
     if job is None or not job.result:
-        return [pd.DataFrame(columns=actions.PREDICT_COLUMNS)]
-    return [actions.predict_table(job.result)]
+        return [pd.DataFrame(columns=tables.PREDICT_COLUMNS)]
+    return [tables.predict_table(job.result)]
 
 
 def predict_kind_or_default(region_ids) -> str:
     """The Try box's kind for the picked regions; regions of both kinds read as classification until the button
     says why they cannot be tried together."""
     try:
-        return actions.predict_kind(region_ids or [])
+        return forms.predict_kind(region_ids or [])
     except RequestError:
         return "classification"
 
@@ -170,7 +170,7 @@ def build(page) -> gr.Tab:
             cmp_job = job_picker(LATEST, "compare")
         cmp_status = gr.Markdown("", elem_id="compare-status")
         page.report("compare", cmp_job, KINDS)
-        cmp_table = gr.Dataframe(pd.DataFrame(columns=actions.COMPARE_COLUMNS), interactive=False, wrap=True,
+        cmp_table = gr.Dataframe(pd.DataFrame(columns=tables.COMPARE_COLUMNS), interactive=False, wrap=True,
                                  max_height=TABLE_HEIGHT,
                                  label="Fine-tuned vs grafts vs baselines", elem_id="compare-table")
         cmp_note = gr.Markdown("", elem_id="compare-note")
@@ -180,7 +180,7 @@ def build(page) -> gr.Tab:
             diff_words = gr.Textbox("", label="… holding the words", placeholder="e.g. OOD, accuracy, amazon, random",
                                     elem_id="compare-differences-words")
         diff_count = gr.Markdown("", elem_id="compare-differences-count")
-        cmp_diff = gr.Dataframe(pd.DataFrame(columns=actions.DIFFERENCE_COLUMNS), interactive=False, wrap=True,
+        cmp_diff = gr.Dataframe(pd.DataFrame(columns=tables.DIFFERENCE_COLUMNS), interactive=False, wrap=True,
                                 max_height=TABLE_HEIGHT, elem_id="compare-differences", label=DIFFERENCES_LABEL)
         cmp_side = gr.Plot(None, visible=False, elem_id="compare-side-by-side")
         with gr.Row(elem_id="compare-calibration"):
@@ -189,7 +189,7 @@ def build(page) -> gr.Tab:
             cmp_hist = gr.Plot(figures.empty_figure("Run a comparison to see the confidence histogram."),
                                elem_id="compare-histogram")
         cmp_unlike_md = gr.Markdown("", elem_id="compare-disagreements-note")
-        cmp_unlike = gr.Dataframe(pd.DataFrame(columns=actions.DISAGREEMENT_COLUMNS), interactive=False, wrap=True,
+        cmp_unlike = gr.Dataframe(pd.DataFrame(columns=tables.DISAGREEMENT_COLUMNS), interactive=False, wrap=True,
                                   max_height=TABLE_HEIGHT, elem_id="compare-disagreements",
                                   label=DISAGREEMENTS_LABEL)
         with gr.Row(elem_id="compare-disagreements-pager"):
@@ -202,13 +202,13 @@ def build(page) -> gr.Tab:
                     "graft of each region picked above classify them side by side (for a language model, its label "
                     "words' scores under its prompt). For completion regions the whole box is one prompt, and each "
                     "model's greedy generation for it is shown.")
-        text_label, button, table_label = actions.PREDICT_WORDS["classification"]
+        text_label, button, table_label = forms.PREDICT_WORDS["classification"]
         with gr.Row():
             prd_text = gr.Textbox("", lines=3, label=text_label, elem_id="predict-text")
             prd_run = gr.Button(button, elem_id="predict-run", scale=0)
             prd_job = job_picker(PREDICT_LATEST, "predict")
         prd_status = gr.Markdown("", elem_id="predict-status")
-        prd_table = gr.Dataframe(pd.DataFrame(columns=actions.PREDICT_COLUMNS), interactive=False, wrap=True,
+        prd_table = gr.Dataframe(pd.DataFrame(columns=tables.PREDICT_COLUMNS), interactive=False, wrap=True,
                                  max_height=TABLE_HEIGHT, label=table_label, elem_id="predict-table")
         with gr.Accordion("Sparsity sweep: accuracy against budget", open=False, elem_id="sweep-section"):
             gr.Markdown("Learned vs top-movement vs random regions over several budgets, for the pair "
@@ -223,7 +223,7 @@ def build(page) -> gr.Tab:
             swp_status = gr.Markdown("", elem_id="sweep-status")
             page.report("sweep", swp_job, SWEEP_KINDS)
             swp_plot = gr.Plot(figures.empty_figure("Run a sparsity sweep to see accuracy against budget."), elem_id="sweep-plot")
-            swp_table = gr.Dataframe(max_height=TABLE_HEIGHT, value=pd.DataFrame(columns=actions.SWEEP_COLUMNS),
+            swp_table = gr.Dataframe(max_height=TABLE_HEIGHT, value=pd.DataFrame(columns=tables.SWEEP_COLUMNS),
                                      interactive=False, elem_id="sweep-table")
 
     page.region_pickers.append((cmp_regions, False))
@@ -231,7 +231,7 @@ def build(page) -> gr.Tab:
 
     @page.guard(beside=cmp_status, regions=cmp_regions, region=cmp_regions, n=cmp_n, baselines=cmp_base)
     def on_compare(region_ids, ood, mapping, n, baselines):
-        job = actions.submit_compare(store.runner(), region_ids=region_ids or [], ood=ood or [], n=n, baselines=baselines,
+        job = forms.submit_compare(store.runner(), region_ids=region_ids or [], ood=ood or [], n=n, baselines=baselines,
                                      ood_labels=mapping)
         return submitted(job, KINDS, LATEST)
 
@@ -241,19 +241,19 @@ def build(page) -> gr.Tab:
 
     @page.guard(beside=prd_status, regions=cmp_regions, region=cmp_regions, texts=prd_text, text=prd_text)
     def on_predict(region_ids, text):
-        job = actions.submit_predict(store.runner(), region_ids=region_ids or [], text=text)
+        job = forms.submit_predict(store.runner(), region_ids=region_ids or [], text=text)
         return answered(job, PREDICT_KINDS, PREDICT_LATEST, render_predict)  # its answer at once, not at the next tick
 
     page.on(prd_run.click, on_predict, [cmp_regions, prd_text], [page.status, prd_job, prd_status, prd_table])
 
     def on_predict_kind(region_ids):  # the box, its button and the table say what the picked regions do
-        text_label, button, table_label = actions.PREDICT_WORDS[predict_kind_or_default(region_ids)]
+        text_label, button, table_label = forms.PREDICT_WORDS[predict_kind_or_default(region_ids)]
         return gr.update(label=text_label), gr.update(value=button), gr.update(label=table_label)
 
     page.on(cmp_regions.change, on_predict_kind, [cmp_regions], [prd_text, prd_run, prd_table], show_progress="hidden")
 
     def on_pair(finetuned, picked):  # another pair on the Models tab: the last pair's regions are no longer picked
-        kept = actions.of_pair(picked, finetuned)
+        kept = forms.of_pair(picked, finetuned)
         return (gr.skip() if kept == list(picked or []) else gr.update(value=kept)), gr.skip()
 
     page.on(page.finetuned.change, page.quiet(on_pair), [page.finetuned, cmp_regions], [cmp_regions, page.status],
@@ -263,9 +263,9 @@ def build(page) -> gr.Tab:
                 lr=page.mask[2], n=cmp_n, keep=swp_keep)
     def on_sweep(base, finetuned, task, text, pair, label, budgets, steps, epc, lr, n, head, template, words, ood,
                  mapping, keep):
-        job = actions.submit_sweep(store.runner(), base=base, finetuned=finetuned, task=task,
-                                   columns={**actions.data_columns(task, text, pair, label),
-                                            **actions.prompt_fields(head, template, words)},
+        job = forms.submit_sweep(store.runner(), base=base, finetuned=finetuned, task=task,
+                                   columns={**forms.data_columns(task, text, pair, label),
+                                            **forms.prompt_fields(head, template, words)},
                                    budgets=budgets, steps=steps, examples_per_class=epc, lr=lr, n=n, ood=ood or [],
                                    ood_labels=mapping, keep=keep)
         return submitted(job, SWEEP_KINDS, SWEEP_LATEST)

@@ -7,7 +7,7 @@ import pandas as pd
 
 from ... import figures
 from ...requests import ComposeRequest
-from .. import actions, store
+from .. import forms, store, tables
 from ..wiring import TABLE_HEIGHT, job_controls, request_radio, submitted
 
 INTRO = (
@@ -20,8 +20,8 @@ KINDS, LATEST = ("compose",), "latest composition"
 
 def render_compose(job) -> list:
     if job is None or not job.result:
-        return ["" if job is None else "Results appear when the job is done.", pd.DataFrame(columns=actions.COMPOSE_COLUMNS)]
-    return [actions.compose_report_text(job.result.get("report")), actions.compose_table(job.result)]
+        return ["" if job is None else "Results appear when the job is done.", pd.DataFrame(columns=tables.COMPOSE_COLUMNS)]
+    return [tables.compose_report_text(job.result.get("report")), tables.compose_table(job.result)]
 
 
 def build(page) -> gr.Tab:
@@ -34,7 +34,7 @@ def build(page) -> gr.Tab:
                                    label="Overlap measure", elem_id="compose-measure")
         cps_heat = gr.Plot(figures.empty_figure("Pick two or more regions to compare their overlap."),
                            elem_id="compose-overlap")
-        cps_pairs = gr.Dataframe(max_height=TABLE_HEIGHT, value=actions.overlap_summary(None), interactive=False,
+        cps_pairs = gr.Dataframe(max_height=TABLE_HEIGHT, value=tables.overlap_summary(None), interactive=False,
                                  label="Shared parameters per pair", elem_id="compose-overlap-table")
         with gr.Row():
             cps_resolve = request_radio(ComposeRequest, "resolve", RESOLVE, label="Parameters claimed by several regions",
@@ -48,7 +48,7 @@ def build(page) -> gr.Tab:
         cps_run, cps_job, cps_status = job_controls("Build union and evaluate", "compose", LATEST)
         page.report("compose", cps_job, KINDS)
         cps_report = gr.Markdown("", elem_id="compose-report")
-        cps_table = gr.Dataframe(max_height=TABLE_HEIGHT, value=pd.DataFrame(columns=actions.COMPOSE_COLUMNS),
+        cps_table = gr.Dataframe(max_height=TABLE_HEIGHT, value=pd.DataFrame(columns=tables.COMPOSE_COLUMNS),
                                  interactive=False, label="Each task with its own head: region alone vs union graft vs "
                                  "bare body", elem_id="compose-table")
 
@@ -57,16 +57,16 @@ def build(page) -> gr.Tab:
     @page.guard(regions=cmp_sel, region=cmp_sel)
     def on_overlap(region_ids, measure):
         if not region_ids or len(region_ids) < 2:
-            return figures.overlap_heatmap({"names": []}), actions.overlap_summary(None), gr.skip()
-        matrix = actions.overlap_for(region_ids)
-        return figures.overlap_heatmap(matrix, measure), actions.overlap_summary(matrix), gr.skip()
+            return figures.overlap_heatmap({"names": []}), tables.overlap_summary(None), gr.skip()
+        matrix = forms.overlap_for(region_ids)
+        return figures.overlap_heatmap(matrix, measure), tables.overlap_summary(matrix), gr.skip()
 
     for ev in (cmp_sel.change, cps_measure.change, tab.select):
         page.on(ev, on_overlap, [cmp_sel, cps_measure], [cps_heat, cps_pairs, page.status])
 
     @page.guard(beside=cps_status, regions=cmp_sel, region=cmp_sel, resolve=cps_resolve, n=cps_n, stitch=cps_stitch)
     def on_compose(region_ids, resolve, n, stitch):
-        job = actions.submit_compose(store.runner(), region_ids=region_ids or [], resolve=resolve, n=n,
+        job = forms.submit_compose(store.runner(), region_ids=region_ids or [], resolve=resolve, n=n,
                                      stitch=bool(stitch))
         return submitted(job, KINDS, LATEST)
 

@@ -8,7 +8,7 @@ from ... import figures
 from ...config import DEFAULT_BASE, DEFAULT_TASK, INTERACTIVE, LR_FOR
 from ...paths import short_ref
 from ...requests import FinetuneRequest
-from .. import actions, store
+from .. import forms, store
 from ..wiring import job_picker, request_radio, submitted
 
 INTRO = (
@@ -71,9 +71,9 @@ def build(page) -> gr.Tab:
     @page.guard(beside=ftn_status, base=ftn_base, optimizer=ftn_opt, lr=ftn_lr, l1=ftn_l1, epochs=ftn_epochs,
                 train_examples=ftn_n)
     def on_finetune(base, task, text, pair, label, opt, lr, l1, epochs, n, head, template, words):
-        job = actions.submit_finetune(store.runner(), base=base, task=task,
-                                      columns={**actions.data_columns(task, text, pair, label),
-                                               **actions.prompt_fields(head, template, words)},
+        job = forms.submit_finetune(store.runner(), base=base, task=task,
+                                      columns={**forms.data_columns(task, text, pair, label),
+                                               **forms.prompt_fields(head, template, words)},
                                       optimizer=opt, lr=lr, epochs=epochs, train_examples=n, l1=l1)
         return submitted(job, KINDS, LATEST)
 

@@ -7,7 +7,7 @@ import time
 
 import gradio as gr
 
-from .. import actions, store
+from .. import forms, jobwords, store
 from ..wiring import LIVE_REDRAW_SECONDS, cancel_button, cancel_look
 
 LABEL = "Cancel selected job"
@@ -19,9 +19,9 @@ def build(page) -> None:
                     "seconds (a prediction, a check), beside the main lane for the rest, so a short job never waits "
                     "behind a long one; a lane takes its waiting jobs from each user in turn. They keep running when "
                     "you close or reload the page, and stay listed after a restart.")
-        jobs_df = gr.Dataframe(actions.job_rows(store.runner()), interactive=False, wrap=True, elem_id="jobs-table")
+        jobs_df = gr.Dataframe(jobwords.job_rows(store.runner()), interactive=False, wrap=True, elem_id="jobs-table")
         with gr.Row():
-            job_sel = gr.Dropdown(actions.job_choices(store.runner()), label="Job", elem_id="jobs-select",
+            job_sel = gr.Dropdown(jobwords.job_choices(store.runner()), label="Job", elem_id="jobs-select",
                                   allow_custom_value=True)  # see wiring.job_picker
             job_cancel = gr.Button(LABEL, variant="secondary", interactive=False, elem_id="jobs-cancel",
                                    scale=0)
@@ -40,22 +40,22 @@ def build(page) -> None:
         """The jobs table and the picked job's line: a new job or a new status at once, running figures
         (progress, duration) at most every LIVE_REDRAW_SECONDS."""
         runner = store.runner()
-        sig = actions.job_signature(runner)
+        sig = jobwords.job_signature(runner)
         job = runner.get(picked) if picked else None
-        detail = actions.job_line(runner, job) if job else ""
+        detail = jobwords.job_line(runner, job) if job else ""
         listing = [(j[0], j[1]) for j in sig]
         now = time.monotonic()
         if last is not None and listing == last[0]:
             fresh = sig == last[1] or now - last[3] < LIVE_REDRAW_SECONDS
-            table = gr.skip() if fresh else actions.job_rows(runner)
+            table = gr.skip() if fresh else jobwords.job_rows(runner)
             picker = gr.skip()  # its choices change only when a job appears or changes status
         else:
             fresh = False
-            table, picker = actions.job_rows(runner), gr.update(choices=actions.job_choices(runner))
+            table, picker = jobwords.job_rows(runner), gr.update(choices=jobwords.job_choices(runner))
         line = gr.skip() if last is not None and detail == last[2] else detail
         same = last is not None and listing == last[0]  # no job appeared and none changed status
         button = gr.skip() if same else cancel_button(job, LABEL)
-        bundle = gr.skip() if same else gr.update(interactive=actions.reportable(job))
+        bundle = gr.skip() if same else gr.update(interactive=forms.reportable(job))
         return (table, picker, line, button, bundle,
                 (listing, last[1] if fresh else sig, detail, last[3] if fresh else now))
 
@@ -67,7 +67,7 @@ def build(page) -> None:
         job = runner.get(picked) if picked else None
         if picked and job is None:
             runner.check_cancel(picked)  # refused: not this page's job
-        message, memory, look = actions.cancel_step(runner, job, memory, time.time())
+        message, memory, look = jobwords.cancel_step(runner, job, memory, time.time())
         return cancel_look(look, LABEL), memory, message
 
     page.on(job_cancel.click, on_job_cancel, [job_sel, armed], [job_cancel, armed, page.status])
@@ -77,15 +77,15 @@ def build(page) -> None:
     @page.safe
     def on_job_pick(picked):
         job = store.runner().get(picked) if picked else None
-        path = actions.request_file(job)
+        path = forms.request_file(job)
         text = json.dumps(job.params, indent=2) if path else "(this job has no request: it prepares the default model)"
         return (text if job else "", gr.update(value=str(path) if path else None), None,
-                cancel_button(job, LABEL), gr.update(interactive=actions.reportable(job)), gr.skip())
+                cancel_button(job, LABEL), gr.update(interactive=forms.reportable(job)), gr.skip())
 
     page.on(job_sel.change, on_job_pick, [job_sel], [job_req, job_req_dl, armed, job_cancel, job_bundle, page.status])
 
     @page.safe
     def on_job_bundle(picked):
-        return actions.report_bundle(store.runner().get(picked) if picked else None), gr.skip()
+        return forms.report_bundle(store.runner().get(picked) if picked else None), gr.skip()
 
     page.on(job_bundle.click, on_job_bundle, [job_sel], [job_bundle_file, page.status])

@@ -12,7 +12,7 @@ from ... import figures
 from ...tasks.classification.data import OFFLINE_TASKS
 from ...paths import short_ref
 from ...requests import ContinualRequest, MultitaskRequest, WiseRequest
-from .. import actions, store
+from .. import forms, store, tables
 from ..wiring import TABLE_HEIGHT, job_controls, request_radio, seeds_box, submitted
 
 INTRO = (
@@ -57,8 +57,8 @@ def render_multitask(job) -> list:
 
 def render_wise(job) -> list:
     if job is None or not job.result:
-        return [figures.wise_curves([]), pd.DataFrame(columns=actions.WISE_COLUMNS)]
-    return [figures.wise_curves(job.result["rows"]), actions.wise_table(job.result["rows"])]
+        return [figures.wise_curves([]), pd.DataFrame(columns=tables.WISE_COLUMNS)]
+    return [figures.wise_curves(job.result["rows"]), tables.wise_table(job.result["rows"])]
 
 
 RETRAIN_NOTE = ("BitFit trains only the biases, with the fine-tuning learning rate, which suits full fine-tuning: at that "
@@ -68,9 +68,9 @@ RETRAIN_NOTE = ("BitFit trains only the biases, with the fine-tuning learning ra
 def render_retrain(job) -> list:
     if job is None or not job.result:
         msg = "Run the re-training to fill this." if job is None else "Results appear when the job is done."
-        return [pd.DataFrame(columns=actions.COMPARE_COLUMNS), figures.empty_figure(msg)]
+        return [pd.DataFrame(columns=tables.COMPARE_COLUMNS), figures.empty_figure(msg)]
     res = job.result
-    return [actions.retrain_table(res), figures.reliability_diagram(res["reliability"], res["task"])]
+    return [tables.retrain_table(res), figures.reliability_diagram(res["reliability"], res["task"])]
 
 
 def render_continual(job) -> list:
@@ -141,7 +141,7 @@ def build(page) -> gr.Tab:
         ws_run, ws_job, ws_status = job_controls("Run WiSE", "lab-wise", WISE_LATEST)
         page.report("lab-wise", ws_job, WISE)
         ws_plot = gr.Plot(figures.wise_curves([]), elem_id="lab-wise-plot")
-        ws_table = gr.Dataframe(max_height=TABLE_HEIGHT, value=pd.DataFrame(columns=actions.WISE_COLUMNS),
+        ws_table = gr.Dataframe(max_height=TABLE_HEIGHT, value=pd.DataFrame(columns=tables.WISE_COLUMNS),
                                 interactive=False, label="Accuracy and calibration along α", elem_id="lab-wise-table")
 
         gr.Markdown("### Re-training the region from θ_pre, against BitFit (Table 1)")
@@ -155,7 +155,7 @@ def build(page) -> gr.Tab:
         rt_run, rt_job, rt_status = job_controls("Re-train region and BitFit", "lab-retrain", RETRAIN_LATEST)
         page.report("lab-retrain", rt_job, RETRAIN)
         rt_table = gr.Dataframe(max_height=TABLE_HEIGHT,
-                                value=pd.DataFrame(columns=actions.COMPARE_COLUMNS), interactive=False, wrap=True,
+                                value=pd.DataFrame(columns=tables.COMPARE_COLUMNS), interactive=False, wrap=True,
                                 label="Fine-tuned, graft, re-trained graft and BitFit", elem_id="lab-retrain-table")
         gr.Markdown(RETRAIN_NOTE, elem_id="lab-retrain-note")
         rt_rel = gr.Plot(figures.empty_figure("Run the re-training to fill this."), elem_id="lab-retrain-reliability")
@@ -196,7 +196,7 @@ def build(page) -> gr.Tab:
     @page.guard(beside=mt_status, tasks=mt_tasks, group=mt_group, sparsity=mt_budget, start=mt_start, steps=mt_steps,
                 purify_steps=mt_purify, n=mt_n, seeds=mt_seeds)
     def on_multitask(tasks, group, log_s, start, steps, purify, n, seeds):
-        job = actions.submit_multitask(store.runner(), tasks=tasks, group=group, log_sparsity=log_s, start=start,
+        job = forms.submit_multitask(store.runner(), tasks=tasks, group=group, log_sparsity=log_s, start=start,
                                        steps=steps, purify_steps=purify, examples_per_class=d["examples_per_class"], n=n,
                                        seeds=seeds)
         return submitted(job, MULTITASK, MULTITASK_LATEST)
@@ -206,7 +206,7 @@ def build(page) -> gr.Tab:
 
     @page.guard(beside=ws_status, region=ws_region, alphas=ws_alphas, n=ws_n, replicates=ws_seeds)
     def on_wise(region_id, alphas, n, over_seeds):
-        job = actions.submit_wise(store.runner(), region_id=region_id, alphas=alphas, ood=[], n=n,
+        job = forms.submit_wise(store.runner(), region_id=region_id, alphas=alphas, ood=[], n=n,
                                   over_seeds=over_seeds)
         return submitted(job, WISE, WISE_LATEST)
 
@@ -214,14 +214,14 @@ def build(page) -> gr.Tab:
 
     @page.guard(beside=rt_status, region=rt_region, epochs=rt_epochs, train_examples=rt_train, n=rt_n)
     def on_retrain(region_id, epochs, train, n):
-        job = actions.submit_retrain(store.runner(), region_id=region_id, epochs=epochs, train_examples=train, n=n)
+        job = forms.submit_retrain(store.runner(), region_id=region_id, epochs=epochs, train_examples=train, n=n)
         return submitted(job, RETRAIN, RETRAIN_LATEST)
 
     page.on(rt_run.click, on_retrain, [rt_region, rt_epochs, rt_train, rt_n], [status, rt_job, rt_status])
 
     @page.guard(beside=cl_status, tasks=cl_tasks, sparsity=cl_budget, n=cl_n, seeds=cl_seeds)
     def on_continual(tasks, log_s, n, seeds):
-        job = actions.submit_continual(store.runner(), tasks=tasks, log_sparsity=log_s, steps=d["steps"],
+        job = forms.submit_continual(store.runner(), tasks=tasks, log_sparsity=log_s, steps=d["steps"],
                                        examples_per_class=d["examples_per_class"], n=n, seeds=seeds)
         return submitted(job, CONTINUAL, CONTINUAL_LATEST)
 
@@ -229,7 +229,7 @@ def build(page) -> gr.Tab:
 
     @page.guard(beside=rp_status, quick=rp_quick)
     def on_reproduce(quick):
-        job = actions.submit_reproduce(store.runner(), quick=quick)
+        job = forms.submit_reproduce(store.runner(), quick=quick)
         return submitted(job, REPRODUCE, REPRODUCE_LATEST)
 
     page.on(rp_run.click, on_reproduce, [rp_quick], [status, rp_job, rp_status])

@@ -10,7 +10,7 @@ from ...config import DEFAULT_BASE, DEFAULT_EXAMPLES_PER_CLASS, DEFAULT_FINETUNE
 from ...localizers import METHODS, get_method
 from ...requests import LocalizeRequest
 from ...kinds import CLASSIFICATION, named_kind
-from .. import actions, store
+from .. import forms, library, store
 from ..kinds import app_of
 from ..wiring import job_picker, seeds_box, submitted
 
@@ -59,7 +59,7 @@ def render_localize(job) -> list:
 
 
 def on_budget(log_s, base, finetuned):
-    return actions.budget_text(log_s, store.known_counts(base, finetuned))
+    return forms.budget_text(log_s, store.known_counts(base, finetuned))
 
 
 def build(page) -> gr.Tab:
@@ -96,7 +96,7 @@ def build(page) -> gr.Tab:
         where = "in this browser's workspace" if settings.hosted() else f"under `{store.regions_dir()}`"
         gr.Markdown(f"### Saved regions\nEvery finished job is saved as a skill patch {where} and listed here, also "
                     "after a restart.")
-        page.region_table = gr.Dataframe(actions.region_list_rows(), interactive=False, elem_id="region-list")
+        page.region_table = gr.Dataframe(library.region_list_rows(), interactive=False, elem_id="region-list")
 
     page.budget, page.budget_info, page.mask = loc_budget, loc_budget_md, (loc_steps, loc_epc, loc_lr)
     page.keep(method=loc_method, log_sparsity=loc_budget, steps=loc_steps, examples_per_class=loc_epc, mask_lr=loc_lr,
@@ -118,9 +118,9 @@ def build(page) -> gr.Tab:
                 examples_per_class=loc_epc, lr=loc_lr, seeds=loc_seeds)
     def on_localize(base, finetuned, task, text, pair, label, method, log_s, steps, epc, lr, head, template, words,
                     seeds):
-        job = actions.submit_localize(store.runner(), base=base, finetuned=finetuned, task=task,
-                                      columns={**actions.data_columns(task, text, pair, label),
-                                               **actions.prompt_fields(head, template, words)},
+        job = forms.submit_localize(store.runner(), base=base, finetuned=finetuned, task=task,
+                                      columns={**forms.data_columns(task, text, pair, label),
+                                               **forms.prompt_fields(head, template, words)},
                                       method=method, log_sparsity=log_s, steps=steps, examples_per_class=epc, lr=lr,
                                       seeds=seeds)
         return submitted(job, KINDS, LATEST)

@@ -14,7 +14,7 @@ from ...tasks.classification.data import OFFLINE_TASKS
 from ...paths import short_ref
 from ...requests import EvaluateRequest, LoadFields, choices_of
 from ...kinds import CLASSIFICATION, KINDS
-from .. import actions, store
+from .. import forms, store, tables
 from ..wiring import guarded, skip_none
 
 INTRO = (
@@ -51,7 +51,7 @@ def build(page) -> gr.Tab:
         with gr.Row():
             check_btn = gr.Button("Check pair", variant="primary", elem_id="models-check", scale=0)
             pair_md = gr.Markdown(UNCHECKED, elem_id="models-pair-info")
-        counts_df = gr.Dataframe(actions.counts_table({}), label="Parameter counts of the pair", interactive=False,
+        counts_df = gr.Dataframe(tables.counts_table({}), label="Parameter counts of the pair", interactive=False,
                                  elem_id="models-counts")
         with gr.Accordion("Language models: prompt and label words", open=False, elem_id="models-prompt") as prompt_acc:
             gr.Markdown("A causal or masked LM (e.g. `smollm2`) is read as the paper does: the example inside a "
@@ -105,11 +105,11 @@ def build(page) -> gr.Tab:
     page.keep(base=base_dd, finetuned=ft_dd, task=task_dd, ood=ood_dd, ood_labels=ood_map, text_column=text_col,
               pair_column=pair_col, label_column=label_col, head=prompt_head, template=prompt_template,
               label_words=prompt_words)
-    columns, status = actions.data_columns, page.status
+    columns, status = forms.data_columns, page.status
 
     @page.guard(beside=pair_md)
     def on_check(base, finetuned, log_s, task, text, pair, label, head, template, words):
-        desc = actions.check_pair(base, finetuned, actions.prompt_fields(head, template, words), task,
+        desc = forms.check_pair(base, finetuned, forms.prompt_fields(head, template, words), task,
                                   columns(task, text, pair, label))
         counts = {k: desc[f"{k}_params"] for k in ("graftable", "head", "excluded", "total")}
         read = (f"head = {', '.join(desc['head_tensors']) or 'none'}" if desc["prompt"] is None else
@@ -119,7 +119,7 @@ def build(page) -> gr.Tab:
                 + "; its own LM head and the embeddings stay fixed")
         info = (f"✓ **{desc['architecture']}** pair: base `{short_ref(base)}`, fine-tuned `{short_ref(finetuned)}`, "
                 f"labels {', '.join(desc['labels'])}; {desc['graftable_tensors']} graftable tensors, {read}.")
-        return (actions.counts_table(counts), info, "✓ Pair checked.", actions.budget_text(log_s, counts),
+        return (tables.counts_table(counts), info, "✓ Pair checked.", forms.budget_text(log_s, counts),
                 gr.update(open=True) if desc["prompt"] is not None else gr.skip())
 
     page.after_tabs(lambda: page.on(  # the check also sizes the Localize tab's budget
@@ -130,16 +130,16 @@ def build(page) -> gr.Tab:
     def on_finetuned(finetuned, log_s):
         """A fine-tuned model picked by hand brings the base and task it was made from, and their OOD tasks and
         budget; the last pair check is of another pair."""
-        made = actions.pair_of(finetuned)
+        made = forms.pair_of(finetuned)
         base, task = made if made else (None, None)
-        return (skip_none(base), skip_none(task), actions.default_ood(task) if task else gr.skip(),
-                skip_none(actions.budget_for(task, log_s) if task else None), UNCHECKED, actions.counts_table({}),
+        return (skip_none(base), skip_none(task), forms.default_ood(task) if task else gr.skip(),
+                skip_none(forms.budget_for(task, log_s) if task else None), UNCHECKED, tables.counts_table({}),
                 gr.skip())
 
     @page.quiet
     def on_task(task, log_s):
         """A task picked by hand brings its OOD tasks (none for a completion task) and its kind's budget."""
-        return actions.default_ood(task), skip_none(actions.budget_for(task, log_s)), gr.skip()
+        return forms.default_ood(task), skip_none(forms.budget_for(task, log_s)), gr.skip()
 
     page.after_tabs(lambda: page.on(ft_dd.input, on_finetuned, [ft_dd, page.budget],  # a restored form keeps its own
                                     [base_dd, task_dd, ood_dd, page.budget, pair_md, counts_df, status]))
@@ -147,8 +147,8 @@ def build(page) -> gr.Tab:
 
     @page.guard(beside=preview_md)
     def on_preview(finetuned, task, text, pair, label, head, template, words):
-        p = actions.preview_prompt(finetuned, task, columns(task, text, pair, label),
-                                   actions.prompt_fields(head, template, words))
+        p = forms.preview_prompt(finetuned, task, columns(task, text, pair, label),
+                                   forms.prompt_fields(head, template, words))
         tokens = "; ".join(f"{lab}: `{' '.join(map(repr, toks))}`" for lab, toks in p["label_tokens"].items())
         return (f"**{p['describe']}**\n\nFirst training example as the model reads it:\n\n```\n{p['prompt']}\n```\n\n"
                 f"Label tokens ({p['scored']} is scored): {tokens}"), "✓ Prompt previewed."
@@ -159,9 +159,9 @@ def build(page) -> gr.Tab:
     def on_data_upload(file):
         if not file:
             return (gr.skip(),) * 8
-        path, info = actions.read_data_upload(file)
+        path, info = forms.read_data_upload(file)
         cols, guess = info["columns"], info["guess"]
-        md, line = actions.upload_summary(path, info)
+        md, line = forms.upload_summary(path, info)
         return (
             gr.update(choices=task_choices(), value=str(path)), gr.update(choices=ood_choices()),
             gr.update(choices=["(guess)", *cols], value=guess.text_column or "(guess)"),
@@ -175,15 +175,15 @@ def build(page) -> gr.Tab:
 
     @guarded(ood_md, toast=False, fields=page.named())  # the message stays beside the mapping that caused it
     def on_ood(task, text, pair, label, ood, mapping):
-        return actions.ood_preview(task, columns(task, text, pair, label), ood or [], mapping)
+        return forms.ood_preview(task, columns(task, text, pair, label), ood or [], mapping)
 
     for event in (ood_dd.change, ood_map.submit, ood_map.blur, task_dd.change):
         page.on(event, on_ood, [task_dd, *page.columns, ood_dd, ood_map], [ood_md], show_progress="hidden")
 
     @page.guard(beside=mapping_md)
     def on_check_mapping(task, text, pair, label):
-        t = actions.load_task_checked(task, columns(task, text, pair, label))
-        return actions.task_summary(t), "✓ Column mapping checked."
+        t = forms.load_task_checked(task, columns(task, text, pair, label))
+        return forms.task_summary(t), "✓ Column mapping checked."
 
     page.on(mapping_btn.click, on_check_mapping, [task_dd, *page.columns], [mapping_md, status])
     return tab

@@ -19,7 +19,7 @@ from gradio.utils import get_space
 
 from ... import settings
 from ...requests import PushRequest
-from .. import actions, store
+from .. import forms, jobwords, store
 from ..wiring import request_radio
 
 WHAT = {"patch": "skill patch (small; applied to the base model)", "checkpoint": "grafted checkpoint (a full model)"}
@@ -89,7 +89,7 @@ def render_push(job) -> list:
         return [""]
     what = "grafted checkpoint" if (result.get("request") or {}).get("what") == "checkpoint" else "skill patch"
     commit = f" ([commit]({result['url']}))" if result.get("url") else ""
-    return [f"✓ Pushed the {what} to [{actions.md(result['repo'])}]({url}){commit}."]
+    return [f"✓ Pushed the {what} to [{jobwords.md(result['repo'])}]({url}){commit}."]
 
 
 def build(page, tab, region) -> None:
@@ -114,9 +114,9 @@ def build(page, tab, region) -> None:
 
     @page.guard(beside=status_md, region=region, repo=repo, what=what, private=private, n=n)
     def on_push(region_id, repo_id, what_value, private_value, n_value):
-        job = actions.submit_push(store.runner(), region_id=region_id, repo=repo_id, what=what_value,
+        job = forms.submit_push(store.runner(), region_id=region_id, repo=repo_id, what=what_value,
                                   private=private_value, n=n_value, token=visitor_token())
-        return actions.submitted_line(job), job.id, gr.skip()  # the panel writes the line (see ``submitted``)
+        return jobwords.submitted_line(job), job.id, gr.skip()  # the panel writes the line (see ``submitted``)
 
     push_job = page.state("")  # the push this page started: its panel shows that one
     page.on(with_sign_in(run.click), on_push, [region, repo, what, private, n], [page.status, push_job, status_md])

@@ -12,7 +12,7 @@ import gradio as gr
 from ... import figures
 from ...paths import short_ref
 from ...regions import LISTING_COLUMNS, MAX_NOTE_CHARS, MAX_TAG_CHARS, MAX_TAGS, group_runs
-from .. import actions, runs, store
+from .. import forms, jobwords, library, runs, store, tables
 from ..wiring import TABLE_HEIGHT
 from . import push
 
@@ -53,7 +53,7 @@ def render_all(words, sort, descending, last=None, by="") -> tuple | None:
     """The regions table, the frontier plot, the runs table and its groups for the filter, sort and grouping picked,
     and what they show (the signature the poll compares); None when that is ``last``, what is shown already. The
     filter also finds a run by its tags and note."""
-    rows = actions.regions_listing()
+    rows = library.regions_listing()
     sig = (tuple((r["id"], r["digest"], r["scored"], r["created"]) for r in rows), words or "", sort or "",
            bool(descending), by or "", runs.notes_signature(), runs.jobs_signature())
     if sig == last:
@@ -61,7 +61,7 @@ def render_all(words, sort, descending, last=None, by="") -> tuple | None:
     shown = runs.shown(runs.runs(rows), words, sort, descending)
     groups = (gr.update(value=runs.groups_table(group_runs(shown, by), by), visible=True) if by else
               gr.update(value=runs.groups_table([], "method"), visible=False))
-    return actions.regions_table(shown), figures.region_frontiers(shown), runs.runs_table(shown), groups, sig
+    return library.regions_table(shown), figures.region_frontiers(shown), runs.runs_table(shown), groups, sig
 
 
 RUNS_NOTE = (
@@ -156,7 +156,7 @@ def build(page) -> gr.Tab:
                                   info=f"at most {MAX_NOTE_CHARS:,} characters", elem_id="region-note")
             reg_note_save = gr.Button("Save tags and note", elem_id="region-note-save", scale=0)
         reg_note_status = gr.Markdown("", elem_id="region-note-status")
-        reg_meta = gr.Dataframe(actions.region_meta_table(None), interactive=False, label="Metadata of the selected region",
+        reg_meta = gr.Dataframe(tables.region_meta_table(None), interactive=False, label="Metadata of the selected region",
                                 elem_id="regions-meta")
         reg_export_status = gr.Markdown("", elem_id="region-export-status")
         reg_export_file = gr.File(label="Grafted checkpoint (Hugging Face folder, zipped)", interactive=False,
@@ -165,7 +165,7 @@ def build(page) -> gr.Tab:
         reg_up = gr.File(label="Region file (.safetensors, written by graftui)", file_types=[".safetensors"],
                          elem_id="region-upload")
         reg_up_md = gr.Markdown("", elem_id="region-upload-info")
-        reg_up_meta = gr.Dataframe(actions.region_meta_table(None), interactive=False, label="Metadata of the uploaded file",
+        reg_up_meta = gr.Dataframe(tables.region_meta_table(None), interactive=False, label="Metadata of the uploaded file",
                                    elem_id="region-upload-meta")
         reg_apply = gr.Button("Check against the current pair and add to my regions", elem_id="region-apply")
 
@@ -176,12 +176,12 @@ def build(page) -> gr.Tab:
         """The selected region's downloads, metadata, and its tags and note to edit (one handler: a box typed into
         just after a pick is never reset by a later answer)."""
         if not region_id:
-            return (gr.update(value=None), gr.update(value=None), actions.region_meta_table(None), "", "", "",
+            return (gr.update(value=None), gr.update(value=None), tables.region_meta_table(None), "", "", "",
                     gr.skip())
         record = store.load_region(region_id)
-        path, indices = actions.region_file(region_id), actions.region_only_file(region_id)
+        path, indices = library.region_file(region_id), library.region_only_file(region_id)
         said = runs.note_of(region_id)
-        return (gr.update(value=str(path)), gr.update(value=str(indices)), actions.region_meta_table(record),
+        return (gr.update(value=str(path)), gr.update(value=str(indices)), tables.region_meta_table(record),
                 ", ".join(said["tags"]), said["note"], "", gr.skip())
 
     for event in (reg_sel.change, tab.select):
@@ -208,7 +208,7 @@ def build(page) -> gr.Tab:
         if (named[0] if isinstance(named, (list, tuple)) and named else None) != region_id:
             # the page's poll disarms the button CONFIRM_SECONDS after this press (``Page.disarms``)
             return (gr.skip(), f"Press **Confirm: delete** again to delete **{path.stem}** for good (within "
-                    f"{actions.CONFIRM_SECONDS:g} s): it cannot be undone.", (region_id, time.time()),
+                    f"{jobwords.CONFIRM_SECONDS:g} s): it cannot be undone.", (region_id, time.time()),
                     gr.update(value=f"Confirm: delete {path.stem}"))
         store.delete_region(region_id)
         return gr.update(value=None), f"Deleted region **{path.stem}**.", None, gr.update(value=DELETE)
@@ -223,8 +223,8 @@ def build(page) -> gr.Tab:
 
     @page.guard(beside=reg_export_status, region=reg_sel)
     def on_export(region_id):
-        job = actions.submit_export(store.runner(), region_id=region_id)
-        return actions.submitted_line(job), job.id, gr.skip()  # the panel writes the line (see ``submitted``)
+        job = forms.submit_export(store.runner(), region_id=region_id)
+        return jobwords.submitted_line(job), job.id, gr.skip()  # the panel writes the line (see ``submitted``)
 
     export_job = page.state("")  # the export this page started: its panel shows that one, not a picked one
     page.on(reg_export.click, on_export, [reg_sel], [status, export_job, reg_export_status])
@@ -234,13 +234,13 @@ def build(page) -> gr.Tab:
     @page.guard(beside=reg_up_md, region=reg_up)
     def on_region_upload(file):
         if not file:
-            return "", actions.region_meta_table(None), gr.skip()
-        path, record = actions.read_region_upload(file)
+            return "", tables.region_meta_table(None), gr.skip()
+        path, record = library.read_region_upload(file)
         s = record.summary()
         md = (f"✓ **{path.name}** is a valid graftui {s['kind']}: k = {s['size']:,} of {s['graftable']:,} graftable "
               f"parameters ({s['fraction_of_graftable']:.4%}) in {s['tensors']} tensors. Press the button below to check "
               "it against the current pair and add it to your regions.")
-        return md, actions.region_meta_table(record), f"✓ {path.name} is a valid region file."
+        return md, tables.region_meta_table(record), f"✓ {path.name} is a valid region file."
 
     page.on(reg_up.upload, on_region_upload, [reg_up], [reg_up_md, reg_up_meta, status])
 
@@ -248,7 +248,7 @@ def build(page) -> gr.Tab:
     def on_region_apply(file, base, finetuned):
         if not file:
             raise ValueError("upload a region file first")
-        saved = actions.adopt_region(file, base, finetuned)
+        saved = library.adopt_region(file, base, finetuned)
         return (f"✓ Fits the current pair ({short_ref(base)} → {short_ref(finetuned)}); saved as **{saved.stem}** "
                 "and listed in every region picker."), f"✓ Added region {saved.stem}."
 

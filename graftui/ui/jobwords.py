@@ -1,0 +1,290 @@
+"""How a job is told on the page: the jobs table, its status line and expected times, the banner, the confirm buttons.
+
+Words only: nothing here submits or changes a job (``forms`` submits, the job runner runs).
+"""
+
+from __future__ import annotations
+
+import html
+import re
+from pathlib import Path
+
+import pandas as pd
+
+from .. import lanes
+from ..formatting import minutes
+from ..jobs import FINISHED, MAIN, QUEUED, RUNNING, Job
+from . import store
+
+
+JOB_COLUMNS = ["id", "kind", "title", "status", "progress", "duration", "message"]
+
+
+def _duration(job: Job) -> str:
+    d = job.duration
+    if d is None:
+        return ""
+    return f"{d:.1f} s" if d < 120 else f"{d / 60:.1f} min"
+
+
+def job_rows(runner, limit: int = 40) -> pd.DataFrame:
+    """One row per job, newest first: the state comes from the runner, never from the page."""
+    rows = []
+    for job in runner.jobs()[:limit]:
+        rows.append({
+            "id": job.id,
+            "kind": job.kind,
+            "title": job.title,
+            "status": job.status,
+            "progress": f"{100 * job.fraction:.0f} %" if job.status != QUEUED else wait_words(runner, job),
+            "duration": _duration(job),
+            "message": job.error or job.message,
+        })
+    return pd.DataFrame(rows, columns=JOB_COLUMNS)
+
+
+def job_signature(runner) -> tuple:
+    """Changes whenever anything shown in the jobs table changes."""
+    return tuple((j.id, j.status, round(j.fraction, 2), j.message, int(j.duration or 0),
+                  wait_words(runner, j) if j.status == QUEUED else None) for j in runner.jobs()[:40])
+
+
+def queue_words(place: int | None, lane: str = MAIN) -> str:
+    """A waiting job's place in its lane, as the page says it."""
+    if not place:
+        return ""
+    where = "the queue" if lane == MAIN else "the quick lane"
+    return f"next in {where}" if place == 1 else f"place {place} in {where}"
+
+
+def about(seconds: float) -> str:
+    """A foreseen time, as coarse as a foresight is (so a line does not change at every tick)."""
+    if seconds < 10:
+        return "a few seconds"
+    if seconds < 90:
+        return f"about {10 * round(seconds / 10):.0f} s"
+    return f"about {seconds / 60:.0f} min"
+
+
+def when_words(expected: tuple[float, float | None] | None, waiting: bool) -> str:
+    """When a job is expected to start and end (``JobRunner.expected``), or why that is not known."""
+    if expected is None:
+        return " · start unknown (no past run of a job before it)" if waiting else ""
+    start, end = expected
+    if not waiting:
+        return "" if end is None else f" · {about(end)} left"
+    words = f" · starts in {about(start)}"
+    return words + (f", ends in {about(end)}" if end is not None else ", length unknown (no past run)")
+
+
+def wait_words(runner, job: Job) -> str:
+    """A waiting job's place in its lane, and when it is expected to start and end."""
+    return queue_words(runner.place(job.id), job.lane) + when_words(runner.expected(job.id), waiting=True)
+
+
+PACE_STEPS = 10  # the pace of a stage is measured over its last steps
+
+
+def step_progress(job: Job) -> tuple[int, int, float | None] | None:
+    """(step, steps, seconds left) of a running job's current stage, from its progress events: the pace is the
+    time its last steps took (their ``time`` stamps), so the loading before the first step does not count;
+    no estimate before two steps. None when the job is not stepping (no steps yet, or its stage moved on)."""
+    if job is None or job.status != RUNNING:
+        return None
+    events = [p for p in job.progress if "step" in p and "steps" in p]
+    if not events:
+        return None
+    last = events[-1]
+    step, steps = int(last["step"]), int(last["steps"])
+    if step >= steps or ("stage" in last and last["stage"] != job.message):
+        return None
+    run = [last]  # this stage's steps: counting up to the same total
+    for p in reversed(events[:-1]):
+        if p["steps"] != steps or p["step"] >= run[-1]["step"] or len(run) > PACE_STEPS:
+            break
+        run.append(p)
+    first = run[-1]
+    if len(run) < 2 or "time" not in first or "time" not in last:
+        return step, steps, None
+    pace = (last["time"] - first["time"]) / (step - first["step"])
+    return step, steps, max(0.0, pace * (steps - step))
+
+
+def step_words(job: Job) -> str:
+    """" · step 12/40, about 30 s left" for a stepping job (the step alone while the pace is unknown); else ""."""
+    got = step_progress(job)
+    if got is None:
+        return ""
+    step, steps, left = got
+    parts = [] if f"step {step}/{steps}" in (job.message or "") else [f"step {step}/{steps}"]  # its stage says it
+    if left is not None:
+        parts.append(f"about {'1 s' if left < 1 else minutes(left)} left")
+    return "".join(f" · {p}" for p in parts[:1]) + "".join(f", {p}" for p in parts[1:])
+
+
+def job_choices(runner, kinds: tuple[str, ...] | None = None) -> list[tuple[str, str]]:
+    out = []
+    for job in runner.jobs():
+        if kinds is None or job.kind in kinds:
+            out.append((f"{job.title} · {job.status} [{job.id}]", job.id))
+    return out
+
+
+def latest_job(runner, kinds: tuple[str, ...]) -> Job | None:
+    jobs = [j for j in runner.jobs() if j.kind in kinds]
+    return jobs[0] if jobs else None
+
+
+def shown_job(runner, picked: str, kinds: tuple[str, ...]) -> Job | None:
+    """The job a panel shows: the picked one if it is of the panel's kinds, or ("" picked) the latest of them."""
+    if not picked:
+        return latest_job(runner, kinds)
+    job = runner.get(picked)
+    return job if job is not None and job.kind in kinds else None
+
+
+CONFIRM_SECONDS = 10.0  # a Cancel or Delete button, once pressed, asks to be pressed again within this long
+
+
+def _armed_at(armed) -> float | None:
+    """When a confirm button's first press armed it (its memory: (key, when)); None when it is not armed."""
+    ok = isinstance(armed, (list, tuple)) and len(armed) == 2 and isinstance(armed[1], (int, float))
+    return armed[1] if ok else None
+
+
+def confirms(armed, key: str, now: float) -> bool:
+    """Whether a press confirms what the first press of its button named: the same ``key`` (a job, a region), within
+    CONFIRM_SECONDS (``armed``: the button's memory, (key, when))."""
+    at = _armed_at(armed)
+    return at is not None and armed[0] == key and 0 <= now - at <= CONFIRM_SECONDS
+
+
+def expired(armed, now: float) -> bool:
+    """Whether a button armed by a first press has waited past CONFIRM_SECONDS: it goes back to its first look."""
+    at = _armed_at(armed)
+    return at is not None and now - at > CONFIRM_SECONDS
+
+
+def cancel_step(runner, job: Job | None, armed, now: float) -> tuple[str, tuple | None, str]:
+    """One press of a Cancel button: (the status line, the button's new memory, its look: "off" for nothing to
+    cancel, "armed" asking to confirm, "ready"). The first press on a waiting or running job arms the button; a
+    second on the same job within CONFIRM_SECONDS cancels it."""
+    if job is None:
+        return "Nothing to cancel.", None, "off"
+    if job.status in FINISHED:
+        return f"**{md(job.title)}** has already finished ({job.status}).", None, "off"
+    if hasattr(runner, "check_cancel"):
+        runner.check_cancel(job.id)  # a job this page may not cancel is refused at the first press
+    if confirms(armed, job.id, now):
+        ok = runner.cancel(job.id)  # refuses a job that is not this page's own
+        return (f"Cancel requested for **{md(job.title)}**." if ok else
+                f"**{md(job.title)}** has already finished ({job.status})."), None, "off"
+    return (f"Press **Confirm cancel** within {CONFIRM_SECONDS:g} s to stop **{md(job.title)}** [{job.id}]; what it "
+            "has not saved is lost."), (job.id, now), "armed"
+
+
+def cancellable(job: Job | None) -> bool:
+    return job is not None and job.status not in FINISHED
+
+
+def job_status_line(job: Job | None, place: int | None = None, when: str = "") -> str:
+    """One Markdown line about a job: how far it is (its step, and the time left at its measured pace), or its
+    ``place`` in its lane while it waits and ``when`` it is expected to start and end (``when_words``), its
+    result, or its error text when it failed (never a traceback)."""
+    if job is None:
+        return "No job yet."
+    steps = step_words(job)
+    running = f" — {100 * job.fraction:.0f} %{steps or when}" if job.status == RUNNING else ""
+    waiting = f" · {queue_words(place, job.lane)}{when}" if job.status == QUEUED and place else ""
+    text = f"**{md(job.title)}** [{job.id}] · {job.status}{running}{waiting}"  # titles, messages and notes quote user text
+    if job.status == "failed":
+        return text + f"\n\n⚠️ {md(job.error)}"
+    if job.message and job.message not in {job.status, "done"}:
+        text += f" · {md(job.message)}"
+    if job.status in FINISHED and job.duration is not None:
+        text += f" · took {_duration(job)}"
+    result = job.result or {}
+    if result.get("region") and job.kind in ("localize", "compose"):
+        text += f" · saved region **{result['region']}**" + (f" (k = {result['k']:,})" if result.get("k") else "")
+    kept = [Path(r["region"]).stem for r in result.get("rows") or [] if job.kind == "sweep" and r.get("region")]
+    if kept:
+        text += f" · kept {len(kept)} regions: " + ", ".join(f"**{name}**" for name in kept)
+    for note in result.get("notes") or []:
+        text += f"\n\nNote: {md(note)}"
+    if result.get("name") and job.kind == "finetune":
+        text += f" · checkpoint **{result['name']}** is now in the model pickers"
+    if job.status == "done" and result.get("card"):
+        text += "\n\n" + card_markdown(result["card"])
+    return text
+
+
+def job_when(runner, job: Job | None) -> str:
+    """``when_words`` of a job that waits or runs, from ``runner``."""
+    if job is None or job.status in FINISHED:
+        return ""
+    return when_words(runner.expected(job.id), waiting=job.status == QUEUED)
+
+
+def job_line(runner, job: Job | None) -> str:
+    """``job_status_line`` with the job's place in ``runner``'s lane, and when it should start and end."""
+    return job_status_line(job, runner.place(job.id) if job is not None and job.status == QUEUED else None,
+                           job_when(runner, job))
+
+
+def submitted_line(job: Job) -> str:
+    """The banner after a submission, with its lane and the default model it builds first (``lanes.plan_words``);
+    ``settled_banner`` replaces it when the job ends."""
+    more = lanes.plan_words(job, lanes.default_to_build((job.params or {}).get("finetuned")))
+    return (f"Submitted **{md(job.title)}** (job {job.id}); it runs in the background, see its progress below."
+            + (f" {more}" if more else ""))
+
+
+def active_banner(runner) -> str | None:
+    """The banner of a page opened while jobs run or wait (its own, or the server's): which one runs, how far it
+    is, and how many wait; ``settled_banner`` replaces it when that job ends. None when nothing runs or waits."""
+    jobs = runner.jobs()
+    running = [j for j in jobs if j.status == RUNNING]
+    waiting = [j for j in reversed(jobs) if j.status == QUEUED]  # oldest first
+    if not running and not waiting:
+        return None
+    return job_banner(runner, (running or waiting)[0])
+
+
+def job_banner(runner, job: Job) -> str:
+    """The banner of one job that runs or waits, with how many others wait (``active_banner``). It says how far the
+    job was when the page opened, as such: the banner changes only when the job ends (``settled_banner``), since a
+    poll that rewrote it as the job moved could land after a newer banner (a job just submitted) and hide it."""
+    waiting = [j for j in runner.jobs() if j.status == QUEUED]
+    if job.status == RUNNING:
+        text = (f"Running: **{md(job.title)}** (job {job.id}) — {100 * job.fraction:.0f} %{step_words(job)} when this "
+                "page opened")
+    else:
+        text = (f"Waiting: **{md(job.title)}** (job {job.id}), {wait_words(runner, job) or 'in the queue'} when this "
+                "page opened")
+    more = len(waiting) - (job.status == QUEUED)
+    if more:
+        text += f"; {more} more job(s) waiting"
+    return text + ". Its tab shows its progress; **Jobs** below lists every job."
+
+
+_SUBMITTED = re.compile(r"(?:Submitted|Running:|Waiting:) \*\*.*\*\* \(job ([^)\s]+)\)", re.S)
+
+
+def settled_banner(banner) -> str | None:
+    """The banner once the job it announces has ended, or ``None`` while it runs (or it announces none)."""
+    m = _SUBMITTED.match(banner or "")
+    job = store.runner().get(m.group(1)) if m else None
+    if job is None or job.status not in FINISHED:
+        return None
+    took = f" in {_duration(job)}" if job.duration is not None else ""
+    return f"**{md(job.title)}** (job {job.id}) ended: {job.status}{took}. Its result is in its tab."
+
+
+def card_markdown(lines: list[str]) -> str:
+    """The result card (graftui.card) as a quoted block under the job's line."""
+    return "\n>\n".join(f"> {md(line)}" for line in lines)
+
+
+def md(text) -> str:
+    """User text (file, task and label names, messages quoting them) shown in Markdown as text, never as HTML."""
+    return html.escape(str(text), quote=False)
