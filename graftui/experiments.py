@@ -24,11 +24,10 @@ from typing import Callable
 
 import torch
 
-from .errors import Cancelled
 from .layout import anatomy, split_fused
 from .method import Region, region_to_mask
 from .sets import difference, union
-from .training import check_loss, optimizer
+from .training import optimizer, optimizer_step
 
 
 def relative_gain(p_graft: float, p_zero: float, p_one: float) -> float | None:
@@ -212,18 +211,11 @@ def retrain_inside(
         model.train()
         for epoch in range(config.epochs):
             for batch in make_batches(epoch):
-                if cancel is not None and cancel.is_set():
-                    raise Cancelled("re-training cancelled")
-                batch = {k: v.to(chosen[0].device) for k, v in batch.items()}
-                out = model(**batch)
-                check_loss(out.loss, step + 1, config)
-                opt.zero_grad(set_to_none=True)
-                out.loss.backward()
-                opt.step()
+                step += 1
+                out = optimizer_step(model, opt, batch, chosen[0].device, config, step, "re-training", cancel)
                 with torch.no_grad():
                     for n in names:
                         torch.where(masks[n], params[n].data, start[n], out=params[n].data)
-                step += 1
                 if progress is not None:
                     progress(step, float(out.loss.detach()))
         return {n: params[n].detach().view(-1)[region[n].to(params[n].device)].clone() for n in names}

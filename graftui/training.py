@@ -257,6 +257,23 @@ def _label_accuracy(out, labels) -> tuple[int, int]:
     return int((out.logits.argmax(-1) == labels).sum()), int(labels.numel())
 
 
+def optimizer_step(model, opt, batch: dict, device, config: FinetuneConfig, step: int, what: str = "fine-tuning",
+                   cancel: threading.Event | None = None, anchors=()):
+    """One step of every fine-tuning loop (a recipe's epochs, a multi-task mix, re-training inside a region): a
+    cancel honoured before it, the batch's loss checked for divergence (``step``: its number from 1), the ℓ1 pull
+    toward θ_pre where ``anchors`` are given. Returns the model's output."""
+    if cancel is not None and cancel.is_set():
+        raise Cancelled(f"{what} cancelled")
+    out = model(**{k: v.to(device) for k, v in batch.items()})
+    check_loss(out.loss, step, config)
+    opt.zero_grad(set_to_none=True)
+    out.loss.backward()
+    if anchors:
+        l1_pull(anchors, config.l1)
+    opt.step()
+    return out
+
+
 def train_epochs(model, opt, anchors, make_batches: Callable[[int], object], total: int, config: FinetuneConfig,
                  device, count: Callable[[object, torch.Tensor], tuple[int, int]],
                  progress: Callable[[FinetuneProgress], None] | None = None,
@@ -268,17 +285,9 @@ def train_epochs(model, opt, anchors, make_batches: Callable[[int], object], tot
     for epoch in range(config.epochs):
         correct = seen = 0
         for batch in make_batches(epoch):
-            if cancel is not None and cancel.is_set():
-                raise Cancelled("fine-tuning cancelled")
-            batch = {k: v.to(device) for k, v in batch.items()}
-            out = model(**batch)
-            check_loss(out.loss, step + 1, config)
-            opt.zero_grad(set_to_none=True)
-            out.loss.backward()
-            l1_pull(anchors, config.l1)
-            opt.step()
             step += 1
-            right, counted = count(out, batch["labels"])
+            out = optimizer_step(model, opt, batch, device, config, step, cancel=cancel, anchors=anchors)
+            right, counted = count(out, batch["labels"].to(device))
             correct, seen = correct + right, seen + counted
             if progress is not None:
                 progress(FinetuneProgress(step, total, epoch + 1, float(out.loss.detach()), correct / max(seen, 1)))
@@ -402,16 +411,10 @@ def finetune_multitask(
     pick = random.Random(config.seed)
     correct, seen = [0] * len(tasks), [0] * len(tasks)
     for step in range(1, total + 1):
-        if cancel is not None and cancel.is_set():
-            raise Cancelled("multi-task fine-tuning cancelled")
         i = pick.choices(range(len(tasks)), weights=per_epoch)[0]
-        batch = {k: v.to(device) for k, v in next(streams[i]).items()}
-        out = models[i](**batch)
-        check_loss(out.loss, step, config)
-        opt.zero_grad(set_to_none=True)
-        out.loss.backward()
-        opt.step()
-        correct[i] += int((out.logits.argmax(-1) == batch["labels"]).sum())
+        batch = next(streams[i])
+        out = optimizer_step(models[i], opt, batch, device, config, step, "multi-task fine-tuning", cancel)
+        correct[i] += int((out.logits.argmax(-1).cpu() == batch["labels"]).sum())
         seen[i] += int(batch["labels"].numel())
         if progress is not None:
             epoch = 1 + (step - 1) * config.epochs // total
