@@ -142,8 +142,9 @@ class HostedGuard(Guard):
         and its YAML may run code."""
         other = [n for n in names if n not in HARNESS_OFFLINE]
         if settings.hosted() and other:
-            raise RequestError(f"lm-eval task '{other[0]}' is read from the harness's registry, which a shared server "
-                               f"does not run: use {', '.join('lm-eval:' + n for n in HARNESS_OFFLINE)}, or run "
+            raise RequestError(f"lm-eval task '{other[0]}' is not one of the offline harness tasks, the only ones a "
+                               "shared server runs (a registry task downloads a dataset of any size, and a task YAML "
+                               f"may run code): use {', '.join('lm-eval:' + n for n in HARNESS_OFFLINE)}, or run "
                                "graftui on your own machine")
         return names
 

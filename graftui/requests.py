@@ -209,7 +209,8 @@ def parse_list(text, kind=float, plural: str = "values", singular: str = "value"
 H_BASE = ("pre-trained model θ_pre: 'minilm', a checkpoint folder or a Hub id (default: the fine-tune's own base where it "
           "names one, as a default fine-tune or a LoRA adapter's config does, else minilm)")
 H_FT = "fine-tuned model θ_ft: 'minilm-movies' (built on first use), a checkpoint folder or a Hub id"
-H_TASK = "offline task (see 'graftui tasks'), a CSV/TSV/JSON(L)/Parquet file or folder, or a Hub dataset id"
+H_TASK = ("offline task (see 'graftui tasks'), a CSV/TSV/JSON(L)/Parquet file or folder, a Hub dataset id, or an "
+          "lm-evaluation-harness task: lm-eval:NAME or its task YAML")
 
 
 @dataclass

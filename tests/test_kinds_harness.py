@@ -3,6 +3,8 @@ localizes on its training documents and is scored by the harness itself, agreein
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 import graftui
@@ -140,17 +142,23 @@ def test_the_documentation_s_table_of_verbs_by_kind_is_the_kinds_own():
             assert (mark == "✓") == (verb.split()[0] in KINDS[name].verbs), (verb, name)
 
 
-def test_a_shared_server_runs_only_the_offline_harness_tasks(monkeypatch):
-    """A registry task downloads a dataset of any size and its YAML may run code: on a hosted server it is refused
-    before anything is read, in one line naming the tasks that do run there."""
+def test_a_shared_server_runs_only_the_offline_harness_tasks(monkeypatch, tmp_path):
+    """A registry task downloads a dataset of any size and a task YAML may run code: on a hosted server either is
+    refused before anything is read, in one line naming the tasks that do run there."""
     from graftui import hosted, settings
     from graftui.kinds import read_task_as
 
     guard = hosted.HostedGuard()
     monkeypatch.setattr(settings, "hosted", lambda: True)
-    with pytest.raises(RequestError, match="lm-eval task 'hellaswag' is read from the harness's registry") as err:
+    with pytest.raises(RequestError, match="lm-eval task 'hellaswag' is not one of the offline harness tasks") as err:
         read_task_as("lm-eval:graftui_dates,hellaswag", None, guard)
     assert "lm-eval:graftui_dates" in str(err.value) and "\n" not in str(err.value)
+    # a server file named as a task YAML is refused by its name, never opened (no "cannot read" that would tell
+    # whether it exists)
+    for path in (tmp_path / "absent.yaml", Path("/etc/hostname.yml")):
+        with pytest.raises(RequestError, match="is not one of the offline harness tasks") as err:
+            read_task_as(str(path), None, guard)
+        assert str(path) in str(err.value)
     assert guard.checked_harness(["graftui_dates", "graftui_movies"]) == ["graftui_dates", "graftui_movies"]
     monkeypatch.setattr(settings, "hosted", lambda: False)
     assert guard.checked_harness(["hellaswag"]) == ["hellaswag"]  # on one's own machine the registry is there

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 from pathlib import Path
 
 import pytest
@@ -140,6 +141,32 @@ def test_training_documents_never_come_from_the_split_a_task_is_scored_on(tmp_pa
     for name, scored in (("mine_test", "test"), ("mine_val", "validation")):  # nothing besides the scored split
         alone = lmeval.load_harness_task(name, include_path=root)
         assert (alone.train_split, len(alone.train), alone.eval_split, alone.n_eval) == (None, 0, scored, 3)
+
+
+def test_a_task_the_user_wrote_is_read_from_its_yaml_or_by_name_from_graftui_home(tmp_path, task_home):
+    """A harness task YAML of one's own works wherever a harness task does: named by its path (read from the folder
+    it lies in), or by name once its folder is in $GRAFTUI_HOME/lm-eval; a missing file or one that names no task is
+    one line."""
+    from graftui.kinds import HARNESS, named_kind
+    from graftui.tasks.harness.kind import load_harness
+
+    rows = {s: [{"q": f"{s} {i}", "a": f"{s}-{i}"} for i in range(3)] for s in ("train", "validation", "test")}
+    yaml = _task_folder(tmp_path / "mine", "my_task", rows) / "task.yaml"
+    assert named_kind(str(yaml), "auto", set()) is HARNESS and named_kind("data.yml", "auto", set()) is HARNESS
+    skill = load_harness(str(yaml))
+    assert skill.name == str(yaml) and [t.name for t in skill.harness] == ["my_task"]  # read again by its path
+    assert skill.splits["train"].examples[0] == (("user", "Q: train 0\nA:"), ("assistant", " train-0"))
+    assert skill.harness[0].include_path == (str(yaml.parent.resolve()),) and not skill.harness[0].registry
+
+    shutil.copytree(yaml.parent, task_home / "lm-eval" / "my_task")
+    by_name = load_harness("lm-eval:my_task")
+    assert [(t.name, t.registry, t.n_eval) for t in by_name.harness] == [("my_task", False, 3)]
+
+    (tmp_path / "group.yaml").write_text("group: mine\ntask:\n  - my_task\n")
+    for ref, words in ((tmp_path / "absent.yaml", "cannot read"), (tmp_path / "group.yaml", "names no task")):
+        with pytest.raises(DataError) as err:
+            load_harness(str(ref))
+        assert words in _one_line(err) and str(ref) in str(err.value)
 
 
 # -- scoring ---------------------------------------------------------------------------------------------------------

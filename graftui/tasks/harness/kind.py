@@ -22,7 +22,7 @@ from ...config import FT_LABEL, LM_BODY_LABEL
 from ...errors import Cancelled, DataError, RequestError
 from ...formatting import difference, pct
 from .lmeval import (OFFLINE as OFFLINE_HARNESS, PREFIX, HarnessScore, HarnessTask, check_stop, harness_names,
-                     is_harness_ref, load_harness_task, score)
+                     is_harness_ref, is_task_file, load_harness_tasks, score)
 from ...paths import short_ref
 from ..grafts import TEST_SAMPLE_SEED, region_size, state_of
 from ..base import Words, register_kind
@@ -37,14 +37,15 @@ class HarnessSkill(CompletionTask):
 
 
 def load_harness(ref: str) -> HarnessSkill:
-    """The harness tasks ``ref`` names (``lm-eval:NAME`` or ``lm-eval:a,b``), read as one task."""
-    tasks = tuple(load_harness_task(n) for n in harness_names(ref))
+    """The harness tasks ``ref`` names (``lm-eval:NAME``, ``lm-eval:a,b`` or a task YAML), read as one task."""
+    tasks = tuple(load_harness_tasks(ref))
     train = Completions(tuple(e for t in tasks for e in t.train.examples))
     empty = Completions(())
     unsplit = [t.name for t in tasks if t.train_split is None]
     notes = (f"lm-eval task(s) {', '.join(unsplit)} have no documents besides those they are evaluated on: no region "
              "can be learned or fine-tuned on them",) if unsplit else ()
-    return HarnessSkill(name=PREFIX + ",".join(t.name for t in tasks), splits={"train": train, "validation": empty,
+    name = str(ref).strip() if is_task_file(ref) else PREFIX + ",".join(t.name for t in tasks)  # read again as named
+    return HarnessSkill(name=name, splits={"train": train, "validation": empty,
                                                                               "test": empty},
                         source="lm-evaluation-harness: " + ", ".join(f"{t.name} ({t.output_type}, {t.n_eval:,} "
                                                                      f"{t.eval_split} documents)" for t in tasks),
@@ -96,7 +97,8 @@ class Harness(Completion):
         return False
 
     def read(self, ref: str, spec, guard) -> HarnessSkill:
-        guard.checked_harness(harness_names(ref))
+        # a task YAML is checked by its path, unread: on a shared server no file of the server's is opened for it
+        guard.checked_harness([str(ref).strip()] if is_task_file(ref) else harness_names(ref))
         return guard.checked_task(load_harness(ref))
 
     def made(self, meta) -> bool:

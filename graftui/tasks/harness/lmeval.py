@@ -27,6 +27,7 @@ import json
 import logging
 import math
 import random
+import re
 import string
 import threading
 from collections.abc import Sequence
@@ -63,14 +64,43 @@ OFFLINE = {  # name -> (what it is, graftui's task it is made from)
 
 
 # -- names -----------------------------------------------------------------------------------------------------------
+TASK_FILE_SUFFIXES = (".yaml", ".yml")  # a task the user wrote, named by its file: --task path/to/my_task.yaml
+
+
+def is_task_file(ref: str) -> bool:
+    """Whether a task reference is a harness task YAML (read by the harness, from the folder it lies in)."""
+    return str(ref).strip().lower().endswith(TASK_FILE_SUFFIXES)
+
+
 def is_harness_ref(ref: str) -> bool:
-    """Whether a task reference names lm-eval tasks (``lm-eval:NAME``) rather than a graftui task, file or dataset."""
-    return str(ref).strip().lower().startswith(PREFIX)
+    """Whether a task reference names lm-eval tasks (``lm-eval:NAME``, or a task YAML) rather than a graftui task,
+    file or dataset."""
+    return str(ref).strip().lower().startswith(PREFIX) or is_task_file(ref)
+
+
+def file_task(ref: str) -> tuple[str, Path]:
+    """(the task's name, the folder the harness reads it from) of a task YAML the user wrote; one line when the file
+    is missing or names no task. The name is its ``task:`` line: the harness's own YAML loader would run the file's
+    ``!function`` tags just to tell it."""
+    path = Path(str(ref).strip()).expanduser()
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError as err:
+        raise DataError(f"cannot read '{ref}' ({err.strerror or type(err).__name__}): give the path of an "
+                        "lm-evaluation-harness task YAML") from None
+    found = re.search(r"^task:[ \t]*['\"]?([\w.\-]+)['\"]?[ \t]*(?:#.*)?$", text, re.M)
+    if found is None:
+        raise DataError(f"'{ref}' names no task: an lm-evaluation-harness task YAML has a line 'task: NAME' (a group "
+                        "of tasks is named one task at a time)")
+    return found.group(1), path.resolve().parent
 
 
 def harness_names(ref: str) -> list[str]:
-    """The harness task names of ``lm-eval:a,b`` in order, each once; one line when there is none."""
+    """The harness task names of ``lm-eval:a,b`` in order, each once (or the one task of a task YAML); one line when
+    there is none."""
     text = str(ref).strip()
+    if is_task_file(text):
+        return [file_task(text)[0]]
     if not is_harness_ref(text):
         raise DataError(f"'{text}' is no lm-eval task reference: write lm-eval:NAME (e.g. lm-eval:graftui_dates)")
     names = list(dict.fromkeys(n.strip() for n in text[len(PREFIX):].split(",") if n.strip()))
@@ -264,14 +294,33 @@ def _unknown(name: str, known: Sequence[str]) -> DataError:
     near = difflib.get_close_matches(name, [*OFFLINE, *known], n=3, cutoff=0.75)
     hint = f" (did you mean {', '.join(near)}?)" if near else ""
     return DataError(f"unknown lm-eval task '{name}'{hint}: name an offline one "
-                     f"({', '.join(f'lm-eval:{n}' for n in OFFLINE)}) or a task of lm-eval {lm_eval.__version__}'s "
-                     "registry such as lm-eval:hellaswag (its data comes from the Hugging Face Hub)")
+                     f"({', '.join(f'lm-eval:{n}' for n in OFFLINE)}), a task of lm-eval {lm_eval.__version__}'s "
+                     "registry such as lm-eval:hellaswag (its data comes from the Hugging Face Hub), or one you wrote: "
+                     f"--task path/to/its.yaml, or its YAML in {user_dir()}")
+
+
+def user_dir() -> Path:
+    """Where a user's own task YAMLs are found by name (``lm-eval:my_task``): ``$GRAFTUI_HOME/lm-eval``."""
+    return settings.shared("lm-eval")
+
+
+def _own_tasks() -> tuple[str, ...]:
+    """``user_dir()`` as an include path where it holds a YAML besides graftui's own files (the offline tasks and
+    their datasets cache, which the harness then does not walk)."""
+    root, own = user_dir(), (f"tasks-v{FORMAT}", "datasets-cache")
+    try:
+        found = any(p.suffix.lower() in TASK_FILE_SUFFIXES for p in root.rglob("*")
+                    if p.relative_to(root).parts[0] not in own)
+    except OSError:
+        return ()
+    return (str(root.resolve()),) if found else ()
 
 
 def _resolve(name: str, include_path) -> tuple[Any, tuple[str, ...], bool]:
     """(TaskManager, include paths, whether the harness's registry is needed) that know ``name``; an unknown name is
-    one line with the fix. Offline names and those of ``include_path`` never wait for the registry's index."""
-    include = ((str(offline_dir()),) if name in OFFLINE else ()) + _include(include_path)
+    one line with the fix. Offline names and those of ``include_path`` or ``user_dir()`` never wait for the
+    registry's index."""
+    include = ((str(offline_dir()),) if name in OFFLINE else _own_tasks()) + _include(include_path)
     own = _manager(include, False) if include else None
     if own is not None and name in own.all_tasks:
         return own, include, False
@@ -352,9 +401,12 @@ def load_harness_task(name: str, *, include_path: str | Path | Sequence[str | Pa
                        include, registry)
 
 
-def load_harness_tasks(ref: str, **kwargs) -> list[HarnessTask]:
-    """Every task of ``lm-eval:a,b``."""
-    return [load_harness_task(n, **kwargs) for n in harness_names(ref)]
+def load_harness_tasks(ref: str) -> list[HarnessTask]:
+    """Every task of ``lm-eval:a,b``, or the one of a task YAML (read from the folder it lies in)."""
+    if is_task_file(ref):
+        name, folder = file_task(ref)
+        return [load_harness_task(name, include_path=folder)]
+    return [load_harness_task(n) for n in harness_names(ref)]
 
 
 # -- scoring ---------------------------------------------------------------------------------------------------------
