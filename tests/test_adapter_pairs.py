@@ -238,7 +238,7 @@ LEARN_SCRIPT = """
 import sys
 import torch
 from graftui import compute, learning, models
-from graftui.completion import IGNORE
+from graftui.tasks.completion.data import IGNORE
 from graftui.config import LearnConfig, LoadOptions
 
 base, adapter, out, blocks = sys.argv[1:]
