@@ -1,4 +1,4 @@
-"""What mapping every large block costs a training step: ``method.map_large_blocks`` against glibc's own heap.
+"""What mapping every large block costs a training step: ``compute.map_large_blocks`` against glibc's own heap.
 
     .venv/bin/python benchmarks/bench_allocator.py [--size 150m] [--rounds 6] [--steps 6] [--modes mapped,mapped:8,trim]
 
@@ -34,7 +34,7 @@ M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
 def child(mode: str, size: str, steps: int, checkpoint_every: int) -> None:
     libc = ctypes.CDLL(None)
     if mode == "mapped":
-        from graftui.method import map_large_blocks
+        from graftui.compute import map_large_blocks
         map_large_blocks()
     elif mode.startswith("mapped:"):
         libc.mallopt(M_MMAP_THRESHOLD, int(float(mode.split(":")[1]) * (1 << 20)))
