@@ -235,31 +235,31 @@ def test_poll_runs_every_part_in_one_event_and_a_failing_part_keeps_its_outputs(
         def tick(self, fn, inputs, outputs, **kw):
             self.fn, self.inputs, self.outputs = fn, inputs, outputs
 
-    a, b, c, d, e, status, sid = (object() for _ in range(7))
+    a, b, c, d, e, status, announced, sid = (object() for _ in range(8))
     poll = Poll()
     poll.add(lambda x: (x + 1,), [a], [b])
     poll.add(lambda x: 1 / 0, [a], [c])
     poll.add(lambda x, y: (x * y, "ok"), [a, b], [d, a])
     poll.add(lambda x: (gr.skip(),), [a], [e], tab="other")
     timer, other = Timer(), Timer()
-    poll.wire({"one": timer, "other": other}, status, sid)
-    assert timer.outputs == [b, c, d, a, status] and timer.inputs == [sid, status, a, a, a, b]
-    assert other.outputs == [b, c, d, a, e, status]
-    out = timer.fn("", "", 2, 2, 3, 4)  # the session id and the banner first
+    poll.wire({"one": timer, "other": other}, status, announced, sid)
+    assert timer.outputs == [b, c, d, a, status, announced] and timer.inputs == [sid, announced, a, a, a, b]
+    assert other.outputs == [b, c, d, a, e, status, announced]
+    out = timer.fn("", "", 2, 2, 3, 4)  # the session id and the announced job first
     assert out[0] == 3 and out[2:4] == (12, "ok")
     assert isinstance(out[1], type(gr.skip())) and out[4].startswith("⚠️ internal error (ZeroDivisionError")
     quiet = Poll()
     quiet.add(lambda x: (gr.skip(), gr.skip()), [a], [b, c])
-    quiet.wire({"one": timer}, status, sid)
+    quiet.wire({"one": timer}, status, announced, sid)
     assert timer.fn("", "", 1) == gr.skip()  # nothing new: one skip for all outputs (Gradio's cheap path)
     shared = Poll()  # two parts that update one component (a panel's Cancel button, and the part disarming it)
     shared.add(lambda x: (x,), [a], [b])
     shared.add(lambda x: (gr.skip() if x == 1 else "disarmed",), [a], [b])
-    shared.wire({"one": timer}, status, sid)
-    assert timer.outputs == [b, status]  # one output: the later part's answer wins where both answer
+    shared.wire({"one": timer}, status, announced, sid)
+    assert timer.outputs == [b, status, announced]  # one output: the later part's answer wins where both answer
     assert timer.fn("", "", 1, 1)[0] == 1 and timer.fn("", "", 2, 2)[0] == "disarmed"
     with pytest.raises(ValueError, match="no timer for the tab 'other'"):
-        poll.wire({"one": Timer()}, status, sid)
+        poll.wire({"one": Timer()}, status, announced, sid)
 
 
 def test_poll_writes_a_state_back_only_when_its_value_changed():
@@ -276,7 +276,7 @@ def test_poll_writes_a_state_back_only_when_its_value_changed():
     poll = Poll()
     poll.add(lambda last: ("drawn" if last != ("a", 1) else gr.skip(), ("a", 1)), [sig], [shown, sig])
     timer = Timer()
-    poll.wire({"one": timer}, object(), object())
+    poll.wire({"one": timer}, object(), object(), object())
     first = timer.fn("", "", None)
     assert first[:2] == ("drawn", ("a", 1))
     assert timer.fn("", "", ("a", 1)) == gr.skip()  # unchanged: nothing written at all
@@ -291,12 +291,28 @@ def test_the_submitted_banner_is_replaced_once_its_job_has_ended(home):
     release = threading.Event()
     job = store.runner().submit("localize", "waits", lambda ctx: release.wait(30) and {})
     banner = jobwords.submitted_line(job)
-    assert jobwords.settled_banner(banner) is None  # still queued or running: the banner stays
-    assert jobwords.settled_banner("⚠️ something else") is None and jobwords.settled_banner(None) is None
+    assert banner.job == job.id  # the page keeps the id beside the line: nothing reads it back out of the text
+    assert jobwords.settled_banner(banner.job) is None  # still queued or running: the banner stays
+    assert jobwords.settled_banner("") is None and jobwords.settled_banner(None) is None  # it announced no job
     release.set()
     store.runner().runner.wait(job.id, 30)
-    settled = jobwords.settled_banner(banner)
+    settled = jobwords.settled_banner(banner.job)
     assert settled is not None and "Submitted" not in settled and f"(job {job.id}) ended: done" in settled
+
+
+def test_the_status_line_keeps_the_id_of_the_job_it_announces_and_forgets_it_when_it_says_anything_else():
+    """A handler that writes a job's banner leaves that job's id beside the line; one that writes anything else
+    leaves none (the poll then has no job to settle over the new text); one that leaves the line leaves the id."""
+    import gradio as gr
+
+    from graftui.ui import jobwords, wiring
+
+    banner = jobwords.Banner("Submitted **x** (job j-1); …", "j-1")
+    for answer, kept in ((banner, "j-1"), ("⚠️ a problem", ""), ("Column mapping checked", ""), (gr.skip(), None)):
+        got = wiring.announces(lambda answer=answer: (answer, "other"), 0, 2)()
+        assert got[:2] == (answer, "other") and (got[2] == kept if kept is not None else wiring._skipped(got[2])), got
+    failure = {"status": "⚠️ refused"}  # a guarded failure names only what it writes: the id is left as it was
+    assert wiring.announces(lambda: failure, 0, 2)() is failure
 
 
 def test_a_run_buttons_answer_never_leaves_a_stale_line_under_the_panel(home):
@@ -1057,16 +1073,16 @@ def test_a_reloaded_page_says_which_job_runs_and_then_how_it_ended(home, monkeyp
     waiting = store.runner().submit("compare", "Compare later", lambda ctx: {})
     try:
         started.wait(10)  # it runs (its status is set before its function is called)
-        banner = load.fn("")[0]
+        banner, _, announced = load.fn("")
         assert "Ready" not in banner and f"Running: **Localize 'movies' slowly** (job {job.id})" in banner, banner
-        assert "1 more job(s) waiting" in banner
-        assert jobwords.settled_banner(banner) is None  # while it runs, the banner stays
+        assert "1 more job(s) waiting" in banner and announced == job.id
+        assert jobwords.settled_banner(announced) is None  # while it runs, the banner stays
         assert "when this page opened" in banner  # how far it was then, said as such: it does not follow the job
     finally:
         release.set()
     store.runner().runner.wait(job.id, 30)
     store.runner().runner.wait(waiting.id, 30)
-    assert f"(job {job.id}) ended: done" in jobwords.settled_banner(banner)
+    assert f"(job {job.id}) ended: done" in jobwords.settled_banner(announced)
 
 
 def test_an_error_in_the_header_is_cleared_by_the_next_success_on_any_tab(home, monkeypatch):

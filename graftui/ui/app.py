@@ -58,12 +58,13 @@ def build_app() -> gr.Blocks:
             if job is not None:
                 msg = (f"{active} The default fine-tuned model (**minilm-movies**) is being prepared once, in the "
                        "background (about two minutes on a CPU). Everything that needs it waits for it.")
+            announced = active.job if active is not None else ""
             if hosted:
                 msg += (" Your regions, uploads and jobs are private to this browser and kept "
                         f"{settings.SESSION_IDLE_HOURS:g} h after your last visit.")
-            return msg, session
+            return msg, session, announced
 
-        keep_form(page, demo.load(on_load, [sid], [status, sid]))
+        keep_form(page, demo.load(on_load, [sid], [status, sid, page.announced]))
         poll_lists(page)
         timers = {name: gr.Timer(POLL_SECONDS, active=name == "models") for name in tabs}  # the first tab is open
         opened = {}
@@ -71,7 +72,7 @@ def build_app() -> gr.Blocks:
             sigs = page.panels.get(name, [])
             opened[name] = page.on(tab.select, _open_tab(name, sigs, timers), None, [*sigs, *timers.values()],
                                    show_progress="hidden")
-        page.poll.wire(timers, status, sid, opened)
+        page.poll.wire(timers, status, page.announced, sid, opened)
     return demo
 
 

@@ -6,7 +6,6 @@ Words only: nothing here submits or changes a job (``forms`` submits, the job ru
 from __future__ import annotations
 
 import html
-import re
 from pathlib import Path
 
 import pandas as pd
@@ -231,15 +230,27 @@ def job_line(runner, job: Job | None) -> str:
                            job_when(runner, job))
 
 
-def submitted_line(job: Job) -> str:
+class Banner(str):
+    """The status line's text where it announces a job (just submitted, running or waiting): the page keeps the job's
+    id beside the line (``wiring.Page.announced``), and the poll replaces the line once that job ends."""
+
+    job: str
+
+    def __new__(cls, text: str, job: str):
+        made = super().__new__(cls, text)
+        made.job = job
+        return made
+
+
+def submitted_line(job: Job) -> Banner:
     """The banner after a submission, with its lane and the default model it builds first (``lanes.plan_words``);
     ``settled_banner`` replaces it when the job ends."""
     more = lanes.plan_words(job, lanes.default_to_build((job.params or {}).get("finetuned")))
-    return (f"Submitted **{md(job.title)}** (job {job.id}); it runs in the background, see its progress below."
-            + (f" {more}" if more else ""))
+    return Banner(f"Submitted **{md(job.title)}** (job {job.id}); it runs in the background, see its progress below."
+                  + (f" {more}" if more else ""), job.id)
 
 
-def active_banner(runner) -> str | None:
+def active_banner(runner) -> Banner | None:
     """The banner of a page opened while jobs run or wait (its own, or the server's): which one runs, how far it
     is, and how many wait; ``settled_banner`` replaces it when that job ends. None when nothing runs or waits."""
     jobs = runner.jobs()
@@ -250,7 +261,7 @@ def active_banner(runner) -> str | None:
     return job_banner(runner, (running or waiting)[0])
 
 
-def job_banner(runner, job: Job) -> str:
+def job_banner(runner, job: Job) -> Banner:
     """The banner of one job that runs or waits, with how many others wait (``active_banner``). It says how far the
     job was when the page opened, as such: the banner changes only when the job ends (``settled_banner``), since a
     poll that rewrote it as the job moved could land after a newer banner (a job just submitted) and hide it."""
@@ -264,16 +275,13 @@ def job_banner(runner, job: Job) -> str:
     more = len(waiting) - (job.status == QUEUED)
     if more:
         text += f"; {more} more job(s) waiting"
-    return text + ". Its tab shows its progress; **Jobs** below lists every job."
+    return Banner(text + ". Its tab shows its progress; **Jobs** below lists every job.", job.id)
 
 
-_SUBMITTED = re.compile(r"(?:Submitted|Running:|Waiting:) \*\*.*\*\* \(job ([^)\s]+)\)", re.S)
-
-
-def settled_banner(banner) -> str | None:
-    """The banner once the job it announces has ended, or ``None`` while it runs (or it announces none)."""
-    m = _SUBMITTED.match(banner or "")
-    job = store.runner().get(m.group(1)) if m else None
+def settled_banner(announced: str | None) -> str | None:
+    """The banner once the job it announced (its id, ``Banner.job``) has ended, or ``None`` while it runs (or it
+    announced none)."""
+    job = store.runner().get(announced) if announced else None
     if job is None or job.status not in FINISHED:
         return None
     took = f" in {_duration(job)}" if job.duration is not None else ""

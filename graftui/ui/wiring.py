@@ -120,6 +120,23 @@ def clears_error(fn, status, shows_error, at: int, width: int):
     return call
 
 
+def announces(fn, at: int, width: int):
+    """``fn``, whose ``width`` outputs hold the status line at ``at``, returning one more value: the id of the job the
+    line now announces (a ``jobwords.Banner``), "" where it now says anything else, or no change where it is left."""
+
+    def call(*args):
+        got = fn(*args)
+        if isinstance(got, dict) and "__type__" not in got:  # {component: value}, as ``guarded`` answers a failure
+            return got  # the line shows the failure; the job it announced, if any, is still told when it ends
+        values = list(got) if width > 1 and isinstance(got, (tuple, list)) else [got]
+        value = values[at]
+        job = value.job if isinstance(value, jobwords.Banner) else "" if isinstance(value, str) else gr.skip()
+        return (*values, job)
+
+    call.__name__ = getattr(fn, "__name__", "handler")
+    return call
+
+
 def _is_error(value) -> bool:
     return isinstance(value, str) and value.startswith(WARNING)
 
@@ -343,7 +360,7 @@ class Poll:
         """``fn(*inputs)`` returns one value (or ``gr.skip()``) per output; polled on ``tab`` only, or on every tab."""
         self.parts.append((fn, list(inputs), list(outputs), tab))
 
-    def wire(self, timers: dict, status, sid, opened: dict | None = None) -> None:
+    def wire(self, timers: dict, status, announced, sid, opened: dict | None = None) -> None:
         """Each tab's timer ticks the parts of that tab and those of every tab; so does opening the tab
         (``opened``: the event of each tab's select handler), so a tab hidden while its job ran or ended shows
         where the job is at once, not a line written before it was hidden."""
@@ -351,11 +368,12 @@ class Poll:
             if part[3] is not None and part[3] not in timers:
                 raise ValueError(f"no timer for the tab '{part[3]}'")
         for name, timer in timers.items():
-            self._wire([p[:3] for p in self.parts if p[3] in (None, name)], timer, status, sid, (opened or {}).get(name))
+            self._wire([p[:3] for p in self.parts if p[3] in (None, name)], timer, status, announced, sid,
+                       (opened or {}).get(name))
 
     @staticmethod
-    def _wire(parts: list, timer, status, sid, opened=None) -> None:
-        inputs = [sid, status, *(c for _, ins, _ in parts for c in ins)]
+    def _wire(parts: list, timer, status, announced, sid, opened=None) -> None:
+        inputs = [sid, announced, *(c for _, ins, _ in parts for c in ins)]
         outputs = list({id(c): c for _, _, outs in parts for c in outs}.values())  # a component two parts update
         # (a panel's Cancel button, and the part that disarms it) is one output: the later part's answer wins
         where = {id(c): j for j, c in enumerate(outputs)}
@@ -364,8 +382,8 @@ class Poll:
         kept = [[(i, j) for j, c in enumerate(outs) if isinstance(c, gr.State) for i, x in enumerate(ins) if x is c]
                 for _, ins, outs in parts]
 
-        def tick(banner, *values):
-            settled = jobwords.settled_banner(banner)  # "Submitted…" once its job has ended
+        def tick(job, *values):
+            settled = jobwords.settled_banner(job)  # the line that announced ``job``, once that job has ended
             out, at, problem = [gr.skip() for _ in outputs], 0, gr.skip() if settled is None else settled
             for (fn, ins, outs), states in zip(parts, kept):
                 mine = values[at:at + len(ins)]
@@ -381,13 +399,13 @@ class Poll:
                     if not _skipped(value):
                         out[where[id(component)]] = value
                 at += len(ins)
-            out.append(problem)
+            out += [problem, gr.skip() if settled is None else ""]  # a settled line announces no job any more
             return gr.skip() if all(_skipped(v) for v in out) else tuple(out)
 
-        tick = in_session(tick, [*outputs, status])
-        timer.tick(tick, inputs, [*outputs, status], show_progress="hidden")
+        tick = in_session(tick, [*outputs, status, announced])
+        timer.tick(tick, inputs, [*outputs, status, announced], show_progress="hidden")
         if opened is not None:
-            opened.then(tick, inputs, [*outputs, status], show_progress="hidden")
+            opened.then(tick, inputs, [*outputs, status, announced], show_progress="hidden")
 
 
 def _skipped(value) -> bool:
@@ -440,6 +458,10 @@ class Page:
     mask: tuple = ()  # steps, examples per class, learning rate
     region_table: gr.Dataframe | None = None  # the saved regions, refreshed with the region pickers
     shows_error: gr.State | None = None  # whether the status line shows an error (made on the first ``on``)
+    announced: gr.State | None = None  # the id of the job the status line announces ("" for none): see ``announces``
+
+    def __post_init__(self):
+        self.announced = self.state("")
 
     def on(self, event, fn, inputs, outputs, **kwargs):
         """Wire ``fn`` to ``event`` as this page's session: the id travels with the inputs and is entered
@@ -450,6 +472,7 @@ class Page:
             if self.shows_error is None:
                 self.shows_error = self.state(False)
             at = next(i for i, o in enumerate(outputs) if o is self.status)
+            fn, outputs = announces(fn, at, len(outputs)), [*outputs, self.announced]
             fn = clears_error(fn, self.status, self.shows_error, at, len(outputs))
             inputs, outputs = [*inputs, self.shows_error], [*outputs, self.shows_error]
         return event(in_session(fn, outputs), [self.sid, *inputs], outputs, **kwargs)
