@@ -209,12 +209,13 @@ def test_localize_default_out_region_only_and_sparsity(ft_dir, home):
     code, out, err = run_cli("localize", "--finetuned", ft_dir, "--method", "top-movement", "--sparsity", "1e-4",
                              "--region-only")
     assert code == 0, err
-    files = list((home / "regions").glob("movies-top-movement-*.safetensors"))
-    assert len(files) == 1
+    files = list((home / "regions").glob("minilm-movies-small-top-movement-*.safetensors"))
+    assert len(files) == 1  # named by the fine-tune it was learned in (which names the task), its method and size
     record = regions.load(files[0])
     assert not record.is_patch
     graftable = record.meta["graftable_params"]
-    assert record.size == round(1e-4 * graftable) and files[0].name.startswith(f"movies-top-movement-k{record.size}-")
+    assert record.size == round(1e-4 * graftable)
+    assert files[0].name.startswith(f"minilm-movies-small-top-movement-k{record.size}-")
     assert f"k = {record.size:,}" in out and "anatomy" in out and "% of" in out and "time" in out
     assert not out.lstrip().startswith("{")
     # the newest region is what anatomy and export use when no --region is given

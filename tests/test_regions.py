@@ -294,3 +294,15 @@ def test_predict_shows_each_model_on_the_sentences_given_as_scoring_would(tmp_pa
     with pytest.raises(RequestError, match="reads one text; drop --pair"):
         flows.predict(PredictRequest.make(regions=[path], texts=["a"], pairs=["b"]))
     flows.clear_cache()
+
+
+def test_a_new_regions_name_tells_the_fine_tune_it_came_from_apart():
+    """A LoRA adapter's region and a whole fine-tune's region of one task are named apart; a task the model's name
+    already says is not said twice; an uploaded file is named by its file name, not its folder."""
+    from graftui.flows.common import region_stem
+
+    assert region_stem("smollm2-dates", "dates", "learned", 9) == "smollm2-dates-learned-k9"
+    assert region_stem("smollm2-dates-lora", "dates", "learned", 9) == "smollm2-dates-lora-learned-k9"
+    assert region_stem("/ckpt/gpt2-sst2", "movies", "top-movement", 5) == "gpt2-sst2-movies-top-movement-k5"
+    assert region_stem("smollm2-dates", "/srv/uploads/3f2a/opposites.csv", "learned", 7) == \
+        "smollm2-dates-opposites-learned-k7"

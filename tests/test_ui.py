@@ -1317,3 +1317,17 @@ def test_the_training_sample_is_counted_as_the_tasks_kind_counts_it():
     assert app_of(named_kind("movies")).sample_label == "Training examples per class"
     for task in ("dates", "lm-eval:graftui_dates"):
         assert "per class" not in app_of(named_kind(task)).sample_label
+
+
+def test_the_fine_tune_form_sends_a_lora_rank_and_names_the_adapter_apart(home, monkeypatch):
+    """The app's Fine-tune form trains a LoRA adapter when given a rank (the CLI's --lora-rank): its request carries
+    the rank, its checkpoint and title say LoRA, so the adapter is never named like a whole fine-tune of that task."""
+    from graftui.ui import forms
+
+    sent = {}
+    monkeypatch.setattr(forms, "submit", lambda runner, request, title, made=None: sent.update(r=request, t=title))
+    for rank in (0, 8):
+        forms.submit_finetune(None, base="smollm2", task="dates", columns={}, optimizer="adamw", lr=1e-3, epochs=1,
+                              train_examples=0, l1=0, lora_rank=rank)
+        assert sent["r"].lora_rank == rank and ("LoRA rank 8" in sent["t"]) == bool(rank)
+        assert ("-lora8-" in sent["r"].out) == bool(rank), sent["r"].out

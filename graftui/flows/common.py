@@ -30,7 +30,7 @@ from ..tasks.classification.data import DataSpec, Task, all_as_test
 from ..errors import GraftuiError, ModelError, RegionError, RequestError
 from ..layout import MODULE_LABELS, anatomy as count_anatomy
 from ..models import ModelPair, pair_kind, resolve
-from ..paths import Exists, atomic_write, new_path, short_ref
+from ..paths import Exists, atomic_write, new_path, short_ref, slug
 from ..regions import RegionRecord
 from ..requests import Request
 from ..tasks.classification.scoring import align_labels
@@ -299,6 +299,14 @@ def check_build(record: RegionRecord, pair: ModelPair, name: str, notes: list[st
 def graft_of(record: RegionRecord):
     """What a record grafts: a skill patch its own values, a region without values the fine-tuned model's."""
     return (record.indices, record.values) if record.is_patch else record.indices
+
+
+def region_stem(finetuned: str, task: str, method: str, k: int) -> str:
+    """A new region's file name (before its time stamp): the fine-tuned model it was learned in, its task where the
+    model's name does not say it already, its method and size. Two fine-tunes of one task (a LoRA adapter, a whole
+    fine-tune) make regions named apart; an uploaded file is named by its file name, never its folder."""
+    model, data = slug(short_ref(finetuned)), slug(short_ref(task))
+    return f"{model if data.lower() in model.lower() else f'{model}-{data}'}-{method}-k{k}"
 
 
 def save_new(record: RegionRecord, folder: Path, stem: str, write: bool = True) -> Path:

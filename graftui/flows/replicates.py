@@ -23,7 +23,7 @@ from ..errors import Cancelled, RegionError, RequestError
 from ..paths import short_ref
 from ..regions import RegionRecord
 from ..requests import LocalizeRequest, Request
-from .common import LOCAL, Guard, LocalizeResult, Result, finish, load_region, part_progress, save_new
+from .common import LOCAL, Guard, LocalizeResult, Result, finish, load_region, part_progress, region_stem, save_new
 
 
 # -- localize over seeds and fine-tunes ------------------------------------------------------------
@@ -128,7 +128,7 @@ def localize_seeds(localize, req: LocalizeRequest, progress=None, cancel=None,
     stability = {**sets.stability([r.indices for r in records], records[0].graftable),
                  "by_module": _module_stability(records), "core_path": None, "union_path": None}
     folder = Path(req.out).expanduser().parent if req.out else settings.subdir("regions")
-    stem = Path(req.out).stem if req.out else f"{short_ref(req.task)}-{req.method}-k{records[0].size}"
+    stem = Path(req.out).stem if req.out else region_stem(req.finetuned, req.task, req.method, records[0].size)
     for how, indices in (("core", core), ("union", union)):
         if not sets.region_size(indices):
             notes.append("no parameter was found by every seed: there is no core region to write")

@@ -39,7 +39,8 @@ from .common import (
     LOCAL, Guard, LocalizeResult, Progress, Result, check_build, check_model_ref, finish,
     get_pair, get_task,
     graft_of, labels_for, load_region, loadable, merged_shapes, needs_task_labels, ood_tasks,
-    pair_for_regions, phase_progress, prompt_notes, remember_scores, same_regions, save_new, part_progress, side_by_side,
+    pair_for_regions, phase_progress, prompt_notes, region_stem, remember_scores, same_regions, save_new,
+    part_progress, side_by_side,
 )
 from .registry import verb
 from .replicates import (
@@ -251,7 +252,7 @@ def _localize(req: LocalizeRequest, progress: Progress | None, cancel, guard: Gu
         if world is None or world.rank == 0:  # several processes learn one region; one writes it
             regions.save(record, out, exclusive=not req.overwrite)
     else:
-        out = save_new(record, settings.subdir("regions"), f"{short_ref(req.task)}-{req.method}-k{record.size}",
+        out = save_new(record, settings.subdir("regions"), region_stem(req.finetuned, req.task, req.method, record.size),
                        world is None or world.rank == 0)
     if check:  # the quick check is the region's first entry in the regions table (a data-parallel run makes none)
         remember_scores(check["rows"], [out], ["this region"], [record], notes)

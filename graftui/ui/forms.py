@@ -231,17 +231,20 @@ def parse_seeds(text) -> list[int] | None:
 
 
 def submit_finetune(runner, *, base: str, task: str, columns: dict, optimizer: str, lr, epochs, train_examples,
-                    l1) -> Job:
+                    l1, lora_rank=0) -> Job:
 
-    name = safe_name(f"{short_ref(base)}-{short_ref(task)}-{optimizer}-{time.strftime('%Y%m%d-%H%M%S')}")
+    lora = f"-lora{whole(lora_rank)}" if whole(lora_rank) else ""  # named apart from a whole fine-tune's
+    name = safe_name(f"{short_ref(base)}-{short_ref(task)}-{optimizer}{lora}-{time.strftime('%Y%m%d-%H%M%S')}")
     request = FinetuneRequest(base=base, task=task, **columns, optimizer=optimizer, lr=float(lr or 0), epochs=whole(epochs),
                               train_examples=int(train_examples or 0), l1=float(l1 or 0.0) if optimizer == "adamw" else 0.0,
-                              out=str(store.checkpoints_dir() / name))
+                              lora_rank=whole(lora_rank) or 0, out=str(store.checkpoints_dir() / name))
 
     def made(result, doc) -> dict:
         return {**doc, "checkpoint": result.out, "name": name}
 
-    title = f"Fine-tune {short_ref(base)} on '{short_ref(task)}' · {optimizer} lr {float(lr or 0):g} · {whole(epochs)} epoch(s)"
+    lora = f" · LoRA rank {request.lora_rank}" if request.lora_rank else ""
+    title = (f"Fine-tune {short_ref(base)} on '{short_ref(task)}' · {optimizer} lr {float(lr or 0):g} · {whole(epochs)} "
+             f"epoch(s){lora}")
     return submit(runner, request, title, made)
 
 

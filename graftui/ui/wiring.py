@@ -263,7 +263,7 @@ JOB_FORMS = {  # which request field fills which widget when a panel shows a job
     "localize": ["method", ("sparsity", lambda v: math.log10(v) if v else None), "steps", "examples_per_class", "lr",
                  ("seeds", lambda v: ", ".join(map(str, v)))],
     "compare": [("regions", lambda v: [Path(p).stem for p in v or []] or None), "n", "baselines"],
-    "finetune": ["optimizer", "lr", "epochs", "train_examples"],
+    "finetune": ["optimizer", "lr", "epochs", "train_examples", "lora_rank"],
 }
 
 

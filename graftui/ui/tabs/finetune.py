@@ -49,6 +49,9 @@ def build(page) -> gr.Tab:
             ftn_epochs = gr.Slider(1, 10, value=d["ft_epochs"], step=1, label="Epochs", elem_id="finetune-epochs")
             ftn_n = gr.Number(d["ft_train_examples"], precision=0, label="Training examples (stratified subsample; 0 = all)",
                               elem_id="finetune-examples")
+            ftn_rank = gr.Number(ft["lora_rank"], precision=0, minimum=0, label="LoRA rank (0: the whole model)",
+                                 info="completion tasks: an adapter on every linear layer; wants about 10× the lr",
+                                 elem_id="finetune-lora-rank")
         with gr.Row():
             ftn_run = gr.Button("Fine-tune", variant="primary", elem_id="finetune-run", scale=0)
             ftn_cancel = gr.Button("Cancel", variant="secondary", interactive=False, elem_id="finetune-cancel",
@@ -58,7 +61,7 @@ def build(page) -> gr.Tab:
         ftn_plot = gr.Plot(render_finetune(None)[0], label="Training curves", elem_id="finetune-plot")
 
     page.checkpoint_pickers.append((ftn_base, True))
-    page.keep(ft_optimizer=ftn_opt, ft_lr=ftn_lr, ft_epochs=ftn_epochs, ft_examples=ftn_n)
+    page.keep(ft_optimizer=ftn_opt, ft_lr=ftn_lr, ft_epochs=ftn_epochs, ft_examples=ftn_n, ft_lora_rank=ftn_rank)
 
     def on_optimizer(opt):
         if opt == "adamw":
@@ -67,19 +70,22 @@ def build(page) -> gr.Tab:
 
     page.on(ftn_opt.change, on_optimizer, [ftn_opt], [ftn_lr, ftn_l1])
     page.on(page.task.change, on_task, [page.task], [ftn_task_md], show_progress="hidden")
+    # the base follows the pair picked on Models: a SmolLM2 pair is fine-tuned from SmolLM2 unless asked otherwise
+    page.on(page.base.change, lambda base: gr.update(value=base) if base else gr.skip(), [page.base], [ftn_base],
+            show_progress="hidden")
 
     @page.guard(beside=ftn_status, base=ftn_base, optimizer=ftn_opt, lr=ftn_lr, l1=ftn_l1, epochs=ftn_epochs,
-                train_examples=ftn_n)
-    def on_finetune(base, task, text, pair, label, opt, lr, l1, epochs, n, head, template, words):
+                train_examples=ftn_n, lora_rank=ftn_rank)
+    def on_finetune(base, task, text, pair, label, opt, lr, l1, epochs, n, rank, head, template, words):
         job = forms.submit_finetune(store.runner(), base=base, task=task,
-                                      columns={**forms.data_columns(task, text, pair, label),
-                                               **forms.prompt_fields(head, template, words)},
-                                      optimizer=opt, lr=lr, epochs=epochs, train_examples=n, l1=l1)
+                                    columns={**forms.data_columns(task, text, pair, label),
+                                             **forms.prompt_fields(head, template, words)},
+                                    optimizer=opt, lr=lr, epochs=epochs, train_examples=n, l1=l1, lora_rank=rank)
         return submitted(job, KINDS, LATEST)
 
     page.on(ftn_run.click, on_finetune, [ftn_base, page.task, *page.columns, ftn_opt, ftn_lr, ftn_l1, ftn_epochs, ftn_n,
-                                         *page.prompt], [page.status, ftn_job, ftn_status])
+                                         ftn_rank, *page.prompt], [page.status, ftn_job, ftn_status])
     page.cancel(ftn_cancel, ftn_job, KINDS)
-    page.shows("finetune", ftn_job, [ftn_opt, ftn_lr, ftn_epochs, ftn_n])
+    page.shows("finetune", ftn_job, [ftn_opt, ftn_lr, ftn_epochs, ftn_n, ftn_rank])
     page.panel("finetune", KINDS, ftn_job, ftn_status, [ftn_plot], render_finetune, LATEST)
     return tab
