@@ -232,12 +232,13 @@ def test_sentences_typed_on_compare_are_classified_by_each_model(page):
     line, took = bu.run_job(page, "#predict-run", "#predict-status", "predict-job", timeout_s=JOB_S)
     print(f"[browser] two sentences through three models: {took:.1f} s")
     assert "· done" in line and "decides as the fine-tuned model on" in line, line
-    page.wait_for_function("() => document.querySelectorAll('#predict-table [role=row].virtual-row').length >= 6",
+    page.wait_for_function("() => document.querySelectorAll('#predict-table [role=row].virtual-row').length >= 2",
                            timeout=30_000)
-    rows = [r for r in bu.table_rows(page, "predict-table") if r]
-    assert {r[0] for r in rows} == {"1. A wonderful, moving film.", "2. A dull mess from start to finish."}, rows
-    assert {r[1] for r in rows} == {"pre-trained body + FT head", "fine-tuned", region}, rows
-    assert all(re.fullmatch(r"\d+(\.\d+)?%", r[3]) for r in rows), rows
+    rows = [r for r in bu.table_rows(page, "predict-table") if r]  # a sentence a row, the models side by side
+    assert [r[0] for r in rows] == ["1. A wonderful, moving film.", "2. A dull mess from start to finish."], rows
+    headers = list(dict.fromkeys(h for h, _ in bu.table_fit(page, "predict-table")["headers"]))
+    assert headers[:1] == ["sentence"] and headers[1:] == ["fine-tuned", region, "pre-trained body + FT head"], headers
+    assert all(re.fullmatch(r"(negative|positive) \d+(\.\d+)?%( ≠ FT)?", c) for r in rows for c in r[1:]), rows
     STATE["predict_job"] = bu.tab_job(page, "#predict-status")
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from pathlib import Path
@@ -871,10 +872,11 @@ def test_localize_compare_compose_export_jobs_end_to_end(home, tiny_checkpoints)
     assert len(ours) == round((1 - agree) * 16) and (not ours or f"{len(ours)} of 16" in unlike_note)
     prd = finish(forms.submit_predict(runner, region_ids=[region], text="a great film\n\n   \nawful, dull"))
     (frame,) = compare.render_predict(prd)
-    assert list(frame["sentence"].unique()) == ["1. a great film", "2. awful, dull"]  # blank lines are not sentences
-    assert list(frame["model"].unique()) == ["pre-trained body + FT head", "fine-tuned", region]
-    assert {f"p({name})" for name in prd.result["label_names"]} <= set(frame.columns)
-    assert set(frame[frame["model"] == region]["same as FT"]) <= {"yes", "no"}
+    assert list(frame["sentence"]) == ["1. a great film", "2. awful, dull"]  # blank lines are not sentences
+    assert list(frame.columns) == ["sentence", "fine-tuned", region, "pre-trained body + FT head"]  # side by side
+    names = "|".join(prd.result["label_names"])
+    assert all(re.fullmatch(rf"({names}) \d+\.\d%", c) for c in frame["fine-tuned"])
+    assert all(re.fullmatch(rf"({names}) \d+\.\d%( ≠ FT)?", c) for c in frame[region])
     with pytest.raises(RequestError, match="type one or more sentences"):
         forms.submit_predict(runner, region_ids=[region], text=" \n ")
     bad = runner.wait(forms.submit_compare(runner, region_ids=[learned.result["region"]], ood=["bbc"], n=16,
@@ -1232,10 +1234,15 @@ def test_the_try_box_shows_each_models_generation_for_a_completion_region():
 
     (drawn,) = compare.render_predict(type("Job", (), {"result": result})())
     assert drawn.equals(frame)
-    classified = tables.predict_table({"label_names": ["neg", "pos"], "texts": ["fine"], "rows": [
-        {"text": 0, "model": "fine-tuned", "probs": {"neg": 0.2, "pos": 0.8}, "predicted": "pos", "confidence": 0.8,
-         "agrees_with_ft": None}]})
-    assert list(classified.columns) == [*tables.PREDICT_COLUMNS, "p(neg)", "p(pos)"]
+    # a classification result: one row per sentence, the models side by side (FT first, the bare body last)
+    rows = [{"text": t, "model": m, "probs": {}, "predicted": c, "confidence": p, "agrees_with_ft": same}
+            for t, m, c, p, same in ((0, "pre-trained body + FT head", "neg", 0.6, False), (0, "fine-tuned", "pos", 0.8,
+                                     None), (0, "r1", "pos", 0.7, True), (1, "fine-tuned", "neg", 0.9, None),
+                                     (1, "r1", "pos", 0.55, False), (1, "pre-trained body + FT head", "neg", 0.5, True))]
+    classified = tables.predict_table({"label_names": ["neg", "pos"], "texts": ["fine", "dull"], "rows": rows})
+    assert list(classified.columns) == [*tables.PREDICT_COLUMNS, "fine-tuned", "r1", "pre-trained body + FT head"]
+    assert classified.values.tolist() == [["1. fine", "pos 80.0%", "pos 70.0%", "neg 60.0% ≠ FT"],
+                                          ["2. dull", "neg 90.0%", "pos 55.0% ≠ FT", "neg 50.0%"]]
 
 
 def test_the_try_box_is_one_prompt_for_completion_regions_and_sentences_otherwise(home, monkeypatch):
@@ -1331,3 +1338,24 @@ def test_the_fine_tune_form_sends_a_lora_rank_and_names_the_adapter_apart(home, 
                               train_examples=0, l1=0, lora_rank=rank)
         assert sent["r"].lora_rank == rank and ("LoRA rank 8" in sent["t"]) == bool(rank)
         assert ("-lora8-" in sent["r"].out) == bool(rank), sent["r"].out
+
+
+def test_the_generations_of_many_models_share_the_rows_width():
+    """One model's long generation (a baseline's babble) is cut to its share of the row, so the other models'
+    columns stay on the screen; two models keep the full width."""
+    from graftui.ui import tables
+
+    def result(models):
+        babble = "word " * 100
+        return {"rows": [{"model": m} for m in models], "generations": [{
+            "task": "dates", "prompt": "Date: 2019-07-04\nIn words:", "reference": " July 4, 2019",
+            **{m: babble for m in models}, "answer": {m: babble for m in models},
+            "exact": {m: False for m in models}, "contains": {m: False for m in models}}]}
+
+    many = ["fine-tuned", "r1", "r2", "top-movement", "random", "pre-trained, same prompt"]
+    for models, width in ((many[:2], tables.GENERATION_WIDTH), (many, tables.GENERATIONS_ROOM // 6)):
+        shown = tables.generations_table(result(models))
+        cells = [str(shown.iloc[0][m]) for m in models]
+        assert tables.generation_width(len(models)) == width
+        assert all(len(c) <= 2 * (width + 1) + 8 for c in cells), [len(c) for c in cells]  # the answer, the generation
+    assert sum(len(c) for c in cells) <= 2 * tables.GENERATIONS_ROOM + 60

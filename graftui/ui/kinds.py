@@ -8,7 +8,7 @@ registered here by the kind's name (a kind with none of its own is worded as the
 from __future__ import annotations
 
 from .. import card
-from ..config import is_body
+from ..config import FT_LABEL, is_body
 from ..errors import RequestError
 from ..formatting import num, pct
 from ..tasks.harness.lmeval import PREFIX
@@ -31,7 +31,7 @@ class KindApp:
     app_columns: tuple[str, ...] = ()  # the app's comparison table: short headers, the note under it says what each is
     app_note: str = ""  # what the app's comparison columns mean
     try_words: tuple[str, str, str] = ("", "", "")  # the app's Try box: its label, its button, its table's label
-    predict_columns: tuple[str, ...] = ()  # the app's Try table
+    predict_columns: tuple[str, ...] = ()  # the app's Try table: its columns, or those before one per model
 
     def app_rows(self, result: dict) -> list[dict]:
         """A comparison's rows as the app's table shows them (``app_columns``)."""
@@ -50,8 +50,12 @@ class KindApp:
         raise NotImplementedError
 
     def predict_rows(self, result: dict) -> list[dict]:
-        """Predict's rows as the app's Try table shows them (``predict_columns`` and, for classes, one per class)."""
+        """Predict's rows as the app's Try table shows them (``predict_table_columns``)."""
         raise NotImplementedError
+
+    def predict_table_columns(self, result: dict) -> list[str]:
+        """The Try table's columns for this result."""
+        return list(self.predict_columns)
 
 
 class ClassificationApp(KindApp):
@@ -67,8 +71,9 @@ class ClassificationApp(KindApp):
                 "the accuracy difference to the fine-tuned model on the same task; F1 of the positive class (macro if "
                 "more than two); ECE is the expected calibration error over 10 equal-width confidence bins (lower is "
                 "better); calibration compares mean confidence with accuracy.")
-    try_words = ("Sentences (one per line)", "Classify", "Each model on each sentence")
-    predict_columns = ("sentence", "model", "class", "p", "same as FT")
+    try_words = ("Sentences (one per line)", "Classify", "Each sentence, the models side by side: the class each "
+                 "picks and its probability, ≠ FT where it decides otherwise than the fine-tuned model")
+    predict_columns = ("sentence",)  # then one column per model
 
     def app_rows(self, result) -> list[dict]:
         rows = result.get("rows") or []
@@ -110,17 +115,26 @@ class ClassificationApp(KindApp):
     def try_title(self, texts) -> str:
         return f"Predict {len(texts)} sentence(s)"
 
+    @staticmethod
+    def _models(result) -> list[str]:
+        """The models of a prediction, the fine-tuned model first and the bare body last (as in every table)."""
+        listed = list(dict.fromkeys(r["model"] for r in result.get("rows") or []))
+        last = [m for m in listed if is_body(m)]
+        return [m for m in listed if m == FT_LABEL] + [m for m in listed if m != FT_LABEL and m not in last] + last
+
+    def predict_table_columns(self, result) -> list[str]:
+        return [*self.predict_columns, *self._models(result)]
+
     def predict_rows(self, result) -> list[dict]:
-        names = result.get("label_names") or []
         texts = result.get("texts") or []
-        out = []
+        by_text: dict[int, dict] = {}
         for r in result.get("rows") or []:
             text = texts[r["text"]] if r["text"] < len(texts) else ""
-            out.append({"sentence": f"{r['text'] + 1}. {text if len(text) <= 80 else text[:77] + '...'}",
-                        "model": r["model"], "class": r["predicted"], "p": _pct(r["confidence"]),
-                        "same as FT": "" if r["agrees_with_ft"] is None else ("yes" if r["agrees_with_ft"] else "no"),
-                        **{f"p({n})": _pct(r["probs"][n]) for n in names}})
-        return out
+            row = by_text.setdefault(r["text"], {"sentence": f"{r['text'] + 1}. "
+                                                             f"{text if len(text) <= 80 else text[:77] + '...'}"})
+            row[r["model"]] = f"{r['predicted']} {_pct(r['confidence'])}" + (" ≠ FT" if r["agrees_with_ft"] is False
+                                                                              else "")
+        return [by_text[i] for i in sorted(by_text)]
 
 
 class CompletionApp(KindApp):

@@ -8,7 +8,7 @@ from .tabs import anatomy, laboratory
 TABLES = {  # each table's columns, by its elem_id: those in tables.NUMBER_COLUMNS are never wrapped
     "region-list": library.REGION_LIST_COLUMNS, "jobs-table": jobwords.JOB_COLUMNS, "models-counts": tables.COUNT_COLUMNS,
     "compare-table": tables.COMPARE_COLUMNS, "compare-differences": tables.DIFFERENCE_COLUMNS,
-    "compare-disagreements": tables.DISAGREEMENT_COLUMNS, "predict-table": tables.PREDICT_COLUMNS + [f"p(class {i})" for i in range(8)], "lab-retrain-table": tables.COMPARE_COLUMNS,
+    "compare-disagreements": tables.DISAGREEMENT_COLUMNS, "lab-retrain-table": tables.COMPARE_COLUMNS,
     "sweep-table": tables.SWEEP_COLUMNS + [f"OOD {i} ↑" for i in range(8)],  # and a column per OOD task, up to 8
     "compose-table": tables.COMPOSE_COLUMNS, "compose-overlap-table": tables.OVERLAP_COLUMNS,
     "regions-table": library.REGIONS_COLUMNS,

@@ -48,9 +48,17 @@ def compare_table(result: dict) -> pd.DataFrame:
     return pd.DataFrame(app_of(kind).app_rows(result), columns=list(app_of(kind).app_columns))
 
 
-GENERATION_WIDTH = 80  # characters of an answer or a generation a cell shows (the JSON and the bundle hold them whole)
-GENERATIONS_LABEL = (f"Generations on the first test examples: the fine-tuned model, each graft and baseline, then the "
-                     f"pre-trained model (texts cut at {GENERATION_WIDTH} characters; the report bundle holds them whole)")
+GENERATION_WIDTH = 80  # characters of an answer or a generation a cell shows at most (the bundle holds them whole)
+GENERATIONS_ROOM = 200  # characters the models' cells of one row share: one model's long generation (a baseline's
+# babble) cannot push the others off the screen
+GENERATIONS_LABEL = ("Generations on the first test examples: the fine-tuned model, each graft and baseline, then the "
+                     "pre-trained model (texts cut to share the table's width; the report bundle holds them whole)")
+
+
+def generation_width(models: int) -> int:
+    """Characters of each text a model's cell shows when ``models`` share a row: GENERATIONS_ROOM between them, at
+    least 24 and at most GENERATION_WIDTH each."""
+    return max(24, min(GENERATION_WIDTH, GENERATIONS_ROOM // max(models, 1)))
 
 
 def generations_table(result: dict) -> pd.DataFrame:
@@ -61,9 +69,10 @@ def generations_table(result: dict) -> pd.DataFrame:
     listed = list(dict.fromkeys(r["model"] for r in result.get("rows") or []))
     last = [m for m in listed if m in BODY_LABELS]
     models = [m for m in listed if m == FT_LABEL] + [m for m in listed if m != FT_LABEL and m not in last] + last
+    width = generation_width(len(models))
     out = [{"task": g.get("task", ""), "prompt": g["prompt"], "reference": g["reference"],
             "reference answer": g.get("reference_answer") or "",
-            **{m: card.generation_cell(g, m, GENERATION_WIDTH) for m in models if m in g}} for g in shown]
+            **{m: card.generation_cell(g, m, width) for m in models if m in g}} for g in shown]
     return pd.DataFrame(out, columns=["task", "prompt", "reference", "reference answer", *models])
 
 
@@ -287,10 +296,8 @@ GENERATION_COLUMNS = list(app_of(COMPLETION_KIND).predict_columns)
 
 
 def predict_table(result: dict) -> pd.DataFrame:
-    """One row per sentence and model: the predicted class, its probability, every class's, and whether it
-    decides as the fine-tuned model. For completion regions one row per model: its greedy generation for the
+    """One row per sentence, the models side by side: the class each picks, its probability, and ≠ FT where it decides
+    otherwise than the fine-tuned model. For completion regions one row per model: its greedy generation for the
     prompt, and whether its answer is the fine-tuned model's (the task kind's ``predict_rows``)."""
-    kind = kind_in(result, "kind")
-    names = result.get("label_names") or []
-    words = app_of(kind)
-    return pd.DataFrame(words.predict_rows(result), columns=[*words.predict_columns, *(f"p({n})" for n in names)])
+    words = app_of(kind_in(result, "kind"))
+    return pd.DataFrame(words.predict_rows(result), columns=words.predict_table_columns(result))
