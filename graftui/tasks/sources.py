@@ -107,6 +107,15 @@ def resolve_source(ref: str, allow_local: bool) -> tuple[str, str]:
     return "hub", ref
 
 
+def check_named(spec, fields: tuple[str, ...], columns: list[str], source: str) -> None:
+    """Each column a request names (the ``fields`` of ``spec`` it sets) is one of the source's, or one line listing
+    those there are."""
+    for field in fields:
+        column = getattr(spec, field)
+        if column is not None and column not in columns:
+            raise DataError(f"column '{column}' ({field}) not found in {source}; available columns: {', '.join(columns)}")
+
+
 def check_rows(source: "Source") -> None:
     """A source with no rows at all (an empty file, a CSV with only its header) is refused."""
     if not source.tables or not any(len(t) for t in source.tables.values()):

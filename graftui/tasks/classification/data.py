@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ...errors import ColumnsMissing, DataError
-from ..sources import (OFFLINE_TASKS, Source, check_rows, columns_of, head_rows, load_source, pick_table_split,
-                       resolve_source, values_of)
+from ..sources import (OFFLINE_TASKS, Source, check_named, check_rows, columns_of, head_rows, load_source,
+                       pick_table_split, resolve_source, values_of)
 
 if TYPE_CHECKING:
     import torch
@@ -368,11 +368,8 @@ class MissingColumn(ColumnsMissing):
 
 
 def _check_columns(spec: DataSpec, columns: list[str], source: str) -> None:
+    check_named(spec, ("text_column", "pair_column", "label_column"), columns, source)
     available = ", ".join(columns)
-    for field in ("text_column", "pair_column", "label_column"):
-        column = getattr(spec, field)
-        if column is not None and column not in columns:
-            raise DataError(f"column '{column}' ({field}) not found in {source}; available columns: {available}")
     if spec.text_column is None:
         raise MissingColumn(f"could not guess the text column of {source}; set text_column (--text-column) to one "
                             f"of: {available}", spec.label_column is not None)

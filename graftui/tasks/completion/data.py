@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..classification.data import SPLIT_NAMES, carve
-from ..sources import pick_split, read_tables
+from ..sources import check_named, pick_split, read_tables
 from ...errors import ColumnsMissing, DataError
 
 PROMPT_GUESSES = ("prompt", "question", "instruction", "input", "query")
@@ -165,11 +165,8 @@ class NoCompletionColumns(ColumnsMissing):
 
 
 def _check_columns(spec: CompletionSpec, columns: list[str], name: str) -> None:
+    check_named(spec, ("prompt_column", "completion_column", "messages_column"), columns, name)
     available = ", ".join(columns)
-    for field in ("prompt_column", "completion_column", "messages_column"):
-        column = getattr(spec, field)
-        if column is not None and column not in columns:
-            raise DataError(f"column '{column}' ({field}) not found in {name}; available columns: {available}")
     if spec.messages_column:
         return
     if spec.completion_column is None:
