@@ -245,7 +245,7 @@ ACCURACY = Words(score="accuracy", calibration="ECE", reference="bare body",
 
 def sweep_card(doc: dict, words: Words = ACCURACY) -> list[str]:
     """Sentences for a sparsity sweep: the smallest budget keeping 95 % of FT per method, and the gaps (``words``:
-    how the task's kind names its score, ``tasks.Words``)."""
+    how the task's kind names its score, ``kinds.Words``)."""
     rows, ft = doc["rows"], doc.get("ft_accuracy")
     if not rows or not ft:
         return []

@@ -199,7 +199,7 @@ def _hub_adapter_folder(repo: str) -> str | None:
 
 
 def context_of(ref: str, *, trust_remote_code: bool = False, allow_local: bool = True) -> int | None:
-    """The tokens ``ref`` attends over (``completion.context_length``), read from its config: no weights loaded."""
+    """The tokens ``ref`` attends over (``tasks.completion.data.context_length``), read from its config: no weights loaded."""
     return context_length(_config(ref, resolve(ref, allow_local=allow_local), trust_remote_code))
 
 

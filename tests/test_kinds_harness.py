@@ -155,7 +155,7 @@ def test_a_shared_server_runs_only_the_offline_harness_tasks(monkeypatch, tmp_pa
     assert "lm-eval:graftui_dates" in str(err.value) and "\n" not in str(err.value)
     # a server file named as a task YAML is refused by its name, never opened (no "cannot read" that would tell
     # whether it exists)
-    for path in (tmp_path / "absent.yaml", Path("/etc/hostname.yml")):
+    for path in (tmp_path / "absent.yaml", Path("/etc/hostname.yaml")):
         with pytest.raises(RequestError, match="is not one of the offline harness tasks") as err:
             read_task_as(str(path), None, guard)
         assert str(path) in str(err.value)

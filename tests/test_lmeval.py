@@ -152,15 +152,23 @@ def test_a_task_the_user_wrote_is_read_from_its_yaml_or_by_name_from_graftui_hom
 
     rows = {s: [{"q": f"{s} {i}", "a": f"{s}-{i}"} for i in range(3)] for s in ("train", "validation", "test")}
     yaml = _task_folder(tmp_path / "mine", "my_task", rows) / "task.yaml"
-    assert named_kind(str(yaml), "auto", set()) is HARNESS and named_kind("data.yml", "auto", set()) is HARNESS
+    assert named_kind(str(yaml), "auto", set()) is HARNESS and named_kind("data.yml", "auto", set()) is not HARNESS
     skill = load_harness(str(yaml))
-    assert skill.name == str(yaml) and [t.name for t in skill.harness] == ["my_task"]  # read again by its path
+    assert skill.name == str(yaml.resolve()) and [t.name for t in skill.harness] == ["my_task"]  # read again by path
     assert skill.splits["train"].examples[0] == (("user", "Q: train 0\nA:"), ("assistant", " train-0"))
     assert skill.harness[0].include_path == (str(yaml.parent.resolve()),) and not skill.harness[0].registry
 
     shutil.copytree(yaml.parent, task_home / "lm-eval" / "my_task")
     by_name = load_harness("lm-eval:my_task")
     assert [(t.name, t.registry, t.n_eval) for t in by_name.harness] == [("my_task", False, 3)]
+
+    # a second file of the same name beside it: the harness would read the first, so the one named is refused
+    (yaml.parent / "a_copy.yaml").write_text(yaml.read_text())
+    with pytest.raises(DataError) as err:
+        load_harness(str(yaml))
+    assert "a_copy.yaml" in _one_line(err) and "its own name" in str(err.value)
+    (yaml.parent / "a_copy.yaml").write_text(yaml.read_text().replace("task: my_task", "task: my_copy"))
+    assert [t.name for t in load_harness(str(yaml.parent / "a_copy.yaml")).harness] == ["my_copy"]  # seen at once
 
     (tmp_path / "group.yaml").write_text("group: mine\ntask:\n  - my_task\n")
     for ref, words in ((tmp_path / "absent.yaml", "cannot read"), (tmp_path / "group.yaml", "names no task")):

@@ -304,5 +304,6 @@ def test_a_new_regions_name_tells_the_fine_tune_it_came_from_apart():
     assert region_stem("smollm2-dates", "dates", "learned", 9) == "smollm2-dates-learned-k9"
     assert region_stem("smollm2-dates-lora", "dates", "learned", 9) == "smollm2-dates-lora-learned-k9"
     assert region_stem("/ckpt/gpt2-sst2", "movies", "top-movement", 5) == "gpt2-sst2-movies-top-movement-k5"
+    assert region_stem("minilm-agnews", "news", "random", 3) == "minilm-agnews-news-random-k3"  # whole parts only
     assert region_stem("smollm2-dates", "/srv/uploads/3f2a/opposites.csv", "learned", 7) == \
         "smollm2-dates-opposites-learned-k7"

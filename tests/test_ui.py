@@ -304,6 +304,9 @@ def test_the_submitted_banner_is_replaced_once_its_job_has_ended(home):
 def test_the_status_line_keeps_the_id_of_the_job_it_announces_and_forgets_it_when_it_says_anything_else():
     """A handler that writes a job's banner leaves that job's id beside the line; one that writes anything else
     leaves none (the poll then has no job to settle over the new text); one that leaves the line leaves the id."""
+    import copy
+    import pickle
+
     import gradio as gr
 
     from graftui.ui import jobwords, wiring
@@ -312,8 +315,12 @@ def test_the_status_line_keeps_the_id_of_the_job_it_announces_and_forgets_it_whe
     for answer, kept in ((banner, "j-1"), ("⚠️ a problem", ""), ("Column mapping checked", ""), (gr.skip(), None)):
         got = wiring.announces(lambda answer=answer: (answer, "other"), 0, 2)()
         assert got[:2] == (answer, "other") and (got[2] == kept if kept is not None else wiring._skipped(got[2])), got
-    failure = {"status": "⚠️ refused"}  # a guarded failure names only what it writes: the id is left as it was
-    assert wiring.announces(lambda: failure, 0, 2)() is failure
+    status, announced = object(), object()  # a guarded failure names what it writes: the id goes, so the end of the
+    failure = {status: "⚠️ refused"}  # job it announced does not overwrite the failure
+    assert wiring.announces(lambda: failure, 0, 2, status, announced)() == {status: "⚠️ refused", announced: ""}
+    other = {object(): "a value"}  # a failure that leaves the line leaves the id
+    assert wiring.announces(lambda: other, 0, 2, status, announced)() is other
+    assert copy.deepcopy(banner).job == pickle.loads(pickle.dumps(banner)).job == "j-1"
 
 
 def test_a_run_buttons_answer_never_leaves_a_stale_line_under_the_panel(home):

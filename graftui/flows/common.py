@@ -306,7 +306,8 @@ def region_stem(finetuned: str, task: str, method: str, k: int) -> str:
     model's name does not say it already, its method and size. Two fine-tunes of one task (a LoRA adapter, a whole
     fine-tune) make regions named apart; an uploaded file is named by its file name, never its folder."""
     model, data = slug(short_ref(finetuned)), slug(short_ref(task))
-    return f"{model if data.lower() in model.lower() else f'{model}-{data}'}-{method}-k{k}"
+    said = data.lower() in model.lower().replace("_", "-").split("-")  # a whole part of the name ('news' is not 'agnews')
+    return f"{model if said else f'{model}-{data}'}-{method}-k{k}"
 
 
 def save_new(record: RegionRecord, folder: Path, stem: str, write: bool = True) -> Path:

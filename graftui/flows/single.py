@@ -697,7 +697,7 @@ def sweep(req: SweepRequest, progress: Progress | None = None, cancel=None, guar
             if req.keep:  # the region as a file that `graftui run` re-makes, like one from localize
                 kept[name] = str(save_new(region_record(one, pair, made[name], record, [], time.time() - began),
                                           Path(req.keep).expanduser(),
-                                          f"{short_ref(req.task)}-{name}-k{region_size(made[name])}"))
+                                          region_stem(req.finetuned, req.task, name, region_size(made[name]))))
         budget_rows, budget_found = kind.sweep_rows(reference, pair, task, req, made, kept, s, cancel)
         rows += budget_rows
         found += budget_found

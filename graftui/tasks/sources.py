@@ -1,6 +1,6 @@
 """Where a task's rows come from, before any kind reads them: a local CSV, TSV, JSON(L) or Parquet file, a folder of
-them, or a Hugging Face dataset, as raw tables per split. Every kind's reader (classification in data.py, completion
-in completion.py) starts here, so each file is checked once, the same way: sizes, cells and shapes before a byte is
+them, or a Hugging Face dataset, as raw tables per split. Every kind's reader (classification/data.py,
+completion/data.py) starts here, so each file is checked once, the same way: sizes, cells and shapes before a byte is
 trusted.
 """
 
@@ -20,7 +20,7 @@ from .. import settings
 from ..errors import DataError
 from ..paths import DATA_SUFFIXES
 
-# the offline classification tasks: a name that is neither a file nor a Hub id (data.py reads them)
+# the offline classification tasks: a name that is neither a file nor a Hub id (classification/data.py reads them)
 OFFLINE_TASKS: dict[str, str] = {
     "movies": "Movie review snippets, negative vs positive (VADER ground truth, ~10k sentences)",
     "amazon": "Amazon review snippets, negative vs positive (VADER; out-of-distribution for movies)",
@@ -370,7 +370,7 @@ def load_source(kind: str, target: str, config: str | None = None, strings: bool
 def read_tables(ref: str | os.PathLike, config: str | None = None, *, allow_local: bool = True
                 ) -> tuple[str, str, dict[str, list[dict]]]:
     """A local file or folder, or a Hub dataset, as (name, provenance, {split: rows as dicts}), for readers of
-    other task kinds (completion.py), every CSV cell as written; the checks and refusals are those of ``load_task``."""
+    other task kinds (completion/data.py), every CSV cell as written; the checks and refusals are those of ``load_task``."""
     kind, target = resolve_source(os.fspath(ref), allow_local)
     if kind == "offline":
         raise DataError(f"'{ref}' is an offline classification task; give a file or dataset with the columns asked")

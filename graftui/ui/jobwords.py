@@ -241,6 +241,9 @@ class Banner(str):
         made.job = job
         return made
 
+    def __getnewargs__(self):  # copied or pickled, it keeps its job
+        return str(self), self.job
+
 
 def submitted_line(job: Job) -> Banner:
     """The banner after a submission, with its lane and the default model it builds first (``lanes.plan_words``);

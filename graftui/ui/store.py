@@ -33,7 +33,7 @@ from ..errors import RegionError, SessionError
 from ..kinds import CLASSIFICATION, region_kind
 from ..hosted import check_disk, own_dir
 
-from ..flows.common import clear_cache, save_new
+from ..flows.common import clear_cache, region_stem, save_new
 from ..jobs import MAIN, QUEUED, QUICK, RUNNING, JobRunner
 from ..models import checkpoint_record
 from ..training import is_built
@@ -571,7 +571,7 @@ def load_region(region_id: str):
 def save_region(record, stem: str | None = None) -> Path:
     """Save a region or skill patch under a new, readable id; returns its path."""
     m = record.meta
-    stem = stem or f"{short_ref(m.task or 'task')}-{m.method or 'region'}-k{record.size}"
+    stem = stem or region_stem(m.finetuned or "region", m.task or "task", m.method or "region", record.size)
     return save_new(record, regions_dir(), stem)
 
 

@@ -120,14 +120,16 @@ def clears_error(fn, status, shows_error, at: int, width: int):
     return call
 
 
-def announces(fn, at: int, width: int):
-    """``fn``, whose ``width`` outputs hold the status line at ``at``, returning one more value: the id of the job the
-    line now announces (a ``jobwords.Banner``), "" where it now says anything else, or no change where it is left."""
+def announces(fn, at: int, width: int, status=None, announced=None):
+    """``fn``, whose ``width`` outputs hold the status line (``status``) at ``at``, returning one more value (the State
+    ``announced``): the id of the job the line now announces (a ``jobwords.Banner``), "" where it now says anything
+    else, or no change where it is left."""
 
     def call(*args):
         got = fn(*args)
         if isinstance(got, dict) and "__type__" not in got:  # {component: value}, as ``guarded`` answers a failure
-            return got  # the line shows the failure; the job it announced, if any, is still told when it ends
+            # the line shows the failure, which the end of a job it announced before must not overwrite
+            return {**got, announced: ""} if status is not None and status in got else got
         values = list(got) if width > 1 and isinstance(got, (tuple, list)) else [got]
         value = values[at]
         job = value.job if isinstance(value, jobwords.Banner) else "" if isinstance(value, str) else gr.skip()
@@ -472,7 +474,8 @@ class Page:
             if self.shows_error is None:
                 self.shows_error = self.state(False)
             at = next(i for i, o in enumerate(outputs) if o is self.status)
-            fn, outputs = announces(fn, at, len(outputs)), [*outputs, self.announced]
+            fn = announces(fn, at, len(outputs), self.status, self.announced)
+            outputs = [*outputs, self.announced]
             fn = clears_error(fn, self.status, self.shows_error, at, len(outputs))
             inputs, outputs = [*inputs, self.shows_error], [*outputs, self.shows_error]
         return event(in_session(fn, outputs), [self.sid, *inputs], outputs, **kwargs)

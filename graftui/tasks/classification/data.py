@@ -364,7 +364,7 @@ def _dropped_note(name: str, dropped: dict[str, int], column: str) -> tuple[str,
 
 class MissingColumn(ColumnsMissing):
     """A text or label column that could not be guessed; ``fits`` says whether the other one was (a source with
-    neither may be a completion task: ``tasks.read_task`` decides which error to tell)."""
+    neither may be a completion task: ``kinds.read_task`` decides which error to tell)."""
 
 
 def _check_columns(spec: DataSpec, columns: list[str], source: str) -> None:

@@ -1,4 +1,5 @@
-"""lm-evaluation-harness tasks (``--task lm-eval:NAME``, or ``lm-eval:a,b``): scored by the harness itself.
+"""lm-evaluation-harness tasks (``--task lm-eval:NAME``, ``lm-eval:a,b``, or a task YAML's path): scored by the
+harness itself.
 
 The fine-tuned model, the pre-trained model and each graft are scored in memory by ``lm_eval.simple_evaluate``
 (``lmeval.score``) with the harness's metrics and its stderr; graftui adds paired intervals from the harness's
@@ -12,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import random
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -44,7 +46,9 @@ def load_harness(ref: str) -> HarnessSkill:
     unsplit = [t.name for t in tasks if t.train_split is None]
     notes = (f"lm-eval task(s) {', '.join(unsplit)} have no documents besides those they are evaluated on: no region "
              "can be learned or fine-tuned on them",) if unsplit else ()
-    name = str(ref).strip() if is_task_file(ref) else PREFIX + ",".join(t.name for t in tasks)  # read again as named
+    # a task file is recorded by its whole path, so a region made with it is read again from anywhere
+    name = str(Path(str(ref).strip()).expanduser().resolve()) if is_task_file(ref) else PREFIX + ",".join(
+        t.name for t in tasks)
     return HarnessSkill(name=name, splits={"train": train, "validation": empty,
                                                                               "test": empty},
                         source="lm-evaluation-harness: " + ", ".join(f"{t.name} ({t.output_type}, {t.n_eval:,} "

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import hashlib
 import json
 import logging
 import math
@@ -64,7 +65,7 @@ OFFLINE = {  # name -> (what it is, graftui's task it is made from)
 
 
 # -- names -----------------------------------------------------------------------------------------------------------
-TASK_FILE_SUFFIXES = (".yaml", ".yml")  # a task the user wrote, named by its file: --task path/to/my_task.yaml
+TASK_FILE_SUFFIXES = (".yaml",)  # a task the user wrote, named by its file (the harness indexes no other suffix)
 
 
 def is_task_file(ref: str) -> bool:
@@ -274,12 +275,24 @@ def _include(include_path: str | Path | Sequence[str | Path] | None) -> tuple[st
     return tuple(str(Path(p).expanduser().resolve()) for p in paths)
 
 
+def _written_yamls(include: tuple[str, ...]) -> tuple:
+    """(path, content digest) of every task YAML under ``include``: what a manager over those folders indexed (by
+    content, not time: a file rewritten within the file system's clock tick is still seen)."""
+    found = []
+    for folder in include:
+        try:
+            found += [(str(p), hashlib.sha1(p.read_bytes()).hexdigest()) for p in Path(folder).rglob("*.yaml")]
+        except OSError:
+            continue
+    return tuple(sorted(found))
+
+
 def _manager(include: tuple[str, ...], defaults: bool):
     """A harness TaskManager over ``include`` (and the harness's own registry when ``defaults``: 5 s to index, so it is
     built once per process and only for names that need it)."""
     from lm_eval.tasks import TaskManager
 
-    key = (include, defaults)
+    key = (include, defaults, _written_yamls(include))  # a YAML added, changed or renamed: indexed again
     with _manager_lock:
         if key not in _managers:
             with _quiet():
@@ -405,6 +418,12 @@ def load_harness_tasks(ref: str) -> list[HarnessTask]:
     """Every task of ``lm-eval:a,b``, or the one of a task YAML (read from the folder it lies in)."""
     if is_task_file(ref):
         name, folder = file_task(ref)
+        given = Path(str(ref).strip()).expanduser().resolve()
+        entry = _manager((str(folder),), False).task_index.get(name)
+        read = getattr(entry, "yaml_path", None)
+        if read is not None and Path(read).resolve() != given:  # the harness takes the first file of a name
+            raise DataError(f"'{ref}' names task '{name}', which {read} beside it names too, and the harness reads "
+                            "that one: give each task YAML its own name, or its own folder")
         return [load_harness_task(name, include_path=folder)]
     return [load_harness_task(n) for n in harness_names(ref)]
 
@@ -632,4 +651,5 @@ def _reading(name: str, output_type: str, out: dict) -> HarnessScore:
 
 
 __all__ = ["BOOTSTRAP_ITERS", "HarnessScore", "HarnessTask", "OFFLINE", "PREFIX", "answer_filter", "harness_names",
-           "is_harness_ref", "load_harness_task", "load_harness_tasks", "offline_dir", "score", "task_yaml"]
+           "file_task", "is_harness_ref", "is_task_file", "load_harness_task", "load_harness_tasks", "offline_dir",
+           "score", "task_yaml", "user_dir"]
