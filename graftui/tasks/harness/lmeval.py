@@ -318,12 +318,12 @@ def user_dir() -> Path:
 
 
 def _own_tasks() -> tuple[str, ...]:
-    """``user_dir()`` as an include path where it holds a YAML besides graftui's own files (the offline tasks and
-    their datasets cache, which the harness then does not walk)."""
+    """``user_dir()`` as an include path where it holds a task YAML besides graftui's own folders (the offline tasks
+    and their datasets cache), which this check does not walk: the cache may hold many files."""
     root, own = user_dir(), (f"tasks-v{FORMAT}", "datasets-cache")
     try:
-        found = any(p.suffix.lower() in TASK_FILE_SUFFIXES for p in root.rglob("*")
-                    if p.relative_to(root).parts[0] not in own)
+        found = any(p.suffix.lower() in TASK_FILE_SUFFIXES if p.is_file() else next(p.rglob("*.yaml"), None) is not None
+                    for p in root.iterdir() if p.name not in own)
     except OSError:
         return ()
     return (str(root.resolve()),) if found else ()
