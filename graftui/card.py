@@ -395,7 +395,8 @@ def predict_card(rows: list[dict], ft_name: str, texts: int, judged: str | None 
     """Hand-typed sentences: where each graft decides as the fine-tuned model does, and where the bare body did
     not (the sentences on which the region carries the skill). A handful of sentences shows, it does not measure.
     With ``judged`` (how a completion's answer is read) the texts are prompts and a model answers as FT or not."""
-    grafts = list(dict.fromkeys(r["model"] for r in rows if r["model"] != ft_name and not is_body(r["model"])))
+    grafts = list(dict.fromkeys(r["model"] for r in rows if r["model"] != ft_name and not is_body(r["model"])
+                                and not r.get("probe")))
     body_differs = {r["text"] for r in rows if is_body(r["model"]) and r["agrees_with_ft"] is False}
     things, does, body = ("prompt(s)", "answers", "pre-trained model") if judged else ("sentence(s)", "decides",
                                                                                         "bare body")
@@ -407,11 +408,35 @@ def predict_card(rows: list[dict], ft_name: str, texts: int, judged: str | None 
         lines.append(f"The graft '{name}' {does} as the fine-tuned model on {len(same)} of {texts}"
                      + (f", {restored} of the {len(body_differs)} where the {body} does not" if body_differs else "")
                      + ".")
+    lines += _probe_sentences(rows, texts, body_differs, does, body)
     if judged:
         return lines + [f"Generations: {judged}. A few prompts show what a model does, they do not measure it: score "
                         "a test set (evaluate, Compare) for exact match with its interval."]
     return lines + ["A few sentences show what a model does, they do not measure it: score a test set (evaluate, "
                     "Compare) for accuracy with its interval."]
+
+
+def _probe_sentences(rows: list[dict], texts: int, body_differs: set, does: str, body: str) -> list[str]:
+    """What a probe shows: the texts on which FT changes its answer without the region (knockout), and the parts of
+    the region that alone answer as FT where the bare body does not (one layer or module type at a time)."""
+    lines = []
+    for name in dict.fromkeys(r["model"] for r in rows if r.get("probe") == "knockout"):
+        changed = {r["text"] for r in rows if r["model"] == name and r["agrees_with_ft"] is False}
+        lines.append(f"Knocked out ('{name}': θ_ft − γ⊙δ), the fine-tuned model {does} otherwise on {len(changed)} of "
+                     f"{texts}" + (f", {len(changed & body_differs)} of the {len(body_differs)} where the {body} does"
+                                   if body_differs else "") + ".")
+    parts = [r for r in rows if r.get("probe") in ("layer", "module")]
+    if parts and body_differs:
+        alone = {}
+        for r in parts:
+            if r["agrees_with_ft"] and r["text"] in body_differs:
+                alone[r["part"]] = alone.get(r["part"], 0) + 1
+        named = ", ".join(f"{part} ({n} of {len(body_differs)})" for part, n in sorted(alone.items(),
+                                                                                    key=lambda kv: -kv[1]))
+        lines.append(f"One {parts[0]['probe']} of the region at a time, "
+                     + (f"the parts that alone restore FT where the {body} does not: {named}." if named else
+                        f"no part alone restores FT where the {body} does not: the region acts as a whole."))
+    return lines
 
 
 # -- the Laboratory ----------------------------------------------------------------------------------

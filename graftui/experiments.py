@@ -169,7 +169,19 @@ def drop_part(region: Region, shapes: dict, layer: str | None = None, module: st
     """γ − γ_P (and a skill patch's ``values`` kept alike): the region whose graft θ_pre + (γ − γ_P) ⊙ δ puts part P's
     parameters back to θ_pre and keeps every other graft value. Tensors left with no index are omitted."""
     masks = part_mask(region, shapes, layer, module)
-    kept = {n: ~masks[n] for n in region}
+    return _kept(region, {n: ~masks[n] for n in region}, values)
+
+
+def only_part(region: Region, shapes: dict, layer: str | None = None, module: str | None = None,
+              values: dict[str, torch.Tensor] | None = None) -> tuple[Region, dict[str, torch.Tensor] | None]:
+    """γ_P (and a skill patch's ``values`` kept alike): the region whose graft θ_pre + γ_P ⊙ δ grafts part P of the
+    region alone, what one layer or one module type of the region does by itself."""
+    return _kept(region, part_mask(region, shapes, layer, module), values)
+
+
+def _kept(region: Region, kept: dict[str, torch.Tensor], values: dict[str, torch.Tensor] | None
+          ) -> tuple[Region, dict[str, torch.Tensor] | None]:
+    """The indices of γ (and their ``values``) where ``kept`` holds; tensors left with no index are omitted."""
     out = {n: region[n].reshape(-1)[keep] for n, keep in kept.items() if bool(keep.any())}
     if values is None:
         return out, None

@@ -10,7 +10,7 @@ registry answers which kind a task reference, a task, a region file or a request
 
 from __future__ import annotations
 
-from .tasks.base import (KINDS, Outcome, TaskKind, Words, kind_in, kind_named, kind_of, ordered, register_kind,
+from .tasks.base import (KINDS, Look, Outcome, TaskKind, Words, kind_in, kind_named, kind_of, ordered, register_kind,
                          task_kinds)
 from .tasks.classification.kind import CLASSIFICATION, examples_per_class, kshot_batches
 from .tasks.completion.kind import COMPLETION_KIND, recorded_rule

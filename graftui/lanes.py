@@ -85,12 +85,14 @@ def seeds_globally(request, reads: list[tuple[str, str | None]]) -> bool:
 
 def work(request, reads: list[tuple[str, str | None]] = ()) -> float | None:
     """How much a request asks the models to read, where it says (a prediction: its texts): tokens × the models that
-    read them (pre-trained, fine-tuned, each region) × (1 + the tokens each generates); None for any other request."""
+    read them (pre-trained, fine-tuned, each region, each probe: ``PredictRequest.looks``) × (1 + the tokens each
+    generates); None for any other request."""
     texts = getattr(request, "texts", None)
     if not isinstance(texts, list) or not texts:
         return None
     tokens = sum(len(str(t)) // TOKEN_CHARS + 1 for t in [*texts, *(getattr(request, "pairs", None) or [])])
-    models = 2 + len(getattr(request, "regions", None) or [])
+    looks = getattr(request, "looks", None)
+    models = looks() if callable(looks) else 2 + len(getattr(request, "regions", None) or [])
     kinds = [named_kind(getattr(request, "task", None))] + [kind_named(k) for k, _ in reads]
     generates = any(k is not None and k.generates for k in kinds)
     new = (getattr(request, "max_new_tokens", None) or MAX_NEW_TOKENS) if generates else 0

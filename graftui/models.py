@@ -905,6 +905,14 @@ class ModelPair:
             self.reset()
 
     @contextlib.contextmanager
+    def knocked_out(self, region: dict[str, torch.Tensor]) -> Iterator[torch.nn.Module]:
+        """The working model as θ_ft − γ⊙δ for the duration of the block: the fine-tuned model with the region's
+        parameters back at θ_pre, what the fine-tuned model does without the region (the graft's complement)."""
+        with self.finetuned() as model:
+            self.remove(region)
+            yield model
+
+    @contextlib.contextmanager
     def interpolated(self, alpha: float, region: dict[str, torch.Tensor] | None = None) -> Iterator[torch.nn.Module]:
         """The working model as θ_pre + α·δ (WiSE-FT), or θ_pre + α·γ⊙δ with a region (WiSE-graft)."""
         masks = region_to_mask(region, {n: tuple(self.ft[n].shape) for n in self.ft}) if region is not None else {}

@@ -784,6 +784,8 @@ class EvaluateRequest(ReplicateFields, GraftsFields, OodFields):
         self.check_seeds()
 
 
+PROBE_PARTS = ("layer", "module")  # what predict --by grafts one at a time: a region's layers, or its module types
+PROBE_LAYERS = 32  # the layers a probe by layer is planned for before the region is read (SmolLM2-135M has 30)
 MAX_PREDICT_TEXTS = 64  # sentences one request classifies: a look at a model, not a scoring run
 MAX_PREDICT_CHARS = 5000  # characters of one text a prediction reads (a look at a few sentences, not a document)
 
@@ -799,9 +801,23 @@ class PredictRequest(GraftsFields):
                            flag="--text", metavar="TEXT", list="repeat")
     pairs: list[str] = arg([], "its second text, for text-pair tasks (repeatable, one per --text)", flag="--pair",
                            metavar="TEXT", list="repeat")
+    knockout: bool = arg(False, "add the fine-tuned model with each region knocked out (θ_ft − γ⊙δ: the region's "
+                         "parameters back at θ_pre)")
+    by: str | None = arg(None, "add the graft of one layer, or one module type, of the region at a time (one "
+                         "--region)", choices=PROBE_PARTS)
+
+    def looks(self) -> int:
+        """How many models read each text, at most: the bare body, FT, each graft, each knockout and each part (a
+        model's layers counted as PROBE_LAYERS, before its region is read)."""
+        regions = len(self.regions)
+        parts = {"layer": PROBE_LAYERS, "module": len(MODULE_TYPES)}.get(self.by or "", 0)
+        return 2 + regions + (regions if self.knockout else 0) + parts
 
     def check(self) -> None:
         self.check_regions()
+        if self.by and len(self.regions) != 1:
+            raise RequestError(f"--by {self.by} looks into one region, part by part; give one --region (got "
+                               f"{len(self.regions)})")
         texts = [t for t in self.texts if isinstance(t, str) and t.strip()]
         if not texts or len(texts) != len(self.texts):
             raise RequestError("--text: give one or more sentences to classify (or prompts, for a completion region), "

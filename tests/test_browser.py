@@ -243,9 +243,11 @@ def test_sentences_typed_on_compare_are_classified_by_each_model(page):
 
 
 def test_a_prediction_and_a_short_job_pass_a_long_job_submitted_before_them(page):
-    """Instant and short work runs in the quick lane beside a long job: a prediction answers within seconds, and a
-    comparison as short as its last run ends while a localization submitted before it still runs."""
+    """Instant and short work runs in the quick lane beside a long job: a probe of the region (FT with it knocked
+    out, and each of its layers alone) answers within seconds, and a comparison as short as its last run ends while a
+    localization submitted before it still runs."""
     _need("compare_job")
+    region = _need("region1")
     bu.open_tab(page, "localize")
     page.fill("#localize-steps input", "100")
     page.press("#localize-steps input", "Tab")
@@ -255,13 +257,18 @@ def test_a_prediction_and_a_short_job_pass_a_long_job_submitted_before_them(page
                                "return t.includes(id) && /step \\d+\\/100/.test(t); }", arg=long, timeout=120_000)
         bu.open_tab(page, "compare")
         page.fill("#predict-text textarea", "An utterly charming film.")
+        page.check("#predict-knockout input")
+        page.locator("#predict-by").get_by_label("one layer at a time", exact=True).check()
         t0 = time.monotonic()
         page.click("#predict-run")
         page.wait_for_function("() => document.querySelector('#predict-table').innerText.includes('utterly charming')",
                                timeout=60_000)
         answered = time.monotonic() - t0
-        print(f"[browser] a prediction while a localization runs: answered in {answered:.1f} s")
-        assert answered < 4.0, f"the prediction took {answered:.1f} s beside the long job"
+        print(f"[browser] a probe while a localization runs: answered in {answered:.1f} s")
+        assert answered < 10.0, f"the probe took {answered:.1f} s beside the long job"
+        headers = list(dict.fromkeys(h for h, _ in bu.table_fit(page, "predict-table")["headers"]))
+        assert f"fine-tuned − {region}" in headers, headers
+        assert any(re.fullmatch(rf"{re.escape(region)} · layer \d+ only", h) for h in headers), headers
         line, took = bu.run_job(page, "#compare-run", "#compare-status", "compare-job", timeout_s=JOB_S)
         print(f"[browser] a comparison while a localization runs: {took:.1f} s")
         assert "· done" in line, line
@@ -274,6 +281,9 @@ def test_a_prediction_and_a_short_job_pass_a_long_job_submitted_before_them(page
             bu.cancel(page, "#localize-cancel")
         page.fill("#localize-steps input", "10")  # the form is kept: the default again for the tests that follow
         page.press("#localize-steps input", "Tab")
+        bu.open_tab(page, "compare")
+        page.uncheck("#predict-knockout input")
+        page.locator("#predict-by").get_by_label("whole", exact=True).check()
 
 
 # -- c. ------------------------------------------------------------------------------------------

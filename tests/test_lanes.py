@@ -133,8 +133,9 @@ def test_a_job_that_builds_a_default_model_or_runs_the_harness_takes_the_main_la
 
 def test_a_long_prompt_waits_in_the_main_lane_and_the_pace_of_past_predictions_calibrates_the_cost(monkeypatch):
     """Predict is not quick by its verb: 4,900 characters read by three models generating 32 tokens each is minutes
-    on a CPU, one sentence is seconds; the pace of the predictions that ran here replaces the first guess."""
-    from graftui.requests import PredictRequest
+    on a CPU, one sentence is seconds; a probe's models are counted too; the pace of the predictions that ran here
+    replaces the first guess."""
+    from graftui.requests import PROBE_LAYERS, PredictRequest
     from graftui import lanes
 
     monkeypatch.setattr(lanes, "is_built", lambda folder: True)
@@ -145,6 +146,9 @@ def test_a_long_prompt_waits_in_the_main_lane_and_the_pace_of_past_predictions_c
     assert lanes.work(long, reads) == (4900 // 4 + 1) * 3 * 33 and lanes.plan(long, "predict", [], reads).estimate > 60
     assert lanes.plan(short, "predict", [], reads).lane == QUICK
     assert lanes.plan(short, "predict", [], []).work == (17 // 4 + 1) * 3  # a classifier generates nothing
+    probe = short.replace(knockout=True, by="layer")  # FT without the region, and each layer of it alone
+    assert probe.looks() == 2 + 1 + 1 + PROBE_LAYERS
+    assert lanes.work(probe, reads) == (17 // 4 + 1) * probe.looks() * 33
     slow = Job(id="p", kind="predict", title="t", params={}, status=DONE, started=0.0, finished=300.0, work=198.0)
     assert lanes.token_seconds([slow]) == 300.0 / 198.0  # this machine is slower than the first guess
     assert lanes.plan(short, "predict", [slow], reads).lane == MAIN

@@ -296,6 +296,82 @@ def test_predict_shows_each_model_on_the_sentences_given_as_scoring_would(tmp_pa
     flows.clear_cache()
 
 
+def test_a_probe_knocks_the_region_out_and_grafts_it_one_part_at_a_time(tmp_path):
+    """predict --knockout: FT with the region's parameters back at θ_pre (θ_ft − γ⊙δ, exactly); --by layer|module: the
+    graft of each part of the region that holds any of it, the parts a partition of γ; each row the model's own
+    softmax; the card says where FT changes its mind without the region; a probe by part takes one region."""
+    from graftui import flows, metrics
+    from graftui.config import BODY_LABEL, FT_LABEL
+    from graftui.errors import RequestError
+    from graftui.experiments import drop_part, only_part
+    from graftui.layout import MODULE_LABELS, anatomy
+    from graftui.localizers import Budget, run_method
+    from graftui.requests import PredictRequest
+    from graftui.tasks.classification.data import Split, batches
+
+    folders = _tiny_pair_folders(tmp_path)
+    task = tmp_path / "task.csv"
+    task.write_text("text,label\n" + "".join(f"a {('good', 'bad')[i % 2]} thing {i},{1 - i % 2}\n" for i in range(80)))
+    pair = flows.load_pair(folders["base"], folders["ft"])
+    record = regions.make_record(pair, run_method(pair, Budget(k=300), "random")[0], {"method": "random", "task": str(task)})
+    path = str(regions.save(record, tmp_path / "r.safetensors"))
+    other = regions.make_record(pair, run_method(pair, Budget(k=50), "random")[0], {"method": "random", "task": str(task)})
+    every = str(regions.save(other, tmp_path / "other.safetensors"))
+
+    with pair.knocked_out(record.indices):  # θ_ft − γ⊙δ, parameter by parameter
+        for name in pair.graftable:
+            want = pair.ft[name].clone().view(-1)
+            idx = record.indices.get(name)
+            if idx is not None:
+                want[idx] = pair.pre[name].view(-1)[idx]
+            assert torch.equal(pair.param(name).data.view(-1), want), name
+        for name in set(pair.ft) - set(pair.graftable):  # what no region holds stays fine-tuned
+            assert torch.equal(pair.param(name).data, pair.ft[name]), name
+    assert all(torch.equal(pair.param(n).data, pair.pre[n]) for n in pair.graftable)  # the pair rests as the body
+
+    texts = ["a good thing", "a bad thing", "nothing at all"]
+    result = flows.predict(PredictRequest.make(regions=[path], texts=texts, knockout=True, by="layer"))
+    anat = anatomy(record.indices, record.shapes)
+    layers = [row for row, n in zip(anat.layers, anat.by_layer) if n]
+    assert len(layers) >= 2
+    models = list(dict.fromkeys(r["model"] for r in result.rows))
+    assert models == [BODY_LABEL, FT_LABEL, "r", f"{FT_LABEL} − r", *(f"r · {row} only" for row in layers)]
+    assert {r["model"]: r["probe"] for r in result.rows}[f"{FT_LABEL} − r"] == "knockout"
+    sentences = Split(tuple(texts), (0, 0, 0))
+
+    def direct(context):
+        with context:
+            return metrics.predict_proba(pair.model, batches(pair.tokenizer, sentences, 16, 128))[0]
+
+    expected = {f"{FT_LABEL} − r": direct(pair.knocked_out(record.indices))}
+    sizes = 0
+    for row in layers:
+        inside, _ = only_part(record.indices, record.shapes, layer=row)
+        outside, _ = drop_part(record.indices, record.shapes, layer=row)
+        for name in record.indices:  # a part and the rest split γ
+            got = torch.cat([inside.get(name, torch.tensor([], dtype=torch.long)),
+                             outside.get(name, torch.tensor([], dtype=torch.long))])
+            assert torch.equal(got.sort().values, record.indices[name].sort().values), (row, name)
+        sizes += sum(v.numel() for v in inside.values())
+        expected[f"r · {row} only"] = direct(pair.grafted(inside))
+    assert sizes == record.size
+    for r in result.rows:
+        if r["model"] in expected:
+            got = torch.tensor([r["probs"][n] for n in result.label_names])
+            assert torch.allclose(got, expected[r["model"]][r["text"]], atol=1e-6), r
+    assert any(line.startswith("Knocked out ('fine-tuned − r'") for line in result.card), result.card
+
+    by_module = flows.predict(PredictRequest.make(regions=[path], texts=texts[:1], by="module"))
+    parts = [r["part"] for r in by_module.rows if r["probe"] == "module"]
+    assert parts == [MODULE_LABELS.get(m, m) for m, n in anat.by_module.items() if n]
+
+    with pytest.raises(RequestError, match="looks into one region"):
+        flows.predict(PredictRequest.make(regions=[path, every], texts=["a"], by="layer"))
+    with pytest.raises(RequestError, match="unknown by 'neuron'; choose from layer, module"):
+        flows.predict(PredictRequest.make(regions=[path], texts=["a"], by="neuron"))
+    flows.clear_cache()
+
+
 def test_a_new_regions_name_tells_the_fine_tune_it_came_from_apart():
     """A LoRA adapter's region and a whole fine-tune's region of one task are named apart; a task the model's name
     already says is not said twice; an uploaded file is named by its file name, not its folder."""

@@ -884,6 +884,12 @@ def test_localize_compare_compose_export_jobs_end_to_end(home, tiny_checkpoints)
     names = "|".join(prd.result["label_names"])
     assert all(re.fullmatch(rf"({names}) \d+\.\d%", c) for c in frame["fine-tuned"])
     assert all(re.fullmatch(rf"({names}) \d+\.\d%( ≠ FT)?", c) for c in frame[region])
+    probe = finish(forms.submit_predict(runner, region_ids=[region], text="a great film", knockout=True,
+                                        by="one module type at a time"))
+    (frame,) = compare.render_predict(probe)  # FT without the region, and each module type of it alone, side by side
+    parts = [c for c in frame.columns if c.startswith(f"{region} · ") and c.endswith(" only")]
+    assert f"fine-tuned − {region}" in frame.columns and parts, list(frame.columns)
+    assert all(re.fullmatch(rf"({names}) \d+\.\d%( ≠ FT)?", frame[c][0]) for c in [f"fine-tuned − {region}", *parts])
     with pytest.raises(RequestError, match="type one or more sentences"):
         forms.submit_predict(runner, region_ids=[region], text=" \n ")
     bad = runner.wait(forms.submit_compare(runner, region_ids=[learned.result["region"]], ood=["bbc"], n=16,
@@ -1276,7 +1282,11 @@ def test_the_try_box_is_one_prompt_for_completion_regions_and_sentences_otherwis
     forms.submit_predict(runner, region_ids=["gen"], text="  Q: the day after Monday?\nA:  \n")
     assert runner.params["texts"] == ["Q: the day after Monday?\nA:"] and "prompt" in runner.title
     forms.submit_predict(runner, region_ids=["cls"], text="a fine film\n\nawful")
-    assert runner.params["texts"] == ["a fine film", "awful"]
+    assert runner.params["texts"] == ["a fine film", "awful"] and not runner.params["knockout"] and not runner.params["by"]
+    forms.submit_predict(runner, region_ids=["cls"], text="a fine film", knockout=True, by="one layer at a time")
+    assert runner.params["knockout"] and runner.params["by"] == "layer" and "(knockout, by layer)" in runner.title
+    forms.submit_predict(runner, region_ids=["cls"], text="a fine film", by="whole")
+    assert runner.params["by"] is None
     with pytest.raises(RequestError, match="type a prompt"):
         forms.submit_predict(runner, region_ids=["gen"], text=" \n ")
     with pytest.raises(RequestError, match="pick regions of one kind") as err:

@@ -33,7 +33,9 @@ from ..regions import RegionMeta, RegionRecord
 from ..requests import (
     EvaluateRequest, FinetuneRequest, LocalizeRequest, PairRequest, PredictRequest, SweepRequest, derive,
 )
-from ..kinds import kind_named, kind_of, read_task, read_task_as, recorded_columns
+from ..experiments import only_part
+from ..kinds import Look, kind_named, kind_of, read_task, read_task_as, recorded_columns
+from ..layout import MODULE_LABELS, anatomy as count_anatomy
 from . import text
 from .common import (
     LOCAL, Guard, LocalizeResult, Progress, Result, check_build, check_model_ref, finish,
@@ -583,20 +585,41 @@ def predict(req: PredictRequest, progress: Progress | None = None, cancel=None, 
     pair = regions_pair(req, grafts, task, guard, progress, cancel)
     judging = kind.judging(req, grafts.first if grafts.records else None, guard)
     ft_name = f"{FT_LABEL} (from patch)" if grafts.from_patch else FT_LABEL
-    rows, names, lines = kind.predict(pair, task, req, _models(pair, grafts, ft_name), ft_name, judging, grafts.notes,
-                                      progress, cancel)
+    rows, names, lines = kind.predict(pair, task, req, _models(pair, grafts, ft_name, req), ft_name, judging,
+                                      grafts.notes, progress, cancel)
     finish(progress)
     return PredictResult(req, grafts.notes, time.time() - start, task.name, names, list(req.texts), rows, grafts.base,
                          None if grafts.from_patch else grafts.finetuned, lines, kind=kind.name)
 
 
-def _models(pair: ModelPair, grafts: Grafts, ft_name: str) -> list[tuple[str, object]]:
-    """(name, context) of each model predict shows: the bare body, FT, then every region's graft."""
-    models = [(pair.body_name, contextlib.nullcontext), (ft_name, pair.finetuned)]  # the pair rests as the body
+def _models(pair: ModelPair, grafts: Grafts, ft_name: str, req: PredictRequest) -> list[Look]:
+    """Each model predict shows: the bare body, FT, every region's graft; with ``knockout`` FT without each region
+    (θ_ft − γ⊙δ); with ``by`` the graft of each layer or module type of the region that holds any of it."""
+    models = [Look(pair.body_name, contextlib.nullcontext), Look(ft_name, pair.finetuned)]  # the pair rests as the body
     for label, record in zip(grafts.labels, grafts.records):
-        region = graft_of(record)
-        models.append((label, functools.partial(pair.grafted, *(region if isinstance(region, tuple) else (region,)))))
+        models.append(Look(label, functools.partial(pair.grafted, *_as_args(graft_of(record)))))
+    if req.knockout:
+        models += [Look(f"{ft_name} − {label}", functools.partial(pair.knocked_out, record.indices), "knockout")
+                   for label, record in zip(grafts.labels, grafts.records)]
+    if req.by:
+        label, record = grafts.labels[0], grafts.records[0]
+        anat = count_anatomy(record.indices, record.shapes)
+        parts = [row for row, n in zip(anat.layers, anat.by_layer) if n] if req.by == "layer" else [
+            m for m, n in anat.by_module.items() if n]
+        for part in parts:
+            named = part if req.by == "layer" else MODULE_LABELS.get(part, part)
+            inside = only_part(record.indices, record.shapes, **{req.by: part},
+                               values=record.values if record.is_patch else None)
+            models.append(Look(f"{label} · {named} only", functools.partial(pair.grafted, *_as_args(inside)), req.by,
+                               named))
     return models
+
+
+def _as_args(region) -> tuple:
+    """A region, or a (region, values) pair, as the arguments of ``ModelPair.grafted``."""
+    if isinstance(region, tuple):
+        return region if region[1] is not None else region[:1]
+    return (region,)
 
 
 # -- sweep ---------------------------------------------------------------------------------------

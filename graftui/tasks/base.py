@@ -13,7 +13,7 @@ use), ``ece``, ``loss`` where it has one, ``agreement_with_ft``, ``region_size``
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from ..card import Words
 from ..config import COMPLETION, DEFAULT_SPARSITY, LoadOptions
@@ -28,6 +28,17 @@ class Outcome:
     n: int
     per_example: Any  # class probabilities (classification) or 0/1 hits (completion)
     labels: Any = None
+
+
+class Look(NamedTuple):
+    """One model a prediction shows: its name, the context that makes the pair's working model it, and what it
+    probes: None for the bare body, FT and a region's graft; "knockout" for FT with a region knocked out; "layer" or
+    "module" for the graft of one part of a region (``part`` names it)."""
+
+    name: str
+    context: Callable
+    probe: str | None = None
+    part: str | None = None
 
 
 class TaskKind:
@@ -206,9 +217,10 @@ class TaskKind:
     def check_texts(self, req, task) -> None:
         """Refuse texts given to predict that this kind cannot read (before any model loads)."""
 
-    def predict(self, pair, task, req, models: list, ft_name: str, judging, notes: list[str], progress=None,
+    def predict(self, pair, task, req, models: list[Look], ft_name: str, judging, notes: list[str], progress=None,
                 cancel=None) -> tuple[list[dict], list[str], list[str]]:
-        """Each of ``models`` (name, context) on each text of ``req``: (rows, label names, card sentences)."""
+        """Each of ``models`` on each text of ``req``, a row per (text, model) that carries the look's ``probe``:
+        (rows, label names, card sentences)."""
         raise NotImplementedError
 
     def legend(self, rows: list[dict]) -> str:
@@ -281,5 +293,5 @@ def kind_in(doc: dict, key: str = "task_kind") -> TaskKind:
     return kind_named(doc.get(key) or "classification")
 
 
-__all__ = ["KINDS", "Outcome", "TaskKind", "Words", "kind_in", "kind_named", "kind_of", "ordered", "recorded_fields",
+__all__ = ["KINDS", "Look", "Outcome", "TaskKind", "Words", "kind_in", "kind_named", "kind_of", "ordered", "recorded_fields",
            "register_kind", "task_kinds"]

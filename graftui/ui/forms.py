@@ -330,15 +330,23 @@ def predict_kind(region_ids) -> str:
 PREDICT_WORDS = {name: app_of(kind).try_words for name, kind in KINDS.items()}  # the Try box's label, button and table label
 
 
-def submit_predict(runner, *, region_ids: list[str], text: str) -> Job:
+PROBE_BY = {"whole": None, "one layer at a time": "layer", "one module type at a time": "module"}  # the Try box's
+# probe choices, as PredictRequest.by reads them
+
+
+def submit_predict(runner, *, region_ids: list[str], text: str, knockout: bool = False, by: str | None = None) -> Job:
     """The text typed in the box through the bare body, FT and each picked region's graft: one sentence per line to
-    classify, or for completion regions the whole box as one prompt to generate from."""
+    classify, or for completion regions the whole box as one prompt to generate from; ``knockout`` adds FT without
+    each region, ``by`` (a PROBE_BY choice) the graft of each layer or module type of the one region picked."""
     if not region_ids:
         raise RegionError("pick at least one region (run Localize first if the list is empty)")
     kind = kind_named(predict_kind(region_ids))
     texts = app_of(kind).try_texts(text)
-    request = PredictRequest(regions=_paths(region_ids), texts=texts)
-    return submit(runner, request, f"{app_of(kind).try_title(texts)} with {len(region_ids)} region(s)")
+    request = PredictRequest(regions=_paths(region_ids), texts=texts, knockout=bool(knockout),
+                             by=PROBE_BY.get(by, by) if by else None)
+    probes = [*(["knockout"] if request.knockout else []), *([f"by {request.by}"] if request.by else [])]
+    return submit(runner, request, f"{app_of(kind).try_title(texts)} with {len(region_ids)} region(s)"
+                  + (f" ({', '.join(probes)})" if probes else ""))
 
 
 def parse_budgets(text: str) -> list[float]:

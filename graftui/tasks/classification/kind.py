@@ -236,19 +236,21 @@ class Classification(TaskKind):
         body = pair.body_name
         names = list(task.label_names)
         rows, ft_says = [], {}
-        for m, (model, context) in enumerate(models):
+        for m, look in enumerate(models):
+            model = look.name
             if cancel is not None and cancel.is_set():
                 raise Cancelled("predict cancelled")
             if progress:
                 progress({"stage": f"scoring {model}", "fraction": m / len(models)})
-            with context():
+            with look.context():
                 probs, _ = metrics.predict_proba(pair.model, batches(pair.tokenizer, sentences, 16, task.max_length))
             for i, p in enumerate(probs.tolist()):
                 best = max(range(len(names)), key=p.__getitem__)
                 if model == ft_name:
                     ft_says[i] = best
                 rows.append({"text": i, "model": model, "probs": dict(zip(names, p)), "predicted": names[best],
-                             "confidence": p[best], "agrees_with_ft": None if model in (ft_name, body) else best})
+                             "confidence": p[best], "agrees_with_ft": None if model in (ft_name, body) else best,
+                             "probe": look.probe, "part": look.part})
         for r in rows:  # grafts against FT's own prediction on the same sentence
             if r["agrees_with_ft"] is not None:
                 r["agrees_with_ft"] = r["agrees_with_ft"] == ft_says[r["text"]]

@@ -283,17 +283,19 @@ class Completion(TaskKind):
         # when the tokens to generate leave no room for a prompt
         one_line = all("\n" not in r.strip() for r in task.splits["test"].references)  # how evaluate cuts answers
         said: dict[str, list[str]] = {}
-        for m, (model, context) in enumerate(models):
+        for m, look in enumerate(models):
             if cancel is not None and cancel.is_set():
                 raise Cancelled("predict cancelled")
             if progress:
-                progress({"stage": f"generating with {model}", "fraction": m / len(models)})
-            with context():
-                said[model] = generation.generate(pair.model, pair.tokenizer, prompts, task.chat, max_new_tokens=new)
-        rows = [{"text": i, "model": model, "generation": said[model][i],
-                 "agrees_with_ft": None if model == ft_name else
-                 generation.same_answer(said[model][i], said[ft_name][i], rule, one_line)}
-                for i in range(len(req.texts)) for model, _ in models]
+                progress({"stage": f"generating with {look.name}", "fraction": m / len(models)})
+            with look.context():
+                said[look.name] = generation.generate(pair.model, pair.tokenizer, prompts, task.chat,
+                                                      max_new_tokens=new)
+        rows = [{"text": i, "model": look.name, "generation": said[look.name][i],
+                 "agrees_with_ft": None if look.name == ft_name else
+                 generation.same_answer(said[look.name][i], said[ft_name][i], rule, one_line),
+                 "probe": look.probe, "part": look.part}
+                for i in range(len(req.texts)) for look in models]
         return rows, [], card.predict_card(rows, ft_name, len(req.texts), judged=rule.describe(new))
 
     def legend(self, rows) -> str:

@@ -201,12 +201,19 @@ def build(page) -> gr.Tab:
         gr.Markdown("### Try sentences\nType sentences, one per line: the bare body, the fine-tuned model and the "
                     "graft of each region picked above classify them side by side (for a language model, its label "
                     "words' scores under its prompt). For completion regions the whole box is one prompt, and each "
-                    "model's greedy generation for it is shown.")
+                    "model's greedy generation for it is shown. To probe a region, add the fine-tuned model with "
+                    "the region knocked out (θ_ft − γ⊙δ), or the graft of one of its layers or module types at a "
+                    "time (one region picked).")
         text_label, button, table_label = forms.PREDICT_WORDS["classification"]
         with gr.Row():
             prd_text = gr.Textbox("", lines=3, label=text_label, elem_id="predict-text")
             prd_run = gr.Button(button, elem_id="predict-run", scale=0)
             prd_job = job_picker(PREDICT_LATEST, "predict")
+        with gr.Row():
+            prd_knock = gr.Checkbox(False, label="Knock the region out (fine-tuned − region)", elem_id="predict-knockout",
+                                    scale=0, min_width=260)
+            prd_by = gr.Radio(list(forms.PROBE_BY), value=next(iter(forms.PROBE_BY)), label="Graft the region",
+                              elem_id="predict-by")
         prd_status = gr.Markdown("", elem_id="predict-status")
         prd_table = gr.Dataframe(pd.DataFrame(columns=tables.PREDICT_COLUMNS), interactive=False, wrap=True,
                                  max_height=TABLE_HEIGHT, label=table_label, elem_id="predict-table")
@@ -227,7 +234,7 @@ def build(page) -> gr.Tab:
                                      interactive=False, elem_id="sweep-table")
 
     page.region_pickers.append((cmp_regions, False))
-    page.keep(n=cmp_n, baselines=cmp_base, sweep_budgets=swp_budgets, predict_text=prd_text)
+    page.keep(n=cmp_n, baselines=cmp_base, sweep_budgets=swp_budgets, predict_text=prd_text, predict_knockout=prd_knock)
 
     @page.guard(beside=cmp_status, regions=cmp_regions, region=cmp_regions, n=cmp_n, baselines=cmp_base)
     def on_compare(region_ids, ood, mapping, n, baselines):
@@ -239,12 +246,14 @@ def build(page) -> gr.Tab:
     page.on(cmp_run.click, on_compare, [cmp_regions, page.ood, page.ood_labels, cmp_n, cmp_base],
             [page.status, cmp_job, cmp_status])
 
-    @page.guard(beside=prd_status, regions=cmp_regions, region=cmp_regions, texts=prd_text, text=prd_text)
-    def on_predict(region_ids, text):
-        job = forms.submit_predict(store.runner(), region_ids=region_ids or [], text=text)
+    @page.guard(beside=prd_status, regions=cmp_regions, region=cmp_regions, texts=prd_text, text=prd_text,
+                knockout=prd_knock, by=prd_by)
+    def on_predict(region_ids, text, knockout, by):
+        job = forms.submit_predict(store.runner(), region_ids=region_ids or [], text=text, knockout=knockout, by=by)
         return answered(job, PREDICT_KINDS, PREDICT_LATEST, render_predict)  # its answer at once, not at the next tick
 
-    page.on(prd_run.click, on_predict, [cmp_regions, prd_text], [page.status, prd_job, prd_status, prd_table])
+    page.on(prd_run.click, on_predict, [cmp_regions, prd_text, prd_knock, prd_by],
+            [page.status, prd_job, prd_status, prd_table])
 
     def on_predict_kind(region_ids):  # the box, its button and the table say what the picked regions do
         text_label, button, table_label = forms.PREDICT_WORDS[predict_kind_or_default(region_ids)]
