@@ -563,23 +563,39 @@ def completion_card(rows: list[dict], differences: list[dict], graftable: int | 
                      f"token), the pre-trained model's on {100 * pre['exact_match']:.1f} %{_lenient(pre)} (loss "
                      f"{pre['loss']:.3f})" + (f" ({judged})." if judged else "."))
     found = {(d["a"], d["b"], d["metric"]): d for d in differences}
+    gained = None if not (ft and pre) else round((ft["exact_match"] - pre["exact_match"]) * ft["n"])  # items FT won
+    undecided = gained is not None and abs(gained) < HANDFUL
+    if undecided:
+        lines.append(f"Exact match is undecided here: the fine-tuned model answers {abs(gained)} more of the "
+                     f"{ft['n']:,} items right than the pre-trained model, too few for a share of its gain to mean "
+                     "anything; the loss gap closed and the agreement with its answers decide.")
     for r in rows:
         if r["model"] in (ft_name, LM_BODY_LABEL):
             continue
         size = "" if r.get("region_size") is None else f" (k = {r['region_size']:,}" + (
             f", {100 * r['region_size'] / graftable:.3g} % of the graftable set)" if graftable else ")")
-        text = f"{r['model']}{size}: exact match {100 * r['exact_match']:.1f} %"
+        text = f"{r['model']}{size}: "
+        gap = None if not (ft and pre) else pre["loss"] - ft["loss"]
+        if gap is not None and gap > 0:
+            text += f"closes {100 * (pre['loss'] - r['loss']) / gap:.0f} % of the loss gap (loss {r['loss']:.3f} per "\
+                    "token)"
+        else:
+            text += f"loss {r['loss']:.3f} per token"
+        text += f", its answers agree with FT's on {100 * r['agreement_with_ft']:.0f} %; exact match " \
+                f"{100 * r['exact_match']:.1f} %"
         d = found.get((r["model"], ft_name, "exact_match"))
         if d:
             text += ", " + difference(d, " against FT")
-        if ft and pre and ft["exact_match"] != pre["exact_match"]:
+        if ft and pre and ft["exact_match"] != pre["exact_match"] and not undecided:
             share = (r["exact_match"] - pre["exact_match"]) / (ft["exact_match"] - pre["exact_match"])
-            text += f"; {100 * share:.0f} % of the fine-tuning gain"
+            text += f", {100 * share:.0f} % of the fine-tuning gain"
         if r.get("contains") is not None:
             text += f"; contains the reference's answer on {100 * r['contains']:.1f} %, token F1 {r['token_f1']:.3f}"
-        text += f"; loss {r['loss']:.3f} per token; its answers agree with FT's on {100 * r['agreement_with_ft']:.0f} %."
-        lines.append(text)
+        lines.append(text + ".")
     return lines
+
+
+HANDFUL = 10  # items: a gain in exact match the fine-tuned model makes on fewer is no measure of a share of it
 
 
 def _lenient(row: dict) -> str:

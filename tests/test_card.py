@@ -150,3 +150,28 @@ def test_sweep_and_compose_cards_give_the_interval():
                      for m, a in (("region alone", 0.8), ("union graft", 0.7))],
             "differences": [_diff("union graft", "region alone", "accuracy", -0.1, -0.14, -0.06, task="t")]}
     assert "−10.0 pts [−14.0, −6.0] against the task's own region alone." in " ".join(card.compose_card(comp))
+
+
+def test_a_completion_card_leads_with_the_loss_gap_and_agreement_and_calls_a_gain_of_a_handful_undecided():
+    """A held-out skill whose fine-tune answers 5 of 49 items right: the graft's exact match is no share of a gain
+    that small; the card says the share of the loss gap closed and the agreement with FT first, and says why
+    exact match does not decide. With a gain of many items the share is said."""
+    from graftui.config import FT_LABEL, LM_BODY_LABEL
+
+    def row(model, right, loss, agree=1.0, n=49):
+        return {"model": model, "task": "held-out", "n": n, "exact_match": right / n, "loss": loss,
+                "agreement_with_ft": agree}
+
+    small = [row(FT_LABEL, 5, 1.0), row(LM_BODY_LABEL, 0, 2.0, 0.0), row("g", 5, 1.16, 0.45)]
+    lines = card.completion_card(small, [])
+    assert any(line.startswith("Exact match is undecided here: the fine-tuned model answers 5 more of the 49 items")
+               for line in lines), lines
+    graft = next(line for line in lines if line.startswith("g"))
+    assert graft.startswith("g: closes 84 % of the loss gap (loss 1.160 per token), its answers agree with FT's on "
+                            "45 %; exact match 10.2 %"), graft
+    assert "fine-tuning gain" not in graft
+    large = [row(FT_LABEL, 40, 1.0), row(LM_BODY_LABEL, 0, 2.0, 0.0), row("g", 30, 1.5, 0.7)]
+    lines = card.completion_card(large, [])
+    assert not any("undecided" in line for line in lines)
+    assert next(line for line in lines if line.startswith("g")).endswith("exact match 61.2 %, 75 % of the fine-tuning "
+                                                                         "gain.")
