@@ -824,6 +824,29 @@ def tiny_checkpoints(tmp_path):
     return dirs
 
 
+def test_a_seeds_localize_then_its_core_and_union_scored_from_the_page(home, tiny_checkpoints):
+    """End to end: a localize job of two seeds writes each seed's region, the core and the union; the button under it
+    compares all four on the region's task, each graft a row, each with its paired difference against FT."""
+    from graftui.ui import forms, store
+    from graftui.ui.tabs import compare, localize
+
+    runner = store.runner()
+    seeds = runner.wait(forms.submit_localize(runner, base=tiny_checkpoints["base"], finetuned=tiny_checkpoints["ft"],
+                                              task="movies", columns={}, method="learned", log_sparsity=-2, steps=2,
+                                              examples_per_class=4, lr=0.5, seeds="0, 1").id, timeout=240)
+    assert seeds.status == "done", seeds.error
+    assert localize.render_localize(seeds)[2]["visible"] is True
+    scored = runner.wait(forms.submit_seed_regions(runner, seeds).id, timeout=240)
+    assert scored.status == "done", scored.error
+    table = compare.render_compare(scored)[0]
+    names = [e["region"] for e in seeds.result["seeds"]] + [
+        Path(seeds.result["stability"][k]).stem for k in ("core_path", "union_path")]
+    shown = list(table["model"])  # a seed's region is labelled with its seed
+    assert len(names) == 4 and all(any(m == n or m.startswith(f"{n} (seed ") for m in shown) for n in names), shown
+    against_ft = {d["a"] for d in scored.result["differences"] if d["b"] == "fine-tuned"}
+    assert all(any(a == n or a.startswith(f"{n} (seed ") for a in against_ft) for n in names), against_ft
+
+
 def test_localize_compare_compose_export_jobs_end_to_end(home, tiny_checkpoints):
     import json
     import zipfile
@@ -1376,3 +1399,36 @@ def test_the_generations_of_many_models_share_the_rows_width():
         assert tables.generation_width(len(models)) == width
         assert all(len(c) <= 2 * (width + 1) + 8 for c in cells), [len(c) for c in cells]  # the answer, the generation
     assert sum(len(c) for c in cells) <= 2 * tables.GENERATIONS_ROOM + 60
+
+
+def test_a_seeds_runs_core_and_union_are_scored_beside_its_seeds_with_one_button(home, monkeypatch):
+    """The button under a finished seeds run compares each seed's region, the core and the union (the comparison
+    the run's card otherwise leaves to a command); it shows only for such a job, and any other job is one line."""
+    from graftui import sets
+    from graftui.errors import RequestError
+    from graftui.jobs import Job
+    from graftui.ui import forms, store
+    from graftui.ui.tabs import localize
+
+    monkeypatch.setattr(store, "region_path", lambda rid: Path(f"/regions/{rid}.safetensors"))
+    sent = {}
+
+    def submit(runner, request, title, on_result=None, kind=None):
+        sent.update(regions=request.regions, title=title, kind=kind)
+        return "job"
+
+    monkeypatch.setattr(forms, "submit", submit)
+    result = {"seeds": [{"seed": s, "region": f"r-seed{s}"} for s in (0, 1, 2)],
+              "stability": {**sets.stability([{"w": torch.tensor(idx)} for idx in ([0, 1, 2], [1, 2, 3], [2, 3, 4])], 100),
+                            "core_path": "/regions/r-core.safetensors", "union_path": "/regions/r-union.safetensors"}}
+    done = Job(id="a", kind="localize", title="t", params={}, status="done", result=result)
+    assert forms.submit_seed_regions(None, done) == "job"
+    assert sent == {"regions": [f"/regions/r-{n}.safetensors" for n in ("seed0", "seed1", "seed2", "core", "union")],
+                    "title": "Compare the core and union of 3 seeds", "kind": "compare"}
+    assert localize.render_localize(done)[2]["visible"] is True
+    one = Job(id="b", kind="localize", title="t", params={}, status="done", result={"seeds": [], "stability": None})
+    running = Job(id="c", kind="localize", title="t", params={}, status="running", result=None)
+    for job in (one, running, None):
+        with pytest.raises(RequestError, match="pick a finished localize job of two or more seeds"):
+            forms.submit_seed_regions(None, job)
+        assert localize.render_localize(job)[2]["visible"] is False

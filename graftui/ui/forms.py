@@ -223,6 +223,18 @@ def submit_localize(runner, *, base: str, finetuned: str, task: str, columns: di
     return submit(runner, request, title, saved)
 
 
+def submit_seed_regions(runner, job) -> Job:
+    """A seeds run's core and union scored beside each seed's region, with paired intervals (a comparison: the Compare
+    tab shows it), what the run's card otherwise leaves to a command."""
+    st = ((job.result or {}).get("stability") or {}) if job is not None and job.status == "done" else {}
+    made = [st[key] for key in ("core_path", "union_path") if st.get(key)]
+    if not made:
+        raise RequestError("pick a finished localize job of two or more seeds: its core and union are what this scores")
+    ids = [e["region"] for e in job.result.get("seeds") or []] + [Path(p).stem for p in made]
+    request = EvaluateRequest(regions=_paths(ids))
+    return submit(runner, request, f"Compare the core and union of {len(ids) - len(made)} seeds", kind="compare")
+
+
 def parse_seeds(text) -> list[int] | None:
     """The seeds box: empty for one run, or a list such as '0, 1, 2' (each seed its own region)."""
     if not str(text or "").strip():

@@ -10,7 +10,7 @@ from ...config import DEFAULT_BASE, DEFAULT_EXAMPLES_PER_CLASS, DEFAULT_FINETUNE
 from ...localizers import METHODS, get_method
 from ...requests import LocalizeRequest
 from ...kinds import CLASSIFICATION, named_kind
-from .. import forms, library, store
+from .. import forms, jobwords, library, store
 from ..kinds import app_of
 from ..wiring import job_picker, seeds_box, submitted
 
@@ -50,12 +50,15 @@ def render_localize(job) -> list:
     stability = (job.result or {}).get("stability") if job is not None else None
     heatmap = (gr.update(value=figures.stability_heatmap(stability, [f"seed {e['seed']}" for e in job.result["seeds"]]),
                          visible=True) if stability else gr.update(value=None, visible=False))
+    made = gr.update(visible=bool(stability and job.status == "done"
+                                  and (stability.get("core_path") or stability.get("union_path"))))
     if job is None:
         return [figures.empty_figure("Press Run to learn a region; its loss, accuracy and size appear here step by step."),
-                heatmap]
+                heatmap, made]
     if job.status in ("done",) and not any("step" in p or "heldout" in p for p in job.progress):
-        return [figures.empty_figure(f"{job.title}: a data-free method, so there are no mask steps to plot."), heatmap]
-    return [figures.localize_progress(job.progress, k=k, title=job.title), heatmap]
+        return [figures.empty_figure(f"{job.title}: a data-free method, so there are no mask steps to plot."), heatmap,
+                made]
+    return [figures.localize_progress(job.progress, k=k, title=job.title), heatmap, made]
 
 
 def on_budget(log_s, base, finetuned):
@@ -93,6 +96,8 @@ def build(page) -> gr.Tab:
         loc_plot = gr.Plot(render_localize(None)[0], label="Mask learning, live", elem_id="localize-plot")
         gr.Markdown(PLOT_NOTE, elem_id="localize-plot-note")
         loc_stability = gr.Plot(None, label="Stability across seeds", visible=False, elem_id="localize-stability")
+        loc_core = gr.Button("Score the core and the union beside the seeds (shown on Compare)", size="sm",
+                             visible=False, elem_id="localize-score-core", scale=0, min_width=300)
         where = "in this browser's workspace" if settings.hosted() else f"under `{store.regions_dir()}`"
         gr.Markdown(f"### Saved regions\nEvery finished job is saved as a skill patch {where} and listed here, also "
                     "after a restart.")
@@ -129,5 +134,12 @@ def build(page) -> gr.Tab:
                                          *page.mask, *page.prompt, loc_seeds], [page.status, loc_job, loc_status])
     page.cancel(loc_cancel, loc_job, KINDS)
     page.shows("localize", loc_job, [loc_method, loc_budget, *page.mask, loc_seeds])
-    page.panel("localize", KINDS, loc_job, loc_status, [loc_plot, loc_stability], render_localize, LATEST)
+    page.panel("localize", KINDS, loc_job, loc_status, [loc_plot, loc_stability, loc_core], render_localize, LATEST)
+
+    @page.guard(beside=loc_status)
+    def on_score_core(picked):  # the comparison's table is the Compare tab's; the banner names its job
+        return jobwords.submitted_line(forms.submit_seed_regions(store.runner(), jobwords.shown_job(
+            store.runner(), picked, KINDS))), gr.skip()
+
+    page.on(loc_core.click, on_score_core, [loc_job], [page.status, loc_status])
     return tab
