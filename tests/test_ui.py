@@ -847,6 +847,33 @@ def test_a_seeds_localize_then_its_core_and_union_scored_from_the_page(home, tin
     assert all(any(a == n or a.startswith(f"{n} (seed ") for a in against_ft) for n in names), against_ft
 
 
+def test_an_app_localize_jobs_bundle_holds_the_same_files_as_the_clis(home, tiny_checkpoints, tmp_path):
+    """The report bundle of a localize job made on the page and of the same request run as `--report x.zip`: the same
+    files (README, request, result, inputs, tables, figures, the region under outputs/), the region's name aside."""
+    import zipfile
+
+    from graftui.cli import main as cli_main
+    from graftui.ui import forms, store
+
+    runner = store.runner()
+    job = runner.wait(forms.submit_localize(runner, base=tiny_checkpoints["base"], finetuned=tiny_checkpoints["ft"],
+                                            task="movies", columns={}, method="learned", log_sparsity=-2, steps=2,
+                                            examples_per_class=4, lr=0.5).id, timeout=240)
+    assert job.status == "done", job.error
+    assert cli_main(["run", str(forms.request_file(job)), "--report", str(tmp_path / "cli.zip")]) in (0, None)
+
+    def files(path, region: str) -> set[str]:
+        with zipfile.ZipFile(path) as zf:
+            return {name.split("/", 1)[1].replace(region, "REGION") for name in zf.namelist() if "/" in name}
+
+    with zipfile.ZipFile(tmp_path / "cli.zip") as zf:
+        written = next(n for n in zf.namelist() if "/outputs/" in n)
+    app, made = files(forms.report_bundle(job), job.result["region"]), files(tmp_path / "cli.zip", Path(written).stem)
+    assert app == made, (app - made, made - app)
+    assert {"README.md", "request.json", "result.json", "outputs/REGION.safetensors", "tables/mask_curve.csv",
+            "figures/mask_curve.html"} <= app, app
+
+
 def test_localize_compare_compose_export_jobs_end_to_end(home, tiny_checkpoints):
     import json
     import zipfile
