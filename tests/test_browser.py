@@ -844,9 +844,13 @@ def test_a_completion_skill_is_localized_and_compared_by_its_generations(page, t
                            timeout=30_000)
     models = [r[0] for r in bu.table_rows(page, "compare-table") if r]
     assert models[:2] == ["fine-tuned", "pre-trained, same prompt"] and region in models, models
+    # the generations table is drawn in its own frame, after the comparison's table: wait for it, not for the other
+    page.wait_for_function("() => { const t = document.querySelector('#compare-disagreements'); "
+                           "const row = t.querySelector('[role=row].virtual-row'); "
+                           "return t.innerText.includes('Generations on the first test examples') && row && "
+                           "/[✓✗]/.test(row.innerText); }", timeout=30_000)  # not "disagree"
     shown = [r for r in bu.table_rows(page, "compare-disagreements") if r]
     assert len(shown) == 12 and all(any(c.startswith(("✓", "✗")) for c in r) for r in shown), shown
-    assert "Generations on the first test examples" in bu.text(page, "#compare-disagreements")  # not "disagree"
     assert not page.is_visible("#compare-reliability") and not page.is_visible("#compare-histogram")  # nothing to draw
     # Try it: for a completion region the whole box is one prompt (two lines here), and each model's greedy generation
     # for it is a row of the table
