@@ -1,12 +1,16 @@
 """Which of the job runner's two lanes a job runs in, and how long it is expected to take.
 
 The quick lane runs beside long jobs, so that what takes seconds is never held behind them: a job expected to take
-at most QUICK_SECONDS. A job's expected length comes from the cost of its request where the request says what it is
-(``work``: a prediction's tokens, times the models that read them, times one pass per token generated), at the pace
-such jobs kept here (``token_seconds``), or from the last runs of the same job (same verb and settings, the same
-regions, wherever it writes; texts counted, not read) that this session sees; unknown before either, when a pair check
-or such is expected to be instant and any other job takes the main lane. Two kinds of job always take the main lane: one
-that trains (``Request.trains``) or scores a task whose kind seeds the process's random generators
+at most QUICK_SECONDS. A job's expected length comes, in this order, from the last runs of the same job (same verb
+and settings, the same regions, wherever it writes; texts counted, not read) that this session sees, or from the
+cost of its request where its fields say it (``work``), at the pace jobs of its kind kept here (``pace``), else at
+the pace measured on 2 CPU cores (``PACE``). A prediction costs its tokens, times the models that read them, times
+one pass per token generated; a localization, or an evaluation of n examples, the examples its models read (a mask
+step's batch three times over, forward and backward) times the bytes of the pair's weights on this disk, plus reading
+the pair. A cost at the measured pace alone must fit in half of QUICK_SECONDS to count as short, since this machine
+may be slower; once a job of its kind ran here, in all of it. Unknown before either, when a pair check or such is
+expected to be instant and any other job takes the main lane. Two kinds of job always take the main lane: one that
+trains (``Request.trains``) or scores a task whose kind seeds the process's random generators
 (``TaskKind.seeds_globally``), since either would change a seeded run beside it; and one that first builds a default
 fine-tuned model (minutes, and training). One client may hold at most QUICK_SHARE jobs in the quick lane at once: its
 next job waits in the main lane, so that the quick lane serves everyone's seconds-long work.
@@ -19,8 +23,14 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
+from pathlib import Path
 
+from . import settings
+from .adapters import is_adapter
 from .config import DEFAULT_BUILD_SECONDS, default_checkpoint_dir, is_default_finetuned
+from .errors import GraftuiError
+from .localizers import get_method
+from .models import resolve
 from .tasks.completion.generation import MAX_NEW_TOKENS
 from .jobs import DONE, FAILED, MAIN, QUICK, QUICK_LIMIT, Job
 from .paths import short_ref
@@ -32,6 +42,13 @@ QUICK_SHARE = 2  # jobs one client may have waiting or running in the quick lane
 TOKEN_CHARS = 4  # characters per token, about: a lane is planned without loading a tokenizer
 TOKEN_SECONDS = 1.5e-3  # seconds per token a model reads, before a prediction has run here: SmolLM2 on 2 CPU cores
 # (measured: a 4,900-character prompt read by 3 models generating 32 tokens took 184 s, 121,000 token-passes)
+PACE = {"localize": 1.0e-10, "compare": 1.4e-10, "evaluate": 1.4e-10}  # seconds per example pass per byte of the
+# pair's weights, before a job of the kind ran here: MiniLM-L6 (91 MB) on 2 CPU cores (measured: a localization of
+# 40 mask steps of 16 examples and a check on 200 took 27 s, of 100 steps 53 s; an evaluation of 200 test examples
+# 9.9 s, of 500 21.3 s)
+LOAD_SECONDS_PER_BYTE = 1.6e-8  # reading a pair, both checkpoints: MiniLM, 3.0 s
+STEP_PASSES = 3  # a mask step reads each example of its batch forward and backward: about three forward passes
+UNMEASURED = 0.5  # the share of QUICK_SECONDS a cost at the first-guess pace must fit in to count as short
 HISTORY_RUNS = 3  # the expected length is the median of the same job's last runs
 INSTANT_SECONDS = 5.0  # what an instant verb is expected to take before it has run here
 COUNTED = ("texts",)  # fields a job's length depends on by their number, not their content (a region, by which it
@@ -83,6 +100,44 @@ def seeds_globally(request, reads: list[tuple[str, str | None]]) -> bool:
     return any(k is not None and k.seeds_globally for k in kinds)
 
 
+def weights_bytes(ref) -> int | None:
+    """The bytes of a checkpoint's safetensors weights on this disk, from the files' sizes (nothing is read); None for
+    a model that is not here (a Hub id, a default not built yet), a LoRA adapter (its base does the work), or, on a
+    shared server, any local path (a server's files are not measured for a visitor)."""
+    try:
+        folder = Path(resolve(str(ref or ""), allow_local=not settings.hosted()))
+    except GraftuiError:
+        return None
+    if not folder.is_dir() or is_adapter(folder):
+        return None
+    return sum(f.stat().st_size for f in folder.glob("*.safetensors")) or None
+
+
+def passes(request, reads: list[tuple[str, str | None]] = ()) -> float | None:
+    """The example passes a localization or an evaluation asks of its models, where its fields say (an evaluation
+    of all test examples does not: None): a mask step's batch STEP_PASSES times, each checked or scored example once
+    per model (the region, where learning starts, FT and the empty region; a graft and its baselines, FT and the bare
+    body, per task), a generating kind's example once per token it writes; every seed and fine-tune its own run."""
+    kinds = [named_kind(getattr(request, "task", None))] + [kind_named(k) for k, _ in reads]
+    tokens = 1 + MAX_NEW_TOKENS if any(k is not None and k.generates for k in kinds) else 1
+    if request.verb == "localize":
+        learns = get_method(request.method).needs_data
+        runs = len(request.seeds or [None]) * (len(request.finetunes()) if request.finetuned_replicates else 1)
+        steps = request.steps * request.batch_size * STEP_PASSES if learns else 0
+        return float(runs * (steps + (request.check_n or 0) * (4 if learns else 3) * tokens))
+    if request.verb == "evaluate" and request.n:
+        models = 2 + max(len(request.regions), 1) * (3 if request.baselines else 1)
+        return float(request.n * models * (1 + len(request.ood or [])) * tokens)
+    return None
+
+
+def pair_bytes(request, reads: list[tuple[str, str | None]] = ()) -> int | None:
+    """The bytes of the fine-tuned model's weights a request reads (its own, else its first region's): what one example
+    pass costs, in proportion."""
+    ref = getattr(request, "finetuned", None) or next((ft for _, ft in reads if ft), None)
+    return weights_bytes(ref) if ref else None
+
+
 def work(request, reads: list[tuple[str, str | None]] = ()) -> float | None:
     """How much a request asks the models to read, where it says (a prediction: its texts): tokens × the models that
     read them (pre-trained, fine-tuned, each region, each probe: ``PredictRequest.looks``) × (1 + the tokens each
@@ -99,12 +154,33 @@ def work(request, reads: list[tuple[str, str | None]] = ()) -> float | None:
     return float(tokens * models * (1 + new))
 
 
-def token_seconds(history: list[Job]) -> float:
-    """Seconds per token-pass, the median of the predictions this session saw end (``Job.work``), else TOKEN_SECONDS."""
-    paces = [j.duration / j.work for j in history if j.work and j.duration is not None and (
+def pace(history: list[Job], kind: str) -> float | None:
+    """Seconds per unit of ``Job.work`` that the jobs of ``kind`` this session saw end kept (the median of the last
+    ones); None before any."""
+    paces = [j.duration / j.work for j in history if j.kind == kind and j.work and j.duration is not None and (
         j.status == DONE or (j.status == FAILED and j.lane == QUICK and j.duration >= QUICK_LIMIT))]  # a stopped one:
     # at least that slow
-    return statistics.median(paces[:HISTORY_RUNS * 3]) if paces else TOKEN_SECONDS
+    return statistics.median(paces[:HISTORY_RUNS * 3]) if paces else None
+
+
+def token_seconds(history: list[Job], kind: str = "predict") -> float:
+    """Seconds per token-pass, the median of the predictions this session saw end (``Job.work``), else TOKEN_SECONDS."""
+    return pace(history, kind) or TOKEN_SECONDS
+
+
+def costed(request, kind: str, history: list[Job], reads) -> tuple[float | None, float | None, bool]:
+    """(expected seconds, work, measured) of a request from its cost: ``work`` in the unit the pace of ``kind`` is kept
+    in (token passes, or example passes × bytes of weights); measured: at a pace kept here, not the first guess."""
+    tokens = work(request, reads)
+    if tokens is not None:
+        return tokens * token_seconds(history, kind), tokens, True
+    n, size = passes(request, reads), pair_bytes(request, reads)
+    if not n or not size or request.verb not in PACE:
+        return None, None, False
+    cost, kept = n * size, pace(history, kind)
+    if kept is not None:
+        return cost * kept, cost, True
+    return 2 * size * LOAD_SECONDS_PER_BYTE + cost * PACE[request.verb], cost, False
 
 
 def plan(request, kind: str, history: list[Job], reads: list[tuple[str, str | None]] = (), held: int = 0) -> Plan:
@@ -115,13 +191,15 @@ def plan(request, kind: str, history: list[Job], reads: list[tuple[str, str | No
     refs = [getattr(request, "finetuned", None), *(getattr(request, "finetuned_replicates", None) or ()),
             *(ft for _, ft in reads)]
     builds = next((b for b in map(default_to_build, refs) if b), None)
-    cost = work(request, reads)
-    typical = cost * token_seconds(history) if cost is not None else typical_seconds(history, kind, request.as_dict())
+    by_cost, cost, measured = costed(request, kind, history, list(reads))
+    same = None if work(request, reads) is not None else typical_seconds(history, kind, request.as_dict())
+    typical = same if same is not None else by_cost
     if typical is None and request.instant:
         typical = INSTANT_SECONDS
     estimate = None if typical is None else typical + (DEFAULT_BUILD_SECONDS.get(builds, 0.0) if builds else 0.0)
     shares = not (request.trains or builds or seeds_globally(request, list(reads)))
-    short = typical is not None and typical <= QUICK_SECONDS and held < QUICK_SHARE
+    room = QUICK_SECONDS if same is not None or measured or by_cost is None else QUICK_SECONDS * UNMEASURED
+    short = typical is not None and typical <= room and held < QUICK_SHARE
     return Plan(QUICK if shares and short else MAIN, estimate, builds, cost)
 
 

@@ -249,12 +249,12 @@ def test_a_prediction_and_a_short_job_pass_a_long_job_submitted_before_them(page
     _need("compare_job")
     region = _need("region1")
     bu.open_tab(page, "localize")
-    page.fill("#localize-steps input", "100")
+    page.fill("#localize-steps input", "3000")  # minutes by its cost: the main lane's, cancelled below
     page.press("#localize-steps input", "Tab")
     long = bu.submit_job(page, "#localize-run")
     try:
         page.wait_for_function("id => { const t = document.querySelector('#localize-status').innerText; "
-                               "return t.includes(id) && /step \\d+\\/100/.test(t); }", arg=long, timeout=120_000)
+                               "return t.includes(id) && /step \\d+\\/3000/.test(t); }", arg=long, timeout=120_000)
         bu.open_tab(page, "compare")
         page.fill("#predict-text textarea", "An utterly charming film.")
         page.check("#predict-knockout input")

@@ -92,6 +92,7 @@ def test_a_request_takes_the_quick_lane_when_its_cost_or_its_past_says_it_is_sho
     from graftui import lanes
 
     monkeypatch.setattr(lanes, "is_built", lambda folder: True)
+    monkeypatch.setattr(lanes, "pair_bytes", lambda request, reads=(): None)  # no checkpoint here: no cost in bytes
     predict = PredictRequest(regions=["/r/a.safetensors"], texts=["fine"])  # 2 tokens, read by 3 models
     assert lanes.plan(predict, "predict", []) == lanes.Plan(QUICK, 6 * lanes.TOKEN_SECONDS, None, 6.0)
     assert lanes.plan(PairRequest(), "pair", []) == lanes.Plan(QUICK, lanes.INSTANT_SECONDS, None)
@@ -108,12 +109,68 @@ def test_a_request_takes_the_quick_lane_when_its_cost_or_its_past_says_it_is_sho
     assert lanes.plan(ft, "finetune", [_done("finetune", ft.as_dict(), 5.0)]) == lanes.Plan(MAIN, 5.0, None)  # trains
 
 
+def test_a_first_localization_or_evaluation_is_foreseen_by_its_cost_and_the_pace_kept_here_corrects_it(monkeypatch):
+    """A job never run here is foreseen from its request: example passes (a mask step's batch three times, each checked
+    or scored example once per model) × the bytes of the pair's weights, at the pace measured on 2 CPU cores plus
+    reading the pair; short by that first guess only within half the quick lane's time. Once a job of its kind ran
+    here, its pace replaces the guess, and the whole of the quick lane's time counts."""
+    from graftui.requests import EvaluateRequest, LocalizeRequest
+    from graftui import lanes
+
+    monkeypatch.setattr(lanes, "is_built", lambda folder: True)
+    size = 91_000_000  # MiniLM-L6's weights
+    monkeypatch.setattr(lanes, "pair_bytes", lambda request, reads=(): size)
+    small = LocalizeRequest(base="minilm", finetuned="minilm-movies", task="movies", steps=10)
+    assert lanes.passes(small) == 10 * 16 * 3 + 200 * 4 == 1280
+    assert lanes.passes(small.replace(method="top-movement")) == 200 * 3  # data-free: the check alone
+    assert lanes.passes(small.replace(seeds=[0, 1, 2])) == 3 * lanes.passes(small)
+    plan = lanes.plan(small, "localize", [])
+    load = 2 * size * lanes.LOAD_SECONDS_PER_BYTE
+    assert plan == lanes.Plan(QUICK, pytest.approx(load + 1280 * size * lanes.PACE["localize"]), None, 1280.0 * size)
+    longer = small.replace(steps=60)  # about 40 s by the first guess: more than half the quick lane's time
+    assert 30 < lanes.plan(longer, "localize", []).estimate <= lanes.QUICK_SECONDS
+    assert lanes.plan(longer, "localize", []).lane == MAIN
+    ran = Job(id="a", kind="localize", title="t", params=small.as_dict(), status=DONE, started=0.0, finished=10.0,
+              work=plan.work)  # the first one took 10 s here: this machine is that fast
+    assert lanes.plan(longer, "localize", [ran]) == lanes.Plan(QUICK, pytest.approx(10.0 * 3680 / 1280), None,
+                                                               3680.0 * size)
+    assert lanes.plan(longer, "compare", [ran]).estimate != lanes.plan(longer, "localize", [ran]).estimate  # per kind
+    scored = EvaluateRequest(regions=["/r/a.safetensors"], n=100, baselines=True, ood=["amazon"])
+    assert lanes.passes(scored) == 100 * (2 + 3) * 2
+    assert lanes.passes(scored.replace(n=None)) is None  # every test example: how many is not known before reading
+    assert lanes.plan(scored.replace(n=None), "compare", []) == lanes.Plan(MAIN, None, None)
+    generating = LocalizeRequest(base="smollm2", finetuned="smollm2-dates", task="dates", steps=10)
+    assert lanes.passes(generating) == 10 * 16 * 3 + 200 * 4 * 33  # each checked answer: one pass per token written
+
+
+def test_the_weights_a_cost_counts_are_the_checkpoints_files_here_and_never_a_servers_for_a_visitor(tmp_path,
+                                                                                                  monkeypatch):
+    from graftui import lanes
+
+    folder = tmp_path / "ft"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    (folder / "model.safetensors").write_bytes(b"x" * 1000)
+    (folder / "notes.txt").write_text("not weights")
+    assert lanes.weights_bytes(str(folder)) == 1000
+    assert lanes.weights_bytes("someone/not-downloaded") is None and lanes.weights_bytes(str(tmp_path / "no")) is None
+    monkeypatch.setenv("GRAFTUI_HOSTED", "1")
+    assert lanes.weights_bytes(str(folder)) is None  # a shared server measures no local path for a visitor
+    monkeypatch.delenv("GRAFTUI_HOSTED")
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text("{}")
+    (adapter / "adapter_model.safetensors").write_bytes(b"x" * 10)
+    assert lanes.weights_bytes(str(adapter)) is None  # a LoRA adapter: its base does the work
+
+
 def test_a_job_that_builds_a_default_model_or_runs_the_harness_takes_the_main_lane(monkeypatch):
     from graftui.config import DEFAULT_BUILD_SECONDS
     from graftui.requests import LocalizeRequest, PredictRequest
     from graftui import lanes
 
     monkeypatch.setattr(lanes, "is_built", lambda folder: False)
+    monkeypatch.setattr(lanes, "pair_bytes", lambda request, reads=(): None)
     req = LocalizeRequest(base="smollm2", finetuned="smollm2-dates", task="dates")
     past = [_done("localize", req.as_dict(), 20.0)]
     assert lanes.plan(req, "localize", past) == lanes.Plan(MAIN, 20.0 + DEFAULT_BUILD_SECONDS["smollm2-dates"],
