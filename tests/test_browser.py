@@ -275,8 +275,19 @@ def test_a_prediction_and_a_short_job_pass_a_long_job_submitted_before_them(page
         bu.open_tab(page, "localize")
         still = bu.text(page, "#localize-status")
         assert f"[{long}]" in still and "· running" in still, f"the long job was not running any more: {still}"
+        # a localization never run with these settings: its cost says it is short, so it too passes the long job
+        page.fill("#localize-steps input", "12")
+        page.press("#localize-steps input", "Tab")
+        line, took = bu.run_job(page, "#localize-run", "#localize-status", "localize-job", timeout_s=JOB_S)
+        print(f"[browser] a first localization of 12 steps while a long one runs: {took:.1f} s")
+        assert "· done" in line, line
+        rows = {r[0]: r for r in bu.table_rows(page, "jobs-table") if r}  # it ended while the long one runs: the
+        assert long in rows and "running" in rows[long], rows.get(long)  # quick lane's, by its cost alone
     finally:
         bu.open_tab(page, "localize")
+        bu.choose(page, "localize-job", f"[{long}]")
+        page.wait_for_function("id => document.querySelector('#localize-status').innerText.includes(id)", arg=long,
+                               timeout=30_000)
         if re.search(r"· (running|queued)", bu.text(page, "#localize-status")):
             bu.cancel(page, "#localize-cancel")
         page.fill("#localize-steps input", "10")  # the form is kept: the default again for the tests that follow
