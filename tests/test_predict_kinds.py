@@ -49,7 +49,7 @@ def test_the_api_shows_each_model_s_generation_judged_as_the_region_is(made, tmp
     assert doc["kind"] == "completion" and doc["label_names"] == [] and doc["texts"] == PROMPTS
     body, ft = "pre-trained, same prompt", "fine-tuned"
     assert [(r["text"], r["model"]) for r in doc["rows"]] == [(i, m) for i in range(2) for m in (body, ft, "r")]
-    assert all(set(r) == {"text", "model", "generation", "agrees_with_ft"} for r in doc["rows"])
+    assert all(set(r) == {"text", "model", "generation", "agrees_with_ft", "probe", "part"} for r in doc["rows"])
     said = {(r["text"], r["model"]): r["generation"] for r in doc["rows"]}
     # greedy, with the region's own 3 new tokens (its request's), each model exactly as loaded on its own
     exported = graftui.export(region=str(made["region"]), finetuned=made["ft"], out=str(tmp_path / "graft")).out
@@ -89,5 +89,5 @@ def test_a_classification_region_still_predicts_class_probabilities(tmp_path, mo
                      check_n=0, label_words="negative= bad,positive= good", out=str(region))
     doc = graftui.predict(regions=[str(region)], texts=["the movie was good"]).as_dict()
     assert doc["kind"] == "classification" and doc["label_names"] == ["negative", "positive"]
-    assert all(set(r) == {"text", "model", "probs", "predicted", "confidence", "agrees_with_ft"} for r in doc["rows"])
+    assert all(set(r) == {"text", "model", "probs", "predicted", "confidence", "agrees_with_ft", "probe", "part"} for r in doc["rows"])
     assert all(sum(r["probs"].values()) == pytest.approx(1.0) for r in doc["rows"])
