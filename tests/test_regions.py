@@ -361,7 +361,10 @@ def test_a_probe_knocks_the_region_out_and_grafts_it_one_part_at_a_time(tmp_path
             assert torch.allclose(got, expected[r["model"]][r["text"]], atol=1e-6), r
     assert any(line.startswith("Knocked out ('fine-tuned − r'") for line in result.card), result.card
 
-    by_module = flows.predict(PredictRequest.make(regions=[path], texts=texts[:1], by="module"))
+    import graftui  # the API takes the same fields
+
+    by_module = graftui.predict(regions=[path], texts=texts[:1], by="module", knockout=True)
+    assert [r["model"] for r in by_module.rows if r["probe"] == "knockout"] == [f"{FT_LABEL} − r"]
     parts = [r["part"] for r in by_module.rows if r["probe"] == "module"]
     assert parts == [MODULE_LABELS.get(m, m) for m, n in anat.by_module.items() if n]
 
