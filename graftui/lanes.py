@@ -42,7 +42,7 @@ QUICK_SHARE = 2  # jobs one client may have waiting or running in the quick lane
 TOKEN_CHARS = 4  # characters per token, about: a lane is planned without loading a tokenizer
 TOKEN_SECONDS = 1.5e-3  # seconds per token a model reads, before a prediction has run here: SmolLM2 on 2 CPU cores
 # (measured: a 4,900-character prompt read by 3 models generating 32 tokens took 184 s, 121,000 token-passes)
-PACE = {"localize": 1.0e-10, "compare": 1.4e-10, "evaluate": 1.4e-10}  # seconds per example pass per byte of the
+PACE = {"localize": 1.0e-10, "evaluate": 1.4e-10}  # seconds per example pass per byte of the
 # pair's weights, before a job of the kind ran here: MiniLM-L6 (91 MB) on 2 CPU cores (measured: a localization of
 # 40 mask steps of 16 examples and a check on 200 took 27 s, of 100 steps 53 s; an evaluation of 200 test examples
 # 9.9 s, of 500 21.3 s)
@@ -173,7 +173,8 @@ def token_seconds(history: list[Job], kind: str = "predict") -> float:
 
 def costed(request, kind: str, history: list[Job], reads) -> tuple[float | None, float | None, bool]:
     """(expected seconds, work, measured) of a request from its cost: ``work`` in the unit the pace of ``kind`` is kept
-    in (token passes, or example passes × bytes of weights); measured: at a pace kept here, not the first guess."""
+    in (token passes, or example passes × bytes of weights); measured: at a pace kept here, not the first guess (a
+    prediction's first guess, TOKEN_SECONDS, counts as measured: it is the pace of the slower offline model)."""
     tokens = work(request, reads)
     if tokens is not None:
         return tokens * token_seconds(history, kind), tokens, True

@@ -1116,7 +1116,7 @@ def test_a_waiting_job_shows_its_place_in_the_queue(tmp_path):
         assert "queued · next in the queue" in jobwords.job_line(runner, first)
         assert "queued · place 2 in the queue" in jobwords.job_line(runner, second)
         rows = {r["id"]: r for r in jobwords.job_rows(runner).to_dict("records")}
-        assert rows[second.id]["progress"] == "place 2 in the queue · start unknown (no past run of a job before it)"
+        assert rows[second.id]["progress"] == "place 2 in the queue · start unknown (a job before it has no expected length)"
         before = jobwords.job_signature(runner)
         runner.cancel(first.id)
         assert jobwords.job_signature(runner) != before  # the table follows the queue

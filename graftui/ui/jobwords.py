@@ -68,12 +68,13 @@ def about(seconds: float) -> str:
 def when_words(expected: tuple[float, float | None] | None, waiting: bool) -> str:
     """When a job is expected to start and end (``JobRunner.expected``), or why that is not known."""
     if expected is None:
-        return " · start unknown (no past run of a job before it)" if waiting else ""
+        return " · start unknown (a job before it has no expected length)" if waiting else ""
     start, end = expected
     if not waiting:
         return "" if end is None else f" · {about(end)} left"
     words = f" · starts in {about(start)}"
-    return words + (f", ends in {about(end)}" if end is not None else ", length unknown (no past run)")
+    return words + (f", ends in {about(end)}" if end is not None else
+                    ", length unknown (no past run, and no cost its settings say)")
 
 
 def wait_words(runner, job: Job) -> str:
