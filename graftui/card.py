@@ -566,7 +566,8 @@ def completion_card(rows: list[dict], differences: list[dict], graftable: int | 
     gained = None if not (ft and pre) else round((ft["exact_match"] - pre["exact_match"]) * ft["n"])  # items FT won
     undecided = gained is not None and abs(gained) < HANDFUL
     if undecided:
-        lines.append(f"Exact match is undecided here: the fine-tuned model answers {abs(gained)} more of the "
+        lines.append(f"Exact match is undecided here: the fine-tuned model answers {abs(gained)} "
+                     f"{'more' if gained >= 0 else 'fewer'} of the "
                      f"{ft['n']:,} items right than the pre-trained model, too few for a share of its gain to mean "
                      "anything; the loss gap closed and the agreement with its answers decide.")
     for r in rows:

@@ -27,14 +27,15 @@ from pathlib import Path
 
 from . import settings
 from .adapters import is_adapter
-from .config import DEFAULT_BUILD_SECONDS, default_checkpoint_dir, is_default_finetuned
+from .config import (DEFAULT_BUILD_SECONDS, DEFAULT_FINETUNED_REFS, SENTIMENT_TASKS, default_checkpoint_dir,
+                     is_default_finetuned)
 from .errors import GraftuiError
 from .localizers import get_method
-from .models import resolve
+from .models import SMOLLM2_DIR, resolve
 from .tasks.completion.generation import MAX_NEW_TOKENS
 from .jobs import DONE, FAILED, MAIN, QUICK, QUICK_LIMIT, Job
 from .paths import short_ref
-from .kinds import kind_named, named_kind
+from .kinds import given_fields, kind_named, named_kind
 from .training import is_built
 
 QUICK_SECONDS = 60.0  # a job expected to take at most this long runs in the quick lane
@@ -51,6 +52,8 @@ STEP_PASSES = 3  # a mask step reads each example of its batch forward and backw
 ANSWER_PASSES = 4  # a scored example of a generating kind, its answer written token by token on a cache: about four
 # passes (measured: the default localization of smollm2-dates, 40 steps and a check of 200 prompts by 4 models, took
 # 263 s on 2 CPU cores, foreseen 292 s)
+DEFAULT_BASES = ("minilm", "smollm2")  # the offline base models, the only models besides the default fine-tunes a
+# shared server measures
 UNMEASURED = 0.5  # the share of QUICK_SECONDS a cost at the first-guess pace must fit in to count as short
 HISTORY_RUNS = 3  # the expected length is the median of the same job's last runs
 INSTANT_SECONDS = 5.0  # what an instant verb is expected to take before it has run here
@@ -99,14 +102,19 @@ def default_to_build(ref) -> str | None:
 def seeds_globally(request, reads: list[tuple[str, str | None]]) -> bool:
     """Whether the request scores a task of a kind that seeds the process's random generators (its own task, or the
     kinds of the regions it reads)."""
-    kinds = [named_kind(getattr(request, "task", None))] + [kind_named(k) for k, _ in reads]
+    kinds = [_named(request)] + [kind_named(k) for k, _ in reads]
     return any(k is not None and k.seeds_globally for k in kinds)
 
 
 def weights_bytes(ref) -> int | None:
     """The bytes of a checkpoint's safetensors weights on this disk, from the files' sizes (nothing is read); None for
     a model that is not here (a Hub id, a default not built yet), a LoRA adapter (its base does the work), or, on a
-    shared server, any local path (a server's files are not measured for a visitor)."""
+    shared server, anything but the offline defaults (a server's files are not even looked at for a visitor)."""
+    name = str(ref or "").strip().lower()
+    if settings.hosted() and name not in (*DEFAULT_BASES, *DEFAULT_FINETUNED_REFS):
+        return None  # a visitor's path is not even looked at
+    if name == "smollm2" and not (settings.shared("models") / SMOLLM2_DIR / "model.safetensors").exists():
+        return None  # not made yet: a plan does not make it
     try:
         folder = Path(resolve(str(ref or ""), allow_local=not settings.hosted()))
     except GraftuiError:
@@ -121,17 +129,29 @@ def passes(request, reads: list[tuple[str, str | None]] = ()) -> float | None:
     of all test examples does not: None): a mask step's batch STEP_PASSES times, each checked or scored example once
     per model (the region, where learning starts, FT and the empty region; a graft and its baselines, FT and the bare
     body, per task), a generating kind's ANSWER_PASSES times; every seed and fine-tune its own run."""
-    kinds = [named_kind(getattr(request, "task", None))] + [kind_named(k) for k, _ in reads]
-    tokens = ANSWER_PASSES if any(k is not None and k.generates for k in kinds) else 1
+    kinds = [_named(request)] + [kind_named(k) for k, _ in reads]
+    generates = any(k is not None and k.generates for k in kinds)
+    tokens = ANSWER_PASSES if generates else 1
+    seeds = len(getattr(request, "seeds", None) or [None])
     if request.verb == "localize":
         learns = get_method(request.method).needs_data
-        runs = len(request.seeds or [None]) * (len(request.finetunes()) if request.finetuned_replicates else 1)
+        runs = seeds * (len(request.finetunes()) if request.finetuned_replicates else 1)
         steps = request.steps * request.batch_size * STEP_PASSES if learns else 0
         return float(runs * (steps + (request.check_n or 0) * (4 if learns else 3) * tokens))
     if request.verb == "evaluate" and request.n:
         models = 2 + max(len(request.regions), 1) * (3 if request.baselines else 1)
-        return float(request.n * models * (1 + len(request.ood or [])) * tokens)
+        task = getattr(request, "task", None)
+        known = task or request.ood is not None or request.no_ood or generates
+        oods = len(request.ood_tasks(task)) if known else len(SENTIMENT_TASKS) - 1  # the regions' own task, unread:
+        # a sentiment task's two others, the most a classification region is scored on by default
+        return float(seeds * request.n * models * (1 + oods) * tokens)
     return None
+
+
+def _named(request):
+    """The kind the request's task names, read as its --task-kind and kind fields say (``kinds.named_kind``)."""
+    return named_kind(getattr(request, "task", None), getattr(request, "task_kind", None) or "auto",
+                      given_fields(request))
 
 
 def pair_bytes(request, reads: list[tuple[str, str | None]] = ()) -> int | None:
@@ -151,7 +171,7 @@ def work(request, reads: list[tuple[str, str | None]] = ()) -> float | None:
     tokens = sum(len(str(t)) // TOKEN_CHARS + 1 for t in [*texts, *(getattr(request, "pairs", None) or [])])
     looks = getattr(request, "looks", None)
     models = looks() if callable(looks) else 2 + len(getattr(request, "regions", None) or [])
-    kinds = [named_kind(getattr(request, "task", None))] + [kind_named(k) for k, _ in reads]
+    kinds = [_named(request)] + [kind_named(k) for k, _ in reads]
     generates = any(k is not None and k.generates for k in kinds)
     new = (getattr(request, "max_new_tokens", None) or MAX_NEW_TOKENS) if generates else 0
     return float(tokens * models * (1 + new))

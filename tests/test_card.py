@@ -170,6 +170,9 @@ def test_a_completion_card_leads_with_the_loss_gap_and_agreement_and_calls_a_gai
     assert graft.startswith("g: closes 84 % of the loss gap (loss 1.160 per token), its answers agree with FT's on "
                             "45 %; exact match 10.2 %"), graft
     assert "fine-tuning gain" not in graft
+    lost = [row(FT_LABEL, 2, 1.0), row(LM_BODY_LABEL, 5, 2.0, 0.0), row("g", 3, 1.5, 0.5)]
+    assert card.completion_card(lost, [])[1].startswith("Exact match is undecided here: the fine-tuned model answers "
+                                                        "3 fewer of the 49 items")
     large = [row(FT_LABEL, 40, 1.0), row(LM_BODY_LABEL, 0, 2.0, 0.0), row("g", 30, 1.5, 0.7)]
     lines = card.completion_card(large, [])
     assert not any("undecided" in line for line in lines)

@@ -137,10 +137,16 @@ def test_a_first_localization_or_evaluation_is_foreseen_by_its_cost_and_the_pace
     assert lanes.plan(longer, "compare", [ran]).estimate != lanes.plan(longer, "localize", [ran]).estimate  # per kind
     scored = EvaluateRequest(regions=["/r/a.safetensors"], n=100, baselines=True, ood=["amazon"])
     assert lanes.passes(scored) == 100 * (2 + 3) * 2
+    assert lanes.passes(scored.replace(seeds=[0, 1, 2])) == 3 * lanes.passes(scored)  # each seed scores again
+    unsaid = EvaluateRequest(regions=["/r/a.safetensors"], n=100)  # its region's task, unread: a sentiment task's
+    assert lanes.passes(unsaid) == 100 * 3 * (1 + 2)  # two others are scored by default
+    assert lanes.passes(unsaid.replace(no_ood=True)) == 100 * 3
     assert lanes.passes(scored.replace(n=None)) is None  # every test example: how many is not known before reading
     assert lanes.plan(scored.replace(n=None), "compare", []) == lanes.Plan(MAIN, None, None)
     generating = LocalizeRequest(base="smollm2", finetuned="smollm2-dates", task="dates", steps=10)
     assert lanes.passes(generating) == 10 * 16 * 3 + 200 * 4 * lanes.ANSWER_PASSES  # each answer: a few passes
+    uploaded = small.replace(task="/data/my.csv", task_kind="completion")  # a completion task by --task-kind
+    assert lanes.passes(uploaded) == lanes.passes(generating)
 
 
 def test_the_weights_a_cost_counts_are_the_checkpoints_files_here_and_never_a_servers_for_a_visitor(tmp_path,
@@ -156,6 +162,7 @@ def test_the_weights_a_cost_counts_are_the_checkpoints_files_here_and_never_a_se
     assert lanes.weights_bytes("someone/not-downloaded") is None and lanes.weights_bytes(str(tmp_path / "no")) is None
     monkeypatch.setenv("GRAFTUI_HOSTED", "1")
     assert lanes.weights_bytes(str(folder)) is None  # a shared server measures no local path for a visitor
+    assert lanes.weights_bytes("minilm") > 10_000_000  # but its offline defaults
     monkeypatch.delenv("GRAFTUI_HOSTED")
     adapter = tmp_path / "adapter"
     adapter.mkdir()

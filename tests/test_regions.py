@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import shutil
 import json
 
 import pytest
@@ -370,6 +371,11 @@ def test_a_probe_knocks_the_region_out_and_grafts_it_one_part_at_a_time(tmp_path
 
     with pytest.raises(RequestError, match="looks into one region"):
         flows.predict(PredictRequest.make(regions=[path, every], texts=["a"], by="layer"))
+    patch = str(regions.save(regions.with_patch(pair, record), tmp_path / "p.safetensors"))
+    flows.clear_cache()
+    shutil.rmtree(folders["ft"])  # FT is rebuilt from the patch: without its region it would be the bare body
+    with pytest.raises(RequestError, match="--knockout takes a region out of the fine-tuned model, which cannot be"):
+        flows.predict(PredictRequest.make(regions=[patch], texts=["a"], knockout=True))
     with pytest.raises(RequestError, match="unknown by 'neuron'; choose from layer, module"):
         flows.predict(PredictRequest.make(regions=[path], texts=["a"], by="neuron"))
     flows.clear_cache()

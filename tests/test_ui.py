@@ -1441,7 +1441,7 @@ def test_a_seeds_runs_core_and_union_are_scored_beside_its_seeds_with_one_button
     sent = {}
 
     def submit(runner, request, title, on_result=None, kind=None):
-        sent.update(regions=request.regions, title=title, kind=kind)
+        sent.update(regions=request.regions, title=title, kind=kind, n=request.n, no_ood=request.no_ood)
         return "job"
 
     monkeypatch.setattr(forms, "submit", submit)
@@ -1451,7 +1451,8 @@ def test_a_seeds_runs_core_and_union_are_scored_beside_its_seeds_with_one_button
     done = Job(id="a", kind="localize", title="t", params={}, status="done", result=result)
     assert forms.submit_seed_regions(None, done) == "job"
     assert sent == {"regions": [f"/regions/r-{n}.safetensors" for n in ("seed0", "seed1", "seed2", "core", "union")],
-                    "title": "Compare the core and union of 3 seeds", "kind": "compare"}
+                    "title": "Compare the core and union of 3 seeds", "kind": "compare",
+                    "n": store.defaults()["test_examples"], "no_ood": True}  # a shared server asks for an n
     assert localize.render_localize(done)[2]["visible"] is True
     one = Job(id="b", kind="localize", title="t", params={}, status="done", result={"seeds": [], "stability": None})
     running = Job(id="c", kind="localize", title="t", params={}, status="running", result=None)

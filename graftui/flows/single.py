@@ -573,6 +573,10 @@ def predict(req: PredictRequest, progress: Progress | None = None, cancel=None, 
     req.validate()
     start = time.time()
     grafts = regions_setting(req, guard)
+    if req.knockout and grafts.from_patch:
+        raise RequestError("--knockout takes a region out of the fine-tuned model, which cannot be loaded here (it is "
+                           "rebuilt from the patches, so without a region it is the others' graft); give the "
+                           "fine-tuned model as --finetuned")
     tasks = list(grafts.tasks.values())
     task = tasks[0]
     kind = kind_of(task)

@@ -231,7 +231,8 @@ def submit_seed_regions(runner, job) -> Job:
     if not made:
         raise RequestError("pick a finished localize job of two or more seeds: its core and union are what this scores")
     ids = [e["region"] for e in job.result.get("seeds") or []] + [Path(p).stem for p in made]
-    request = EvaluateRequest(regions=_paths(ids))
+    request = EvaluateRequest(regions=_paths(ids), n=store.defaults()["test_examples"], no_ood=True)  # the app's
+    # comparison size (a shared server asks for one), in distribution: how the core and union keep the skill
     return submit(runner, request, f"Compare the core and union of {len(ids) - len(made)} seeds", kind="compare")
 
 
