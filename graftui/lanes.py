@@ -102,8 +102,7 @@ def default_to_build(ref) -> str | None:
 def seeds_globally(request, reads: list[tuple[str, str | None]]) -> bool:
     """Whether the request scores a task of a kind that seeds the process's random generators (its own task, or the
     kinds of the regions it reads)."""
-    kinds = [_named(request)] + [kind_named(k) for k, _ in reads]
-    return any(k is not None and k.seeds_globally for k in kinds)
+    return any(k.seeds_globally for k in _kinds(request, reads))
 
 
 def weights_bytes(ref) -> int | None:
@@ -129,8 +128,7 @@ def passes(request, reads: list[tuple[str, str | None]] = ()) -> float | None:
     of all test examples does not: None): a mask step's batch STEP_PASSES times, each checked or scored example once
     per model (the region, where learning starts, FT and the empty region; a graft and its baselines, FT and the bare
     body, per task), a generating kind's ANSWER_PASSES times; every seed and fine-tune its own run."""
-    kinds = [_named(request)] + [kind_named(k) for k, _ in reads]
-    generates = any(k is not None and k.generates for k in kinds)
+    generates = any(k.generates for k in _kinds(request, reads))
     tokens = ANSWER_PASSES if generates else 1
     seeds = len(getattr(request, "seeds", None) or [None])
     if request.verb == "localize":
@@ -148,10 +146,12 @@ def passes(request, reads: list[tuple[str, str | None]] = ()) -> float | None:
     return None
 
 
-def _named(request):
-    """The kind the request's task names, read as its --task-kind and kind fields say (``kinds.named_kind``)."""
-    return named_kind(getattr(request, "task", None), getattr(request, "task_kind", None) or "auto",
-                      given_fields(request))
+def _kinds(request, reads) -> list:
+    """The kinds of task a request reads, where they are known before anything is read: the one its task names (as its
+    --task-kind and kind fields say: ``kinds.named_kind``) and each saved region's (``reads``)."""
+    named = named_kind(getattr(request, "task", None), getattr(request, "task_kind", None) or "auto",
+                       given_fields(request))
+    return [k for k in [named, *(kind_named(k) for k, _ in reads)] if k is not None]
 
 
 def pair_bytes(request, reads: list[tuple[str, str | None]] = ()) -> int | None:
@@ -171,8 +171,7 @@ def work(request, reads: list[tuple[str, str | None]] = ()) -> float | None:
     tokens = sum(len(str(t)) // TOKEN_CHARS + 1 for t in [*texts, *(getattr(request, "pairs", None) or [])])
     looks = getattr(request, "looks", None)
     models = looks() if callable(looks) else 2 + len(getattr(request, "regions", None) or [])
-    kinds = [_named(request)] + [kind_named(k) for k, _ in reads]
-    generates = any(k is not None and k.generates for k in kinds)
+    generates = any(k.generates for k in _kinds(request, reads))
     new = (getattr(request, "max_new_tokens", None) or MAX_NEW_TOKENS) if generates else 0
     return float(tokens * models * (1 + new))
 
@@ -191,11 +190,12 @@ def token_seconds(history: list[Job], kind: str = "predict") -> float:
     return pace(history, kind) or TOKEN_SECONDS
 
 
-def costed(request, kind: str, history: list[Job], reads) -> tuple[float | None, float | None, bool]:
+def costed(request, kind: str, history: list[Job], reads, tokens: float | None
+           ) -> tuple[float | None, float | None, bool]:
     """(expected seconds, work, measured) of a request from its cost: ``work`` in the unit the pace of ``kind`` is kept
-    in (token passes, or example passes × bytes of weights); measured: at a pace kept here, not the first guess (a
-    prediction's first guess, TOKEN_SECONDS, counts as measured: it is the pace of the slower offline model)."""
-    tokens = work(request, reads)
+    in (``tokens``, a prediction's ``work``, else example passes × bytes of weights); measured: at a pace kept here,
+    not the first guess (a prediction's first guess, TOKEN_SECONDS, counts as measured: it is the pace of the slower
+    offline model)."""
     if tokens is not None:
         return tokens * token_seconds(history, kind), tokens, True
     n, size = passes(request, reads), pair_bytes(request, reads)
@@ -215,8 +215,9 @@ def plan(request, kind: str, history: list[Job], reads: list[tuple[str, str | No
     refs = [getattr(request, "finetuned", None), *(getattr(request, "finetuned_replicates", None) or ()),
             *(ft for _, ft in reads)]
     builds = next((b for b in map(default_to_build, refs) if b), None)
-    by_cost, cost, measured = costed(request, kind, history, list(reads))
-    same = None if work(request, reads) is not None else typical_seconds(history, kind, request.as_dict())
+    tokens = work(request, reads)
+    by_cost, cost, measured = costed(request, kind, history, list(reads), tokens)
+    same = None if tokens is not None else typical_seconds(history, kind, request.as_dict())
     typical = same if same is not None else by_cost
     if typical is None and request.instant:
         typical = INSTANT_SECONDS

@@ -29,6 +29,12 @@ MODULE_LABELS = {
     "other": "Other",
 }
 
+
+def part_label(by: str, part: str) -> str:
+    """A part of a region as tables name it: an anatomy row ("layer 3") as it is, a module type by its label."""
+    return part if by == "layer" else MODULE_LABELS.get(part, part)
+
+
 # GPT-2's c_attn packs q|k|v side by side along the output (last) dimension.
 _FUSED_QKV = ("query", "key", "value")
 

@@ -17,7 +17,7 @@ from ..tasks.grafts import TEST_SAMPLE_SEED
 from ..config import DEFAULT_BASE, DEFAULT_TASK
 from ..errors import Cancelled, ModelError, RegionError, RequestError
 from ..experiments import MERGES, best_lambda, drop_part, row_of
-from ..layout import MODULE_LABELS, Anatomy, anatomy as count_anatomy, param_role
+from ..layout import MODULE_LABELS, Anatomy, anatomy as count_anatomy, param_role, part_label
 from ..metrics import distinguishable
 from ..models import architecture, checkpoint_kind, load_classifier, load_lm
 from ..paths import new_path, short_ref
@@ -160,7 +160,7 @@ def ablate(req: AnatomyRequest, path: str, record: RegionRecord, anat: Anatomy, 
     for i, (by, part) in enumerate(parts):
         if cancel is not None and cancel.is_set():
             raise Cancelled("ablation cancelled")
-        label = part if by == "layer" else MODULE_LABELS.get(part, part)
+        label = part_label(by, part)
         if progress:
             progress({"stage": f"without {label}", "fraction": (i + 1) / (len(parts) + 1), "step": i + 1,
                       "steps": len(parts)})

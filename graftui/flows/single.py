@@ -35,7 +35,7 @@ from ..requests import (
 )
 from ..experiments import only_part
 from ..kinds import Look, kind_named, kind_of, read_task, read_task_as, recorded_columns
-from ..layout import MODULE_LABELS, anatomy as count_anatomy
+from ..layout import anatomy as count_anatomy, part_label
 from . import text
 from .common import (
     LOCAL, Guard, LocalizeResult, Progress, Result, check_build, check_model_ref, finish,
@@ -611,7 +611,7 @@ def _models(pair: ModelPair, grafts: Grafts, ft_name: str, req: PredictRequest) 
         parts = [row for row, n in zip(anat.layers, anat.by_layer) if n] if req.by == "layer" else [
             m for m, n in anat.by_module.items() if n]
         for part in parts:
-            named = part if req.by == "layer" else MODULE_LABELS.get(part, part)
+            named = part_label(req.by, part)
             inside = only_part(record.indices, record.shapes, **{req.by: part},
                                values=record.values if record.is_patch else None)
             models.append(Look(f"{label} · {named} only", functools.partial(pair.grafted, *_as_args(inside)), req.by,

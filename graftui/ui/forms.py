@@ -22,7 +22,7 @@ from ..tasks.classification.data import OFFLINE_TASKS, all_as_test, preview
 from ..errors import ModelError, RegionError, RequestError
 from ..hosted import check_rows, safe_name, save_upload
 from ..flows.common import own_pairs, same_model
-from ..jobs import MAIN, QUEUED, RUNNING, Job
+from ..jobs import DONE, MAIN, QUEUED, RUNNING, Job
 from ..localizers import get_method
 from ..paths import atomic_write, new_path, short_ref
 from ..requests import (AnatomyRequest, ComposeRequest, ContinualRequest, EvaluateRequest, ExportRequest,
@@ -223,11 +223,16 @@ def submit_localize(runner, *, base: str, finetuned: str, task: str, columns: di
     return submit(runner, request, title, saved)
 
 
+def seeds_made(job) -> list[str]:
+    """The core and union a finished localize job of several seeds wrote (none for any other job)."""
+    st = ((job.result or {}).get("stability") or {}) if job is not None and job.status == DONE else {}
+    return [st[key] for key in ("core_path", "union_path") if st.get(key)]
+
+
 def submit_seed_regions(runner, job) -> Job:
     """A seeds run's core and union scored beside each seed's region, with paired intervals (a comparison: the Compare
     tab shows it), what the run's card otherwise leaves to a command."""
-    st = ((job.result or {}).get("stability") or {}) if job is not None and job.status == "done" else {}
-    made = [st[key] for key in ("core_path", "union_path") if st.get(key)]
+    made = seeds_made(job)
     if not made:
         raise RequestError("pick a finished localize job of two or more seeds: its core and union are what this scores")
     ids = [e["region"] for e in job.result.get("seeds") or []] + [Path(p).stem for p in made]

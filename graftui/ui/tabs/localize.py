@@ -50,8 +50,7 @@ def render_localize(job) -> list:
     stability = (job.result or {}).get("stability") if job is not None else None
     heatmap = (gr.update(value=figures.stability_heatmap(stability, [f"seed {e['seed']}" for e in job.result["seeds"]]),
                          visible=True) if stability else gr.update(value=None, visible=False))
-    made = gr.update(visible=bool(stability and job.status == "done"
-                                  and (stability.get("core_path") or stability.get("union_path"))))
+    made = gr.update(visible=bool(forms.seeds_made(job)))
     if job is None:
         return [figures.empty_figure("Press Run to learn a region; its loss, accuracy and size appear here step by step."),
                 heatmap, made]
