@@ -165,6 +165,7 @@ def attribution_pass(model: torch.nn.Module, params: dict[str, torch.nn.Paramete
         size[:] = [0.0, 0.0]
         backward_with(model, {key: value.to(next(iter(params.values())).device) for key, value in batch.items()},
                       list(params.values()), score)
+        compute.return_freed_memory()  # a pass's blocks, of another size each batch, would otherwise pile up
         seen += int(next(iter(batch.values())).shape[0])
     return seen, size[0], size[1]
 
@@ -188,7 +189,8 @@ class CandidateLearner(MaskLearner):
     over C of all tensors on one device are views into one buffer each, so a step's element-wise work (σ, the graft's
     values, the chain rule, the update) is a few passes over C, not a few per tensor: per tensor, a step only writes
     θ[C] and gathers ∇_θ L at C. Only tensors holding candidates take a weight gradient, except in the ranking and
-    growth passes. The "rms" scale still averages over the whole graftable count, as the full learner's does.
+    growth passes and the pass before the first step that measures the gradient outside C: a normalized step is as
+    long as the full learner's (``_whole``), and its "rms" scale averages over the whole graftable count.
 
     ``batches`` are the ranking pass's training batches (None: C is ranked by movement, as ``config.rank =
     "movement"`` asks). ``finish`` puts θ_pre back into every tensor the learner moved.
@@ -309,6 +311,9 @@ class CandidateLearner(MaskLearner):
 
     def _begin(self) -> None:
         super()._begin()
+        self._inside = (0.0, 0.0)  # (Σ(∇_ℓ L)², max |∇_ℓ L|) over C at the last step
+        self._beyond = (0.0, 0.0)  # those outside C over those inside, on the last batch measured
+        self._measured = None  # outside C on the batch of the step to come
         if self.adam is not None:
             self._moments({n: (i.numel(),) for n, i in self.candidates.items()},
                           {n: i.device for n, i in self.candidates.items()})
@@ -378,11 +383,46 @@ class CandidateLearner(MaskLearner):
         return out, {str(d): g for d, g in self._grads.items()}, size
 
     def step(self, batch: dict[str, torch.Tensor], count_region: bool = True):
+        if self.steps_done == 0 and self.size < self.count and self.config.optimizer == "normalized":
+            self._measured = self._outside_c(batch)
         report = super().step(batch, count_region)
+        compute.return_freed_memory()  # what the step freed, before the next batch's blocks of other sizes
         every = self.config.grow_every
         if every and self.steps_done % every == 0 and self.steps_done < self.config.steps and self.size < self.room:
             self.grow(batch)
         return report
+
+    def _whole(self, size):
+        """The full learner's gradient size: C's, with the logit gradients outside C in it. The normalized step divides
+        by the norm over every graftable parameter; over C alone it would be longer the more of the gradient lies outside
+        C (on ``smollm2-dates`` at 0.1 % and c = 5, Σ(∇_ℓ L)² outside C is 0.12–0.18× C's). Outside C every logit is
+        still at its start, so its share is measured on one batch (before the first step, and in each growth pass; with
+        no growth the first measure stands) and held as a ratio to C's until the next."""
+        sq, peak = size
+        self._inside = size
+        if self._measured is not None:
+            if float(sq) == 0 and float(peak) == 0:  # no ratio to C's yet: the measure itself, for this step
+                return sq + self._measured[0], torch.maximum(peak, torch.as_tensor(self._measured[1]).to(peak))
+            self._beyond = _ratios(self._measured, size)
+            self._measured = None
+            log.debug("the logit gradient outside C: Σ(∇_ℓ L)² %.3g× C's", self._beyond[0])
+        r_sq, r_peak = self._beyond
+        return sq * (1.0 + r_sq), torch.maximum(peak, peak * r_peak) if torch.is_tensor(peak) else max(peak, peak * r_peak)
+
+    def _outside_c(self, batch: dict[str, torch.Tensor], pool: Pool | None = None) -> tuple[float, float]:
+        """(Σ(∇_ℓ L)², max |∇_ℓ L|) outside C on ``batch``, at the working model's values: a pass over every tensor, each
+        parameter's logit gradient offered to ``pool``. Several processes take rank 0's figures."""
+        slope = torch.sigmoid(torch.tensor(-self.config.sigmoid_bias)).item()
+        slope *= 1 - slope  # σ'(−bias): every parameter outside C is still at its start
+        self._train_only(self.params.values())
+        try:
+            _, squares, peak = attribution_pass(self.model, self.params, self.pre, self.ft,
+                                                pool if pool is not None else Pool(0), self.candidates, [batch],
+                                                scale=slope)
+        finally:
+            self._train_only([self.params[n] for n in self.candidates])
+        world = compute.data_parallel()
+        return tuple(world.agree([squares, peak])) if world is not None else (squares, peak)
 
     # -- growing C -------------------------------------------------------------------------------------------------
     def grow(self, batch: dict[str, torch.Tensor]) -> int:
@@ -395,22 +435,18 @@ class CandidateLearner(MaskLearner):
         region 0.915 against 0.957 on minilm-movies). Returns how many joined."""
         if self.steps_done == 0:
             return 0
-        slope = torch.sigmoid(torch.tensor(-self.config.sigmoid_bias)).item()
-        slope *= 1 - slope  # σ'(−bias): every parameter outside C is still at its start
         pool = Pool(self.room - self.size)
-        self._train_only(self.params.values())
-        try:
-            _, squares, peak = attribution_pass(self.model, self.params, self.pre, self.ft, pool, self.candidates,
-                                                [batch], scale=slope)
-            return self._admit(pool, self._pace(squares, peak))
-        finally:
-            self._train_only([self.params[n] for n in self.candidates])
-            compute.return_freed_memory()
+        squares, peak = self._outside_c(batch, pool)  # the batch of the last step: its size over C is known
+        added, moved, largest = self._admit(pool, self._pace(squares, peak))
+        sq, top = self._inside  # the entrants' gradients now count inside C
+        self._beyond = _ratios((max(squares - moved, 0.0), peak), (float(sq) + moved, max(float(top), largest)))
+        log.debug("the logit gradient outside C at step %d: Σ(∇_ℓ L)² %.3g× C's", self.steps_done, self._beyond[0])
+        return added
 
     def _pace(self, squares: float, peak: float) -> float:
         """How far a logit has moved per unit of −∇_ℓ L over the steps so far, had the full learner taken them: its
         step size with the gradients outside C counted in the norm (Adam moves every coordinate by about lr a step)."""
-        config, (sq_c, peak_c) = self.config, self.last_size
+        config, (sq_c, peak_c) = self.config, self._inside
         if config.optimizer == "sgd":
             return self.steps_done * config.lr
         if config.optimizer == "adam":
@@ -419,12 +455,13 @@ class CandidateLearner(MaskLearner):
             max(float(peak_c), peak)
         return self.steps_done * config.lr / norm if norm > 0 else 0.0
 
-    def _admit(self, pool: Pool, pace: float) -> int:
-        """The pool's parameters whose logit, −bias + pace·(−∇_ℓ L), would lie above the region's boundary join C."""
+    def _admit(self, pool: Pool, pace: float) -> tuple[int, float, float]:
+        """The pool's parameters whose logit, −bias + pace·(−∇_ℓ L), would lie above the region's boundary join C.
+        Returns how many joined, the sum of their squared logit gradients and the largest of them."""
         bias = self.config.sigmoid_bias
         boundary = top_boundary(self.logits, self.k)
         chosen, rises = pool.top(pool.size)
-        entering = {}
+        entering, moved, largest = {}, 0.0, 0.0
         for n, idx in chosen.items():
             if math.isinf(pace):  # Adam: lr a step for every coordinate the gradient lifts
                 reached = torch.where(rises[n] > 0, -bias + self.steps_done * self.config.lr, -math.inf)
@@ -433,16 +470,19 @@ class CandidateLearner(MaskLearner):
             keep = reached > boundary
             if bool(keep.any()):
                 entering[n] = (idx[keep], reached[keep])
+                rise = rises[n][keep].float()
+                moved += float(rise.pow(2).sum())
+                largest = max(largest, float(rise.abs().max()))
         added = sum(int(i.numel()) for i, _ in entering.values())
         if not added:
-            return 0
+            return 0, 0.0, 0.0
         carried = {n: (idx, self.logits[n]) for n, idx in self.candidates.items()}  # the old buffers, read once more
         self._lay_out(_union(self.candidates, {n: i for n, (i, _) in entering.items()}), carried)  # entrants at −bias
         self.grown += 1
         self.added += added
         log.debug("C grew by %s at step %d (now %s); %s", f"{added:,}", self.steps_done, f"{self.size:,}",
                   compute.memory_in_use(self.device))
-        return added
+        return added, moved, largest
 
     # -- the end ---------------------------------------------------------------------------------------------------
     def _restore(self) -> None:
@@ -472,6 +512,12 @@ class CandidateLearner(MaskLearner):
         return {"learner": "candidate", "rule": self.rule, "start": self.start_count, "size": self.size,
                 "room": self.room, "grown": self.grown, "added": self.added,
                 "ranked_on": getattr(self, "ranked_on", None)}
+
+
+def _ratios(outside: tuple[float, float], inside) -> tuple[float, float]:
+    """Outside C's (Σ(∇_ℓ L)², max |∇_ℓ L|) over C's, 0 where C's is 0."""
+    sq, peak = float(inside[0]), float(inside[1])
+    return (outside[0] / sq if sq > 0 else 0.0, outside[1] / peak if peak > 0 else 0.0)
 
 
 def top_boundary(logits: Mapping, k: int) -> float:

@@ -52,6 +52,16 @@ class DataParallel:
             dist.all_reduce(total)
         return (sq, peak), total[0]
 
+    def agree(self, values: list[float]) -> list[float]:
+        """Rank 0's ``values`` in every process: figures each process measured on the same whole batch, which a
+        GPU's kernels need not reproduce to the last bit, so that all take the same step."""
+        import torch.distributed as dist
+
+        on = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+        shared = torch.tensor(values, dtype=torch.float64, device=on)
+        dist.broadcast(shared, src=0)
+        return shared.tolist()
+
 
 def data_parallel() -> DataParallel | None:
     """The process group mask learning runs in, when started as several processes (WORLD_SIZE > 1)."""

@@ -352,12 +352,17 @@ class MaskLearner:
         """Adam's state over ℓ, in float32 (g² underflows in 16 bits)."""
         self.adam = {n: (torch.zeros_like(l, dtype=torch.float32), torch.zeros_like(l, dtype=torch.float32))
                      for n, l in self._parts().items()} if self.config.optimizer == "adam" else None
-        self.steps_done, self.scale, self.last_size = 0, 0.0, (0.0, 0.0)
+        self.steps_done, self.scale = 0, 0.0
         compute.return_freed_memory()  # what ranking the movement used is free again
 
     def _parts(self) -> dict[str, torch.Tensor]:
         """What a step updates, keyed as ``_gradient`` returns ∇_ℓ L: ℓ per tensor."""
         return self.logits
+
+    def _whole(self, size: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(Σ(∇_ℓ L)², max |∇_ℓ L|) over every graftable parameter, from those of the logits a step updates: the
+        same here."""
+        return size
 
     def _gradient(self, batch: dict[str, torch.Tensor], hard_k: int | None, need_peak: bool):
         return logit_gradient(self.model, self.params, self.pre, self.ft, self.logits, batch, hard_k, need_peak,
@@ -378,8 +383,8 @@ class MaskLearner:
         if world is not None:  # ∇_ℓ of the global batch's mean loss, the same in every process
             sq, loss = world.reduce([grads[n] for n in parts], share, loss, need_peak)
         with torch.no_grad():
+            sq = self._whole(sq)
             self.scale = scale = _step_scale(self.config, sq, self.count)
-            self.last_size = sq
             first = next(iter(parts), None)  # the step is taken in the wider of ℓ's and ∇'s dtypes
             largest = torch.finfo(torch.promote_types(parts[first].dtype, grads[first].dtype)).max \
                 if first is not None else math.inf

@@ -96,6 +96,30 @@ def test_the_region_is_the_full_learners_when_c_holds_every_parameter_that_moved
     assert any(r.swapped for r in reports)  # the steps did change the region
 
 
+def test_the_first_step_over_c_is_the_full_learners_with_the_gradient_outside_c_in_its_norm():
+    """The full learner's normalized step divides by the RMS of ∇_ℓ L over every graftable parameter. Over C alone
+    that norm is smaller the more of the gradient lies outside C, and the step longer. So before its first step the
+    candidate learner measures the gradient outside C on that batch: its first step over C is then the full
+    learner's, where every parameter moved and C holds 3·k of them."""
+    pair, _, _ = make_tiny_pair()
+    params = params_of(pair)
+    found = {}
+    for candidates in ("all", "3"):
+        config = LearnConfig(steps=1, lr=0.5, candidates=candidates, grow_every=0)
+        found[candidates] = learning.learn_region(pair.model, params, pair.pre, pair.ft, K, random_batches(), config)
+    (_, full), (_, logits) = found.values()
+    assert 0 < method.region_size(logits.candidates) < moved(pair)  # much of what moved lies outside C
+    inside = outside = 0.0
+    for n, idx in logits.candidates.items():
+        mine, theirs = logits.values[n].cpu(), full[n].reshape(-1)[idx.cpu()]
+        torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-6)
+        inside += float((theirs.abs() - 3.0).abs().sum())
+    for n in params:
+        rest = full[n].reshape(-1)[flat_outside(SimpleNamespace(params=params, candidates=logits.candidates), n)]
+        outside += float((rest + 3.0).abs().sum())
+    assert inside > 0 and outside > 0  # both learners moved ℓ in C; the full one outside C too
+
+
 def test_a_factor_past_the_graftable_count_keeps_every_parameter_and_learns_the_full_logits():
     pair, _, _ = make_tiny_pair()
     params = params_of(pair)
@@ -164,7 +188,10 @@ def test_only_candidate_tensors_take_gradients_and_the_model_stays_at_the_start_
                 assert torch.equal(params[n].detach().reshape(-1)[outside], start[outside]), n
     finally:
         handle.remove()
-    assert seen and all(s == set(learner.candidates) for s in seen)
+    whole = [i for i, s in enumerate(seen) if s != set(learner.candidates)]
+    assert whole == [0]  # one pass over every tensor, before the first step: the size of the logit gradient outside
+    # C, which the full learner's step divides by
+    assert seen[0] == set(params)
     assert any(not torch.equal(params[n].detach(), pair.pre[n]) for n in learner.candidates)  # C was written
     learner.finish()
     for n, p in pair.model.named_parameters():
