@@ -3,13 +3,13 @@
 Two learners take the same steps (Eq. 3): the full learner (``method.MaskLearner``) keeps a region
 logit for every graftable parameter, the candidate learner (``candidates.CandidateLearner``) only over
 a candidate set C that the method's own first gradient ranks. ``plan`` picks one by what fits: the
-full learner where all it holds — ℓ, σ(ℓ) and δ kept between passes, and θ_pre and θ_ft where a
-pair reads them from files at every step — takes at most a quarter of the memory free on each device
-(``compute.fits``); otherwise the candidate learner, with C = 5·k where that fits (fewer where not),
-the activations of each layer recomputed where a step's would take more than a quarter of the model,
-and large blocks mapped where the model itself is large for the machine. A plan that cannot fit at all
-is refused in one line before any work, and running out of memory all the same becomes one line that
-names the need and the flags that would fit.
+full learner where all it holds — ℓ, σ(ℓ) and δ kept between passes, θ_pre and θ_ft where a pair
+reads them from files at every step, and a step's activations — takes at most a quarter of the
+memory free on each device (``compute.fits``); otherwise the candidate learner, with C = 5·k where
+that fits (fewer where not), the activations of each layer recomputed where a step's would take more
+than a quarter of the model, and large blocks mapped where the model itself is large for the machine.
+A plan that cannot fit at all is refused in one line before any work, and running out of memory all
+the same becomes one line that names the need and the flags that would fit.
 """
 
 from __future__ import annotations
@@ -52,7 +52,8 @@ class Plan:
     graftable: int
     model_bytes: int
     state_bytes: int  # what the learner holds beside the working model at most
-    full_bytes: int  # what the full learner would hold (all it keeps, read or made between passes)
+    full_bytes: int  # what the full learner would hold (all it keeps, read or made between passes, and a step's
+    # activations where they were measured)
     free_bytes: int  # free on the device that decided
     count: int | None = None  # |C| at the start
     room: int | None = None  # |C| at most, once grown
@@ -67,9 +68,7 @@ class Plan:
     def peak(self) -> float:
         """The expected resident peak in model sizes: the working model, the learner's state and a step's activations
         (as many as the checkpointing keeps), the interpreter and libraries not counted."""
-        act = self.activation_bytes or 0
-        if self.checkpoint_every and self.layers:
-            act = act * (1 - 1 / self.checkpoint_every) + act / self.layers
+        act = _kept(self.activation_bytes or 0, self.checkpoint_every, self.layers)
         return (self.model_bytes + self.state_bytes + act) / max(self.model_bytes, 1)
 
     @property
@@ -80,14 +79,16 @@ class Plan:
 
     def describe(self) -> str:
         """The line that says the plan."""
+        step = " with a step's activations" if self.activation_bytes else ""
         if self.learner == "full":
-            why = {"all": "as asked"}.get(self.asked, f"its {memory(self.full_bytes)} fit in a quarter of the "
+            why = {"all": "as asked"}.get(self.asked, f"its {memory(self.full_bytes)}{step} fit in a quarter of the "
                                                       f"{memory(self.free_bytes)} free")
             head = f"full learner ({why})"
         else:
             grows = f", grows to {self.room:,}" if self.room and self.room > (self.count or 0) else ""
             why = "" if self.asked != "auto" else \
-                f"; the full learner's {memory(self.full_bytes)} would not fit in a quarter of the {memory(self.free_bytes)} free"
+                f"; the full learner's {memory(self.full_bytes)}{step} would not fit in a quarter of the " \
+                f"{memory(self.free_bytes)} free"
             head = (f"candidate learner, C = {self.count:,} of {self.graftable:,} (c = {self.factor:g}, ranked by "
                     f"{self.rank}{grows}{why})")
         extra = [f"every {'' if self.checkpoint_every == 1 else f'{self.checkpoint_every}-th '}layer recomputed"] \
@@ -113,6 +114,13 @@ class Plan:
         return ", ".join(flags)
 
 
+def _kept(activations: int, every: int, layers: int) -> int:
+    """A step's activations that stay resident where every ``every``-th of ``layers`` layers is recomputed."""
+    if every and layers:
+        return int(activations * (1 - 1 / every) + activations / layers)
+    return activations
+
+
 def _bytes(params, each: Callable[[torch.nn.Parameter], int]) -> dict[torch.device, int]:
     """Per device, ``each(p)`` bytes for every value of every parameter there."""
     need: dict[torch.device, int] = {}
@@ -125,8 +133,8 @@ def plan(model: torch.nn.Module, params: dict[str, torch.nn.Parameter], pre, ft,
          config: LearnConfig = LearnConfig(), sample: dict | None = None) -> Plan:
     """The learner that fits (see the module's notes); a ``ModelError`` in one line where none can.
 
-    ``sample`` is a training batch: one row of it measures a step's activations (``compute.saved_activations``) when
-    the lean learner has to decide whether to recompute them."""
+    ``sample`` is a training batch: one row of it measures a step's activations (``compute.saved_activations``), which
+    the full learner keeps beside its state and the candidate learner recomputes where they are large."""
     asked = str(config.candidates).strip().lower()
     factor = LearnConfig.candidate_factor(asked)
     graftable = sum(p.numel() for p in params.values())
@@ -137,12 +145,23 @@ def plan(model: torch.nn.Module, params: dict[str, torch.nn.Parameter], pre, ft,
     lazy = 0 if isinstance(pre, dict) and isinstance(ft, dict) else 2
     full_need = _bytes(params, lambda p: 2 * logit + adam + p.element_size() * (1 + lazy))
     full_least = _bytes(params, lambda p: logit + adam)
+    layers, activations = 0, None
+    try:
+        layers = len(compute.checkpointable_layers(model))
+    except ModelError:
+        pass
+    if sample is not None:
+        activations = compute.saved_activations(model, sample, params.values())
+    kept = _kept(activations or 0, config.checkpoint_every or 0, layers)  # a step's activations that the full
+    # learner keeps beside its state: a 330 M pair's state alone fit a quarter of 22.65 GB free by 10 MB, and its run
+    # peaked at 7.7 model sizes
+    with_step = {**full_need, device: full_need.get(device, 0) + kept}
     widest = max(p.element_size() for p in params.values())
     per_candidate = INDEX_BYTES + logit + 4 * widest + adam
     model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     free = compute.free_memory(device)
     common = dict(asked=asked, device=str(device), graftable=graftable, model_bytes=model_bytes,
-                  full_bytes=sum(full_need.values()), free_bytes=free)
+                  full_bytes=sum(full_need.values()) + kept, free_bytes=free)
 
     def candidate_need(count: int, room: int) -> dict[torch.device, int]:  # C spread over devices as the parameters
         top = max(2 * room * per_candidate, count * (per_candidate + POOL_BYTES))  # a growing C holds two layouts
@@ -152,13 +171,13 @@ def plan(model: torch.nn.Module, params: dict[str, torch.nn.Parameter], pre, ft,
         count = candidate_count(c, k, graftable)
         return count, min(graftable, count + k) if config.grow_every else count
 
-    if asked == "all" or (asked == "auto" and compute.fits(full_need)):
+    if asked == "all" or (asked == "auto" and compute.fits(with_step)):
         if asked == "all" and not compute.fits(full_least, share=1):
             raise ModelError(f"--candidates all cannot fit: a region logit per graftable parameter takes "
                              f"{memory(sum(full_least.values()))} and {memory(free)} are free on {device}; "
                              f"leave --candidates at auto, or give a factor such as {AUTO_FACTOR:g}")
         return Plan("full", state_bytes=sum((full_need if asked == "auto" else full_least).values()),
-                    checkpoint_every=config.checkpoint_every or 0, **common)
+                    activation_bytes=activations, checkpoint_every=config.checkpoint_every or 0, layers=layers, **common)
     if factor is None:  # auto: the largest factor up to AUTO_FACTOR whose C fits in the share
         factor = AUTO_FACTOR
         while factor > 1 and not compute.fits(candidate_need(*candidate(factor))):
@@ -171,13 +190,7 @@ def plan(model: torch.nn.Module, params: dict[str, torch.nn.Parameter], pre, ft,
                          + ("a smaller --candidates factor, " if factor > 1 else "")
                          + "--logit-dtype bfloat16, a smaller budget, or a machine with more memory")
     rank = config.rank
-    every, layers, activations = config.checkpoint_every, 0, None
-    try:
-        layers = len(compute.checkpointable_layers(model))
-    except ModelError:
-        pass
-    if sample is not None:
-        activations = compute.saved_activations(model, sample, params.values())
+    every = config.checkpoint_every
     if every is None:  # recompute the activations where a step's would take more than a quarter of the model
         every = 1 if layers and activations is not None and ACTIVATION_SHARE * activations > model_bytes else 0
     return Plan("candidate", state_bytes=sum(need.values()), count=count, room=room, factor=factor, rank=rank,

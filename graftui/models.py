@@ -450,11 +450,22 @@ def _labels(model: torch.nn.Module, label_names: tuple[str, ...]) -> tuple[str, 
 
 
 def _finite(values, name: str) -> bool:
-    """Whether a tensor holds no NaN or infinity; a mapped file's pages are given back as soon as it is read."""
+    """Whether a tensor holds no NaN or infinity, a slice at a time (``isfinite`` of a whole tensor holds its |x| and
+    three masks beside it: 0.53 GB more for a 330 M model's 0.2 GB embedding); a mapped file's pages are given back as
+    soon as it is read."""
     tensor = values[name]
-    ok = not tensor.is_floating_point() or bool(torch.isfinite(tensor).all())
+    ok = not tensor.is_floating_point() or all(bool(torch.isfinite(part).all()) for part in _slices(tensor))
     release(values, name)
     return ok
+
+
+def _slices(tensor: torch.Tensor) -> Iterator[torch.Tensor]:
+    """A tensor in flat slices, without a copy where it is contiguous (else along its first dimension)."""
+    if tensor.is_contiguous():
+        flat = tensor.view(-1)
+        yield from (flat[part] for part in compute.chunks(flat, everywhere=True))
+    else:
+        yield from tensor.unbind(0)
 
 
 def _unchanged(ft, pre, name: str) -> bool:

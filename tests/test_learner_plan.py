@@ -127,9 +127,10 @@ def tiny():
 
 def test_a_small_memory_budget_picks_the_candidate_learner_and_says_so(monkeypatch):
     model, params, pre, ft = tiny()
-    free = learning.plan(model, params, pre, ft, 50, LearnConfig()).full_bytes * 4  # the full learner just fits
+    sample = next(iter(random_batches()(0)))
+    free = learning.plan(model, params, pre, ft, 50, LearnConfig(), sample).full_bytes * 4  # the full learner just fits
     monkeypatch.setattr(compute, "free_memory", lambda device: free)
-    assert learning.plan(model, params, pre, ft, 50, LearnConfig()).learner == "full"
+    assert learning.plan(model, params, pre, ft, 50, LearnConfig(), sample).learner == "full"
     monkeypatch.setattr(compute, "free_memory", lambda device: free - 4)
     lines = []
     details = {}
@@ -141,6 +142,24 @@ def test_a_small_memory_budget_picks_the_candidate_learner_and_says_so(monkeypat
     assert "would not fit in a quarter of the" in lines[0] and "expected peak" in lines[0] and "model sizes" in lines[0]
     assert details["plan"]["learner"] == details["learner"] == "candidate" and details["plan"]["free_bytes"] == free - 4
     assert sum(i.numel() for i in region.values()) == 50
+
+
+def test_the_full_learner_is_taken_only_where_its_state_and_a_steps_activations_fit(monkeypatch):
+    """The full learner keeps a step's activations beside its logits: where its state alone fits in a quarter of the
+    free memory but not with them, the candidate learner runs (a 330 M pair on 24 GB flipped between the two with
+    the page cache, and the full learner's run peaked at 7.7 model sizes)."""
+    model, params, pre, ft = tiny()
+    sample = next(iter(random_batches()(0)))
+    measured = learning.plan(model, params, pre, ft, 50, LearnConfig(), sample)
+    state = learning.plan(model, params, pre, ft, 50, LearnConfig()).full_bytes  # no sample: no activations known
+    assert measured.activation_bytes > 0 and measured.full_bytes == state + measured.activation_bytes
+    monkeypatch.setattr(compute, "free_memory", lambda device: 4 * state)  # the state alone just fits
+    chosen = learning.plan(model, params, pre, ft, 50, LearnConfig(), sample)
+    assert chosen.learner == "candidate"
+    assert "the full learner's" in chosen.describe() and "with a step's activations would not fit" in chosen.describe()
+    monkeypatch.setattr(compute, "free_memory", lambda device: 4 * measured.full_bytes)
+    full = learning.plan(model, params, pre, ft, 50, LearnConfig(), sample)
+    assert full.learner == "full" and full.peak > (full.model_bytes + full.state_bytes) / full.model_bytes
 
 
 def test_the_plan_lowers_c_to_what_fits_and_refuses_what_cannot_fit_before_any_work(monkeypatch):

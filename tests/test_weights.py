@@ -246,3 +246,19 @@ def test_a_checkpoint_is_read_from_its_own_file_not_a_variant_beside_it(tmp_path
     save_file({"w": torch.ones(3)}, tmp_path / "other.safetensors")
     with pytest.raises(ModelError, match="is also in"):  # two files, one tensor: no silent choice
         Checkpoint.open(tmp_path)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_a_weight_that_is_not_finite_is_found_in_any_slice_of_a_large_tensor(bad):
+    """The finiteness check reads a tensor a slice at a time (no |x| and masks of a whole embedding beside it): a bad
+    value in the last slice is found as surely as one in the first."""
+    values = {"w": torch.zeros(3 * (1 << 20) + 7)}
+    assert models._finite(values, "w")
+    for where in (0, (1 << 20) + 3, values["w"].numel() - 1):
+        values["w"].zero_()
+        values["w"][where] = bad
+        assert not models._finite(values, "w"), where
+    assert models._finite({"ids": torch.arange(10)}, "ids")  # not floating point: nothing to check
+    wide = torch.zeros(64, 3)
+    wide[5, 2] = bad
+    assert not models._finite({"t": wide.t()}, "t")  # not contiguous: read along its rows, not copied whole
