@@ -13,7 +13,8 @@ step's gradient ranks next, grown while learning), ``movement:c`` the candidate 
 (without growth: the rule before), at the default mask-learning settings and each seed. Printed per learner: |C| at
 the start and at the end, how often C grew, the region's IoU with the full learner's region of the same seed, the wall
 time against it, and the paired difference of the grafts' scores on the same ``--n`` test examples (accuracy; exact
-match for a completion task; 95 % paired interval), learner − all. The regions are kept in ``--out`` so a run can be
+match for a completion task; 95 % paired interval), learner − all. With several seeds, each learner's IoU between its
+own regions of different seeds follows: how far the full learner's region is itself a fixed reference. The regions are kept in ``--out`` so a run can be
 read again; a second run reuses them.
 """
 
@@ -142,6 +143,13 @@ def main() -> None:
                                 "c_start": made.get("start"), "c_end": made.get("size"), "grown": made.get("grown"),
                                 "time_ratio": seconds / full_s, "score_all": full_out.score, "score": got.score,
                                 "diff": diff["diff"], "ci": [lo, hi], "n": args.n})
+        if len(seeds) > 1:  # how far a learner's region depends on its seed: the reference's own reproducibility
+            for learner in ["all", *learners]:
+                found = [regions.load(localize(name, learner, seed, out)[0]).indices for seed in seeds]
+                pairs = [iou(a, b) for i, a in enumerate(found) for b in found[i + 1:]]
+                print(f"{learner:>10} between seeds: IoU {min(pairs):.3f}–{max(pairs):.3f} over {len(pairs)} pair(s)",
+                      flush=True)
+                summary.append({"pair": name, "learner": learner, "between_seeds": pairs})
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     print(f"\nwritten: {out / 'summary.json'}")
 
