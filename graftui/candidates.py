@@ -407,7 +407,7 @@ class CandidateLearner(MaskLearner):
             self._measured = None
             log.debug("the logit gradient outside C: Σ(∇_ℓ L)² %.3g× C's", self._beyond[0])
         r_sq, r_peak = self._beyond
-        return sq * (1.0 + r_sq), torch.maximum(peak, peak * r_peak) if torch.is_tensor(peak) else max(peak, peak * r_peak)
+        return sq * (1.0 + r_sq), torch.maximum(peak, peak * r_peak)  # tensors, as every step's size is
 
     def _outside_c(self, batch: dict[str, torch.Tensor], pool: Pool | None = None) -> tuple[float, float]:
         """(Σ(∇_ℓ L)², max |∇_ℓ L|) outside C on ``batch``, at the working model's values: a pass over every tensor, each
