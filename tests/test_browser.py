@@ -288,7 +288,7 @@ def test_a_prediction_and_a_short_job_pass_a_long_job_submitted_before_them(page
         bu.choose(page, "regions-select", extra)
         page.click("#region-delete")
         page.wait_for_function("() => document.querySelector('#region-delete').innerText.includes('Confirm')",
-                               timeout=30_000)
+                               timeout=60_000)  # beside the long job, as long as the deletion below may take
         page.click("#region-delete")
         page.wait_for_function("id => !document.querySelector('#region-list').innerText.includes(id)", arg=extra,
                                timeout=60_000)

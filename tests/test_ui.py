@@ -1460,3 +1460,71 @@ def test_a_seeds_runs_core_and_union_are_scored_beside_its_seeds_with_one_button
         with pytest.raises(RequestError, match="pick a finished localize job of two or more seeds"):
             forms.submit_seed_regions(None, job)
         assert localize.render_localize(job)[2]["visible"] is False
+
+
+# -- confirm buttons: a press and the pick before it, answered in either order ------------------------
+def _events(demo, elem_id: str, trigger: str) -> list:
+    """The app's handlers of ``trigger`` on the widget ``elem_id``."""
+    block = next(b for b in demo.blocks.values() if getattr(b, "elem_id", None) == elem_id)
+    return [fn for fn in demo.fns.values() if (block._id, trigger) in [tuple(t) for t in fn.targets]]
+
+
+def _answer(fn, values: dict) -> None:
+    """Run ``fn`` as Gradio does, on the page's current ``values`` (block id -> value), and write its answer back:
+    a skip leaves a value as it is, an update sets the value it names."""
+    import gradio as gr
+
+    got = fn.fn(*[values.get(b._id) for b in fn.inputs])
+    got = got if isinstance(got, (tuple, list)) and len(fn.outputs) > 1 else (got,)
+    for block, value in zip(fn.outputs, got):
+        if isinstance(value, dict) and value.get("__type__") == "update":
+            if "value" in value:
+                values[block._id] = value["value"]
+        elif not (isinstance(value, dict) and value == gr.skip()):
+            values[block._id] = value
+
+
+def _confirm_pair(demo, button: str, picker: str):
+    """(press, pick, the armed State, the button): the press of ``button`` and the handler of a pick in ``picker``
+    that writes the button's memory."""
+    (press,) = [fn for fn in _events(demo, button, "click")]
+    armed = next(b for b in press.outputs if type(b).__name__ == "State" and b in press.inputs)
+    (pick,) = [fn for fn in _events(demo, picker, "change") if armed in fn.outputs]
+    return press, pick, armed, next(b for b in press.outputs if getattr(b, "elem_id", None) == button)
+
+
+def test_a_confirm_button_pressed_just_after_a_pick_stays_armed_whichever_is_answered_first(home, monkeypatch):
+    """A pick's change event and a press that follows it reach the server as two events; each reads the button's
+    memory when it starts. The press arms the button for what is picked in either order of answers, a pick of
+    another region or job still disarms it, and the two never run at once (one queue, one at a time)."""
+    from graftui import regions
+    from graftui.ui import app, store
+    from graftui.ui.tabs.regions import DELETE
+
+    monkeypatch.setattr(store, "default_ready", lambda key=None: True)
+    pair, _, _ = make_tiny_pair()
+    x = store.save_region(tiny_record(pair, k=20), "region-x").stem
+    y = store.save_region(tiny_record(pair, k=30), "region-y").stem
+    started = threading.Event()
+    job = store.runner().submit("localize", "slow", slow_job(started))
+    assert started.wait(5)
+    demo = app.build_app()
+    for button, picker, key, armed_look in (("region-delete", "regions-select", x, f"Confirm: delete {x}"),
+                                            ("jobs-cancel", "jobs-select", job.id, "Confirm cancel")):
+        press, pick, armed, widget = _confirm_pair(demo, button, picker)
+        assert press.concurrency_id == pick.concurrency_id and press.concurrency_limit == pick.concurrency_limit == 1
+        picker_id = next(b for b in pick.inputs if getattr(b, "elem_id", None) == picker)._id
+        for order in ((pick, press), (press, pick)):
+            values = {picker_id: key, armed._id: None, widget._id: "before"}
+            for fn in order:
+                _answer(fn, values)
+            assert (values[armed._id] or [None])[0] == key and values[widget._id] == armed_look, (button, order, values)
+        if button == "region-delete":  # armed for y, then x picked: a press must name x first
+            values = {picker_id: x, armed._id: (y, time.time()), widget._id: f"Confirm: delete {y}"}
+            _answer(pick, values)
+            assert values[armed._id] is None and values[widget._id] == DELETE
+            assert (store.regions_dir() / f"{y}.safetensors").is_file()
+    assert store.runner().get(job.id).status == "running"  # a first press cancels nothing
+    store.runner().cancel(job.id)
+    groups = {fn.concurrency_id for fn in demo.fns.values() if str(fn.concurrency_id).startswith("confirm-")}
+    assert len(groups) >= 4  # Delete, the Jobs tab's Cancel, each panel's Cancel

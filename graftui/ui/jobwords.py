@@ -159,6 +159,12 @@ def confirms(armed, key: str, now: float) -> bool:
     return at is not None and armed[0] == key and 0 <= now - at <= CONFIRM_SECONDS
 
 
+def still_armed(armed, key) -> bool:
+    """Whether a confirm button's memory names ``key``, the job or region now picked. A pick's event and a press that
+    follows it may be answered in either order: a press that armed the button for what is picked stays armed."""
+    return _armed_at(armed) is not None and armed[0] == key
+
+
 def expired(armed, now: float) -> bool:
     """Whether a button armed by a first press has waited past CONFIRM_SECONDS: it goes back to its first look."""
     at = _armed_at(armed)

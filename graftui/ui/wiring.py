@@ -557,10 +557,21 @@ class Page:
                                                         memory, time.time())
             return cancel_look(look, label), memory, message
 
-        self.on(button.click, run, [picker, armed], [button, armed, self.status])
-        self.on(picker.change, lambda picked: None, [picker], [armed], show_progress="hidden")  # another job: unarmed
+        def unarm(picked, memory):  # another job shown: a press must name it first
+            shown = jobwords.shown_job(store.runner(), picked, kinds)
+            return gr.skip() if memory is None or jobwords.still_armed(memory, shown and shown.id) else None
+
+        self.on(button.click, run, [picker, armed], [button, armed, self.status], **self.one_at_a_time(armed))
+        self.on(picker.change, unarm, [picker, armed], [armed], show_progress="hidden", **self.one_at_a_time(armed))
         self.disarms(button, armed, lambda picked: cancel_button(jobwords.shown_job(store.runner(), picked, kinds),
                                                                  label), [picker])
+
+    @staticmethod
+    def one_at_a_time(armed) -> dict:
+        """Event options that answer a confirm button's presses and the picks that disarm it one at a time, in the
+        order they came: Gradio reads a State when an event starts, so each reads what the one before it wrote,
+        and a pick answered after a press cannot undo it."""
+        return {"concurrency_id": f"confirm-{armed._id}", "concurrency_limit": 1}
 
     def disarms(self, button, armed, look, inputs: list = ()) -> None:
         """A confirm button left armed goes back to its first look (``look(*inputs)``) once CONFIRM_SECONDS have

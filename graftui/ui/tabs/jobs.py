@@ -70,19 +70,23 @@ def build(page) -> None:
         message, memory, look = jobwords.cancel_step(runner, job, memory, time.time())
         return cancel_look(look, LABEL), memory, message
 
-    page.on(job_cancel.click, on_job_cancel, [job_sel, armed], [job_cancel, armed, page.status])
+    page.on(job_cancel.click, on_job_cancel, [job_sel, armed], [job_cancel, armed, page.status],
+            **page.one_at_a_time(armed))
     page.disarms(job_cancel, armed, lambda picked: cancel_button(store.runner().get(picked) if picked else None, LABEL),
                  [job_sel])
 
     @page.safe
-    def on_job_pick(picked):
+    def on_job_pick(picked, memory):
         job = store.runner().get(picked) if picked else None
         path = forms.request_file(job)
         text = json.dumps(job.params, indent=2) if path else "(this job has no request: it prepares the default model)"
-        return (text if job else "", gr.update(value=str(path) if path else None), None,
-                cancel_button(job, LABEL), gr.update(interactive=forms.reportable(job)), gr.skip())
+        kept = jobwords.still_armed(memory, picked)  # a press on this job was answered first: it stays armed
+        return (text if job else "", gr.update(value=str(path) if path else None),
+                gr.skip() if kept or memory is None else None, gr.skip() if kept else cancel_button(job, LABEL),
+                gr.update(interactive=forms.reportable(job)), gr.skip())
 
-    page.on(job_sel.change, on_job_pick, [job_sel], [job_req, job_req_dl, armed, job_cancel, job_bundle, page.status])
+    page.on(job_sel.change, on_job_pick, [job_sel, armed], [job_req, job_req_dl, armed, job_cancel, job_bundle,
+                                                            page.status], **page.one_at_a_time(armed))
 
     @page.safe
     def on_job_bundle(picked):

@@ -213,12 +213,16 @@ def build(page) -> gr.Tab:
         store.delete_region(region_id)
         return gr.update(value=None), f"Deleted region **{path.stem}**.", None, gr.update(value=DELETE)
 
-    page.on(reg_delete.click, on_region_delete, [reg_sel, armed], [reg_sel, status, armed, reg_delete])
+    page.on(reg_delete.click, on_region_delete, [reg_sel, armed], [reg_sel, status, armed, reg_delete],
+            **page.one_at_a_time(armed))
 
-    def disarm(region_id):  # another region picked: a press must name it first
+    def disarm(region_id, named):  # another region picked: a press must name it first
+        if named is None or jobwords.still_armed(named, region_id):
+            return gr.skip(), gr.skip()
         return None, gr.update(value=DELETE)
 
-    page.on(reg_sel.change, disarm, [reg_sel], [armed, reg_delete], show_progress="hidden")
+    page.on(reg_sel.change, disarm, [reg_sel, armed], [armed, reg_delete], show_progress="hidden",
+            **page.one_at_a_time(armed))
     page.disarms(reg_delete, armed, lambda: gr.update(value=DELETE))
 
     @page.guard(beside=reg_export_status, region=reg_sel)
