@@ -1475,6 +1475,8 @@ def _answer(fn, values: dict) -> None:
     import gradio as gr
 
     got = fn.fn(*[values.get(b._id) for b in fn.inputs])
+    if isinstance(got, dict) and "__type__" not in got:  # {component: value}: what a failed handler answers
+        got = [got.get(b, gr.skip()) for b in fn.outputs]
     got = got if isinstance(got, (tuple, list)) and len(fn.outputs) > 1 else (got,)
     for block, value in zip(fn.outputs, got):
         if isinstance(value, dict) and value.get("__type__") == "update":
@@ -1485,19 +1487,19 @@ def _answer(fn, values: dict) -> None:
 
 
 def _confirm_pair(demo, button: str, picker: str):
-    """(press, pick, the armed State, the button): the press of ``button`` and the handler of a pick in ``picker``
-    that writes the button's memory."""
+    """(press, picks, the armed State, the button): the press of ``button`` and the handlers of a pick in ``picker``
+    that write the button or its memory."""
     (press,) = [fn for fn in _events(demo, button, "click")]
     armed = next(b for b in press.outputs if type(b).__name__ == "State" and b in press.inputs)
-    (pick,) = [fn for fn in _events(demo, picker, "change") if armed in fn.outputs]
-    return press, pick, armed, next(b for b in press.outputs if getattr(b, "elem_id", None) == button)
+    widget = next(b for b in press.outputs if getattr(b, "elem_id", None) == button)
+    picks = [fn for fn in _events(demo, picker, "change") if armed in fn.outputs or widget in fn.outputs]
+    return press, picks, armed, widget
 
 
 def test_a_confirm_button_pressed_just_after_a_pick_stays_armed_whichever_is_answered_first(home, monkeypatch):
-    """A pick's change event and a press that follows it reach the server as two events; each reads the button's
-    memory when it starts. The press arms the button for what is picked in either order of answers, a pick of
-    another region or job still disarms it, and the two never run at once (one queue, one at a time)."""
-    from graftui import regions
+    """A pick's change events and a press that follows them reach the server as several events; each reads the
+    button's memory when it starts. The press arms the button for what is picked in either order of answers, a pick
+    of another region or job still disarms it, and they never run at once (one queue, one at a time)."""
     from graftui.ui import app, store
     from graftui.ui.tabs.regions import DELETE
 
@@ -1506,25 +1508,34 @@ def test_a_confirm_button_pressed_just_after_a_pick_stays_armed_whichever_is_ans
     x = store.save_region(tiny_record(pair, k=20), "region-x").stem
     y = store.save_region(tiny_record(pair, k=30), "region-y").stem
     started = threading.Event()
-    job = store.runner().submit("localize", "slow", slow_job(started))
+
+    def learning(ctx):  # a localization's progress, as the Localize panel draws it
+        for i in range(1000):
+            started.set()
+            ctx.report({"step": i, "steps": 1000, "loss": 0.5, "accuracy": 0.5})
+            time.sleep(0.01)
+        return {}
+
+    job = store.runner().submit("localize", "slow", learning)
     assert started.wait(5)
     demo = app.build_app()
     for button, picker, key, armed_look in (("region-delete", "regions-select", x, f"Confirm: delete {x}"),
-                                            ("jobs-cancel", "jobs-select", job.id, "Confirm cancel")):
-        press, pick, armed, widget = _confirm_pair(demo, button, picker)
-        assert press.concurrency_id == pick.concurrency_id and press.concurrency_limit == pick.concurrency_limit == 1
-        picker_id = next(b for b in pick.inputs if getattr(b, "elem_id", None) == picker)._id
-        for order in ((pick, press), (press, pick)):
+                                            ("jobs-cancel", "jobs-select", job.id, "Confirm cancel"),
+                                            ("localize-cancel", "localize-job", job.id, "Confirm cancel")):
+        press, picks, armed, widget = _confirm_pair(demo, button, picker)
+        assert picks and {fn.concurrency_id for fn in [press, *picks]} == {press.concurrency_id}, button
+        assert {fn.concurrency_limit for fn in [press, *picks]} == {1}
+        picker_id = next(b for b in picks[0].inputs if getattr(b, "elem_id", None) == picker)._id
+        for order in ((*picks, press), (press, *picks)):
             values = {picker_id: key, armed._id: None, widget._id: "before"}
             for fn in order:
                 _answer(fn, values)
             assert (values[armed._id] or [None])[0] == key and values[widget._id] == armed_look, (button, order, values)
         if button == "region-delete":  # armed for y, then x picked: a press must name x first
             values = {picker_id: x, armed._id: (y, time.time()), widget._id: f"Confirm: delete {y}"}
-            _answer(pick, values)
+            for fn in picks:
+                _answer(fn, values)
             assert values[armed._id] is None and values[widget._id] == DELETE
             assert (store.regions_dir() / f"{y}.safetensors").is_file()
     assert store.runner().get(job.id).status == "running"  # a first press cancels nothing
     store.runner().cancel(job.id)
-    groups = {fn.concurrency_id for fn in demo.fns.values() if str(fn.concurrency_id).startswith("confirm-")}
-    assert len(groups) >= 4  # Delete, the Jobs tab's Cancel, each panel's Cancel

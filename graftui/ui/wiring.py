@@ -314,10 +314,11 @@ def cancel_button(job, label: str):
 
 def job_panel(sig_state, kinds, picker, status_md, outputs, render, latest_label, fixed_state=None, cancel=None):
     """The polled part of a result panel: the picked job of ``kinds`` (or the latest one), re-rendered only
-    when it changed; ``sig_state`` remembers what it last showed, ``cancel`` is the (button, label) turned off
-    while the job shown has finished. Returns the part's function, inputs, outputs."""
+    when it changed; ``sig_state`` remembers what it last showed, ``cancel`` is the (button, label, its memory) turned
+    off while the job shown has finished (a press that armed it for the job shown keeps its look while that job
+    waits or runs). Returns the part's function, inputs, outputs."""
 
-    def tick(picked, last):
+    def tick(picked, last, armed=None):
         runner = store.runner()
         job = jobwords.shown_job(runner, picked, kinds)
         listing = tuple((j.id, j.status) for j in runner.jobs() if j.kind in kinds)
@@ -328,7 +329,8 @@ def job_panel(sig_state, kinds, picker, status_md, outputs, render, latest_label
         running = job is not None and job.status == "running"
         another = last is None or shown != last[1]  # another job, or another status: the Cancel button follows
         new_list, new_line, redraw, state = panel_changes(last, listing, shown, line, running, time.monotonic())
-        button = [] if cancel is None else [cancel_button(job, cancel[1]) if another else gr.skip()]
+        kept = jobwords.cancellable(job) and jobwords.still_armed(armed, job.id)
+        button = [] if cancel is None else [cancel_button(job, cancel[1]) if another and not kept else gr.skip()]
         if not (new_list or new_line or redraw):
             return (gr.skip(), gr.skip(), *[gr.skip() for _ in outputs], *button, state)
         picker_update = gr.update(choices=[(latest_label, "")] + jobwords.job_choices(runner, kinds)) if new_list else gr.skip()
@@ -336,10 +338,10 @@ def job_panel(sig_state, kinds, picker, status_md, outputs, render, latest_label
         figures_out = render(job) if redraw else [gr.skip() for _ in outputs]
         return (picker_update, status_update, *figures_out, *button, state)
 
-    inputs = [fixed_state if fixed_state is not None else picker, sig_state]
+    inputs = [fixed_state if fixed_state is not None else picker, sig_state, *([] if cancel is None else [cancel[2]])]
     outs = ([picker] if fixed_state is None else []) + [status_md, *outputs,
                                                         *([] if cancel is None else [cancel[0]]), sig_state]
-    polled = tick if fixed_state is None else (lambda picked, last: tick(picked, last)[1:])
+    polled = tick if fixed_state is None else (lambda picked, last, *armed: tick(picked, last, *armed)[1:])
     return polled, inputs, outs
 
 
@@ -440,7 +442,7 @@ class Page:
     poll: Poll = field(default_factory=Poll)
     kept: dict = field(default_factory=dict)  # form key -> widget: the browser keeps its value across reloads
     tab_kept: dict = field(default_factory=dict)  # the same, for this browser tab alone: a new tab starts without them
-    cancel_buttons: dict = field(default_factory=dict)  # id(picker) -> (its Cancel button, the button's label)
+    cancel_buttons: dict = field(default_factory=dict)  # id(picker) -> (its Cancel button, its label, its memory)
     panels: dict = field(default_factory=dict)  # tab -> its panels' States, forgotten when the tab opens
     region_pickers: list = field(default_factory=list)  # (dropdown, several): refreshed when regions change
     checkpoint_pickers: list = field(default_factory=list)  # (dropdown, base offered): refreshed with checkpoints
@@ -528,15 +530,16 @@ class Page:
 
     def panel(self, tab: str, kinds, picker, status_md, outputs, render, latest_label, fixed_state=None) -> None:
         """A result panel of ``tab``: polled while that tab is open; picking a job shows it at once."""
-        sig_state = self.state()
+        sig_state, cancel = self.state(), self.cancel_buttons.get(id(picker))
         polled, inputs, outs = job_panel(sig_state, kinds, picker, status_md, outputs, render, latest_label, fixed_state,
-                                         self.cancel_buttons.get(id(picker)))
+                                         cancel)
         self.poll.add(polled, inputs, outs, tab=tab)
         self.panels.setdefault(tab, []).append(sig_state)
         if fixed_state is None and picker.elem_id:
             self.tab_kept[picker.elem_id] = picker  # the job this browser tab shows, whatever another tab submits
-            self.on(picker.change, self.quiet(lambda picked, fn=polled: (*fn(picked, None), gr.skip())), [picker],
-                    [*outs, self.status])
+            armed = [] if cancel is None else [cancel[2]]  # a press on the job picked, answered first, stays armed
+            self.on(picker.change, self.quiet(lambda picked, *memory, fn=polled: (*fn(picked, None, *memory), gr.skip())),
+                    [picker, *armed], [*outs, self.status], **(self.one_at_a_time(cancel[2]) if cancel else {}))
 
     def shows(self, kind: str, picker, widgets: list) -> None:
         """A picked job puts its own settings into the form above it ("latest" leaves the form alone)."""
@@ -549,7 +552,7 @@ class Page:
         """``button`` cancels the job ``picker`` shows, once confirmed by a second press; it is off while the job
         shown has finished (the panel of ``picker`` turns it on and off as the job's status changes)."""
         armed, label = self.state(None), button.value
-        self.cancel_buttons[id(picker)] = (button, label)
+        self.cancel_buttons[id(picker)] = (button, label, armed)
 
         @self.safe
         def run(picked, memory):
