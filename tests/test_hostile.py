@@ -359,7 +359,7 @@ def test_region_ids_stay_in_the_sessions_own_folder(server, files):
     assert saved.parent == server.home / "sessions" / a / "regions"
     for bad, needle in (("../../etc/passwd", "is not a region id"), (saved.stem, "not saved here")):
         server.refuses("/on_anatomy", (b, bad, "counts"), needle)
-        server.refuses("/on_region_delete", (b, bad), needle)
+        server.refuses("/on_region_delete", (b, bad, "Confirm: delete " + bad), needle)
     out = server.call("/on_anatomy", a, saved.stem, "counts")
     assert not any(isinstance(o, str) and o.startswith(WARN) for o in out)  # the owner reads it
     with store.session(b):  # the store never looks outside the session's folder
@@ -429,7 +429,7 @@ def test_a_session_never_sees_or_cancels_another_sessions_jobs_and_quotas_hold(s
             assert {j.id for j in store.runner().jobs()} == {blocker.id}
         with store.session(a):
             assert {j.id for j in store.runner().jobs()} == {blocker.id, *ids}
-        server.refuses("/on_job_cancel", (b, ids[0]), f"no job {ids[0]} here")
+        server.refuses("/on_job_cancel", (b, ids[0], "Confirm cancel"), f"no job {ids[0]} here")
         with store.session(b):  # another session's job does not exist for B
             assert store.runner().get(ids[0]) is None
             with pytest.raises(SessionError, match=f"no job {ids[0]} here"):

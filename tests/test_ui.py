@@ -1487,10 +1487,10 @@ def _answer(fn, values: dict) -> None:
 
 
 def _confirm_pair(demo, button: str, picker: str):
-    """(press, picks, the armed State, the button): the press of ``button`` and the handlers of a pick in ``picker``
-    that write the button or its memory."""
-    (press,) = [fn for fn in _events(demo, button, "click")]
-    armed = next(b for b in press.outputs if type(b).__name__ == "State" and b in press.inputs)
+    """(press, picks, the button's memory, the button): the press of ``button`` and the handlers of a pick in
+    ``picker`` that write the button or its memory (the memory's id names the press's queue)."""
+    (press,) = _events(demo, button, "click")
+    armed = demo.blocks[int(press.concurrency_id.removeprefix("confirm-"))]
     widget = next(b for b in press.outputs if getattr(b, "elem_id", None) == button)
     picks = [fn for fn in _events(demo, picker, "change") if armed in fn.outputs or widget in fn.outputs]
     return press, picks, armed, widget
@@ -1498,9 +1498,11 @@ def _confirm_pair(demo, button: str, picker: str):
 
 def test_a_confirm_button_pressed_just_after_a_pick_stays_armed_whichever_is_answered_first(home, monkeypatch):
     """A pick's change events and a press that follows them reach the server as several events; each reads the
-    button's memory when it starts. The press arms the button for what is picked in either order of answers, a pick
-    of another region or job still disarms it, and they never run at once (one queue, one at a time)."""
+    button's memory when it starts. The press arms the button for what is picked in either order of answers; a pick
+    of another region or job still disarms it; those that write the memory run one at a time; a poll keeps the look
+    of a button armed for the job it shows; and a press confirms only where the button it pressed asked to."""
     from graftui.ui import app, store
+    from graftui.ui.tabs.jobs import LABEL
     from graftui.ui.tabs.regions import DELETE
 
     monkeypatch.setattr(store, "default_ready", lambda key=None: True)
@@ -1510,32 +1512,57 @@ def test_a_confirm_button_pressed_just_after_a_pick_stays_armed_whichever_is_ans
     started = threading.Event()
 
     def learning(ctx):  # a localization's progress, as the Localize panel draws it
-        for i in range(1000):
+        for i in range(6000):
             started.set()
-            ctx.report({"step": i, "steps": 1000, "loss": 0.5, "accuracy": 0.5})
+            ctx.report({"step": i, "steps": 6000, "loss": 0.5, "accuracy": 0.5})
             time.sleep(0.01)
         return {}
 
     job = store.runner().submit("localize", "slow", learning)
     assert started.wait(5)
     demo = app.build_app()
-    for button, picker, key, armed_look in (("region-delete", "regions-select", x, f"Confirm: delete {x}"),
-                                            ("jobs-cancel", "jobs-select", job.id, "Confirm cancel"),
-                                            ("localize-cancel", "localize-job", job.id, "Confirm cancel")):
+    pressed = {}
+    for button, picker, key, before, asking in (("region-delete", "regions-select", x, DELETE, f"Confirm: delete {x}"),
+                                                ("jobs-cancel", "jobs-select", job.id, LABEL, "Confirm cancel"),
+                                                ("localize-cancel", "localize-job", job.id, "Cancel", "Confirm cancel")):
         press, picks, armed, widget = _confirm_pair(demo, button, picker)
-        assert picks and {fn.concurrency_id for fn in [press, *picks]} == {press.concurrency_id}, button
-        assert {fn.concurrency_limit for fn in [press, *picks]} == {1}
+        writers = [fn for fn in [press, *picks] if armed in fn.outputs]
+        assert len(writers) >= 2 and {(fn.concurrency_id, fn.concurrency_limit) for fn in writers} == {
+            (press.concurrency_id, 1)}, button
         picker_id = next(b for b in picks[0].inputs if getattr(b, "elem_id", None) == picker)._id
         for order in ((*picks, press), (press, *picks)):
-            values = {picker_id: key, armed._id: None, widget._id: "before"}
+            values = {picker_id: key, armed._id: None, widget._id: before}
             for fn in order:
                 _answer(fn, values)
-            assert (values[armed._id] or [None])[0] == key and values[widget._id] == armed_look, (button, order, values)
-        if button == "region-delete":  # armed for y, then x picked: a press must name x first
-            values = {picker_id: x, armed._id: (y, time.time()), widget._id: f"Confirm: delete {y}"}
-            for fn in picks:
-                _answer(fn, values)
-            assert values[armed._id] is None and values[widget._id] == DELETE
-            assert (store.regions_dir() / f"{y}.safetensors").is_file()
-    assert store.runner().get(job.id).status == "running"  # a first press cancels nothing
-    store.runner().cancel(job.id)
+            assert (values[armed._id] or [None])[0] == key and values[widget._id] == asking, (button, order, values)
+        pressed[button] = (press, picks, armed, widget, picker_id, asking)
+    press, picks, armed, widget, picker_id, asking = pressed["region-delete"]
+    values = {picker_id: x, armed._id: (y, time.time()), widget._id: f"Confirm: delete {y}"}  # armed for y, x picked
+    for fn in picks:
+        _answer(fn, values)
+    assert values[armed._id] is None and values[widget._id] == DELETE  # a press must name x first
+    values = {picker_id: x, armed._id: (x, time.time()), widget._id: DELETE}  # armed, but its look went back
+    _answer(press, values)
+    assert (store.regions_dir() / f"{x}.safetensors").is_file() and values[widget._id] == asking  # it asks again
+    _answer(press, values)
+    assert not (store.regions_dir() / f"{x}.safetensors").exists() and values[widget._id] == DELETE
+    assert (store.regions_dir() / f"{y}.safetensors").is_file()
+    # a poll of the Localize tab (the jobs list and the Localize panel, each with a Cancel button armed for the job
+    # it shows) keeps both asking
+    (timer,) = [b for b in demo.blocks.values() if type(b).__name__ == "Timer" and any(
+        "localize-status" == getattr(o, "elem_id", None) for fn in demo.fns.values()
+        if (b._id, "tick") in [tuple(t) for t in fn.targets] for o in fn.outputs)]
+    (tick,) = [fn for fn in demo.fns.values() if (timer._id, "tick") in [tuple(t) for t in fn.targets]]
+    values = {}
+    for button in ("jobs-cancel", "localize-cancel"):
+        _, _, armed, widget, picker_id, asking = pressed[button]
+        values.update({picker_id: job.id, armed._id: (job.id, time.time()), widget._id: asking})
+    _answer(tick, values)
+    assert [values[pressed[b][3]._id] for b in ("jobs-cancel", "localize-cancel")] == ["Confirm cancel"] * 2
+    assert store.runner().get(job.id).status == "running"  # no press has cancelled anything yet
+    press, _, armed, widget, picker_id, _ = pressed["jobs-cancel"]
+    values = {picker_id: job.id, armed._id: (job.id, time.time()), widget._id: LABEL}  # armed, its look went back
+    _answer(press, values)
+    assert store.runner().get(job.id).status == "running" and values[widget._id] == "Confirm cancel"
+    _answer(press, values)
+    assert store.runner().runner.wait(job.id, timeout=10).status == "cancelled"

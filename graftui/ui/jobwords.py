@@ -144,6 +144,7 @@ def shown_job(runner, picked: str, kinds: tuple[str, ...]) -> Job | None:
 
 
 CONFIRM_SECONDS = 10.0  # a Cancel or Delete button, once pressed, asks to be pressed again within this long
+CONFIRM = "Confirm"  # how an armed button's label starts: "Confirm cancel", "Confirm: delete …"
 
 
 def _armed_at(armed) -> float | None:
@@ -159,6 +160,12 @@ def confirms(armed, key: str, now: float) -> bool:
     return at is not None and armed[0] == key and 0 <= now - at <= CONFIRM_SECONDS
 
 
+def asks(label) -> bool:
+    """Whether a button's label, as the page showed it when pressed, asked to confirm: a press confirms only then, so
+    a button whose look went back (a poll, a pick answered late) never acts on one press."""
+    return isinstance(label, str) and label.startswith(CONFIRM)
+
+
 def still_armed(armed, key) -> bool:
     """Whether a confirm button's memory names ``key``, the job or region now picked. A pick's event and a press that
     follows it may be answered in either order: a press that armed the button for what is picked stays armed."""
@@ -171,21 +178,21 @@ def expired(armed, now: float) -> bool:
     return at is not None and now - at > CONFIRM_SECONDS
 
 
-def cancel_step(runner, job: Job | None, armed, now: float) -> tuple[str, tuple | None, str]:
+def cancel_step(runner, job: Job | None, armed, now: float, asked: bool = True) -> tuple[str, tuple | None, str]:
     """One press of a Cancel button: (the status line, the button's new memory, its look: "off" for nothing to
     cancel, "armed" asking to confirm, "ready"). The first press on a waiting or running job arms the button; a
-    second on the same job within CONFIRM_SECONDS cancels it."""
+    second on the same job within CONFIRM_SECONDS cancels it, if the button ``asked`` to confirm when pressed."""
     if job is None:
         return "Nothing to cancel.", None, "off"
     if job.status in FINISHED:
         return f"**{md(job.title)}** has already finished ({job.status}).", None, "off"
     if hasattr(runner, "check_cancel"):
         runner.check_cancel(job.id)  # a job this page may not cancel is refused at the first press
-    if confirms(armed, job.id, now):
+    if asked and confirms(armed, job.id, now):
         ok = runner.cancel(job.id)  # refuses a job that is not this page's own
         return (f"Cancel requested for **{md(job.title)}**." if ok else
                 f"**{md(job.title)}** has already finished ({job.status})."), None, "off"
-    return (f"Press **Confirm cancel** within {CONFIRM_SECONDS:g} s to stop **{md(job.title)}** [{job.id}]; what it "
+    return (f"Press **{CONFIRM} cancel** within {CONFIRM_SECONDS:g} s to stop **{md(job.title)}** [{job.id}]; what it "
             "has not saved is lost."), (job.id, now), "armed"
 
 

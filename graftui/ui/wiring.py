@@ -303,7 +303,7 @@ def cancel_look(look: str, label: str):
     """A Cancel button as ``jobwords.cancel_step`` says: "off" (nothing to cancel), "armed" (press again to confirm)
     or "ready"."""
     if look == "armed":
-        return gr.update(value="Confirm cancel", variant="stop", interactive=True)
+        return gr.update(value=f"{jobwords.CONFIRM} cancel", variant="stop", interactive=True)
     return gr.update(value=label, variant="secondary", interactive=look == "ready")
 
 
@@ -537,9 +537,15 @@ class Page:
         self.panels.setdefault(tab, []).append(sig_state)
         if fixed_state is None and picker.elem_id:
             self.tab_kept[picker.elem_id] = picker  # the job this browser tab shows, whatever another tab submits
-            armed = [] if cancel is None else [cancel[2]]  # a press on the job picked, answered first, stays armed
-            self.on(picker.change, self.quiet(lambda picked, *memory, fn=polled: (*fn(picked, None, *memory), gr.skip())),
-                    [picker, *armed], [*outs, self.status], **(self.one_at_a_time(cancel[2]) if cancel else {}))
+            button_at = None if cancel is None else outs.index(cancel[0])
+
+            def on_pick(picked, fn=polled):  # the Cancel button's look is the pick's handler's (``cancel``): one
+                got = list(fn(picked, None))  # at a time with the presses, which this drawing would hold up
+                if button_at is not None:
+                    got[button_at] = gr.skip()
+                return (*got, gr.skip())
+
+            self.on(picker.change, self.quiet(on_pick), [picker], [*outs, self.status])
 
     def shows(self, kind: str, picker, widgets: list) -> None:
         """A picked job puts its own settings into the form above it ("latest" leaves the form alone)."""
@@ -555,25 +561,29 @@ class Page:
         self.cancel_buttons[id(picker)] = (button, label, armed)
 
         @self.safe
-        def run(picked, memory):
+        def run(picked, shown_label, memory):
             message, memory, look = jobwords.cancel_step(store.runner(), jobwords.shown_job(store.runner(), picked, kinds),
-                                                        memory, time.time())
+                                                        memory, time.time(), jobwords.asks(shown_label))
             return cancel_look(look, label), memory, message
 
         def unarm(picked, memory):  # another job shown: a press must name it first
             shown = jobwords.shown_job(store.runner(), picked, kinds)
-            return gr.skip() if memory is None or jobwords.still_armed(memory, shown and shown.id) else None
+            if jobwords.still_armed(memory, shown and shown.id):
+                return gr.skip(), gr.skip()
+            return gr.skip() if memory is None else None, cancel_button(shown, label)
 
-        self.on(button.click, run, [picker, armed], [button, armed, self.status], **self.one_at_a_time(armed))
-        self.on(picker.change, unarm, [picker, armed], [armed], show_progress="hidden", **self.one_at_a_time(armed))
+        self.on(button.click, run, [picker, button, armed], [button, armed, self.status], **self.one_at_a_time(armed))
+        self.on(picker.change, unarm, [picker, armed], [armed, button], show_progress="hidden",
+                **self.one_at_a_time(armed))
         self.disarms(button, armed, lambda picked: cancel_button(jobwords.shown_job(store.runner(), picked, kinds),
                                                                  label), [picker])
 
     @staticmethod
     def one_at_a_time(armed) -> dict:
         """Event options that answer a confirm button's presses and the picks that disarm it one at a time, in the
-        order they came: Gradio reads a State when an event starts, so each reads what the one before it wrote,
-        and a pick answered after a press cannot undo it."""
+        order they came: Gradio reads a State when an event starts, so each reads what the one before it wrote.
+        The queue is one for every session, so only handlers of a few milliseconds join it (no drawing); a pick
+        answered after a press leaves it armed for what is picked (``jobwords.still_armed``) whatever the order."""
         return {"concurrency_id": f"confirm-{armed._id}", "concurrency_limit": 1}
 
     def disarms(self, button, armed, look, inputs: list = ()) -> None:

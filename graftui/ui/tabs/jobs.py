@@ -36,7 +36,7 @@ def build(page) -> None:
                                       interactive=False, elem_id="jobs-bundle-file")
     jobs_sig, armed = gr.State(None), page.state(None)
 
-    def tick_jobs(last, picked):
+    def tick_jobs(last, picked, memory):
         """The jobs table and the picked job's line: a new job or a new status at once, running figures
         (progress, duration) at most every LIVE_REDRAW_SECONDS."""
         runner = store.runner()
@@ -54,23 +54,24 @@ def build(page) -> None:
             table, picker = jobwords.job_rows(runner), gr.update(choices=jobwords.job_choices(runner))
         line = gr.skip() if last is not None and detail == last[2] else detail
         same = last is not None and listing == last[0]  # no job appeared and none changed status
-        button = gr.skip() if same else cancel_button(job, LABEL)
+        kept = jobwords.cancellable(job) and jobwords.still_armed(memory, picked)  # armed for it: it keeps asking
+        button = gr.skip() if same or kept else cancel_button(job, LABEL)
         bundle = gr.skip() if same else gr.update(interactive=forms.reportable(job))
         return (table, picker, line, button, bundle,
                 (listing, last[1] if fresh else sig, detail, last[3] if fresh else now))
 
-    page.poll.add(tick_jobs, [jobs_sig, job_sel], [jobs_df, job_sel, job_md, job_cancel, job_bundle, jobs_sig])
+    page.poll.add(tick_jobs, [jobs_sig, job_sel, armed], [jobs_df, job_sel, job_md, job_cancel, job_bundle, jobs_sig])
 
     @page.safe
-    def on_job_cancel(picked, memory):
+    def on_job_cancel(picked, shown_label, memory):
         runner = store.runner()
         job = runner.get(picked) if picked else None
         if picked and job is None:
             runner.check_cancel(picked)  # refused: not this page's job
-        message, memory, look = jobwords.cancel_step(runner, job, memory, time.time())
+        message, memory, look = jobwords.cancel_step(runner, job, memory, time.time(), jobwords.asks(shown_label))
         return cancel_look(look, LABEL), memory, message
 
-    page.on(job_cancel.click, on_job_cancel, [job_sel, armed], [job_cancel, armed, page.status],
+    page.on(job_cancel.click, on_job_cancel, [job_sel, job_cancel, armed], [job_cancel, armed, page.status],
             **page.one_at_a_time(armed))
     page.disarms(job_cancel, armed, lambda picked: cancel_button(store.runner().get(picked) if picked else None, LABEL),
                  [job_sel])

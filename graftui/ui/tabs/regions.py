@@ -203,17 +203,17 @@ def build(page) -> gr.Tab:
     armed = page.state(None)  # (the region a first press of Delete named, when); a second press deletes it
 
     @page.guard(region=reg_sel)
-    def on_region_delete(region_id, named):
+    def on_region_delete(region_id, shown_label, named):
         path = store.region_path(region_id)  # an id outside this workspace is refused before anything else
-        if (named[0] if isinstance(named, (list, tuple)) and named else None) != region_id:
+        if not (jobwords.asks(shown_label) and jobwords.still_armed(named, region_id)):
             # the page's poll disarms the button CONFIRM_SECONDS after this press (``Page.disarms``)
             return (gr.skip(), f"Press **Confirm: delete** again to delete **{path.stem}** for good (within "
                     f"{jobwords.CONFIRM_SECONDS:g} s): it cannot be undone.", (region_id, time.time()),
-                    gr.update(value=f"Confirm: delete {path.stem}"))
+                    gr.update(value=f"{jobwords.CONFIRM}: delete {path.stem}"))
         store.delete_region(region_id)
         return gr.update(value=None), f"Deleted region **{path.stem}**.", None, gr.update(value=DELETE)
 
-    page.on(reg_delete.click, on_region_delete, [reg_sel, armed], [reg_sel, status, armed, reg_delete],
+    page.on(reg_delete.click, on_region_delete, [reg_sel, reg_delete, armed], [reg_sel, status, armed, reg_delete],
             **page.one_at_a_time(armed))
 
     def disarm(region_id, named):  # another region picked: a press must name it first
