@@ -112,6 +112,26 @@ def smollm2_folder() -> Path:
     return folder
 
 
+WARM_NAMES = ("AutoConfig", "AutoTokenizer", "AutoModelForCausalLM", "AutoModelForMaskedLM",
+              "AutoModelForSequenceClassification", "PreTrainedTokenizerFast", "LlamaForCausalLM", "BertForMaskedLM",
+              "BertForSequenceClassification", "BertTokenizer", "GPT2Tokenizer")
+
+
+def warm_imports() -> None:
+    """Resolve, in the calling thread, the transformers and peft names that loading and fine-tuning use.
+
+    transformers' lazy module is not safe when two threads resolve a name for the first time at once: Python's
+    import lock then hands one of them a half-made module ("cannot import name 'AutoConfig' from 'transformers'",
+    seen when two visitors' jobs loaded their models at the same moment). A server calls this once, before any
+    job thread runs; a name already resolved costs nothing."""
+    import peft.utils.other  # noqa: F401 - peft resolves transformers names as it is imported
+    import transformers
+    import transformers.modeling_layers  # noqa: F401 - read by the checkpointing (``compute``)
+
+    for name in WARM_NAMES:
+        getattr(transformers, name)
+
+
 def _load_error(ref: str, err: Exception) -> ModelError:
     text = first_line(err)
     if "safetensors" in text.lower() or isinstance(err, OSError) and "model.safetensors" in str(err):

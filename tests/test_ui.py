@@ -1566,3 +1566,23 @@ def test_a_confirm_button_pressed_just_after_a_pick_stays_armed_whichever_is_ans
     assert store.runner().get(job.id).status == "running" and values[widget._id] == "Confirm cancel"
     _answer(press, values)
     assert store.runner().runner.wait(job.id, timeout=10).status == "cancelled"
+
+
+@pytest.mark.e2e
+def test_the_app_resolves_transformers_names_before_any_job_thread_loads_a_model(home):
+    """Two jobs whose first model loads meet resolve transformers' lazy names from two threads at once, and one was
+    handed a half-made module ("cannot import name 'AutoConfig'"); building the app resolves them first, in its own
+    thread (a fresh interpreter: this one has resolved them long ago)."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys, transformers; from graftui.models import WARM_NAMES; from graftui.ui import app; "
+            "before = [n for n in WARM_NAMES if n in vars(transformers)]; app.build_app(); "
+            "now = vars(sys.modules['transformers']); "  # the module object there now (peft's import replaces it)
+            "print(len(before), sum(n in now for n in WARM_NAMES), len(WARM_NAMES))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "GRAFTUI_HOME": str(home), "HF_HUB_OFFLINE": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    before, after, names = map(int, done.stdout.split()[-3:])
+    assert before < names and after == names, done.stdout

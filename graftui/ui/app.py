@@ -15,6 +15,7 @@ import os
 import gradio as gr
 
 from .. import settings
+from ..models import warm_imports
 from ..paths import clean_stale
 from . import forms, jobwords, library, pagescript, store
 from .tabs import anatomy, compare, compose, finetune, jobs, laboratory, localize, models, regions
@@ -26,6 +27,7 @@ TABS = {"models": models, "finetune": finetune, "localize": localize, "compare":
         "compose": compose, "lab": laboratory, "regions": regions}  # the name each tab's timer and panels go by
 POLL_SECONDS = 2.0  # status lines and job lists: often enough to watch
 def build_app() -> gr.Blocks:
+    warm_imports()  # before any job thread loads a model: two first loads at once could break transformers' imports
     hosted = settings.hosted()
     mode_note = " · hosted mode: server paths are refused, uploads are capped" if hosted else ""
     fast_note = " · small-data mode (GRAFTUI_FAST)" if store.fast() else ""
