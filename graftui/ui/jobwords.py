@@ -156,8 +156,7 @@ def _armed_at(armed) -> float | None:
 def confirms(armed, key: str, now: float) -> bool:
     """Whether a press confirms what the first press of its button named: the same ``key`` (a job, a region), within
     CONFIRM_SECONDS (``armed``: the button's memory, (key, when))."""
-    at = _armed_at(armed)
-    return at is not None and armed[0] == key and 0 <= now - at <= CONFIRM_SECONDS
+    return still_armed(armed, key) and 0 <= now - armed[1] <= CONFIRM_SECONDS
 
 
 def asks(label) -> bool:

@@ -207,7 +207,7 @@ def build(page) -> gr.Tab:
         path = store.region_path(region_id)  # an id outside this workspace is refused before anything else
         if not (jobwords.asks(shown_label) and jobwords.still_armed(named, region_id)):
             # the page's poll disarms the button CONFIRM_SECONDS after this press (``Page.disarms``)
-            return (gr.skip(), f"Press **Confirm: delete** again to delete **{path.stem}** for good (within "
+            return (gr.skip(), f"Press **{jobwords.CONFIRM}: delete** again to delete **{path.stem}** for good (within "
                     f"{jobwords.CONFIRM_SECONDS:g} s): it cannot be undone.", (region_id, time.time()),
                     gr.update(value=f"{jobwords.CONFIRM}: delete {path.stem}"))
         store.delete_region(region_id)
