@@ -198,7 +198,7 @@ class CandidateLearner(MaskLearner):
 
     def __init__(self, model, params, pre, ft, k, config: LearnConfig = LearnConfig(), start: Region | None = None, *,
                  count: int, room: int | None = None, batches: Iterable[dict] | None = None,
-                 cancel: threading.Event | None = None, maps_blocks: bool = False):
+                 cancel: threading.Event | None = None, maps_blocks: bool = False, within: Region | None = None):
         layers = self._accept(model, params, pre, ft, k, config)
         if maps_blocks:  # before ranking: its per-tensor temporaries are the first to go back
             compute.map_large_blocks()
@@ -209,11 +209,16 @@ class CandidateLearner(MaskLearner):
         self._outside = 0.0 if config.forward == "hard" else torch.sigmoid(torch.tensor(-config.sigmoid_bias)).item()
         self._moved = set()  # tensors whose values outside C are not θ_pre: finish restores them whole
         try:
-            self.base = base_region(pre, ft, self.names, k) if start is None else start
-            self.rule = "movement" if batches is None or config.rank == "movement" else "gradient"
+            if start is None:  # γ_base: the top-k of |δ| (inside a given C, where the region must lie)
+                start = base_region(pre, ft, self.names, k) if within is None else movement_inside(pre, ft, within, k)
+            self.base = start
+            self.rule = "within" if within is not None else \
+                "movement" if batches is None or config.rank == "movement" else "gradient"
             self.ranked_on = None
             self._to_start(self.base)
-            if count >= self.count:  # C is every graftable parameter: nothing to rank
+            if within is not None:  # C given: a larger region the search over budgets learned first (sizing.py)
+                extra = within
+            elif count >= self.count:  # C is every graftable parameter: nothing to rank
                 extra = {n: torch.arange(params[n].numel()) for n in self.names}
             elif self.rule == "movement":  # C = the top of |δ|, which holds the top-k of |δ|, and a given start
                 extra = top_k(Movement(pre, ft, self.names), count)
@@ -478,6 +483,7 @@ class CandidateLearner(MaskLearner):
             return 0, 0.0, 0.0
         carried = {n: (idx, self.logits[n]) for n, idx in self.candidates.items()}  # the old buffers, read once more
         self._lay_out(_union(self.candidates, {n: i for n, (i, _) in entering.items()}), carried)  # entrants at −bias
+        self._train_only([self.params[n] for n in self.candidates])  # a tensor that held no candidate takes gradients now
         self.grown += 1
         self.added += added
         log.debug("C grew by %s at step %d (now %s); %s", f"{added:,}", self.steps_done, f"{self.size:,}",
@@ -512,6 +518,13 @@ class CandidateLearner(MaskLearner):
         return {"learner": "candidate", "rule": self.rule, "start": self.start_count, "size": self.size,
                 "room": self.room, "grown": self.grown, "added": self.added,
                 "ranked_on": getattr(self, "ranked_on", None)}
+
+
+def movement_inside(pre: Mapping, ft: Mapping, within: Region, k: int) -> Region:
+    """The k parameters of ``within`` with the largest |δ|: γ_base where the region must lie inside a given set."""
+    inside = {n: i for n, i in within.items() if i.numel()}
+    scores = {n: delta_of(pre, ft, n, i).abs()[i] for n, i in inside.items()}
+    return {n: inside[n][pos] for n, pos in top_k(scores, k).items()}
 
 
 def _ratios(outside: tuple[float, float], inside) -> tuple[float, float]:

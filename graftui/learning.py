@@ -1,15 +1,15 @@
-"""Mask learning as it runs on a machine: the memory plan that picks the learner, and the loop that runs it.
+"""Mask learning as it runs on a machine: the one memory plan, and the loop that runs the learner it names.
 
-Two learners take the same steps (Eq. 3): the full learner (``method.MaskLearner``) keeps a region
-logit for every graftable parameter, the candidate learner (``candidates.CandidateLearner``) only over
-a candidate set C that the method's own first gradient ranks. ``plan`` picks one by what fits: the
-full learner where all it holds — ℓ, σ(ℓ) and δ kept between passes, θ_pre and θ_ft where a pair
-reads them from files at every step, and a step's activations — takes at most a quarter of the
-memory free on each device (``compute.fits``); otherwise the candidate learner, with C = 5·k where
-that fits (fewer where not), the activations of each layer recomputed where a step's would take more
-than a quarter of the model, and large blocks mapped where the model itself is large for the machine.
-A plan that cannot fit at all is refused in one line before any work, and running out of memory all
-the same becomes one line that names the need and the flags that would fit.
+Two learners take the same steps (Eq. 3): the full learner (``method.MaskLearner``) keeps a region logit for every
+graftable parameter, the candidate learner (``candidates.CandidateLearner``) only over a candidate set C that the
+method's own first gradient ranks. The request picks one — ``--candidates all`` the paper's full relaxation, a factor c
+or ``auto`` (c = 5) the candidate learner — never the machine: a region is a claim about the pair, the task and the
+settings, so the same seed gives the same region whatever the free memory. ``plan`` is the one place that reads the
+memory for mask learning, once, with a sample batch, and decides only how the learner runs: σ(ℓ) and δ kept or
+recomputed, θ_pre and θ_ft copied onto the device or read at each step, each layer's activations kept or recomputed,
+large blocks mapped — each kept where it has room in a quarter of the free memory, or as ``--memory`` says (``fast``
+keeps, ``lean`` recomputes). A request that cannot fit at all is refused in one line before any work, naming what
+would fit, and running out of memory all the same becomes one line that names the need and the flags that hold less.
 """
 
 from __future__ import annotations
@@ -25,16 +25,16 @@ import torch
 
 from . import compute
 from .candidates import CandidateLearner
-from .config import AUTO_FACTOR, LearnConfig
+from .config import AUTO_FACTOR, MEMORY_MODES, LearnConfig
 from .errors import Cancelled, ModelError
 from .formatting import memory
 from .method import MaskLearner, ProgressFn, Region, cycle_batches
+from .weights import Placed
 
 log = logging.getLogger(__name__)
 
 INDEX_BYTES = 8  # a candidate's flat index (int64)
 POOL_BYTES = 24  # the ranking pool: up to two entries (index and float32 sum) per ranked candidate
-ACTIVATION_SHARE = 4  # a step's activations above a quarter of the model: the lean learner recomputes them
 
 
 def candidate_count(factor: float, k: int, graftable: int) -> int:
@@ -44,16 +44,17 @@ def candidate_count(factor: float, k: int, graftable: int) -> int:
 
 @dataclass(frozen=True)
 class Plan:
-    """Which learner runs, over how many candidates, and what it is expected to hold (bytes)."""
+    """How mask learning runs: the learner the request names, over how many candidates, and what memory decided (what
+    is kept or recomputed, mapped or copied), with what it is expected to hold (bytes). Only the last part reads the
+    machine: the region is the request's, the same whatever the free memory."""
 
-    learner: str  # "full" or "candidate"
+    learner: str  # "full" (--candidates all) or "candidate" (auto or a factor): the request's choice alone
     asked: str  # the request's --candidates: "auto", "all" or a factor
     device: str
     graftable: int
     model_bytes: int
     state_bytes: int  # what the learner holds beside the working model at most
-    full_bytes: int  # what the full learner would hold (all it keeps, read or made between passes, and a step's
-    # activations where they were measured)
+    full_bytes: int  # what the full learner would hold (its logits, σ(ℓ) and δ, θ_pre and θ_ft read between passes)
     free_bytes: int  # free on the device that decided
     count: int | None = None  # |C| at the start
     room: int | None = None  # |C| at most, once grown
@@ -63,6 +64,9 @@ class Plan:
     checkpoint_every: int = 0
     layers: int = 0
     maps_blocks: bool = False
+    memory: str = "auto"  # the request's --memory: "fast" keeps, "lean" recomputes, "auto" keeps what has room
+    holds: bool = False  # the full learner keeps σ(ℓ) and δ between passes
+    brings_over: bool = False  # θ_pre and θ_ft of a lazy pair copied onto the device once, not read at every step
 
     @property
     def peak(self) -> float:
@@ -71,31 +75,32 @@ class Plan:
         act = _kept(self.activation_bytes or 0, self.checkpoint_every, self.layers)
         return (self.model_bytes + self.state_bytes + act) / max(self.model_bytes, 1)
 
-    @property
-    def worth_saying(self) -> bool:
-        """Whether the plan departs from a logit per parameter with every activation kept: only then is its line
-        printed before the work (it is recorded in the region file either way)."""
-        return self.learner != "full" or bool(self.checkpoint_every)
-
     def describe(self) -> str:
-        """The line that says the plan."""
-        step = " with a step's activations" if self.activation_bytes else ""
+        """The line that says the plan: which learner (the request's) and how it runs (the machine's)."""
         if self.learner == "full":
-            why = {"all": "as asked"}.get(self.asked, f"its {memory(self.full_bytes)}{step} fit in a quarter of the "
-                                                      f"{memory(self.free_bytes)} free")
-            head = f"full learner ({why})"
+            head = "full learner (a logit per graftable parameter, as --candidates all asks)"
         else:
             grows = f", grows to {self.room:,}" if self.room and self.room > (self.count or 0) else ""
-            why = "" if self.asked != "auto" else \
-                f"; the full learner's {memory(self.full_bytes)}{step} would not fit in a quarter of the " \
-                f"{memory(self.free_bytes)} free"
-            head = (f"candidate learner, C = {self.count:,} of {self.graftable:,} (c = {self.factor:g}, ranked by "
-                    f"{self.rank}{grows}{why})")
-        extra = [f"every {'' if self.checkpoint_every == 1 else f'{self.checkpoint_every}-th '}layer recomputed"] \
-            if self.checkpoint_every else []
+            ranked = "inside the larger region" if self.rank == "the larger region" else f"ranked by {self.rank}"
+            head = (f"candidate learner, C = {self.count:,} of {self.graftable:,} (c = {self.factor:.3g}, "
+                    f"{ranked}{grows})")
+        how = []
+        if self.holds:
+            how.append("σ(ℓ) and δ kept between passes")
+        if self.brings_over:
+            how.append("θ_pre and θ_ft copied onto the device")
+        if self.checkpoint_every:
+            every = "every" if self.checkpoint_every == 1 else f"every {self.checkpoint_every}-th"
+            why = {"lean": "as --memory lean asks"}.get(self.memory, "as asked")
+            if self.memory == "auto" and self.activation_bytes is not None:
+                why = (f"a step's {memory(self.activation_bytes)} of activations would not fit in a quarter of the "
+                       f"{memory(self.free_bytes)} free")
+            how.append(f"{every} layer recomputed ({why})")
+        if self.maps_blocks:
+            how.append("large blocks mapped")
         known = "" if self.activation_bytes is not None else " before activations"
         return (f"mask learning: {head}, expected peak {self.peak:.2f} model sizes{known} on {self.device}"
-                + "".join(f", {e}" for e in extra))
+                + "".join(f", {h}" for h in how))
 
     def record(self) -> dict:
         """What a region file keeps of the plan."""
@@ -104,14 +109,16 @@ class Plan:
         return keep
 
     def lighter(self) -> str:
-        """The flags that hold less, for a line about running out of memory."""
-        if self.learner == "full":
-            return f"--candidates {AUTO_FACTOR:g} (C = 5·k instead of a logit per parameter)"
-        flags = [f"--candidates {max(1.0, (self.factor or AUTO_FACTOR) / 2):g}"]
-        if self.layers and not self.checkpoint_every:
-            flags.append("--checkpoint-every 1")
+        """The flags that hold less, for a line about running out of memory (a smaller C is another region: said as
+        such)."""
+        flags = [] if self.checkpoint_every or not self.layers else ["--checkpoint-every 1"]
+        if self.memory != "lean":
+            flags.append("--memory lean")
         flags += ["--logit-dtype bfloat16", "a smaller --batch-size"]
-        return ", ".join(flags)
+        other = (f"--candidates {AUTO_FACTOR:g} (C = {AUTO_FACTOR:g}·k instead of a logit per parameter)"
+                 if self.learner == "full" else
+                 f"--candidates {max(1.0, (self.factor or AUTO_FACTOR) / 2):g}")
+        return ", ".join(flags) + f"; or {other}, which learns another region"
 
 
 def _kept(activations: int, every: int, layers: int) -> int:
@@ -129,22 +136,40 @@ def _bytes(params, each: Callable[[torch.nn.Parameter], int]) -> dict[torch.devi
     return need
 
 
+def _plus(*needs: dict[torch.device, int]) -> dict[torch.device, int]:
+    out: dict[torch.device, int] = {}
+    for need in needs:
+        for d, b in need.items():
+            out[d] = out.get(d, 0) + b
+    return out
+
+
 def plan(model: torch.nn.Module, params: dict[str, torch.nn.Parameter], pre, ft, k: int,
-         config: LearnConfig = LearnConfig(), sample: dict | None = None) -> Plan:
-    """The learner that fits (see the module's notes); a ``ModelError`` in one line where none can.
+         config: LearnConfig = LearnConfig(), sample: dict | None = None, within: Region | None = None) -> Plan:
+    """The learner the request names, run as the machine allows (see the module's notes); a ``ModelError`` in one
+    line, naming what would fit, where even the request cannot.
 
     ``sample`` is a training batch: one row of it measures a step's activations (``compute.saved_activations``), which
-    the full learner keeps beside its state and the candidate learner recomputes where they are large."""
+    the learner recomputes layer by layer where they have no room. ``within`` is C given (a larger region, inside which
+    a search over budgets learns a smaller one): the candidate learner over it, neither ranked nor grown."""
     asked = str(config.candidates).strip().lower()
     factor = LearnConfig.candidate_factor(asked)
+    learner = "full" if asked == "all" and within is None else "candidate"
+    if learner == "candidate" and factor is None:
+        factor = AUTO_FACTOR
+    mode = config.memory
+    if mode not in MEMORY_MODES:
+        raise ValueError(f"unknown memory mode '{mode}' (use {', '.join(MEMORY_MODES)})")
     graftable = sum(p.numel() for p in params.values())
     on = _bytes(params, lambda p: 1)  # values per device
     device = max(on, key=on.get)
     logit = torch.empty((), dtype=getattr(torch, config.logit_dtype)).element_size()
     adam = 8 if config.optimizer == "adam" else 0
-    lazy = 0 if isinstance(pre, dict) and isinstance(ft, dict) else 2
-    full_need = _bytes(params, lambda p: 2 * logit + adam + p.element_size() * (1 + lazy))
-    full_least = _bytes(params, lambda p: logit + adam)
+    lazy = not (isinstance(pre, dict) and isinstance(ft, dict))
+    placed = isinstance(pre, Placed) or isinstance(ft, Placed)
+    full_least = _bytes(params, lambda p: logit + adam)  # ℓ (and Adam's moments): what the full learner cannot do without
+    held = _bytes(params, lambda p: logit + p.element_size())  # σ(ℓ) and δ
+    copies = _bytes(params, lambda p: 2 * p.element_size())  # θ_pre and θ_ft on the device
     layers, activations = 0, None
     try:
         layers = len(compute.checkpointable_layers(model))
@@ -152,61 +177,86 @@ def plan(model: torch.nn.Module, params: dict[str, torch.nn.Parameter], pre, ft,
         pass
     if sample is not None:
         activations = compute.saved_activations(model, sample, params.values())
-    kept = _kept(activations or 0, config.checkpoint_every or 0, layers)  # a step's activations that the full
-    # learner keeps beside its state: a 330 M pair's state alone fit a quarter of 22.65 GB free by 10 MB, and its run
-    # peaked at 7.7 model sizes
-    with_step = {**full_need, device: full_need.get(device, 0) + kept}
     widest = max(p.element_size() for p in params.values())
     per_candidate = INDEX_BYTES + logit + 4 * widest + adam
     model_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     free = compute.free_memory(device)
-    common = dict(asked=asked, device=str(device), graftable=graftable, model_bytes=model_bytes,
-                  full_bytes=sum(full_need.values()) + kept, free_bytes=free)
+    full_bytes = sum(_plus(full_least, held, copies if lazy else {}).values())
 
-    def candidate_need(count: int, room: int) -> dict[torch.device, int]:  # C spread over devices as the parameters
-        top = max(2 * room * per_candidate, count * (per_candidate + POOL_BYTES))  # a growing C holds two layouts
-        return {d: math.ceil(top * n / graftable) for d, n in on.items()}
-
-    def candidate(c: float) -> tuple[int, int]:
+    def candidate_need(c: float) -> tuple[int, int, dict[torch.device, int]]:  # C spread over devices as the parameters
         count = candidate_count(c, k, graftable)
-        return count, min(graftable, count + k) if config.grow_every else count
+        room = min(graftable, count + k) if config.grow_every else count
+        top = max(2 * room * per_candidate, count * (per_candidate + POOL_BYTES))  # a growing C holds two layouts
+        return count, room, {d: math.ceil(top * n / graftable) for d, n in on.items()}
 
-    if asked == "all" or (asked == "auto" and compute.fits(with_step)):
-        if asked == "all" and not compute.fits(full_least, share=1):
+    # which learner: the request's; refused where even it cannot fit
+    count = room = None
+    if learner == "full":
+        state = full_least
+        if not compute.fits(state, share=1):
             raise ModelError(f"--candidates all cannot fit: a region logit per graftable parameter takes "
-                             f"{memory(sum(full_least.values()))} and {memory(free)} are free on {device}; "
-                             f"leave --candidates at auto, or give a factor such as {AUTO_FACTOR:g}")
-        return Plan("full", state_bytes=sum((full_need if asked == "auto" else full_least).values()),
-                    activation_bytes=activations, checkpoint_every=config.checkpoint_every or 0, layers=layers, **common)
-    if factor is None:  # auto: the largest factor up to AUTO_FACTOR whose C fits in the share
-        factor = AUTO_FACTOR
-        while factor > 1 and not compute.fits(candidate_need(*candidate(factor))):
-            factor = max(1.0, factor - 1)
-    count, room = candidate(factor)
-    need = candidate_need(count, room)
-    if not compute.fits(need, share=1):  # auto's factor fits in the share unless it is down to 1
-        raise ModelError(f"mask learning cannot fit on {device}: C = {count:,} candidates (c = {factor:g}) take "
-                         f"{memory(sum(need.values()))} with {memory(free)} free; try "
-                         + ("a smaller --candidates factor, " if factor > 1 else "")
-                         + "--logit-dtype bfloat16, a smaller budget, or a machine with more memory")
-    rank = config.rank
+                             f"{memory(sum(state.values()))} and {memory(free)} are free on {device}; "
+                             f"give a factor such as --candidates {AUTO_FACTOR:g} (another region: the candidate "
+                             "learner's), or a machine with more memory")
+    elif within is not None:
+        count = sum(int(i.numel()) for i in within.values())
+        factor, room = count / max(k, 1), count
+        state = {d: math.ceil(count * (per_candidate + POOL_BYTES) * n / graftable) for d, n in on.items()}
+        if not compute.fits(state, share=1):
+            raise ModelError(f"mask learning cannot fit on {device}: the {count:,} parameters of the larger region "
+                             f"take {memory(sum(state.values()))} with {memory(free)} free; try --logit-dtype bfloat16 "
+                             "or a machine with more memory")
+    else:
+        count, room, state = candidate_need(factor)
+        if not compute.fits(state, share=1):
+            raise ModelError(_cannot_fit(factor, count, state, free, device, candidate_need))
+    # how it runs: what the machine decides, each piece kept where it has room beside what is already kept
+    holds = brings_over = False
+    if learner == "full":
+        if placed and mode != "lean" and compute.fits(_plus(state, copies)):
+            brings_over, state = True, _plus(state, copies)
+        if mode == "fast" or (mode == "auto" and compute.fits(_plus(state, held))):
+            holds, state = True, _plus(state, held)
     every = config.checkpoint_every
-    if every is None:  # recompute the activations where a step's would take more than a quarter of the model
-        every = 1 if layers and activations is not None and ACTIVATION_SHARE * activations > model_bytes else 0
-    return Plan("candidate", state_bytes=sum(need.values()), count=count, room=room, factor=factor, rank=rank,
-                activation_bytes=activations, checkpoint_every=every, layers=layers,
-                maps_blocks=compute.maps_blocks(config.memory, params), **common)
+    if every is None:
+        if not layers:
+            every = 0
+        elif mode == "auto":
+            every = 1 if activations is not None and not compute.fits(_plus(state, {device: activations})) else 0
+        else:
+            every = 1 if mode == "lean" else 0
+    maps = learner == "candidate" and compute.maps_blocks(mode, params)
+    return Plan(learner, asked, str(device), graftable, model_bytes, sum(state.values()), full_bytes, free,
+                count=count, room=room, factor=factor,
+                rank=None if learner == "full" else "the larger region" if within is not None else config.rank,
+                activation_bytes=activations, checkpoint_every=every, layers=layers, maps_blocks=maps, memory=mode,
+                holds=holds, brings_over=brings_over)
+
+
+def _cannot_fit(factor: float, count: int, need: dict, free: int, device, candidate_need) -> str:
+    """The line for a candidate set that cannot fit at all: what it takes, and the largest factor that would fit."""
+    fitting = None
+    for c in sorted({max(1.0, math.floor(factor * 2 ** -i)) for i in range(1, 12)}, reverse=True):
+        if c < factor and compute.fits(candidate_need(c)[2], share=1):
+            fitting = c
+            break
+    instead = (f"--candidates {fitting:g} fits (another region: a smaller C), " if fitting else "")
+    return (f"mask learning cannot fit on {device}: C = {count:,} candidates (c = {factor:g}) take "
+            f"{memory(sum(need.values()))} with {memory(free)} free; {instead}or try --logit-dtype bfloat16, a "
+            "smaller budget, or a machine with more memory")
 
 
 def make_learner(the_plan: Plan, model, params, pre, ft, k: int, config: LearnConfig, start: Region | None = None,
-                 batches: Iterable[dict] | None = None, cancel: threading.Event | None = None) -> MaskLearner:
-    """The learner ``the_plan`` names, with the checkpointing it chose."""
+                 batches: Iterable[dict] | None = None, cancel: threading.Event | None = None,
+                 within: Region | None = None) -> MaskLearner:
+    """The learner ``the_plan`` names, run as it decided."""
     config = replace(config, checkpoint_every=the_plan.checkpoint_every)
     if the_plan.learner == "full":
-        return MaskLearner(model, params, pre, ft, k, config, start)
+        return MaskLearner(model, params, pre, ft, k, config, start, holds=the_plan.holds,
+                           brings_over=the_plan.brings_over)
     return CandidateLearner(model, params, pre, ft, k, config, start, count=the_plan.count, room=the_plan.room,
                             batches=batches if config.rank == "gradient" else None, cancel=cancel,
-                            maps_blocks=the_plan.maps_blocks)
+                            maps_blocks=the_plan.maps_blocks, within=within)
 
 
 def learn_region(
@@ -222,25 +272,25 @@ def learn_region(
     start: Region | None = None,
     announce: Callable[[str], None] | None = None,
     details: dict | None = None,
+    within: Region | None = None,
 ) -> tuple[Region, dict[str, torch.Tensor]]:
-    """Learn a region of exactly ``k`` graftable parameters (Eq. 2–4) with the learner that fits.
+    """Learn a region of exactly ``k`` graftable parameters (Eq. 2–4) with the learner the request names.
 
     ``make_batches(epoch)`` yields model inputs with ``labels``. ``start`` replaces γ_base
     (top-movement) as the region the relaxation starts from. The working parameters are left
-    at θ_pre afterwards, also when cancelled or out of memory. ``announce`` gets the plan's line before any work
-    where the plan is worth saying,
-    ``details`` (a dict) what the region file keeps of the plan and of C. Returns the region and the final logits ℓ,
+    at θ_pre afterwards, also when cancelled or out of memory. ``announce`` gets the plan's line before any work,
+    ``details`` (a dict) what the region file keeps of the plan and of C; ``within`` a C given (see ``plan``). Returns the region and the final logits ℓ,
     one tensor per graftable parameter (for the candidate learner a ``CandidateLogits`` that makes each when read).
     """
     sample = next(iter(make_batches(0)), None)
-    the_plan = plan(model, params, pre, ft, k, config, sample)
+    the_plan = plan(model, params, pre, ft, k, config, sample, within)
     del sample
-    if announce is not None and the_plan.worth_saying:
+    if announce is not None:
         announce(the_plan.describe())
     log.debug("%s; %s", the_plan.describe(), compute.memory_in_use(the_plan.device))
     learner = None
     try:
-        learner = make_learner(the_plan, model, params, pre, ft, k, config, start, make_batches(0), cancel)
+        learner = make_learner(the_plan, model, params, pre, ft, k, config, start, make_batches(0), cancel, within)
         log.debug("learner built; %s", compute.memory_in_use(the_plan.device))
         batches = cycle_batches(make_batches)
         try:
@@ -258,8 +308,8 @@ def learn_region(
             raise ModelError(out_of_memory_line(err, the_plan, "mask learning")) from None
         raise
     if details is not None:
-        details.update({"plan": the_plan.record(), **(learner.record() if hasattr(learner, "record") else
-                                                       {"learner": "full"})})
+        details.update({"plan": the_plan.record(), "line": the_plan.describe(),
+                        **(learner.record() if hasattr(learner, "record") else {"learner": "full"})})
     return region, learner.full_logits()
 
 

@@ -33,6 +33,8 @@ class MethodContext:
     cancel: threading.Event | None = None
     announce: Callable[[str], None] | None = None  # a milestone worth a line of its own (the learner's plan)
     details: dict = field(default_factory=dict)  # what the method tells the region file of how it ran
+    within: Region | None = None  # a larger region the region must lie in (a search over budgets); data-free methods
+    # rank the whole graftable set regardless
 
 
 @dataclass(frozen=True)
@@ -105,7 +107,8 @@ def learned(ctx: MethodContext) -> Region:
     pair = ctx.pair
     params = {n: pair.param(n) for n in pair.graftable}
     region, _ = learning.learn_region(pair.model, params, pair.pre, pair.ft, ctx.k, ctx.make_batches, ctx.config,
-                                      ctx.progress, ctx.cancel, announce=ctx.announce, details=ctx.details)
+                                      ctx.progress, ctx.cancel, announce=ctx.announce, details=ctx.details,
+                                      within=ctx.within)
     return region
 
 
@@ -174,6 +177,7 @@ def run_method(
     cancel: threading.Event | None = None,
     announce: Callable[[str], None] | None = None,
     details: dict | None = None,
+    within: Region | None = None,
 ) -> tuple[Region, int]:
     """Run one registered method on ``pair``; returns the region and the budget k it honoured. ``details`` (a dict)
     receives what the method tells of how it ran (a learner's plan and candidate set)."""
@@ -183,7 +187,7 @@ def run_method(
         raise ValueError(f"method '{name}' needs training data")
     if cancel is not None and cancel.is_set():
         raise Cancelled(f"{name} cancelled before it started")
-    ctx = MethodContext(pair, k, make_batches, info.configured(config), progress, cancel, announce)
+    ctx = MethodContext(pair, k, make_batches, info.configured(config), progress, cancel, announce, within=within)
     region = info.fn(ctx)
     if details is not None:
         details.update(ctx.details)

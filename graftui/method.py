@@ -39,7 +39,7 @@ import torch
 from . import compute
 from .errors import ModelError
 from .config import LOGIT_DTYPES, MEMORY_MODES, LearnConfig
-from .weights import Placed, release
+from .weights import release
 
 log = logging.getLogger(__name__)
 
@@ -286,10 +286,12 @@ class MaskLearner:
     """Eq. 3 one step at a time, on the working model's graftable parameters.
 
     Holds the region logits ℓ (one value per graftable parameter, in ``config.logit_dtype``;
-    two float32 more for Adam) and, when ``config.memory`` allows it, σ(ℓ) and δ (see ``Held``).
+    two float32 more for Adam) and, where ``holds`` (or ``config.memory`` "fast") says so, σ(ℓ) and δ (see ``Held``);
+    ``brings_over`` copies a lazy pair's θ_pre and θ_ft onto the device once. Both are the memory plan's to decide
+    (``learning.plan``), never this class's: the region is the same either way.
     The working parameters are overwritten while learning and put back to θ_pre by ``finish``.
     This is the full learner; ``candidates.CandidateLearner`` keeps ℓ over a candidate set only, and
-    ``learning.learn_region`` picks one of the two by what fits (``config.candidates``).
+    the request picks one of the two (``config.candidates``).
     """
 
     def __init__(
@@ -301,9 +303,15 @@ class MaskLearner:
         k: int,
         config: LearnConfig = LearnConfig(),
         start: Region | None = None,
+        *,
+        holds: bool = False,
+        brings_over: bool = False,
     ):
         layers = self._accept(model, params, pre, ft, k, config)
-        self.pre, self.ft = pre, ft = _brought_over(pre, ft, params)
+        if brings_over:  # θ_pre and θ_ft read whole at every step: copied onto the parameters' devices once
+            with torch.no_grad():
+                pre, ft = {n: pre[n] for n in params}, {n: ft[n] for n in params}
+        self.pre, self.ft = pre, ft
         # γ_base: top-movement by default; the paper's multi-task runs start from ∅ (App. C.2),
         # purification from a union of regions
         self.base = base_region(pre, ft, self.names, k) if start is None else start
@@ -311,7 +319,7 @@ class MaskLearner:
         self.logits = initial_logits(self.base, shapes, config.sigmoid_bias, {n: params[n].device for n in self.names},
                                      getattr(torch, config.logit_dtype))
         self.counter = RegionCounter(self.logits, self.base)
-        self.held = Held.make(params, pre, ft, self.logits) if _holds(config.memory, params, self.logits) else None
+        self.held = Held.make(params, pre, ft, self.logits) if holds or config.memory == "fast" else None
         self._enter(layers)
         self._train_only(params.values())
         self._begin()
@@ -571,7 +579,7 @@ class Held:
     """σ(ℓ) and δ kept for the whole of mask learning, so that each step computes σ once and δ never.
 
     Two more copies of the graftable set (σ in ℓ's dtype, δ in the model's): cheap for small models,
-    so memory "auto" holds them when they take at most a quarter of the memory free on each device.
+    so the memory plan holds them where they have room (``learning.plan``).
     The values are those the lean path computes, so both paths learn the same region.
     """
 
@@ -583,30 +591,6 @@ class Held:
         with torch.no_grad():  # written now, so that their pages are not first touched inside a step
             return Held({n: torch.sigmoid(logits[n]) for n in params},
                         {n: torch.sub(ft[n], pre[n], out=torch.empty_like(params[n])) for n in params})
-
-
-def _brought_over(pre, ft, params: dict[str, torch.nn.Parameter]):
-    """θ_pre and θ_ft that a lazy pair on a GPU reads from the host (``Placed``), copied onto the parameters' devices
-    once where they take at most a quarter of the free memory there: the full learner reads both whole at every step.
-    Otherwise they stay where they are, and each step reads them over (the candidate learner suits such pairs)."""
-    if not (isinstance(pre, Placed) or isinstance(ft, Placed)):
-        return pre, ft
-    need: dict[torch.device, int] = {}
-    for p in params.values():
-        need[p.device] = need.get(p.device, 0) + 2 * p.numel() * p.element_size()
-    if not compute.fits(need):
-        return pre, ft
-    with torch.no_grad():
-        return {n: pre[n] for n in params}, {n: ft[n] for n in params}
-
-
-def _holds(memory: str, params: dict[str, torch.nn.Parameter], logits: dict[str, torch.Tensor]) -> bool:
-    if memory != "auto":
-        return memory == "fast"
-    need: dict[torch.device, int] = {}
-    for n, p in params.items():
-        need[p.device] = need.get(p.device, 0) + p.numel() * (p.element_size() + logits[n].element_size())
-    return compute.fits(need)
 
 
 def _step_scale(config: LearnConfig, size: tuple[torch.Tensor, torch.Tensor], count: int) -> float:

@@ -659,6 +659,11 @@ class LocalizeRequest(FinetuneReplicateFields, ReplicateFields, LoadFields, Graf
     overwrite: bool = arg(False, "replace --out if it exists (refused otherwise)")
     check_n: int = arg(DEFAULT_CHECK_N, "held-out test examples on which the region is scored at once, beside the "
                        "fine-tuned model and the empty region (0: no check; evaluate scores them all)", metavar="N")
+    keep: float | None = arg(None, "find the size the skill needs: the smallest region whose graft keeps at least this "
+                             "share of what fine-tuning gained on the --check-n held-out examples (e.g. 0.9; a completion "
+                             "task's share of the loss gap), searched from the budget, each smaller region learned "
+                             "inside the larger one; writes that region with the curve of share against k",
+                             metavar="SHARE", group="region")
 
     def budget(self, default: float = DEFAULT_SPARSITY) -> Budget:
         """--k, else --sparsity, else ``default``: the task kind's own budget (TaskKind.sparsity)."""
@@ -680,6 +685,13 @@ class LocalizeRequest(FinetuneReplicateFields, ReplicateFields, LoadFields, Graf
         self.check_finetune_replicates()
         if isinstance(self.check_n, bool) or not isinstance(self.check_n, int) or self.check_n < 0:
             raise RequestError(f"{_name('check_n')} must be a whole number >= 0 (0: no check), got {self.check_n!r}")
+        if self.keep is not None:
+            if not (math.isfinite(self.keep) and 0 < self.keep <= 1):
+                raise RequestError(f"--keep must be a share in (0, 1], e.g. 0.9 for 90 % of what fine-tuning gained; "
+                                   f"got {self.keep:g}")
+            if not self.check_n:
+                raise RequestError("--keep scores each region it tries on held-out examples: give --check-n N > 0 "
+                                   "(e.g. 200)")
         if self.finetuned_replicates:  # each fine-tune's file may be an interrupted run's: the flow reads it back
             for i in range(len(self.finetunes())):
                 self.replace(out=self.finetune_out(i), finetuned_replicates=None).check_outs(resumable=True)

@@ -3,6 +3,7 @@ out-of-memory — on tiny pairs built here (a linear classifier fine-tuned with 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -108,6 +109,25 @@ def test_growth_keeps_adams_moments_and_the_logits_of_c_where_they_were():
     learner.finish()
 
 
+def test_an_entrant_in_a_tensor_that_held_no_candidate_takes_gradients_at_the_next_step():
+    """``--rank movement`` put C in lin.weight alone; growth admitted parameters of lin.bias, which then stayed frozen
+    ("cannot register a hook on a tensor that doesn't require gradient")."""
+    model, params, pre, ft, batches = adamw_pair()
+    learner = CandidateLearner(model, params, pre, ft, 8, LearnConfig(candidates="2", rank="movement", steps=4),
+                               count=16, room=24)
+    assert "lin.bias" not in learner.candidates
+    batch = next(iter(batches(0)))
+    learner.step(batch)
+    pool = Pool(2)
+    pool.add("lin.bias", torch.tensor([5.0, 4.0]))
+    added, _, _ = learner._admit(pool, 1e6)
+    assert added == 2 and learner.candidates["lin.bias"].tolist() == [0, 1]
+    learner.step(batch)
+    assert learner.grads_c["lin.bias"].abs().sum() > 0  # the entrant's gradient reached its logit
+    learner.finish()
+    assert all(torch.equal(p.detach(), pre[n]) for n, p in params.items())
+
+
 def test_the_pool_keeps_the_largest_running_sums_in_bounded_memory():
     pool = Pool(3)
     pool.add("a", torch.tensor([5.0, 1.0, 0.0, 4.0]))
@@ -125,53 +145,104 @@ def tiny():
     return pair.model, {n: pair.param(n) for n in pair.graftable}, pair.pre, pair.ft
 
 
-def test_a_small_memory_budget_picks_the_candidate_learner_and_says_so(monkeypatch):
+def budgets(model, params, pre, ft, k, sample):
+    """Free memory figures under which the plan of two sessions ago took the full learner, took the candidate learner,
+    and had no room for a step's activations beside C."""
+    full = learning.plan(model, params, pre, ft, k, LearnConfig(candidates="all", memory="fast"), sample)
+    everything = full.full_bytes + full.activation_bytes
+    candidate = learning.plan(model, params, pre, ft, k, LearnConfig(), sample)
+    return {"roomy": 4 * everything, "just short": 4 * everything - 4,
+            "tight": 4 * (candidate.state_bytes + candidate.activation_bytes) - 4}
+
+
+def test_the_same_localization_under_any_memory_budget_writes_the_same_region(monkeypatch):
+    """A region belongs to the pair, the task and the settings: where the memory plan once took the full learner and
+    where it took the candidate learner, with every layer recomputed or none, the same seed writes the same region, bit
+    for bit, with the same logits; only how it ran differs."""
     model, params, pre, ft = tiny()
     sample = next(iter(random_batches()(0)))
-    free = learning.plan(model, params, pre, ft, 50, LearnConfig(), sample).full_bytes * 4  # the full learner just fits
-    monkeypatch.setattr(compute, "free_memory", lambda device: free)
-    assert learning.plan(model, params, pre, ft, 50, LearnConfig(), sample).learner == "full"
-    monkeypatch.setattr(compute, "free_memory", lambda device: free - 4)
-    lines = []
-    details = {}
-    region, _ = learning.learn_region(model, params, pre, ft, 50, random_batches(), LearnConfig(steps=3),
-                                      announce=lines.append, details=details)
-    graftable = sum(p.numel() for p in params.values())
-    assert len(lines) == 1 and lines[0].startswith(f"mask learning: candidate learner, C = 250 of {graftable:,} (c = 5, "
-                                                   "ranked by gradient, grows to 300; the full learner's ")
-    assert "would not fit in a quarter of the" in lines[0] and "expected peak" in lines[0] and "model sizes" in lines[0]
-    assert details["plan"]["learner"] == details["learner"] == "candidate" and details["plan"]["free_bytes"] == free - 4
-    assert sum(i.numel() for i in region.values()) == 50
+    made, lines, plans = {}, {}, {}
+    for name, free in budgets(model, params, pre, ft, 50, sample).items():
+        monkeypatch.setattr(compute, "free_memory", lambda device, free=free: free)
+        said, details = [], {}
+        region, logits = learning.learn_region(model, params, pre, ft, 50, random_batches(), LearnConfig(steps=6),
+                                               announce=said.append, details=details)
+        made[name] = ({n: i.tolist() for n, i in region.items()}, {n: logits[n].clone() for n in logits})
+        lines[name], plans[name] = said, details["plan"]
+    first = made["roomy"]
+    for name, (region, logits) in made.items():
+        assert region == first[0], name
+        assert all(torch.equal(logits[n], first[1][n]) for n in logits), name
+        assert plans[name]["learner"] == "candidate" and plans[name]["count"] == 250, name
+        assert len(lines[name]) == 1 and lines[name][0].startswith("mask learning: candidate learner, C = 250 of ")
+    assert plans["roomy"]["checkpoint_every"] == 0 and plans["tight"]["checkpoint_every"] == 1  # only how it ran
+    assert "every layer recomputed (a step's" in lines["tight"][0] and "recomputed" not in lines["roomy"][0]
 
 
-def test_the_full_learner_is_taken_only_where_its_state_and_a_steps_activations_fit(monkeypatch):
-    """The full learner keeps a step's activations beside its logits: where its state alone fits in a quarter of the
-    free memory but not with them, the candidate learner runs (a 330 M pair on 24 GB flipped between the two with
-    the page cache, and the full learner's run peaked at 7.7 model sizes)."""
+def test_the_full_learner_writes_the_same_region_whether_it_keeps_sigma_and_delta_or_not(monkeypatch):
     model, params, pre, ft = tiny()
-    sample = next(iter(random_batches()(0)))
-    measured = learning.plan(model, params, pre, ft, 50, LearnConfig(), sample)
-    state = learning.plan(model, params, pre, ft, 50, LearnConfig()).full_bytes  # no sample: no activations known
-    assert measured.activation_bytes > 0 and measured.full_bytes == state + measured.activation_bytes
-    monkeypatch.setattr(compute, "free_memory", lambda device: 4 * state)  # the state alone just fits
-    chosen = learning.plan(model, params, pre, ft, 50, LearnConfig(), sample)
-    assert chosen.learner == "candidate"
-    assert "the full learner's" in chosen.describe() and "with a step's activations would not fit" in chosen.describe()
-    monkeypatch.setattr(compute, "free_memory", lambda device: 4 * measured.full_bytes)
-    full = learning.plan(model, params, pre, ft, 50, LearnConfig(), sample)
-    assert full.learner == "full" and full.peak > (full.model_bytes + full.state_bytes) / full.model_bytes
+    config = LearnConfig(steps=4, candidates="all")
+    least = learning.plan(model, params, pre, ft, 50, replace(config, memory="lean")).state_bytes
+    kept = sum(p.numel() for p in params.values()) * (4 + 4)  # σ(ℓ) and δ in float32
+    made = []
+    for free in (4 * (least + kept), least):
+        monkeypatch.setattr(compute, "free_memory", lambda device, free=free: free)
+        details = {}
+        region, _ = learning.learn_region(model, params, pre, ft, 50, random_batches(), config, details=details)
+        made.append(({n: i.tolist() for n, i in region.items()}, details["plan"]["holds"]))
+    assert [holds for _, holds in made] == [True, False]  # σ(ℓ) and δ kept where they have room
+    assert made[0][0] == made[1][0]
 
 
-def test_the_plan_lowers_c_to_what_fits_and_refuses_what_cannot_fit_before_any_work(monkeypatch):
+def llama_of(size: str):
+    """A Llama-shaped model of about ``size`` parameters whose weights are allocated and never touched (``to_empty``):
+    what the plan reads of a model is its tensors' shapes, dtypes and devices."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    shape = {"330m": dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=24, num_attention_heads=16),
+             "tiny": dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4)}[size]
+    with torch.device("meta"):
+        model = LlamaForCausalLM(LlamaConfig(vocab_size=32000 if size == "330m" else 100, num_key_value_heads=4,
+                                             **shape))
+    model.to_empty(device="cpu")
+    params = dict(model.named_parameters())
+    return model, params
+
+
+def test_a_tiny_pair_and_a_330m_pair_name_the_same_learner_on_any_machine(monkeypatch):
+    chosen = set()
+    for size in ("tiny", "330m"):
+        model, params = llama_of(size)
+        graftable = sum(p.numel() for p in params.values())
+        k = max(1, graftable // 1000)
+        for free in (64 << 30, 8 << 30, 2 << 30, 400 << 20):  # a roomy server, a laptop, a busy laptop, a phone
+            monkeypatch.setattr(compute, "free_memory", lambda device, free=free: free)
+            try:
+                the_plan = learning.plan(model, params, params, params, k, LearnConfig())
+            except ModelError:
+                assert size == "330m" and free < 1 << 30  # the one case the request cannot fit: refused, not changed
+                continue
+            chosen.add((the_plan.learner, the_plan.factor, the_plan.count))
+            assert the_plan.count == learning.candidate_count(5, k, graftable)
+        if size == "330m":
+            assert graftable > 300_000_000
+    assert {(learner, factor) for learner, factor, _ in chosen} == {("candidate", 5.0)}
+
+
+def test_a_request_that_cannot_fit_is_refused_before_any_work_naming_what_would(monkeypatch):
     model, params, pre, ft = tiny()
     k = 50
     per_two = learning.plan(model, params, pre, ft, k, LearnConfig(candidates="2")).state_bytes  # C = 2k, room 3k
-    monkeypatch.setattr(compute, "free_memory", lambda device: 4 * per_two)  # the quarter holds c = 2, not 5
-    fitted = learning.plan(model, params, pre, ft, k, LearnConfig())
-    assert fitted.learner == "candidate" and fitted.factor == 2 and fitted.count == 100
+    monkeypatch.setattr(compute, "free_memory", lambda device: per_two)  # all of it holds c = 2, not 5
+    with pytest.raises(ModelError) as err:
+        learning.plan(model, params, pre, ft, k, LearnConfig())
+    line = str(err.value)
+    assert line.startswith("mask learning cannot fit on cpu: C = 250 candidates (c = 5) take ") and "\n" not in line
+    assert "--candidates 2 fits (another region: a smaller C)" in line
+    assert learning.plan(model, params, pre, ft, k, LearnConfig(candidates="2")).count == 100  # what it named fits
     monkeypatch.setattr(compute, "free_memory", lambda device: 10)
     steps = []
-    for config, words in ((LearnConfig(), "mask learning cannot fit on cpu: C = 50 candidates (c = 1) take"),
+    for config, words in ((LearnConfig(), "mask learning cannot fit on cpu: C = 250 candidates (c = 5) take"),
                           (LearnConfig(candidates="3"), "mask learning cannot fit on cpu: C = 150 candidates (c = 3) "
                                                         "take"),
                           (LearnConfig(candidates="all"), "--candidates all cannot fit: a region logit per graftable "
@@ -182,21 +253,42 @@ def test_the_plan_lowers_c_to_what_fits_and_refuses_what_cannot_fit_before_any_w
     assert steps == []  # refused before the first step
 
 
-def test_the_lean_learner_recomputes_activations_only_where_they_are_large(monkeypatch):
-    """A step's activations, measured on one row, above a quarter of the model: every layer recomputed."""
+def test_activations_are_recomputed_only_where_they_have_no_room_or_memory_lean_asks(monkeypatch):
+    """No recomputation where the plan has room (a 135 M pair took 1.4–1.9× the time where it recomputed every layer
+    with 14–18 GB free); every layer where a step's activations do not fit in a quarter of the free memory."""
     pair, _, _ = make_tiny_pair()
     params = {n: pair.param(n) for n in pair.graftable}
     batch = next(iter(random_batches()(0)))
     config = LearnConfig(candidates="5")
     the_plan = learning.plan(pair.model, params, pair.pre, pair.ft, 50, config, batch)
-    assert the_plan.layers == 2 and the_plan.activation_bytes > 0
-    big = 4 * the_plan.activation_bytes > the_plan.model_bytes
-    assert the_plan.checkpoint_every == (1 if big else 0)
-    monkeypatch.setattr(compute, "saved_activations", lambda *a: the_plan.model_bytes)  # as large as the model
+    assert the_plan.layers == 2 and the_plan.activation_bytes > 0 and the_plan.checkpoint_every == 0
+    monkeypatch.setattr(compute, "free_memory", lambda device: 4 * (the_plan.state_bytes + the_plan.activation_bytes))
+    assert learning.plan(pair.model, params, pair.pre, pair.ft, 50, config, batch).checkpoint_every == 0  # just room
+    monkeypatch.setattr(compute, "free_memory", lambda device: 4 * (the_plan.state_bytes + the_plan.activation_bytes) - 4)
     assert learning.plan(pair.model, params, pair.pre, pair.ft, 50, config, batch).checkpoint_every == 1
-    assert learning.plan(pair.model, params, pair.pre, pair.ft, 50, LearnConfig(candidates="5", checkpoint_every=0),
-                         batch).checkpoint_every == 0  # asked: kept
-    assert learning.plan(pair.model, params, pair.pre, pair.ft, 50, LearnConfig(), batch).checkpoint_every == 0  # full
+    assert learning.plan(pair.model, params, pair.pre, pair.ft, 50, replace(config, memory="fast"),
+                         batch).checkpoint_every == 0  # fast keeps, as asked
+    monkeypatch.undo()
+    assert learning.plan(pair.model, params, pair.pre, pair.ft, 50, replace(config, memory="lean"),
+                         batch).checkpoint_every == 1  # lean recomputes, as asked
+    assert learning.plan(pair.model, params, pair.pre, pair.ft, 50, replace(config, memory="lean", checkpoint_every=0),
+                         batch).checkpoint_every == 0  # an explicit --checkpoint-every wins
+
+
+def test_memory_is_read_by_the_plan_and_the_learners_obey_it(monkeypatch):
+    """σ(ℓ) and δ are kept by the full learner where the plan says (room, or --memory fast), never by the learner's
+    own look at the machine."""
+    model, params, pre, ft = tiny()
+    config = LearnConfig(candidates="all", logit_dtype="float16")
+    least = learning.plan(model, params, pre, ft, 10, replace(config, memory="lean")).state_bytes
+    need = sum(p.numel() for p in params.values()) * (4 + 2)  # δ in float32, σ in float16
+    for free, holds in ((4 * (least + need), True), (4 * (least + need) - 4, False), (least, False)):
+        monkeypatch.setattr(compute, "free_memory", lambda device, free=free: free)
+        assert learning.plan(model, params, pre, ft, 10, config).holds is holds
+    assert learning.plan(model, params, pre, ft, 10, replace(config, memory="fast")).holds  # an explicit choice
+    assert not learning.plan(model, params, pre, ft, 10, replace(config, memory="lean")).holds
+    with pytest.raises(ValueError, match="memory mode"):
+        learning.plan(model, params, pre, ft, 10, replace(config, memory="tiny"))
 
 
 def test_the_saved_activations_scale_with_the_rows_and_leave_the_model_as_it_was():
@@ -223,7 +315,8 @@ def test_running_out_of_memory_inside_the_learner_is_one_line_and_leaves_theta_p
         learning.learn_region(model, params, pre, ft, 8, batches, LearnConfig(candidates="5"))
     line = str(err.value)
     assert "\n" not in line and line.startswith("mask learning ran out of memory on cpu: it asked for 55.83 GB more")
-    assert line.endswith("try --candidates 2.5, --logit-dtype bfloat16, a smaller --batch-size")
+    assert line.endswith("try --memory lean, --logit-dtype bfloat16, a smaller --batch-size; or --candidates 2.5, "
+                         "which learns another region")
     assert all(torch.equal(p.detach(), pre[n]) for n, p in params.items())
     assert all(p.requires_grad for p in params.values())  # the flags are the model's again
 
@@ -271,8 +364,11 @@ def test_localize_records_its_plan_and_c_and_says_the_plan_first(tiny_folders, t
     assert meta.learner["start"] == meta.learner["plan"]["count"] == 3 * meta.k
     assert meta.learner["grown"] >= 0 and meta.learner["size"] <= meta.learner["room"]
     assert meta.learn["candidates"] == "3" and meta.learn["rank"] == "gradient"
-    code, _, err = run_cli(*localize_args(tiny_folders, tmp_path / "full.safetensors"))
-    assert code == 0 and "mask learning:" not in err  # the default fits here: nothing worth a line before the work
+    code, _, err = run_cli(*localize_args(tiny_folders, tmp_path / "auto.safetensors"))
+    assert code == 0 and err.splitlines()[0].startswith("mask learning: candidate learner, C = ")  # said always
+    assert regions.load(tmp_path / "auto.safetensors").meta.learner["learner"] == "candidate"  # whatever is free
+    code, _, err = run_cli(*localize_args(tiny_folders, tmp_path / "full.safetensors", "--candidates", "all"))
+    assert code == 0 and err.splitlines()[0].startswith("mask learning: full learner (a logit per graftable parameter")
     assert regions.load(tmp_path / "full.safetensors").meta.learner["learner"] == "full"
 
 
@@ -302,8 +398,10 @@ def test_a_plan_that_cannot_fit_and_running_out_of_memory_are_one_line_and_write
         raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 9000000000 bytes.")
 
     monkeypatch.setattr(learning.MaskLearner, "step", exhausted)
-    code, stdout, err = run_cli(*localize_args(tiny_folders, out))
-    line, = err.strip().splitlines()  # a full learner with every activation kept is not worth a line: only the error
+    code, stdout, err = run_cli(*localize_args(tiny_folders, out, "--candidates", "all"))
+    plan_line, line = err.strip().splitlines()  # the plan's line, then the error
     assert (code, stdout) == (2, ""), err
+    assert plan_line.startswith("mask learning: full learner")
     assert line.startswith("graftui: error: mask learning ran out of memory on cpu: it asked for 9.00 GB more with ")
-    assert line.endswith("try --candidates 5 (C = 5·k instead of a logit per parameter)") and not out.exists()
+    assert line.endswith("or --candidates 5 (C = 5·k instead of a logit per parameter), which learns another region")
+    assert not out.exists()

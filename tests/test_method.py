@@ -379,26 +379,28 @@ def test_logits_of_a_device_are_views_of_one_buffer():
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/meminfo"), reason="reads Linux's memory figures")
-def test_auto_memory_holds_sigma_and_delta_only_when_they_fit(tiny_pair, monkeypatch):
+def test_the_full_learner_holds_sigma_and_delta_where_told_and_never_reads_the_memory_itself(tiny_pair, monkeypatch):
     with open("/proc/meminfo") as fh:
         total = next(int(line.split()[1]) * 1024 for line in fh if line.startswith("MemTotal:"))
     assert 0 < compute.free_memory(torch.device("cpu")) <= total
     pair, _, _ = tiny_pair
     params = {n: pair.param(n) for n in pair.graftable}
-    need = sum(p.numel() for p in params.values()) * (4 + 2)  # δ in float32, σ in float16
-    for free, holds in ((4 * need, True), (4 * need - 1, False), (0, False)):
-        monkeypatch.setattr(compute, "free_memory", lambda device, free=free: free)
-        learner = method.MaskLearner(pair.model, params, pair.pre, pair.ft, 10, LearnConfig(logit_dtype="float16"))
+
+    def unread(device):
+        raise AssertionError("the learner read the free memory: that is the plan's to do")
+
+    monkeypatch.setattr(compute, "free_memory", unread)
+    for holds, config in ((False, LearnConfig()), (True, LearnConfig(memory="fast"))):
+        learner = method.MaskLearner(pair.model, params, pair.pre, pair.ft, 10, config)
         assert (learner.held is not None) == holds
         learner.finish()
-    monkeypatch.setattr(compute, "free_memory", lambda device: 0)
-    learner = method.MaskLearner(pair.model, params, pair.pre, pair.ft, 10, LearnConfig(memory="fast"))
-    assert learner.held is not None  # an explicit choice is obeyed
+    learner = method.MaskLearner(pair.model, params, pair.pre, pair.ft, 10, LearnConfig(), holds=True)
+    assert learner.held is not None  # as the plan says
     learner.finish()
     assert learner.held is None  # the copies are let go before binarising
     from graftui.requests import LocalizeRequest
 
-    assert LocalizeRequest(memory="lean").learn_config().memory == "lean"  # the request's choice reaches the learner
+    assert LocalizeRequest(memory="lean").learn_config().memory == "lean"  # the request's choice reaches the plan
     with pytest.raises(ValueError, match="memory mode"):
         method.MaskLearner(pair.model, params, pair.pre, pair.ft, 10, LearnConfig(memory="tiny"))
 

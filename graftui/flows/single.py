@@ -14,7 +14,7 @@ import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from .. import card, figures as fig, method, metrics, regions, sets, settings, training
+from .. import card, figures as fig, method, metrics, regions, sets, settings, sizing, training
 from ..tasks.classification import scoring
 from ..config import (
     DEFAULT_BASE, DEFAULT_FINETUNED, DEFAULT_FINETUNED_REFS, DEFAULT_LOADING, DEFAULT_SPARSITY, DEFAULT_TASK, FT_LABEL,
@@ -22,7 +22,7 @@ from ..config import (
 )
 from ..tasks.classification.data import Task
 from ..errors import GraftuiError, ModelError, RegionError, RequestError
-from ..learning import out_of_memory_as_error, plan
+from ..learning import out_of_memory_as_error
 from ..localizers import METHODS, Budget, get_method, run_method
 from ..compute import data_parallel
 from ..method import region_size
@@ -142,8 +142,10 @@ def budget_of(req, task: Task | None) -> Budget:
     return req.budget(kind_of(task).sparsity if task is not None else DEFAULT_SPARSITY)
 
 
-def find_region(req, pair: ModelPair, task: Task | None, k: int, notes: list[str], progress=None, cancel=None):
-    """Run ``req.method`` at budget k on ``pair``; returns the region and the record fields that say how."""
+def find_region(req, pair: ModelPair, task: Task | None, k: int, notes: list[str], progress=None, cancel=None,
+                within=None):
+    """Run ``req.method`` at budget k on ``pair`` (inside the region ``within`` where given); returns the region and
+    the record fields that say how."""
     info = get_method(req.method)
     config = info.configured(req.learn_config())  # what the method runs with, as its region file records it
     make_batches, n_train = None, 0
@@ -160,7 +162,7 @@ def find_region(req, pair: ModelPair, task: Task | None, k: int, notes: list[str
     details: dict = {}
     region, _ = run_method(pair, Budget(k=k), req.method, make_batches=make_batches, config=config,
                            progress=on_step if progress else None, cancel=cancel,  # no one to report to: no count
-                           announce=announce, details=details)
+                           announce=announce, details=details, within=within)
     budget = budget_of(req, task)
     made = {"method": req.method, "task": req.task, "budget": budget.describe(), "budget_k": k,
             "sparsity": budget.sparsity, "train_examples": n_train,
@@ -220,34 +222,40 @@ def _localize(req: LocalizeRequest, progress: Progress | None, cancel, guard: Gu
     k = budget_of(req, task).resolve(pair.counts()["graftable"])
     if progress:
         progress({"stage": f"budget k = {k:,}", "k": k})
-    if info.needs_data:  # a learner that cannot fit is refused here, before any work
-        plan(pair.model, {n: pair.param(n) for n in pair.graftable}, pair.pre, pair.ft, k,
-             info.configured(req.learn_config()))
     world = data_parallel()
     checking = bool(req.check_n) and world is None and kind is not None
     problem = kind.heldout_problem(pair, task) if checking else None
     if problem:
         checking = False
         notes.append(problem)
+    if req.keep and not checking:  # the search measures every region it learns on held-out examples
+        raise RequestError(f"--keep scores each region on held-out examples, and here none can be scored ("
+                           f"{problem or ('several processes learn one region' if world else 'no task to score')}); "
+                           "give a fixed --sparsity or --k instead")
     if kind is not None:  # what the model's context cannot hold is refused before the first mask step
         kind.check_context(pair, task, req, notes, req.check_n if checking else 0)
-    if checking and info.needs_data and progress and kind.cheap_check:  # a first held-out figure in seconds: the
+    if checking and info.needs_data and progress and kind.cheap_check and not req.keep:  # a first held-out figure in seconds: the
         # region learning starts from (generating is slower: such a task checks the learned region only)
         start_region = method.base_region(pair.pre, pair.ft, list(pair.graftable), k)
         quick_check(pair, task, {"top-movement start": start_region}, req, 0, progress, cancel)
     learned = (CHEAP_CHECK_FROM if kind.cheap_check else CHECK_FROM) if checking else 1.0  # where scoring starts
-    region, made = find_region(req, pair, task, k, notes, phase_progress(progress, 0.0, learned), cancel)
+    if req.keep:
+        region, made, check = size_needed(req, pair, task, k, notes, progress, cancel)
+    else:
+        region, made = find_region(req, pair, task, k, notes, phase_progress(progress, 0.0, learned), cancel)
+    k = made["budget_k"]  # the size search's, where it ran
     if region_size(region) < k:  # a method with fewer parameters to give than the budget (bias-only)
         graftable = pair.counts()["graftable"]
         notes.append(f"the method '{req.method}' gave {region_size(region):,} parameters "
                      f"({pct(region_size(region) / graftable)} of the graftable set), fewer than the budget k = "
                      f"{k:,} ({pct(k / graftable)}): it has no more to give ({info.description[:1].lower()}"
                      f"{info.description[1:].rstrip('.')})")
-    check = quick_check(pair, task, {"this region": region}, req, req.steps if info.needs_data else 0,
-                        phase_progress(progress, learned, 1.0, f"held-out check on {req.check_n:,} examples"),
-                        cancel) if checking else None
-    if check:
-        notes += did_not_fit(check, kind, k, pair.counts()["graftable"])
+    if not req.keep:
+        check = quick_check(pair, task, {"this region": region}, req, req.steps if info.needs_data else 0,
+                            phase_progress(progress, learned, 1.0, f"held-out check on {req.check_n:,} examples"),
+                            cancel) if checking else None
+        if check:
+            notes += did_not_fit(check, kind, k, pair.counts()["graftable"])
     record = region_record(req, pair, region, made, notes, time.time() - start)
     if req.out:
         out = Path(req.out).expanduser()
@@ -262,6 +270,50 @@ def _localize(req: LocalizeRequest, progress: Progress | None, cancel, guard: Gu
     return LocalizeResult(req, notes, time.time() - start, str(out), record, check=check)
 
 
+def size_needed(req: LocalizeRequest, pair: ModelPair, task, k0: int, notes: list[str], progress=None, cancel=None
+                ) -> tuple[dict, dict, dict]:
+    """``--keep``: the smallest region whose graft keeps ``req.keep`` of what fine-tuning gained on the held-out check's
+    examples (``sizing.search``, from the request's budget); returns it, its record fields with the search's curve,
+    and its held-out check. Refused in one line where no region up to the whole graftable set keeps that much."""
+    kind = kind_of(task)
+    graftable = pair.counts()["graftable"]
+    made_at, checks = {}, {}
+
+    def told(i: int, k: int, inside: int | None) -> None:
+        told.at = (min(i, EXPECTED_POINTS - 1) / EXPECTED_POINTS, min(i + 1, EXPECTED_POINTS) / EXPECTED_POINTS)
+        where = f" inside k = {inside:,}" if inside else ""
+        told.stage = f"size search, region {i + 1} (k = {k:,}{where})"
+
+    def learn(k: int, within):
+        said: list[str] = []
+        region, made_at[k] = find_region(req, pair, task, k, said, phase_progress(
+            progress, told.at[0], (told.at[0] + told.at[1]) / 2, told.stage), cancel, within)
+        notes.extend(n for n in said if n not in notes)
+        return region
+
+    def share(region, k: int):
+        checks[k] = check = quick_check(pair, task, {"this region": region}, req, req.steps, phase_progress(
+            progress, (told.at[0] + told.at[1]) / 2, told.at[1], f"{told.stage}: held-out check"), cancel)
+        by = {r["model"]: r for r in check["rows"]}
+        return kind.share_kept(by["this region"], by[FT_LABEL], by[pair.body_name]), by["this region"]["accuracy"]
+
+    found = sizing.search(learn, share, k0, graftable, req.keep, told, cancel)
+    if found.k is None:
+        tried = ", ".join(f"k = {p.k:,} keeps {pct(p.share) if p.share is not None else 'nothing measurable'}"
+                          for p in sorted(found.points, key=lambda p: p.k))
+        whole = "; the whole graftable set was tried" if found.reached_all else \
+            f"; the search stops after {sizing.MAX_POINTS} regions"
+        raise ModelError(f"no region keeps {pct(req.keep)} of what fine-tuning gained on {req.check_n:,} held-out "
+                         f"examples ({kind.kept_by}): {tried}{whole}; give a lower --keep, or check the fine-tune")
+    made = {**made_at[found.k], "budget": f"keep={req.keep:g}", "sparsity": found.k / graftable,
+            "size_search": {**found.record(), "measure": kind.kept_by, "n": checks[found.k]["n"]}}
+    notes.append(f"the size search learned {len(found.points)} regions; k = {found.k:,} is the smallest that keeps "
+                 f"{pct(req.keep)} of the gain ({kind.kept_by}) on the {checks[found.k]['n']:,} held-out examples it "
+                 "was chosen on: score it on others (evaluate) for a figure the choice did not see")
+    return found.region, made, checks[found.k]
+
+
+EXPECTED_POINTS = 6  # the size search's regions, as its progress bar counts them (sizing.MAX_POINTS at most)
 CHEAP_CHECK_FROM = 0.9  # the share of a localize job's progress that is mask learning, where the check is one pass
 CHECK_FROM = 0.5  # … and where it generates, or the harness scores (minutes for a LoRA pair or an lm-eval task)
 DID_NOT_FIT = 0.5  # a region keeping less than this share of the fine-tune's gain on held-out examples lost the skill

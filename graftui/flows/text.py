@@ -65,8 +65,19 @@ def localize(doc: dict) -> str:
         ("time", f"{doc['seconds']:.1f} s"),
         ("anatomy", "  ".join(f"{t['label']} {_pct(t['share'])}" for t in doc["top_modules"]) or "(empty region)"),
         ("", f"weights {doc['weights']:,}, biases {doc['biases']:,}"),
-    ]) + (check(doc["check"]) if doc.get("check") else "") + (seeds(doc) if doc.get("seeds") else "") + (
+    ]) + (size_search(meta["size_search"]) if meta.get("size_search") else "") + (
+        check(doc["check"]) if doc.get("check") else "") + (seeds(doc) if doc.get("seeds") else "") + (
         finetunes(doc) if doc.get("finetunes") else "")
+
+
+def size_search(found: dict) -> str:
+    """Localize --keep: the curve of share kept against k, the region written marked."""
+    rows = [[_count(p["k"]), _pct(p["sparsity"]), "-" if p["share"] is None else _pct(p["share"]),
+             "-" if p["score"] is None else _num(p["score"]), _count(p["inside"]) if p["inside"] else "all",
+             "✓" + (" (written)" if p["k"] == found["k"] else "") if p["keeps"] else ""] for p in found["curve"]]
+    return "\n".join(["", "", f"size search: the smallest region keeping {_pct(found['target'])} of the gain "
+                               f"({found.get('measure', 'score')}, n = {found.get('n', '?')}):",
+                       table(["k", "sparsity", "share kept", "score", "learned inside", "keeps"], rows, "rrrrrl")])
 
 
 def finetunes(doc: dict) -> str:

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple
 
-from ..card import Words
+from ..card import Words, gain_recovered
 from ..config import COMPLETION, DEFAULT_SPARSITY, LoadOptions
 from ..errors import ModelError, RequestError
 
@@ -170,6 +170,16 @@ class TaskKind:
         """How a model's answers are judged for ``req`` (a region's own rule, ``meta``, where the request is silent);
         None for kinds without answer rules."""
         return None
+
+    @property
+    def kept_by(self) -> str:
+        """What ``share_kept`` measures, in words (--keep's curve says it)."""
+        return self.words.score
+
+    def share_kept(self, row: dict, ft: dict, bare: dict) -> float | None:
+        """The share of what fine-tuning gained that a graft keeps on held-out examples, (graft − bare) / (FT − bare)
+        of the kind's score (None where fine-tuning gained nothing): what ``localize --keep`` holds a region to."""
+        return gain_recovered(row.get("accuracy"), ft.get("accuracy"), bare.get("accuracy"))
 
     def scored(self, rows: list[dict]) -> list[dict]:
         """Rows with the schema's ``score`` and ``metric``: the kind's own measure under one name."""

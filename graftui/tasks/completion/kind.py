@@ -96,6 +96,14 @@ class Completion(TaskKind):
     def claims(self, key: str, asked: str, given: set[str]) -> bool:
         return asked == self.name or (asked == "auto" and bool(set(given) & set(self.fields) or key in OFFLINE_SKILLS))
 
+    kept_by = "the pre → FT loss gap"
+
+    def share_kept(self, row: dict, ft: dict, bare: dict) -> float | None:
+        """The share of the loss gap closed, (L_pre − L_graft) / (L_pre − L_FT) per completion token: exact match of a
+        few hundred generations moves in steps too coarse to size a skill by, the loss does not."""
+        loss = [r.get("loss") for r in (row, ft, bare)]
+        return None if None in loss else card.gain_recovered(-loss[0], -loss[1], -loss[2])
+
     def spec(self, req) -> CompletionSpec:
         return req.completion_spec()
 
