@@ -31,6 +31,7 @@ from .config import (DEFAULT_BUILD_SECONDS, DEFAULT_FINETUNED_REFS, SENTIMENT_TA
                      is_default_finetuned)
 from .errors import GraftuiError
 from .localizers import get_method
+from .sizing import EXPECTED_POINTS
 from .models import SMOLLM2_DIR, resolve
 from .tasks.completion.generation import MAX_NEW_TOKENS
 from .jobs import DONE, FAILED, MAIN, QUICK, QUICK_LIMIT, Job
@@ -134,6 +135,8 @@ def passes(request, reads: list[tuple[str, str | None]] = ()) -> float | None:
     if request.verb == "localize":
         learns = get_method(request.method).needs_data
         runs = seeds * (len(request.finetunes()) if request.finetuned_replicates else 1)
+        if request.keep:  # a search over budgets: as many localizations as it usually learns
+            runs *= EXPECTED_POINTS
         steps = request.steps * request.batch_size * STEP_PASSES if learns else 0
         return float(runs * (steps + (request.check_n or 0) * (4 if learns else 3) * tokens))
     if request.verb == "evaluate" and request.n:

@@ -221,7 +221,8 @@ def recorded_spec(meta) -> GraftableSpec | None:
 
 
 def settings_of(meta) -> list[str]:
-    """The settings that tell two runs of one method apart: steps, examples, learning rate, seed; sources of a union."""
+    """The settings that tell two runs of one method apart: steps, examples, learning rate, seed, learner; sources of a
+    union."""
     meta = RegionMeta.from_dict(meta)
     learn, out = meta.learn, []
     if learn:
@@ -229,6 +230,14 @@ def settings_of(meta) -> list[str]:
         examples = "?" if meta.train_examples is None else meta.train_examples
         out += [f"{learn.get('steps')} steps", f"{examples} examples",
                 f"lr {lr:g}" if isinstance(lr, (int, float)) else "lr ?", f"seed {learn.get('seed')}"]
+    how = meta.learner if isinstance(meta.learner, dict) else {}
+    if how.get("learner") in ("full", "candidate"):  # the learner, which decides the region as much as the seed
+        plan = how.get("plan") if isinstance(how.get("plan"), dict) else {}
+        factor = plan.get("factor")
+        inside = how.get("rule") == "within"
+        out.append(f"{how['learner']} learner" + (" inside a larger region" if inside else
+                                                  f" c={factor:.3g}" if how["learner"] == "candidate"
+                                                  and isinstance(factor, (int, float)) else ""))
     if meta.method == "union" and meta.sources is not None:
         out.append(f"union of {len(meta.sources)}")
     return out

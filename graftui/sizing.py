@@ -22,6 +22,8 @@ GROW = 4  # k × this while the region keeps too little
 SHRINK = 4  # k ÷ this while no smaller region is known to fall short
 RESOLUTION = 1.25  # stop where the smallest k that kept the target is at most this times the largest that fell short
 MAX_POINTS = 10  # localizations at most: a request cannot start unbounded work
+EXPECTED_POINTS = 6  # localizations a search usually takes (from a budget that keeps: ÷4 twice, then three halvings of
+# the ratio): what a progress bar and a job's foreseen length count
 
 
 @dataclass(frozen=True)
@@ -58,7 +60,8 @@ def search(learn: Callable[[int, Region | None], Region], share: Callable[[Regio
     """The smallest k whose region keeps ``target`` of the gain (see the module's notes).
 
     ``learn(k, within)`` learns a region of k parameters, inside ``within`` where given; ``share(region, k)`` scores it:
-    (share kept, its score). ``progress(i, k, inside)`` is told before each localization."""
+    (share kept, its score), a share of None where fine-tuning gained nothing to keep (then the search stops at once).
+    ``progress(i, k, inside)`` is told before each localization."""
     points: list[Point] = []
     kept: dict[int, Region] = {}
     shortfall = 0  # the largest k known to keep too little
@@ -77,7 +80,7 @@ def search(learn: Callable[[int, Region | None], Region], share: Callable[[Regio
         return keeps
 
     k = max(1, min(int(k0), graftable))
-    while not visit(k, None, None) and k < graftable and len(points) < MAX_POINTS:
+    while not visit(k, None, None) and points[-1].share is not None and k < graftable and len(points) < MAX_POINTS:
         shortfall = k
         k = min(graftable, k * GROW)
     if not kept:

@@ -259,7 +259,7 @@ def test_evaluate_regions_with_baselines_in_and_out_of_distribution(ft_dir, lear
     assert learned_row["vs_random"] == pytest.approx(learned_row["accuracy"] - rows[("Random", "movies")]["accuracy"])
     assert rows[("Random", "movies")]["vs_random"] is None and rows[("Random", "movies")]["method"] == "random"
     # every difference with a paired interval on the same examples: each graft − FT and − the bare body, each
-    # region − the baselines of its size
+    # region − the baselines of its size, and region − region
     paired = {(d["a"], d["b"], d["task"], d["metric"]): d for d in doc["differences"]}
     for (a, b, task, metric), d in paired.items():
         assert d["ci"][0] <= d["diff"] <= d["ci"][1] and d["n"] == 64
@@ -271,7 +271,11 @@ def test_evaluate_regions_with_baselines_in_and_out_of_distribution(ft_dir, lear
     grafts = ["learned", "top", "Top movement", "Random"]
     assert {k[:2] for k in paired} == {*((g, "fine-tuned") for g in grafts),
                                        *((g, "pre-trained body + FT head") for g in grafts),
-                                       *((r, b) for r in ("learned", "top") for b in ("Top movement", "Random"))}
+                                       *((r, b) for r in ("learned", "top") for b in ("Top movement", "Random")),
+                                       ("learned", "top")}
+    learned_vs_top = paired[("learned", "top", "movies", "accuracy")]
+    assert learned_vs_top["diff"] == pytest.approx(rows[("learned", "movies")]["accuracy"] -
+                                                   rows[("top", "movies")]["accuracy"])
     same = paired[("top", "Top movement", "movies", "accuracy")]  # the same region twice: no difference at all
     assert same["diff"] == 0 and same["ci"] == [0.0, 0.0] and same["p"] == 1.0
     assert any("keeps" in line and "'learned'" in line and re.search(r"pts \[[^]]+\] against a random region", line)
@@ -283,6 +287,8 @@ def test_evaluate_regions_with_baselines_in_and_out_of_distribution(ft_dir, lear
     for name in side["names"]:
         assert sum(side["module_share"][name]) == pytest.approx(1.0) and sum(side["layer_share"][name]) == pytest.approx(1.0)
     assert "steps" in side["settings"]["learned"] and side["settings"]["top"].endswith(f"k={K:,}")
+    assert side["settings"]["learned"].endswith("seed 0 · candidate learner c=5")  # the learner beside the seed
+    assert learned[1]["plan"].startswith("mask learning: candidate learner, C = ")  # said under --json too
 
     # with no --finetuned the region's own pair and task are used
     own = run_json("evaluate", "--region", learned[0], "--no-ood", "--n", "64")

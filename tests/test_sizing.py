@@ -57,8 +57,10 @@ def test_a_skill_no_region_holds_is_reported_with_what_was_tried_and_the_work_is
     found = sizing.search(learn, lambda region, k: (0.1, 0.5), 10, GRAFTABLE, 0.9)
     assert found.k is None and found.region is None and found.reached_all
     assert [p.k for p in found.points] == [10, 40, 160, 640, 2560, GRAFTABLE]  # ×4 up to the whole set, then stop
-    found = sizing.search(learn, lambda region, k: (None, None), 1, 10 ** 12, 0.9)  # fine-tuning gained nothing
+    found = sizing.search(learn, lambda region, k: (0.1, 0.5), 1, 10 ** 12, 0.9)
     assert found.k is None and len(found.points) == sizing.MAX_POINTS and not found.reached_all
+    found = sizing.search(learn, lambda region, k: (None, 0.5), 10, GRAFTABLE, 0.9)  # fine-tuning gained nothing
+    assert found.k is None and len(found.points) == 1  # nothing to keep: no second localization
 
 
 def test_the_search_stops_when_cancelled():

@@ -847,6 +847,40 @@ def test_a_seeds_localize_then_its_core_and_union_scored_from_the_page(home, tin
     assert all(any(a == n or a.startswith(f"{n} (seed ") for a in against_ft) for n in names), against_ft
 
 
+def test_the_localize_tab_finds_the_size_a_skill_needs(home, tiny_checkpoints, tmp_path):
+    """The Localize tab's keep share: the job searches from the budget and writes the smallest region that keeps it,
+    with its curve; a panel showing the job puts the share back into the form. Where fine-tuning gained nothing, one
+    line says so after one localization."""
+    from graftui import regions
+    from graftui.ui import forms, store, wiring
+
+    runner = store.runner()
+    nothing = runner.wait(forms.submit_localize(runner, base=tiny_checkpoints["base"], finetuned=tiny_checkpoints["ft"],
+                                                task="movies", columns={}, method="learned", log_sparsity=-2, steps=2,
+                                                examples_per_class=4, lr=0.5, keep=0.9).id, timeout=240)
+    assert nothing.status == "failed" and nothing.error.startswith("fine-tuning gained nothing to keep on 200 "
+                                                                   "held-out examples: the fine-tuned model scores ")
+    assert sum("size search, region" in str(p.get("stage", "")) and "held-out" in str(p.get("stage", ""))
+               for p in nothing.progress) <= 1
+    task = tmp_path / "task.csv"
+    task.write_text("text,label\n" + "".join(f"a {'good' if i % 2 else 'bad'} sentence {i},{i % 2}\n"
+                                             for i in range(80)))
+    job = runner.wait(forms.submit_localize(runner, base=tiny_checkpoints["base"], finetuned=tiny_checkpoints["ft"],
+                                            task=str(task), columns={}, method="learned", log_sparsity=-3, steps=2,
+                                            examples_per_class=4, lr=0.5, keep=0.9).id, timeout=240)
+    assert job.status == "done", job.error
+    assert job.params["keep"] == 0.9 and "the size that keeps 90 %" in job.title
+    meta = regions.load(job.result["path"]).meta
+    assert meta.size_search["target"] == 0.9 and meta.k == meta.size_search["k"]
+    assert any(p["keeps"] and p["k"] == meta.k for p in meta.size_search["curve"])
+    assert wiring.job_form("localize", job)[-1]["value"] == 0.9
+    plain = forms.submit_localize(runner, base=tiny_checkpoints["base"], finetuned=tiny_checkpoints["ft"],
+                                  task="movies", columns={}, method="top-movement", log_sparsity=-2, steps=2,
+                                  examples_per_class=4, lr=0.5, keep=0)
+    assert plain.params["keep"] is None  # 0: the budget as it is
+    runner.wait(plain.id, timeout=240)
+
+
 def test_an_app_localize_jobs_bundle_holds_the_same_files_as_the_clis(home, tiny_checkpoints, tmp_path):
     """The report bundle of a localize job made on the page and of the same request run as `--report x.zip`: the same
     files (README, request, result, inputs, tables, figures, the region under outputs/), the region's name aside."""

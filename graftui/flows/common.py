@@ -462,6 +462,8 @@ class LocalizeResult(Result):
             "biases": a.bias_count,
             "meta": json.loads(json.dumps(r.meta.as_dict(), default=plain)),
         })
+        how = r.meta.learner if isinstance(r.meta.learner, dict) else {}
+        out["plan"] = how.get("line")  # the memory plan's line, which --json prints no progress for
         check = out.get("check")
         checked = kind_in(check).card(check, out["graftable_params"], FT_LABEL) if check else []
         out["card"] = card.localize_card(out, checked)

@@ -280,7 +280,8 @@ def size_needed(req: LocalizeRequest, pair: ModelPair, task, k0: int, notes: lis
     made_at, checks = {}, {}
 
     def told(i: int, k: int, inside: int | None) -> None:
-        told.at = (min(i, EXPECTED_POINTS - 1) / EXPECTED_POINTS, min(i + 1, EXPECTED_POINTS) / EXPECTED_POINTS)
+        expect = sizing.EXPECTED_POINTS
+        told.at = (min(i, expect - 1) / expect, min(i + 1, expect) / expect)
         where = f" inside k = {inside:,}" if inside else ""
         told.stage = f"size search, region {i + 1} (k = {k:,}{where})"
 
@@ -298,6 +299,12 @@ def size_needed(req: LocalizeRequest, pair: ModelPair, task, k0: int, notes: lis
         return kind.share_kept(by["this region"], by[FT_LABEL], by[pair.body_name]), by["this region"]["accuracy"]
 
     found = sizing.search(learn, share, k0, graftable, req.keep, told, cancel)
+    if found.points[-1].share is None:
+        by = {r["model"]: r for r in checks[found.points[-1].k]["rows"]}
+        raise ModelError(f"fine-tuning gained nothing to keep on {by[FT_LABEL]['n']:,} held-out examples: the fine-tuned "
+                         f"model scores {by[FT_LABEL]['accuracy']:.3g}, the pre-trained one "
+                         f"{by[pair.body_name]['accuracy']:.3g} ({kind.kept_by}); check the fine-tune and the task, or "
+                         "give a fixed --sparsity instead of --keep")
     if found.k is None:
         tried = ", ".join(f"k = {p.k:,} keeps {pct(p.share) if p.share is not None else 'nothing measurable'}"
                           for p in sorted(found.points, key=lambda p: p.k))
@@ -313,7 +320,6 @@ def size_needed(req: LocalizeRequest, pair: ModelPair, task, k0: int, notes: lis
     return found.region, made, checks[found.k]
 
 
-EXPECTED_POINTS = 6  # the size search's regions, as its progress bar counts them (sizing.MAX_POINTS at most)
 CHEAP_CHECK_FROM = 0.9  # the share of a localize job's progress that is mask learning, where the check is one pass
 CHECK_FROM = 0.5  # … and where it generates, or the harness scores (minutes for a LoRA pair or an lm-eval task)
 DID_NOT_FIT = 0.5  # a region keeping less than this share of the fine-tune's gain on held-out examples lost the skill
@@ -548,6 +554,8 @@ def evaluate(req: EvaluateRequest, progress: Progress | None = None, cancel=None
         for k in sorted({records[i].size for i in members}) or list(baselines):
             models.update(baselines.get(k, {}))
             contrasts += [(labels[i], other) for i in members if records[i].size == k for other in baselines.get(k, {})]
+        contrasts += [(labels[i], labels[j]) for x, i in enumerate(members) for j in members[x + 1:]
+                      if labels[i] != labels[j]]  # region against region: learner against learner, seed against seed
         part = kind.compare(pair, task_g, models, n=req.n, contrasts=contrasts, oods=oods[key],
                             judging=kind.judging(req, records[members[0]].meta if members else None, guard),
                             progress=progress, cancel=cancel)

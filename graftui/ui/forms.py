@@ -205,12 +205,13 @@ def submit_prepare(runner) -> Job | None:
 
 
 def submit_localize(runner, *, base: str, finetuned: str, task: str, columns: dict, method: str, log_sparsity: float,
-                    steps, examples_per_class, lr, seeds: str = "") -> Job:
-
+                    steps, examples_per_class, lr, seeds: str = "", keep=None) -> Job:
+    """A localization; ``keep`` (a share, 0 or empty for none) searches for the size the skill needs from the budget."""
     request = LocalizeRequest(base=base, finetuned=finetuned, task=task, **columns, method=method,
                               sparsity=10 ** float(log_sparsity), steps=whole(steps) or 0,
                               examples_per_class=per_class(examples_per_class), lr=float(lr or 0),
-                              seeds=parse_seeds(seeds), check_n=LocalizeRequest.defaults()["check_n"])
+                              seeds=parse_seeds(seeds), check_n=LocalizeRequest.defaults()["check_n"],
+                              keep=float(keep) if keep else None)
 
     def saved(result, doc) -> dict:  # the flow's own result, and what the page reads of it by region id
         return {**doc, "region": Path(result.path).stem, "summary": result.record.summary(),
@@ -218,8 +219,9 @@ def submit_localize(runner, *, base: str, finetuned: str, task: str, columns: di
                 "seeds": [{"seed": e["seed"], "region": Path(e["path"]).stem} for e in doc.get("seeds") or []]}
 
     title = (f"Localize '{short_ref(task)}' in {short_ref(finetuned)} · {get_method(method).label} · "
-             f"sparsity {request.sparsity:.1e}" + (f" · seeds {', '.join(map(str, request.seeds))}" if request.seeds
-                                                   else ""))
+             + (f"the size that keeps {100 * request.keep:g} % from sparsity {request.sparsity:.1e}" if request.keep
+                else f"sparsity {request.sparsity:.1e}")
+             + (f" · seeds {', '.join(map(str, request.seeds))}" if request.seeds else ""))
     return submit(runner, request, title, saved)
 
 

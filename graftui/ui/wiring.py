@@ -263,7 +263,7 @@ def answered(job, kinds: tuple[str, ...], latest_label: str, render, seconds: fl
 
 JOB_FORMS = {  # which request field fills which widget when a panel shows a job (None: the widget's own value)
     "localize": ["method", ("sparsity", lambda v: math.log10(v) if v else None), "steps", "examples_per_class", "lr",
-                 ("seeds", lambda v: ", ".join(map(str, v)))],
+                 ("seeds", lambda v: ", ".join(map(str, v))), "keep"],
     "compare": [("regions", lambda v: [Path(p).stem for p in v or []] or None), "n", "baselines"],
     "finetune": ["optimizer", "lr", "epochs", "train_examples", "lora_rank"],
 }

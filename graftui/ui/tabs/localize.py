@@ -76,6 +76,10 @@ def build(page) -> gr.Tab:
                                    info="−5 = 0.001 % of graftable parameters, −1 = 10 %", elem_id="localize-budget")
             loc_budget_md = gr.Markdown(on_budget(d["log_sparsity"], DEFAULT_BASE, DEFAULT_FINETUNED),
                                         elem_id="localize-budget-info")
+            loc_keep = gr.Number(0, minimum=0, maximum=1, label="Size the skill needs: keep this share of the gain",
+                                 info="0: the budget above. 0.9: the smallest region that keeps 90 % of what fine-tuning "
+                                      "gained on held-out examples, searched from the budget (a few localizations)",
+                                 elem_id="localize-keep")
         with gr.Row():
             loc_steps = gr.Number(d["steps"], precision=0, label="Mask steps", elem_id="localize-steps")
             loc_epc = gr.Number(d["examples_per_class"], precision=0, label="Training examples per class",
@@ -104,7 +108,7 @@ def build(page) -> gr.Tab:
 
     page.budget, page.budget_info, page.mask = loc_budget, loc_budget_md, (loc_steps, loc_epc, loc_lr)
     page.keep(method=loc_method, log_sparsity=loc_budget, steps=loc_steps, examples_per_class=loc_epc, mask_lr=loc_lr,
-              seeds=loc_seeds)
+              seeds=loc_seeds, keep_share=loc_keep)
 
     for ev in (loc_budget.change, page.base.change, page.finetuned.change, tab.select):
         page.on(ev, page.quiet(lambda a, b, c: (on_budget(a, b, c), gr.skip())), [loc_budget, page.base, page.finetuned],
@@ -119,20 +123,21 @@ def build(page) -> gr.Tab:
         page.on(ev, page.quiet(on_task), [page.task], [loc_epc, page.status], show_progress="hidden")
 
     @page.guard(beside=loc_status, method=loc_method, sparsity=loc_budget, k=loc_budget, steps=loc_steps,
-                examples_per_class=loc_epc, lr=loc_lr, seeds=loc_seeds)
+                examples_per_class=loc_epc, lr=loc_lr, seeds=loc_seeds, keep=loc_keep)
     def on_localize(base, finetuned, task, text, pair, label, method, log_s, steps, epc, lr, head, template, words,
-                    seeds):
+                    seeds, keep):
         job = forms.submit_localize(store.runner(), base=base, finetuned=finetuned, task=task,
                                       columns={**forms.data_columns(task, text, pair, label),
                                                **forms.prompt_fields(head, template, words)},
                                       method=method, log_sparsity=log_s, steps=steps, examples_per_class=epc, lr=lr,
-                                      seeds=seeds)
+                                      seeds=seeds, keep=keep)
         return submitted(job, KINDS, LATEST)
 
     page.on(loc_run.click, on_localize, [page.base, page.finetuned, page.task, *page.columns, loc_method, loc_budget,
-                                         *page.mask, *page.prompt, loc_seeds], [page.status, loc_job, loc_status])
+                                         *page.mask, *page.prompt, loc_seeds, loc_keep],
+            [page.status, loc_job, loc_status])
     page.cancel(loc_cancel, loc_job, KINDS)
-    page.shows("localize", loc_job, [loc_method, loc_budget, *page.mask, loc_seeds])
+    page.shows("localize", loc_job, [loc_method, loc_budget, *page.mask, loc_seeds, loc_keep])
     page.panel("localize", KINDS, loc_job, loc_status, [loc_plot, loc_stability, loc_core], render_localize, LATEST)
 
     @page.guard(beside=loc_status)
