@@ -91,7 +91,7 @@ class LearnConfig:
     memory: str = "auto"  # "fast" keeps σ(ℓ) and δ between passes (two more copies), "lean" recomputes them; same region
     checkpoint_every: int | None = None  # recompute every n-th layer's activations in the backward pass (0: keep them
     # all; None: the memory plan decides); same region
-    candidates: str = "auto"  # "auto" (the memory plan picks the full learner or c), "all", or a factor c ≥ 1: ℓ is kept
+    candidates: str = "auto"  # "auto" (c = 5 on every machine), "all" (the full relaxation), or a factor c ≥ 1: ℓ is kept
     # only over C = γ_base and the ⌈c·k⌉ − k parameters the first step's gradient ranks highest
     rank: str = "gradient"  # how C's other parameters are ranked: "gradient" (−∇_θL ⊙ δ at the relaxation's start) or
     # "movement" (|δ|)
@@ -129,7 +129,7 @@ class LearnConfig:
 
 CANDIDATE_CHOICES = ("auto", "all")
 CANDIDATE_RANKS = ("gradient", "movement")
-AUTO_FACTOR = 5.0  # |C| = 5·k where the memory plan picks the candidate learner (docs/method.md measures it)
+AUTO_FACTOR = 5.0  # |C| = 5·k for --candidates auto, whatever the machine (docs/method.md measures it)
 
 
 # -- how checkpoints are read ----------------------------------------------------------------------------

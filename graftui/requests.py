@@ -358,18 +358,19 @@ class LearnFields(Request):
     logit_dtype: str = arg(LearnConfig.logit_dtype, "precision of the region logits (one per graftable parameter): float16 "
                            "or bfloat16 halve their memory, for models near the machine's limit",
                            choices=LOGIT_DTYPES, group="mask learning (method 'learned')")
-    memory: str = arg(LearnConfig.memory, "fast keeps σ(ℓ) and δ through each step (two more copies of the graftable set, "
-                      "fewer passes), lean recomputes them, auto is fast when they fit in a quarter of the free memory; "
-                      "the region is the same", choices=MEMORY_MODES, group="mask learning (method 'learned')")
+    memory: str = arg(LearnConfig.memory, "what the memory plan keeps between passes: fast keeps it all (σ(ℓ) and δ of "
+                      "the full learner, every layer's activations), lean recomputes it all, auto keeps each where it "
+                      "fits in a quarter of the free memory; the region is the same", choices=MEMORY_MODES,
+                      group="mask learning (method 'learned')")
     checkpoint_every: int | None = arg(LearnConfig.checkpoint_every, "recompute the activations of every N-th layer "
                                        "in the backward pass instead of keeping them (1: every layer; 0: none; default: "
                                        "the memory plan decides): less memory for up to one more forward pass per step; "
                                        "the region is the same", metavar="N", group="mask learning (method 'learned')")
-    candidates: str = arg(LearnConfig.candidates, "where region logits are kept: auto (a logit per graftable parameter "
-                          "where that fits in a quarter of the free memory, else the candidate set C at c = 5), 'all' "
-                          "graftable parameters, or a factor c ≥ 1 for C alone: γ_base and the c·k − k parameters the "
-                          "first step's gradient ranks next, grown as learning finds more (memory for C instead of the "
-                          "model; the same region when C holds every parameter that moved)", metavar="auto|all|c",
+    candidates: str = arg(LearnConfig.candidates, "which learner, whatever the machine: auto (the candidate set C at "
+                          "c = 5), 'all' (a logit per graftable parameter, the paper's full relaxation), or a factor "
+                          "c ≥ 1 for C alone: γ_base and the c·k − k parameters the first step's gradient ranks next, "
+                          "grown as learning finds more (memory for C instead of the model; the same region as 'all' "
+                          "when C holds every parameter that moved)", metavar="auto|all|c",
                           group="mask learning (method 'learned')")
     rank: str = arg(LearnConfig.rank, "how the candidate set ranks the parameters outside γ_base: gradient (the first "
                     "step's |∇_θL ⊙ δ|, summed over --rank-examples) or movement (|δ|, the rule before)",
