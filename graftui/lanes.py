@@ -137,6 +137,8 @@ def passes(request, reads: list[tuple[str, str | None]] = ()) -> float | None:
         runs = seeds * (len(request.finetunes()) if request.finetuned_replicates else 1)
         if request.keep:  # a search over budgets: as many localizations as it usually learns
             runs *= EXPECTED_POINTS
+        elif request.schedule == "nested" and learns:  # a region of 10·k, then the region inside it
+            runs *= 2
         steps = request.steps * request.batch_size * STEP_PASSES if learns else 0
         return float(runs * (steps + (request.check_n or 0) * (4 if learns else 3) * tokens))
     if request.verb == "evaluate" and request.n:

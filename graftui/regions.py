@@ -84,6 +84,7 @@ class RegionMeta(MutableMapping):
     curve: list | None = None  # the mask-learning curve: [step, loss, training-batch accuracy] per step (``curve_points``)
     top_movement_overlap: float | None = None  # share of a learned region inside the top-movement region it started from
     size_search: dict | None = None  # localize --keep: the share asked, the k found and the curve of share against k
+    nested_from: int | None = None  # localize --schedule nested: the k of the region it was learned inside
     # how it was made
     request: dict | None = None  # the request that makes it again (graftui run FILE)
     notes: list | None = None

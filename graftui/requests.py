@@ -60,6 +60,8 @@ def arg(default, help: str, **cli):
 
 
 WRITE_FIELDS = ("out", "keep")  # fields that name where a verb writes
+SCHEDULES = ("direct", "nested")  # how localize reaches its budget
+NESTED_FACTOR = 10  # a nested schedule's first region, in budgets
 
 
 # -- the request base --------------------------------------------------------------------------------
@@ -665,6 +667,9 @@ class LocalizeRequest(FinetuneReplicateFields, ReplicateFields, LoadFields, Graf
                              "task's share of the loss gap), searched from the budget, each smaller region learned "
                              "inside the larger one; writes that region with the curve of share against k",
                              metavar="SHARE", group="region")
+    schedule: str = arg("direct", "direct learns the region over the whole graftable set; nested first learns one of "
+                        f"{NESTED_FACTOR}·k and then the region inside it (docs/method.md compares the two)",
+                        choices=SCHEDULES, group="region")
 
     def budget(self, default: float = DEFAULT_SPARSITY) -> Budget:
         """--k, else --sparsity, else ``default``: the task kind's own budget (TaskKind.sparsity)."""

@@ -126,6 +126,7 @@ def test_a_first_localization_or_evaluation_is_foreseen_by_its_cost_and_the_pace
     assert lanes.passes(small.replace(method="top-movement")) == 200 * 3  # data-free: the check alone
     assert lanes.passes(small.replace(seeds=[0, 1, 2])) == 3 * lanes.passes(small)
     assert lanes.passes(small.replace(keep=0.9)) == sizing.EXPECTED_POINTS * lanes.passes(small)  # a size search
+    assert lanes.passes(small.replace(schedule="nested")) == 2 * lanes.passes(small)  # 10·k, then k inside it
     plan = lanes.plan(small, "localize", [])
     load = 2 * size * lanes.LOAD_SECONDS_PER_BYTE
     assert plan == lanes.Plan(QUICK, pytest.approx(load + 1280 * size * lanes.PACE["localize"]), None, 1280.0 * size)

@@ -112,3 +112,18 @@ def test_a_bad_keep_is_one_line_before_any_work(tiny_folders, tmp_path, more, li
     args = [a for i, a in enumerate(args) if a != "--check-n" and (i == 0 or args[i - 1] != "--check-n")]
     refused([*args, *more], line)
     assert not (tmp_path / "r.safetensors").exists()
+
+
+def test_a_nested_schedule_learns_the_region_inside_one_ten_times_its_size(tiny_folders, tmp_path):
+    out = tmp_path / "nested.safetensors"
+    code, _, err = run_cli(*localize_args(tiny_folders, out, "--schedule", "nested", "--k", "30"))
+    assert code == 0, err
+    meta = regions.load(out).meta
+    assert meta.k == 30 and meta.nested_from == 300 and meta.learner["rule"] == "within"
+    assert meta.learner["plan"]["count"] == 300 and meta.request["schedule"] == "nested"
+    lines = [line for line in err.splitlines() if line.startswith("nested: ")]
+    assert lines[0].startswith("nested: k = 300 first: mask learning: candidate learner, C = 1,500 of ")
+    assert lines[1].startswith("nested: k = 30 inside it: mask learning: candidate learner, C = 300 of ")
+    refused([*localize_args(tiny_folders, tmp_path / "x.safetensors"), "--schedule", "deep"],
+            "argument --schedule: invalid choice: 'deep' (choose from 'direct', 'nested') (see 'graftui localize "
+            "--help')")

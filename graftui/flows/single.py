@@ -31,7 +31,8 @@ from ..formatting import pct
 from ..paths import file_lock, short_ref, slug
 from ..regions import RegionMeta, RegionRecord
 from ..requests import (
-    EvaluateRequest, FinetuneRequest, LocalizeRequest, PairRequest, PredictRequest, SweepRequest, derive,
+    NESTED_FACTOR, EvaluateRequest, FinetuneRequest, LocalizeRequest, PairRequest, PredictRequest, SweepRequest,
+    derive,
 )
 from ..experiments import only_part
 from ..kinds import Look, kind_named, kind_of, read_task, read_task_as, recorded_columns
@@ -241,6 +242,15 @@ def _localize(req: LocalizeRequest, progress: Progress | None, cancel, guard: Gu
     learned = (CHEAP_CHECK_FROM if kind.cheap_check else CHECK_FROM) if checking else 1.0  # where scoring starts
     if req.keep:
         region, made, check = size_needed(req, pair, task, k, notes, progress, cancel)
+    elif req.schedule == "nested" and info.needs_data:  # a region of 10·k first, then the region inside it
+        wide = min(pair.counts()["graftable"], NESTED_FACTOR * k)
+        middle = learned / 2
+        outer, _ = find_region(req, pair, task, wide, notes, phase_progress(progress, 0.0, middle,
+                                                                           f"nested: k = {wide:,} first"), cancel)
+        region, made = find_region(req, pair, task, k, notes, phase_progress(progress, middle, learned,
+                                                                             f"nested: k = {k:,} inside it"),
+                                   cancel, within=outer)
+        made["nested_from"] = wide
     else:
         region, made = find_region(req, pair, task, k, notes, phase_progress(progress, 0.0, learned), cancel)
     k = made["budget_k"]  # the size search's, where it ran
