@@ -8,12 +8,14 @@ through its prompt, 0.1 %), ``dates`` and ``dates-small`` (smollm2 → smollm2-d
 0.1 %), ``lora`` (smollm2 → smollm2-dates-lora, an AdamW LoRA adapter, 1 %) and ``l1`` (smollm2 fine-tuned on dates
 with AdamW and an ℓ1 penalty on the movement, made here once with ``graftui finetune``, 0.1 %) — the learned region is
 found with ``--candidates all`` (the full learner) and with each learner of ``--learners``: a factor c is the
-candidate learner the memory plan picks where the full learner does not fit (C = γ_base and the parameters the first
-step's gradient ranks next, grown while learning), ``movement:c`` the candidate set of the c·k largest movements
-(without growth: the rule before), at the default mask-learning settings and each seed. Printed per learner: |C| at
+candidate learner (C = γ_base and the parameters the first step's gradient ranks next, grown while learning; c = 5 is
+the default), ``movement:c`` the candidate set of the c·k largest movements (without growth: the rule before),
+``nested`` the default learner at 10·k and then the region inside that one (``--schedule nested``), at the default
+mask-learning settings and each seed. Printed per learner: |C| at
 the start and at the end, how often C grew, the region's IoU with the full learner's region of the same seed, the wall
-time against it, and the paired difference of the grafts' scores on the same ``--n`` test examples (accuracy; exact
-match for a completion task; 95 % paired interval), learner − all. With several seeds, each learner's IoU between its
+time against it, the score and its share of the fine-tuning gain kept ((graft − pre) / (FT − pre)), and the paired
+difference of the grafts' scores on the same ``--n`` test examples (accuracy; exact match for a completion task; 95 %
+paired interval), learner − all. With several seeds, each learner's IoU between its
 own regions of different seeds follows: how far the full learner's region is itself a fixed reference. The regions are kept in ``--out`` so a run can be
 read again; a second run reuses them.
 """
@@ -52,9 +54,12 @@ def finetuned_of(name: str, out: Path) -> str:
 
 
 def settings(learner: str) -> dict:
-    """A learner's request fields: "all", a factor c (the gradient-ranked candidate learner), or "movement:c"."""
+    """A learner's request fields: "all", a factor c (the gradient-ranked candidate learner), "movement:c", or
+    "nested" (the default learner at 10·k, then the region inside that one)."""
     if learner.startswith("movement:"):
         return {"candidates": learner.split(":", 1)[1], "rank": "movement", "grow_every": 0}
+    if learner == "nested":
+        return {"schedule": "nested"}
     return {"candidates": learner}
 
 
@@ -118,15 +123,29 @@ def main() -> None:
     for name in args.pairs.split(","):
         print(f"\n{name}: {PAIRS[name][0]} → {PAIRS[name][1]} on {PAIRS[name][2]}, sparsity {PAIRS[name][3]:g}", flush=True)
         print(f"{'learner':>10} {'seed':>4} {'|C| start':>10} {'|C| end':>10} {'grew':>4} {'IoU':>6} {'time':>6} "
-              f"{'score':>7} {'learner − all [95 %]':>28}")
+              f"{'score':>7} {'kept':>6} {'learner − all [95 %]':>28}")
+        references = None
         for seed in seeds:
             full_path, full_s = localize(name, "all", seed, out)
             full = regions.load(full_path)
             pair, kind, score = scorer_for(full_path, args.n)
+            if references is None:  # FT and the pre-trained model: the gain a region keeps a share of
+                with pair.finetuned():
+                    ft_score = score().score
+                references = (ft_score, score().score)
+                print(f"{'FT':>10} {'':>4} {'':>10} {'':>10} {'':>4} {'':>6} {'':>6} {references[0]:>7.3f}\n"
+                      f"{'pre':>10} {'':>4} {'':>10} {'':>10} {'':>4} {'':>6} {'':>6} {references[1]:>7.3f}", flush=True)
+            ft_score, pre_score = references
+
+            def kept(s: float) -> float:
+                return (s - pre_score) / (ft_score - pre_score) if ft_score > pre_score else float("nan")
+
             with pair.grafted(full.indices):
                 full_out = score()
             print(f"{'all':>10} {seed:>4} {pair.counts()['graftable']:>10,} {'':>10} {'':>4} {1.0:>6.3f} {1.0:>5.2f}x "
-                  f"{full_out.score:>7.3f}", flush=True)
+                  f"{full_out.score:>7.3f} {kept(full_out.score):>6.3f}", flush=True)
+            summary.append({"pair": name, "learner": "all", "seed": seed, "k": full.size, "score": full_out.score,
+                            "kept": kept(full_out.score), "ft": ft_score, "pre": pre_score, "n": args.n})
             for learner in learners:
                 path, seconds = localize(name, learner, seed, out)
                 region = regions.load(path)
@@ -138,8 +157,9 @@ def main() -> None:
                 made = region.meta.learner or {}
                 print(f"{learner:>10} {seed:>4} {made.get('start', 0):>10,} {made.get('size', 0):>10,} "
                       f"{made.get('grown', 0):>4} {overlap:>6.3f} {seconds / full_s:>5.2f}x {got.score:>7.3f} "
-                      f"{diff['diff']:>+9.3f} [{lo:+.3f}, {hi:+.3f}]", flush=True)
+                      f"{kept(got.score):>6.3f} {diff['diff']:>+9.3f} [{lo:+.3f}, {hi:+.3f}]", flush=True)
                 summary.append({"pair": name, "learner": learner, "seed": seed, "k": full.size, "iou": overlap,
+                                "kept": kept(got.score),
                                 "c_start": made.get("start"), "c_end": made.get("size"), "grown": made.get("grown"),
                                 "time_ratio": seconds / full_s, "score_all": full_out.score, "score": got.score,
                                 "diff": diff["diff"], "ci": [lo, hi], "n": args.n})

@@ -6,8 +6,8 @@
 For each size, a Llama causal language model with SmolLM2's tokenizer (vocabulary 49,152, tied embeddings) is
 written at seed 0 as the base, and again with heavy-tailed noise on its body as the 'fine-tune' (safetensors, once,
 under ``--workdir``). Then ``graftui localize`` runs in a process of its own on that pair and the offline ``movies``
-task, read through a prompt, with no memory flag: the memory plan picks the learner, C and the checkpointing, as a
-user's run would. ``--steps`` and ``--check-n`` only shorten the run (12 steps include a growth pass of C).
+task, read through a prompt, with no memory flag: the default learner, and the memory plan picks what is kept or
+recomputed, as in a user's run. ``--steps`` and ``--check-n`` only shorten the run (12 steps include a growth pass of C).
 
 Printed per size: parameters, the model's size in its dtype (the unit), the process's resident high-water mark
 (``ru_maxrss`` of the child: Python, torch, transformers, the tokenizer and the data included) in that unit and in

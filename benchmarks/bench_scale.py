@@ -18,7 +18,7 @@ reads the pair as graftui reads a pair from disk: the fine-tuned model loaded as
 (rank 16 on every linear layer of the body), the base loaded as the working model and θ_pre mapped from
 its file. ``--candidates c`` keeps region logits only over the
 C = γ_base and the c·k − k parameters the first step's gradient ranks next; ``all`` over every graftable parameter;
-``auto`` (the default, as graftui's) lets the memory plan choose, and the mask child prints the plan's line.
+``auto`` (the default, as graftui's) is c = 5 on every machine, and the mask child prints the plan's line.
 
 Printed per size: parameters, the model's size in its dtype (the unit), and in that unit the peak
 resident memory of each child while it steps (the high-water mark is reset once the models are
@@ -262,7 +262,7 @@ def main() -> None:
     parser.add_argument("--pair", default="memory", choices=("memory", "files", "lora"),
                         help="hold θ_pre and θ_ft in memory, read them from checkpoint files written once, or read "
                              "θ_pre from the base's file and θ_ft as a LoRA adapter of it (rank 16, every linear layer)")
-    parser.add_argument("--candidates", default="auto", help="'auto' (the memory plan decides), 'all', or the factor c "
+    parser.add_argument("--candidates", default="auto", help="'auto' (c = 5, graftui's default), 'all', or the factor c "
                         "of the candidate set")
     parser.add_argument("--batch", type=int, default=BATCH, help=f"rows per step (default {BATCH}, of {SEQ} tokens)")
     parser.add_argument("--no-plain", action="store_true", help="skip the plain child (a model too big for two)")
