@@ -67,6 +67,7 @@ class Plan:
     memory: str = "auto"  # the request's --memory: "fast" keeps, "lean" recomputes, "auto" keeps what has room
     holds: bool = False  # the full learner keeps σ(ℓ) and δ between passes
     brings_over: bool = False  # θ_pre and θ_ft of a lazy pair copied onto the device once, not read at every step
+    checkpoint_asked: bool = False  # --checkpoint-every was given: the plan did not decide it
 
     @property
     def peak(self) -> float:
@@ -91,8 +92,8 @@ class Plan:
             how.append("θ_pre and θ_ft copied onto the device")
         if self.checkpoint_every:
             every = "every" if self.checkpoint_every == 1 else f"every {self.checkpoint_every}-th"
-            why = {"lean": "as --memory lean asks"}.get(self.memory, "as asked")
-            if self.memory == "auto" and self.activation_bytes is not None:
+            why = "as --memory lean asks" if self.memory == "lean" and not self.checkpoint_asked else "as asked"
+            if self.memory == "auto" and self.activation_bytes is not None and not self.checkpoint_asked:
                 why = (f"a step's {memory(self.activation_bytes)} of activations would not fit in a quarter of the "
                        f"{memory(self.free_bytes)} free")
             how.append(f"{every} layer recomputed ({why})")
@@ -230,7 +231,7 @@ def plan(model: torch.nn.Module, params: dict[str, torch.nn.Parameter], pre, ft,
                 count=count, room=room, factor=factor,
                 rank=None if learner == "full" else "the larger region" if within is not None else config.rank,
                 activation_bytes=activations, checkpoint_every=every, layers=layers, maps_blocks=maps, memory=mode,
-                holds=holds, brings_over=brings_over)
+                holds=holds, brings_over=brings_over, checkpoint_asked=config.checkpoint_every is not None)
 
 
 def _cannot_fit(factor: float, count: int, need: dict, free: int, device, candidate_need) -> str:
