@@ -205,9 +205,10 @@ def readme(request: dict, result: dict, version: str, root: Path | None = None) 
     return "\n".join(lines)
 
 
-def write(request: dict, result: dict, path, version: str = __version__, outputs=()) -> Path:
+def write(request: dict, result: dict, path, version: str = __version__, outputs=(), exclusive: bool = False) -> Path:
     """Write the bundle of one result (``request`` as ``Request.as_dict()`` gives it) to ``path`` (.zip);
-    ``outputs``: the region files the run wrote (each at most MAX_INPUT_BYTES is copied)."""
+    ``outputs``: the region files the run wrote (each at most MAX_INPUT_BYTES is copied); ``exclusive``: never over
+    an existing file (paths.atomic_write)."""
     path = Path(path).expanduser()
     verb = request.get("verb", "result")
     with tempfile.TemporaryDirectory(prefix="graftui-bundle-") as tmp:
@@ -235,4 +236,4 @@ def write(request: dict, result: dict, path, version: str = __version__, outputs
                     if file.is_file():
                         zf.write(file, f"{path.stem}/{file.relative_to(root)}")
 
-        return atomic_write(path, pack)
+        return atomic_write(path, pack, exclusive=exclusive)

@@ -31,7 +31,7 @@ from .errors import MAX_LINE, RequestError, is_user_error, message  # noqa: E402
 from .formatting import table  # noqa: E402
 from .paths import clean_stale  # noqa: E402
 from .localizers import METHODS  # noqa: E402
-from .requests import _kind, choices_of, element_kind, parse_list  # noqa: E402
+from .requests import _kind, check_report_file, choices_of, element_kind, parse_list  # noqa: E402
 from .version import __version__  # noqa: E402
 
 PROG = "graftui"
@@ -191,6 +191,9 @@ def run_request(request, args: argparse.Namespace) -> int:
     compute.map_large_blocks(compute.COMMAND_BLOCK)  # a short-lived process: what it frees goes back to the system
     clean_stale(settings.home(), depth=4)  # what runs killed mid-write left behind
     _no_library_bars()
+    report = getattr(args, "report", None)
+    overwrite = bool(getattr(request, "overwrite", False) or getattr(args, "overwrite", False))
+    check_report_file(report, overwrite, request.destinations().values())  # before the work a refusal would waste
     out = Terminal(args)
     try:
         result = flows.run(request, progress=out.progress)
@@ -200,9 +203,8 @@ def run_request(request, args: argparse.Namespace) -> int:
     text = flows.VERBS[request.verb].text(doc)
     if doc.get("notes"):
         text += "\n\n" + "\n".join(f"note: {n}" for n in doc["notes"])
-    report = getattr(args, "report", None)
     if report:
-        result.write_report(report)  # a report for every verb (a localize result's save writes its region)
+        result.write_report(report, overwrite)  # a report for every verb (a localize result's save writes its region)
         text += f"\n\nreport (with its request) written to {report}"
     out.emit(doc, text)
     return 0
@@ -215,7 +217,10 @@ def cmd_verb(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    request = flows.read_request(args.file, args.out, args.overwrite)
+    # --overwrite is the report's too: a verb that replaces nothing else takes it with --report
+    request = flows.read_request(args.file, args.out, args.overwrite and not args.report)
+    if args.overwrite and args.report and "overwrite" in {f.name for f in fields(request)}:
+        request = request.replace(overwrite=True)
     request.validate()
     places = request.destinations()
     if type(request).writes or places:  # a file handed over is run only after saying where it writes
@@ -267,6 +272,9 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, parents=[common, report], help=verb.summary, description=verb.request.__doc__,
                            aliases=list(getattr(verb.request, "aliases", ())))
         add_request_options(p, verb.request)
+        if "overwrite" not in {f.name for f in fields(verb.request)}:  # where it is, it replaces --report too
+            p.add_argument("--overwrite", action="store_true", help="replace the --report file if it exists (refused "
+                           "otherwise)")
         p.set_defaults(func=cmd_verb, request_cls=verb.request)
     p = sub.add_parser("run", parents=[common, report], help="run a request again from a config, report or region file",
                        description="Run the request held by a JSON/YAML config ({'verb': ..., fields}), a report, a "
@@ -275,8 +283,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file", metavar="FILE")
     p.add_argument("--out", metavar="PATH", help="where to write (default: the place the file names beneath this folder "
                    "or $GRAFTUI_HOME, else the verb's default place; never the file read)")
-    p.add_argument("--overwrite", action="store_true", help="replace the output if it exists (an 'overwrite' inside "
-                   "the file is ignored)")
+    p.add_argument("--overwrite", action="store_true", help="replace the output and the --report file if they exist "
+                   "(an 'overwrite' inside the file is ignored)")
     p.set_defaults(func=cmd_run)
     p = sub.add_parser("methods", parents=[common], help="list localization methods")
     p.set_defaults(func=cmd_methods)

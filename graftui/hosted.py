@@ -23,6 +23,7 @@ from .errors import DataError, ModelError, RequestError, SessionError
 from .tasks.completion.generation import AnswerRule
 from .tasks.harness.lmeval import OFFLINE as HARNESS_OFFLINE
 from .flows import Guard, clear_cache
+from .kinds import named_kind
 from .models import pair_kind, resolve
 from .paths import DATA_SUFFIXES, atomic_write, file_sha256, short_ref
 from .regions import read_header
@@ -57,9 +58,12 @@ def is_managed(ref: str) -> bool:
 
 
 def check_task_ref(ref: str) -> None:
-    """Refuse, on a hosted server, a dataset reference that names a server path it did not write."""
+    """Refuse, on a hosted server, a dataset reference that names a server path it did not write; a reference a task
+    kind names itself (lm-eval:NAME) is checked by that kind (the offline harness tasks only)."""
     if settings.hosted() and not is_managed(ref):
-        check_reference(str(ref), allow_local=False)
+        kind = named_kind(ref)
+        if kind is None or not kind.checked_ref(str(ref), HostedGuard()):
+            check_reference(str(ref), allow_local=False)
 
 
 def allow_local_for(models=(), tasks=()) -> bool:

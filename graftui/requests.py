@@ -550,6 +550,33 @@ def check_out_file(out: str | None, overwrite: bool = False, resumable: bool = F
         raise RequestError(f"cannot write '{out}': no permission to write in '{folder}'")
 
 
+def report_exists(report) -> str:
+    """The one line for a --report file that is there (checked before the run, or written meanwhile by another)."""
+    return f"'{report}' exists: give another --report path, or --overwrite to replace it"
+
+
+def check_report_file(report, overwrite: bool = False, outputs=()) -> None:
+    """Where ``--report`` writes: never over a file the same command writes (``outputs``: its --out, its regions), even
+    with --overwrite; never a name graftui would read back as a region; an existing file only with --overwrite."""
+    if not report:
+        return
+    path = Path(report).expanduser()
+    try:
+        own = any(path.resolve() == Path(out).expanduser().resolve() for out in outputs if out)
+    except (OSError, RuntimeError):  # a link loop: not one of the outputs, which the write reaches
+        own = False
+    if own:
+        raise RequestError(f"'{report}' is this command's --out, where its result goes: give --report another path")
+    if path.suffix.lower() == ".safetensors":
+        raise RequestError(f"'{report}' is a region file's name, and a report is JSON (or a .zip bundle): give --report "
+                           "a .json or .zip path")
+    if path.is_dir():
+        raise RequestError(f"'{report}' is a folder: give --report a file name such as report.json")
+    if path.exists() and not overwrite:
+        raise RequestError(report_exists(report))
+    check_out_file(str(report), overwrite=True)  # a folder this process can write
+
+
 def check_out_dir(out: str | None) -> None:
     if out is None:
         return
@@ -659,7 +686,7 @@ class LocalizeRequest(FinetuneReplicateFields, ReplicateFields, LoadFields, Graf
     k: int | None = arg(None, "region size as a number of parameters (overrides --sparsity)", metavar="N", group="region")
     region_only: bool = arg(False, "write indices only (re-applying needs the fine-tuned model), not a skill patch")
     out: str | None = arg(None, "region file (default: a new file in $GRAFTUI_HOME/regions)", metavar="FILE")
-    overwrite: bool = arg(False, "replace --out if it exists (refused otherwise)")
+    overwrite: bool = arg(False, "replace --out and the --report file if they exist (refused otherwise)")
     check_n: int = arg(DEFAULT_CHECK_N, "held-out test examples on which the region is scored at once, beside the "
                        "fine-tuned model and the empty region (0: no check; evaluate scores them all)", metavar="N")
     keep: float | None = arg(None, "find the size the skill needs: the smallest region whose graft keeps at least this "
@@ -973,7 +1000,7 @@ class ComposeRequest(Request):
     n: int | None = arg(None, "test examples per task when evaluating (default all)", metavar="N")
     out: str | None = arg(None, "the union file: a skill patch when every input is one (or --evaluate made them "
                           "patches), a region otherwise (default: not written)", metavar="FILE")
-    overwrite: bool = arg(False, "replace --out if it exists (refused otherwise)")
+    overwrite: bool = arg(False, "replace --out and the --report file if they exist (refused otherwise)")
     max_new_tokens: int | None = arg(None, "completion regions: tokens a model may generate per prompt, greedy "
                                      "(default: what the region was made with)", metavar="N")
 

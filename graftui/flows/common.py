@@ -32,7 +32,7 @@ from ..layout import MODULE_LABELS, anatomy as count_anatomy
 from ..models import ModelPair, pair_kind, resolve
 from ..paths import Exists, atomic_write, new_path, short_ref, slug
 from ..regions import RegionRecord
-from ..requests import Request
+from ..requests import Request, check_report_file, report_exists
 from ..tasks.classification.scoring import align_labels
 from ..kinds import kind_in, read_classification as get_task
 from ..version import __version__
@@ -401,13 +401,23 @@ class Result:
         """The region files the run wrote (a report bundle carries them)."""
         return []
 
-    def write_report(self, path) -> Path:
+    def write_report(self, path, overwrite: bool = False) -> Path:
         """A JSON report with the request that made it (``graftui run`` makes it again); a ``.zip``
-        path gets the report bundle (bundle.py: README, tables as CSV/JSON, figures as HTML)."""
-        if str(path).lower().endswith(".zip"):
-            return bundle.write(self.request.as_dict(), self.as_dict(), path, outputs=self.files_written())
-        doc = {"graftui_version": __version__, "request": self.request.as_dict(), "result": self.as_dict()}
-        return atomic_write(Path(path).expanduser(), lambda tmp: Path(tmp).write_text(json.dumps(doc, indent=2)))
+        path gets the report bundle (bundle.py: README, tables as CSV/JSON, figures as HTML).
+
+        Written whole or not at all, never over a file this run wrote, and over an existing file only with
+        ``overwrite``: of two runs writing one report at once, one is refused (the file system decides, not a check).
+        """
+        check_report_file(path, overwrite, [*self.files_written(), *self.request.destinations().values()])
+        try:
+            if str(path).lower().endswith(".zip"):
+                return bundle.write(self.request.as_dict(), self.as_dict(), path, outputs=self.files_written(),
+                                    exclusive=not overwrite)
+            doc = {"graftui_version": __version__, "request": self.request.as_dict(), "result": self.as_dict()}
+            return atomic_write(Path(path).expanduser(), lambda tmp: Path(tmp).write_text(json.dumps(doc, indent=2)),
+                                exclusive=not overwrite)
+        except Exists:
+            raise RequestError(report_exists(path)) from None
 
 
 @dataclass

@@ -385,7 +385,8 @@ def reproduce(req: ReproduceRequest, progress: Progress | None = None, cancel=No
                           "fraction": shown[0]})
 
             result: Result = run(request, progress=inner, cancel=cancel, guard=guard)
-            result.write_report(done_files[step.name])  # the JSON report (a localize result's save writes its region)
+            # the JSON report (a localize result's save writes its region); a step run again replaces its own
+            result.write_report(done_files[step.name], overwrite=True)
             saved = json.loads(done_files[step.name].read_text())["result"]
         results[step.name] = saved
         log.append({"step": step.name, "title": step.title, "command": command_line(request),

@@ -85,6 +85,11 @@ class TaskKind:
         """The task ``ref`` names, read with the columns ``spec``, within what ``guard`` allows."""
         raise NotImplementedError
 
+    def checked_ref(self, ref: str, guard) -> bool:
+        """Check a reference this kind names, before anything is read, as ``guard`` allows (a shared server's list
+        of what it runs); False where the reference is a data source, which the guard checks as one."""
+        return False
+
     def made(self, meta) -> bool:
         """Whether a region's record says it was learned on a task of this kind."""
         return False

@@ -255,9 +255,11 @@ def submit_finetune(runner, *, base: str, task: str, columns: dict, optimizer: s
 
     lora = f"-lora{whole(lora_rank)}" if whole(lora_rank) else ""  # named apart from a whole fine-tune's
     name = safe_name(f"{short_ref(base)}-{short_ref(task)}-{optimizer}{lora}-{time.strftime('%Y%m%d-%H%M%S')}")
+    # scored on the app's comparison size, which the tab has no box for: a shared server scores no task whole
     request = FinetuneRequest(base=base, task=task, **columns, optimizer=optimizer, lr=float(lr or 0), epochs=whole(epochs),
                               train_examples=int(train_examples or 0), l1=float(l1 or 0.0) if optimizer == "adamw" else 0.0,
-                              lora_rank=whole(lora_rank) or 0, out=str(store.checkpoints_dir() / name))
+                              lora_rank=whole(lora_rank) or 0, out=str(store.checkpoints_dir() / name),
+                              test_examples=store.defaults()["test_examples"])
 
     def made(result, doc) -> dict:
         return {**doc, "checkpoint": result.out, "name": name}

@@ -101,9 +101,13 @@ class Harness(Completion):
         return False
 
     def read(self, ref: str, spec, guard) -> HarnessSkill:
+        self.checked_ref(ref, guard)
+        return guard.checked_task(load_harness(ref))
+
+    def checked_ref(self, ref: str, guard) -> bool:
         # a task YAML is checked by its path, unread: on a shared server no file of the server's is opened for it
         guard.checked_harness([str(ref).strip()] if is_task_file(ref) else harness_names(ref))
-        return guard.checked_task(load_harness(ref))
+        return True
 
     def made(self, meta) -> bool:
         return super().made(meta) and is_harness_ref(getattr(meta, "task", None) or "")
