@@ -79,6 +79,30 @@ def test_localize_learns_on_the_completion_loss_and_checks_its_region_by_generat
     assert len(loc.check["generations"]) == 8
 
 
+def test_the_size_a_completion_skill_needs_is_read_on_the_loss_gap_without_generating(trained, localized, tmp_path):
+    """--keep on a completion task: each region's share of the pre → FT loss gap, scored teacher-forced (the same loss
+    the comparison reports, to the digit), and the region written keeps the target."""
+    one_architecture(trained)
+    _, _, region = localized
+    from graftui.flows.common import load_pair
+
+    pair, task = load_pair(trained["base"], trained["ft"].out), completion.load_completion_task(trained["task"])
+    record = regions.load(region)
+    forced = {r["model"]: r["loss"] for r in generation.forced_losses(pair, task, {"r": record.indices}, n=8)}
+    compared = {r["model"]: r["loss"] for r in generation.compare_completions(
+        pair, task, {"r": record.indices}, n=8, max_new_tokens=4)["rows"]}
+    assert forced == compared
+    out = tmp_path / "sized.safetensors"
+    graftui.localize(base=trained["base"], finetuned=trained["ft"].out, task=trained["task"], sparsity=0.01, steps=4,
+                     check_n=8, keep=0.5, out=str(out), max_new_tokens=4)
+    meta = regions.load(out).meta
+    search = meta.size_search
+    assert search["measure"] == "the pre → FT loss gap" and search["scored_by"] == "loss" and search["n"] == 8
+    written = next(p for p in search["curve"] if p["k"] == meta.k)
+    assert written["keeps"] and written["share"] >= 0.5 and written["score"] > 0  # its loss per token
+    assert all(not p["keeps"] for p in search["curve"] if p["k"] < meta.k)
+
+
 def test_a_completion_region_takes_its_kinds_budget_where_the_request_names_none(trained, tmp_path):
     one_architecture(trained)
     out = tmp_path / "default-budget.safetensors"

@@ -290,8 +290,8 @@ def size_needed(req: LocalizeRequest, pair: ModelPair, task, k0: int, notes: lis
     made_at, checks = {}, {}
 
     def told(i: int, k: int, inside: int | None) -> None:
-        expect = sizing.EXPECTED_POINTS
-        told.at = (min(i, expect - 1) / expect, min(i + 1, expect) / expect)
+        expect = sizing.EXPECTED_POINTS  # the search's share of the bar: all but the last check's 1/(expect + 1)
+        told.at = (min(i, expect - 1) / (expect + 1), min(i + 1, expect) / (expect + 1))
         where = f" inside k = {inside:,}" if inside else ""
         told.stage = f"size search, region {i + 1} (k = {k:,}{where})"
 
@@ -303,18 +303,20 @@ def size_needed(req: LocalizeRequest, pair: ModelPair, task, k0: int, notes: lis
         return region
 
     def share(region, k: int):
-        checks[k] = check = quick_check(pair, task, {"this region": region}, req, req.steps, phase_progress(
-            progress, (told.at[0] + told.at[1]) / 2, told.at[1], f"{told.stage}: held-out check"), cancel)
-        by = {r["model"]: r for r in check["rows"]}
-        return kind.share_kept(by["this region"], by[FT_LABEL], by[pair.body_name]), by["this region"]["accuracy"]
+        if progress:
+            progress({"stage": f"{told.stage}: held-out check", "fraction": (told.at[0] + told.at[1]) / 2})
+        rows = kind.sizing_rows(pair, task, {"this region": region}, n=req.check_n, judging=kind.judging(req),
+                                cancel=cancel)
+        checks[k] = by = {r["model"]: r for r in rows}
+        return kind.share_kept(by["this region"], by[FT_LABEL], by[pair.body_name]), by["this region"][kind.sized_by]
 
     found = sizing.search(learn, share, k0, graftable, req.keep, told, cancel)
     if found.points[-1].share is None:
-        by = {r["model"]: r for r in checks[found.points[-1].k]["rows"]}
+        by, key = checks[found.points[-1].k], kind.sized_by
         raise ModelError(f"fine-tuning gained nothing to keep on {by[FT_LABEL]['n']:,} held-out examples: the fine-tuned "
-                         f"model scores {by[FT_LABEL]['accuracy']:.3g}, the pre-trained one "
-                         f"{by[pair.body_name]['accuracy']:.3g} ({kind.kept_by}); check the fine-tune and the task, or "
-                         "give a fixed --sparsity instead of --keep")
+                         f"model's {key} is {by[FT_LABEL][key]:.3g}, the pre-trained one's {by[pair.body_name][key]:.3g} "
+                         f"({kind.kept_by}); check the fine-tune and the task, or give a fixed --sparsity instead of "
+                         "--keep")
     if found.k is None:
         tried = ", ".join(f"k = {p.k:,} keeps {pct(p.share) if p.share is not None else 'nothing measurable'}"
                           for p in sorted(found.points, key=lambda p: p.k))
@@ -322,12 +324,16 @@ def size_needed(req: LocalizeRequest, pair: ModelPair, task, k0: int, notes: lis
             f"; the search stops after {sizing.MAX_POINTS} regions"
         raise ModelError(f"no region keeps {pct(req.keep)} of what fine-tuning gained on {req.check_n:,} held-out "
                          f"examples ({kind.kept_by}): {tried}{whole}; give a lower --keep, or check the fine-tune")
+    n = checks[found.k][FT_LABEL]["n"]
     made = {**made_at[found.k], "budget": f"keep={req.keep:g}", "sparsity": found.k / graftable,
-            "size_search": {**found.record(), "measure": kind.kept_by, "n": checks[found.k]["n"]}}
+            "size_search": {**found.record(), "measure": kind.kept_by, "scored_by": kind.sized_by, "n": n}}
     notes.append(f"the size search learned {len(found.points)} regions; k = {found.k:,} is the smallest that keeps "
-                 f"{pct(req.keep)} of the gain ({kind.kept_by}) on the {checks[found.k]['n']:,} held-out examples it "
-                 "was chosen on: score it on others (evaluate) for a figure the choice did not see")
-    return found.region, made, checks[found.k]
+                 f"{pct(req.keep)} of the gain ({kind.kept_by}) on the {n:,} held-out examples it was chosen on: score "
+                 "it on others (evaluate) for a figure the choice did not see")
+    check = quick_check(pair, task, {"this region": found.region}, req, req.steps, phase_progress(
+        progress, sizing.EXPECTED_POINTS / (sizing.EXPECTED_POINTS + 1), 1.0, "held-out check of the region found"),
+        cancel)
+    return found.region, made, check
 
 
 CHEAP_CHECK_FROM = 0.9  # the share of a localize job's progress that is mask learning, where the check is one pass

@@ -77,7 +77,8 @@ def size_search(found: dict) -> str:
              "✓" + (" (written)" if p["k"] == found["k"] else "") if p["keeps"] else ""] for p in found["curve"]]
     return "\n".join(["", "", f"size search: the smallest region keeping {_pct(found['target'])} of the gain "
                                f"({found.get('measure', 'score')}, n = {found.get('n', '?')}):",
-                       table(["k", "sparsity", "share kept", "score", "learned inside", "keeps"], rows, "rrrrrl")])
+                       table(["k", "sparsity", "share kept", found.get("scored_by", "score"), "learned inside",
+                              "keeps"], rows, "rrrrrl")])
 
 
 def finetunes(doc: dict) -> str:

@@ -181,10 +181,18 @@ class TaskKind:
         """What ``share_kept`` measures, in words (--keep's curve says it)."""
         return self.words.score
 
+    sized_by: str = "accuracy"  # the key of ``sizing_rows`` that ``share_kept`` reads: the size search's score
+
+    def sizing_rows(self, pair, task, models: dict, *, n, judging=None, cancel=None) -> list[dict]:
+        """Rows of FT, the reference model and each graft of ``models`` on ``n`` test examples holding ``sized_by``,
+        as cheaply as the kind can score it (``localize --keep`` scores every region it tries): by default the
+        comparison itself."""
+        return self.compare(pair, task, models, n=n, judging=judging, cancel=cancel)["rows"]
+
     def share_kept(self, row: dict, ft: dict, bare: dict) -> float | None:
         """The share of what fine-tuning gained that a graft keeps on held-out examples, (graft − bare) / (FT − bare)
-        of the kind's score (None where fine-tuning gained nothing): what ``localize --keep`` holds a region to."""
-        return gain_recovered(row.get("accuracy"), ft.get("accuracy"), bare.get("accuracy"))
+        of ``sized_by`` (None where fine-tuning gained nothing): what ``localize --keep`` holds a region to."""
+        return gain_recovered(row.get(self.sized_by), ft.get(self.sized_by), bare.get(self.sized_by))
 
     def scored(self, rows: list[dict]) -> list[dict]:
         """Rows with the schema's ``score`` and ``metric``: the kind's own measure under one name."""

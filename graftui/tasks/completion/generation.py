@@ -440,6 +440,36 @@ def reference_read(pair, name: str, task, data: Completions, rule: AnswerRule, m
     return kept_reference(pair, _key(name, task, data, rule, max_new_tokens), make)
 
 
+def forced_losses(pair, task, models: dict, *, split: str = "test", n: int | None = None, seed: int = 0,
+                  cancel: threading.Event | None = None) -> list[dict]:
+    """The loss per reference token of the fine-tuned model, the pre-trained model and each graft of ``models`` on the
+    same examples, teacher-forced only (no generation: a few times cheaper than ``compare_completions``): rows of
+    {model, task, n, loss}, the two references' kept with the pair."""
+    data = sample(task, split, n, seed)
+    _check_examples(task, data)
+
+    def stop() -> None:
+        if cancel is not None and cancel.is_set():
+            raise Cancelled("evaluation cancelled")
+
+    def forced() -> TeacherForced:
+        return teacher_forced(pair.model, pair.tokenizer, data, task.chat, cancel=stop)
+
+    key = hashlib.sha256(repr((task.chat, data.examples)).encode()).hexdigest()
+    rows = []
+    for name in (FT_LABEL, LM_BODY_LABEL, *models):
+        if name in models:
+            with state_of(pair, models[name]):
+                scored = forced()
+        else:
+            def made(name=name) -> TeacherForced:
+                with pair.finetuned() if name == FT_LABEL else contextlib.nullcontext():
+                    return forced()
+            scored = kept_reference(pair, ("forced", name, key), made)
+        rows.append({"model": name, "task": task.name, "n": len(data), "loss": scored.loss()})
+    return rows
+
+
 def _figures(reading: Reading) -> dict[str, tuple]:
     """Each metric as the (num, den) of ``metrics.ratio``."""
     j, f = reading.judged, reading.forced
@@ -518,5 +548,6 @@ def compare_completions(pair, task, models: dict, *, split: str = "test", n: int
 
 __all__ = ["AnswerRule", "END_OF_TURN", "GENERATION_BATCH", "Judged", "MAX_IGNORED", "MAX_NEW_TOKENS", "Reading",
            "TeacherForced", "WHITESPACE", "agreement", "compare_completions", "contains", "exact", "exact_matches", "fit",
+           "forced_losses",
            "generate", "judge", "prompt_ids", "read", "reference_read", "same_answer", "sample", "stop_ids",
            "teacher_forced", "token_f1"]

@@ -97,6 +97,11 @@ class Completion(TaskKind):
         return asked == self.name or (asked == "auto" and bool(set(given) & set(self.fields) or key in OFFLINE_SKILLS))
 
     kept_by = "the pre → FT loss gap"
+    sized_by = "loss"
+
+    def sizing_rows(self, pair, task, models, *, n, judging=None, cancel=None):
+        """The teacher-forced loss alone: no generation, a few times cheaper than the comparison."""
+        return generation.forced_losses(pair, task, models, n=n, seed=TEST_SAMPLE_SEED, cancel=cancel)
 
     def share_kept(self, row: dict, ft: dict, bare: dict) -> float | None:
         """The share of the loss gap closed, (L_pre − L_graft) / (L_pre − L_FT) per completion token: exact match of a
