@@ -275,6 +275,21 @@ def test_activations_are_recomputed_only_where_they_have_no_room_or_memory_lean_
                          batch).checkpoint_every == 0  # an explicit --checkpoint-every wins
 
 
+def test_the_learners_read_nothing_of_the_machines_memory():
+    """One memory plan, decided once (learning.plan): the paper's maths and the candidate set take it as given."""
+    import ast
+    from pathlib import Path
+
+    import graftui
+
+    for module in ("method.py", "candidates.py"):
+        tree = ast.parse((Path(graftui.__file__).parent / module).read_text())
+        called = {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)}  # compute.<name>
+        called |= {node.id for node in ast.walk(tree) if isinstance(node, ast.Name)}  # a name imported from compute
+        assert not called & {"fits", "free_memory", "SHARE"}, module
+        assert "maps_blocks" not in {node.attr for node in ast.walk(tree) if isinstance(node, ast.Attribute)}, module
+
+
 def test_memory_is_read_by_the_plan_and_the_learners_obey_it(monkeypatch):
     """σ(ℓ) and δ are kept by the full learner where the plan says (room, or --memory fast), never by the learner's
     own look at the machine."""
