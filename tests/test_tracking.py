@@ -178,3 +178,23 @@ def test_a_tracker_that_cannot_start_is_refused_in_one_line(tiny_folders, tmp_pa
     assert err.startswith("graftui: error: --report-to tensorboard: TensorBoard cannot start (") and \
         err.strip().endswith("; fix it, or give --report-to none") and not out.exists()
 
+
+def test_the_apps_setting_reports_an_app_job(tiny_folders, home):
+    from graftui.ui import forms, store
+
+    from trackio.sqlite_storage import SQLiteStorage
+
+    base, ft, task = tiny_folders
+    store.set_report_to("trackio")
+    try:
+        runner = store.runner()
+        job = forms.submit_localize(runner, base=str(base), finetuned=str(ft), task=str(task), columns={},
+                                    method="learned", log_sparsity=-2, steps=6, examples_per_class=8, lr=0.05)
+        done = runner.wait(job.id, timeout=300)
+    finally:
+        store.set_report_to("none")
+    assert done.status == "done", done.error
+    name = done.result["region"]
+    assert done.result["request"]["report_to"] == "trackio"
+    curve = {step: (loss, acc) for step, loss, acc in done.result["meta"]["curve"]}
+    same_curve(curve, {e["step"]: e for e in SQLiteStorage.get_logs("graftui", name)})
