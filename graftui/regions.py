@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from . import settings
+from . import settings, tracking
 from .config import FT_LABEL, HEADS, MAX_ABS_VALUE, GraftableSpec, LoadOptions, is_body
 from .errors import RegionError, RequestError, first_line
 from .weights import take
@@ -85,6 +85,7 @@ class RegionMeta(MutableMapping):
     top_movement_overlap: float | None = None  # share of a learned region inside the top-movement region it started from
     size_search: dict | None = None  # localize --keep: the share asked, the k found and the curve of share against k
     nested_from: int | None = None  # localize --schedule nested: the k of the region it was learned inside
+    tracker: dict | None = None  # --report-to: {report_to, where, project} keeping the run, named after the region
     # how it was made
     request: dict | None = None  # the request that makes it again (graftui run FILE)
     notes: list | None = None
@@ -312,7 +313,7 @@ def make_record(pair, indices: Region, fields_: dict | None = None) -> RegionRec
         k=region_size(indices), graftable_params=counts["graftable"], total_params=counts["total"],
         fraction_of_graftable=region_size(indices) / max(counts["graftable"], 1),
         fraction_of_all=region_size(indices) / max(counts["total"], 1),
-        library_version=__version__, created=now_utc(),
+        library_version=__version__, created=now_utc(), tracker=tracking.active(),
     )
     _fill(meta, fields_ or {})
     return RegionRecord(indices={n: i.cpu() for n, i in indices.items()}, shapes=pair.shapes, meta=meta)
@@ -327,7 +328,7 @@ def derived_record(source: RegionMeta, indices: Region, shapes: dict, fields_: d
     size, graftable = region_size(indices), sum(math.prod(s) for s in shapes.values())
     meta = RegionMeta(**{key: getattr(source, key) for key in PAIR_FIELDS}, k=size, graftable_params=graftable,
                       fraction_of_graftable=size / max(graftable, 1), library_version=__version__,
-                      created=now_utc())
+                      created=now_utc(), tracker=tracking.active())
     meta.fraction_of_all = size / meta.total_params if meta.total_params else None
     _fill(meta, fields_)
     return RegionRecord(indices, shapes, meta, values, head)

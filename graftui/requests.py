@@ -25,7 +25,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import ClassVar
 
-from . import settings
+from . import settings, tracking
 from .config import (
     DEFAULT_BASE, DEFAULT_CHECK_N, DEFAULT_EXAMPLES_PER_CLASS, DEFAULT_FINETUNED, DEFAULT_MULTITASK_TASKS, DEFAULT_RECIPE,
     DEFAULT_SPARSITY, DEFAULT_TASK, DTYPES, FAST, HEADS, LOGIT_DTYPES, LR_FOR, MEMORY_MODES, MODULE_TYPES, BINARISE_RULES,
@@ -98,6 +98,8 @@ class Request:
                 raise RequestError(f"unknown {f.name.replace('_', ' ')} '{value}'; choose from {', '.join(choices)}")
         if isinstance(self, TaskFields):  # every verb that reads a task
             self.check_task_fields()
+        if isinstance(self, TrackFields):  # every verb that does work
+            tracking.check(self.report_to)
         self.check()
         return self
 
@@ -219,6 +221,17 @@ H_TASK = ("offline task (see 'graftui tasks'), a CSV/TSV/JSON(L)/Parquet file or
 class PairFields(Request):
     base: str = arg(DEFAULT_BASE, H_BASE, metavar="REF", group="models")
     finetuned: str = arg(DEFAULT_FINETUNED, H_FT, metavar="REF", group="models")
+
+
+@dataclass
+class TrackFields(Request):
+    """Where the run is reported (tracking.py): an experiment tracker, through its own library."""
+
+    report_to: str = arg(tracking.NONE, "experiment tracker that keeps the run: its request, curves per step, every "
+                         "model's final metrics with their paired intervals, its card and files (trackio: a local "
+                         "database; wandb: offline unless WANDB_MODE says otherwise; mlflow: a file store unless "
+                         "MLFLOW_TRACKING_URI says otherwise; tensorboard: event files), under $GRAFTUI_HOME",
+                         choices=tracking.REPORT_TO, group="tracking")
 
 
 H_LOAD = "model loading"
@@ -617,7 +630,7 @@ class PairRequest(LoadFields, TaskFields, PairFields):
 
 
 @dataclass
-class FinetuneRequest(ReplicateFields, LoadFields, TaskFields):
+class FinetuneRequest(TrackFields, ReplicateFields, LoadFields, TaskFields):
     """Fine-tune a base model on a task and write a Hugging Face checkpoint folder (with --seeds, one per seed)."""
 
     verb: ClassVar[str] = "finetune"
@@ -673,7 +686,7 @@ class FinetuneRequest(ReplicateFields, LoadFields, TaskFields):
 
 
 @dataclass
-class LocalizeRequest(FinetuneReplicateFields, ReplicateFields, LoadFields, GraftableFields, LearnFields, TaskFields, PairFields):
+class LocalizeRequest(TrackFields, FinetuneReplicateFields, ReplicateFields, LoadFields, GraftableFields, LearnFields, TaskFields, PairFields):
     """Find the k parameters of the fine-tuned model that carry the task's skill."""
 
     verb: ClassVar[str] = "localize"
@@ -809,7 +822,7 @@ class GraftsFields(LoadFields, TaskFields):
 
 
 @dataclass
-class EvaluateRequest(ReplicateFields, GraftsFields, OodFields):
+class EvaluateRequest(TrackFields, ReplicateFields, GraftsFields, OodFields):
     """Accuracy, F1, ECE and agreement with FT, in and out of distribution, for FT, the bare body and grafts."""
 
     verb: ClassVar[str] = "evaluate"
@@ -878,7 +891,7 @@ class PredictRequest(GraftsFields):
 
 
 @dataclass
-class SweepRequest(FinetuneReplicateFields, ReplicateFields, LoadFields, GraftableFields, LearnFields, OodFields, TaskFields, PairFields):
+class SweepRequest(TrackFields, FinetuneReplicateFields, ReplicateFields, LoadFields, GraftableFields, LearnFields, OodFields, TaskFields, PairFields):
     """Localize at several budgets with several methods and test each graft (accuracy against region size)."""
 
     verb: ClassVar[str] = "sweep"
@@ -972,7 +985,7 @@ class RegionsRequest(Request):
 
 
 @dataclass
-class ComposeRequest(Request):
+class ComposeRequest(TrackFields):
     """Overlap of regions and their union; with --evaluate, the union graft scored on every region's task."""
 
     verb: ClassVar[str] = "compose"
@@ -1097,7 +1110,7 @@ class PushRequest(LoadFields):
 
 # -- the paper's experiments (flows in flows/laboratory.py) ------------------------------------------------------
 @dataclass
-class MultitaskRequest(ReplicateFields, RecipeFields, LearnFields):
+class MultitaskRequest(TrackFields, ReplicateFields, RecipeFields, LearnFields):
     """One model fine-tuned on several tasks: each task's region, their overlap, the skill transfer of
     every region to every task (Eq. 5), the union of a group of tasks and its purification (§5.1)."""
 
@@ -1157,7 +1170,7 @@ class RegionStudyFields(OodFields, TaskFields):
 
 
 @dataclass
-class WiseRequest(RegionStudyFields):
+class WiseRequest(TrackFields, RegionStudyFields):
     """WiSE curves (Fig. 7): θ_pre + α·δ and θ_pre + α·γ⊙δ for α from 0 to 1, in and out of distribution."""
 
     verb: ClassVar[str] = "wise"
@@ -1181,7 +1194,7 @@ class WiseRequest(RegionStudyFields):
 
 
 @dataclass
-class RetrainRequest(ReplicateFields, RecipeFields, RegionStudyFields):
+class RetrainRequest(TrackFields, ReplicateFields, RecipeFields, RegionStudyFields):
     """Re-train only a region's parameters from θ_pre with the fine-tuning recipe (Table 1), against the
     fine-tuned model, the graft and BitFit (biases only), on accuracy and ECE."""
 
@@ -1198,7 +1211,7 @@ class RetrainRequest(ReplicateFields, RecipeFields, RegionStudyFields):
 
 
 @dataclass
-class ContinualRequest(ReplicateFields, RecipeFields, LearnFields):
+class ContinualRequest(TrackFields, ReplicateFields, RecipeFields, LearnFields):
     """Forget-free continual learning (§5.2): task t_n trains only γ_{t_n} minus the earlier regions, and each
     task is inferred with the union of the regions up to its own; against naive sequential fine-tuning."""
 
@@ -1231,7 +1244,7 @@ REPRODUCE_SECTIONS = ("paper", "generative")  # the paper's experiments; its Fig
 
 
 @dataclass
-class ReproduceRequest(Request):
+class ReproduceRequest(TrackFields):
     """The paper's experiments on the offline default, one after another, in one report (report.md, report.json,
     figures); every step is saved as it finishes, so a run that stops resumes where it stopped."""
 

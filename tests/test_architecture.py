@@ -210,7 +210,7 @@ def test_derived_requests_carry_every_shared_field():
                "device_map": "auto", "include_embeddings": True, "modules": ["ffn_in"], "base": "b", "finetuned": "f",
                "task": "t", "text_column": "x", "pair_column": "y", "label_column": "z", "config": "c", "seeds": [1, 2],
                "finetuned_replicates": ["g"], "task_kind": "completion", "prompt_column": "q", "completion_column": "a",
-               "messages_column": "m", "answer_regex": "#### (\\S+)", "ignore_case": True, "whole_generation": True,
+               "messages_column": "m", "report_to": "wandb", "answer_regex": "#### (\\S+)", "ignore_case": True, "whole_generation": True,
                "max_new_tokens": 9, "ignore_punctuation": True, "ignore_regex": ["^the "], "answer_whitespace": "remove"}
     for target, source in ((LocalizeRequest, SweepRequest), (LocalizeRequest, ContinualRequest),
                            (EvaluateRequest, PushRequest), (ExportRequest, PushRequest)):

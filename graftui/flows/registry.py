@@ -7,8 +7,8 @@
 
 The CLI makes one subcommand per registered verb (options from the request's fields, help from
 the summary, output from the text renderer), ``import graftui`` one function, the app and
-``graftui run FILE`` look requests and flows up here. Adding a verb is one registration beside
-its flow.
+``graftui run FILE`` look requests and flows up here, each flow reporting to the tracker its
+request names (``tracking.tracked``). Adding a verb is one registration beside its flow.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Callable
 
-from .. import bundle, settings
+from .. import bundle, settings, tracking
 from ..errors import RequestError, first_line
 from ..formatting import pairs_table
 from ..requests import Request
@@ -53,7 +53,7 @@ def verb(request: type[Request], summary: str, text: Callable[[dict], str] = pla
             raise ValueError(f"{request.__name__} names no verb")
         if name in VERBS:
             raise ValueError(f"a verb named '{name}' is already registered")
-        VERBS[name] = Verb(name, request, flow, summary, text)
+        VERBS[name] = Verb(name, request, tracking.tracked(flow), summary, text)  # --report-to, for every verb
         for registry, made in ((bundle.VERB_TABLES, tables), (bundle.VERB_FIGURES, figures)):
             if made is not None:
                 registry[name] = made

@@ -14,7 +14,7 @@ import threading
 import time
 from pathlib import Path
 
-from .. import bundle, flows, hosted, lanes, settings
+from .. import bundle, flows, hosted, lanes, settings, tracking
 from ..config import (DEFAULT_BASE, DEFAULT_BUILD_SECONDS, DEFAULT_EXAMPLES_PER_CLASS, DEFAULT_FINETUNED,
                       DEFAULT_FINETUNED_REFS, Budget, GraftableSpec, is_default_finetuned)
 from ..tasks.completion.data import OFFLINE_SKILLS, completion_columns
@@ -68,9 +68,11 @@ def submit(runner, request, title: str, on_result=None, kind: str | None = None)
     ``lanes.plan`` gives it (from the request and the saved regions it reads); a job in the quick lane loads models of
     its own, since the main lane's may be grafted at the same time.
 
-    The job's params are the request, so any result shows, and re-runs from, what made it.
+    The job's params are the request, so any result shows, and re-runs from, what made it; a request of a verb that
+    does work reports to the app's tracker (``store.report_to``) unless it names one itself.
     """
-
+    if getattr(request, "report_to", None) == tracking.NONE and store.report_to() != tracking.NONE:
+        request = request.replace(report_to=store.report_to())
     hosted.check_request(request, store.guard())  # hosted: also the ceilings on work, and every path it names
     kind = kind or request.verb
     reads = [(e.task_kind.name, e.meta.finetuned) for e in store.regions_read(request)]

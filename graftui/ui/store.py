@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import hosted, regions, settings
+from .. import hosted, regions, settings, tracking
 from ..config import (DEFAULT_BASE, DEFAULT_EXAMPLES_PER_CLASS, DEFAULT_FINETUNED_REFS, DEFAULT_SPARSITY,
                       INTERACTIVE, default_checkpoint_dir)
 from ..errors import RegionError, SessionError
@@ -61,6 +61,25 @@ def defaults() -> dict:
         "ft_train_examples": recipe.train_examples or 0,
         "sweep_budgets": ", ".join(f"{s:g}" for s in SweepRequest.defaults()["sparsities"]),
     }
+
+
+# -- the tracker the app's jobs report to ---------------------------------------------------------
+_report_to = [tracking.NONE]  # one setting for the app, which runs on the researcher's machine (hosted: none)
+
+
+def report_to() -> str:
+    """The tracker every job of the app reports to (the jobs panel's setting; a request naming its own keeps it)."""
+    return _report_to[0]
+
+
+def set_report_to(name: str) -> str:
+    """Choose the tracker of the app's jobs; one not installed (or any on a hosted server) is refused in one line."""
+    name = name or tracking.NONE
+    if name not in tracking.REPORT_TO:
+        raise SessionError(f"unknown tracker '{name}'; choose from {', '.join(tracking.REPORT_TO)}")
+    tracking.check(name)
+    _report_to[0] = name
+    return name
 
 
 # -- the one job runner --------------------------------------------------------------------------

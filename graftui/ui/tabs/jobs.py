@@ -7,6 +7,7 @@ import time
 
 import gradio as gr
 
+from ... import settings, tracking
 from .. import forms, jobwords, store
 from ..wiring import LIVE_REDRAW_SECONDS, cancel_button, cancel_look
 
@@ -19,6 +20,10 @@ def build(page) -> None:
                     "seconds (a prediction, a check), beside the main lane for the rest, so a short job never waits "
                     "behind a long one; a lane takes its waiting jobs from each user in turn. They keep running when "
                     "you close or reload the page, and stay listed after a restart.")
+        report_to = gr.Dropdown(list(tracking.REPORT_TO), value=store.report_to(), label="Report runs to",
+                                info="an experiment tracker that keeps every job's request, curves, metrics, card "
+                                "and files (trackio: a local dashboard, `trackio show --project graftui`)",
+                                elem_id="jobs-report-to", visible=not settings.hosted())
         jobs_df = gr.Dataframe(jobwords.job_rows(store.runner()), interactive=False, wrap=True, elem_id="jobs-table")
         with gr.Row():
             job_sel = gr.Dropdown(jobwords.job_choices(store.runner()), label="Job", elem_id="jobs-select",
@@ -59,6 +64,13 @@ def build(page) -> None:
         bundle = gr.skip() if same else gr.update(interactive=forms.reportable(job))
         return (table, picker, line, button, bundle,
                 (listing, last[1] if fresh else sig, detail, last[3] if fresh else now))
+
+    @page.quiet
+    def on_report_to(name):
+        store.set_report_to(name)
+        return f"Jobs report to {name} from now on." if name != tracking.NONE else "Jobs report to no tracker."
+
+    page.on(report_to.change, on_report_to, [report_to], [page.status])
 
     page.poll.add(tick_jobs, [jobs_sig, job_sel, armed], [jobs_df, job_sel, job_md, job_cancel, job_bundle, jobs_sig])
 
