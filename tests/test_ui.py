@@ -1050,8 +1050,9 @@ def test_a_shown_job_puts_its_own_settings_into_the_form():
 
     job = SimpleNamespace(params={"verb": "localize", "method": "random", "sparsity": 1e-3, "k": None, "steps": 7,
                                   "examples_per_class": 16, "lr": 0.5})
-    method, budget, steps, epc, lr, seeds = wiring.job_form("localize", job)
-    assert seeds == wiring.gr.skip()  # one run: the seeds box keeps what it holds
+    method, budget, steps, epc, lr, seeds, keep = wiring.job_form("localize", job)
+    assert seeds == wiring.gr.skip() and keep == wiring.gr.skip()  # one run, a fixed budget: the boxes keep theirs
+    assert wiring.job_form("localize", SimpleNamespace(params={**job.params, "keep": 0.9}))[6]["value"] == 0.9
     assert wiring.job_form("localize", SimpleNamespace(params={**job.params, "seeds": [0, 2]}))[5]["value"] == "0, 2"
     assert method["value"] == "random" and budget["value"] == pytest.approx(math.log10(1e-3)) and steps["value"] == 7
     assert epc["value"] == 16 and lr["value"] == 0.5
@@ -1227,12 +1228,16 @@ def test_web_errors_name_the_widget_not_the_cli_flag(home, monkeypatch):
     localize = _handler(demo, "on_localize")
     by_id = {b.elem_id: b for b in demo.blocks.values() if getattr(b, "elem_id", None)}
     out = localize.fn("", "minilm", "minilm-movies", "movies", "(guess)", "(none)", "(guess)", "learned", -3, 0, 8, 0.02,
-                      "auto", "", "", "", False)
+                      "auto", "", "", "", 0, False)
     assert out[by_id["status-message"]] == "⚠️ Mask steps must be at least 1, got 0"
     assert out[by_id["localize-status"]] == "⚠️ Mask steps must be at least 1, got 0"  # beside the button too
     out = localize.fn("", "minilm", "minilm-movies", "movies", "(guess)", "(none)", "(guess)", "learned", -3, 5, 8, 0.02,
-                      "auto", "", "", "0, -1", False)
+                      "auto", "", "", "0, -1", 0, False)
     assert out[by_id["status-message"]] == "⚠️ Seeds: every seed is a whole number &gt;= 0, got -1"  # Markdown shows ">"
+    out = localize.fn("", "minilm", "minilm-movies", "movies", "(guess)", "(none)", "(guess)", "learned", -3, 5, 8, 0.02,
+                      "auto", "", "", "", 1.5, False)
+    assert out[by_id["status-message"]] == ("⚠️ Size the skill needs: keep this share of the gain must be a share in "
+                                            "(0, 1], e.g. 0.9 for 90 % of what fine-tuning gained; got 1.5")
     multitask = _handler(demo, "on_multitask")
     out = multitask.fn("", ["movies", "amazon"], [], -3, "empty", 5, -1, 10, "", False)
     assert out[by_id["status-message"]] == "⚠️ Purification steps must be 0 or more, got -1"
