@@ -169,9 +169,10 @@ def test_a_tracker_not_installed_is_refused_in_one_line_before_any_work(tiny_fol
     assert not out.exists()
 
 
-def test_a_tracker_that_cannot_start_is_refused_in_one_line(tiny_folders, tmp_path, own_home):
+def test_a_tracker_that_cannot_start_is_refused_in_one_line(tiny_folders, tmp_path, home):
     pytest.importorskip("tensorboard")
-    (own_home / "tensorboard").write_text("a file where its folder goes")
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "tensorboard").write_text("a file where its folder goes")
     out = tmp_path / "x.safetensors"
     code, text, err = run_cli(*localize_args(tiny_folders, out, "--report-to", "tensorboard"))
     assert (code, text, len(err.strip().splitlines())) == (2, "", 1), err

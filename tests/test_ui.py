@@ -859,7 +859,8 @@ def test_the_localize_tab_finds_the_size_a_skill_needs(home, tiny_checkpoints, t
                                                 task="movies", columns={}, method="learned", log_sparsity=-2, steps=2,
                                                 examples_per_class=4, lr=0.5, keep=0.9).id, timeout=240)
     assert nothing.status == "failed" and nothing.error.startswith("fine-tuning gained nothing to keep on 200 "
-                                                                   "held-out examples: the fine-tuned model scores ")
+                                                                   "held-out examples: the fine-tuned model's "
+                                                                   "accuracy is ")
     assert sum("size search, region" in str(p.get("stage", "")) and "held-out" in str(p.get("stage", ""))
                for p in nothing.progress) <= 1
     task = tmp_path / "task.csv"

@@ -314,9 +314,8 @@ def size_needed(req: LocalizeRequest, pair: ModelPair, task, k0: int, notes: lis
     if found.points[-1].share is None:
         by, key = checks[found.points[-1].k], kind.sized_by
         raise ModelError(f"fine-tuning gained nothing to keep on {by[FT_LABEL]['n']:,} held-out examples: the fine-tuned "
-                         f"model's {key} is {by[FT_LABEL][key]:.3g}, the pre-trained one's {by[pair.body_name][key]:.3g} "
-                         f"({kind.kept_by}); check the fine-tune and the task, or give a fixed --sparsity instead of "
-                         "--keep")
+                         f"model's {key} is {by[FT_LABEL][key]:.3g}, the pre-trained one's {by[pair.body_name][key]:.3g}; "
+                         "check the fine-tune and the task, or give a fixed --sparsity instead of --keep")
     if found.k is None:
         tried = ", ".join(f"k = {p.k:,} keeps {pct(p.share) if p.share is not None else 'nothing measurable'}"
                           for p in sorted(found.points, key=lambda p: p.k))
