@@ -148,3 +148,22 @@ def test_a_task_yaml_given_after_lm_eval_is_told_to_drop_the_prefix(tmp_path):
             "'lm-eval:path/to/x.yaml' gives a task YAML after 'lm-eval:', which names the harness's registered tasks: "
             "drop the prefix and give the file's path alone (--task path/to/x.yaml)")
     assert not list(tmp_path.iterdir())
+
+
+def test_a_head_the_checkpoint_does_not_have_is_refused_before_work(tiny_folders, tmp_path, monkeypatch):  # noqa: F811
+    """--head causal-lm on a sequence classifier read it as a causal LM at chance (FT, base and region alike); on a
+    shared server the job's notes said nothing. Refused before a model is loaded, and before a hosted job is queued."""
+    from graftui import hosted
+    from graftui.errors import ModelError
+    from graftui.requests import LocalizeRequest
+
+    base, ft, task = tiny_folders
+    out = tmp_path / "r.safetensors"
+    line = (f"'{ft}' is a classifier, with no causal LM head for --head causal-lm to read it by: drop --head (auto "
+            "reads a checkpoint as what it is)")
+    refused(localize_args(tiny_folders, out, "--head", "causal-lm"), line)
+    assert not out.exists()
+    monkeypatch.setenv("GRAFTUI_HOSTED", "1")
+    monkeypatch.setenv("GRAFTUI_HOME", str(tmp_path / "home"))
+    with pytest.raises(ModelError, match="'minilm' is a classifier, with no masked LM head for --head masked-lm"):
+        hosted.check_request(LocalizeRequest.make(finetuned="minilm", head="masked-lm"), hosted.HostedGuard())
