@@ -167,3 +167,20 @@ def test_a_head_the_checkpoint_does_not_have_is_refused_before_work(tiny_folders
     monkeypatch.setenv("GRAFTUI_HOME", str(tmp_path / "home"))
     with pytest.raises(ModelError, match="'minilm' is a classifier, with no masked LM head for --head masked-lm"):
         hosted.check_request(LocalizeRequest.make(finetuned="minilm", head="masked-lm"), hosted.HostedGuard())
+
+
+def test_a_probe_by_layer_of_two_regions_is_told_in_words_the_page_reads(monkeypatch):
+    """The Try box of a page with two regions picked and 'one layer at a time': the line names its widgets by their
+    labels, and still reads (it said "give one Regions to evaluate (got 2)")."""
+    from graftui import requests
+    from graftui.errors import RequestError
+    from graftui.ui.wiring import in_words
+
+    monkeypatch.setattr(requests, "check_region_file", lambda path: None)
+    with pytest.raises(RequestError) as told:
+        requests.PredictRequest.make(regions=["a.safetensors", "b.safetensors"], texts=["x"], by="layer").validate()
+    assert str(told.value) == "--by looks into one region, part by part, and 2 are given in --region: keep one"
+    labels = {"by": "Graft the region", "region": "Regions to evaluate (one fine-tuned model, or the same regions of "
+                                                  "several fine-tunes)"}
+    assert in_words(str(told.value), labels) == ("Graft the region looks into one region, part by part, and 2 are "
+                                                 "given in Regions to evaluate: keep one")
