@@ -296,7 +296,8 @@ def check_request(request, guard: Guard) -> None:
             guard.checked_rule(AnswerRule(regex=recorded), f"region '{header.path.stem}'")
     guard.allow_local(models=refs(MODEL_FIELDS), tasks=refs(TASK_FIELDS))
     options = request.load_options() if hasattr(request, "load_options") else None
-    if options is not None and options.prompted():  # a prompt on a classifier: refused here, not in its job
+    if options is not None and (options.prompted() or options.head != "auto"):  # a prompt on a classifier, or a head
+        # the checkpoint lacks: refused here, not in its job
         for ref in refs(("finetuned", "finetuned_replicates")):
             if not (is_default_finetuned(ref) and not is_built(default_checkpoint_dir(ref))):  # a default not built
                 pair_kind(ref, options, allow_local=guard.allow_local(models=[ref]))  # yet: its recipe says, in its job

@@ -361,6 +361,12 @@ def load_prompted(ref: str, tokenizer, **kwargs):
 def pair_kind(finetuned_ref: str, options: LoadOptions, *, allow_local: bool = True) -> str:
     """The kind a pair is read as: the one asked for, else the fine-tuned checkpoint's own (a completion fine-tune
     that graftui made says so in its record)."""
+    if options.head in ("causal-lm", "masked-lm"):  # a head the checkpoint lacks would be read as noise, at chance
+        own = checkpoint_kind(finetuned_ref, allow_local=allow_local)
+        if own != options.head:
+            words = {"classifier": "classifier", "causal-lm": "causal LM", "masked-lm": "masked LM"}
+            raise ModelError(f"'{finetuned_ref}' is a {words[own]}, with no {words[options.head]} head for --head "
+                             f"{options.head} to read it by: drop --head (auto reads a checkpoint as what it is)")
     if options.head != "auto":
         return options.head
     kind = checkpoint_kind(finetuned_ref, allow_local=allow_local)

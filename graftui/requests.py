@@ -874,8 +874,8 @@ class PredictRequest(GraftsFields):
     def check(self) -> None:
         self.check_regions()
         if self.by and len(self.regions) != 1:
-            raise RequestError(f"--by {self.by} looks into one region, part by part; give one --region (got "
-                               f"{len(self.regions)})")
+            raise RequestError(f"--by looks into one region, part by part, and {len(self.regions)} are given in "
+                               "--region: keep one")  # worded for the page too, where each flag is a widget's label
         texts = [t for t in self.texts if isinstance(t, str) and t.strip()]
         if not texts or len(texts) != len(self.texts):
             raise RequestError("--text: give one or more sentences to classify (or prompts, for a completion region), "

@@ -19,9 +19,9 @@ import torch
 from .tasks.completion import data as completion
 from . import compute, settings
 from .config import (
-    DEFAULT_FINETUNED_REFS, DEFAULT_LOADING, FinetuneConfig, GraftableSpec, LoadOptions, default_checkpoint_dir, recipe_for,
+    DEFAULT_FINETUNED_REFS, FinetuneConfig, GraftableSpec, LoadOptions, default_checkpoint_dir,
 )
-from .tasks.classification.data import Split, Task, batches, load_task, subsample
+from .tasks.classification.data import Split, Task, batches, subsample
 from .errors import Cancelled, ModelError
 from .formatting import memory
 from .models import CompletionLM, load_classifier, load_lm, load_reader, load_tokenizer, pair_kind
@@ -436,28 +436,13 @@ def is_built(folder: str | Path) -> bool:
     return (Path(folder) / "config.json").is_file() or (Path(folder) / "adapter_config.json").is_file()
 
 
-def ensure_default_finetuned(
-    key: str = "minilm-movies",
-    *,
-    progress: Callable[[FinetuneProgress], None] | None = None,
-    cancel: threading.Event | None = None,
-) -> Path:
-    """Build the default fine-tuned checkpoint on first need; later calls reuse it."""
+def ensure_default_finetuned(key: str, build: Callable[[Path], None]) -> Path:
+    """Build the default fine-tuned checkpoint on first need, by ``build(out)`` (its task's kind fine-tunes it: this
+    floor knows no kind); later calls reuse it."""
     if key not in DEFAULT_FINETUNED_REFS:
         raise ModelError(f"'{key}' is not a default fine-tuned model; those are {', '.join(DEFAULT_FINETUNED_REFS)}")
-    base_ref, task_ref = DEFAULT_FINETUNED_REFS[key]
     out = default_checkpoint_dir(key)
-    options = DEFAULT_LOADING.get(key, LoadOptions())
     with file_lock(out):  # another process building it meanwhile: wait, then reuse
-        if is_built(out):
-            return out
-        if task_ref in completion.OFFLINE_SKILLS:
-            recipe = recipe_for(key)
-            return finetune_completions(base_ref, completion.offline_skill(task_ref), recipe, out,
-                                        progress=progress, cancel=cancel,
-                                        request={"verb": "finetune", "base": base_ref, "task": task_ref,
-                                                 **({"lora_rank": recipe.lora_rank} if recipe.lora_rank else {})})
-        return finetune(base_ref, load_task(task_ref), recipe_for(key), out, progress=progress, cancel=cancel,
-                        request={"verb": "finetune", "base": base_ref, "task": task_ref,
-                                 **{k: v for k, v in options.as_dict().items() if v != getattr(LoadOptions(), k)}},
-                        options=options)
+        if not is_built(out):
+            build(out)
+    return out

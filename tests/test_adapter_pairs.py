@@ -144,10 +144,10 @@ def test_an_adapter_read_as_a_model_is_its_base_with_the_delta_added(lora):
 
 @pytest.mark.e2e
 def test_the_offline_lora_default_localizes_evaluates_and_exports(monkeypatch, tmp_path):
-    from graftui import training
+    from graftui.flows.common import ensure_default
 
     monkeypatch.setenv("GRAFTUI_FAST", "1")  # the quick recipe: an adapter in a minute and a half
-    folder = training.ensure_default_finetuned("smollm2-dates-lora")
+    folder = ensure_default("smollm2-dates-lora")
     out = tmp_path / "dates-lora.safetensors"
     loc = graftui.localize(base="smollm2", finetuned=str(folder), task="dates", sparsity=1e-4, steps=2, check_n=0,
                            out=str(out))

@@ -225,6 +225,8 @@ def test_derived_requests_carry_every_shared_field():
 # -- task kinds are objects ---------------------------------------------------------------------------------------
 TASK_CLASSES = {"Task", "CompletionTask", "HarnessTask", "HarnessSkill"}
 KIND_NAMES = {"classification", "completion", "lm-eval"}
+KIND_OBJECTS = {"COMPLETION", "CLASSIFICATION", "COMPLETION_KIND", "HARNESS"}  # a kind, or its reading, by its constant
+KIND_TASK_LISTS = {"OFFLINE_TASKS", "OFFLINE_SKILLS"}  # the offline tasks of one kind: membership says which kind
 KIND_HOMES = ("tasks",)  # the kinds themselves
 KIND_MACHINERY = {"models"}  # how a pair is read (a classifier, label words, a causal LM as itself): another axis than
 # the task's kind, which a region file records as the pair's reading
@@ -248,10 +250,13 @@ def kind_branches(path: Path) -> list[str]:
             found.append(f"{where} isinstance on a task class")
         elif isinstance(node, ast.Compare):
             consts = {c.value for c in [node.left, *node.comparators] if isinstance(c, ast.Constant)}
-            if "exact_match" in consts and any(isinstance(op, (ast.In, ast.NotIn)) for op in node.ops):
+            membership = any(isinstance(op, (ast.In, ast.NotIn)) for op in node.ops)
+            if "exact_match" in consts and membership:
                 found.append(f"{where} a result sniffed by its keys")
-            elif consts & KIND_NAMES or names(node) & {"COMPLETION"}:
+            elif consts & KIND_NAMES or names(node) & KIND_OBJECTS:
                 found.append(f"{where} a kind's name compared")
+            elif membership and names(ast.Tuple(elts=node.comparators)) & KIND_TASK_LISTS:
+                found.append(f"{where} a kind's offline tasks asked")
         elif isinstance(node, (ast.Name, ast.arg)) and getattr(node, "id", getattr(node, "arg", None)) in (
                 "generative", "is_completion"):
             found.append(f"{where} a generative flag")
@@ -259,6 +264,8 @@ def kind_branches(path: Path) -> list[str]:
             test = node.test if not isinstance(node, ast.BoolOp) else node
             if any(isinstance(n, ast.Attribute) and n.attr == "completion" for n in ast.walk(test)):
                 found.append(f"{where} a branch on .completion")
+            elif any(isinstance(n, ast.Constant) and n.value in KIND_NAMES for n in ast.walk(test)):
+                found.append(f"{where} a branch on a kind's name")  # info.get("completion"), row["lm-eval"]
     return sorted(set(found))
 
 
@@ -281,9 +288,13 @@ def test_the_kind_branch_check_can_fail(tmp_path):
               '    c = kind == "completion"\n'
               '    generative = 1\n'
               '    if pair.completion:\n'
-              '        pass\n')
+              '        pass\n'
+              '    d = kind is CLASSIFICATION\n'
+              '    e = task in OFFLINE_SKILLS\n'
+              '    return 1 if info.get("completion") else 0\n')
     path.write_text(source)
     found = kind_branches(path)
     assert sorted(f.split(" ", 1)[1] for f in found) == sorted(
         ["isinstance on a task class", "a result sniffed by its keys", "a kind's name compared", "a generative flag",
-         "a branch on .completion"])
+         "a branch on .completion", "a kind's name compared", "a kind's offline tasks asked",
+         "a branch on a kind's name"])

@@ -102,7 +102,8 @@ def test_batched_greedy_generation_equals_one_prompt_at_a_time(lm):
     model, tok = lm
     split = _split()
     batched = generation.generate(model, tok, split, False, max_new_tokens=5, batch_size=4, max_length=64)
-    for example, got in zip(split.examples, batched):
+    assert len(batched) == len(split.examples) == 7  # one answer per prompt: an empty result must not pass
+    for example, got in zip(split.examples, batched, strict=True):
         ids = torch.tensor([generation.prompt_ids(tok, example, False, 64)])
         alone = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=5, do_sample=False,
                                pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)[0, ids.shape[1]:]

@@ -8,14 +8,14 @@ import json
 
 import pytest
 
-from cli_util import run_cli
+from cli_util import refused, run_cli
 from test_learner_plan import localize_args, tiny_folders  # noqa: F401 - the fixture
 
 
 def test_a_megabyte_task_string_is_not_echoed_back(tmp_path):
     code, out, err = run_cli("localize", "--task", "x" * 5_000_000, "--out", tmp_path / "r.safetensors")
     assert (code, out) == (2, "") and len(err.strip().splitlines()) == 1
-    assert len(err) < 1100 and err.rstrip().endswith("…"), len(err)
+    assert len(err) < 1100 and "(5,000,000 characters, longer than any file name)" in err, len(err)
     assert not (tmp_path / "r.safetensors").exists()
 
 
@@ -128,3 +128,59 @@ def test_a_damaged_job_record_stays_listed_to_its_own_session(tmp_path):
     again = JobRunner(tmp_path).get(job.id)
     assert again.status == FAILED and again.kind == "damaged" and again.owner == owner
     assert "the record of this job is damaged" in again.error
+
+
+# -- the partial cases of a later round: each one line that names the problem and the fix, nothing written ------------
+def test_a_task_name_longer_than_any_file_name_says_no_such_file_exists(tmp_path):
+    """A name the file system cannot even look up (Errno 36) names no file: said so, in a line that does not echo it."""
+    from graftui import localize
+    from graftui.errors import DataError, message
+
+    with pytest.raises(DataError) as told:
+        localize(task="a" * 200_000, out=str(tmp_path / "r.safetensors"))
+    assert message(told.value) == ("no such file or folder: '" + "a" * 60 + "…' (200,000 characters, longer than any "
+                                   "file name); name an offline task, a file or a Hugging Face dataset id")
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_task_yaml_given_after_lm_eval_is_told_to_drop_the_prefix(tmp_path):
+    refused(("localize", "--task", "lm-eval:path/to/x.yaml", "--out", tmp_path / "r.safetensors"),
+            "'lm-eval:path/to/x.yaml' gives a task YAML after 'lm-eval:', which names the harness's registered tasks: "
+            "drop the prefix and give the file's path alone (--task path/to/x.yaml)")
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_head_the_checkpoint_does_not_have_is_refused_before_work(tiny_folders, tmp_path, monkeypatch):  # noqa: F811
+    """--head causal-lm on a sequence classifier read it as a causal LM at chance (FT, base and region alike); on a
+    shared server the job's notes said nothing. Refused before a model is loaded, and before a hosted job is queued."""
+    from graftui import hosted
+    from graftui.errors import ModelError
+    from graftui.requests import LocalizeRequest
+
+    base, ft, task = tiny_folders
+    out = tmp_path / "r.safetensors"
+    line = (f"'{ft}' is a classifier, with no causal LM head for --head causal-lm to read it by: drop --head (auto "
+            "reads a checkpoint as what it is)")
+    refused(localize_args(tiny_folders, out, "--head", "causal-lm"), line)
+    assert not out.exists()
+    monkeypatch.setenv("GRAFTUI_HOSTED", "1")
+    monkeypatch.setenv("GRAFTUI_HOME", str(tmp_path / "home"))
+    with pytest.raises(ModelError, match="'minilm' is a classifier, with no masked LM head for --head masked-lm"):
+        hosted.check_request(LocalizeRequest.make(finetuned="minilm", head="masked-lm"), hosted.HostedGuard())
+
+
+def test_a_probe_by_layer_of_two_regions_is_told_in_words_the_page_reads(monkeypatch):
+    """The Try box of a page with two regions picked and 'one layer at a time': the line names its widgets by their
+    labels, and still reads (it said "give one Regions to evaluate (got 2)")."""
+    from graftui import requests
+    from graftui.errors import RequestError
+    from graftui.ui.wiring import in_words
+
+    monkeypatch.setattr(requests, "check_region_file", lambda path: None)
+    with pytest.raises(RequestError) as told:
+        requests.PredictRequest.make(regions=["a.safetensors", "b.safetensors"], texts=["x"], by="layer").validate()
+    assert str(told.value) == "--by looks into one region, part by part, and 2 are given in --region: keep one"
+    labels = {"by": "Graft the region", "region": "Regions to evaluate (one fine-tuned model, or the same regions of "
+                                                  "several fine-tunes)"}
+    assert in_words(str(told.value), labels) == ("Graft the region looks into one region, part by part, and 2 are "
+                                                 "given in Regions to evaluate: keep one")

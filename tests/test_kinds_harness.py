@@ -59,12 +59,12 @@ def test_the_columns_of_a_kind_make_the_cli_table():
 @pytest.fixture(scope="module")
 def harness_region(tmp_path_factory):
     """A region of SmolLM2's quick dates fine-tune learned on the harness task's training documents."""
-    from graftui import training
+    from graftui.flows.common import ensure_default
 
     root = tmp_path_factory.mktemp("harness-kind")
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("GRAFTUI_FAST", "1")  # the quick fine-tune (seconds), named by its folder so every verb reads it
-        finetuned = str(training.ensure_default_finetuned("smollm2-dates"))
+        finetuned = str(ensure_default("smollm2-dates"))
     loc = graftui.localize(base="smollm2", finetuned=finetuned, task=TASK, sparsity=0.01, steps=2,
                            examples_per_class=16, check_n=8, out=str(root / "r.safetensors"))
     return loc, root / "r.safetensors"

@@ -23,8 +23,8 @@ from typing import Callable
 
 from .. import bundle, card, regions, sets, settings, training
 from ..config import (
-    DEFAULT_FINETUNED_REFS, FT_LABEL, GraftableSpec, LoadOptions, default_checkpoint_dir,
-    is_default_finetuned,
+    DEFAULT_FINETUNED_REFS, DEFAULT_LOADING, FT_LABEL, GraftableSpec, LoadOptions, default_checkpoint_dir,
+    is_default_finetuned, recipe_for,
 )
 from ..tasks.classification.data import DataSpec, Task, all_as_test
 from ..errors import GraftuiError, ModelError, RegionError, RequestError
@@ -32,9 +32,9 @@ from ..layout import MODULE_LABELS, anatomy as count_anatomy
 from ..models import ModelPair, pair_kind, resolve
 from ..paths import Exists, atomic_write, new_path, short_ref, slug
 from ..regions import RegionRecord
-from ..requests import Request, check_report_file, report_exists
+from ..requests import FinetuneRequest, Request, check_report_file, report_exists
 from ..tasks.classification.scoring import align_labels
-from ..kinds import kind_in, read_classification as get_task
+from ..kinds import kind_in, named_kind, read_classification as get_task
 from ..version import __version__
 
 Progress = Callable[[dict], None]
@@ -123,17 +123,31 @@ def check_model_ref(ref: str) -> None:
         resolve(ref)
 
 
+def ensure_default(key: str, progress: Progress | None = None, cancel=None) -> Path:
+    """A default fine-tuned checkpoint, built on first use as ``graftui finetune`` would: its task's kind fine-tunes
+    the base by the default's recipe, read as the default is read (a visible stage)."""
+    def step(p):
+        if progress:
+            progress({"stage": f"building the default fine-tuned model '{key}' (first use)",
+                      "fraction": p["step"] / max(p["steps"], 1)})
+
+    def build(out: Path) -> None:
+        base, ref = DEFAULT_FINETUNED_REFS[key]
+        recipe, options = recipe_for(key), DEFAULT_LOADING.get(key, LoadOptions())
+        asked = {k: v for k, v in options.as_dict().items() if v != getattr(LoadOptions(), k)}
+        kind = named_kind(ref)  # an offline task, claimed by its kind by name
+        request = FinetuneRequest.make(base=base, task=ref, lora_rank=recipe.lora_rank, **asked)
+        kind.finetune(request, kind.read(ref, None, LOCAL), recipe, out, options, step, cancel, True)
+
+    return training.ensure_default_finetuned(key, build)
+
+
 def ensure_models(refs, progress: Progress | None = None, cancel=None) -> None:
     """Build a default fine-tuned checkpoint named in ``refs`` on first use (a visible stage)."""
     for ref in refs:
         key = (ref or "").strip().lower()
         if key in DEFAULT_FINETUNED_REFS and not training.is_built(default_checkpoint_dir(key)):
-            def step(p, key=key):
-                if progress:
-                    progress({"stage": f"building the default fine-tuned model '{key}' (first use)",
-                              "fraction": p.step / max(p.steps, 1)})
-
-            training.ensure_default_finetuned(key, progress=step, cancel=cancel)
+            ensure_default(key, progress, cancel)
 
 
 def get_pair(base: str, finetuned: str, spec: GraftableSpec, guard: Guard, progress=None, cancel=None,

@@ -88,10 +88,15 @@ def resolve_source(ref: str, allow_local: bool) -> tuple[str, str]:
     if key in OFFLINE_TASKS:
         return "offline", key
     path = Path(ref).expanduser()
-    if path.exists() or _looks_like_path(ref):
+    try:
+        exists = path.exists()
+    except OSError:  # a name longer than the file system takes (Errno 36) names no file, and no dataset id either
+        raise DataError(f"no such file or folder: '{ref[:60]}…' ({len(ref):,} characters, longer than any file "
+                        "name); name an offline task, a file or a Hugging Face dataset id") from None
+    if exists or _looks_like_path(ref):
         if not allow_local:
             raise DataError(f"local paths such as '{ref}' are disabled here; use an offline task ({', '.join(OFFLINE_TASKS)}) or a Hugging Face dataset id")
-        if not path.exists():
+        if not exists:
             raise DataError(f"no such file or folder: '{ref}'")
         return "local", str(path)
     if key in builder_names():

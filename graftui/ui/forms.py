@@ -17,8 +17,8 @@ from pathlib import Path
 from .. import bundle, flows, hosted, lanes, settings, tracking
 from ..config import (DEFAULT_BASE, DEFAULT_BUILD_SECONDS, DEFAULT_EXAMPLES_PER_CLASS, DEFAULT_FINETUNED,
                       DEFAULT_FINETUNED_REFS, Budget, GraftableSpec, is_default_finetuned)
-from ..tasks.completion.data import OFFLINE_SKILLS, completion_columns
-from ..tasks.classification.data import OFFLINE_TASKS, all_as_test, preview
+from ..tasks.completion.data import completion_columns
+from ..tasks.classification.data import all_as_test, preview
 from ..errors import ModelError, RegionError, RequestError
 from ..hosted import check_rows, safe_name, save_upload
 from ..flows.common import own_pairs, same_model
@@ -41,7 +41,7 @@ def data_columns(task: str, text=None, pair=None, label=None) -> dict:
     """The column fields of a request from the mapping widgets; offline tasks have their own columns,
     so a mapping left over from an uploaded file is not sent with them."""
 
-    if str(task).strip().lower() in OFFLINE_TASKS or str(task).strip().lower() in OFFLINE_SKILLS:
+    if any(str(task).strip().lower() in kind.offline() for kind in KINDS.values()):
         return {}
     clean = lambda v: (str(v).strip() or None) if v not in (None, "", "(none)", "(guess)") else None  # noqa: E731
     return {"text_column": clean(text), "pair_column": clean(pair), "label_column": clean(label)}
@@ -133,7 +133,7 @@ def read_data_upload(file) -> tuple[Path, dict]:
             said = (f"the chat column '{spec.messages_column}'" if spec.messages_column else
                     f"the prompt column '{spec.prompt_column}' and the completion column '{spec.completion_column}'")
             info["warnings"] = [w for w in info["warnings"] if "could not guess" not in w]
-            info["completion"] = f"read as a completion task, by {said}"
+            info["read_as"] = f"read as a completion task, by {said}"  # not as the guessed columns say
         return info
 
     return save_upload(file, read)
@@ -299,7 +299,7 @@ def upload_summary(path: Path, info: dict) -> tuple[str, str]:
     """(the Markdown beside an upload, the status line): its splits, and what reading it as a task would say."""
     splits = ", ".join(f"{k}: {v:,} rows" for k, v in info["splits"].items())
     text = f"Read **{md(path.name)}** ({splits}). Check the guessed columns, then press **Check column mapping**." \
-        if not info.get("completion") else f"Read **{md(path.name)}** ({splits}), {md(info['completion'])}."
+        if not info.get("read_as") else f"Read **{md(path.name)}** ({splits}), {md(info['read_as'])}."
     text += "".join(f"\n\n⚠️ {md(w)}" for w in info.get("warnings") or [])
     status = f"✓ Read {path.name}." if not info.get("warnings") else f"Read {path.name}; see the warning beside it."
     return text, status

@@ -27,6 +27,7 @@ class KindApp:
     """How the app words one kind's results (``kind``: its registered name)."""
 
     kind: str = ""
+    named_in_lists: bool = True  # a list of tasks names the kind beside each of its tasks (plain ones go without)
     sample_label: str = "Training examples per class"  # the mask-learning sample's field on the Localize tab
     app_columns: tuple[str, ...] = ()  # the app's comparison table: short headers, the note under it says what each is
     app_note: str = ""  # what the app's comparison columns mean
@@ -60,6 +61,7 @@ class KindApp:
 
 class ClassificationApp(KindApp):
     kind = "classification"
+    named_in_lists = False
 
     app_columns = ("model", "task", "dist.", "n", "accuracy ↑ [95 % CI]", "share of FT gain", "Δ vs FT", "F1 ↑", "ECE ↓",
                    "calibration", "agree w/ FT", "k (params)")

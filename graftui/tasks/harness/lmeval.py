@@ -83,6 +83,9 @@ def file_task(ref: str) -> tuple[str, Path]:
     """(the task's name, the folder the harness reads it from) of a task YAML the user wrote; one line when the file
     is missing or names no task. The name is its ``task:`` line: the harness's own YAML loader would run the file's
     ``!function`` tags just to tell it."""
+    if str(ref).strip().lower().startswith(PREFIX):  # lm-eval: names the harness's own tasks, never a file
+        raise DataError(f"'{ref}' gives a task YAML after '{PREFIX}', which names the harness's registered tasks: drop "
+                        f"the prefix and give the file's path alone (--task {str(ref).strip()[len(PREFIX):]})")
     path = Path(str(ref).strip()).expanduser()
     try:
         text = path.read_text(encoding="utf-8", errors="replace")

@@ -13,8 +13,9 @@ from ...config import DEFAULT_BASE, DEFAULT_FINETUNED, DEFAULT_TASK
 from ...tasks.classification.data import OFFLINE_TASKS
 from ...paths import short_ref
 from ...requests import EvaluateRequest, LoadFields, choices_of
-from ...kinds import CLASSIFICATION, KINDS
+from ...kinds import KINDS
 from .. import forms, store, tables
+from ..kinds import app_of
 from ..wiring import guarded, skip_none
 
 INTRO = (
@@ -30,7 +31,7 @@ UNCHECKED = "Press **Check pair** to load both models and count their parameters
 def task_choices() -> list[tuple[str, str]]:
     """Every task of every kind that needs no download (a kind other than classification named beside it), then the
     uploads."""
-    return [(f"{name}: {about}" if kind is CLASSIFICATION else f"{name} ({kind.name}): {about}", name)
+    return [(f"{name} ({kind.name}): {about}" if app_of(kind).named_in_lists else f"{name}: {about}", name)
             for kind in KINDS.values() for name, about in kind.offline().items()] + store.upload_choices()
 
 
