@@ -55,8 +55,9 @@ TARGET_RATIO = 1.10
 PREPARE = r"""
 import json, time
 t0 = time.monotonic()
-from graftui.training import ensure_default_finetuned
-path = ensure_default_finetuned()
+from graftui.config import DEFAULT_FINETUNED
+from graftui.flows.common import ensure_default
+path = ensure_default(DEFAULT_FINETUNED)
 from graftui.config import DEFAULT_BASE, DEFAULT_FINETUNED
 from graftui.ui.forms import per_class
 from graftui.ui.store import defaults

@@ -33,11 +33,12 @@ def main() -> int:
     os.environ.update(GRAFTUI_HOME=str(work / "home"), GRAFTUI_HOSTED="1", GRAFTUI_FAST="1")
 
     import graftui
-    from graftui import regions, training
+    from graftui import regions
+    from graftui.flows.common import ensure_default
     from graftui.jobs import DONE, MAIN, QUICK, RUNNING
     from graftui.ui import forms, store
 
-    finetuned = str(training.ensure_default_finetuned("smollm2-dates"))
+    finetuned = str(ensure_default("smollm2-dates"))
     path = work / "dates.safetensors"
     if not path.exists():
         graftui.localize(base="smollm2", finetuned=finetuned, task="dates", method="top-movement", sparsity=1e-3,

@@ -27,11 +27,11 @@ LONG = (("The archive lists a meeting on the fourth of March, 2021, a letter sen
 @pytest.fixture(scope="module")
 def dates_server(tmp_path_factory, shared_builds):
     """A hosted server whose home shares the run's builds, and a completion region of the quick dates fine-tune."""
-    from graftui import training
+    from graftui.flows.common import ensure_default
 
     root = tmp_path_factory.mktemp("hosted-lanes")
     with hosted(root, link_shared_builds(root / "home", shared_builds)) as server:
-        finetuned = str(training.ensure_default_finetuned("smollm2-dates"))
+        finetuned = str(ensure_default("smollm2-dates"))
         graftui.localize(base="smollm2", finetuned=finetuned, task="dates", method="top-movement", sparsity=1e-3,
                          check_n=0, out=str(root / "dates.safetensors"))
         yield server, root / "dates.safetensors"

@@ -298,12 +298,12 @@ def test_harness_accuracy_on_movies_is_graftui_s_prompt_classifier_document_by_d
 def dates_finetuned():
     """SmolLM2 after graftui's quick fine-tune on dates (GRAFTUI_FAST: 64 examples, seconds), which writes most dates
     out right: exact match is then not 0 everywhere, as it is for the pre-trained model."""
-    from graftui import training
+    from graftui.flows.common import ensure_default
     from graftui.models import load_lm
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("GRAFTUI_FAST", "1")
-        folder = training.ensure_default_finetuned("smollm2-dates")
+        folder = ensure_default("smollm2-dates")
     return load_lm(str(folder), "causal-lm")
 
 

@@ -12,6 +12,7 @@ from graftui.adapters import read_adapter
 from graftui.tasks.completion.data import load_completion_task
 from graftui.config import FinetuneConfig, default_checkpoint_dir, recipe_for
 from graftui.errors import RequestError
+from graftui.flows.common import ensure_default
 from lm_util import write_base, write_completion_task, write_task
 
 LORA = FinetuneConfig(optimizer="adamw", lr=3e-2, epochs=4, batch_size=8, train_examples=None, lora_rank=4)
@@ -114,7 +115,7 @@ def test_the_lora_default_has_its_own_recipe_and_the_others_keep_their_folders(m
 @pytest.mark.e2e
 def test_the_offline_lora_default_builds_as_an_adapter_of_smollm2(monkeypatch):
     monkeypatch.setenv("GRAFTUI_FAST", "1")
-    out = training.ensure_default_finetuned("smollm2-dates-lora")
+    out = ensure_default("smollm2-dates-lora")
     assert (out / "adapter_config.json").is_file() and not (out / "model.safetensors").exists()
     assert read_adapter(str(out)).base_name == "smollm2"
-    assert training.ensure_default_finetuned("smollm2-dates-lora") == out  # built once, then reused
+    assert ensure_default("smollm2-dates-lora") == out  # built once, then reused
