@@ -184,11 +184,14 @@ def plan(model: torch.nn.Module, params: dict[str, torch.nn.Parameter], pre, ft,
     free = compute.free_memory(device)
     full_bytes = sum(_plus(full_least, held, copies if lazy else {}).values())
 
-    def candidate_need(c: float) -> tuple[int, int, dict[torch.device, int]]:  # C spread over devices as the parameters
+    def spread(top: int) -> dict[torch.device, int]:  # C's bytes spread over devices as the parameters are
+        return {d: math.ceil(top * n / graftable) for d, n in on.items()}
+
+    def candidate_need(c: float) -> tuple[int, int, dict[torch.device, int]]:
         count = candidate_count(c, k, graftable)
         room = min(graftable, count + k) if config.grow_every else count
-        top = max(2 * room * per_candidate, count * (per_candidate + POOL_BYTES))  # a growing C holds two layouts
-        return count, room, {d: math.ceil(top * n / graftable) for d, n in on.items()}
+        return count, room, spread(max(2 * room * per_candidate, count * (per_candidate + POOL_BYTES)))  # a growing C
+        # holds two layouts
 
     # which learner: the request's; refused where even it cannot fit
     count = room = None
@@ -202,7 +205,7 @@ def plan(model: torch.nn.Module, params: dict[str, torch.nn.Parameter], pre, ft,
     elif within is not None:
         count = sum(int(i.numel()) for i in within.values())
         factor, room = count / max(k, 1), count
-        state = {d: math.ceil(count * (per_candidate + POOL_BYTES) * n / graftable) for d, n in on.items()}
+        state = spread(count * (per_candidate + POOL_BYTES))
         if not compute.fits(state, share=1):
             raise ModelError(f"mask learning cannot fit on {device}: the {count:,} parameters of the larger region "
                              f"take {memory(sum(state.values()))} with {memory(free)} free; try --logit-dtype bfloat16 "

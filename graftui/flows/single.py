@@ -288,23 +288,24 @@ def size_needed(req: LocalizeRequest, pair: ModelPair, task, k0: int, notes: lis
     kind = kind_of(task)
     graftable = pair.counts()["graftable"]
     made_at, checks = {}, {}
+    now: dict = {}  # the region the search is at: its stage's words and its share of the progress bar
 
     def told(i: int, k: int, inside: int | None) -> None:
         expect = sizing.EXPECTED_POINTS  # the search's share of the bar: all but the last check's 1/(expect + 1)
-        told.at = (min(i, expect - 1) / (expect + 1), min(i + 1, expect) / (expect + 1))
+        start, end = min(i, expect - 1) / (expect + 1), min(i + 1, expect) / (expect + 1)
         where = f" inside k = {inside:,}" if inside else ""
-        told.stage = f"size search, region {i + 1} (k = {k:,}{where})"
+        now.update(start=start, middle=(start + end) / 2, stage=f"size search, region {i + 1} (k = {k:,}{where})")
 
     def learn(k: int, within):
         said: list[str] = []
         region, made_at[k] = find_region(req, pair, task, k, said, phase_progress(
-            progress, told.at[0], (told.at[0] + told.at[1]) / 2, told.stage), cancel, within)
+            progress, now["start"], now["middle"], now["stage"]), cancel, within)
         notes.extend(n for n in said if n not in notes)
         return region
 
     def share(region, k: int):
         if progress:
-            progress({"stage": f"{told.stage}: held-out check", "fraction": (told.at[0] + told.at[1]) / 2})
+            progress({"stage": f"{now['stage']}: held-out check", "fraction": now["middle"]})
         rows = kind.sizing_rows(pair, task, {"this region": region}, n=req.check_n, judging=kind.judging(req),
                                 cancel=cancel)
         checks[k] = by = {r["model"]: r for r in rows}
