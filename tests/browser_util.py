@@ -233,12 +233,23 @@ def choose(page, elem_id: str, option_text: str, timeout_s: float = 30.0) -> Non
     page.keyboard.press("Escape")  # a multiselect keeps its list open
 
 
-def cancel(page, button: str, timeout_s: float = 30.0) -> None:
-    """Press a Cancel button and confirm: it asks to be pressed again before it cancels."""
+def cancel(page, button: str, timeout_s: float = 60.0) -> None:
+    """Press a Cancel button and confirm (it asks to be pressed again before it cancels), until the header says the
+    cancel was requested or the job had already ended: a press the button answered by asking again is pressed again."""
+    said = "() => { const t = document.querySelector('#status-message').innerText; " \
+           "return t.includes('Cancel requested') || t.includes('has already finished'); }"
+    t0 = time.monotonic()
     page.click(button, timeout=timeout_s * 1000)
-    page.wait_for_function("(sel) => document.querySelector(sel).innerText.includes('Confirm cancel')", arg=button,
-                           timeout=timeout_s * 1000)
-    page.click(button, timeout=timeout_s * 1000)
+    while time.monotonic() - t0 < timeout_s:
+        page.wait_for_function("(sel) => document.querySelector(sel).innerText.includes('Confirm cancel')", arg=button,
+                               timeout=timeout_s * 1000)
+        page.click(button, timeout=timeout_s * 1000)
+        try:
+            page.wait_for_function(said, timeout=10_000)
+            return
+        except Exception:  # asked again (the first press went back to its first look): confirm once more
+            continue
+    raise AssertionError(f"{button} did not cancel within {timeout_s:.0f} s: {text(page, '#status-message')!r}")
 
 
 def job_id_from_status(page) -> str | None:

@@ -153,12 +153,6 @@ def _armed_at(armed) -> float | None:
     return armed[1] if ok else None
 
 
-def confirms(armed, key: str, now: float) -> bool:
-    """Whether a press confirms what the first press of its button named: the same ``key`` (a job, a region), within
-    CONFIRM_SECONDS (``armed``: the button's memory, (key, when))."""
-    return still_armed(armed, key) and 0 <= now - armed[1] <= CONFIRM_SECONDS
-
-
 def asks(label) -> bool:
     """Whether a button's label, as the page showed it when pressed, asked to confirm: a press confirms only then, so
     a button whose look went back (a poll, a pick answered late) never acts on one press."""
@@ -180,14 +174,16 @@ def expired(armed, now: float) -> bool:
 def cancel_step(runner, job: Job | None, armed, now: float, asked: bool = True) -> tuple[str, tuple | None, str]:
     """One press of a Cancel button: (the status line, the button's new memory, its look: "off" for nothing to
     cancel, "armed" asking to confirm, "ready"). The first press on a waiting or running job arms the button; a
-    second on the same job within CONFIRM_SECONDS cancels it, if the button ``asked`` to confirm when pressed."""
+    second on the same job cancels it if the button ``asked`` to confirm when pressed. The page keeps the window:
+    its poll disarms the button CONFIRM_SECONDS after the first press (``expired``), so a press the page showed
+    as a confirmation is one however long a busy server takes to answer it."""
     if job is None:
         return "Nothing to cancel.", None, "off"
     if job.status in FINISHED:
         return f"**{md(job.title)}** has already finished ({job.status}).", None, "off"
     if hasattr(runner, "check_cancel"):
         runner.check_cancel(job.id)  # a job this page may not cancel is refused at the first press
-    if asked and confirms(armed, job.id, now):
+    if asked and still_armed(armed, job.id):
         ok = runner.cancel(job.id)  # refuses a job that is not this page's own
         return (f"Cancel requested for **{md(job.title)}**." if ok else
                 f"**{md(job.title)}** has already finished ({job.status})."), None, "off"
