@@ -71,6 +71,8 @@ class Job:
     lane: str = MAIN
     estimate: float | None = None  # the seconds it is expected to take, when its submitter knows
     work: float | None = None  # what its request asks the models to read (tokens × models × passes), where it says
+    restarts: int = 0  # how often a server restart found it running and ran it again
+    moved: str = ""  # why it left the quick lane for the main one, where it started over (empty: it did not)
 
     @property
     def duration(self) -> float | None:
@@ -86,9 +88,13 @@ class TimeLimit(Cancelled):
     """A job ran past the runner's time limit (a hosted server's GRAFTUI_JOB_SECONDS), or past the quick lane's."""
 
 
-def _quick_stop() -> TimeLimit:
-    return TimeLimit(f"stopped after {QUICK_LIMIT:,.0f} s in the quick lane, which serves work of seconds: it was "
-                     "foreseen as short and was not; run it again and it waits in the main lane")
+class Outgrown(TimeLimit):
+    """A quick-lane job that will not end within QUICK_LIMIT: the runner moves it to the main lane."""
+
+
+def _outgrown(ran: float, total: float | None) -> Outgrown:
+    pace = f"its pace foretold {total:,.0f} s" if total is not None else f"it ran {ran:,.0f} s"
+    return Outgrown(f"{pace}, past the {QUICK_LIMIT:,.0f} s the quick lane gives work of seconds")
 
 
 def _limit_stop(limit: float) -> TimeLimit:
@@ -107,12 +113,14 @@ class JobContext:
     def report(self, event: dict) -> None:
         """Record a progress event; ``fraction`` (0..1) and ``stage`` are shown, the rest plotted."""
         limit, ran = self._runner.max_seconds, time.time() - (self.job.started or time.time())
-        if limit and ran > limit:
-            raise _limit_stop(limit)
-        if self.job.lane == QUICK and ran > QUICK_LIMIT:
-            raise _quick_stop()
         if self.cancel.is_set():
             raise Cancelled(f"{self.job.kind} cancelled")
+        if limit and ran > limit:
+            raise _limit_stop(limit)
+        if self.job.lane == QUICK:  # moved to the main lane as soon as its own pace says it outgrows this one
+            total = _foreseen(self.job, time.time())
+            if ran > QUICK_LIMIT or (total is not None and total > QUICK_LIMIT):
+                raise _outgrown(ran, total)
         event = {k: v for k, v in event.items() if v is not None}
         with self._runner._lock:
             if "step" in event and "steps" in event:
@@ -311,10 +319,15 @@ class JobRunner:
                 with contextlib.suppress(Exception):
                     self.after_forced_stop()
             err = stopped or outcome.get("error")
+            if isinstance(err, Outgrown):
+                if self._move(job, fn, context, err):
+                    continue
+                err = Cancelled(f"{job.kind} cancelled")  # while it outgrew its lane
             end: dict = {}
             try:
                 if err is None:
-                    end = {"result": outcome.get("result") or {}, "status": DONE, "fraction": 1.0, "message": "done"}
+                    end = {"result": outcome.get("result") or {}, "status": DONE, "fraction": 1.0,
+                           "message": f"done ({job.moved})" if job.moved else "done"}
                 elif isinstance(err, Cancelled) and not isinstance(err, TimeLimit):
                     end = {"status": CANCELLED, "message": "cancelled"}
                 else:
@@ -349,7 +362,7 @@ class JobRunner:
             if stop is None and limit and ran > limit + STOP_GRACE:
                 stop = _limit_stop(limit)
             elif stop is None and job.lane == QUICK and ran > QUICK_LIMIT + STOP_GRACE:
-                stop = _quick_stop()
+                stop = _outgrown(ran, None)
             elif stop is None and cancelled_at is not None and now - cancelled_at > STOP_GRACE:
                 stop = Cancelled(f"{job.kind} cancelled")
             if stop is not None and now - raised_at > STOP_GRACE:  # again, should the job have caught it
@@ -374,14 +387,69 @@ class JobRunner:
                 raise
             log.warning("the record of job %s could not be written: %s", job.id, err)
 
+    def _move(self, job: Job, fn: JobFn, context: contextvars.Context, why: Outgrown) -> bool:
+        """Queue a quick-lane job that outgrew its lane again in the main lane, where it starts over (False when it
+        was cancelled meanwhile: it ends as cancelled). Its length there is the one its own pace foretold."""
+        with self._lock:
+            ctx = self._contexts.pop(job.id, None)
+            if ctx is not None and ctx.cancel.is_set():
+                return False
+            ran = time.time() - (job.started or time.time())
+            total = _foreseen(job, time.time())
+            job.lane, job.status, job.started, job.fraction, job.progress = MAIN, QUEUED, None, 0.0, []
+            job.estimate = max(total or 0.0, ran, job.estimate or 0.0)
+            job.moved = f"moved to the main lane after {ran:,.0f} s in the quick lane: {why}"
+            job.message = f"{job.moved}; it starts over there"
+            self._fns[job.id] = (fn, context)
+            self._waiting.append(job.id)
+            self._save(job)
+            self._wake.notify_all()
+        log.info("job %s %s", job.id, job.message)
+        return True
+
     def _load_existing(self) -> None:
+        """Every job on disk; one the server was running or holding when it stopped waits for ``revive``."""
+        self._restart: list[tuple[str, str]] = []  # (job id, the status it had), in the order they were submitted
         for path in sorted(self.root.glob("*/job.json")):
             job = _read_job(path)
             if job.status not in FINISHED:  # the server stopped while it ran or waited
+                self._restart.append((job.id, job.status))
                 job.status, job.message = INTERRUPTED, "interrupted by a restart"
                 job.finished = job.finished or time.time()
                 self._save(job)
             self._jobs[job.id] = job
+        self._restart.sort(key=lambda item: self._jobs[item[0]].created)
+
+    def revive(self, rebuild: Callable[[Job], JobFn | None]) -> list[str]:
+        """Queue again the jobs a restart interrupted, each as ``rebuild`` makes it from its record (None: it stays
+        interrupted). A job that waited runs as it would have; one that was running starts over, once: a job found
+        running by a second restart may be what stopped the server, so it is left for its user to run again. Call
+        once, when the server starts; returns the ids queued again."""
+        with self._lock:
+            pending, self._restart = self._restart, []
+        queued = []
+        for job_id, was in pending:
+            job = self._jobs[job_id]
+            if job.status != INTERRUPTED or (was == RUNNING and job.restarts >= 1):
+                continue
+            try:
+                fn = rebuild(job)
+            except Exception as err:  # noqa: BLE001 - a record that no longer makes a job stays interrupted
+                log.warning("job %s cannot run again after the restart: %s", job_id, err)
+                fn = None
+            if fn is None:
+                continue
+            with self._lock:
+                job.status, job.finished, job.started, job.fraction, job.progress = QUEUED, None, None, 0.0, []
+                job.restarts += was == RUNNING
+                job.message = ("the server restarted while it ran: it starts over" if was == RUNNING else
+                               "queued again after a server restart")
+                self._fns[job_id] = (fn, contextvars.copy_context())
+                self._waiting.append(job_id)
+                self._save(job)
+                self._wake.notify_all()
+            queued.append(job_id)
+        return queued
 
 
 def _raise_in(thread: threading.Thread, kind: type[BaseException]) -> None:
@@ -396,10 +464,25 @@ def _without_out(params: dict | None) -> dict:
 PACE_AFTER = 0.05  # a running job's own pace foretells its end once it is this far; before, its estimate does
 
 
-def _left(job: Job, now: float) -> float | None:
-    """Seconds a running job still needs: at its measured pace once it is PACE_AFTER along, else its estimate less
-    the time it has run (never below 0); None when neither is known."""
+def _foreseen(job: Job, now: float) -> float | None:
+    """The seconds a running job will take in all, at the pace of its own steps once they have taken it PACE_AFTER
+    further than its first (loading models before the first step says nothing of the pace after it); None before."""
+    first = next((p for p in job.progress if isinstance(p.get("fraction"), (int, float))), None)
     ran = max(now - (job.started or now), 0.0)
+    if first is None or job.fraction - first["fraction"] < PACE_AFTER:
+        return None
+    done = min(job.fraction, 1.0)
+    return ran + (1.0 - done) * max(ran - first["time"], 0.0) / (done - first["fraction"])
+
+
+def _left(job: Job, now: float) -> float | None:
+    """Seconds a running job still needs: at the pace of its own steps once they say (``_foreseen``), else at its
+    pace so far once it is PACE_AFTER along, else its estimate less the time it has run (never below 0); None when
+    none of these is known."""
+    ran = max(now - (job.started or now), 0.0)
+    total = _foreseen(job, now)
+    if total is not None:
+        return max(total - ran, 0.0)
     if job.fraction >= PACE_AFTER:
         return ran / min(job.fraction, 1.0) - ran
     return None if job.estimate is None else max(job.estimate - ran, 0.0)
@@ -413,7 +496,7 @@ def _turn(job: Job) -> str | None:
 _FIELD_TYPES = {"id": str, "kind": str, "title": str, "params": dict, "status": str, "progress": list,
                 "message": str, "result": (dict, type(None)), "error": (str, type(None)), "owner": (str, type(None)),
                 "client": (str, type(None)), "lane": str, "estimate": (int, float, type(None)),
-                "work": (int, float, type(None)),
+                "work": (int, float, type(None)), "restarts": int, "moved": str,
                 "created": (int, float), "started": (int, float, type(None)), "finished": (int, float, type(None)),
                 "fraction": (int, float)}
 _TIMES = ("created", "started", "finished", "fraction", "estimate", "work")  # numbers, finite and not below 0

@@ -7,7 +7,7 @@ import threading
 import time
 
 from graftui.tasks.classification.data import DataError
-from graftui.jobs import CANCELLED, DONE, FAILED, INTERRUPTED, JobRunner
+from graftui.jobs import CANCELLED, DONE, FAILED, INTERRUPTED, QUEUED, RUNNING, JobRunner
 
 
 def test_jobs_run_in_order_and_report_progress(tmp_path):
@@ -86,6 +86,51 @@ def test_a_restart_lists_old_jobs_and_marks_unfinished_ones_interrupted(tmp_path
     assert listed[running.id].status == INTERRUPTED
     assert [j.kind for j in again.jobs(kind="finetune")] == ["finetune"]
     gate.set()
+
+
+def _held(folder, status: str, job_id: str, created: float, restarts: int = 0) -> None:
+    """The record a server leaves of a job it held when it stopped."""
+    from graftui.jobs import Job
+
+    (folder / job_id).mkdir(parents=True, exist_ok=True)
+    job = Job(id=job_id, kind="localize", title=job_id, params={"n": job_id}, status=status, created=created,
+              started=created if status == RUNNING else None, fraction=0.4 if status == RUNNING else 0.0,
+              restarts=restarts)
+    (folder / job_id / "job.json").write_text(json.dumps(job.as_dict()))
+
+
+HELD = [(RUNNING, "a-running", 1.0, 0), (QUEUED, "b-queued", 2.0, 0), (RUNNING, "c-twice", 3.0, 1),
+        (QUEUED, "d-refused", 4.0, 0), (QUEUED, "e-broken", 5.0, 0)]
+
+
+def test_a_restarted_runner_runs_again_what_it_held_once_revived(tmp_path):
+    """Jobs found queued run again in the order they were submitted, one found running starts over once (a restart
+    that finds it running again leaves it interrupted), and a record ``rebuild`` refuses or fails on stays
+    interrupted; without ``revive`` (the CLI, a test) every one stays interrupted."""
+    for held in HELD:
+        _held(tmp_path / "plain", *held)
+        _held(tmp_path / "revived", *held)
+    assert {j.status for j in JobRunner(tmp_path / "plain").jobs()} == {INTERRUPTED}
+    ran = []
+
+    def rebuild(job):
+        if job.id == "d-refused":
+            return None
+        if job.id == "e-broken":
+            raise ValueError("no such verb")
+        return lambda ctx: ran.append(job.params["n"]) or {"ran": job.params["n"]}
+
+    runner = JobRunner(tmp_path / "revived")
+    assert runner.revive(rebuild) == ["a-running", "b-queued"]
+    assert runner.revive(rebuild) == []  # once
+    first, second = runner.wait("a-running", 10), runner.wait("b-queued", 10)
+    assert first.status == second.status == DONE and ran == ["a-running", "b-queued"], (first.message, ran)
+    assert first.restarts == 1 and second.restarts == 0 and first.result == {"ran": "a-running"}
+    assert {runner.get(j).status for j in ("c-twice", "d-refused", "e-broken")} == {INTERRUPTED}
+    assert json.loads((tmp_path / "revived" / "a-running" / "job.json").read_text())["restarts"] == 1
+    _held(tmp_path / "revived", RUNNING, "a-running", 1.0, restarts=1)  # found running by the next restart too
+    _held(tmp_path / "revived", QUEUED, "f-new", 6.0)
+    assert JobRunner(tmp_path / "revived").revive(rebuild) == ["f-new"]
 
 
 def test_damaged_job_records_are_listed_as_damaged_and_never_stop_the_runner(tmp_path):

@@ -1483,7 +1483,7 @@ def test_a_seeds_runs_core_and_union_are_scored_beside_its_seeds_with_one_button
     monkeypatch.setattr(store, "region_path", lambda rid: Path(f"/regions/{rid}.safetensors"))
     sent = {}
 
-    def submit(runner, request, title, on_result=None, kind=None):
+    def submit(runner, request, title, kind=None):
         sent.update(regions=request.regions, title=title, kind=kind, n=request.n, no_ood=request.no_ood)
         return "job"
 

@@ -230,6 +230,7 @@ def quiet_queue(demo) -> None:
 def launch(host: str = "127.0.0.1", port: int = 7860, share: bool = False, **kwargs):
     clean_stale(settings.home(), depth=4)  # what runs killed mid-write left behind (their pid is gone)
     demo = build_app()
+    store.revive(forms.revive)  # what the server held when it last stopped: queued again
     demo.queue(default_concurrency_limit=4)
     quiet_queue(demo)
     return demo.launch(server_name=host, server_port=port, share=share, **{**launch_options(), **kwargs})

@@ -13,6 +13,7 @@ import shutil
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
 from .. import bundle, flows, hosted, lanes, settings, tracking
 from ..config import (DEFAULT_BASE, DEFAULT_BUILD_SECONDS, DEFAULT_EXAMPLES_PER_CLASS, DEFAULT_FINETUNED,
@@ -63,13 +64,65 @@ def per_class(value) -> int | None:
     return None if n == DEFAULT_EXAMPLES_PER_CLASS else n
 
 
-def submit(runner, request, title: str, on_result=None, kind: str | None = None) -> Job:
+AFTER: dict[str, Callable] = {}  # verb -> what the page reads of its result besides the flow's own document
+
+
+def after(verb: str):
+    """Register ``fn(request, result, doc) -> dict``: what a finished job of ``verb`` keeps for the page to read. It
+    reads the request and the result alone, so a job made again from its record (``revive``) keeps the same."""
+    def register(fn):
+        AFTER[verb] = fn
+        return fn
+    return register
+
+
+def job_fn(request):
+    """The work of a job that runs ``request``: its flow, with models of its own where the job is in the quick lane
+    when it starts (a job that outgrew that lane starts over in the main one), then what ``AFTER`` keeps."""
+    then = AFTER.get(request.verb)
+
+    def fn(ctx) -> dict:
+        lane = ctx.job.lane
+        with own_pairs(lane) if lane != MAIN else contextlib.nullcontext():
+            result = flows.run(request, progress=ctx.report, cancel=ctx.cancel, guard=store.guard())
+        doc = result.as_dict()
+        return then(request, result, doc) if then else doc
+
+    return fn
+
+
+NOT_REVIVED = ("push",)  # a push needs its token, which no record keeps
+
+
+def revive(job: Job):
+    """A job that a server restart interrupted, made again from its record: its params are its request, checked again
+    as a new one would be, in its own session's workspace. None where it cannot be: a record of no request of this
+    version, a push, a hosted session that has expired."""
+    params = job.params if isinstance(job.params, dict) else {}
+    if job.kind in NOT_REVIVED or "verb" not in params:
+        return None
+    request = flows.from_dict(params)
+    owner = job.owner if settings.hosted() else None
+    if owner is not None and store.live_session(owner) is None:
+        return None
+    work = job_fn(request)
+
+    def fn(ctx) -> dict:
+        with store.session(owner) if owner is not None else contextlib.nullcontext():
+            hosted.check_request(request, store.guard())
+            return work(ctx)
+
+    return fn
+
+
+def submit(runner, request, title: str, kind: str | None = None) -> Job:
     """Validate ``request`` now (a bad field is a one-line message, no job), then run its flow as a job, in the lane
     ``lanes.plan`` gives it (from the request and the saved regions it reads); a job in the quick lane loads models of
     its own, since the main lane's may be grafted at the same time.
 
-    The job's params are the request, so any result shows, and re-runs from, what made it; a request of a verb that
-    does work reports to the app's tracker (``store.report_to``) unless it names one itself.
+    The job's params are the request, so any result shows, and re-runs from, what made it (a restarted server runs
+    it again from them: ``revive``); a request of a verb that does work reports to the app's tracker
+    (``store.report_to``) unless it names one itself.
     """
     if getattr(request, "report_to", None) == tracking.NONE and store.report_to() != tracking.NONE:
         request = request.replace(report_to=store.report_to())
@@ -77,14 +130,8 @@ def submit(runner, request, title: str, on_result=None, kind: str | None = None)
     kind = kind or request.verb
     reads = [(e.task_kind.name, e.meta.finetuned) for e in store.regions_read(request)]
     plan = lanes.plan(request, kind, runner.history(), reads, runner.quick_held())
-
-    def fn(ctx) -> dict:
-        with own_pairs(plan.lane) if plan.lane != MAIN else contextlib.nullcontext():
-            result = flows.run(request, progress=ctx.report, cancel=ctx.cancel, guard=store.guard())
-        doc = result.as_dict()
-        return on_result(result, doc) if on_result else doc
-
-    return runner.submit(kind, title, fn, request.as_dict(), lane=plan.lane, estimate=plan.estimate, work=plan.work)
+    return runner.submit(kind, title, job_fn(request), request.as_dict(), lane=plan.lane, estimate=plan.estimate,
+                         work=plan.work)
 
 
 def prompt_fields(head=None, template=None, label_words=None) -> dict:
@@ -215,16 +262,18 @@ def submit_localize(runner, *, base: str, finetuned: str, task: str, columns: di
                               seeds=parse_seeds(seeds), check_n=LocalizeRequest.defaults()["check_n"],
                               keep=float(keep) if keep else None)
 
-    def saved(result, doc) -> dict:  # the flow's own result, and what the page reads of it by region id
-        return {**doc, "region": Path(result.path).stem, "summary": result.record.summary(),
-                "card": doc.get("card") or [],
-                "seeds": [{"seed": e["seed"], "region": Path(e["path"]).stem} for e in doc.get("seeds") or []]}
-
     title = (f"Localize '{short_ref(task)}' in {short_ref(finetuned)} · {get_method(method).label} · "
              + (f"the size that keeps {100 * request.keep:g} % from sparsity {request.sparsity:.1e}" if request.keep
                 else f"sparsity {request.sparsity:.1e}")
              + (f" · seeds {', '.join(map(str, request.seeds))}" if request.seeds else ""))
-    return submit(runner, request, title, saved)
+    return submit(runner, request, title)
+
+
+@after("localize")
+def _localized(request, result, doc) -> dict:
+    """The flow's own result, and what the page reads of it by region id."""
+    return {**doc, "region": Path(result.path).stem, "summary": result.record.summary(), "card": doc.get("card") or [],
+            "seeds": [{"seed": e["seed"], "region": Path(e["path"]).stem} for e in doc.get("seeds") or []]}
 
 
 def seeds_made(job) -> list[str]:
@@ -263,13 +312,15 @@ def submit_finetune(runner, *, base: str, task: str, columns: dict, optimizer: s
                               lora_rank=whole(lora_rank) or 0, out=str(store.checkpoints_dir() / name),
                               test_examples=store.defaults()["test_examples"])
 
-    def made(result, doc) -> dict:
-        return {**doc, "checkpoint": result.out, "name": name}
-
     lora = f" · LoRA rank {request.lora_rank}" if request.lora_rank else ""
     title = (f"Fine-tune {short_ref(base)} on '{short_ref(task)}' · {optimizer} lr {float(lr or 0):g} · {whole(epochs)} "
              f"epoch(s){lora}")
-    return submit(runner, request, title, made)
+    return submit(runner, request, title)
+
+
+@after("finetune")
+def _trained(request, result, doc) -> dict:
+    return {**doc, "checkpoint": result.out, "name": Path(request.out).name}
 
 
 def of_pair(region_ids: list[str], finetuned: str) -> list[str]:
@@ -401,11 +452,13 @@ def submit_compose(runner, *, region_ids: list[str], resolve: str, n, stitch: bo
     out = new_path(store.regions_dir(), "union", ".safetensors")
     request = ComposeRequest.make(regions=paths, resolve=resolve, evaluate=True, stitch=stitch, n=whole(n), out=str(out))
 
-    def saved(result, doc) -> dict:
-        return {**doc, "region": out.stem}
-
     title = f"Compose {len(paths)} regions (overlaps: {resolve}) and evaluate on each region's task"
-    return submit(runner, request, title, saved)
+    return submit(runner, request, title)
+
+
+@after("compose")
+def _composed(request, result, doc) -> dict:
+    return {**doc, "region": Path(request.out).stem} if request.out else doc
 
 
 def _over_seeds(request) -> str:
@@ -463,13 +516,17 @@ def submit_export(runner, *, region_id: str) -> Job:
     folder = new_path(store.downloads_dir(), f"{region_id}-graft")
     request = ExportRequest(region=str(store.region_path(region_id)), out=str(folder))
 
-    def zipped(result, doc) -> dict:
-        public_texts(folder)
-        archive = shutil.make_archive(str(folder), "zip", root_dir=folder)
-        shutil.rmtree(folder, ignore_errors=True)
-        return {"zip": archive, "region": region_id, "k": result.k}
+    return submit(runner, request, f"Export grafted checkpoint of {region_id}")
 
-    return submit(runner, request, f"Export grafted checkpoint of {region_id}", zipped)
+
+@after("export")
+def _zipped(request, result, doc) -> dict:
+    """The grafted checkpoint as one download, its texts without the server's paths."""
+    folder = Path(request.out)
+    public_texts(folder)
+    archive = shutil.make_archive(str(folder), "zip", root_dir=folder)
+    shutil.rmtree(folder, ignore_errors=True)
+    return {"zip": archive, "region": Path(request.region).stem, "k": result.k}
 
 
 def submit_push(runner, *, region_id: str, repo: str, what: str, private: bool, n, token: str | None = None) -> Job:

@@ -99,6 +99,12 @@ def runner() -> "Jobs":
     return Jobs(_runner, session_id())
 
 
+def revive(rebuild) -> list[str]:
+    """Queue again, each as ``rebuild(job)`` makes it, the jobs this server held when it last stopped (once, when it
+    starts: ``JobRunner.revive``)."""
+    return runner().runner.revive(rebuild)
+
+
 class Jobs:
     """The job runner as one session sees it: locally every job; hosted, the session's own jobs and the
     server's (which it may watch, not cancel), with the per-session and global quotas on submission."""
