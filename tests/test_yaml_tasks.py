@@ -1,0 +1,123 @@
+"""Task YAMLs a user writes for lm-evaluation-harness: each way one can be wrong is refused in one line that names the
+problem and the fix, before any model loads, and what the harness reads of a task file is recorded with a region."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from graftui.errors import DataError
+from graftui.tasks.harness.kind import load_harness
+
+from cli_util import refused, run_cli
+
+
+@pytest.fixture
+def task_home(tmp_path, monkeypatch):
+    """A GRAFTUI_HOME of the test's own (the offline task files and the datasets cache are written there)."""
+    monkeypatch.setenv("GRAFTUI_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+def _rows(folder: Path) -> dict[str, str]:
+    """A train and a test split of three documents each, as JSONL files in ``folder``: their absolute paths."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for split in ("train", "test"):
+        (folder / f"{split}.jsonl").write_text("".join(json.dumps({"q": f"{split} {i}", "a": f"{split}-{i}"}) + "\n"
+                                                       for i in range(3)))
+    return {s: str(folder / f"{s}.jsonl") for s in ("train", "test")}
+
+
+def _yaml(folder: Path, name: str, *, files: dict[str, str] | None = None, metric: str = "exact_match",
+          extra: str = "", filters: str = "") -> Path:
+    """A generate-until task YAML over ``files`` (the JSONL splits beside it by default)."""
+    files = files or _rows(folder)
+    path = folder / f"{name}.yaml"
+    path.write_text(f"task: {name}\ndataset_path: json\ndataset_kwargs:\n  data_files: {json.dumps(files)}\n"
+                    f"  cache_dir: {json.dumps(str(folder / 'cache'))}\noutput_type: generate_until\n"
+                    'training_split: train\ntest_split: test\ndoc_to_text: "Q: {{q}}\\nA:"\ndoc_to_target: a\n'
+                    f"{extra}{filters}metric_list:\n  - metric: {metric}\n    aggregation: mean\n"
+                    "    higher_is_better: true\n")
+    return path
+
+
+def _refused(path, words: list[str], absent: list[str] = ()) -> str:
+    with pytest.raises(DataError) as err:
+        load_harness(str(path))
+    text = str(err.value)
+    assert "\n" not in text and all(w in text for w in words), text
+    assert not any(w in text for w in absent), text
+    return text
+
+
+# -- what the file is ------------------------------------------------------------------------------------------------
+def test_an_include_that_is_no_task_yaml_is_named_and_never_quoted(tmp_path, task_home):
+    secret = tmp_path / "secret.txt"
+    secret.write_text("root:x:0:0:the secret words:/root:/bin/bash\n")
+    path = tmp_path / "inc.yaml"
+    for include, why in ((secret, "is not a task YAML"), (tmp_path / "absent.yaml", "cannot be read")):
+        path.write_text(f"include: {include}\ntask: my_inc\n")
+        text = _refused(path, [f"the include '{include}'", why, "an include names a task YAML beside it"],
+                        ["unknown lm-eval task", "secret words", "root:x"])
+    refused(["localize", "--task", path, "--out", tmp_path / "r.safetensors"], text)
+    assert not (tmp_path / "r.safetensors").exists()
+
+
+def test_a_task_yaml_that_is_not_utf8_says_so(tmp_path, task_home):
+    path = tmp_path / "latin.yaml"
+    path.write_bytes("task: my_latin\ndoc_to_text: \"caf\xe9\"\n".encode("latin-1"))
+    _refused(path, ["is not UTF-8 text (byte 0xe9", "save it as UTF-8"], ["unknown lm-eval task"])
+
+
+# -- what the harness makes of it ------------------------------------------------------------------------------------
+def test_a_metric_the_harness_does_not_know_is_named_with_the_known_ones(tmp_path, task_home, capsys):
+    path = _yaml(tmp_path / "m", "my_metric", metric="exact_mtch")
+    _refused(path, ["metric 'exact_mtch' is none the harness knows", "did you mean exact_match?", "acc_norm"],
+             ["Hugging Face Hub"])
+    assert "exact_mtch" not in capsys.readouterr().err  # the harness's own log line is not shown besides
+
+
+def test_a_key_the_harness_rejects_is_named(tmp_path, task_home):
+    path = _yaml(tmp_path / "k", "my_key", extra="num_fewshots: 3\n")
+    _refused(path, ["takes no key 'num_fewshots'", "did you mean num_fewshot?"], ["Hugging Face Hub"])
+
+
+def test_local_data_files_are_read_and_a_relative_one_is_explained(tmp_path, task_home, monkeypatch):
+    folder = tmp_path / "d"
+    skill = load_harness(str(_yaml(folder, "my_local")))  # absolute paths: read as the harness reads them
+    assert skill.harness[0].n_eval == 3 and len(skill.splits["train"]) == 3
+    monkeypatch.chdir(tmp_path)
+    path = _yaml(folder, "my_relative", files={"train": "train.jsonl", "test": "test.jsonl"})
+    _refused(path, ["data file 'train.jsonl' is not found", "from the folder it runs in", "absolute path",
+                    str(folder / "train.jsonl")], ["Hugging Face Hub"])
+
+
+def test_a_harness_prefix_before_a_yaml_path_is_named_already(tmp_path):
+    """Covered as well in test_hostile_inputs: the prefix names registered tasks, and the fix is its path alone."""
+    with pytest.raises(DataError, match="drop the prefix"):
+        load_harness("lm-eval:path/to/x.yaml")
+
+
+# -- a region and its task file --------------------------------------------------------------------------------------
+def _region(tmp_path: Path, task: str) -> Path:
+    from conftest import make_tiny_pair
+    from graftui import regions
+    from graftui.localizers import Budget, run_method
+
+    pair, _, _ = make_tiny_pair()
+    region, _ = run_method(pair, Budget(k=20), "top-movement")
+    record = regions.with_patch(pair, regions.make_record(pair, region, {"method": "top-movement", "task": task}))
+    return regions.save(record, tmp_path / "r.safetensors")
+
+
+def test_a_relative_task_path_a_region_recorded_says_task_mends_it(tmp_path, task_home, monkeypatch):
+    (tmp_path / "mine").mkdir()
+    _yaml(tmp_path / "mine", "x")
+    path = _region(tmp_path, "mine/x.yaml")  # as it was named from tmp_path
+    (tmp_path / "other").mkdir()
+    monkeypatch.chdir(tmp_path / "other")
+    code, out, err = run_cli("evaluate", "--region", path, "--n", "2")
+    assert (code, out) == (2, "") and len(err.strip().splitlines()) == 1, err
+    assert "cannot read 'mine/x.yaml'" in err and "r.safetensors recorded" in err and "--task PATH" in err
