@@ -21,7 +21,7 @@ from ..config import (
     GraftableSpec, LoadOptions, default_checkpoint_dir,
 )
 from ..tasks.classification.data import Task
-from ..errors import GraftuiError, ModelError, RegionError, RequestError
+from ..errors import DataError, GraftuiError, ModelError, RegionError, RequestError
 from ..learning import out_of_memory_as_error
 from ..localizers import METHODS, Budget, get_method, run_method
 from ..compute import data_parallel
@@ -431,6 +431,19 @@ class Grafts:
     notes: list[str]
 
 
+def recorded_task(ref: str, spec, guard: Guard, notes: list[str], paths: list[str]) -> Task:
+    """The task a region recorded, read again; where it cannot be (a file moved, or named by a path relative to the
+    folder the region was learned in), the line says that ``--task`` names it afresh."""
+    try:
+        return read_task_as(ref, spec, guard, notes)
+    except DataError as err:
+        if not Path(ref).suffix or Path(ref).expanduser().exists():  # no file gone missing: the error says it all
+            raise
+        region = Path(paths[0]).name if paths else "the region"
+        raise DataError(f"{err} (the task '{ref}' that {region} recorded, as it was named where it was learned: give "
+                        "--task PATH to name it from here)") from err
+
+
 def regions_setting(req, guard: Guard) -> Grafts:
     """The regions of ``req`` (``GraftsFields``): their base, fine-tuned model and the task each was learned on
     (unless the request names them), every reference checked."""
@@ -469,7 +482,8 @@ def regions_setting(req, guard: Guard) -> Grafts:
     if not groups:
         groups[(task_ref, None)] = []
     tasks = {key: read_task(req, guard, notes) if key[1] is None and req.task else
-             read_task_as(key[0], key[1] or spec, guard, notes) for key in groups}
+             recorded_task(key[0], key[1] or spec, guard, notes, [req.regions[i] for i in groups[key]])
+             for key in groups}
     kinds = {kind_of(t).name for t in tasks.values()}
     if len(kinds) > 1:
         raise RegionError(f"the regions were learned on {' and '.join(sorted(kinds))} tasks: evaluate them apart")
