@@ -121,3 +121,20 @@ def test_a_relative_task_path_a_region_recorded_says_task_mends_it(tmp_path, tas
     code, out, err = run_cli("evaluate", "--region", path, "--n", "2")
     assert (code, out) == (2, "") and len(err.strip().splitlines()) == 1, err
     assert "cannot read 'mine/x.yaml'" in err and "r.safetensors recorded" in err and "--task PATH" in err
+
+
+# -- the pair a harness task reads -----------------------------------------------------------------------------------
+def test_a_classifier_pair_on_a_harness_task_is_told_the_task_s_own_output_type(tmp_path, task_home):
+    from conftest import make_tiny_bert
+    from lm_util import make_tokenizer
+
+    folder = tmp_path / "classifier"
+    folder.mkdir()
+    make_tokenizer(folder)
+    make_tiny_bert().save_pretrained(folder)
+    out = tmp_path / "r.safetensors"
+    code, stdout, err = run_cli("localize", "--base", folder, "--finetuned", folder, "--task", "lm-eval:graftui_movies",
+                                "--out", out)
+    assert (code, stdout) == (2, "") and len(err.strip().splitlines()) == 1, err
+    assert "graftui_movies: multiple choice" in err and "a completion task" not in err and "is a classifier" in err
+    assert not out.exists()

@@ -214,8 +214,9 @@ def _localize(req: LocalizeRequest, progress: Progress | None, cancel, guard: Gu
         options = kind.reading(options, task)
         if info.needs_data:
             kind.check_sample(task, req)  # a bad sample size fails before any model is loaded
-    pair = get_pair(req.base, req.finetuned, req.graftable_spec(), guard, progress, cancel, options,
-                    kind.labels(task) if kind is not None else None)
+    with kind.loading(task) if kind is not None else contextlib.nullcontext():
+        pair = get_pair(req.base, req.finetuned, req.graftable_spec(), guard, progress, cancel, options,
+                        kind.labels(task) if kind is not None else None)
     notes += prompt_notes(pair)
     if kind is not None:
         kind.check_pair(pair, task)
@@ -509,10 +510,12 @@ def regions_pair(req, grafts: Grafts, task: Task, guard: Guard, progress=None, c
                      "rebuilt from the patch (equal to the fine-tuned model inside the region only); give --finetuned "
                      "for the real one")
     elif records:
-        pair = pair_for_regions(grafts.base, grafts.finetuned, records, guard, progress, cancel, options)
+        with kind.loading(task):
+            pair = pair_for_regions(grafts.base, grafts.finetuned, records, guard, progress, cancel, options)
     else:
-        pair = get_pair(grafts.base, grafts.finetuned, GraftableSpec(), guard, progress, cancel, options,
-                        kind.labels(task))
+        with kind.loading(task):
+            pair = get_pair(grafts.base, grafts.finetuned, GraftableSpec(), guard, progress, cancel, options,
+                            kind.labels(task))
     notes += prompt_notes(pair)
     kind.check_pair(pair, task)
     for path, label, record in zip(req.regions, labels, records):
@@ -792,7 +795,9 @@ def sweep(req: SweepRequest, progress: Progress | None = None, cancel=None, guar
     methods = list(dict.fromkeys(req.methods))
     if any(get_method(m).needs_data for m in methods):
         kind.check_sample(task, req)
-    pair = get_pair(req.base, req.finetuned, req.graftable_spec(), guard, progress, cancel, options, kind.labels(task))
+    with kind.loading(task):
+        pair = get_pair(req.base, req.finetuned, req.graftable_spec(), guard, progress, cancel, options,
+                        kind.labels(task))
     kind.check_pair(pair, task)
     notes += prompt_notes(pair)
     check_moved(pair)

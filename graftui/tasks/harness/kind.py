@@ -124,6 +124,14 @@ class Harness(Completion):
                 f"log-likelihoods and generations), and '{short_ref(pair.finetuned_ref)}' is read as a classifier: give "
                 "a causal LM pair, e.g. --base smollm2 --finetuned smollm2-dates")
 
+    def wrong_checkpoint(self, ref: str, own: str, task) -> str:
+        read = {"multiple_choice": "multiple choice, the log-likelihood of each choice",
+                "generate_until": "generation", "loglikelihood": "the log-likelihood of a continuation",
+                "loglikelihood_rolling": "the log-likelihood of whole texts"}
+        said = "; ".join(f"{t.name}: {read.get(t.output_type, t.output_type)}" for t in task.harness)
+        return (f"'{short_ref(ref)}' is a {own.replace('-', ' ')}, and lm-evaluation-harness scores a causal language "
+                f"model on {task.name} ({said}): give causal LMs, e.g. --base smollm2 --finetuned smollm2-dates")
+
     def check_sample(self, task, req) -> None:
         if not len(task.splits["train"]):
             raise DataError(f"'{task.name}' has no training or validation documents besides those it is evaluated "
