@@ -3,6 +3,7 @@ problem and the fix, before any model loads, and what the harness reads of a tas
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -138,3 +139,62 @@ def test_a_classifier_pair_on_a_harness_task_is_told_the_task_s_own_output_type(
     assert (code, stdout) == (2, "") and len(err.strip().splitlines()) == 1, err
     assert "graftui_movies: multiple choice" in err and "a completion task" not in err and "is a classifier" in err
     assert not out.exists()
+
+
+# -- a region learned on a task YAML ---------------------------------------------------------------------------------
+MC_YAML = """task: my_mc
+dataset_path: json
+dataset_kwargs:
+  data_files: {{train: {folder}/train.jsonl, test: {folder}/test.jsonl}}
+  cache_dir: {folder}/cache
+output_type: multiple_choice
+training_split: train
+test_split: test
+doc_to_text: "{{{{text}}}} it was"
+doc_to_target: label
+doc_to_choice: [" good", " bad"]
+metric_list:
+  - metric: acc
+    aggregation: mean
+    higher_is_better: true
+"""
+
+
+@pytest.fixture(scope="module")
+def tiny_lms(tmp_path_factory):
+    """A tiny GPT-2 pair (seconds to score) and a folder for task YAMLs over four short reviews."""
+    from lm_util import write_lm_pair
+
+    root = tmp_path_factory.mktemp("yaml-tasks")
+    base, ft = write_lm_pair(root, "gpt2")
+    folder = root / "task"
+    folder.mkdir()
+    for split in ("train", "test"):
+        (folder / f"{split}.jsonl").write_text("".join(
+            json.dumps({"text": f"the movie was {w}", "label": i % 2, "answer": w}) + "\n"
+            for i, w in enumerate(("good", "bad", "fun", "dull"))))
+    return base, ft, folder
+
+
+def test_a_region_records_its_task_file_and_notes_it_changed_since(tiny_lms, tmp_path, monkeypatch):
+    import graftui
+    from graftui import regions
+
+    monkeypatch.setenv("GRAFTUI_HOME", str(tmp_path / "home"))
+    base, ft, folder = tiny_lms
+    path = folder / "mc.yaml"
+    path.write_text(MC_YAML.format(folder=folder))
+    out = tmp_path / "r.safetensors"
+    graftui.localize(base=str(base), finetuned=str(ft), task=str(path), steps=1, examples_per_class=2, check_n=0,
+                     k=50, out=str(out))
+    recorded = regions.load(out).meta.task_files
+    assert recorded == {str(path.resolve()): hashlib.sha256(path.read_bytes()).hexdigest()}
+    assert regions.RegionMeta.from_dict({"task": "movies"}).task_files is None  # a file from before still loads
+
+    same = graftui.evaluate(regions=[str(out)], n=4).as_dict()
+    assert not any("changed since" in note for note in same["notes"])
+    path.write_text(path.read_text().replace("it was", "so it was"))
+    edited = graftui.evaluate(regions=[str(out)], n=4).as_dict()  # scored, with a note
+    assert [n for n in edited["notes"] if "changed since" in n] == [
+        f"the task file {path.resolve()} changed since r was learned on it: it is scored on the file as it is now"]
+    assert {r["model"] for r in edited["rows"]} >= {"fine-tuned", "r"}

@@ -165,7 +165,8 @@ def find_region(req, pair: ModelPair, task: Task | None, k: int, notes: list[str
                            progress=on_step if progress else None, cancel=cancel,  # no one to report to: no count
                            announce=announce, details=details, within=within)
     budget = budget_of(req, task)
-    made = {"method": req.method, "task": req.task, "budget": budget.describe(), "budget_k": k,
+    made = {"method": req.method, "task": req.task, "task_files": kind_of(task).task_files(task) or None if task else None,
+            "budget": budget.describe(), "budget_k": k,
             "sparsity": budget.sparsity, "train_examples": n_train,
             "learn": config.as_dict() if info.needs_data else None, "graftable_spec": req.graftable_spec().as_dict(),
             "curve": regions.curve_of(steps) if steps else None, "learner": details or None}
@@ -432,6 +433,21 @@ class Grafts:
     notes: list[str]
 
 
+def changed_task_files(records, labels, groups: dict, tasks: dict) -> list[str]:
+    """A note for each region whose task file (recorded when it was learned, by path and sha256) is scored again as it
+    reads now, changed: the scores are on the file as it is, not as the region was learned on."""
+    out = []
+    for key, members in groups.items():
+        now = kind_of(tasks[key]).task_files(tasks[key])
+        for i in members:
+            then = records[i].meta.task_files or {}
+            changed = [p for p, digest in then.items() if p in now and now[p] != digest]
+            if changed:
+                out.append(f"the task file {', '.join(changed)} changed since {labels[i]} was learned on it: it is "
+                           "scored on the file as it is now")
+    return out
+
+
 def recorded_task(ref: str, spec, guard: Guard, notes: list[str], paths: list[str]) -> Task:
     """The task a region recorded, read again; where it cannot be (a file moved, or named by a path relative to the
     folder the region was learned in), the line says that ``--task`` names it afresh."""
@@ -488,6 +504,7 @@ def regions_setting(req, guard: Guard) -> Grafts:
     kinds = {kind_of(t).name for t in tasks.values()}
     if len(kinds) > 1:
         raise RegionError(f"the regions were learned on {' and '.join(sorted(kinds))} tasks: evaluate them apart")
+    notes += changed_task_files(records, labels, groups, tasks)
     return Grafts(records, labels, first, base, finetuned, from_patch, groups, tasks, notes)
 
 

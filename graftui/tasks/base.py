@@ -137,6 +137,11 @@ class TaskKind:
                 raise
             raise ModelError(said) from err
 
+    def task_files(self, task) -> dict[str, str]:
+        """sha256 of each file ``task`` was read from, by path, where a region records them (a harness task YAML's:
+        the harness reads it again each time, edited or not); none by default."""
+        return {}
+
     def wrong_checkpoint(self, ref: str, own: str, task) -> str | None:
         """The line refusing checkpoint ``ref`` (a ``own``) for ``task``; None keeps the reader's own line."""
         return None

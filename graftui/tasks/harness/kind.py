@@ -124,6 +124,9 @@ class Harness(Completion):
                 f"log-likelihoods and generations), and '{short_ref(pair.finetuned_ref)}' is read as a classifier: give "
                 "a causal LM pair, e.g. --base smollm2 --finetuned smollm2-dates")
 
+    def task_files(self, task) -> dict[str, str]:
+        return {path: digest for t in task.harness for path, digest in t.files}
+
     def wrong_checkpoint(self, ref: str, own: str, task) -> str:
         read = {"multiple_choice": "multiple choice, the log-likelihood of each choice",
                 "generate_until": "generation", "loglikelihood": "the log-likelihood of a continuation",

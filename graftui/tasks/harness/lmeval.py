@@ -261,6 +261,7 @@ class HarnessTask:
     n_eval: int
     include_path: tuple[str, ...] = ()  # folders of task YAMLs besides the harness's registry (the offline tasks')
     registry: bool = True  # found in the harness's own registry (5 s to index), not in include_path alone
+    files: tuple[tuple[str, str], ...] = ()  # (path, sha256) of a user's task YAML and the files it includes
 
     @property
     def chat(self) -> bool:
@@ -484,8 +485,32 @@ def load_harness_task(name: str, *, include_path: str | Path | Sequence[str | Pa
         raise DataError(f"lm-eval task '{name}': a training document cannot be written as a prompt and an answer "
                         f"({type(err).__name__}: {err}); score it without learning a region on it") from err
     eval_split = task.config.test_split if task.has_test_docs() else task.config.validation_split
+    read = getattr(manager.task_index.get(name), "yaml_path", None)
+    files = file_digests(Path(read)) if read is not None and not registry and name not in OFFLINE else ()
     return HarnessTask(name, task.OUTPUT_TYPE, Completions(examples), split, str(eval_split), len(task.eval_docs),
-                       include, registry)
+                       include, registry, files)
+
+
+def file_digests(path: Path, seen: tuple[Path, ...] = ()) -> tuple[tuple[str, str], ...]:
+    """(path, sha256 of its bytes) of a task YAML and of each file it includes, in order: what a region learned on it
+    records, so a file edited since is noted where the region is scored again. A file that cannot be read is left
+    out (the harness has read it already, or skipped it)."""
+    from lm_eval.tasks._yaml_loader import _make_loader
+    import yaml
+
+    path = path.resolve()
+    try:
+        data = path.read_bytes()
+        config = yaml.load(data, Loader=_make_loader(path.parent, resolve_funcs=False))  # noqa: S506 - no !function run
+    except (OSError, yaml.YAMLError):
+        return ()
+    out = ((str(path), hashlib.sha256(data).hexdigest()),)
+    includes = config.get("include") if isinstance(config, dict) else None
+    for inc in includes if isinstance(includes, list) else [] if includes is None else [includes]:
+        target = (path.parent / str(inc)).resolve()
+        if target not in seen and target != path:
+            out += file_digests(target, (*seen, path))
+    return out
 
 
 def load_harness_tasks(ref: str) -> list[HarnessTask]:
@@ -768,5 +793,5 @@ def _reading(name: str, output_type: str, out: dict) -> HarnessScore:
 
 
 __all__ = ["BOOTSTRAP_ITERS", "HarnessScore", "HarnessTask", "OFFLINE", "PREFIX", "answer_filter", "harness_names",
-           "file_task", "is_harness_ref", "is_task_file", "load_harness_task", "load_harness_tasks", "offline_dir",
+           "file_digests", "file_task", "is_harness_ref", "is_task_file", "load_harness_task", "load_harness_tasks", "offline_dir",
            "score", "task_yaml", "user_dir"]
