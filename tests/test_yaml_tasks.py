@@ -198,3 +198,85 @@ def test_a_region_records_its_task_file_and_notes_it_changed_since(tiny_lms, tmp
     assert [n for n in edited["notes"] if "changed since" in n] == [
         f"the task file {path.resolve()} changed since r was learned on it: it is scored on the file as it is now"]
     assert {r["model"] for r in edited["rows"]} >= {"fine-tuned", "r"}
+
+
+GEN_YAML = """task: my_two_filters
+dataset_path: json
+dataset_kwargs:
+  data_files: {{train: {folder}/train.jsonl, test: {folder}/test.jsonl}}
+  cache_dir: {folder}/cache
+output_type: generate_until
+training_split: train
+test_split: test
+doc_to_text: "{{{{text}}}} it was"
+doc_to_target: "{{{{answer}}}}"
+generation_kwargs:
+  until: ["\\n"]
+  max_gen_toks: 3
+  do_sample: false
+filter_list:
+  - name: raw
+    filter:
+      - function: take_first
+  - name: strip
+    filter:
+      - function: remove_whitespace
+      - function: take_first
+metric_list:
+  - metric: exact_match
+    aggregation: mean
+    higher_is_better: true
+  - metric: bleu
+    aggregation: bleu
+    higher_is_better: true
+"""
+
+
+@pytest.fixture(scope="module")
+def two_filters(tiny_lms, tmp_path_factory):
+    """An evaluation of a tiny pair with no region on a task YAML of two filters (raw, then strip) and two metrics."""
+    import graftui
+
+    base, ft, folder = tiny_lms
+    path = folder / "gen.yaml"
+    path.write_text(GEN_YAML.format(folder=folder))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("GRAFTUI_HOME", str(tmp_path_factory.mktemp("home")))
+        return graftui.evaluate(base=str(base), finetuned=str(ft), task=str(path), n=4).as_dict()
+
+
+def test_every_filter_s_score_is_shown_and_the_first_is_the_one_compared(two_filters):
+    from graftui.flows import text
+    from graftui.kinds import HARNESS
+    from graftui.ui.tables import compare_table
+
+    rows = two_filters["rows"]
+    assert all(r["metric"] == "exact_match,raw" for r in rows)
+    assert all({"exact_match,raw", "exact_match,strip"} <= set(r["harness"]) for r in rows)
+    shown = text.evaluate(two_filters)
+    assert "exact_match,strip: fine-tuned" in shown and "its first filter" in shown
+    card = HARNESS.card(two_filters, None, "fine-tuned")
+    assert any("exact_match,strip" in line and "the one compared above" in line for line in card)
+    table = compare_table(two_filters)
+    assert "exact_match,strip (not compared)" in set(table["metric"])
+
+
+def test_a_score_that_is_no_share_prints_as_its_number(two_filters):
+    """The app's table and the card print a share (exact match) in % and its change in points, and a metric that is
+    none (BLEU, 0–100) as the number it is, its change a plain difference (``metrics.METRICS``)."""
+    from graftui import metrics
+    from graftui.kinds import HARNESS
+    from graftui.ui.tables import compare_table
+
+    assert metrics.metric_of("exact_match,strip").share and not metrics.metric_of("bleu,raw").share
+    rows = [{**r, "metric": "bleu,raw", "score": 42.5 + i, "stderr": 1.25, "share": False,
+             "accuracy_ci": None} for i, r in enumerate(two_filters["rows"])]
+    doc = {**two_filters, "rows": rows, "differences": []}
+    table = compare_table(doc)
+    first = table[table["metric"] == "bleu,raw"]
+    assert "42.500" in set(first["score ↑ [95 % CI]"]) and not any("%" in v for v in first["score ↑ [95 % CI]"])
+    assert {v for v in first["Δ vs FT"] if v} <= {"+0.000", "+1.000", "+2.000"} and "+1.000" in set(first["Δ vs FT"])
+    card = " ".join(HARNESS.card(doc, None, "fine-tuned"))
+    assert "BLEU, over the corpus: bleu,raw" in card and "42.500 ± 1.250" in card and "4250" not in card
+    share = compare_table(two_filters)
+    assert all(v.endswith("%") or "[" in v for v in share[share["metric"] == "exact_match,raw"]["score ↑ [95 % CI]"])
