@@ -226,20 +226,18 @@ metric_list:
   - metric: exact_match
     aggregation: mean
     higher_is_better: true
-  - metric: bleu
-    aggregation: bleu
-    higher_is_better: true
-"""
+{more}"""
+BLEU = "  - metric: bleu\n    aggregation: bleu\n    higher_is_better: true\n"
 
 
 @pytest.fixture(scope="module")
 def two_filters(tiny_lms, tmp_path_factory):
-    """An evaluation of a tiny pair with no region on a task YAML of two filters (raw, then strip) and two metrics."""
+    """An evaluation of a tiny pair with no region on a task YAML of two filters (raw, then strip)."""
     import graftui
 
     base, ft, folder = tiny_lms
     path = folder / "gen.yaml"
-    path.write_text(GEN_YAML.format(folder=folder))
+    path.write_text(GEN_YAML.format(folder=folder, more=""))
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("GRAFTUI_HOME", str(tmp_path_factory.mktemp("home")))
         return graftui.evaluate(base=str(base), finetuned=str(ft), task=str(path), n=4).as_dict()
@@ -280,3 +278,20 @@ def test_a_score_that_is_no_share_prints_as_its_number(two_filters):
     assert "BLEU, over the corpus: bleu,raw" in card and "42.500 ± 1.250" in card and "4250" not in card
     share = compare_table(two_filters)
     assert all(v.endswith("%") or "[" in v for v in share[share["metric"] == "exact_match,raw"]["score ↑ [95 % CI]"])
+
+
+@pytest.mark.e2e  # the harness bootstraps BLEU's stderr in a pool of processes
+def test_scoring_a_corpus_metric_prints_nothing_on_stdout(tiny_lms, tmp_path, monkeypatch, capsys):
+    """The harness prints as it bootstraps BLEU's stderr; stdout is where graftui writes a --json report."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from graftui.tasks.harness import lmeval
+
+    monkeypatch.setenv("GRAFTUI_HOME", str(tmp_path / "home"))
+    base, ft, folder = tiny_lms
+    path = folder / "bleu.yaml"
+    path.write_text(GEN_YAML.format(folder=folder, more=BLEU).replace("my_two_filters", "my_bleu"))
+    task = load_harness(str(path)).harness[0]
+    found = lmeval.score(AutoModelForCausalLM.from_pretrained(ft), AutoTokenizer.from_pretrained(ft), task, limit=2,
+                         bootstrap_iters=10)
+    assert "bleu,strip" in found.metrics and capsys.readouterr().out == ""

@@ -25,6 +25,7 @@ import contextlib
 import dataclasses
 import difflib
 import hashlib
+import io
 import json
 import logging
 import math
@@ -693,7 +694,9 @@ def score(model, tokenizer, task: HarnessTask, limit: int | None = None, batch_s
     manager = _manager(task.include_path, task.registry)
     was_training = getattr(lm_model, "training", None)
     try:
-        with _quiet(), _kept_random_state(), stopped_at_line_end(tokenizer, task.output_type == "generate_until"):
+        # the harness prints as it bootstraps a corpus metric's stderr (BLEU): on stdout, where a --json report goes
+        with _quiet(), _kept_random_state(), stopped_at_line_end(tokenizer, task.output_type == "generate_until"), \
+                contextlib.redirect_stdout(io.StringIO()):
             lm = lm_model if isinstance(lm_model, LM) else \
                 HFLM(pretrained=lm_model, tokenizer=tokenizer, batch_size=batch_size)
             out = simple_evaluate(model=lm, tasks=[task.name], task_manager=manager, limit=limit,
