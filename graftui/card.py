@@ -70,7 +70,8 @@ def annotate(rows: list[dict]) -> list[dict]:
     ``method`` ("random", "top-movement", …) marks baselines, matched to grafts by region size.
     """
     for row in rows:
-        row["accuracy_ci"] = wilson(row["accuracy"], row["n"])
+        # a score that is no share of the examples (a perplexity, a BLEU) has no binomial interval
+        row["accuracy_ci"] = wilson(row["accuracy"], row["n"]) if row.get("share", True) else None
         row["calibration"] = calibration(row["accuracy"], row.get("confidence"))
     for task in dict.fromkeys(r["task"] for r in rows):
         group = [r for r in rows if r["task"] == task]

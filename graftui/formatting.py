@@ -57,6 +57,19 @@ def one_line(text: str, width: int = 0) -> str:
     return flat if not width or len(flat) <= width else flat[:width - 3] + "..."
 
 
+def score_text(x: float | None, share: bool, digits: int = 1, missing: str = "–") -> str:
+    """A score as it is read: a share of the examples as a percentage, any other (a perplexity, a BLEU) as the plain
+    number it is."""
+    if x is None:
+        return missing
+    return pct(x, digits) if share else f"{x:.3f}"
+
+
+def change_text(x: float, share: bool) -> str:
+    """A change of a score, signed: in percentage points for a share, else a plain difference."""
+    return pts(x) if share else _signed(x, 3)
+
+
 def pts(x: float) -> str:
     """A difference of two accuracies in percentage points, signed."""
     return f"{100 * x:+.1f} pts"

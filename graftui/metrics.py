@@ -288,7 +288,29 @@ METRICS: dict[str, Metric] = {m.name: m for m in (
     Metric("token_f1", "token F1", False, True),
     Metric("loss", "loss", False, False, "mean over tokens"),
     Metric("token_ece", "token ECE", False, False, "binned by confidence, over tokens"),
+    # lm-evaluation-harness's own metrics (named as the harness names them, a filter's name after a comma)
+    Metric("acc", "accuracy", True, True),
+    Metric("acc_norm", "length-normalized accuracy", True, True),
+    Metric("acc_mutual_info", "mutual-information accuracy", True, True),
+    Metric("acc_all", "accuracy over all of a question's answers", True, True),
+    Metric("acc_bytes", "byte-normalized accuracy", True, True),
+    Metric("mcc", "Matthews correlation", False, True, "over all documents"),
+    Metric("brier_score", "Brier score", False, False),
+    Metric("perplexity", "perplexity", False, False, "exp of the mean loss"),
+    Metric("word_perplexity", "word perplexity", False, False, "over all words"),
+    Metric("byte_perplexity", "byte perplexity", False, False, "over all bytes"),
+    Metric("bits_per_byte", "bits per byte", False, False, "over all bytes"),
+    Metric("bleu", "BLEU", False, True, "over the corpus"),
+    Metric("chrf", "chrF", False, True, "over the corpus"),
+    Metric("ter", "TER", False, False, "over the corpus"),
 )}
+
+
+def metric_of(name: str | None) -> Metric | None:
+    """The registered metric of a score's name: as it is, else before a comma (a harness filter's name)."""
+    if not name:
+        return None
+    return METRICS.get(name) or METRICS.get(name.split(",", 1)[0])
 
 
 def in_points(difference: dict) -> bool:
@@ -296,7 +318,7 @@ def in_points(difference: dict) -> bool:
     lm-evaluation-harness metric is one when every document scored 0 or 1), else as its metric is registered."""
     if difference.get("share") is not None:
         return bool(difference["share"])
-    metric = METRICS.get(difference.get("metric"))
+    metric = metric_of(difference.get("metric"))
     return metric is not None and metric.share
 
 

@@ -392,6 +392,15 @@ def prompt_tokenizer(ref: str, kind: str, labels, options: LoadOptions, *, allow
     return PromptTokenizer(load_tokenizer(ref, trust_remote_code=trust_remote_code, allow_local=allow_local), prompt)
 
 
+class WrongCheckpoint(ModelError):
+    """A checkpoint of another kind than the task is read by (``own``: what it is); the task's kind may say it in its
+    own words (``tasks.base.Kind.loading``)."""
+
+    def __init__(self, message: str, ref: str, own: str):
+        super().__init__(message)
+        self.ref, self.own = ref, own
+
+
 def load_reader(ref: str, kind: str, labels, options: LoadOptions, *, tokenizer=None, allow_local: bool = True,
                 trust_remote_code: bool = False):
     """``ref`` read as ``kind``: (model, tokenizer, new).
@@ -405,8 +414,9 @@ def load_reader(ref: str, kind: str, labels, options: LoadOptions, *, tokenizer=
     if kind == COMPLETION:  # (a prompt given with it is refused before: tasks.completion.Completion.reading)
         own = checkpoint_kind(ref, trust_remote_code=trust_remote_code, allow_local=allow_local)
         if own != "causal-lm":
-            raise ModelError(f"'{ref}' is a {own.replace('-', ' ')}: a completion task is scored on a causal LM's own "
-                             "completions; give causal LMs, e.g. --base smollm2 --finetuned smollm2-dates")
+            raise WrongCheckpoint(f"'{ref}' is a {own.replace('-', ' ')}: a completion task is scored on a causal LM's "
+                                  "own completions; give causal LMs, e.g. --base smollm2 --finetuned smollm2-dates",
+                                  ref, own)
         tokenizer = tokenizer or load_tokenizer(ref, trust_remote_code=trust_remote_code, allow_local=allow_local)
         return CompletionLM(load_lm(ref, "causal-lm", **kw)), tokenizer, set()
     if kind == "classifier":

@@ -69,6 +69,7 @@ class RegionMeta(MutableMapping):
     # the region
     method: str | None = None
     task: str | None = None
+    task_files: dict | None = None  # sha256 of each file the task was read from (a harness YAML, its includes), by path
     k: int | None = None
     graftable_params: int | None = None
     total_params: int | None = None

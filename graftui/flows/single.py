@@ -21,7 +21,7 @@ from ..config import (
     GraftableSpec, LoadOptions, default_checkpoint_dir,
 )
 from ..tasks.classification.data import Task
-from ..errors import GraftuiError, ModelError, RegionError, RequestError
+from ..errors import DataError, GraftuiError, ModelError, RegionError, RequestError
 from ..learning import out_of_memory_as_error
 from ..localizers import METHODS, Budget, get_method, run_method
 from ..compute import data_parallel
@@ -165,7 +165,8 @@ def find_region(req, pair: ModelPair, task: Task | None, k: int, notes: list[str
                            progress=on_step if progress else None, cancel=cancel,  # no one to report to: no count
                            announce=announce, details=details, within=within)
     budget = budget_of(req, task)
-    made = {"method": req.method, "task": req.task, "budget": budget.describe(), "budget_k": k,
+    made = {"method": req.method, "task": req.task, "task_files": kind_of(task).task_files(task) or None if task else None,
+            "budget": budget.describe(), "budget_k": k,
             "sparsity": budget.sparsity, "train_examples": n_train,
             "learn": config.as_dict() if info.needs_data else None, "graftable_spec": req.graftable_spec().as_dict(),
             "curve": regions.curve_of(steps) if steps else None, "learner": details or None}
@@ -214,8 +215,9 @@ def _localize(req: LocalizeRequest, progress: Progress | None, cancel, guard: Gu
         options = kind.reading(options, task)
         if info.needs_data:
             kind.check_sample(task, req)  # a bad sample size fails before any model is loaded
-    pair = get_pair(req.base, req.finetuned, req.graftable_spec(), guard, progress, cancel, options,
-                    kind.labels(task) if kind is not None else None)
+    with kind.loading(task) if kind is not None else contextlib.nullcontext():
+        pair = get_pair(req.base, req.finetuned, req.graftable_spec(), guard, progress, cancel, options,
+                        kind.labels(task) if kind is not None else None)
     notes += prompt_notes(pair)
     if kind is not None:
         kind.check_pair(pair, task)
@@ -431,6 +433,34 @@ class Grafts:
     notes: list[str]
 
 
+def changed_task_files(records, labels, groups: dict, tasks: dict) -> list[str]:
+    """A note for each region whose task file (recorded when it was learned, by path and sha256) is scored again as it
+    reads now, changed: the scores are on the file as it is, not as the region was learned on."""
+    out = []
+    for key, members in groups.items():
+        now = kind_of(tasks[key]).task_files(tasks[key])
+        for i in members:
+            then = records[i].meta.task_files or {}
+            changed = [p for p, digest in then.items() if p in now and now[p] != digest]
+            if changed:
+                out.append(f"the task file {', '.join(changed)} changed since {labels[i]} was learned on it: it is "
+                           "scored on the file as it is now")
+    return out
+
+
+def recorded_task(ref: str, spec, guard: Guard, notes: list[str], paths: list[str]) -> Task:
+    """The task a region recorded, read again; where it cannot be (a file moved, or named by a path relative to the
+    folder the region was learned in), the line says that ``--task`` names it afresh."""
+    try:
+        return read_task_as(ref, spec, guard, notes)
+    except DataError as err:
+        if not Path(ref).suffix or Path(ref).expanduser().exists():  # no file gone missing: the error says it all
+            raise
+        region = Path(paths[0]).name if paths else "the region"
+        raise DataError(f"{err} (the task '{ref}' that {region} recorded, as it was named where it was learned: give "
+                        "--task PATH to name it from here)") from err
+
+
 def regions_setting(req, guard: Guard) -> Grafts:
     """The regions of ``req`` (``GraftsFields``): their base, fine-tuned model and the task each was learned on
     (unless the request names them), every reference checked."""
@@ -469,10 +499,12 @@ def regions_setting(req, guard: Guard) -> Grafts:
     if not groups:
         groups[(task_ref, None)] = []
     tasks = {key: read_task(req, guard, notes) if key[1] is None and req.task else
-             read_task_as(key[0], key[1] or spec, guard, notes) for key in groups}
+             recorded_task(key[0], key[1] or spec, guard, notes, [req.regions[i] for i in groups[key]])
+             for key in groups}
     kinds = {kind_of(t).name for t in tasks.values()}
     if len(kinds) > 1:
         raise RegionError(f"the regions were learned on {' and '.join(sorted(kinds))} tasks: evaluate them apart")
+    notes += changed_task_files(records, labels, groups, tasks)
     return Grafts(records, labels, first, base, finetuned, from_patch, groups, tasks, notes)
 
 
@@ -495,10 +527,12 @@ def regions_pair(req, grafts: Grafts, task: Task, guard: Guard, progress=None, c
                      "rebuilt from the patch (equal to the fine-tuned model inside the region only); give --finetuned "
                      "for the real one")
     elif records:
-        pair = pair_for_regions(grafts.base, grafts.finetuned, records, guard, progress, cancel, options)
+        with kind.loading(task):
+            pair = pair_for_regions(grafts.base, grafts.finetuned, records, guard, progress, cancel, options)
     else:
-        pair = get_pair(grafts.base, grafts.finetuned, GraftableSpec(), guard, progress, cancel, options,
-                        kind.labels(task))
+        with kind.loading(task):
+            pair = get_pair(grafts.base, grafts.finetuned, GraftableSpec(), guard, progress, cancel, options,
+                            kind.labels(task))
     notes += prompt_notes(pair)
     kind.check_pair(pair, task)
     for path, label, record in zip(req.regions, labels, records):
@@ -778,7 +812,9 @@ def sweep(req: SweepRequest, progress: Progress | None = None, cancel=None, guar
     methods = list(dict.fromkeys(req.methods))
     if any(get_method(m).needs_data for m in methods):
         kind.check_sample(task, req)
-    pair = get_pair(req.base, req.finetuned, req.graftable_spec(), guard, progress, cancel, options, kind.labels(task))
+    with kind.loading(task):
+        pair = get_pair(req.base, req.finetuned, req.graftable_spec(), guard, progress, cancel, options,
+                        kind.labels(task))
     kind.check_pair(pair, task)
     notes += prompt_notes(pair)
     check_moved(pair)

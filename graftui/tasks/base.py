@@ -12,12 +12,14 @@ use), ``ece``, ``loss`` where it has one, ``agreement_with_ft``, ``region_size``
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple
 
 from ..card import Words, gain_recovered
 from ..config import COMPLETION, DEFAULT_SPARSITY, LoadOptions
 from ..errors import ModelError, RequestError
+from ..models import WrongCheckpoint
 
 
 @dataclass
@@ -123,6 +125,26 @@ class TaskKind:
 
     def misread(self, pair, task) -> str:
         raise NotImplementedError
+
+    @contextlib.contextmanager
+    def loading(self, task):
+        """The pair is read for ``task``: a checkpoint of the wrong kind is refused in this kind's words."""
+        try:
+            yield
+        except WrongCheckpoint as err:
+            said = self.wrong_checkpoint(err.ref, err.own, task)
+            if said is None:
+                raise
+            raise ModelError(said) from err
+
+    def task_files(self, task) -> dict[str, str]:
+        """sha256 of each file ``task`` was read from, by path, where a region records them (a harness task YAML's:
+        the harness reads it again each time, edited or not); none by default."""
+        return {}
+
+    def wrong_checkpoint(self, ref: str, own: str, task) -> str | None:
+        """The line refusing checkpoint ``ref`` (a ``own``) for ``task``; None keeps the reader's own line."""
+        return None
 
     def check_region(self, label: str, meta, task) -> None:
         """Refuse a region learned on a task read the other way (its recorded reading) scored on ``task``: its pair

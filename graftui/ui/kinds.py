@@ -10,7 +10,7 @@ from __future__ import annotations
 from .. import card
 from ..config import FT_LABEL, is_body
 from ..errors import RequestError
-from ..formatting import num, pct
+from ..formatting import change_text, num, pct, score_text
 from ..tasks.harness.lmeval import PREFIX
 from ..kinds import KINDS, TaskKind
 
@@ -200,23 +200,39 @@ class HarnessApp(CompletionApp):
 
     app_columns = ("model", "task", "n", "metric", "score ↑ [95 % CI]", "harness stderr", "share of FT gain", "Δ vs FT",
                    "k (params)")
-    app_note = ("Scores are lm-evaluation-harness's own metric of each task, beside its stderr; the paired differences "
-                "are graftui's, on the same documents.")
+    app_note = ("Scores are lm-evaluation-harness's own metric of each task (its YAML's first metric under its first "
+                "filter), beside its stderr; the paired differences are graftui's, on the same documents. The "
+                "harness's other scores (another filter or metric) follow, not compared.")
 
     def app_heading(self, result) -> str:
         return f"lm-evaluation-harness task(s): **{result['task'].removeprefix(PREFIX)}**. "
 
     def app_rows(self, result) -> list[dict]:
+        """One row per model and task for the score compared (a share in % and its change in points, any other metric
+        as its number and its change as a plain difference; ↓ where lower is better), then one per other score the
+        harness gave (another filter or metric of the task's YAML), not compared."""
         rows = result.get("rows") or []
         ft = {r["task"]: r["score"] for r in rows if r["model"] == "fine-tuned"}
-        return [{"model": r["model"], "task": r["task"], "n": f"{round(r['n']):,}", "metric": r.get("metric") or "",
-                 "score ↑ [95 % CI]": pct(r["score"], 1, missing="") + (
-                     f" [{100 * r['accuracy_ci'][0]:.0f}–{100 * r['accuracy_ci'][1]:.0f}]" if r.get("accuracy_ci")
-                     else ""),
-                 "harness stderr": pct(r.get("stderr"), 1, missing=""),
-                 "share of FT gain": pct(r.get("gain_recovered"), 1, missing=""),
-                 "Δ vs FT": "" if r["task"] not in ft else f"{100 * (r['score'] - ft[r['task']]):+.1f} pts",
-                 "k (params)": "" if r.get("region_size") is None else f"{round(r['region_size']):,}"} for r in rows]
+        out = []
+        for r in rows:
+            share = r.get("share", True)
+            ci = r.get("accuracy_ci")
+            interval = "" if not ci else (f" [{100 * ci[0]:.0f}–{100 * ci[1]:.0f}]" if share else
+                                          f" [{ci[0]:.3f}–{ci[1]:.3f}]")
+            out.append({"model": r["model"], "task": r["task"], "n": f"{round(r['n']):,}",
+                        "metric": (r.get("metric") or "") + ("" if r.get("higher_is_better", True) else " ↓"),
+                        "score ↑ [95 % CI]": score_text(r["score"], share, missing="") + interval,
+                        "harness stderr": score_text(r.get("stderr"), share, missing=""),
+                        "share of FT gain": pct(r.get("gain_recovered"), 1, missing=""),
+                        "Δ vs FT": "" if r["task"] not in ft else change_text(r["score"] - ft[r["task"]], share),
+                        "k (params)": "" if r.get("region_size") is None else f"{round(r['region_size']):,}"})
+        for r in rows:
+            for metric, value in (r.get("harness") or {}).items():
+                if metric != r.get("metric"):
+                    out.append({**{c: "" for c in self.app_columns}, "model": r["model"], "task": r["task"],
+                                "n": f"{round(r['n']):,}", "metric": f"{metric} (not compared)",
+                                "score ↑ [95 % CI]": score_text(value, (r.get("shares") or {}).get(metric, False))})
+        return out
 
 
 APPS: dict[str, KindApp] = {app.kind: app for app in (ClassificationApp(), CompletionApp(), HarnessApp())}

@@ -22,7 +22,7 @@ from ... import metrics
 from ..completion.data import Completions, CompletionTask, prompt_room, context_length
 from ...config import FT_LABEL, LM_BODY_LABEL
 from ...errors import Cancelled, DataError, RequestError
-from ...formatting import difference, pct
+from ...formatting import difference, score_text
 from .lmeval import (OFFLINE as OFFLINE_HARNESS, PREFIX, HarnessScore, HarnessTask, check_stop, harness_names,
                      is_harness_ref, is_task_file, load_harness_tasks, score)
 from ...paths import short_ref
@@ -67,6 +67,15 @@ def sample_ids(task: HarnessTask, n: int | None) -> list[int] | None:
 def _primary(found: HarnessScore) -> str:
     """The metric graftui reports and pairs: the task's first one with per-document values."""
     return next((m for m in found.metrics if m in found.per_sample), found.primary)
+
+
+def _reads(found: HarnessScore, metric: str) -> tuple[bool, bool]:
+    """(whether ``metric`` is a share of the documents, whether higher is better): as registered
+    (``metrics.METRICS``), else a share where every document scored 0 or 1, and better as the harness says."""
+    known = metrics.metric_of(metric)
+    values = found.per_sample.get(metric)
+    share = known.share if known is not None else bool(values) and all(v in (0.0, 1.0) for v in values)
+    return share, found.higher_is_better.get(metric, known.higher_is_better if known is not None else True)
 
 
 def _paired(a: torch.Tensor, b: torch.Tensor, metric: str, seed: int = TEST_SAMPLE_SEED) -> dict:
@@ -124,6 +133,17 @@ class Harness(Completion):
                 f"log-likelihoods and generations), and '{short_ref(pair.finetuned_ref)}' is read as a classifier: give "
                 "a causal LM pair, e.g. --base smollm2 --finetuned smollm2-dates")
 
+    def task_files(self, task) -> dict[str, str]:
+        return {path: digest for t in task.harness for path, digest in t.files}
+
+    def wrong_checkpoint(self, ref: str, own: str, task) -> str:
+        read = {"multiple_choice": "multiple choice, the log-likelihood of each choice",
+                "generate_until": "generation", "loglikelihood": "the log-likelihood of a continuation",
+                "loglikelihood_rolling": "the log-likelihood of whole texts"}
+        said = "; ".join(f"{t.name}: {read.get(t.output_type, t.output_type)}" for t in task.harness)
+        return (f"'{short_ref(ref)}' is a {own.replace('-', ' ')}, and lm-evaluation-harness scores a causal language "
+                f"model on {task.name} ({said}): give causal LMs, e.g. --base smollm2 --finetuned smollm2-dates")
+
     def check_sample(self, task, req) -> None:
         if not len(task.splits["train"]):
             raise DataError(f"'{task.name}' has no training or validation documents besides those it is evaluated "
@@ -165,10 +185,13 @@ class Harness(Completion):
                 with states[name]() if name in states else state_of(pair, models[name]):
                     found[name] = score(pair.model, pair.tokenizer, harness_task, doc_ids=sample_ids(harness_task, n))
             metric = _primary(found[FT_LABEL])
+            share, higher = _reads(found[FT_LABEL], metric)
             for name, f in found.items():
                 rows.append({"model": name, "task": harness_task.name, "distribution": "in", "n": f.n,
                              "metric": metric, "score": f.metrics[metric], "accuracy": f.metrics[metric],
-                             "stderr": f.stderr.get(metric), "harness": f.metrics, "ece": None, "loss": None,
+                             "stderr": f.stderr.get(metric), "harness": f.metrics, "share": share,
+                             "higher_is_better": higher,
+                             "shares": {m: _reads(f, m)[0] for m in f.metrics}, "ece": None, "loss": None,
                              "agreement_with_ft": None,
                              "region_size": region_size(models[name]) if name in models else None})
             wanted = [(m, FT_LABEL) for m in models] + [(m, LM_BODY_LABEL) for m in models] + list(contrasts)
@@ -186,8 +209,10 @@ class Harness(Completion):
                            "merges choose on graftui's own tasks: give a completion or classification task")
 
     def legend(self, rows) -> str:
-        return ("score: the harness's own metric of each task (its YAML's first), ± its stderr; paired differences "
-                "below are graftui's, on the same documents")
+        text = ("score: the harness's own metric of each task (its YAML's first metric under its first filter), ± its "
+                "stderr; paired differences below are graftui's, on the same documents")
+        others = _other_scores(rows)
+        return text + ("" if not others else "; the harness's other scores, not compared: " + "; ".join(others))
 
     def card(self, part, graftable, ft_name, start_overlap=None) -> list[str]:
         """Per harness task: FT and the pre-trained model with the harness's stderr, then each graft with its paired
@@ -200,12 +225,17 @@ class Harness(Completion):
             if not (ft and pre):
                 continue
 
-            def said(r):
-                err = f" ± {pct(r['stderr'], 1)}" if r.get("stderr") is not None else ""
-                return f"{pct(r['score'], 1)}{err}"
+            share = ft.get("share", True)
 
-            lines.append(f"lm-evaluation-harness, {name} ({ft['metric']}, {ft['n']:,} documents): the fine-tuned "
-                         f"model {said(ft)}, the pre-trained model {said(pre)} (± the harness's stderr).")
+            def said(r):
+                err = f" ± {score_text(r['stderr'], share)}" if r.get("stderr") is not None else ""
+                return f"{score_text(r['score'], share)}{err}"
+
+            known = metrics.metric_of(ft["metric"])
+            what = f"{known.label}, {known.aggregation}: " if known is not None else ""
+            way = "" if ft.get("higher_is_better", True) else "; lower is better"
+            lines.append(f"lm-evaluation-harness, {name} ({what}{ft['metric']}, {ft['n']:,} documents{way}): the "
+                         f"fine-tuned model {said(ft)}, the pre-trained model {said(pre)} (± the harness's stderr).")
             for r in by.values():
                 if r is ft or r is pre:
                     continue
@@ -218,7 +248,25 @@ class Harness(Completion):
                     text += f"; {100 * (r['score'] - pre['score']) / (ft['score'] - pre['score']):.0f} % of the " \
                             "fine-tuning gain"
                 lines.append(text + ".")
+            others = _other_scores(list(by.values()))
+            if others:
+                lines.append(f"The harness scored {name} by more than {ft['metric']}, the first metric under its "
+                             "first filter, which is the one compared above: " + "; ".join(others) + ".")
         return lines
+
+
+def _other_scores(rows: list[dict]) -> list[str]:
+    """Each score the harness gave besides the one compared (another filter of the task's YAML, another metric): its
+    name and every model's value, e.g. "exact_match,strip: fine-tuned 14.3%, pre-trained 0.0%"."""
+    out = []
+    for task in dict.fromkeys(r["task"] for r in rows):
+        mine = [r for r in rows if r["task"] == task]
+        names = [m for m in dict.fromkeys(m for r in mine for m in r.get("harness") or {}) if m != mine[0]["metric"]]
+        for m in names:
+            values = ", ".join(f"{r['model']} {score_text(r['harness'][m], (r.get('shares') or {}).get(m, False))}"
+                               for r in mine if m in (r.get("harness") or {}))
+            out.append(f"{m}{'' if len(set(r['task'] for r in rows)) == 1 else f' ({task})'}: {values}")
+    return out
 
 
 HARNESS = register_kind(Harness())

@@ -22,8 +22,10 @@ they are imported where a task is loaded or scored, not when graftui is.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import difflib
 import hashlib
+import io
 import json
 import logging
 import math
@@ -260,6 +262,7 @@ class HarnessTask:
     n_eval: int
     include_path: tuple[str, ...] = ()  # folders of task YAMLs besides the harness's registry (the offline tasks')
     registry: bool = True  # found in the harness's own registry (5 s to index), not in include_path alone
+    files: tuple[tuple[str, str], ...] = ()  # (path, sha256) of a user's task YAML and the files it includes
 
     @property
     def chat(self) -> bool:
@@ -350,21 +353,91 @@ def _resolve(name: str, include_path) -> tuple[Any, tuple[str, ...], bool]:
 
 def _load(manager, name: str):
     """The harness's Task object of ``name`` (its dataset loaded); a group or a dataset out of reach is one line."""
+    registry_log = logging.getLogger("lm_eval.api.registry")  # logs an unknown metric at ERROR: said below instead
+    level = registry_log.level
     try:
+        registry_log.setLevel(logging.CRITICAL)
         with _quiet(), _kept_random_state():
             loaded = manager.load([name])
     except Exception as err:  # noqa: BLE001 - the harness and datasets raise many kinds; the user gets one line
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
-        offline = ", ".join(f"lm-eval:{n}" for n in OFFLINE)
-        raise DataError(f"lm-eval task '{name}' could not be loaded ({type(err).__name__}: {first}): its data comes "
-                        "from the Hugging Face Hub, so run once with a connection (HF_HUB_OFFLINE and "
-                        f"HF_DATASETS_OFFLINE unset); offline, use {offline}") from err
+        raise DataError(_not_loaded(manager, name, err)) from err
+    finally:
+        registry_log.setLevel(level)
     tasks = loaded["tasks"]
     if list(tasks) != [name]:
         some = ", ".join(sorted(tasks)[:3]) + (", …" if len(tasks) > 3 else "")
         raise DataError(f"lm-eval '{name}' is a group of {len(tasks)} tasks ({some}): name one task, or several "
                         f"as lm-eval:a,b")
+    entry = manager.task_index.get(name)
+    where = f" ({entry.yaml_path})" if getattr(entry, "yaml_path", None) else ""
+    unknown = _unknown_metric(name, getattr(entry, "cfg", None) or {}, where, getattr(tasks[name], "_metric_fn_list", {}))
+    if unknown:  # the harness loads it, and would fail scoring it after the model is loaded
+        raise DataError(unknown)
     return tasks[name]
+
+
+LOCAL_BUILDERS = ("json", "csv", "parquet", "text", "arrow", "pandas")  # datasets' builders over local data_files
+
+
+def _data_files(config: dict) -> list[str]:
+    """The local paths a task's ``dataset_kwargs.data_files`` names (a string, a list, or a dict of either)."""
+    files = (config.get("dataset_kwargs") or {}).get("data_files") if isinstance(config, dict) else None
+    values = files.values() if isinstance(files, dict) else [files]
+    paths = [p for v in values for p in (v if isinstance(v, list) else [v]) if isinstance(p, str)]
+    return [p for p in paths if "://" not in p and not any(c in p for c in "*?[")]
+
+
+def _unknown_metric(name: str, config: dict, where: str, found=None) -> str | None:
+    """A line naming the first metric of ``metric_list`` the harness has no function for (``found``: the loaded task's
+    functions by name, where it loaded), and the metrics it knows; None where there is none."""
+    from lm_eval.api.registry import metric_registry
+
+    if config.get("process_results"):  # the task scores its documents itself
+        return None
+    names = [m.get("metric") for m in config.get("metric_list") or [] if isinstance(m, dict)]
+    unknown = [m for m in names if isinstance(m, str) and "/" not in m and m not in metric_registry
+               and (found is None or found.get(m) is None)]
+    if not unknown:
+        return None
+    near = difflib.get_close_matches(unknown[0], list(metric_registry), n=1, cutoff=0.7)
+    return (f"lm-eval task '{name}'{where}: metric '{unknown[0]}' is none the harness knows"
+            + (f" (did you mean {near[0]}?)" if near else "") + f"; its metrics are {', '.join(sorted(metric_registry))}"
+            " (a metric of the Hugging Face evaluate library is fetched with a connection)")
+
+
+def _not_loaded(manager, name: str, err: BaseException) -> str:
+    """Why the harness could not load task ``name``, in one line naming what to change: a key its TaskConfig does not
+    take, a metric it does not know, a data file it cannot find, else the error itself (and, for a dataset of the
+    Hub, that it needs a connection once)."""
+    from lm_eval.config.task import TaskConfig
+
+    entry = manager.task_index.get(name)
+    config = getattr(entry, "cfg", None) or {}
+    where = f" ({entry.yaml_path})" if getattr(entry, "yaml_path", None) else ""
+    text = (str(err).strip().splitlines() or [type(err).__name__])[0][:200]
+    key = re.search(r"unexpected keyword argument '([^']+)'", text) if isinstance(err, TypeError) else None
+    if key:
+        known = sorted(f.name for f in dataclasses.fields(TaskConfig))
+        near = difflib.get_close_matches(key.group(1), known, n=1, cutoff=0.7)
+        return (f"lm-eval task '{name}'{where}: the harness takes no key '{key.group(1)}' in a task YAML"
+                + (f" (did you mean {near[0]}?)" if near else "") + ": drop or rename it")
+    unknown = _unknown_metric(name, config, where)
+    if unknown:
+        return unknown
+    for path in _data_files(config):
+        if not Path(path).expanduser().is_file():
+            beside = Path(str(getattr(entry, "yaml_path", "") or ".")).parent / path
+            hint = f" ({beside.resolve()} is there: give that path)" if not Path(path).is_absolute() and \
+                beside.is_file() else ""
+            return (f"lm-eval task '{name}'{where}: its data file '{path}' is not found: the harness reads a relative "
+                    f"data_files path from the folder it runs in ({Path.cwd()}), not from the YAML's; write it as an "
+                    f"absolute path{hint}")
+    if config.get("dataset_path") in LOCAL_BUILDERS or Path(str(config.get("dataset_path", ""))).expanduser().exists():
+        return f"lm-eval task '{name}'{where} could not be loaded ({type(err).__name__}: {text})"
+    offline = ", ".join(f"lm-eval:{n}" for n in OFFLINE)
+    return (f"lm-eval task '{name}' could not be loaded ({type(err).__name__}: {text}): its data comes from the Hugging "
+            "Face Hub, so run once with a connection (HF_HUB_OFFLINE and HF_DATASETS_OFFLINE unset); offline, use "
+            f"{offline}")
 
 
 def _answer(task, doc) -> str:
@@ -413,8 +486,32 @@ def load_harness_task(name: str, *, include_path: str | Path | Sequence[str | Pa
         raise DataError(f"lm-eval task '{name}': a training document cannot be written as a prompt and an answer "
                         f"({type(err).__name__}: {err}); score it without learning a region on it") from err
     eval_split = task.config.test_split if task.has_test_docs() else task.config.validation_split
+    read = getattr(manager.task_index.get(name), "yaml_path", None)
+    files = file_digests(Path(read)) if read is not None and not registry and name not in OFFLINE else ()
     return HarnessTask(name, task.OUTPUT_TYPE, Completions(examples), split, str(eval_split), len(task.eval_docs),
-                       include, registry)
+                       include, registry, files)
+
+
+def file_digests(path: Path, seen: tuple[Path, ...] = ()) -> tuple[tuple[str, str], ...]:
+    """(path, sha256 of its bytes) of a task YAML and of each file it includes, in order: what a region learned on it
+    records, so a file edited since is noted where the region is scored again. A file that cannot be read is left
+    out (the harness has read it already, or skipped it)."""
+    from lm_eval.tasks._yaml_loader import _make_loader
+    import yaml
+
+    path = path.resolve()
+    try:
+        data = path.read_bytes()
+        config = yaml.load(data, Loader=_make_loader(path.parent, resolve_funcs=False))  # noqa: S506 - no !function run
+    except (OSError, yaml.YAMLError):
+        return ()
+    out = ((str(path), hashlib.sha256(data).hexdigest()),)
+    includes = config.get("include") if isinstance(config, dict) else None
+    for inc in includes if isinstance(includes, list) else [] if includes is None else [includes]:
+        target = (path.parent / str(inc)).resolve()
+        if target not in seen and target != path:
+            out += file_digests(target, (*seen, path))
+    return out
 
 
 def load_harness_tasks(ref: str) -> list[HarnessTask]:
@@ -423,12 +520,55 @@ def load_harness_tasks(ref: str) -> list[HarnessTask]:
         name, folder = file_task(ref)
         given = Path(str(ref).strip()).expanduser().resolve()
         entry = _manager((str(folder),), False).task_index.get(name)
+        if entry is None:  # the harness skipped the file (it says nothing why): read it as it would, and say
+            raise DataError(_unread(ref, given) or f"the harness does not read '{ref}' as a task: an "
+                            "lm-evaluation-harness task YAML is a mapping with 'task: NAME' and its settings")
         read = getattr(entry, "yaml_path", None)
         if read is not None and Path(read).resolve() != given:  # the harness takes the first file of a name
             raise DataError(f"'{ref}' names task '{name}', which {read} beside it names too, and the harness reads "
                             "that one: give each task YAML its own name, or its own folder")
         return [load_harness_task(name, include_path=folder)]
     return [load_harness_task(n) for n in harness_names(ref)]
+
+
+def _unread(ref: str, path: Path, seen: tuple[Path, ...] = ()) -> str | None:
+    """Why the harness cannot read the task YAML ``path`` or a file it includes (None: it can), in one line. An
+    included file is named, never quoted: an ``include:`` may name any file, and none of its text is shown."""
+    from lm_eval.tasks._yaml_loader import _make_loader
+    import yaml
+
+    what = f"'{ref}'" if not seen else f"the include '{path}' of '{ref}'"
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        return (f"{what} cannot be read ({err.strerror or type(err).__name__}): an include names a task YAML beside "
+                "it, by a path relative to its folder")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        fix = "save it as UTF-8" if not seen else "an include names a task YAML (UTF-8 text) beside it"
+        return f"{what} is not UTF-8 text (byte 0x{data[err.start]:02x} at offset {err.start}): {fix}"
+    try:
+        config = yaml.load(text, Loader=_make_loader(path.parent, resolve_funcs=False))  # noqa: S506 - no !function run
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None) if not seen else None  # an include's own words are not shown
+        return f"{what} is not valid YAML ({problem or 'unreadable'}{where})"
+    if not isinstance(config, dict):
+        return (f"{what} is not a task YAML (no mapping of settings)" +
+                ("" if not seen else ": an include names a task YAML beside it, by a path relative to its folder"))
+    includes = config.get("include")
+    for inc in includes if isinstance(includes, list) else [] if includes is None else [includes]:
+        if not isinstance(inc, str) or not inc.strip():
+            return f"{what} has an include that is no path: write include: FILE.yaml"
+        target = (path.parent / inc).resolve()
+        if target in seen or target == path:
+            return f"{what} includes '{inc}', which includes it again: break the cycle"
+        why = _unread(ref, target, (*seen, path))
+        if why:
+            return why
+    return None
 
 
 # -- scoring ---------------------------------------------------------------------------------------------------------
@@ -554,7 +694,9 @@ def score(model, tokenizer, task: HarnessTask, limit: int | None = None, batch_s
     manager = _manager(task.include_path, task.registry)
     was_training = getattr(lm_model, "training", None)
     try:
-        with _quiet(), _kept_random_state(), stopped_at_line_end(tokenizer, task.output_type == "generate_until"):
+        # the harness prints as it bootstraps a corpus metric's stderr (BLEU): on stdout, where a --json report goes
+        with _quiet(), _kept_random_state(), stopped_at_line_end(tokenizer, task.output_type == "generate_until"), \
+                contextlib.redirect_stdout(io.StringIO()):
             lm = lm_model if isinstance(lm_model, LM) else \
                 HFLM(pretrained=lm_model, tokenizer=tokenizer, batch_size=batch_size)
             out = simple_evaluate(model=lm, tasks=[task.name], task_manager=manager, limit=limit,
@@ -654,5 +796,5 @@ def _reading(name: str, output_type: str, out: dict) -> HarnessScore:
 
 
 __all__ = ["BOOTSTRAP_ITERS", "HarnessScore", "HarnessTask", "OFFLINE", "PREFIX", "answer_filter", "harness_names",
-           "file_task", "is_harness_ref", "is_task_file", "load_harness_task", "load_harness_tasks", "offline_dir",
+           "file_digests", "file_task", "is_harness_ref", "is_task_file", "load_harness_task", "load_harness_tasks", "offline_dir",
            "score", "task_yaml", "user_dir"]
