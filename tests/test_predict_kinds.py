@@ -91,3 +91,21 @@ def test_a_classification_region_still_predicts_class_probabilities(tmp_path, mo
     assert doc["kind"] == "classification" and doc["label_names"] == ["negative", "positive"]
     assert all(set(r) == {"text", "model", "probs", "predicted", "confidence", "agrees_with_ft", "probe", "part"} for r in doc["rows"])
     assert all(sum(r["probs"].values()) == pytest.approx(1.0) for r in doc["rows"])
+
+
+def test_an_empty_region_is_probed_with_a_note_that_it_changes_nothing(made, tmp_path):
+    """k = 0: its graft is the pre-trained model and FT without it is FT. The probe still shows the bare body beside
+    FT (worth seeing), so it runs, and its notes say so in one line."""
+    from dataclasses import replace
+
+    from graftui import regions
+
+    record = regions.load(made["region"])
+    empty = regions.RegionRecord({}, record.shapes, replace(record.meta, k=0))
+    path = regions.save(empty, tmp_path / "empty.safetensors")
+    doc = graftui.predict(regions=[str(path)], texts=PROMPTS[:1], knockout=True).as_dict()
+    said = [n for n in doc["notes"] if "is empty" in n]
+    assert said == ["region 'empty' is empty (k = 0): its graft is the pre-trained model and knocking it out leaves "
+                    "the fine-tuned model as it is, so neither shows anything of a skill; learn a larger region"]
+    code, out, err = run_cli("predict", "--region", path, "--text", PROMPTS[0], "--knockout")
+    assert code == 0 and said[0] in " ".join(out.split()), (out, err)

@@ -439,6 +439,10 @@ def regions_setting(req, guard: Guard) -> Grafts:
     merged_shapes(records)
     first = records[0].meta if records else RegionMeta()
     notes: list[str] = same_regions(labels, records)
+    notes += [f"region '{label}' is empty (k = 0): its graft is the pre-trained model and knocking it out leaves the "
+              "fine-tuned model as it is, so neither shows anything of a skill; learn a larger region"
+              for label, record in zip(labels, records) if not record.size]  # said, not refused: the bare body
+    # beside FT is still worth a look
     base = req.base or first.base or DEFAULT_BASE
     task_ref = req.task or first.task or DEFAULT_TASK
     spec = req.data_spec() if (req.task or not records) else recorded_columns(first)
