@@ -109,3 +109,23 @@ def test_an_empty_region_is_probed_with_a_note_that_it_changes_nothing(made, tmp
                     "the fine-tuned model as it is, so neither shows anything of a skill; learn a larger region"]
     code, out, err = run_cli("predict", "--region", path, "--text", PROMPTS[0], "--knockout")
     assert code == 0 and said[0] in " ".join(out.split()), (out, err)
+
+
+def test_a_region_probed_on_another_pair_is_told_it_belongs_to_another_model(made, tmp_path):
+    """The region's own pair is a tiny Llama; probed on a tiny GPT-2 pair, what reading it there fails on (a tensor
+    name, a prompt's label words) would mislead: the line names both pairs and the fix."""
+    from graftui.errors import RegionError
+
+    base, ft = write_lm_pair(tmp_path, "gpt2")
+    want = (f"'r.safetensors' belongs to another model: it was learned on base → ft, and the pair given is gpt2-base → "
+            f"gpt2-ft; pass the region's own pair (--base {made['base']} --finetuned {made['ft']}), or localize again "
+            "on this one")
+    with pytest.raises(RegionError) as told:
+        graftui.predict(regions=[str(made["region"])], texts=PROMPTS[:1], knockout=True, base=str(base),
+                        finetuned=str(ft))
+    assert str(told.value) == want
+    code, out, err = run_cli("predict", "--region", made["region"], "--text", PROMPTS[0], "--knockout", "--base", base,
+                             "--finetuned", ft)
+    assert (code, out, err.strip().splitlines()) == (2, "", [f"graftui: error: {want}"])
+    with pytest.raises(RegionError, match="belongs to another model: .* the pair given is base → gpt2-ft;"):
+        graftui.predict(regions=[str(made["region"])], texts=PROMPTS[:1], finetuned=str(ft))

@@ -21,7 +21,7 @@ from ..config import (
     GraftableSpec, LoadOptions, default_checkpoint_dir,
 )
 from ..tasks.classification.data import Task
-from ..errors import GraftuiError, ModelError, RegionError, RequestError
+from ..errors import DataError, GraftuiError, ModelError, RegionError, RequestError
 from ..learning import out_of_memory_as_error
 from ..localizers import METHODS, Budget, get_method, run_method
 from ..compute import data_parallel
@@ -39,7 +39,7 @@ from ..kinds import Look, kind_named, kind_of, read_task, read_task_as, recorded
 from ..layout import anatomy as count_anatomy, part_label
 from . import text
 from .common import (
-    LOCAL, Guard, LocalizeResult, Progress, Result, check_build, check_model_ref, finish,
+    LOCAL, Guard, LocalizeResult, Progress, Result, another_model, check_build, check_model_ref, finish,
     get_pair, get_task,
     graft_of, labels_for, load_region, loadable, merged_shapes, needs_task_labels, ood_tasks,
     pair_for_regions, phase_progress, prompt_notes, region_stem, remember_scores, same_regions, save_new,
@@ -488,6 +488,24 @@ def regions_pair(req, grafts: Grafts, task: Task, guard: Guard, progress=None, c
     for path, record in zip(req.regions, records):  # before the reading the region recorded meets the request's
         kind.check_region(Path(path).name, record.meta, task)
     options = kind.reading(req.load_options(regions.recorded_options(first) if records else None), task)
+    try:
+        pair = _regions_pair(req, grafts, task, guard, options, progress, cancel)
+    except (ModelError, RegionError, DataError) as err:  # the region read on another model: the pair is the reason
+        given = None if grafts.from_patch else grafts.finetuned
+        said = next((line for line in (another_model(Path(path).name, record, grafts.base, given)
+                                       for path, record in zip(req.regions, records)) if line), None)
+        if said is None:
+            raise
+        raise RegionError(said) from err
+    for path, label, record in zip(req.regions, labels, records):
+        check_build(record, pair, label, notes)
+    return pair
+
+
+def _regions_pair(req, grafts: Grafts, task: Task, guard: Guard, options, progress, cancel) -> ModelPair:
+    """``regions_pair``'s loading: the pair, read as the regions were, and every region checked to fit it."""
+    records, labels, first, notes = grafts.records, grafts.labels, grafts.first, grafts.notes
+    kind = kind_of(task)
     if grafts.from_patch:
         if progress:
             progress({"stage": f"loading {short_ref(grafts.base)} with the patch"})
@@ -505,12 +523,11 @@ def regions_pair(req, grafts: Grafts, task: Task, guard: Guard, progress=None, c
                         kind.labels(task))
     notes += prompt_notes(pair)
     kind.check_pair(pair, task)
-    for path, label, record in zip(req.regions, labels, records):
+    for path, record in zip(req.regions, records):
         try:
             regions.check_fits(record, pair)
         except RegionError as err:
             raise RegionError(f"'{path}': {err}") from None
-        check_build(record, pair, label, notes)
     return pair
 
 
