@@ -129,3 +129,19 @@ def test_a_region_probed_on_another_pair_is_told_it_belongs_to_another_model(mad
     assert (code, out, err.strip().splitlines()) == (2, "", [f"graftui: error: {want}"])
     with pytest.raises(RegionError, match="belongs to another model: .* the pair given is base → gpt2-ft;"):
         graftui.predict(regions=[str(made["region"])], texts=PROMPTS[:1], finetuned=str(ft))
+
+
+def test_pair_reads_a_completion_or_chat_task_as_localize_does(tmp_path):
+    """`pair --task` on a (prompt, completion) CSV or a chat JSONL reads it through its kind, as localize does: the
+    pair is read as a completion model (no label words to match), not refused for a text column it never needs."""
+    base, ft = write_lm_pair(tmp_path, "llama")
+    csv = write_completion_task(tmp_path / "opposites.csv")
+    chat = tmp_path / "chat.jsonl"
+    chat.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"say {w}"},
+                                                     {"role": "assistant", "content": w}]}) + "\n"
+                            for w in ("good", "bad", "fine", "dull") * 4))
+    for task in (csv, chat):
+        code, out, err = run_cli("pair", "--base", base, "--finetuned", ft, "--task", task, "--json")
+        assert code == 0, err
+        doc = json.loads(out)
+        assert doc["preview"] is None and doc["pair"]["kind"] == "completion", doc["pair"]

@@ -866,10 +866,18 @@ def pair(req: PairRequest, progress: Progress | None = None, cancel=None, guard:
     """Load (or reuse) the pair and describe it; a clear error when the two do not pair."""
     req.validate()
     start = time.time()
-    options = req.load_options()
-    labels = get_task(req.task, req.data_spec(), guard).label_names if needs_task_labels(req.finetuned, options, guard) \
-        else None
-    loaded = get_pair(req.base, req.finetuned, GraftableSpec(), guard, progress, cancel, options, labels)
+    options, notes = req.load_options(), []
+    # a language model is read as its task's kind reads it (a completion task: as itself, no label words), the task
+    # read as localize reads it; a classifier needs no task, and a head the request gives is read as given
+    task = read_task(req, guard, notes) if needs_task_labels(req.finetuned, options, guard) else None
+    kind = kind_of(task) if task is not None and options.head == "auto" else None
+    if kind is not None:
+        kind.supports("pair", task)
+        options = kind.reading(options, task)
+    loaded = get_pair(req.base, req.finetuned, GraftableSpec(), guard, progress, cancel, options,
+                      kind_of(task).labels(task) if task is not None else None)
+    if kind is not None:
+        kind.check_pair(loaded, task)
     preview = preview_prompt(req, guard) if loaded.prompt is not None else None
     finish(progress)
-    return PairResult(req, prompt_notes(loaded), time.time() - start, loaded.describe(), preview)
+    return PairResult(req, notes + prompt_notes(loaded), time.time() - start, loaded.describe(), preview)
