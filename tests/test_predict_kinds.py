@@ -145,3 +145,32 @@ def test_pair_reads_a_completion_or_chat_task_as_localize_does(tmp_path):
         assert code == 0, err
         doc = json.loads(out)
         assert doc["preview"] is None and doc["pair"]["kind"] == "completion", doc["pair"]
+
+
+def test_a_task_yaml_region_is_probed_with_the_yamls_own_generation_length(tmp_path):
+    """A region learned on a task YAML whose generation_kwargs say max_gen_toks: 4: the probe (and its knockout)
+    generates 4 new tokens, as the harness would, and its card says 4, not graftui's default."""
+    folder = tmp_path / "short_task"
+    folder.mkdir()
+    rows = {s: [{"q": f"{w} is not", "a": OPP} for w, OPP in (("good", "bad"), ("fine", "awful"), ("loved", "hated"))
+                * 4] for s in ("train", "test")}
+    for split, docs in rows.items():
+        (folder / f"{split}.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    yaml = folder / "task.yaml"
+    yaml.write_text(f"task: short_task\ndataset_path: json\ndataset_kwargs:\n  data_files: {{train: \"{folder}/train.jsonl\", "
+                    f"test: \"{folder}/test.jsonl\"}}\n  cache_dir: \"{tmp_path / 'cache'}\"\noutput_type: generate_until\n"
+                    "training_split: train\ntest_split: test\ndoc_to_text: \"{{q}}\"\ndoc_to_target: a\n"
+                    "generation_kwargs:\n  until: [\"\\n\"]\n  max_gen_toks: 4\nmetric_list:\n  - metric: exact_match\n")
+    base, ft = write_lm_pair(tmp_path, "llama")
+    region = tmp_path / "r.safetensors"
+    graftui.localize(base=str(base), finetuned=str(ft), task=str(yaml), method="top-movement", sparsity=0.5,
+                     check_n=0, out=str(region))
+    doc = graftui.predict(regions=[str(region)], texts=["good is not"], knockout=True).as_dict()
+    assert any("greedy, at most 4 new tokens" in line for line in doc["card"]), doc["card"]
+    assert not any("32 new tokens" in line for line in doc["card"])
+    said = {r["model"]: r["generation"] for r in doc["rows"]}
+    prompt = Completions(((("user", "good is not"), ("assistant", "")),))
+    for name, ref in (("fine-tuned", ft), ("pre-trained, same prompt", base)):
+        assert said[name] == generation.generate(load_lm(str(ref), "causal-lm"), load_tokenizer(str(ref)), prompt, False,
+                                                 max_new_tokens=4)[0], name
+    assert "fine-tuned − r" in said  # the knockout generates as long
