@@ -82,8 +82,7 @@ def build(page) -> None:
         message, memory, look = jobwords.cancel_step(runner, job, memory, time.time(), jobwords.asks(shown_label))
         return cancel_look(look, LABEL), memory, message
 
-    page.on(job_cancel.click, on_job_cancel, [job_sel, job_cancel, armed], [job_cancel, armed, page.status],
-            **page.one_at_a_time(armed))
+    page.confirm(job_cancel, on_job_cancel, [job_sel], armed, [job_cancel, armed, page.status], "on_job_cancel")
     page.disarms(job_cancel, armed, lambda picked: cancel_button(store.runner().get(picked) if picked else None, LABEL),
                  [job_sel])
 
