@@ -108,8 +108,7 @@ class Adapter:
         peft decides per layer whether a weight is stored (in, out) (GPT-2's Conv1D) whatever the
         config's ``fan_in_fan_out`` says, so a weight that fits the base only transposed is read so.
         """
-        fix = (f"give the adapter's own base, '{self.base_name}' per its {CONFIG_NAME}" if self.base_name
-               else f"give the base it was trained on (its {CONFIG_NAME} names none)")
+        fix = self._fix(base_ref)
         self._check_targets(shapes, base_ref, fix)
         for name in self.names():
             if name not in shapes:
@@ -122,19 +121,31 @@ class Adapter:
                 raise ModelError(f"adapter '{self.ref}' was trained on a base with {name} of shape {list(want)}; "
                                  f"--base {base_ref} has {list(got)}: {fix}")
 
+    def _fix(self, base_ref: str) -> str:
+        """What to do about a base the adapter does not fit: its own base where it names another; where the base given
+        is the one it names, no other base is the answer (the adapter was edited or damaged)."""
+        if not self.base_name:
+            return f"give the base it was trained on (its {CONFIG_NAME} names none)"
+        if _same_ref(self.base_name, base_ref):
+            return (f"its {CONFIG_NAME} names this base as its own, so the adapter was edited or damaged; give an "
+                    "adapter trained on this base")
+        return f"give the adapter's own base, '{self.base_name}' per its {CONFIG_NAME}"
+
     def _check_targets(self, shapes: dict[str, tuple[int, ...]], base_ref: str, fix: str) -> None:
-        """Every module its config targets exists in the base (peft's matching: the name, or its last parts)."""
+        """Every module its config targets exists in the base (peft's matching: the name, or its last parts); those
+        that do not are named together."""
         targets = self.config.get("target_modules")
         modules = {name.rpartition(".")[0] for name in shapes}
         if isinstance(targets, str):
             if not any(re.fullmatch(targets, m) for m in modules):
                 raise ModelError(f"adapter '{self.ref}' targets modules matching {targets[:80]!r}, and --base {base_ref} "
-                                 f"has none: {fix}")
+                                 f"has none, so the adapter does not fit this base: {fix}")
             return
-        for target in targets or ():
-            if target not in modules and not any(m.endswith("." + target) for m in modules):
-                raise ModelError(f"adapter '{self.ref}' targets the module '{target[:80]}', which --base {base_ref} does "
-                                 f"not have: {fix}")
+        missing = [t for t in targets or () if t not in modules and not any(m.endswith("." + t) for m in modules)]
+        if missing:
+            named = ", ".join(f"'{t[:80]}'" for t in missing[:5]) + (", …" if len(missing) > 5 else "")
+            raise ModelError(f"adapter '{self.ref}' targets the module{'s' if len(missing) > 1 else ''} {named}, which "
+                             f"--base {base_ref} does not have, so the adapter does not fit this base: {fix}")
 
     def _shape(self, name: str) -> tuple[int, ...]:
         return self.factors[name].shape() if name in self.factors else tuple(self.saved[name].shape)
@@ -144,6 +155,16 @@ class Adapter:
             hint = ": it is saved whole, read its value" if name in self.saved else ""
             raise ModelError(f"adapter '{self.ref}' does not adapt {name}{hint}")
         return self.factors[name]
+
+
+def _same_ref(a: str, b: str) -> bool:
+    """Whether two references name one base as written: the same words, or the same folder."""
+    if a.strip().lower() == b.strip().lower():
+        return True
+    try:
+        return Path(a).expanduser().resolve() == Path(b).expanduser().resolve() and Path(a).expanduser().exists()
+    except (OSError, ValueError):
+        return False
 
 
 def is_adapter(folder) -> bool:

@@ -49,6 +49,7 @@ WATCH_SECONDS = 0.2  # how often the runner looks at a running job
 QUICK_LIMIT = 120.0  # seconds a job may run in the quick lane, which serves work of seconds: past it, it is stopped
 NOBODY = ""  # the owner of a record whose owner is unknown: no hosted session's id (those have 32 characters)
 OWNER_FILE = "owner"  # beside job.json: whose job it is, should the record be damaged
+DAMAGED = "damaged"  # the kind of a job whose record could not be read: it is listed as failed, saying so
 
 
 @dataclass
@@ -532,7 +533,7 @@ def _read_job(path: Path) -> Job:
         reason = first_line(err)
         owner = data.get("owner") if isinstance(data, dict) and isinstance(data.get("owner"), str) else \
             _owner_beside(path)
-        return Job(id=path.parent.name, kind="damaged", title=f"damaged job record ({path.parent.name})", params={},
+        return Job(id=path.parent.name, kind=DAMAGED, title=f"damaged job record ({path.parent.name})", params={},
                    status=FAILED, created=_mtime(path), finished=_mtime(path), owner=owner,
                    error=f"the record of this job is damaged and was not loaded: {reason}")
 

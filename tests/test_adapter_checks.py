@@ -144,6 +144,30 @@ def test_an_adapter_read_on_another_base_says_so(adapter_pair, tmp_path):
     assert any(f"names '{base}' as its base (its adapter_config.json); it is read on --base" in n for n in notes), notes
 
 
+def test_an_adapter_whose_targets_its_own_base_lacks_is_told_it_does_not_fit(adapter_pair, tmp_path):
+    """A forged target module: the base given is the one the adapter names, so "give the adapter's own base" would send
+    the user round in a circle; the line names the modules and says the adapter does not fit this base."""
+    import shutil
+
+    base, adapter, task = adapter_pair
+    forged = tmp_path / "forged"
+    shutil.copytree(adapter, forged)
+    edited(forged, target_modules=["q_proj", "nonexistent_proj", "nor_this"])
+    out = tmp_path / "r.safetensors"
+    code, stdout, err = run_cli("localize", "--finetuned", forged, "--task", task, "--method", "top-movement", "--k", "5",
+                                "--check-n", "0", "--out", out)
+    assert (code, stdout) == (2, "") and err.strip() == (
+        f"graftui: error: adapter '{forged}' targets the modules 'nonexistent_proj', 'nor_this', which --base {base} "
+        "does not have, so the adapter does not fit this base: its adapter_config.json names this base as its own, so "
+        "the adapter was edited or damaged; give an adapter trained on this base")
+    assert not out.exists()
+    elsewhere = read_adapter(edited(forged, base_model_name_or_path="someone/other-base"))
+    with pytest.raises(ModelError) as told:
+        elsewhere.check_base({"model.layers.0.self_attn.q_proj.weight": (32, 32)}, str(base))
+    assert str(told.value).endswith("which --base " + str(base) + " does not have, so the adapter does not fit this "
+                                    "base: give the adapter's own base, 'someone/other-base' per its adapter_config.json")
+
+
 def test_a_lora_rank_wider_than_the_model_is_refused_before_training(tmp_path, capsys):
     base = write_base(tmp_path / "base", "llama")
     task = write_completion_task(tmp_path / "opposites.csv")

@@ -363,7 +363,8 @@ def test_region_ids_stay_in_the_sessions_own_folder(server, files):
     assert saved.parent == server.home / "sessions" / a / "regions"
     for bad, needle in (("../../etc/passwd", "is not a region id"), (saved.stem, "not saved here")):
         server.refuses("/on_anatomy", (b, bad, "counts"), needle)
-        server.refuses("/on_region_delete", (b, bad, "Confirm: delete " + bad), needle)
+        server.refuses("/on_region_delete", (b, bad), needle)  # as the API's description lists its inputs
+        server.refuses("/on_region_delete_press", (b, bad, "Confirm: delete " + bad), needle)  # as the page presses
     out = server.call("/on_anatomy", a, saved.stem, "counts")
     assert not any(isinstance(o, str) and o.startswith(WARN) for o in out)  # the owner reads it
     with store.session(b):  # the store never looks outside the session's folder
@@ -433,7 +434,8 @@ def test_a_session_never_sees_or_cancels_another_sessions_jobs_and_quotas_hold(s
             assert {j.id for j in store.runner().jobs()} == {blocker.id}
         with store.session(a):
             assert {j.id for j in store.runner().jobs()} == {blocker.id, *ids}
-        server.refuses("/on_job_cancel", (b, ids[0], "Confirm cancel"), f"no job {ids[0]} here")
+        server.refuses("/on_job_cancel", (b, ids[0]), f"no job {ids[0]} here")
+        server.refuses("/on_job_cancel_press", (b, ids[0], "Confirm cancel"), f"no job {ids[0]} here")
         with store.session(b):  # another session's job does not exist for B
             assert store.runner().get(ids[0]) is None
             with pytest.raises(SessionError, match=f"no job {ids[0]} here"):
@@ -449,6 +451,35 @@ def test_a_session_never_sees_or_cancels_another_sessions_jobs_and_quotas_hold(s
         gate.set()
     assert store.runner().runner.wait(blocker.id, 30).status == "done"
     assert {store.runner().runner.get(i).status for i in ids} == {"cancelled"}
+
+
+def test_a_job_is_cancelled_through_the_api_as_its_description_says(server, monkeypatch):
+    """/on_job_cancel takes what the API's description lists (the session and the job; Gradio leaves the button's
+    label out): the first call asks to confirm, a second on the same job cancels it, and the armed call expires."""
+    from graftui.ui import jobwords, store
+
+    info = server.client.view_api(print_info=False, return_format="dict")["named_endpoints"]
+    assert len(info["/on_job_cancel"]["parameters"]) == 2 and "/on_job_cancel_press" not in info
+    gate = threading.Event()
+    blocker = store.runner().submit("prepare", "server's own job", lambda ctx: gate.wait(60) and {}, server=True)
+    try:
+        a = server.session()
+        status = server.call("/on_localize", a, *LOCALIZE, -3, 9, 8, 0.02, "auto", "", "")[0]
+        job = status.split("(job ")[1].split(")")[0]
+        # the answer is the status line alone: the client leaves out the button's new look and the States
+        assert server.call("/on_job_cancel", a, job).startswith("Press **Confirm cancel**")
+        monkeypatch.setattr(jobwords, "CONFIRM_SECONDS", 0.0)  # a call that waited past the window asks again
+        time.sleep(0.05)
+        assert server.call("/on_job_cancel", a, job).startswith("Press **Confirm cancel**")
+        monkeypatch.undo()
+        with store.session(a):
+            assert store.runner().runner.get(job).status == "queued"
+        assert server.call("/on_job_cancel", a, job).startswith("Cancel requested")
+        with store.session(a):
+            assert store.runner().runner.get(job).status == "cancelled"
+    finally:
+        gate.set()
+    assert store.runner().runner.wait(blocker.id, 30).status == "done"
 
 
 def test_twenty_sessions_of_one_address_cannot_keep_another_address_from_starting_a_job(server, monkeypatch):

@@ -215,3 +215,25 @@ def test_a_job_has_a_report_bundle_to_make_only_once_it_finished_with_a_result(t
         assert not forms.reportable(job)
         with pytest.raises(ValueError, match="pick a job in the list above first|has no result to report"):
             forms.report_bundle(job)
+
+
+def test_the_jobs_panel_tells_a_damaged_record_as_damaged_never_as_another_job(tmp_path):
+    """A truncated record, or one whose fields name no request, is shown as what it is in the panel's request box:
+    never as the job that prepares the default model (the only job without a request)."""
+    from graftui.ui import jobwords
+
+    (tmp_path / "cut").mkdir()
+    (tmp_path / "cut" / "job.json").write_text('{"id": "cut", "kind": "loc')
+    (tmp_path / "odd").mkdir()
+    (tmp_path / "odd" / "job.json").write_text(json.dumps({"id": "odd", "kind": "localize", "title": "t",
+                                                            "params": {"x": 1}, "status": "done"}))
+    runner = JobRunner(tmp_path)
+    cut, odd = runner.get("cut"), runner.get("odd")
+    said = jobwords.request_words(cut)
+    assert cut.status == FAILED and said == f"({cut.error})" and "record of this job is damaged" in said
+    assert jobwords.request_words(odd) == "(this localize job's record names no request)"
+    ready = runner.submit("prepare", "Prepare default model", lambda ctx: {})
+    assert "prepares the default model" in jobwords.request_words(ready)
+    asked = runner.submit("localize", "l", lambda ctx: {}, params={"verb": "localize", "task": "movies"})
+    assert json.loads(jobwords.request_words(asked)) == {"verb": "localize", "task": "movies"}
+    assert jobwords.request_words(None) == ""

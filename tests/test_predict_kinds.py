@@ -91,3 +91,86 @@ def test_a_classification_region_still_predicts_class_probabilities(tmp_path, mo
     assert doc["kind"] == "classification" and doc["label_names"] == ["negative", "positive"]
     assert all(set(r) == {"text", "model", "probs", "predicted", "confidence", "agrees_with_ft", "probe", "part"} for r in doc["rows"])
     assert all(sum(r["probs"].values()) == pytest.approx(1.0) for r in doc["rows"])
+
+
+def test_an_empty_region_is_probed_with_a_note_that_it_changes_nothing(made, tmp_path):
+    """k = 0: its graft is the pre-trained model and FT without it is FT. The probe still shows the bare body beside
+    FT (worth seeing), so it runs, and its notes say so in one line."""
+    from dataclasses import replace
+
+    from graftui import regions
+
+    record = regions.load(made["region"])
+    empty = regions.RegionRecord({}, record.shapes, replace(record.meta, k=0))
+    path = regions.save(empty, tmp_path / "empty.safetensors")
+    doc = graftui.predict(regions=[str(path)], texts=PROMPTS[:1], knockout=True).as_dict()
+    said = [n for n in doc["notes"] if "is empty" in n]
+    assert said == ["region 'empty' is empty (k = 0): its graft is the pre-trained model and knocking it out leaves "
+                    "the fine-tuned model as it is, so neither shows anything of a skill; learn a larger region"]
+    code, out, err = run_cli("predict", "--region", path, "--text", PROMPTS[0], "--knockout")
+    assert code == 0 and said[0] in " ".join(out.split()), (out, err)
+
+
+def test_a_region_probed_on_another_pair_is_told_it_belongs_to_another_model(made, tmp_path):
+    """The region's own pair is a tiny Llama; probed on a tiny GPT-2 pair, what reading it there fails on (a tensor
+    name, a prompt's label words) would mislead: the line names both pairs and the fix."""
+    from graftui.errors import RegionError
+
+    base, ft = write_lm_pair(tmp_path, "gpt2")
+    want = (f"'r.safetensors' belongs to another model: it was learned on base → ft, and the pair given is gpt2-base → "
+            f"gpt2-ft; pass the region's own pair (--base {made['base']} --finetuned {made['ft']}), or localize again "
+            "on this one")
+    with pytest.raises(RegionError) as told:
+        graftui.predict(regions=[str(made["region"])], texts=PROMPTS[:1], knockout=True, base=str(base),
+                        finetuned=str(ft))
+    assert str(told.value) == want
+    code, out, err = run_cli("predict", "--region", made["region"], "--text", PROMPTS[0], "--knockout", "--base", base,
+                             "--finetuned", ft)
+    assert (code, out, err.strip().splitlines()) == (2, "", [f"graftui: error: {want}"])
+    with pytest.raises(RegionError, match="belongs to another model: .* the pair given is base → gpt2-ft;"):
+        graftui.predict(regions=[str(made["region"])], texts=PROMPTS[:1], finetuned=str(ft))
+
+
+def test_pair_reads_a_completion_or_chat_task_as_localize_does(tmp_path):
+    """`pair --task` on a (prompt, completion) CSV or a chat JSONL reads it through its kind, as localize does: the
+    pair is read as a completion model (no label words to match), not refused for a text column it never needs."""
+    base, ft = write_lm_pair(tmp_path, "llama")
+    csv = write_completion_task(tmp_path / "opposites.csv")
+    chat = tmp_path / "chat.jsonl"
+    chat.write_text("".join(json.dumps({"messages": [{"role": "user", "content": f"say {w}"},
+                                                     {"role": "assistant", "content": w}]}) + "\n"
+                            for w in ("good", "bad", "fine", "dull") * 4))
+    for task in (csv, chat):
+        code, out, err = run_cli("pair", "--base", base, "--finetuned", ft, "--task", task, "--json")
+        assert code == 0, err
+        doc = json.loads(out)
+        assert doc["preview"] is None and doc["pair"]["kind"] == "completion", doc["pair"]
+
+
+def test_a_task_yaml_region_is_probed_with_the_yamls_own_generation_length(tmp_path):
+    """A region learned on a task YAML whose generation_kwargs say max_gen_toks: 4: the probe (and its knockout)
+    generates 4 new tokens, as the harness would, and its card says 4, not graftui's default."""
+    folder = tmp_path / "short_task"
+    folder.mkdir()
+    rows = {s: [{"q": f"{w} is not", "a": OPP} for w, OPP in (("good", "bad"), ("fine", "awful"), ("loved", "hated"))
+                * 4] for s in ("train", "test")}
+    for split, docs in rows.items():
+        (folder / f"{split}.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    yaml = folder / "task.yaml"
+    yaml.write_text(f"task: short_task\ndataset_path: json\ndataset_kwargs:\n  data_files: {{train: \"{folder}/train.jsonl\", "
+                    f"test: \"{folder}/test.jsonl\"}}\n  cache_dir: \"{tmp_path / 'cache'}\"\noutput_type: generate_until\n"
+                    "training_split: train\ntest_split: test\ndoc_to_text: \"{{q}}\"\ndoc_to_target: a\n"
+                    "generation_kwargs:\n  until: [\"\\n\"]\n  max_gen_toks: 4\nmetric_list:\n  - metric: exact_match\n")
+    base, ft = write_lm_pair(tmp_path, "llama")
+    region = tmp_path / "r.safetensors"
+    graftui.localize(base=str(base), finetuned=str(ft), task=str(yaml), method="top-movement", sparsity=0.5,
+                     check_n=0, out=str(region))
+    doc = graftui.predict(regions=[str(region)], texts=["good is not"], knockout=True).as_dict()
+    assert any("greedy, at most 4 new tokens" in line for line in doc["card"]), doc["card"]
+    assert not any("32 new tokens" in line for line in doc["card"])
+    said = {r["model"]: r["generation"] for r in doc["rows"]}
+    prompt = Completions(((("user", "good is not"), ("assistant", "")),))
+    for name, ref in (("fine-tuned", ft), ("pre-trained, same prompt", base)):
+        assert said[name] == generation.generate(load_lm(str(ref), "causal-lm"), load_tokenizer(str(ref)), prompt, False,
+                                                 max_new_tokens=4)[0], name
+    assert "fine-tuned − r" in said  # the knockout generates as long

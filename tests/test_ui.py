@@ -1629,3 +1629,24 @@ def test_the_app_resolves_transformers_names_before_any_job_thread_loads_a_model
     assert done.returncode == 0, done.stderr[-2000:]
     before, after, names = map(int, done.stdout.split()[-3:])
     assert before < names and after == names, done.stdout
+
+
+def test_every_described_endpoint_takes_the_inputs_its_description_lists(home, monkeypatch):
+    """Gradio's API description leaves out a Button's value (and States, which its client fills in): an event that
+    reads one cannot be called as described ("didn't receive enough input values"). Such an event is kept out of
+    the description, and a described twin takes what it lists (``Page.confirm``)."""
+    import gradio as gr
+
+    from graftui.ui import app, store
+
+    monkeypatch.setenv("GRAFTUI_HOSTED", "1")
+    monkeypatch.setattr(store, "default_ready", lambda key=None: True)
+    demo = app.build_app()
+    described = {fn.api_name: fn for fn in demo.fns.values() if fn.api_visibility == "public"}
+    for name, fn in described.items():
+        unlisted = [type(b).__name__ for b in fn.inputs if b.skip_api and not isinstance(b, gr.State)]
+        assert not unlisted, (name, unlisted)
+    info = demo.get_api_info()["named_endpoints"]
+    for name in ("on_job_cancel", "on_region_delete", "on_localize_cancel"):  # the session, then what is picked
+        assert len(info[f"/{name}"]["parameters"]) == 2, (name, info[f"/{name}"]["parameters"])
+        assert f"/{name}_press" not in info

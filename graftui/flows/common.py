@@ -180,6 +180,20 @@ def prompt_notes(pair: ModelPair) -> list[str]:
     return notes
 
 
+def another_model(name: str, record: RegionRecord, base: str, finetuned: str | None) -> str | None:
+    """The line that says region file ``name`` belongs to another pair than ``base`` → ``finetuned`` (the pair it
+    recorded is not the one given), or None where it is that pair or recorded none. Said when the region does not
+    fit the pair: what reading it on the wrong model fails on (its label words, its tensors) would mislead."""
+    made_base, made_ft = record.meta.base, record.meta.finetuned
+    if not made_base or not made_ft or (same_model(made_base, base) and (finetuned is None or
+                                                                         same_model(made_ft, finetuned))):
+        return None
+    given = f"{short_ref(base)} → {short_ref(finetuned)}" if finetuned else f"{short_ref(base)} (with its patch)"
+    return (f"'{name}' belongs to another model: it was learned on {short_ref(made_base)} → {short_ref(made_ft)}, and "
+            f"the pair given is {given}; pass the region's own pair (--base {made_base} --finetuned {made_ft}), or "
+            "localize again on this one")
+
+
 def same_model(a: str, b: str) -> bool:
     """Whether two references name one model: the same words, or the same folder or Hub id once resolved."""
     if a.strip().lower() == b.strip().lower():

@@ -39,7 +39,7 @@ from ..kinds import Look, kind_named, kind_of, read_task, read_task_as, recorded
 from ..layout import anatomy as count_anatomy, part_label
 from . import text
 from .common import (
-    LOCAL, Guard, LocalizeResult, Progress, Result, check_build, check_model_ref, finish,
+    LOCAL, Guard, LocalizeResult, Progress, Result, another_model, check_build, check_model_ref, finish,
     get_pair, get_task,
     graft_of, labels_for, load_region, loadable, merged_shapes, needs_task_labels, ood_tasks,
     pair_for_regions, phase_progress, prompt_notes, region_stem, remember_scores, same_regions, save_new,
@@ -469,6 +469,10 @@ def regions_setting(req, guard: Guard) -> Grafts:
     merged_shapes(records)
     first = records[0].meta if records else RegionMeta()
     notes: list[str] = same_regions(labels, records)
+    notes += [f"region '{label}' is empty (k = 0): its graft is the pre-trained model and knocking it out leaves the "
+              "fine-tuned model as it is, so neither shows anything of a skill; learn a larger region"
+              for label, record in zip(labels, records) if not record.size]  # said, not refused: the bare body
+    # beside FT is still worth a look
     base = req.base or first.base or DEFAULT_BASE
     task_ref = req.task or first.task or DEFAULT_TASK
     spec = req.data_spec() if (req.task or not records) else recorded_columns(first)
@@ -516,6 +520,24 @@ def regions_pair(req, grafts: Grafts, task: Task, guard: Guard, progress=None, c
     for path, record in zip(req.regions, records):  # before the reading the region recorded meets the request's
         kind.check_region(Path(path).name, record.meta, task)
     options = kind.reading(req.load_options(regions.recorded_options(first) if records else None), task)
+    try:
+        pair = _regions_pair(req, grafts, task, guard, options, progress, cancel)
+    except (ModelError, RegionError, DataError) as err:  # the region read on another model: the pair is the reason
+        given = None if grafts.from_patch else grafts.finetuned
+        said = next((line for line in (another_model(Path(path).name, record, grafts.base, given)
+                                       for path, record in zip(req.regions, records)) if line), None)
+        if said is None:
+            raise
+        raise RegionError(said) from err
+    for path, label, record in zip(req.regions, labels, records):
+        check_build(record, pair, label, notes)
+    return pair
+
+
+def _regions_pair(req, grafts: Grafts, task: Task, guard: Guard, options, progress, cancel) -> ModelPair:
+    """``regions_pair``'s loading: the pair, read as the regions were, and every region checked to fit it."""
+    records, labels, first, notes = grafts.records, grafts.labels, grafts.first, grafts.notes
+    kind = kind_of(task)
     if grafts.from_patch:
         if progress:
             progress({"stage": f"loading {short_ref(grafts.base)} with the patch"})
@@ -535,12 +557,11 @@ def regions_pair(req, grafts: Grafts, task: Task, guard: Guard, progress=None, c
                             kind.labels(task))
     notes += prompt_notes(pair)
     kind.check_pair(pair, task)
-    for path, label, record in zip(req.regions, labels, records):
+    for path, record in zip(req.regions, records):
         try:
             regions.check_fits(record, pair)
         except RegionError as err:
             raise RegionError(f"'{path}': {err}") from None
-        check_build(record, pair, label, notes)
     return pair
 
 
@@ -881,10 +902,18 @@ def pair(req: PairRequest, progress: Progress | None = None, cancel=None, guard:
     """Load (or reuse) the pair and describe it; a clear error when the two do not pair."""
     req.validate()
     start = time.time()
-    options = req.load_options()
-    labels = get_task(req.task, req.data_spec(), guard).label_names if needs_task_labels(req.finetuned, options, guard) \
-        else None
-    loaded = get_pair(req.base, req.finetuned, GraftableSpec(), guard, progress, cancel, options, labels)
+    options, notes = req.load_options(), []
+    # a language model is read as its task's kind reads it (a completion task: as itself, no label words), the task
+    # read as localize reads it; a classifier needs no task, and a head the request gives is read as given
+    task = read_task(req, guard, notes) if needs_task_labels(req.finetuned, options, guard) else None
+    kind = kind_of(task) if task is not None and options.head == "auto" else None
+    if kind is not None:
+        kind.supports("pair", task)
+        options = kind.reading(options, task)
+    loaded = get_pair(req.base, req.finetuned, GraftableSpec(), guard, progress, cancel, options,
+                      kind_of(task).labels(task) if task is not None else None)
+    if kind is not None:
+        kind.check_pair(loaded, task)
     preview = preview_prompt(req, guard) if loaded.prompt is not None else None
     finish(progress)
-    return PairResult(req, prompt_notes(loaded), time.time() - start, loaded.describe(), preview)
+    return PairResult(req, notes + prompt_notes(loaded), time.time() - start, loaded.describe(), preview)

@@ -6,13 +6,14 @@ Words only: nothing here submits or changes a job (``forms`` submits, the job ru
 from __future__ import annotations
 
 import html
+import json
 from pathlib import Path
 
 import pandas as pd
 
 from .. import lanes
 from ..formatting import minutes
-from ..jobs import FINISHED, MAIN, QUEUED, RUNNING, Job
+from ..jobs import DAMAGED, FINISHED, MAIN, QUEUED, RUNNING, Job
 from . import store
 
 
@@ -231,6 +232,20 @@ def job_when(runner, job: Job | None) -> str:
     if job is None or job.status in FINISHED:
         return ""
     return when_words(runner.expected(job.id), waiting=job.status == QUEUED)
+
+
+def request_words(job: Job | None) -> str:
+    """The request box of the jobs panel: the job's request as JSON; a job without one says why, from its record
+    alone (a damaged record is told as damaged, never as another job's)."""
+    if job is None:
+        return ""
+    if "verb" in (job.params or {}):
+        return json.dumps(job.params, indent=2)
+    if job.kind == DAMAGED:
+        return f"({job.error})"
+    if job.kind == "prepare":
+        return "(this job has no request: it prepares the default model)"
+    return f"(this {job.kind} job's record names no request)"
 
 
 def job_line(runner, job: Job | None) -> str:

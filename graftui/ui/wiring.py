@@ -448,6 +448,7 @@ class Page:
     checkpoint_pickers: list = field(default_factory=list)  # (dropdown, base offered): refreshed with checkpoints
     pending: list = field(default_factory=list)  # wiring that waits for every tab
     states: list = field(default_factory=list)  # placed at the page's root by finish()
+    callers: list = field(default_factory=list)  # the hidden triggers of API-only events (``confirm``), placed there too
     # made by Models, read by every tab that runs on the pair and task
     base: gr.Dropdown | None = None
     finetuned: gr.Dropdown | None = None
@@ -523,8 +524,8 @@ class Page:
 
     def finish(self) -> None:
         """Once every tab is built: place the States and run the wiring that waited for the later tabs."""
-        for state in self.states:
-            state.render()
+        for block in (*self.states, *self.callers):
+            block.render()
         for wire in self.pending:
             wire()
 
@@ -554,6 +555,27 @@ class Page:
 
         self.on(picker.input, self.quiet(fill), [picker], [*widgets, self.status], show_progress="hidden")
 
+    def confirm(self, button, fn, inputs: list, armed, outputs: list, api_name: str) -> None:
+        """Wire the presses of a confirm button to ``fn(*inputs, label, memory)``: ``label`` is what the button showed
+        when pressed (a press confirms only where it asked to), ``memory`` the ``armed`` State.
+
+        Gradio leaves a Button's value out of its API's description, so a call made as the description says would
+        lack it: the page's event is kept out of the description (``{api_name}_press``) and ``api_name`` is
+        described with the inputs it lists. A call there reads as a press on a button that showed what the calls
+        before it left: the first arms it, a second within CONFIRM_SECONDS on the same pick confirms."""
+        self.on(button.click, fn, [*inputs, button, armed], outputs, api_name=f"{api_name}_press",
+                api_visibility="undocumented", **self.one_at_a_time(armed))
+        caller = gr.Button(visible=False, render=False)  # pressed by no one: the described event's trigger
+        self.callers.append(caller)
+
+        def called(*values):
+            *given, memory = values
+            if jobwords.expired(memory, time.time()):
+                memory = None
+            return fn(*given, jobwords.CONFIRM if memory is not None else "", memory)
+
+        self.on(caller.click, called, [*inputs, armed], outputs, api_name=api_name, **self.one_at_a_time(armed))
+
     def cancel(self, button, picker, kinds: tuple[str, ...]) -> None:
         """``button`` cancels the job ``picker`` shows, once confirmed by a second press; it is off while the job
         shown has finished (the panel of ``picker`` turns it on and off as the job's status changes)."""
@@ -572,7 +594,8 @@ class Page:
                 return gr.skip(), gr.skip()
             return gr.skip() if memory is None else None, cancel_button(shown, label)
 
-        self.on(button.click, run, [picker, button, armed], [button, armed, self.status], **self.one_at_a_time(armed))
+        self.confirm(button, run, [picker], armed, [button, armed, self.status],
+                     f"on_{(button.elem_id or 'cancel').replace('-', '_')}")
         self.on(picker.change, unarm, [picker, armed], [armed, button], show_progress="hidden",
                 **self.one_at_a_time(armed))
         self.disarms(button, armed, lambda picked: cancel_button(jobwords.shown_job(store.runner(), picked, kinds),

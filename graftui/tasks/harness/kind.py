@@ -166,7 +166,17 @@ class Harness(Completion):
         if given:
             raise RequestError(f"{', '.join(given)}: an lm-eval task is judged by the harness's own filters (its "
                                f"YAML's filter_list); drop {'it' if len(given) == 1 else 'them'}")
-        return generation.AnswerRule(), generation.MAX_NEW_TOKENS  # what predict's generations are cut by
+        return generation.AnswerRule(), getattr(req, "max_new_tokens", None) or generation.MAX_NEW_TOKENS  # what
+        # predict's generations are cut by, unless the task's YAML says (``predict``)
+
+    def predict(self, pair, task, req, models, ft_name, judging, notes, progress=None, cancel=None):
+        """Each model's generation, as long as the tasks' YAML allows (generation_kwargs' max_gen_toks) unless the
+        request asks for a length: the probe shows what the harness would score, and its card says that length."""
+        rule, new = judging
+        own = [t.max_gen_toks for t in task.harness if t.max_gen_toks]
+        if own and getattr(req, "max_new_tokens", None) is None:
+            new = max(own)
+        return super().predict(pair, task, req, models, ft_name, (rule, new), notes, progress, cancel)
 
     def compare(self, pair, task, models, *, n, contrasts=(), oods=(), judging=None, progress=None, cancel=None):
         """Every model on every harness task; rows with the harness's metric and stderr, paired differences of the

@@ -243,6 +243,9 @@ def answer_filter(responses, docs) -> list[list[str]]:
     return [[rule.answer(text, doc["completion"]) or "" for text in texts] for texts, doc in zip(responses, docs)]
 
 
+MAX_GEN_TOKS = 1024  # the most new tokens a task's max_gen_toks is taken at (more: graftui's own length)
+
+
 # -- loading a task ----------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class HarnessTask:
@@ -263,6 +266,7 @@ class HarnessTask:
     include_path: tuple[str, ...] = ()  # folders of task YAMLs besides the harness's registry (the offline tasks')
     registry: bool = True  # found in the harness's own registry (5 s to index), not in include_path alone
     files: tuple[tuple[str, str], ...] = ()  # (path, sha256) of a user's task YAML and the files it includes
+    max_gen_toks: int | None = None  # the new tokens its generation_kwargs allow a generation (None: unsaid)
 
     @property
     def chat(self) -> bool:
@@ -488,8 +492,11 @@ def load_harness_task(name: str, *, include_path: str | Path | Sequence[str | Pa
     eval_split = task.config.test_split if task.has_test_docs() else task.config.validation_split
     read = getattr(manager.task_index.get(name), "yaml_path", None)
     files = file_digests(Path(read)) if read is not None and not registry and name not in OFFLINE else ()
+    asked = getattr(task.config, "generation_kwargs", None) if task.OUTPUT_TYPE == "generate_until" else None
+    length = asked.get("max_gen_toks") if isinstance(asked, dict) else None
     return HarnessTask(name, task.OUTPUT_TYPE, Completions(examples), split, str(eval_split), len(task.eval_docs),
-                       include, registry, files)
+                       include, registry, files, length if isinstance(length, int) and not isinstance(length, bool)
+                       and 0 < length <= MAX_GEN_TOKS else None)
 
 
 def file_digests(path: Path, seen: tuple[Path, ...] = ()) -> tuple[tuple[str, str], ...]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 
 import gradio as gr
@@ -83,8 +82,7 @@ def build(page) -> None:
         message, memory, look = jobwords.cancel_step(runner, job, memory, time.time(), jobwords.asks(shown_label))
         return cancel_look(look, LABEL), memory, message
 
-    page.on(job_cancel.click, on_job_cancel, [job_sel, job_cancel, armed], [job_cancel, armed, page.status],
-            **page.one_at_a_time(armed))
+    page.confirm(job_cancel, on_job_cancel, [job_sel], armed, [job_cancel, armed, page.status], "on_job_cancel")
     page.disarms(job_cancel, armed, lambda picked: cancel_button(store.runner().get(picked) if picked else None, LABEL),
                  [job_sel])
 
@@ -92,9 +90,8 @@ def build(page) -> None:
     def on_job_pick(picked, memory):
         job = store.runner().get(picked) if picked else None
         path = forms.request_file(job)
-        text = json.dumps(job.params, indent=2) if path else "(this job has no request: it prepares the default model)"
         kept = jobwords.still_armed(memory, picked)  # a press on this job was answered first: it stays armed
-        return (text if job else "", gr.update(value=str(path) if path else None),
+        return (jobwords.request_words(job), gr.update(value=str(path) if path else None),
                 gr.skip() if kept or memory is None else None, gr.skip() if kept else cancel_button(job, LABEL),
                 gr.update(interactive=forms.reportable(job)), gr.skip())
 

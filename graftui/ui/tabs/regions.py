@@ -213,8 +213,8 @@ def build(page) -> gr.Tab:
         store.delete_region(region_id)
         return gr.update(value=None), f"Deleted region **{path.stem}**.", None, gr.update(value=DELETE)
 
-    page.on(reg_delete.click, on_region_delete, [reg_sel, reg_delete, armed], [reg_sel, status, armed, reg_delete],
-            **page.one_at_a_time(armed))
+    page.confirm(reg_delete, on_region_delete, [reg_sel], armed, [reg_sel, status, armed, reg_delete],
+                 "on_region_delete")
 
     def disarm(region_id, named):  # another region picked: a press must name it first
         if named is None or jobwords.still_armed(named, region_id):
