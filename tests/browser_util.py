@@ -181,7 +181,9 @@ class AppServer:
 
 # -- page interactions --------------------------------------------------------------------------------
 def wait_usable(page, url: str, timeout_s: float = 60.0) -> None:
-    """Open the page and wait until the app's load handler has filled the status line."""
+    """Open the page (brought to the front: a tab behind another may not draw its frames, and a click waits for them)
+    and wait until the app's load handler has filled the status line."""
+    page.bring_to_front()
     page.goto(url, wait_until="domcontentloaded", timeout=timeout_s * 1000)
     page.wait_for_selector("#status-message", timeout=timeout_s * 1000)
     page.wait_for_function(
