@@ -1650,3 +1650,37 @@ def test_every_described_endpoint_takes_the_inputs_its_description_lists(home, m
     for name in ("on_job_cancel", "on_region_delete", "on_localize_cancel"):  # the session, then what is picked
         assert len(info[f"/{name}"]["parameters"]) == 2, (name, info[f"/{name}"]["parameters"])
         assert f"/{name}_press" not in info
+
+
+def test_deleting_a_region_that_waiting_jobs_read_names_them_and_cancels_them_with_it(home, monkeypatch):
+    """A comparison queued on a region would fail on its missing file once the region is deleted: the first press
+    names the jobs that read it and says they go with it, the confirming press cancels them and deletes it; a job
+    that reads another region is left alone."""
+    from graftui.ui import app, store
+    from graftui.ui.tabs.regions import DELETE
+
+    monkeypatch.setattr(store, "default_ready", lambda key=None: True)
+    pair, _, _ = make_tiny_pair()
+    x = store.save_region(tiny_record(pair, k=20), "region-x")
+    y = store.save_region(tiny_record(pair, k=30), "region-y")
+    gate, started = threading.Event(), threading.Event()
+    runner = store.runner()
+    blocker = runner.submit("localize", "holds the lane", lambda ctx: started.set() or gate.wait(30) and {})
+    reads_x = runner.submit("compare", "Compare x", lambda ctx: {}, {"verb": "evaluate", "regions": [str(y), str(x)]})
+    reads_y = runner.submit("compare", "Compare y", lambda ctx: {}, {"verb": "evaluate", "regions": [str(y)]})
+    try:
+        assert started.wait(5)
+        assert [j.id for j in store.jobs_reading(x)] == [reads_x.id]
+        press, _, armed, widget = _confirm_pair(app.build_app(), "region-delete", "regions-select")
+        status = next(b for b in press.outputs if getattr(b, "elem_id", None) == "status-message")
+        picker = next(b for b in press.inputs if getattr(b, "elem_id", None) == "regions-select")
+        values = {picker._id: x.stem, armed._id: None, widget._id: DELETE}
+        _answer(press, values)
+        assert x.is_file() and f"cancels the 1 job(s) that read it: **Compare x** [{reads_x.id}]" in values[status._id]
+        _answer(press, values)
+        assert not x.exists() and y.is_file(), values[status._id]
+        assert f"Deleted region **{x.stem}** and cancelled the 1 job(s) that read it" in values[status._id]
+        assert runner.get(reads_x.id).status == "cancelled" and runner.get(reads_y.id).status == "queued"
+    finally:
+        gate.set()
+    assert runner.wait(reads_y.id, 30).status == "done" and runner.wait(blocker.id, 30).status == "done"

@@ -192,6 +192,16 @@ def cancel_step(runner, job: Job | None, armed, now: float, asked: bool = True) 
             "has not saved is lost."), (job.id, now), "armed"
 
 
+def reading_words(readers: list[Job], ahead: bool) -> str:
+    """What deleting a region does to the waiting or running jobs that read it (``ahead``: before the confirming press,
+    which cancels them with it); empty where none reads it."""
+    if not readers:
+        return ""
+    named = ", ".join(f"**{md(j.title)}** [{j.id}]" for j in readers[:3]) + (" …" if len(readers) > 3 else "")
+    return (f", and cancels the {len(readers)} job(s) that read it: {named}" if ahead else
+            f" and cancelled the {len(readers)} job(s) that read it: {named}")
+
+
 def cancellable(job: Job | None) -> bool:
     return job is not None and job.status not in FINISHED
 

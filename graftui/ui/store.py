@@ -561,6 +561,21 @@ def delete_region(region_id: str) -> Path:
     return path
 
 
+def jobs_reading(path: Path) -> list:
+    """This session's waiting or running jobs whose request names the region file ``path``: deleting the file would
+    fail them (a comparison queued on it), so the page names them before it deletes, and cancels them with it."""
+    target = Path(path).resolve()
+
+    def names(value) -> bool:
+        if isinstance(value, str):
+            return value.endswith(".safetensors") and Path(value).expanduser().resolve() == target
+        if isinstance(value, (list, tuple)):
+            return any(names(v) for v in value)
+        return isinstance(value, dict) and any(names(v) for v in value.values())
+
+    return [j for j in runner().jobs() if j.status in (QUEUED, RUNNING) and names(j.params)]
+
+
 def region_scores() -> dict[str, dict]:
     """Content id -> the latest scores of that region, from the score logs of the folders regions are listed from
     (on a hosted server the session scores gallery regions in its own log)."""

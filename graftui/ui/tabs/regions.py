@@ -205,13 +205,17 @@ def build(page) -> gr.Tab:
     @page.guard(region=reg_sel)
     def on_region_delete(region_id, shown_label, named):
         path = store.region_path(region_id)  # an id outside this workspace is refused before anything else
+        readers = store.jobs_reading(path)
         if not (jobwords.asks(shown_label) and jobwords.still_armed(named, region_id)):
             # the page's poll disarms the button CONFIRM_SECONDS after this press (``Page.disarms``)
             return (gr.skip(), f"Press **{jobwords.CONFIRM}: delete** again to delete **{path.stem}** for good (within "
-                    f"{jobwords.CONFIRM_SECONDS:g} s): it cannot be undone.", (region_id, time.time()),
-                    gr.update(value=f"{jobwords.CONFIRM}: delete {path.stem}"))
+                    f"{jobwords.CONFIRM_SECONDS:g} s): it cannot be undone{jobwords.reading_words(readers, True)}.",
+                    (region_id, time.time()), gr.update(value=f"{jobwords.CONFIRM}: delete {path.stem}"))
+        for job in readers:  # they would fail on the missing file: cancelled with it, as the press above said
+            store.runner().cancel(job.id)
         store.delete_region(region_id)
-        return gr.update(value=None), f"Deleted region **{path.stem}**.", None, gr.update(value=DELETE)
+        return (gr.update(value=None), f"Deleted region **{path.stem}**{jobwords.reading_words(readers, False)}.",
+                None, gr.update(value=DELETE))
 
     page.confirm(reg_delete, on_region_delete, [reg_sel], armed, [reg_sel, status, armed, reg_delete],
                  "on_region_delete")
