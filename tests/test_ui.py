@@ -624,6 +624,34 @@ def test_compare_table_labels_every_column():
     assert frame.iloc[2]["dist."] == "OOD" and graft["share of FT gain"] == ""  # no bare row: no gain to share
 
 
+@pytest.mark.parametrize("kind", ["classification", "completion"])
+def test_the_compare_table_has_each_regions_difference_to_the_baselines_as_columns(kind):
+    """Learned − top movement and − random, with their paired intervals, in the region's row of Compare's table (on
+    its own task: an OOD row has its own); the fine-tuned model and the baselines leave them empty."""
+    from graftui.ui.kinds import app_of
+    from graftui.ui.tables import compare_table
+
+    score = "accuracy" if kind == "classification" else "exact_match"
+    base = {"n": 200, "f1": 0.5, "ece": 0.05, "agreement_with_ft": 1.0, "region_size": 20, "distribution": "in"}
+    models = [("fine-tuned", None, 0.9), ("learned-r", "learned", 0.86), ("Top movement", "top-movement", 0.83),
+              ("Random", "random", 0.6)]
+    rows = [{**base, "model": m, "method": method, "task": task, score: value - (0.1 if task == "amazon" else 0)}
+            for task in ("movies", "amazon") for m, method, value in models]
+    diff = lambda b, task, d, ci: {"a": "learned-r", "b": b, "task": task, "metric": score, "diff": d, "ci": ci,  # noqa: E731
+                                   "n": 200, "p": 0.01}
+    result = {"rows": rows, "differences": [
+        diff("Top movement", "movies", 0.032, [0.004, 0.058]), {**diff("Top movement", "movies", -0.01, [-0.02, 0.0]),
+                                                                "metric": "ece"},
+        diff("Random", "movies", 0.26, [0.2, 0.31]), diff("Top movement", "amazon", -0.005, [-0.03, 0.02])]}
+    frame = compare_table({**result, "task_kind": kind})
+    assert list(frame.columns) == list(app_of(kind).app_columns)
+    cells = {(r["model"], r["task"]): (r["− top movement [95 % CI]"], r["− random [95 % CI]"])
+             for r in frame.to_dict("records")}
+    assert cells[("learned-r", "movies")] == ("+3.2 pts [+0.4, +5.8]", "+26.0 pts [+20.0, +31.0]")
+    assert cells[("learned-r", "amazon")] == ("−0.5 pts [−3.0, +2.0]", "")  # no random baseline scored there
+    assert {cells[(m, t)] for m in ("fine-tuned", "Top movement", "Random") for t in ("movies", "amazon")} == {("", "")}
+
+
 def test_submit_prepare_is_skipped_when_the_default_is_cached(home, monkeypatch):
     from graftui.ui import forms, store
 

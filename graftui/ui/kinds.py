@@ -10,7 +10,7 @@ from __future__ import annotations
 from .. import card
 from ..config import FT_LABEL, is_body
 from ..errors import RequestError
-from ..formatting import change_text, num, pct, score_text
+from ..formatting import change_text, difference_value, num, pct, score_text
 from ..tasks.harness.lmeval import PREFIX
 from ..kinds import KINDS, TaskKind
 
@@ -21,6 +21,23 @@ def _pct(v) -> str:
 
 def _num(v, digits: int = 3) -> str:
     return num(v, digits, missing="")
+
+
+VERSUS = (("top-movement", "− top movement [95 % CI]"), ("random", "− random [95 % CI]"))  # (baseline, its column)
+
+
+def versus(result: dict, row: dict) -> dict:
+    """A region's row: its paired difference to each baseline of its size on the same task and test examples (the
+    kind's first metric compared, with its interval); empty for the fine-tuned and bare models and the baselines."""
+    method_of = {r["model"]: r.get("method") for r in result.get("rows") or []}
+    own = method_of.get(row["model"])
+    cells = {}
+    for method, column in VERSUS:
+        found = None if own in (None, *(m for m, _ in VERSUS)) else next(
+            (d for d in result.get("differences") or () if d["a"] == row["model"] and d["task"] == row["task"]
+             and method_of.get(d["b"]) == method), None)
+        cells[column] = difference_value(found) if found is not None else ""
+    return cells
 
 
 class KindApp:
@@ -63,14 +80,16 @@ class ClassificationApp(KindApp):
     kind = "classification"
     named_in_lists = False
 
-    app_columns = ("model", "task", "dist.", "n", "accuracy ↑ [95 % CI]", "share of FT gain", "Δ vs FT", "F1 ↑", "ECE ↓",
-                   "calibration", "agree w/ FT", "k (params)")
+    app_columns = ("model", "task", "dist.", "n", "accuracy ↑ [95 % CI]", "share of FT gain", "Δ vs FT",
+                   *(column for _, column in VERSUS), "F1 ↑", "ECE ↓", "calibration", "agree w/ FT", "k (params)")
     app_note = ("Accuracy and agreement (with the fine-tuned model's predictions) are shares of the n test examples, "
                 "with a 95 % Wilson interval; share of FT gain = (graft − bare) / (FT − bare), bare being the model "
                 "with an empty region (k = 0): the pre-trained body with the fine-tuned head, or, for a language model "
                 "read through label words, the pre-trained model under the same prompt (zero-shot); above 100 % the "
                 "graft scores above FT itself, and where FT does not beat bare there is no gain to share (n/a); Δ is "
-                "the accuracy difference to the fine-tuned model on the same task; F1 of the positive class (macro if "
+                "the accuracy difference to the fine-tuned model on the same task; − top movement and − random: a region's "
+                "paired accuracy difference to that baseline of its size on the same examples, with its 95 % interval "
+                "(an interval holding 0 does not tell the two apart); F1 of the positive class (macro if "
                 "more than two); ECE is the expected calibration error over 10 equal-width confidence bins (lower is "
                 "better); calibration compares mean confidence with accuracy.")
     try_words = ("Sentences (one per line)", "Classify", "Each sentence, the models side by side: the class each "
@@ -95,6 +114,7 @@ class ClassificationApp(KindApp):
                 "accuracy ↑ [95 % CI]": _pct(r["accuracy"]) + (f" [{100 * ci[0]:.0f}–{100 * ci[1]:.0f}]" if ci else ""),
                 "share of FT gain": "n/a: FT ≤ bare" if no_gain else _pct(r.get("gain_recovered")),
                 "Δ vs FT": "" if r["task"] not in ft else f"{100 * (r['accuracy'] - ft[r['task']]):+.1f} pts",
+                **versus(result, r),
                 "F1 ↑": _num(r["f1"]),
                 "ECE ↓": _num(r["ece"]),
                 "calibration": r.get("calibration") or "",
@@ -144,13 +164,15 @@ class CompletionApp(KindApp):
     sample_label = "Training examples (prompts; a completion task has no classes)"
 
     app_columns = ("model", "task", "n", "exact match ↑ [95 % CI]", "contains ↑", "token F1 ↑", "share of FT gain",
-                   "Δ vs FT", "loss/token ↓", "perplexity ↓", "token ECE ↓", "agree w/ FT", "k (params)")
+                   "Δ vs FT", *(column for _, column in VERSUS), "loss/token ↓", "perplexity ↓", "token ECE ↓", "agree w/ FT", "k (params)")
     app_note = ("Exact match: the share of the n test prompts whose greedy generation gives the reference's answer "
                 "under the answer rule (first line, or what the answer regex finds, then the filters the rule names), "
                 "with a 95 % Wilson interval; contains: the share whose answer contains the reference's; token F1: "
                 "the mean F1 of the two answers' whitespace-separated tokens; loss/token and perplexity of the "
                 "reference completion's tokens (teacher forced); token ECE: the calibration error of the next-token "
-                "prediction over those tokens; agreement: the same answer as the fine-tuned model.")
+                "prediction over those tokens; agreement: the same answer as the fine-tuned model; − top movement "
+                "and − random: a region's paired exact-match difference to that baseline of its size, with its 95 % "
+                "interval.")
     try_words = ("Prompt (the whole box is one prompt)", "Generate", "Each model's greedy generation for the prompt")
     predict_columns = ("prompt", "model", "generation", "same answer as FT")
 
@@ -168,7 +190,7 @@ class CompletionApp(KindApp):
                 "contains ↑": pct(r.get("contains"), 1, missing=""), "token F1 ↑": num(r.get("token_f1"), missing=""),
                 "share of FT gain": pct(r.get("gain_recovered"), 1, missing=""),
                 "Δ vs FT": "" if r["task"] not in ft else f"{100 * (r['exact_match'] - ft[r['task']]):+.1f} pts",
-                "loss/token ↓": num(r.get("loss"), missing=""), "perplexity ↓": num(r.get("perplexity"), missing=""),
+                **versus(result, r), "loss/token ↓": num(r.get("loss"), missing=""), "perplexity ↓": num(r.get("perplexity"), missing=""),
                 "token ECE ↓": num(r.get("token_ece"), missing=""),
                 "agree w/ FT": pct(r.get("agreement_with_ft"), 1, missing=""),
                 "k (params)": "" if size is None else f"{round(size):,}"})
@@ -199,7 +221,7 @@ class HarnessApp(CompletionApp):
     kind = "lm-eval"
 
     app_columns = ("model", "task", "n", "metric", "score ↑ [95 % CI]", "harness stderr", "share of FT gain", "Δ vs FT",
-                   "k (params)")
+                   *(column for _, column in VERSUS), "k (params)")
     app_note = ("Scores are lm-evaluation-harness's own metric of each task (its YAML's first metric under its first "
                 "filter), beside its stderr; the paired differences are graftui's, on the same documents. The "
                 "harness's other scores (another filter or metric) follow, not compared.")
@@ -225,6 +247,7 @@ class HarnessApp(CompletionApp):
                         "harness stderr": score_text(r.get("stderr"), share, missing=""),
                         "share of FT gain": pct(r.get("gain_recovered"), 1, missing=""),
                         "Δ vs FT": "" if r["task"] not in ft else change_text(r["score"] - ft[r["task"]], share),
+                        **versus(result, r),
                         "k (params)": "" if r.get("region_size") is None else f"{round(r['region_size']):,}"})
         for r in rows:
             for metric, value in (r.get("harness") or {}).items():

@@ -19,7 +19,7 @@ from .jobwords import md
 NUMBER_COLUMNS = frozenset({
     "density (in region / tensor size)", "fan-in", "density (in region / fan-in)", "accuracy without it",
     "drop [95 % CI]", "mean per seed", "core (every seed)", "core / mean", "chance", "× chance",
-    "n", "accuracy ↑ [95 % CI]", "share of FT gain", "Δ vs FT", "F1 ↑", "ECE ↓", "agree w/ FT", "k (params)",
+    "n", "accuracy ↑ [95 % CI]", "share of FT gain", "Δ vs FT", "− top movement [95 % CI]", "− random [95 % CI]", "F1 ↑", "ECE ↓", "agree w/ FT", "k (params)",
     "sparsity (fraction of graftable)", "accuracy ↑", "retained FT accuracy", "ECE ↓ (10 bins)", "test examples",
     "Δ accuracy vs region alone", "params grafted", "|γi|", "|γj|", "|γi ∩ γj| shared params", "|γi ∩ γj| / |γj|",
     "|γi ∩ γj| / |γi|", "IoU", "in region", "graftable", "density (in region / graftable)", "share of region",
