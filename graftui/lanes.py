@@ -7,7 +7,9 @@ cost of its request where its fields say it (``work``), at the pace jobs of its 
 the pace measured on 2 CPU cores (``PACE``). A prediction costs its tokens, times the models that read them, times
 one pass per token generated; a localization, or an evaluation of n examples, the examples its models read (a mask
 step's batch three times over, forward and backward) times the bytes of the pair's weights on this disk, plus reading
-the pair. A cost at the measured pace alone must fit in half of QUICK_SECONDS to count as short, since this machine
+the pair; WiSE curves, a composition scored on its regions' tasks and an ablation of n examples likewise, the models
+and tasks their fields say (``SCORES``), though such a first guess is only shown: the job takes the quick lane once
+the same job ran here short. A cost at the measured pace alone must fit in half of QUICK_SECONDS to count as short, since this machine
 may be slower; once a job of its kind ran here, in all of it. Unknown before either, when a pair check or such is
 expected to be instant and any other job takes the main lane. Two kinds of job always take the main lane: one that
 trains (``Request.trains``) or scores a task whose kind seeds the process's random generators
@@ -143,12 +145,39 @@ def passes(request, reads: list[tuple[str, str | None]] = ()) -> float | None:
         return float(runs * (steps + (request.check_n or 0) * (4 if learns else 3) * tokens))
     if request.verb == "evaluate" and request.n:
         models = 2 + max(len(request.regions), 1) * (3 if request.baselines else 1)
-        task = getattr(request, "task", None)
-        known = task or request.ood is not None or request.no_ood or generates
-        oods = len(request.ood_tasks(task)) if known else len(SENTIMENT_TASKS) - 1  # the regions' own task, unread:
-        # a sentiment task's two others, the most a classification region is scored on by default
-        return float(seeds * request.n * models * (1 + oods) * tokens)
-    return None
+        return float(seeds * request.n * models * _tasks(request, generates) * tokens)
+    looks = SCORES.get(request.verb)
+    models = looks(request) if looks is not None and getattr(request, "n", None) else None
+    return None if models is None else float(request.n * models * tokens)
+
+
+def _tasks(request, generates: bool) -> int:
+    """The tasks a request scores each model on: its own and the others out of distribution it asks for (a region's
+    own task, unread: a sentiment task's two others, the most a classification region is scored on by default)."""
+    task = getattr(request, "task", None)
+    known = task or request.ood is not None or request.no_ood or generates
+    return 1 + (len(request.ood_tasks(task)) if known else len(SENTIMENT_TASKS) - 1)
+
+
+ABLATED_PARTS = 20  # the layers and module types an ablation drops one at a time, before the region is read
+# (MiniLM: 6 + 8; SmolLM2: 30 + 7): a first guess, which the pace of the running job corrects
+
+
+def _wise(r) -> float:  # both curves at every α, in and out of distribution, for the region and each replicate
+    return 2 * len(set(r.alphas)) * _tasks(r, False) * (1 + len(r.replicates or ()))
+
+
+def _compose(r) -> float | None:  # each region's task: the union, each region alone, FT and the bare body
+    return len(r.regions) * (len(r.regions) + 3) if r.evaluate and not r.stitch else None
+
+
+def _anatomy(r) -> float | None:  # the whole graft, then without each part
+    return 1 + ABLATED_PARTS if r.ablate else None
+
+
+# Verbs whose work is scoring n test examples with a number of models their fields say: (request) -> models × tasks.
+# Their first-guess length is only shown: such a job takes the quick lane once the same job ran here short.
+SCORES = {"wise": _wise, "compose": _compose, "anatomy": _anatomy}
 
 
 def _kinds(request, reads) -> list:
@@ -204,12 +233,12 @@ def costed(request, kind: str, history: list[Job], reads, tokens: float | None
     if tokens is not None:
         return tokens * token_seconds(history, kind), tokens, True
     n, size = passes(request, reads), pair_bytes(request, reads)
-    if not n or not size or request.verb not in PACE:
+    if not n or not size:
         return None, None, False
     cost, kept = n * size, pace(history, kind)
     if kept is not None:
         return cost * kept, cost, True
-    return 2 * size * LOAD_SECONDS_PER_BYTE + cost * PACE[request.verb], cost, False
+    return 2 * size * LOAD_SECONDS_PER_BYTE + cost * PACE.get(request.verb, PACE["evaluate"]), cost, False
 
 
 def plan(request, kind: str, history: list[Job], reads: list[tuple[str, str | None]] = (), held: int = 0) -> Plan:
@@ -229,6 +258,8 @@ def plan(request, kind: str, history: list[Job], reads: list[tuple[str, str | No
     estimate = None if typical is None else typical + (DEFAULT_BUILD_SECONDS.get(builds, 0.0) if builds else 0.0)
     shares = not (request.trains or builds or seeds_globally(request, list(reads)))
     room = QUICK_SECONDS if same is not None or measured or by_cost is None else QUICK_SECONDS * UNMEASURED
+    if same is None and request.verb in SCORES:  # a first guess of a study's length is shown, never trusted to
+        room = 0.0  # keep the quick lane short: it takes that lane once the same job ran here short
     short = typical is not None and typical <= room and held < QUICK_SHARE
     return Plan(QUICK if shares and short else MAIN, estimate, builds, cost)
 

@@ -153,6 +153,37 @@ def test_a_first_localization_or_evaluation_is_foreseen_by_its_cost_and_the_pace
     assert lanes.passes(uploaded) == lanes.passes(generating)
 
 
+def test_a_study_of_n_examples_has_a_length_shown_and_takes_the_quick_lane_only_once_it_ran_short(monkeypatch):
+    """WiSE curves, a composition scored on its regions' tasks and an ablation of n examples each have an expected
+    length from their fields (models × tasks × n, at the measured pace of a comparison), so a job queued behind one
+    has a start; their first guess never sends them to the quick lane, the same job having run here short does."""
+    from graftui.requests import AnatomyRequest, ComposeRequest, WiseRequest
+    from graftui import lanes
+
+    monkeypatch.setattr(lanes, "is_built", lambda folder: True)
+    size = 91_000_000
+    monkeypatch.setattr(lanes, "pair_bytes", lambda request, reads=(): size)
+    reads = [("classification", "minilm-movies")]
+    wise = WiseRequest(region="/r/a.safetensors", n=16, alphas=[0.0, 0.5, 1.0])
+    compose = ComposeRequest(regions=["/r/a.safetensors", "/r/b.safetensors"], evaluate=True, n=16)
+    ablate = AnatomyRequest(region="/r/a.safetensors", ablate=True, n=16)
+    assert lanes.passes(wise, reads) == 16 * 2 * 3 * (1 + 2)  # two curves at three α, on movies and its two others
+    assert lanes.passes(wise.replace(no_ood=True, replicates=["/r/b.safetensors"])) == 16 * 2 * 3 * 2
+    assert lanes.passes(compose) == 16 * 2 * (2 + 3)  # on each region's task: the union, each alone, FT and bare
+    assert lanes.passes(ablate) == 16 * (1 + lanes.ABLATED_PARTS)
+    for unsaid in (wise.replace(n=None), compose.replace(evaluate=False), compose.replace(stitch=True),
+                   ablate.replace(ablate=False)):
+        assert lanes.passes(unsaid) is None, unsaid
+    for request in (wise, compose, ablate):
+        plan = lanes.plan(request, request.verb, [], reads)
+        first = 2 * size * lanes.LOAD_SECONDS_PER_BYTE + lanes.passes(request) * size * lanes.PACE["evaluate"]
+        assert plan == lanes.Plan(MAIN, pytest.approx(first), None, lanes.passes(request) * size), request.verb
+        assert plan.estimate < 10  # short by its first guess, yet in the main lane
+        ran = Job(id="a", kind=request.verb, title="t", params=request.as_dict(), status=DONE, started=0.0,
+                  finished=4.0, work=plan.work)
+        assert lanes.plan(request, request.verb, [ran], reads).lane == QUICK  # the same job ran here in 4 s
+
+
 def test_the_weights_a_cost_counts_are_the_checkpoints_files_here_and_never_a_servers_for_a_visitor(tmp_path,
                                                                                                   monkeypatch):
     from graftui import lanes
