@@ -867,6 +867,17 @@ def test_a_seeds_localize_then_its_core_and_union_scored_from_the_page(home, tin
                                               examples_per_class=4, lr=0.5, seeds="0, 1").id, timeout=240)
     assert seeds.status == "done", seeds.error
     assert localize.render_localize(seeds)[2]["visible"] is True
+    table = localize.render_localize(seeds)[3]["value"]  # each seed, their mean ± spread, the core and the union
+    st, each = seeds.result["stability"], seeds.result["seeds"]
+    assert list(table["region"]) == ["seed 0", "seed 1", "mean ± spread over 2 seeds", "core (every seed)",
+                                     "union (any seed)"]
+    assert list(table["k (params)"])[-2:] == [f"{st['core']:,}", f"{st['union']:,}"]
+    assert table["mean IoU with the other seeds"][0] == f"{st['pairwise_iou'][0][1]:.3f}"
+    ks = [e["k"] for e in each]
+    mean, sd = sum(ks) / 2, (sum((k - sum(ks) / 2) ** 2 for k in ks)) ** 0.5
+    assert table["k (params)"][2] == f"{mean:,.0f} ± {sd:,.0f}"
+    held = [e["check"] for e in each]
+    assert table["held-out ↑ (n)"][0] == f"{100 * held[0]['accuracy']:.1f}% ({held[0]['n']:,})", table
     scored = runner.wait(forms.submit_seed_regions(runner, seeds).id, timeout=240)
     assert scored.status == "done", scored.error
     table = compare.render_compare(scored)[0]

@@ -273,7 +273,8 @@ def submit_localize(runner, *, base: str, finetuned: str, task: str, columns: di
 def _localized(request, result, doc) -> dict:
     """The flow's own result, and what the page reads of it by region id."""
     return {**doc, "region": Path(result.path).stem, "summary": result.record.summary(), "card": doc.get("card") or [],
-            "seeds": [{"seed": e["seed"], "region": Path(e["path"]).stem} for e in doc.get("seeds") or []]}
+            "seeds": [{**{k: v for k, v in e.items() if k != "path"}, "region": Path(e["path"]).stem}
+                      for e in doc.get("seeds") or []]}  # each seed's region by its id, not the server's path
 
 
 def seeds_made(job) -> list[str]:

@@ -17,6 +17,7 @@ TABLES = {  # each table's columns, by its elem_id: those in tables.NUMBER_COLUM
     "anatomy-stability": anatomy.STABILITY_COLUMNS, "lab-wise-table": tables.WISE_COLUMNS,
     "lab-union-table": laboratory.MULTITASK_COLUMNS, "lab-continual-table": laboratory.CONTINUAL_COLUMNS,
     "runs-table": runs.RUNS_COLUMNS, "runs-groups": runs.GROUP_COLUMNS,
+    "localize-seeds-table": tables.SEEDS_COLUMNS,
 }
 CSS = """
 /* A table's columns are as wide as its text needs when it is wrapped between words (never inside one), so a table

@@ -19,6 +19,7 @@ from .jobwords import md
 NUMBER_COLUMNS = frozenset({
     "density (in region / tensor size)", "fan-in", "density (in region / fan-in)", "accuracy without it",
     "drop [95 % CI]", "mean per seed", "core (every seed)", "core / mean", "chance", "× chance",
+    "held-out ↑ (n)", "FT held-out ↑", "mean IoU with the other seeds", "overlap with top movement",
     "n", "accuracy ↑ [95 % CI]", "share of FT gain", "Δ vs FT", "− top movement [95 % CI]", "− random [95 % CI]", "F1 ↑", "ECE ↓", "agree w/ FT", "k (params)",
     "sparsity (fraction of graftable)", "accuracy ↑", "retained FT accuracy", "ECE ↓ (10 bins)", "test examples",
     "Δ accuracy vs region alone", "params grafted", "|γi|", "|γj|", "|γi ∩ γj| shared params", "|γi ∩ γj| / |γj|",
@@ -89,6 +90,54 @@ def stitch_table(result: dict) -> pd.DataFrame:
 
 
 DIFFERENCE_COLUMNS = ["a − b", "task", "dist.", "metric", "difference [95 % CI]", "McNemar p", "reading"]
+
+
+SEEDS_COLUMNS = ["region", "k (params)", "held-out ↑ (n)", "FT held-out ↑", "mean IoU with the other seeds",
+                 "overlap with top movement"]
+
+
+def seeds_table(result: dict) -> pd.DataFrame:
+    """A localize run over seeds as a table: each seed's region (its size, its quick held-out score beside FT's on the
+    same examples, how alike it is to the other seeds and to top movement), the mean ± spread over the seeds, then
+    the core (what every seed found) and the union (what any found), which the button below scores on Compare."""
+    seeds, st = result.get("seeds") or [], result.get("stability") or {}
+    if len(seeds) < 2 or not st:
+        return pd.DataFrame([], columns=SEEDS_COLUMNS)
+    iou = st.get("pairwise_iou") or []
+
+    def mean_iou(i: int) -> float | None:
+        others = [iou[i][j] for j in range(len(seeds)) if j != i and i < len(iou) and j < len(iou[i])]
+        return sum(others) / len(others) if others else None
+
+    def spread(values: list, cell) -> str:
+        known = [v for v in values if v is not None]
+        if not known:
+            return ""
+        mean = sum(known) / len(known)
+        sd = (sum((v - mean) ** 2 for v in known) / (len(known) - 1)) ** 0.5 if len(known) > 1 else 0.0
+        return f"{cell(mean)} ± {cell(sd)}"
+
+    rows, held = [], [(e.get("check") or {}) for e in seeds]  # a record from before these were kept has none
+    for i, e in enumerate(seeds):
+        check = held[i]
+        rows.append({"region": f"seed {e['seed']}", "k (params)": f"{e['k']:,}" if e.get("k") is not None else "",
+                     "held-out ↑ (n)": "" if check.get("accuracy") is None else
+                     f"{pct_cell(check['accuracy'])} ({check['n']:,})",
+                     "FT held-out ↑": pct_cell(check.get("ft")) if check.get("ft") is not None else "",
+                     "mean IoU with the other seeds": num_cell(mean_iou(i)),
+                     "overlap with top movement": pct_cell(e.get("top_movement_overlap"))
+                     if e.get("top_movement_overlap") is not None else ""})
+    rows.append({"region": f"mean ± spread over {len(seeds)} seeds",
+                 "k (params)": spread([e.get("k") for e in seeds], lambda v: f"{v:,.0f}"),
+                 "held-out ↑ (n)": spread([c.get("accuracy") for c in held], pct_cell),
+                 "FT held-out ↑": spread([c.get("ft") for c in held], pct_cell),
+                 "mean IoU with the other seeds": spread([mean_iou(i) for i in range(len(seeds))], num_cell),
+                 "overlap with top movement": spread([e.get("top_movement_overlap") for e in seeds], pct_cell)})
+    for how, words in (("core", "core (every seed)"), ("union", "union (any seed)")):
+        rows.append({"region": words, "k (params)": f"{st[how]:,}" if st.get(how) is not None else "",
+                     "held-out ↑ (n)": "scored by the button below" if st.get(f"{how}_path") else "not written",
+                     "FT held-out ↑": "", "mean IoU with the other seeds": "", "overlap with top movement": ""})
+    return pd.DataFrame(rows, columns=SEEDS_COLUMNS)
 
 
 def differences_table(result: dict) -> pd.DataFrame:

@@ -10,7 +10,7 @@ from ...config import DEFAULT_BASE, DEFAULT_EXAMPLES_PER_CLASS, DEFAULT_FINETUNE
 from ...localizers import METHODS, get_method
 from ...requests import LocalizeRequest
 from ...kinds import CLASSIFICATION, named_kind
-from .. import forms, jobwords, library, store
+from .. import forms, jobwords, library, store, tables
 from ..kinds import app_of
 from ..wiring import job_picker, seeds_box, submitted
 
@@ -51,13 +51,15 @@ def render_localize(job) -> list:
     heatmap = (gr.update(value=figures.stability_heatmap(stability, [f"seed {e['seed']}" for e in job.result["seeds"]]),
                          visible=True) if stability else gr.update(value=None, visible=False))
     made = gr.update(visible=bool(forms.seeds_made(job)))
+    seeds = (gr.update(value=tables.seeds_table(job.result), visible=True) if stability else
+             gr.update(value=None, visible=False))
     if job is None:
         return [figures.empty_figure("Press Run to learn a region; its loss, accuracy and size appear here step by step."),
-                heatmap, made]
+                heatmap, made, seeds]
     if job.status in ("done",) and not any("step" in p or "heldout" in p for p in job.progress):
         return [figures.empty_figure(f"{job.title}: a data-free method, so there are no mask steps to plot."), heatmap,
-                made]
-    return [figures.localize_progress(job.progress, k=k, title=job.title), heatmap, made]
+                made, seeds]
+    return [figures.localize_progress(job.progress, k=k, title=job.title), heatmap, made, seeds]
 
 
 def on_budget(log_s, base, finetuned):
@@ -99,6 +101,8 @@ def build(page) -> gr.Tab:
         loc_plot = gr.Plot(render_localize(None)[0], label="Mask learning, live", elem_id="localize-plot")
         gr.Markdown(PLOT_NOTE, elem_id="localize-plot-note")
         loc_stability = gr.Plot(None, label="Stability across seeds", visible=False, elem_id="localize-stability")
+        loc_seed_table = gr.Dataframe(None, label="The seeds' regions, their mean ± spread, core and union",
+                                      visible=False, interactive=False, wrap=True, elem_id="localize-seeds-table")
         loc_core = gr.Button("Score the core and the union beside the seeds (shown on Compare)", size="sm",
                              visible=False, elem_id="localize-score-core", scale=0, min_width=300)
         where = "in this browser's workspace" if settings.hosted() else f"under `{store.regions_dir()}`"
@@ -138,7 +142,8 @@ def build(page) -> gr.Tab:
             [page.status, loc_job, loc_status])
     page.cancel(loc_cancel, loc_job, KINDS)
     page.shows("localize", loc_job, [loc_method, loc_budget, *page.mask, loc_seeds, loc_keep])
-    page.panel("localize", KINDS, loc_job, loc_status, [loc_plot, loc_stability, loc_core], render_localize, LATEST)
+    page.panel("localize", KINDS, loc_job, loc_status, [loc_plot, loc_stability, loc_core, loc_seed_table],
+               render_localize, LATEST)
 
     @page.guard(beside=loc_status)
     def on_score_core(picked):  # the comparison's table is the Compare tab's; the banner names its job
