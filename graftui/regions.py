@@ -34,7 +34,7 @@ from .weights import take
 from .method import Region, region_size
 from .metrics import mean_std
 from .models import ModelPair, architecture, load_reader, pair_kind
-from .paths import atomic_dir, atomic_write, file_lock
+from .paths import atomic_dir, atomic_write, file_lock, short_ref
 from .version import __version__
 
 FORMAT_VERSION = "1"
@@ -250,8 +250,8 @@ def describe(meta) -> str:
     """A region in one line: task · method · k · its settings."""
     meta = RegionMeta.from_dict(meta)
     k = meta.k
-    return " · ".join([str(meta.task or "?"), str(meta.method or "?"), f"k={k:,}" if isinstance(k, int) else "k=?",
-                       *settings_of(meta)])
+    task = "+".join(short_ref(t) for t in str(meta.task or "?").split("+"))  # a file by its name, never its folders
+    return " · ".join([task, str(meta.method or "?"), f"k={k:,}" if isinstance(k, int) else "k=?", *settings_of(meta)])
 
 
 # -- a region and its record ------------------------------------------------------------------------

@@ -392,3 +392,14 @@ def test_a_new_regions_name_tells_the_fine_tune_it_came_from_apart():
     assert region_stem("minilm-agnews", "news", "random", 3) == "minilm-agnews-news-random-k3"  # whole parts only
     assert region_stem("smollm2-dates", "/srv/uploads/3f2a/opposites.csv", "learned", 7) == \
         "smollm2-dates-opposites-learned-k7"
+
+
+def test_a_region_is_described_by_its_task_files_name_never_its_folders():
+    """A picker's label names an uploaded task by its file, and a union by each of its tasks, without the server's
+    folders (a hosted workspace's path is no one's business, and it pushes the rest of the label out of sight)."""
+    from graftui.regions import describe
+
+    upload = "/srv/sessions/abc/uploads/3af35dc8b7da/mydata.csv"
+    assert describe({"task": upload, "method": "learned", "k": 10}).startswith("mydata.csv · learned · k=10")
+    assert describe({"task": f"movies+{upload}", "method": "union", "k": 12}).startswith("movies+mydata.csv · union")
+    assert describe({"task": "movies", "method": "learned", "k": 3}).startswith("movies · learned · k=3")
