@@ -236,20 +236,30 @@ def choose(page, elem_id: str, option_text: str, timeout_s: float = 30.0) -> Non
 
 
 def cancel(page, button: str, timeout_s: float = 60.0) -> None:
-    """Press a Cancel button and confirm (it asks to be pressed again before it cancels), until the header says the
-    cancel was requested or the job had already ended: a press the button answered by asking again is pressed again."""
+    """Press a Cancel button and confirm: it asks to be pressed again before it cancels (``confirm_cancel``)."""
+    page.click(button, timeout=timeout_s * 1000)
+    confirm_cancel(page, button, timeout_s)
+
+
+def confirm_cancel(page, button: str, timeout_s: float = 60.0) -> None:
+    """Press an armed Cancel button until the header says the cancel was requested or the job had already ended. A
+    poll answered late may put the button's first look back (a press then arms it again, as a person would see), so
+    a press that was answered by asking again is followed by another."""
     said = "() => { const t = document.querySelector('#status-message').innerText; " \
            "return t.includes('Cancel requested') || t.includes('has already finished'); }"
-    t0 = time.monotonic()
-    page.click(button, timeout=timeout_s * 1000)
-    while time.monotonic() - t0 < timeout_s:
-        page.wait_for_function("(sel) => document.querySelector(sel).innerText.includes('Confirm cancel')", arg=button,
-                               timeout=timeout_s * 1000)
+    armed = "(sel) => document.querySelector(sel).innerText.includes('Confirm cancel')"
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            page.wait_for_function(armed, arg=button, timeout=10_000)
+        except Exception:  # its first look is back: this press arms it again
+            page.click(button, timeout=timeout_s * 1000)
+            continue
         page.click(button, timeout=timeout_s * 1000)
         try:
             page.wait_for_function(said, timeout=10_000)
             return
-        except Exception:  # asked again (the first press went back to its first look): confirm once more
+        except Exception:
             continue
     raise AssertionError(f"{button} did not cancel within {timeout_s:.0f} s: {text(page, '#status-message')!r}")
 

@@ -169,7 +169,7 @@ def test_a_running_job_shows_its_step_and_time_left_and_a_reload_says_it_runs(pa
     page.wait_for_function("() => document.querySelector('#status-message').innerText.includes('Confirm cancel')",
                            timeout=30_000)
     assert "cancelled" not in bu.text(page, "#localize-status")
-    page.click("#localize-cancel")
+    bu.confirm_cancel(page, "#localize-cancel")
     page.wait_for_function("id => { const t = document.querySelector('#localize-status').innerText; "
                            "return t.includes(id) && t.includes('cancelled'); }", arg=job, timeout=60_000)
     page.wait_for_function("() => document.querySelector('#localize-cancel').disabled", timeout=30_000)  # off now
