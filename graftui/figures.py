@@ -560,8 +560,8 @@ def region_frontiers(rows: list[dict]) -> go.Figure:
 
 def probe_map(doc: dict) -> go.Figure:
     """predict --by cell as two layer × module heatmaps side by side: Δp of the fine-tuned model's answer with each
-    part alone grafted onto the pre-trained model, and with it alone knocked out of FT; "×" where that model answers
-    otherwise than FT, the exact Δp, p and the part's parameters in the region on hover. One heatmap per sentence
+    part alone grafted onto the pre-trained model, and with it alone knocked out of FT; "×" where the part changes
+    the answer of the model it is measured against, the exact Δp, p and the part's parameters in the region on hover. One heatmap per sentence
     would crowd the page: the first sentence's is drawn, and the title says so."""
     answers, parts = doc.get("answers") or [], doc.get("parts") or []
     if not answers or not parts:
@@ -594,5 +594,5 @@ def probe_map(doc: dict) -> go.Figure:
     fig.update_xaxes(title_text="module type", automargin=True)
     n = len(answers)
     which_text = "the sentence" if n == 1 else f"sentence 1 of {n} (the others' maps are in the text and JSON)"
-    return _layout(fig, f"Δp of the fine-tuned answer '{first['answer']}' on {which_text}; × the answer flips",
+    return _layout(fig, f"Δp of the fine-tuned answer '{first['answer']}' on {which_text}; × the part changes the answer",
                    height=180 + 36 * len(layers))

@@ -179,7 +179,7 @@ def test_a_task_yaml_region_is_probed_with_the_yamls_own_generation_length(tmp_p
 def test_a_completion_region_s_map_weighs_the_first_token_of_ft_s_generation(made):
     """--by cell on a completion region: p is the probability of the first token of FT's greedy generation after the
     prompt, under the part grafted alone (θ_pre + γ_P⊙δ) and knocked out alone (θ_ft − γ_P⊙δ), computed here by
-    hand on the checkpoints; a flip where that model's top next token is another."""
+    hand on the checkpoints; a flip where the part changes the top next token of its baseline (θ_pre, θ_ft)."""
     import torch
 
     from graftui import regions
@@ -210,7 +210,7 @@ def test_a_completion_region_s_map_weighs_the_first_token_of_ft_s_generation(mad
             values[n] = flat.view(start[n].shape)
         return values
 
-    ft_probs = next_probs({n: p.detach() for n, p in tuned.items()})
+    ft_probs, pre_probs = next_probs({n: p.detach() for n, p in tuned.items()}), next_probs({})
     first = ft_probs.argmax(-1)
     one_token = _generate(made["ft"], 1)  # greedy generation starts with FT's top next token
     for i, a in enumerate(doc["answers"]):
@@ -225,5 +225,5 @@ def test_a_completion_region_s_map_weighs_the_first_token_of_ft_s_generation(mad
             i = q["text"]
             assert q["graft_p"] == pytest.approx(float(graft[i, first[i]]), abs=1e-5)
             assert q["knockout_p"] == pytest.approx(float(knock[i, first[i]]), abs=1e-5)
-            assert q["graft_flips"] is bool(graft[i].argmax() != first[i])
+            assert q["graft_flips"] is bool(graft[i].argmax() != pre_probs[i].argmax())
             assert q["knockout_flips"] is bool(knock[i].argmax() != first[i])

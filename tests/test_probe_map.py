@@ -48,7 +48,8 @@ def _probs(pair, context) -> torch.Tensor:
 
 def test_each_cell_is_its_part_grafted_alone_and_knocked_out_alone_computed_by_hand(probed):
     """graft_p: p(FT's class) under θ_pre + γ_P⊙δ; knockout_p: under θ_ft − γ_P⊙δ; the Δs against the bare body and
-    FT; a flip exactly where that model's argmax is not FT's; the cells partition γ, each named and counted."""
+    FT; a flip exactly where the part changes the argmax of its baseline (the pre-trained model's for a graft, FT's for
+    a knockout); the cells partition γ, each named and counted."""
     import contextlib
 
     from graftui.experiments import only_part
@@ -63,6 +64,7 @@ def test_each_cell_is_its_part_grafted_alone_and_knocked_out_alone_computed_by_h
     for a in result.answers:
         assert a["ft_p"] == pytest.approx(float(ft[a["text"], answer[a["text"]]]), abs=1e-6)
         assert a["pre_p"] == pytest.approx(float(pre[a["text"], answer[a["text"]]]), abs=1e-6)
+        assert a["pre_answer"] == names[int(pre[a["text"]].argmax())]
     anat = anatomy(record.indices, record.shapes)
     cells = [(r, m) for i, r in enumerate(anat.layers) for j, m in enumerate(anat.modules) if anat.counts[i][j]]
     assert len(cells) >= 4
@@ -81,7 +83,7 @@ def test_each_cell_is_its_part_grafted_alone_and_knocked_out_alone_computed_by_h
             assert p["knockout_p"] == pytest.approx(float(knock[i, answer[i]]), abs=1e-6)
             assert p["graft_delta"] == pytest.approx(float(graft[i, answer[i]] - pre[i, answer[i]]), abs=1e-6)
             assert p["knockout_delta"] == pytest.approx(float(knock[i, answer[i]] - ft[i, answer[i]]), abs=1e-6)
-            assert p["graft_flips"] is bool(graft[i].argmax() != answer[i])
+            assert p["graft_flips"] is bool(graft[i].argmax() != pre[i].argmax())  # the answer the graft changes
             assert p["knockout_flips"] is bool(knock[i].argmax() != answer[i])
             assert p["graft_answer"] == names[int(graft[i].argmax())]
             flips += p["graft_flips"] + p["knockout_flips"]
@@ -154,3 +156,22 @@ def test_a_map_over_a_hosted_server_s_bounds_is_refused_in_one_line(probed, monk
                                            r"for one probe map \(--by cell\)") as told:
         flows.predict(PredictRequest.make(regions=[probed["path"]], texts=["x"], by="cell"))
     assert "\n" not in str(told.value)
+
+
+@pytest.mark.e2e
+def test_the_default_pair_s_map_runs_in_seconds_from_the_cli(tmp_path):
+    """The offline default (minilm fine-tuned on movies) and a region of it: `predict --by cell` maps every part in
+    seconds, its JSON has the parts and its text one map per sentence."""
+    from cli_util import run_cli
+
+    region = tmp_path / "r.safetensors"
+    code, _, err = run_cli("localize", "--method", "top-movement", "--check-n", "0", "--out", region)
+    assert code == 0, err
+    code, out, err = run_cli("predict", "--region", region, "--text", "a dull, lifeless film", "--by", "cell", "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["parts"] and doc["answers"][0]["answer"] in doc["label_names"]
+    assert sum(p["k"] for p in doc["parts"]) == json.loads(run_cli("anatomy", "--region", region, "--json")[1])["k"]
+    assert doc["seconds"] < 60, doc["seconds"]  # about 6 s on two busy CPU cores
+    code, out, _ = run_cli("predict", "--region", region, "--text", "a dull, lifeless film", "--by", "cell")
+    assert code == 0 and out.count("Probe map, text ") == 1 and "pooler · Other" in out

@@ -694,7 +694,7 @@ class PredictResult(Result):
     kind: str = "classification"  # its task's kind (tasks.KINDS): "completion": each text is a prompt, each row a
     # model's generation for it
     answers: list[dict] = field(default_factory=list)  # --by cell: per text, FT's answer, its p under FT and the
-    # pre-trained model, and what p measures
+    # pre-trained model, the pre-trained model's own answer, and what p measures
     parts: list[dict] = field(default_factory=list)  # --by cell: per (text, layer, module) part of the region, p of
     # FT's answer with that part alone grafted onto θ_pre and with it alone knocked out of θ_ft, and the Δp of each
 
@@ -740,7 +740,9 @@ def _probe_map(pair: ModelPair, task, kind, req: PredictRequest, grafts: Grafts,
                progress, cancel) -> tuple[list[dict], list[dict]]:
     """Causal tracing by part: each (layer, module type) cell of the region grafted alone onto θ_pre (Δp against the
     pre-trained model) and knocked out alone from θ_ft (Δp against FT), p being the probability the kind gives the
-    fine-tuned model's answer (``answer_probs``); a part "flips" where its model answers otherwise than FT."""
+    fine-tuned model's answer (``answer_probs``). A part "flips" the answer where it changes it from its baseline's:
+    grafted, where θ_pre + γ_P⊙δ answers otherwise than θ_pre; knocked out, otherwise than FT (so a graft map is not
+    crossed out wherever the pre-trained model already disagrees with FT)."""
     record = grafts.records[0]
     anat = count_anatomy(record.indices, record.shapes)
     cells = [(row, module, anat.counts[i][j]) for i, row in enumerate(anat.layers)
@@ -757,17 +759,17 @@ def _probe_map(pair: ModelPair, task, kind, req: PredictRequest, grafts: Grafts,
                   Look(f"{FT_LABEL} − {named}", functools.partial(pair.knocked_out, inside), "knockout", named)]
     said, found = kind.answer_probs(pair, task, req, rows, ft_name, looks, progress, cancel)
     answers = [{"text": i, "answer": s["answer"], "measure": s["measure"], "ft_p": found[0][i][0],
-                "pre_p": found[1][i][0], "ft_answer": found[0][i][1]} for i, s in enumerate(said)]
+                "pre_p": found[1][i][0], "pre_answer": found[1][i][1]} for i, s in enumerate(said)]
     parts = []
     for c, (row, module, k) in enumerate(cells):
         graft, knock = found[2 + 2 * c], found[3 + 2 * c]
         for i, a in enumerate(answers):
             parts.append({"text": i, "layer": row, "module": module, "part": cell_label(row, module), "k": k,
                           "graft_p": graft[i][0], "graft_delta": graft[i][0] - a["pre_p"],
-                          "graft_answer": graft[i][1], "graft_flips": graft[i][1] != a["answer"],
+                          "graft_answer": graft[i][1], "graft_flips": graft[i][1] != a["pre_answer"],
                           "knockout_p": knock[i][0], "knockout_delta": knock[i][0] - a["ft_p"],
                           "knockout_answer": knock[i][1], "knockout_flips": knock[i][1] != a["answer"]})
-    return [{k: v for k, v in a.items() if k != "ft_answer"} for a in answers], parts
+    return answers, parts
 
 
 def _models(pair: ModelPair, grafts: Grafts, ft_name: str, req: PredictRequest) -> list[Look]:
