@@ -1007,6 +1007,11 @@ def test_localize_compare_compose_export_jobs_end_to_end(home, tiny_checkpoints)
     parts = [c for c in frame.columns if c.startswith(f"{region} · ") and c.endswith(" only")]
     assert f"fine-tuned − {region}" in frame.columns and parts, list(frame.columns)
     assert all(re.fullmatch(rf"({names}) \d+\.\d%( ≠ FT)?", frame[c][0]) for c in [f"fine-tuned − {region}", *parts])
+    mapped = finish(forms.submit_predict(runner, region_ids=[region], text="a great film", by="layer × module map"))
+    frame, plot = compare.render_predict(mapped)  # the table as ever, and the map under it
+    assert list(frame.columns) == ["sentence", "fine-tuned", region, "pre-trained body + FT head"]
+    assert plot["visible"] and [t.type for t in plot["value"].data] == ["heatmap", "heatmap"]
+    assert mapped.result["parts"] and mapped.title.endswith("(by cell)")
     with pytest.raises(RequestError, match="type one or more sentences"):
         forms.submit_predict(runner, region_ids=[region], text=" \n ")
     bad = runner.wait(forms.submit_compare(runner, region_ids=[learned.result["region"]], ood=["bbc"], n=16,
