@@ -751,18 +751,21 @@ def _probe_map(pair: ModelPair, task, kind, req: PredictRequest, grafts: Grafts,
         raise RequestError(f"the region spans {len(cells)} layer × module parts, over this server's limit of "
                            f"{settings.MAX_MAP_CELLS} for one probe map (--by cell); use --by layer or --by module, "
                            "or run graftui on your own machine")
-    looks = [Look(ft_name, pair.finetuned), Look(pair.body_name, contextlib.nullcontext)]
-    for row, module, _ in cells:
-        inside, _values = only_part(record.indices, record.shapes, layer=row, module=module)
-        named = cell_label(row, module)
-        looks += [Look(f"{named} grafted", functools.partial(pair.grafted, inside), "graft", named),
-                  Look(f"{FT_LABEL} − {named}", functools.partial(pair.knocked_out, inside), "knockout", named)]
-    said, found = kind.answer_probs(pair, task, req, rows, ft_name, looks, progress, cancel)
+    insides = [only_part(record.indices, record.shapes, layer=row, module=module)[0] for row, module, _ in cells]
+    with contextlib.ExitStack() as held:  # FT is written once for every knockout, not once each (``_Knockouts``)
+        knockouts = _Knockouts(pair, held)
+        looks = [Look(ft_name, pair.finetuned), Look(pair.body_name, contextlib.nullcontext),
+                 *(Look(f"{cell_label(r, m)} grafted", functools.partial(pair.grafted, inside), "graft",
+                        cell_label(r, m)) for (r, m, _), inside in zip(cells, insides)),
+                 *(Look(f"{FT_LABEL} − {cell_label(r, m)}", functools.partial(knockouts.one, inside),
+                        "knockout", cell_label(r, m)) for (r, m, _), inside in zip(cells, insides))]
+        said, found = kind.answer_probs(pair, task, req, rows, ft_name, looks, progress, cancel)
+    n = len(cells)
     answers = [{"text": i, "answer": s["answer"], "measure": s["measure"], "ft_p": found[0][i][0],
                 "pre_p": found[1][i][0], "pre_answer": found[1][i][1]} for i, s in enumerate(said)]
     parts = []
     for c, (row, module, k) in enumerate(cells):
-        graft, knock = found[2 + 2 * c], found[3 + 2 * c]
+        graft, knock = found[2 + c], found[2 + n + c]
         for i, a in enumerate(answers):
             parts.append({"text": i, "layer": row, "module": module, "part": cell_label(row, module), "k": k,
                           "graft_p": graft[i][0], "graft_delta": graft[i][0] - a["pre_p"],
@@ -770,6 +773,27 @@ def _probe_map(pair: ModelPair, task, kind, req: PredictRequest, grafts: Grafts,
                           "knockout_p": knock[i][0], "knockout_delta": knock[i][0] - a["ft_p"],
                           "knockout_answer": knock[i][1], "knockout_flips": knock[i][1] != a["answer"]})
     return answers, parts
+
+
+class _Knockouts:
+    """θ_ft − γ_P⊙δ as ``pair.knocked_out`` makes it, for parts knocked out one after another: the whole fine-tuned
+    model is written at the first and kept until ``held`` closes (which puts the pair back at rest), each part's
+    parameters put back to θ_pre for its block and to θ_ft after: O(k) a part instead of two whole-model copies. The
+    looks after the first knockout must all be knockouts (a kind reads its looks in order)."""
+
+    def __init__(self, pair: ModelPair, held: contextlib.ExitStack):
+        self.pair, self.held, self.started = pair, held, False
+
+    @contextlib.contextmanager
+    def one(self, part: dict):
+        if not self.started:
+            self.held.enter_context(self.pair.finetuned())
+            self.started = True
+        self.pair.remove(part)
+        try:
+            yield self.pair.model
+        finally:
+            self.pair.apply(part)
 
 
 def _models(pair: ModelPair, grafts: Grafts, ft_name: str, req: PredictRequest) -> list[Look]:

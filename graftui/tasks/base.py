@@ -272,7 +272,8 @@ class TaskKind:
                      cancel=None) -> tuple[list[dict], list[list[tuple[float, str]]]]:
         """What a probe map plots: for each text, the fine-tuned model's answer (``rows``: predict's own) as
         {"answer", "measure"}; for each look, on each text, (the probability it gives that answer, its own answer).
-        A kind without such a probability refuses the map."""
+        Looks are read one at a time in the order given (a map's knockouts share one fine-tuned state). A kind without
+        such a probability refuses the map."""
         raise RequestError(f"--by cell maps the probability of the fine-tuned model's answer, which a {self.name} "
                            "task does not give here; use --by layer or --by module")
 
