@@ -175,3 +175,16 @@ def test_the_default_pair_s_map_runs_in_seconds_from_the_cli(tmp_path):
     assert doc["seconds"] < 60, doc["seconds"]  # about 6 s on two busy CPU cores
     code, out, _ = run_cli("predict", "--region", region, "--text", "a dull, lifeless film", "--by", "cell")
     assert code == 0 and out.count("Probe map, text ") == 1 and "pooler · Other" in out
+
+
+def test_a_kind_without_an_answer_probability_refuses_the_map_in_one_line():
+    from graftui.errors import RequestError
+    from graftui.tasks.base import TaskKind
+
+    class Other(TaskKind):
+        name = "other"
+
+    with pytest.raises(RequestError) as told:
+        Other().answer_probs(None, None, None, [], FT_LABEL, [])
+    assert str(told.value) == ("--by cell maps the probability of the fine-tuned model's answer, which a task of "
+                               "kind 'other' does not give here; use --by layer or --by module")

@@ -274,8 +274,8 @@ class TaskKind:
         {"answer", "measure"}; for each look, on each text, (the probability it gives that answer, its own answer).
         Looks are read one at a time in the order given (a map's knockouts share one fine-tuned state). A kind without
         such a probability refuses the map."""
-        raise RequestError(f"--by cell maps the probability of the fine-tuned model's answer, which a {self.name} "
-                           "task does not give here; use --by layer or --by module")
+        raise RequestError(f"--by cell maps the probability of the fine-tuned model's answer, which a task of kind "
+                           f"'{self.name}' does not give here; use --by layer or --by module")
 
     def legend(self, rows: list[dict]) -> str:
         """The sentence under a comparison's table: what its columns measure."""
