@@ -556,3 +556,43 @@ def region_frontiers(rows: list[dict]) -> go.Figure:
     fig.update_yaxes(title_text="latest test accuracy of the graft", tickformat=".0%", range=[0, 1.02])
     return _layout(fig, "Saved regions: accuracy against region size, one line per fine-tuned model · task · method",
                    height=460).update_layout(margin={"b": 120})
+
+
+def probe_map(doc: dict) -> go.Figure:
+    """predict --by cell as two layer × module heatmaps side by side: Δp of the fine-tuned model's answer with each
+    part alone grafted onto the pre-trained model, and with it alone knocked out of FT; "×" where the part changes
+    the answer of the model it is measured against, the exact Δp, p and the part's parameters in the region on hover. One heatmap per sentence
+    would crowd the page: the first sentence's is drawn, and the title says so."""
+    answers, parts = doc.get("answers") or [], doc.get("parts") or []
+    if not answers or not parts:
+        return empty_figure("Probe a region --by cell (layer × module) to see where its parts move the answer.")
+    first = answers[0]
+    mine = [p for p in parts if p["text"] == first["text"]]
+    layers = list(dict.fromkeys(p["layer"] for p in mine))
+    modules = [m for m in MODULE_LABELS if m in {p["module"] for p in mine}]
+    at = {(p["layer"], p["module"]): p for p in mine}
+    fig = make_subplots(rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.04,
+                        subplot_titles=("graft one part onto θ_pre: Δp vs pre-trained",
+                                        "knock one part out of θ_ft: Δp vs fine-tuned"))
+    top = max([abs(p[f"{w}_delta"]) for p in mine for w in ("graft", "knockout")] + [1e-9])
+    for col, which in enumerate(("graft", "knockout"), start=1):
+        cell = lambda l, m, key: at[(l, m)][key] if (l, m) in at else None  # noqa: E731
+        fig.add_trace(go.Heatmap(
+            z=[[cell(l, m, f"{which}_delta") for m in modules] for l in layers],
+            x=[MODULE_LABELS[m] for m in modules], y=layers, zmin=-top, zmax=top, zmid=0, colorscale="RdBu",
+            text=[["×" if cell(l, m, f"{which}_flips") else "" for m in modules] for l in layers],
+            texttemplate="%{text}", textfont={"size": 16},
+            customdata=[[[at[(l, m)]["part"], at[(l, m)][f"{which}_p"], at[(l, m)]["k"],
+                          at[(l, m)][f"{which}_answer"]] if (l, m) in at else ["", None, 0, ""] for m in modules]
+                        for l in layers],
+            hovertemplate=("<b>%{customdata[0]}</b><br>Δp: %{z:+.4f}<br>p: %{customdata[1]:.4f}<br>answer: "
+                           "%{customdata[3]}<br>parameters in region: %{customdata[2]:,}<extra>"
+                           + which + "</extra>"),
+            showscale=col == 2, colorbar={"thickness": 10, "title": {"text": "Δp"}}, xgap=2, ygap=2,
+            name=which), row=1, col=col)
+    fig.update_yaxes(autorange="reversed", automargin=True)
+    fig.update_xaxes(title_text="module type", automargin=True)
+    n = len(answers)
+    which_text = "the sentence" if n == 1 else f"sentence 1 of {n} (the others' maps are in the text and JSON)"
+    return _layout(fig, f"Δp of the fine-tuned answer '{first['answer']}' on {which_text}; × the part changes the answer",
+                   height=180 + 36 * len(layers))

@@ -274,6 +274,10 @@ def check_request(request, guard: Guard) -> None:
         raise RequestError(f"{grid} merge settings (λ × density or TALL λ over the merges) are over this server's "
                            f"limit of {MAX_MERGE_SETTINGS} for one job; give fewer --lambdas, --densities, --talls or "
                            "--merges")
+    if getattr(request, "by", None) == "cell" and len(getattr(request, "texts", None) or []) > settings.MAX_MAP_TEXTS:
+        raise RequestError(f"{len(request.texts)} texts are over this server's limit of {settings.MAX_MAP_TEXTS} for "
+                           "one probe map (--by cell: each layer × module part grafted and knocked out, per text); "
+                           "give fewer")
     runs = len(getattr(request, "seeds", None) or [1]) * (1 + len(getattr(request, "finetuned_replicates", None) or []))
     if runs > settings.MAX_LIST_ITEMS:  # each fine-tune runs every seed
         raise RequestError(f"{runs} runs (fine-tunes × seeds) are over this server's limit of {settings.MAX_LIST_ITEMS} "

@@ -35,6 +35,11 @@ def part_label(by: str, part: str) -> str:
     return part if by == "layer" else MODULE_LABELS.get(part, part)
 
 
+def cell_label(layer: str, module: str) -> str:
+    """One (layer, module type) cell of a region as a probe map names it: "layer 3 · Attention output"."""
+    return f"{part_label('layer', layer)} · {part_label('module', module)}"
+
+
 # GPT-2's c_attn packs q|k|v side by side along the output (last) dimension.
 _FUSED_QKV = ("query", "key", "value")
 

@@ -842,7 +842,8 @@ class EvaluateRequest(TrackFields, ReplicateFields, GraftsFields, OodFields):
         self.check_seeds()
 
 
-PROBE_PARTS = ("layer", "module")  # what predict --by grafts one at a time: a region's layers, or its module types
+PROBE_PARTS = ("layer", "module", "cell")  # what predict --by probes one at a time: a region's layers, its module
+# types, or each (layer, module type) cell of it grafted alone and knocked out alone (a map of Δp)
 PROBE_LAYERS = 32  # the layers a probe by layer is planned for before the region is read (SmolLM2-135M has 30)
 MAX_PREDICT_TEXTS = 64  # sentences one request classifies: a look at a model, not a scoring run
 MAX_PREDICT_CHARS = 5000  # characters of one text a prediction reads (a look at a few sentences, not a document)
@@ -861,14 +862,16 @@ class PredictRequest(GraftsFields):
                            metavar="TEXT", list="repeat")
     knockout: bool = arg(False, "add the fine-tuned model with each region knocked out (θ_ft − γ⊙δ: the region's "
                          "parameters back at θ_pre)")
-    by: str | None = arg(None, "add the graft of one layer, or one module type, of the region at a time (one "
-                         "--region)", choices=PROBE_PARTS)
+    by: str | None = arg(None, "add the graft of one layer, or one module type, of the region at a time; cell: map "
+                         "each layer × module part grafted alone and knocked out alone, as the change in the "
+                         "probability of the fine-tuned model's answer (one --region)", choices=PROBE_PARTS)
 
     def looks(self) -> int:
         """How many models read each text, at most: the bare body, FT, each graft, each knockout and each part (a
         model's layers counted as PROBE_LAYERS, before its region is read)."""
         regions = len(self.regions)
-        parts = {"layer": PROBE_LAYERS, "module": len(MODULE_TYPES)}.get(self.by or "", 0)
+        parts = {"layer": PROBE_LAYERS, "module": len(MODULE_TYPES),
+                 "cell": 2 * PROBE_LAYERS * len(MODULE_TYPES)}.get(self.by or "", 0)  # a cell: grafted, knocked out
         return 2 + regions + (regions if self.knockout else 0) + parts
 
     def check(self) -> None:

@@ -102,6 +102,8 @@ HOSTED_CEILINGS = {
 }
 MAX_CURVE_POINTS = int(os.environ.get("GRAFTUI_MAX_CURVE_POINTS", "24"))  # sweep budgets × methods, WiSE α values
 MAX_LIST_ITEMS = int(os.environ.get("GRAFTUI_MAX_LIST_ITEMS", "8"))  # OOD tasks, regions, tasks or methods of one job
+MAX_MAP_TEXTS = int(os.environ.get("GRAFTUI_MAX_MAP_TEXTS", "4"))  # sentences of one probe map (predict --by cell)
+MAX_MAP_CELLS = int(os.environ.get("GRAFTUI_MAX_MAP_CELLS", "128"))  # its (layer, module) cells: each two passes a text
 
 
 def job_seconds() -> float | None:

@@ -242,6 +242,26 @@ def test_sentences_typed_on_compare_are_classified_by_each_model(page):
     STATE["predict_job"] = bu.tab_job(page, "#predict-status")
 
 
+def test_a_probe_map_draws_two_heatmaps_for_a_typed_sentence(page):
+    """The Try box's layer × module map: the table as ever, and under it the two heatmaps of Δp (grafted alone,
+    knocked out alone), drawn for the sentence typed; back to the whole region after."""
+    _need("predict_job")
+    bu.open_tab(page, "compare")
+    page.fill("#predict-text textarea", "A quietly devastating film.")
+    page.locator("#predict-by").get_by_label("layer × module map", exact=True).check()
+    try:
+        line, took = bu.run_job(page, "#predict-run", "#predict-status", "predict-job", timeout_s=JOB_S)
+        print(f"[browser] a layer × module map of one sentence: {took:.1f} s")
+        assert "· done" in line, line
+        page.wait_for_function("() => { const p = document.querySelector('#predict-map .js-plotly-plot'); "
+                               "return p && p.data && p.data.length == 2; }", timeout=30_000)
+        assert bu.plotly_trace_types(page, "predict-map") == ["heatmap", "heatmap"]
+        title = page.eval_on_selector("#predict-map .js-plotly-plot", "p => p.layout.title.text")
+        assert title.startswith("Δp of the fine-tuned answer") and "the sentence" in title, title
+    finally:
+        page.locator("#predict-by").get_by_label("whole", exact=True).check()
+
+
 def test_a_prediction_and_a_short_job_pass_a_long_job_submitted_before_them(page):
     """Instant and short work runs in the quick lane beside a long job: a probe of the region (FT with it knocked
     out, and each of its layers alone) answers within seconds, and a comparison as short as its last run ends while a

@@ -174,3 +174,56 @@ def test_a_task_yaml_region_is_probed_with_the_yamls_own_generation_length(tmp_p
         assert said[name] == generation.generate(load_lm(str(ref), "causal-lm"), load_tokenizer(str(ref)), prompt, False,
                                                  max_new_tokens=4)[0], name
     assert "fine-tuned − r" in said  # the knockout generates as long
+
+
+def test_a_completion_region_s_map_weighs_the_first_token_of_ft_s_generation(made):
+    """--by cell on a completion region: p is the probability of the first token of FT's greedy generation after the
+    prompt, under the part grafted alone (θ_pre + γ_P⊙δ) and knocked out alone (θ_ft − γ_P⊙δ), computed here by
+    hand on the checkpoints; a flip where the part changes the top next token of its baseline (θ_pre, θ_ft)."""
+    import torch
+
+    from graftui import regions
+    from graftui.experiments import only_part
+
+    record = regions.load(made["region"])
+    doc = graftui.predict(regions=[str(made["region"])], texts=PROMPTS, by="cell").as_dict()
+    assert doc["kind"] == "completion" and doc["parts"]
+    base, ft = load_lm(made["base"], "causal-lm"), load_lm(made["ft"], "causal-lm")
+    tokenizer = load_tokenizer(made["base"])
+    pre, tuned = {n: p.detach().clone() for n, p in base.named_parameters()}, dict(ft.named_parameters())
+
+    def next_probs(values: dict) -> torch.Tensor:
+        with torch.no_grad():
+            for n, p in base.named_parameters():
+                p.copy_(values.get(n, pre[n]))
+            out = []
+            for prompt in PROMPTS:
+                ids = generation.prompt_ids(tokenizer, (("user", prompt), ("assistant", "")), False, None)
+                out.append(torch.softmax(base(input_ids=torch.tensor([ids])).logits[0, -1].float(), -1))
+            return torch.stack(out)
+
+    def mixed(start: dict, other: dict, region: dict) -> dict:
+        values = {}
+        for n, idx in region.items():
+            flat = start[n].detach().clone().view(-1)
+            flat[idx] = other[n].detach().view(-1)[idx]
+            values[n] = flat.view(start[n].shape)
+        return values
+
+    ft_probs, pre_probs = next_probs({n: p.detach() for n, p in tuned.items()}), next_probs({})
+    first = ft_probs.argmax(-1)
+    one_token = _generate(made["ft"], 1)  # greedy generation starts with FT's top next token
+    for i, a in enumerate(doc["answers"]):
+        assert a["answer"] == repr(tokenizer.decode([int(first[i])]))
+        assert one_token[i] == tokenizer.decode([int(first[i])], skip_special_tokens=True)
+        assert a["ft_p"] == pytest.approx(float(ft_probs[i, first[i]]), abs=1e-5)
+    for p in [p for p in doc["parts"] if p["text"] == 0][:3]:
+        inside, _ = only_part(record.indices, record.shapes, layer=p["layer"], module=p["module"])
+        graft = next_probs(mixed(pre, tuned, inside))
+        knock = next_probs({**{n: v.detach() for n, v in tuned.items()}, **mixed(tuned, pre, inside)})
+        for q in [q for q in doc["parts"] if q["part"] == p["part"]]:
+            i = q["text"]
+            assert q["graft_p"] == pytest.approx(float(graft[i, first[i]]), abs=1e-5)
+            assert q["knockout_p"] == pytest.approx(float(knock[i, first[i]]), abs=1e-5)
+            assert q["graft_flips"] is bool(graft[i].argmax() != pre_probs[i].argmax())
+            assert q["knockout_flips"] is bool(knock[i].argmax() != first[i])

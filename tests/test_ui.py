@@ -1005,7 +1005,8 @@ def test_localize_compare_compose_export_jobs_end_to_end(home, tiny_checkpoints)
     agree = next(r["agreement_with_ft"] for r in cmp.result["rows"] if r["model"] == region and r["task"] == "movies")
     assert len(ours) == round((1 - agree) * 16) and (not ours or f"{len(ours)} of 16" in unlike_note)
     prd = finish(forms.submit_predict(runner, region_ids=[region], text="a great film\n\n   \nawful, dull"))
-    (frame,) = compare.render_predict(prd)
+    frame, hidden = compare.render_predict(prd)
+    assert hidden["visible"] is False  # no probe map asked for: no plot
     assert list(frame["sentence"]) == ["1. a great film", "2. awful, dull"]  # blank lines are not sentences
     assert list(frame.columns) == ["sentence", "fine-tuned", region, "pre-trained body + FT head"]  # side by side
     names = "|".join(prd.result["label_names"])
@@ -1013,10 +1014,15 @@ def test_localize_compare_compose_export_jobs_end_to_end(home, tiny_checkpoints)
     assert all(re.fullmatch(rf"({names}) \d+\.\d%( ≠ FT)?", c) for c in frame[region])
     probe = finish(forms.submit_predict(runner, region_ids=[region], text="a great film", knockout=True,
                                         by="one module type at a time"))
-    (frame,) = compare.render_predict(probe)  # FT without the region, and each module type of it alone, side by side
+    frame, _ = compare.render_predict(probe)  # FT without the region, and each module type of it alone, side by side
     parts = [c for c in frame.columns if c.startswith(f"{region} · ") and c.endswith(" only")]
     assert f"fine-tuned − {region}" in frame.columns and parts, list(frame.columns)
     assert all(re.fullmatch(rf"({names}) \d+\.\d%( ≠ FT)?", frame[c][0]) for c in [f"fine-tuned − {region}", *parts])
+    mapped = finish(forms.submit_predict(runner, region_ids=[region], text="a great film", by="layer × module map"))
+    frame, plot = compare.render_predict(mapped)  # the table as ever, and the map under it
+    assert list(frame.columns) == ["sentence", "fine-tuned", region, "pre-trained body + FT head"]
+    assert plot["visible"] and [t.type for t in plot["value"].data] == ["heatmap", "heatmap"]
+    assert mapped.result["parts"] and mapped.title.endswith("(by cell)")
     with pytest.raises(RequestError, match="type one or more sentences"):
         forms.submit_predict(runner, region_ids=[region], text=" \n ")
     bad = runner.wait(forms.submit_compare(runner, region_ids=[learned.result["region"]], ood=["bbc"], n=16,
@@ -1377,8 +1383,8 @@ def test_the_try_box_shows_each_models_generation_for_a_completion_region():
         ["Q: the day after Monday?\nA:", "fine-tuned", "Tuesday", ""],
         ["Q: the day after Monday?\nA:", "dates-learned-k9", "Tuesday", "yes"]]
 
-    (drawn,) = compare.render_predict(type("Job", (), {"result": result})())
-    assert drawn.equals(frame)
+    drawn, plot = compare.render_predict(type("Job", (), {"result": result})())
+    assert drawn.equals(frame) and plot["visible"] is False
     # a classification result: one row per sentence, the models side by side (FT first, the bare body last)
     rows = [{"text": t, "model": m, "probs": {}, "predicted": c, "confidence": p, "agrees_with_ft": same}
             for t, m, c, p, same in ((0, "pre-trained body + FT head", "neg", 0.6, False), (0, "fine-tuned", "pos", 0.8,
@@ -1388,6 +1394,16 @@ def test_the_try_box_shows_each_models_generation_for_a_completion_region():
     assert list(classified.columns) == [*tables.PREDICT_COLUMNS, "fine-tuned", "r1", "pre-trained body + FT head"]
     assert classified.values.tolist() == [["1. fine", "pos 80.0%", "pos 70.0%", "neg 60.0% ≠ FT"],
                                           ["2. dull", "neg 90.0%", "pos 55.0% ≠ FT", "neg 50.0%"]]
+    # a probe by layer × module: the table as before, and the map's two heatmaps beside it
+    part = {"text": 0, "layer": "layer 0", "module": "query", "part": "layer 0 · Query", "k": 12, "graft_p": 0.7,
+            "graft_delta": 0.1, "graft_answer": "pos", "graft_flips": False, "knockout_p": 0.3,
+            "knockout_delta": -0.5, "knockout_answer": "neg", "knockout_flips": True}
+    mapped = {"label_names": ["neg", "pos"], "texts": ["fine", "dull"], "rows": rows, "parts": [part],
+              "answers": [{"text": 0, "answer": "pos", "measure": "p", "ft_p": 0.8, "pre_p": 0.6, "pre_answer": "pos"}]}
+    table, plot = compare.render_predict(type("Job", (), {"result": mapped})())
+    assert table.equals(classified) and plot["visible"] is True
+    assert [t.type for t in plot["value"].data] == ["heatmap", "heatmap"]
+    assert [list(t.text[0]) for t in plot["value"].data] == [[""], ["×"]]  # the knockout flips the answer
 
 
 def test_the_try_box_is_one_prompt_for_completion_regions_and_sentences_otherwise(home, monkeypatch):

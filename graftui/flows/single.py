@@ -36,7 +36,7 @@ from ..requests import (
 )
 from ..experiments import only_part
 from ..kinds import Look, kind_named, kind_of, read_task, read_task_as, recorded_columns
-from ..layout import anatomy as count_anatomy, part_label
+from ..layout import anatomy as count_anatomy, cell_label, part_label
 from . import text
 from .common import (
     LOCAL, Guard, LocalizeResult, Progress, Result, another_model, check_build, check_model_ref, finish,
@@ -693,10 +693,14 @@ class PredictResult(Result):
     card: list[str] = field(default_factory=list)
     kind: str = "classification"  # its task's kind (tasks.KINDS): "completion": each text is a prompt, each row a
     # model's generation for it
+    answers: list[dict] = field(default_factory=list)  # --by cell: per text, FT's answer, its p under FT and the
+    # pre-trained model, the pre-trained model's own answer, and what p measures
+    parts: list[dict] = field(default_factory=list)  # --by cell: per (text, layer, module) part of the region, p of
+    # FT's answer with that part alone grafted onto θ_pre and with it alone knocked out of θ_ft, and the Δp of each
 
 
 @verb(PredictRequest, "each model's class probabilities (a completion region: its generation) for texts you give",
-      text.predict)
+      text.predict, figures=lambda doc: {"probe_map": fig.probe_map(doc)} if doc.get("parts") else {})
 def predict(req: PredictRequest, progress: Progress | None = None, cancel=None, guard: Guard = LOCAL) -> PredictResult:
     """The bare body, the fine-tuned model and every region's graft on the same sentences, side by side: the
     first look at what a region changes (for a language model, the label words' scores under its prompt; for a
@@ -704,8 +708,8 @@ def predict(req: PredictRequest, progress: Progress | None = None, cancel=None, 
     req.validate()
     start = time.time()
     grafts = regions_setting(req, guard)
-    if req.knockout and grafts.from_patch:
-        raise RequestError("--knockout takes a region out of the fine-tuned model, which cannot be loaded here (it is "
+    if (req.knockout or req.by == "cell") and grafts.from_patch:
+        raise RequestError(f"{'--knockout' if req.knockout else '--by cell'} takes a region out of the fine-tuned model, which cannot be loaded here (it is "
                            "rebuilt from the patches, so without a region it is the others' graft); give the "
                            "fine-tuned model as --finetuned")
     tasks = list(grafts.tasks.values())
@@ -720,11 +724,76 @@ def predict(req: PredictRequest, progress: Progress | None = None, cancel=None, 
     pair = regions_pair(req, grafts, task, guard, progress, cancel)
     judging = kind.judging(req, grafts.first if grafts.records else None, guard)
     ft_name = f"{FT_LABEL} (from patch)" if grafts.from_patch else FT_LABEL
-    rows, names, lines = kind.predict(pair, task, req, _models(pair, grafts, ft_name, req), ft_name, judging,
-                                      grafts.notes, progress, cancel)
+    looks = _models(pair, grafts, ft_name, req)
+    rows, names, lines = kind.predict(pair, task, req, looks, ft_name, judging, grafts.notes,
+                                      part_progress(progress, 0, 2, None, "each model") if req.by == "cell" else progress,
+                                      cancel)
+    answers, parts = (_probe_map(pair, task, kind, req, grafts, rows, ft_name, part_progress(
+        progress, 1, 2, None, "each part"), cancel) if req.by == "cell" else ([], []))
     finish(progress)
     return PredictResult(req, grafts.notes, time.time() - start, task.name, names, list(req.texts), rows, grafts.base,
-                         None if grafts.from_patch else grafts.finetuned, lines, kind=kind.name)
+                         None if grafts.from_patch else grafts.finetuned, lines, kind=kind.name, answers=answers,
+                         parts=parts)
+
+
+def _probe_map(pair: ModelPair, task, kind, req: PredictRequest, grafts: Grafts, rows: list[dict], ft_name: str,
+               progress, cancel) -> tuple[list[dict], list[dict]]:
+    """Causal tracing by part: each (layer, module type) cell of the region grafted alone onto θ_pre (Δp against the
+    pre-trained model) and knocked out alone from θ_ft (Δp against FT), p being the probability the kind gives the
+    fine-tuned model's answer (``answer_probs``). A part "flips" the answer where it changes it from its baseline's:
+    grafted, where θ_pre + γ_P⊙δ answers otherwise than θ_pre; knocked out, otherwise than FT (so a graft map is not
+    crossed out wherever the pre-trained model already disagrees with FT)."""
+    record = grafts.records[0]
+    anat = count_anatomy(record.indices, record.shapes)
+    cells = [(row, module, anat.counts[i][j]) for i, row in enumerate(anat.layers)
+             for j, module in enumerate(anat.modules) if anat.counts[i][j]]
+    if settings.hosted() and len(cells) > settings.MAX_MAP_CELLS:
+        raise RequestError(f"the region spans {len(cells)} layer × module parts, over this server's limit of "
+                           f"{settings.MAX_MAP_CELLS} for one probe map (--by cell); use --by layer or --by module, "
+                           "or run graftui on your own machine")
+    insides = [only_part(record.indices, record.shapes, layer=row, module=module)[0] for row, module, _ in cells]
+    with contextlib.ExitStack() as held:  # FT is written once for every knockout, not once each (``_Knockouts``)
+        knockouts = _Knockouts(pair, held)
+        looks = [Look(ft_name, pair.finetuned), Look(pair.body_name, contextlib.nullcontext),
+                 *(Look(f"{cell_label(r, m)} grafted", functools.partial(pair.grafted, inside), "graft",
+                        cell_label(r, m)) for (r, m, _), inside in zip(cells, insides)),
+                 *(Look(f"{FT_LABEL} − {cell_label(r, m)}", functools.partial(knockouts.one, inside),
+                        "knockout", cell_label(r, m)) for (r, m, _), inside in zip(cells, insides))]
+        said, found = kind.answer_probs(pair, task, req, rows, ft_name, looks, progress, cancel)
+    n = len(cells)
+    answers = [{"text": i, "answer": s["answer"], "measure": s["measure"], "ft_p": found[0][i][0],
+                "pre_p": found[1][i][0], "pre_answer": found[1][i][1]} for i, s in enumerate(said)]
+    parts = []
+    for c, (row, module, k) in enumerate(cells):
+        graft, knock = found[2 + c], found[2 + n + c]
+        for i, a in enumerate(answers):
+            parts.append({"text": i, "layer": row, "module": module, "part": cell_label(row, module), "k": k,
+                          "graft_p": graft[i][0], "graft_delta": graft[i][0] - a["pre_p"],
+                          "graft_answer": graft[i][1], "graft_flips": graft[i][1] != a["pre_answer"],
+                          "knockout_p": knock[i][0], "knockout_delta": knock[i][0] - a["ft_p"],
+                          "knockout_answer": knock[i][1], "knockout_flips": knock[i][1] != a["answer"]})
+    return answers, parts
+
+
+class _Knockouts:
+    """θ_ft − γ_P⊙δ as ``pair.knocked_out`` makes it, for parts knocked out one after another: the whole fine-tuned
+    model is written at the first and kept until ``held`` closes (which puts the pair back at rest), each part's
+    parameters put back to θ_pre for its block and to θ_ft after: O(k) a part instead of two whole-model copies. The
+    looks after the first knockout must all be knockouts (a kind reads its looks in order)."""
+
+    def __init__(self, pair: ModelPair, held: contextlib.ExitStack):
+        self.pair, self.held, self.started = pair, held, False
+
+    @contextlib.contextmanager
+    def one(self, part: dict):
+        if not self.started:
+            self.held.enter_context(self.pair.finetuned())
+            self.started = True
+        self.pair.remove(part)
+        try:
+            yield self.pair.model
+        finally:
+            self.pair.apply(part)
 
 
 def _models(pair: ModelPair, grafts: Grafts, ft_name: str, req: PredictRequest) -> list[Look]:
@@ -736,7 +805,7 @@ def _models(pair: ModelPair, grafts: Grafts, ft_name: str, req: PredictRequest) 
     if req.knockout:
         models += [Look(f"{ft_name} − {label}", functools.partial(pair.knocked_out, record.indices), "knockout")
                    for label, record in zip(grafts.labels, grafts.records)]
-    if req.by:
+    if req.by in ("layer", "module"):  # a cell's map is drawn apart (``_probe_map``), not as columns
         label, record = grafts.labels[0], grafts.records[0]
         anat = count_anatomy(record.indices, record.shapes)
         parts = [row for row, n in zip(anat.layers, anat.by_layer) if n] if req.by == "layer" else [

@@ -215,8 +215,29 @@ def evaluate(doc: dict) -> str:
 
 
 def predict(doc: dict) -> str:
-    """One block per text: each model's answer to it, in the words of the task's kind."""
-    return kind_in(doc, "kind").predict_text(doc)
+    """One block per text: each model's answer to it, in the words of the task's kind; then the probe map's."""
+    return kind_in(doc, "kind").predict_text(doc) + (f"\n\n{probe_map(doc)}" if doc.get("parts") else "")
+
+
+def _dp(x: float) -> str:
+    """A change of probability in points, signed: +12.3, −0.4."""
+    return f"{100 * x:+.1f}".replace("-", "−")
+
+
+def probe_map(doc: dict) -> str:
+    """Per text, each (layer, module) part of the region: p of FT's answer with the part alone grafted (Δ against
+    the pre-trained model) and alone knocked out (Δ against FT), × where the part changes that baseline's answer."""
+    blocks = []
+    for a in doc["answers"]:
+        rows = [[p["part"], _count(p["k"]), pct(p["graft_p"]), _dp(p["graft_delta"]) + (" ×" if p["graft_flips"] else ""),
+                 pct(p["knockout_p"]), _dp(p["knockout_delta"]) + (" ×" if p["knockout_flips"] else "")]
+                for p in doc["parts"] if p["text"] == a["text"]]
+        blocks += [f"Probe map, text {a['text'] + 1}: p is {a['measure']}, '{a['answer']}' "
+                   f"({pct(a['ft_p'])} fine-tuned, {pct(a['pre_p'])} pre-trained, which answers '{a['pre_answer']}'); Δ in "
+                   "points; × where the part changes the answer (grafted: from the pre-trained model's; knocked out: "
+                   "from the fine-tuned model's)",
+                   table(["part", "k", "graft p", "Δ vs pre", "knock-out p", "Δ vs FT"], rows, "lrrrrr"), ""]
+    return "\n".join(blocks).rstrip()
 
 
 def sweep(doc: dict) -> str:

@@ -268,6 +268,15 @@ class TaskKind:
         (rows, label names, card sentences)."""
         raise NotImplementedError
 
+    def answer_probs(self, pair, task, req, rows: list[dict], ft_name: str, looks: list[Look], progress=None,
+                     cancel=None) -> tuple[list[dict], list[list[tuple[float, str]]]]:
+        """What a probe map plots: for each text, the fine-tuned model's answer (``rows``: predict's own) as
+        {"answer", "measure"}; for each look, on each text, (the probability it gives that answer, its own answer).
+        Looks are read one at a time in the order given (a map's knockouts share one fine-tuned state). A kind without
+        such a probability refuses the map."""
+        raise RequestError(f"--by cell maps the probability of the fine-tuned model's answer, which a task of kind "
+                           f"'{self.name}' does not give here; use --by layer or --by module")
+
     def legend(self, rows: list[dict]) -> str:
         """The sentence under a comparison's table: what its columns measure."""
         raise NotImplementedError

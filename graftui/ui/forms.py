@@ -406,14 +406,15 @@ def predict_kind(region_ids) -> str:
 PREDICT_WORDS = {name: app_of(kind).try_words for name, kind in KINDS.items()}  # the Try box's label, button and table label
 
 
-PROBE_BY = {"whole": None, "one layer at a time": "layer", "one module type at a time": "module"}  # the Try box's
-# probe choices, as PredictRequest.by reads them
+PROBE_BY = {"whole": None, "one layer at a time": "layer", "one module type at a time": "module",
+            "layer × module map": "cell"}  # the Try box's probe choices, as PredictRequest.by reads them
 
 
 def submit_predict(runner, *, region_ids: list[str], text: str, knockout: bool = False, by: str | None = None) -> Job:
     """The text typed in the box through the bare body, FT and each picked region's graft: one sentence per line to
     classify, or for completion regions the whole box as one prompt to generate from; ``knockout`` adds FT without
-    each region, ``by`` (a PROBE_BY choice) the graft of each layer or module type of the one region picked."""
+    each region, ``by`` (a PROBE_BY choice) the graft of each layer or module type of the one region picked, or the map
+    of each of its layer × module parts grafted alone and knocked out alone."""
     if not region_ids:
         raise RegionError("pick at least one region (run Localize first if the list is empty)")
     kind = kind_named(predict_kind(region_ids))

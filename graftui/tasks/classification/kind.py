@@ -258,6 +258,24 @@ class Classification(TaskKind):
                 r["agrees_with_ft"] = names.index(r["predicted"]) == ft_says[r["text"]]
         return rows, names, card.predict_card(rows, ft_name, len(req.texts))
 
+    def answer_probs(self, pair, task, req, rows, ft_name, looks, progress=None, cancel=None):
+        """The probability of the class FT picks on each sentence, and each look's own pick: one pass per look."""
+        sentences = Split(tuple(req.texts), (0,) * len(req.texts), tuple(req.pairs) if req.pairs else None)
+        names = list(task.label_names)
+        ft = {r["text"]: names.index(r["predicted"]) for r in rows if r["model"] == ft_name}
+        found = []
+        for m, look in enumerate(looks):
+            if cancel is not None and cancel.is_set():
+                raise Cancelled("predict cancelled")
+            if progress:
+                progress({"stage": f"mapping {look.name}", "fraction": m / len(looks)})
+            with look.context():
+                probs, _ = metrics.predict_proba(pair.model, batches(pair.tokenizer, sentences, 16, task.max_length))
+            found.append([(p[ft[i]], names[max(range(len(names)), key=p.__getitem__)])
+                          for i, p in enumerate(probs.tolist())])
+        return [{"answer": names[ft[i]], "measure": "the probability of the class the fine-tuned model picks"}
+                for i in range(len(req.texts))], found
+
     def legend(self, rows) -> str:
         ft = next(r["model"] for r in rows) if rows else FT_LABEL
         body = next((r["model"] for r in rows if is_body(r["model"])), BODY_LABEL)

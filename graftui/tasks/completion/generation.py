@@ -271,6 +271,28 @@ def generate(model, tokenizer, split: Completions, chat: bool, *, max_new_tokens
     return out
 
 
+def next_token_probs(model, tokenizer, split: Completions, chat: bool, *, batch_size: int = GENERATION_BATCH
+                     ) -> torch.Tensor:
+    """Each prompt's distribution over the first token of its answer (n × vocabulary), one pass each: the token a
+    greedy generation starts with is its argmax. Prompts are cut to leave that one token room, as ``generate`` does."""
+    room = prompt_room(context_length(model), 1)
+    start_id = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+    prompts = [prompt_ids(tokenizer, e, chat, room) or [start_id] for e in split.examples]
+    pad = _pad_id(tokenizer)
+    device = next(model.parameters()).device
+    out = []
+    for start in range(0, len(prompts), batch_size):
+        chosen = prompts[start:start + batch_size]
+        width = max(len(p) for p in chosen)
+        ids = torch.tensor([[pad] * (width - len(p)) + p for p in chosen], device=device)
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chosen], device=device)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)  # left padding must not shift where the prompt starts
+        with torch.no_grad():
+            logits = model(input_ids=ids, attention_mask=mask, position_ids=positions).logits[:, -1]
+        out.append(torch.softmax(logits.float(), dim=-1).cpu())
+    return torch.cat(out)
+
+
 @dataclass
 class TeacherForced:
     """One model's scores of the reference completions: per example its summed loss and scored-token count, and the

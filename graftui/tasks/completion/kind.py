@@ -311,6 +311,29 @@ class Completion(TaskKind):
                 for i in range(len(req.texts)) for look in models]
         return rows, [], card.predict_card(rows, ft_name, len(req.texts), judged=rule.describe(new))
 
+    def answer_probs(self, pair, task, req, rows, ft_name, looks, progress=None, cancel=None):
+        """The probability of the first token of FT's greedy generation after each prompt (FT's top next token), and
+        each look's own top next token: one pass per look and no generation, so a map stays cheap; the rest of the
+        answer is not weighed (a part that keeps the first token may still change what follows)."""
+        prompts = Completions(tuple(((("user", t), ("assistant", "")) for t in req.texts)))
+
+        def read(context) -> torch.Tensor:
+            with context():
+                return generation.next_token_probs(pair.model, pair.tokenizer, prompts, task.chat)
+
+        first = read(pair.finetuned).argmax(-1).tolist()
+        word = lambda t: repr(pair.tokenizer.decode([t]))  # noqa: E731  the token as shown: spaces and newlines seen
+        found = []
+        for m, look in enumerate(looks):
+            if cancel is not None and cancel.is_set():
+                raise Cancelled("predict cancelled")
+            if progress:
+                progress({"stage": f"mapping {look.name}", "fraction": m / len(looks)})
+            probs = read(look.context)
+            found.append([(float(probs[i, t]), word(int(probs[i].argmax()))) for i, t in enumerate(first)])
+        return [{"answer": word(t), "measure": "the probability of the first token of the fine-tuned model's greedy "
+                 "generation"} for t in first], found
+
     def legend(self, rows) -> str:
         return ("exact match, contains (the reference's answer within the answer) and token F1 of greedy "
                 "generations, all under the answer rule (the request's, else the region's own); loss, perplexity and "

@@ -140,9 +140,12 @@ def render_sweep(job) -> list:
 
 
 def render_predict(job) -> list:
+    """The Try table, and the probe map's heatmaps beside it when the result has them (a probe by layer × module)."""
     if job is None or not job.result:
-        return [pd.DataFrame(columns=tables.PREDICT_COLUMNS)]
-    return [tables.predict_table(job.result)]
+        return [pd.DataFrame(columns=tables.PREDICT_COLUMNS), gr.update(visible=False)]
+    mapped = bool(job.result.get("parts"))
+    return [tables.predict_table(job.result),
+            gr.update(value=figures.probe_map(job.result), visible=True) if mapped else gr.update(visible=False)]
 
 
 def predict_kind_or_default(region_ids) -> str:
@@ -203,7 +206,9 @@ def build(page) -> gr.Tab:
                     "words' scores under its prompt). For completion regions the whole box is one prompt, and each "
                     "model's greedy generation for it is shown. To probe a region, add the fine-tuned model with "
                     "the region knocked out (θ_ft − γ⊙δ), or the graft of one of its layers or module types at a "
-                    "time (one region picked).")
+                    "time (one region picked); the layer × module map shows, for the first sentence, how much each "
+                    "part alone moves the probability of the fine-tuned model's answer, grafted onto the pre-trained "
+                    "model and knocked out of the fine-tuned one (× where the answer flips).")
         text_label, button, table_label = forms.PREDICT_WORDS["classification"]
         with gr.Row():
             prd_text = gr.Textbox("", lines=3, label=text_label, elem_id="predict-text")
@@ -217,6 +222,7 @@ def build(page) -> gr.Tab:
         prd_status = gr.Markdown("", elem_id="predict-status")
         prd_table = gr.Dataframe(pd.DataFrame(columns=tables.PREDICT_COLUMNS), interactive=False, wrap=True,
                                  max_height=TABLE_HEIGHT, label=table_label, elem_id="predict-table")
+        prd_map = gr.Plot(visible=False, elem_id="predict-map", label="Probe map: Δp of the fine-tuned answer")
         with gr.Accordion("Sparsity sweep: accuracy against budget", open=False, elem_id="sweep-section"):
             gr.Markdown("Learned vs top-movement vs random regions over several budgets, for the pair "
                         "and task of the **Models** tab, with the mask settings of the **Localize** tab.")
@@ -253,7 +259,7 @@ def build(page) -> gr.Tab:
         return answered(job, PREDICT_KINDS, PREDICT_LATEST, render_predict)  # its answer at once, not at the next tick
 
     page.on(prd_run.click, on_predict, [cmp_regions, prd_text, prd_knock, prd_by],
-            [page.status, prd_job, prd_status, prd_table])
+            [page.status, prd_job, prd_status, prd_table, prd_map])
 
     def on_predict_kind(region_ids):  # the box, its button and the table say what the picked regions do
         text_label, button, table_label = forms.PREDICT_WORDS[predict_kind_or_default(region_ids)]
@@ -288,7 +294,7 @@ def build(page) -> gr.Tab:
                render_compare_panel, LATEST)
     wire_differences(page, diff_table, diff_pick, diff_words, diff_count, cmp_diff)
     wire_pages(page, unlike_table, unlike_page, unlike_prev, unlike_next, unlike_line, cmp_unlike)
-    page.panel("compare", PREDICT_KINDS, prd_job, prd_status, [prd_table], render_predict, PREDICT_LATEST)
+    page.panel("compare", PREDICT_KINDS, prd_job, prd_status, [prd_table, prd_map], render_predict, PREDICT_LATEST)
     page.panel("compare", SWEEP_KINDS, swp_job, swp_status, [swp_plot, swp_table], render_sweep, SWEEP_LATEST)
     return tab
 
