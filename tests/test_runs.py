@@ -295,3 +295,29 @@ def test_the_command_line_groups_the_runs_and_names_the_settings_two_differ_in(m
     for bad, said in ((made["a"], "--diff takes two region ids, got 1"), (f"{made['a']},nope", "no region 'nope'")):
         code, out, err = run_cli("runs", "--diff", bad)
         assert code == 2 and said in err and err.count("\n") == 1, err
+
+
+def test_the_core_and_union_of_a_seeds_run_say_the_examples_and_seeds_they_come_from(home, tmp_path):
+    """A localize run over seeds writes its core and union as regions of their own: their line in the library says how
+    many examples the seeds learned on and which seeds they are, not '? examples' and the first seed alone."""
+    from graftui.flows.common import LocalizeResult
+    from graftui.flows.replicates import localize_seeds
+    from graftui.requests import LocalizeRequest
+
+    pair, _, _ = make_tiny_pair()
+
+    def localize(one, progress, cancel, guard):  # each seed's region: 20 parameters, shifted by two per seed
+        record = regions.make_record(pair, _indices(pair, 2 * one.seed, 20), {
+            "method": "learned", "task": "movies", "train_examples": 32, "request": one.as_dict(),
+            "learn": {"steps": 10, "lr": 0.02, "seed": one.seed, "optimizer": "normalized"}})
+        regions.save(record, one.out)
+        return LocalizeResult(one, [], 0.0, one.out, record)
+
+    req = LocalizeRequest(base="tiny-base", finetuned="tiny-ft", task="movies", seeds=[0, 1, 2],
+                          out=str(tmp_path / "r.safetensors"))
+    stability = localize_seeds(localize, req).stability
+    for how in ("core", "union"):
+        meta = regions.load(stability[f"{how}_path"]).meta
+        said = regions.settings_of(meta)
+        assert said[:4] == ["10 steps", "32 examples", "lr 0.02", "seeds 0, 1, 2"], (how, said)
+        assert "?" not in regions.describe(meta)
