@@ -248,9 +248,13 @@ def replicate_groups(labels: list[str], records: list[RegionRecord]) -> dict[str
     for members in groups.values():
         seeds = [records[labels.index(m)].meta.request.get("seed") for m in members]
         if len(members) > 1 and len(set(map(str, seeds))) == len(seeds):
-            name = re.sub(r"-seed\d+( \(seed \d+\))?$", "", members[0])
-            out[f"{name} (seeds {', '.join(map(str, seeds))})"] = members
+            out[f"{replicate_stem(members[0])} (seeds {', '.join(map(str, seeds))})"] = members
     return out
+
+
+def replicate_stem(label: str) -> str:
+    """The name a run's seeds share: a seed's label without its '-seed<N>' ('r-seed1' → 'r')."""
+    return re.sub(r"-seed\d+( \(seed \d+\))?$", "", label)
 
 
 def summarise_replicates(name: str, members: list[str], rows: list[dict], found: list[dict],
