@@ -264,7 +264,8 @@ def _localize(req: LocalizeRequest, progress: Progress | None, cancel, guard: Gu
                      f"{info.description[1:].rstrip('.')})")
     if not req.keep:
         check = quick_check(pair, task, {"this region": region}, req, req.steps if info.needs_data else 0,
-                            phase_progress(progress, learned, 1.0, f"held-out check on {req.check_n:,} examples"),
+                            phase_progress(progress, learned, 1.0, f"held-out check on "
+                                           f"{kind.test_count(task, req.check_n):,} examples"),
                             cancel) if checking else None
         if check:
             notes += did_not_fit(check, kind, k, pair.counts()["graftable"])
@@ -324,8 +325,9 @@ def size_needed(req: LocalizeRequest, pair: ModelPair, task, k0: int, notes: lis
                           for p in sorted(found.points, key=lambda p: p.k))
         whole = "; the whole graftable set was tried" if found.reached_all else \
             f"; the search stops after {sizing.MAX_POINTS} regions"
-        raise ModelError(f"no region keeps {pct(req.keep)} of what fine-tuning gained on {req.check_n:,} held-out "
-                         f"examples ({kind.kept_by}): {tried}{whole}; give a lower --keep, or check the fine-tune")
+        raise ModelError(f"no region keeps {pct(req.keep)} of what fine-tuning gained on "
+                         f"{kind.test_count(task, req.check_n):,} held-out examples ({kind.kept_by}): {tried}{whole}; "
+                         "give a lower --keep, or check the fine-tune")
     n = checks[found.k][FT_LABEL]["n"]
     made = {**made_at[found.k], "budget": f"keep={req.keep:g}", "sparsity": found.k / graftable,
             "size_search": {**found.record(), "measure": kind.kept_by, "scored_by": kind.sized_by, "n": n}}

@@ -229,6 +229,12 @@ class TaskKind:
         reliability, histogram, ood, disagreements, generations, rule?, max_new_tokens?, notes}."""
         raise NotImplementedError
 
+    def test_count(self, task, n: int | None) -> int:
+        """How many test examples a comparison on ``n`` of them (None: all) scores: fewer where the task has fewer,
+        so a line said before the scoring (a check's stage) tells the true number."""
+        have = len(task.splits["test"])
+        return have if n is None else min(n, have)
+
     def scorer(self, pair, task, split: str, n: int, judging=None, notes: list[str] | None = None
                ) -> Callable[[], Outcome]:
         """A function scoring the pair's model as it stands on a fixed sample of ``split``: what ablations and the

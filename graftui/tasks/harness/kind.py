@@ -214,6 +214,10 @@ class Harness(Completion):
         return {"task": task.name, "rows": rows, "differences": differences, "generations": [], "reliability": {},
                 "histogram": {}, "ood": [], "disagreements": [], "notes": [], "models": names}
 
+    def test_count(self, task, n) -> int:
+        """The documents scored, over every harness task: ``n`` of each task's evaluation split, or all it has."""
+        return sum(t.n_eval if n is None else min(n, t.n_eval) for t in task.harness)
+
     def scorer(self, pair, task, split, n, judging=None, notes=None):
         raise RequestError(f"'{task.name}' is scored by lm-evaluation-harness on its own documents; ablations and "
                            "merges choose on graftui's own tasks: give a completion or classification task")
