@@ -105,6 +105,15 @@ class TaskKind:
         """The tasks of this kind that need no download: reference -> one line about it."""
         return {}
 
+    previewed: bool = False  # a task of this kind is checked as soon as it is named, before any job (its preview)
+
+    def preview(self, task) -> list[dict]:
+        """What a check of ``task`` shows before any job, read by the loader the jobs use, per part it is scored as:
+        {name, form (how it is scored), splits ({split: examples}), scored (the split scored), n (its examples),
+        metric (the score compared), first (its first scored example as the model reads it: context, target,
+        choices, gold)}; none for a kind without one."""
+        return []
+
     # -- reading ----------------------------------------------------------------------------------
     def reading(self, options: LoadOptions, task) -> LoadOptions:
         """The pair's reading for this kind, refusing a reading the request gave that cannot score it."""

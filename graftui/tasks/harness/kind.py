@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import random
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -123,6 +123,13 @@ class Harness(Completion):
 
     def offline(self) -> dict[str, str]:
         return {PREFIX + name: about[0] for name, about in OFFLINE_HARNESS.items()}
+
+    previewed = True  # a harness task is named by its YAML or its name alone: nothing else says what it holds
+
+    def preview(self, task) -> list[dict]:
+        return [{"name": t.name, "form": t.output_type, "splits": dict(t.split_sizes), "scored": t.eval_split,
+                 "n": t.n_eval, "metric": t.metric, "first": None if t.first is None else {**asdict(t.first), "choices": list(t.first.choices)}}
+                for t in task.harness]
 
     def ood_note(self, task) -> str:
         return (f"--ood names classification tasks in the task's label space; the {self.name} task {task.name} has "
