@@ -85,8 +85,8 @@ def ood_accuracies(runner) -> dict[str, float]:
 
 def run_seeds(entries) -> dict[str, str]:
     """Region id -> the run over seeds it belongs to, said as what it is: 'seeds 0, 1, 2 of r' for each seed's region
-    of ``localize --seeds`` (r: the name the seeds' files share, without a time stamp), 'core of seeds 0, 1, 2 of r' for the core and union
-    it wrote; a run of one seed is in none (its seed column says it)."""
+    of ``localize --seeds`` (r: the name the seeds' files share, without a time stamp), 'core of seeds 0, 1, 2 of r'
+    for the core and union it wrote; a run of one seed is in none (its seed column says it)."""
     def ordered(seeds) -> str:
         return ", ".join(str(s) for s in sorted(seeds, key=lambda s: (not isinstance(s, int), str(s).zfill(12))))
 

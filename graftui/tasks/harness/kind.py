@@ -128,7 +128,8 @@ class Harness(Completion):
 
     def preview(self, task) -> list[dict]:
         return [{"name": t.name, "form": t.output_type, "splits": dict(t.split_sizes), "scored": t.eval_split,
-                 "n": t.n_eval, "metric": t.metric, "first": None if t.first is None else {**asdict(t.first), "choices": list(t.first.choices)}}
+                 "n": t.n_eval, "metric": t.metric,
+                 "first": None if t.first is None else {**asdict(t.first), "choices": list(t.first.choices)}}
                 for t in task.harness]
 
     def ood_note(self, task) -> str:
