@@ -57,6 +57,11 @@ def new_path(folder: Path, stem: str, suffix: str = "") -> Path:
     return path
 
 
+def without_stamp(stem: str) -> str:
+    """A name ``new_path`` made, without the stamp it added ('r-20240101-100000-2' → 'r')."""
+    return re.sub(r"-\d{8}-\d{6}(-\d+)?$", "", stem)
+
+
 def _host() -> str:
     return re.sub(r"[^\w-]+", "-", socket.gethostname())[:40] or "host"
 

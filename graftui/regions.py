@@ -232,7 +232,9 @@ def settings_of(meta) -> list[str]:
         lr = learn.get("lr")
         examples = "?" if meta.train_examples is None else meta.train_examples
         out += [f"{learn.get('steps')} steps", f"{examples} examples",
-                f"lr {lr:g}" if isinstance(lr, (int, float)) else "lr ?", f"seed {learn.get('seed')}"]
+                f"lr {lr:g}" if isinstance(lr, (int, float)) else "lr ?",
+                f"seeds {', '.join(map(str, learn['seeds']))}" if isinstance(learn.get("seeds"), list)  # a core, a union
+                else f"seed {learn.get('seed')}"]
     how = meta.learner if isinstance(meta.learner, dict) else {}
     if how.get("learner") in ("full", "candidate"):  # the learner, which decides the region as much as the seed
         plan = how.get("plan") if isinstance(how.get("plan"), dict) else {}

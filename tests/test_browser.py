@@ -842,6 +842,20 @@ def test_the_models_tab_follows_the_fine_tune_picked_and_the_task_its_kind(page)
                            timeout=30_000)
 
 
+def test_a_harness_task_named_in_the_task_box_is_checked_before_any_job(page):
+    """lm-eval:graftui_dates picked as the task: the harness reads it at once, and its check and first test document
+    show beside the task box; a task of another kind clears it."""
+    bu.open_tab(page, "models")
+    bu.choose(page, "models-task", "lm-eval:graftui_dates")
+    page.wait_for_function("() => document.querySelector('#models-task-info').innerText"
+                           ".includes('graftui_dates: generate_until task')", timeout=60_000)
+    text = bu.text(page, "#models-task-info")
+    assert "First test document as the model reads it" in text and "In words:" in text and "Target:" in text, text
+    bu.choose(page, "models-task", "movies:")
+    page.wait_for_function("() => document.querySelector('#models-task-info').innerText.trim() === ''",
+                           timeout=30_000)
+
+
 def test_a_completion_skill_is_localized_and_compared_by_its_generations(page, tmp_path_factory):
     """A tiny causal LM fine-tuned on an uploaded (prompt, completion) file: Localize checks its region by generation
     and Compare shows exact match, loss and the generations side by side."""

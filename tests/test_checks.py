@@ -138,6 +138,63 @@ def test_check_n_zero_skips_the_check_and_a_bad_one_is_one_line(gpt2, tmp_path):
             LocalizeRequest(check_n=bad).validate()
 
 
+HARNESS_YAML = """task: my_ten
+dataset_path: json
+dataset_kwargs:
+  data_files: {{train: {folder}/train.jsonl, test: {folder}/test.jsonl}}
+  cache_dir: {folder}/cache
+output_type: multiple_choice
+training_split: train
+test_split: test
+doc_to_text: "{{{{text}}}} it was"
+doc_to_target: label
+doc_to_choice: [" good", " bad"]
+metric_list:
+  - metric: acc
+    aggregation: mean
+    higher_is_better: true
+"""
+
+
+def _harness_task(folder) -> str:
+    """A task YAML of ten test documents (and ten training ones)."""
+    import json
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for split in ("train", "test"):
+        (folder / f"{split}.jsonl").write_text("".join(json.dumps({"text": f"the movie was {w}", "label": i % 2}) + "\n"
+                                                       for i, w in enumerate(["good", "bad"] * 5)))
+    path = folder / "ten.yaml"
+    path.write_text(HARNESS_YAML.format(folder=folder))
+    return str(path)
+
+
+@pytest.mark.parametrize("kind", ["classification", "completion", "lm-eval"])
+def test_a_check_asked_for_more_examples_than_the_task_has_says_how_many_it_scores(kind, gpt2, tmp_path, monkeypatch):
+    """The stage a localize job shows while its held-out check runs names the examples it scores: the task's, where
+    it has fewer than --check-n asks (not 'held-out check on 200 examples' for a task of 10)."""
+    from lm_util import write_completion_task
+
+    from graftui.flows.common import LOCAL
+    from graftui.kinds import KINDS, read_task
+
+    monkeypatch.setenv("GRAFTUI_HOME", str(tmp_path / "home"))
+    base, ft, classes = gpt2
+    task, words = {"classification": (str(classes), WORDS),
+                   "completion": (str(write_completion_task(tmp_path / "pairs.csv")), None),
+                   "lm-eval": (_harness_task(tmp_path / "ten"), None)}[kind]
+    events = []
+    loc = flows.localize(LocalizeRequest(base=str(base), finetuned=str(ft), task=task, label_words=words,
+                                         method="top-movement", k=50, check_n=200, out=str(tmp_path / "r.safetensors")),
+                         progress=events.append)
+    n = loc.check["n"]
+    assert 0 < n < 200 and (n == 10 if kind == "lm-eval" else True)
+    stages = [e["stage"] for e in events if e.get("stage", "").startswith("held-out check on")]
+    assert stages and all(s.startswith(f"held-out check on {n} examples") for s in stages), stages
+    read = read_task(LocalizeRequest(task=task), LOCAL)
+    assert KINDS[kind].test_count(read, 200) == n and KINDS[kind].test_count(read, 3) == 3
+
+
 @pytest.mark.unit
 @pytest.mark.parametrize("kind, share, said, budget", [
     ("completion", 0.03, True, 0.01), ("classification", 0.2, True, 0.001), ("classification", 0.2, True, 0.2),

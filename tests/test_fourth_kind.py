@@ -99,7 +99,7 @@ def test_a_fourth_kind_is_one_module_and_one_registration(echo, capsys):
     assert code == 0
     assert {"name": "echo:abc", "kind": "echo", "description": "repeats its prompt"} in json.loads(out)["tasks"]
 
-    row = {"id": "r", "task": "echo:abc", "method": "learned", "budget": "0.01", "k": 5, "seed": 0, "seeds": "",
+    row = {"id": "r", "task": "echo:abc", "method": "learned", "budget": "0.01", "k": 5, "seed": 0, "run": "",
            "accuracy": 0.42, "score_name": kind.words.score, "ece": None, "ood_accuracy": None, "curve": False,
            "tags": [], "note": ""}
     table = runs.runs_table([row])  # its score under its own name in the app's runs table

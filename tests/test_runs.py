@@ -94,13 +94,14 @@ def test_each_run_carries_its_budget_seeds_scores_ood_and_curve(made):
     rows = {r["id"]: r for r in runs.runs()}
     a, b, c, d = (rows[made[k]] for k in "abcd")
     assert (a["budget"], c["budget"]) == ("1.000%", "0.100%")
-    assert a["seeds"] == b["seeds"] == "0, 1" and d["seeds"] == "7" and c["seeds"] == ""
+    assert a["run"] == b["run"] == "seeds 0, 1 of learned" and d["run"] == c["run"] == ""  # a run of one seed: none
     assert (a["accuracy"], b["accuracy"], d["accuracy"]) == (0.70, 0.80, None)
     assert a["ood_accuracy"] == pytest.approx(0.65) and b["ood_accuracy"] is None  # b was only compared in a group
     assert (a["curve"], b["curve"], c["curve"], d["curve"]) == (True, True, False, False)
     table = runs.runs_table([a, d]).to_dict("records")
     assert table[0]["OOD accuracy"] == "65.0%" and table[0]["accuracy"] == "70.0%" and table[0]["ECE ↓"] == "0.100"
-    assert table[1]["curve"] == runs.NO_CURVE and table[1]["accuracy"] == "" and table[1]["seeds of run"] == "7"
+    assert table[1]["curve"] == runs.NO_CURVE and table[1]["accuracy"] == "" and table[1]["run over seeds"] == "" \
+        and table[0]["run over seeds"] == "seeds 0, 1 of learned" and table[1]["seed"] == "7"
     assert list(runs.runs_table([]).columns) == runs.RUNS_COLUMNS
 
 
@@ -295,3 +296,35 @@ def test_the_command_line_groups_the_runs_and_names_the_settings_two_differ_in(m
     for bad, said in ((made["a"], "--diff takes two region ids, got 1"), (f"{made['a']},nope", "no region 'nope'")):
         code, out, err = run_cli("runs", "--diff", bad)
         assert code == 2 and said in err and err.count("\n") == 1, err
+
+
+def test_the_core_and_union_of_a_seeds_run_say_the_examples_and_seeds_they_come_from(home):
+    """A localize run over seeds writes its core and union as regions of their own: their line in the library says how
+    many examples the seeds learned on and which seeds they are, not '? examples' and the first seed alone."""
+    from graftui.flows.common import LocalizeResult
+    from graftui.flows.replicates import localize_seeds
+    from graftui.requests import LocalizeRequest
+
+    pair, _, _ = make_tiny_pair()
+
+    def localize(one, progress, cancel, guard):  # each seed's region: 20 parameters, shifted by two per seed
+        record = regions.make_record(pair, _indices(pair, 2 * one.seed, 20), {
+            "method": "learned", "task": "movies", "train_examples": 32, "request": one.as_dict(),
+            "learn": {"steps": 10, "lr": 0.02, "seed": one.seed, "optimizer": "normalized"}})
+        regions.save(record, one.out)
+        return LocalizeResult(one, [], 0.0, one.out, record)
+
+    from graftui.ui import runs, store
+
+    req = LocalizeRequest(base="tiny-base", finetuned="tiny-ft", task="movies", seeds=[0, 1, 2],
+                          out=str(store.regions_dir() / "r.safetensors"))
+    stability = localize_seeds(localize, req).stability
+    for how in ("core", "union"):
+        meta = regions.load(stability[f"{how}_path"]).meta
+        said = regions.settings_of(meta)
+        assert said[:4] == ["10 steps", "32 examples", "lr 0.02", "seeds 0, 1, 2"], (how, said)
+        assert "?" not in regions.describe(meta)
+
+    labels = runs.run_seeds(store.list_regions())  # the runs table's column: what run each region belongs to
+    assert labels == {**{f"r-seed{s}": "seeds 0, 1, 2 of r" for s in (0, 1, 2)},
+                      "r-core": "core of seeds 0, 1, 2 of r", "r-union": "union of seeds 0, 1, 2 of r"}

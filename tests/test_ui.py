@@ -1575,7 +1575,8 @@ def _answer(fn, values: dict) -> None:
     got = fn.fn(*[values.get(b._id) for b in fn.inputs])
     if isinstance(got, dict) and "__type__" not in got:  # {component: value}: what a failed handler answers
         got = [got.get(b, gr.skip()) for b in fn.outputs]
-    got = got if isinstance(got, (tuple, list)) and len(fn.outputs) > 1 else (got,)
+    elif not (isinstance(got, (tuple, list)) and len(fn.outputs) > 1):
+        got = (got,)
     for block, value in zip(fn.outputs, got):
         if isinstance(value, dict) and value.get("__type__") == "update":
             if "value" in value:
@@ -1739,3 +1740,40 @@ def test_deleting_a_region_that_waiting_jobs_read_names_them_and_cancels_them_wi
     finally:
         gate.set()
     assert runner.wait(reads_y.id, 30).status == "done" and runner.wait(blocker.id, 30).status == "done"
+
+
+def test_a_task_yaml_named_in_the_task_box_is_checked_before_any_job(home, monkeypatch, tmp_path):
+    """The Models tab checks a harness task as soon as it is named, as it checks an upload: a "✓" line and its first
+    test document beside the task box (and under Check column mapping); a YAML the harness refuses, its one line; a
+    task of another kind is left to its columns' check."""
+    from test_yaml_tasks import _yaml
+
+    from graftui.ui import app, store
+
+    monkeypatch.setattr(store, "default_ready", lambda key=None: True)
+    demo = app.build_app()
+
+    def wired(elem_id, trigger, out):
+        (fn,) = [fn for fn in _events(demo, elem_id, trigger) if any(getattr(b, "elem_id", None) == out
+                                                                     for b in fn.outputs)]
+        return fn, next(b for b in fn.inputs if getattr(b, "elem_id", None) == "models-task")._id, \
+            next(b for b in fn.outputs if getattr(b, "elem_id", None) == out)._id
+
+    named, task_id, info_id = wired("models-task", "change", "models-task-info")
+    good, bad = _yaml(tmp_path / "good", "my_box"), _yaml(tmp_path / "bad", "my_broken", metric="exact_mtch")
+    values = {task_id: str(good)}
+    _answer(named, values)
+    assert values[info_id].startswith("✓ **my_box**: generate_until task, 3 test documents scored"), values[info_id]
+    assert "```\nQ: test 0\nA:\n```" in values[info_id] and "Target: ` ' test-0' `" in values[info_id]
+    values[task_id] = str(bad)
+    _answer(named, values)
+    assert values[info_id].startswith("⚠️ ") and "metric 'exact_mtch' is none the harness knows" in values[info_id]
+    assert "\n" not in values[info_id]
+    values[task_id] = "movies"
+    _answer(named, values)
+    assert values[info_id] == ""  # a classification task: its columns are checked with the mapping
+
+    press, task_id, mapping_id = wired("models-data-check", "click", "models-data-info")
+    values = {task_id: str(good)}
+    _answer(press, values)
+    assert values[mapping_id].startswith("✓ **my_box**: generate_until task")

@@ -295,3 +295,82 @@ def test_scoring_a_corpus_metric_prints_nothing_on_stdout(tiny_lms, tmp_path, mo
     found = lmeval.score(AutoModelForCausalLM.from_pretrained(ft), AutoTokenizer.from_pretrained(ft), task, limit=2,
                          bootstrap_iters=10)
     assert "bleu,strip" in found.metrics and capsys.readouterr().out == ""
+
+
+# -- a task YAML checked before any job ------------------------------------------------------------------------------
+def test_a_task_yaml_is_checked_as_the_harness_reads_it_before_any_job(tmp_path, task_home):
+    """Named in the task box (or --task), a task YAML is read by the loader the jobs use: its documents per split, the
+    score compared and its first test document as the model reads it, worded as an upload's check; a YAML the harness
+    refuses gives that same one line, and a task of another kind is left unread."""
+    from graftui import flows
+    from graftui.requests import TaskFields
+    from graftui.ui import forms
+
+    path = _yaml(tmp_path / "c", "my_checked")
+    (part,) = flows.preview_task(TaskFields(task=str(path)))
+    assert part == {"name": "my_checked", "form": "generate_until", "splits": {"train": 3, "test": 3},
+                    "scored": "test", "n": 3, "metric": "exact_match",
+                    "first": {"context": "Q: test 0\nA:", "target": " test-0", "choices": [], "gold": None}}
+    shown = forms.task_check(str(path), {})
+    assert shown.startswith("✓ **my_checked**: generate_until task, 3 test documents scored (documents per split: "
+                            "train 3, test 3); metric compared: exact_match.")
+    assert "First test document as the model reads it:\n\n```\nQ: test 0\nA:\n```" in shown
+    assert "Target: ` ' test-0' `" in shown
+    assert forms.task_check("movies", {}) is None and flows.preview_task(TaskFields(task="movies")) is None
+
+    mc = tmp_path / "c" / "mc.yaml"  # a multiple-choice task: its choices, the answer marked
+    mc.write_text(MC_YAML.replace("my_mc", "my_choice").format(folder=_mc_rows(tmp_path / "c")))
+    (part,) = flows.preview_task(TaskFields(task=str(mc)))
+    # the harness's default target delimiter (a space) goes before each choice, which has its own: the model reads two
+    assert part["first"] == {"context": "the movie was good it was", "target": "  good", "choices": ["  good", "  bad"],
+                             "gold": 0} and part["metric"] == "acc"
+    assert "Choices, each scored after it: ` '  good' ` (the answer), ` '  bad' `" in forms.task_check(str(mc), {})
+
+    bad = _yaml(tmp_path / "b", "my_bad", metric="exact_mtch")
+    said = _refused(bad, ["metric 'exact_mtch' is none the harness knows"])
+    with pytest.raises(DataError) as err:
+        forms.task_check(str(bad), {})
+    assert str(err.value) == said
+
+
+def _mc_rows(folder: Path) -> Path:
+    """Two short reviews per split, labelled for MC_YAML's choices (' good' is 0)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for split in ("train", "test"):
+        (folder / f"{split}.jsonl").write_text("".join(json.dumps({"text": f"the movie was {w}", "label": i}) + "\n"
+                                                       for i, w in enumerate(("good", "bad"))))
+    return folder
+
+
+def test_a_shared_server_checks_only_the_offline_harness_tasks(tmp_path, task_home, monkeypatch):
+    """The check obeys the rule the jobs do: on a hosted server a task YAML is refused by its path, never opened."""
+    from graftui import flows, hosted, settings
+    from graftui.errors import RequestError
+    from graftui.requests import TaskFields
+
+    path = _yaml(tmp_path / "h", "my_hosted")
+    monkeypatch.setattr(settings, "hosted", lambda: True)
+    with pytest.raises(RequestError, match="is not one of the offline harness tasks") as err:
+        flows.preview_task(TaskFields(task=str(path)), hosted.HostedGuard())
+    assert str(path) in str(err.value) and "\n" not in str(err.value)
+    (part,) = flows.preview_task(TaskFields(task="lm-eval:graftui_numbers"), hosted.HostedGuard())
+    assert part["name"] == "graftui_numbers" and part["n"] == part["splits"]["test"] > 0
+    assert part["first"]["context"].startswith("Number: ") and part["metric"] == "exact_match,graftui-answer"
+
+
+def test_the_pair_verb_shows_a_task_yaml_s_check(tiny_lms, tmp_path, monkeypatch):
+    """``graftui pair --task X.yaml``: the pair, then the task as the harness reads it."""
+    import graftui
+    from graftui.flows import text
+
+    monkeypatch.setenv("GRAFTUI_HOME", str(tmp_path / "home"))
+    base, ft, folder = tiny_lms
+    path = folder / "pair.yaml"
+    path.write_text(MC_YAML.replace("my_mc", "my_pair").format(folder=folder))
+    doc = graftui.pair(base=str(base), finetuned=str(ft), task=str(path)).as_dict()
+    (part,) = doc["task_preview"]
+    assert (part["name"], part["n"], part["first"]["context"]) == ("my_pair", 4, "the movie was good it was")
+    printed = text.pair(doc)
+    assert "✓ my_pair: multiple_choice, 4 test documents scored (train 4, test 4); compared by acc" in printed
+    assert "first test document as the model reads it:\n  the movie was good it was\nchoices scored after it: " \
+           "'  good' (the answer), '  bad'" in printed

@@ -16,7 +16,7 @@ from .common import (
     needs_task_labels, pair_for_regions,
 )
 from .registry import VERBS, Verb, from_dict, read_request, run, run_file, verb
-from .single import evaluate, finetune, localize, pair, predict, preview_prompt, sweep
+from .single import evaluate, finetune, localize, pair, predict, preview_prompt, preview_task, sweep
 from .regionfiles import anatomy, compose, export
 from .laboratory import continual, multitask, retrain, wise
 from .hub import push
@@ -25,6 +25,6 @@ from .reproduction import reproduce
 __all__ = [
     "LOCAL", "Guard", "Progress", "Result", "VERBS", "Verb", "verb", "run", "run_file", "read_request", "from_dict",
     "clear_cache", "ensure_models", "get_pair", "get_task", "labels_for", "load_pair", "load_region", "needs_task_labels",
-    "pair_for_regions", "preview_prompt", "finetune", "localize", "evaluate", "predict", "sweep", "pair", "anatomy", "compose",
+    "pair_for_regions", "preview_prompt", "preview_task", "finetune", "localize", "evaluate", "predict", "sweep", "pair", "anatomy", "compose",
     "export", "multitask", "wise", "retrain", "continual", "push", "reproduce",
 ]

@@ -73,8 +73,12 @@ def _seed_record(records: list[RegionRecord], indices: dict, how: str, req: Loca
         merged = sets.union(*(r.indices for r in records))
         values = {n: values[n][sets._isin(merged[n], idx)] for n, idx in indices.items()}
         head = first.head
+    counts = {r.meta.train_examples for r in records}  # each seed's mask learning read the same examples
+    learn = first.meta.learn if not isinstance(first.meta.learn, dict) else \
+        {**{k: v for k, v in first.meta.learn.items() if k != "seed"}, "seeds": list(req.seeds)}
     made = {"method": how, "sources": [str(s) for s in req.seeds], "source_methods": [req.method],
-            "task": first.meta.task, "request": None, "learn": first.meta.learn,
+            "task": first.meta.task, "request": None, "learn": learn,
+            "train_examples": counts.pop() if len(counts) == 1 else None,
             "notes": [f"the {how} of the regions of seeds {', '.join(map(str, req.seeds))}"]}
     return regions.derived_record(first.meta, indices, first.shapes, made, values, head)
 
@@ -244,9 +248,13 @@ def replicate_groups(labels: list[str], records: list[RegionRecord]) -> dict[str
     for members in groups.values():
         seeds = [records[labels.index(m)].meta.request.get("seed") for m in members]
         if len(members) > 1 and len(set(map(str, seeds))) == len(seeds):
-            name = re.sub(r"-seed\d+( \(seed \d+\))?$", "", members[0])
-            out[f"{name} (seeds {', '.join(map(str, seeds))})"] = members
+            out[f"{replicate_stem(members[0])} (seeds {', '.join(map(str, seeds))})"] = members
     return out
+
+
+def replicate_stem(label: str) -> str:
+    """The name a run's seeds share: a seed's label without its '-seed<N>' ('r-seed1' → 'r')."""
+    return re.sub(r"-seed\d+( \(seed \d+\))?$", "", label)
 
 
 def summarise_replicates(name: str, members: list[str], rows: list[dict], found: list[dict],

@@ -35,7 +35,7 @@ from ..requests import (
     derive,
 )
 from ..experiments import only_part
-from ..kinds import Look, kind_named, kind_of, read_task, read_task_as, recorded_columns
+from ..kinds import Look, given_fields, kind_named, kind_of, named_kind, read_task, read_task_as, recorded_columns
 from ..layout import anatomy as count_anatomy, cell_label, part_label
 from . import text
 from .common import (
@@ -264,7 +264,8 @@ def _localize(req: LocalizeRequest, progress: Progress | None, cancel, guard: Gu
                      f"{info.description[1:].rstrip('.')})")
     if not req.keep:
         check = quick_check(pair, task, {"this region": region}, req, req.steps if info.needs_data else 0,
-                            phase_progress(progress, learned, 1.0, f"held-out check on {req.check_n:,} examples"),
+                            phase_progress(progress, learned, 1.0, f"held-out check on "
+                                           f"{kind.test_count(task, req.check_n):,} examples"),
                             cancel) if checking else None
         if check:
             notes += did_not_fit(check, kind, k, pair.counts()["graftable"])
@@ -324,8 +325,9 @@ def size_needed(req: LocalizeRequest, pair: ModelPair, task, k0: int, notes: lis
                           for p in sorted(found.points, key=lambda p: p.k))
         whole = "; the whole graftable set was tried" if found.reached_all else \
             f"; the search stops after {sizing.MAX_POINTS} regions"
-        raise ModelError(f"no region keeps {pct(req.keep)} of what fine-tuning gained on {req.check_n:,} held-out "
-                         f"examples ({kind.kept_by}): {tried}{whole}; give a lower --keep, or check the fine-tune")
+        raise ModelError(f"no region keeps {pct(req.keep)} of what fine-tuning gained on "
+                         f"{kind.test_count(task, req.check_n):,} held-out examples ({kind.kept_by}): {tried}{whole}; "
+                         "give a lower --keep, or check the fine-tune")
     n = checks[found.k][FT_LABEL]["n"]
     made = {**made_at[found.k], "budget": f"keep={req.keep:g}", "sparsity": found.k / graftable,
             "size_search": {**found.record(), "measure": kind.kept_by, "scored_by": kind.sized_by, "n": n}}
@@ -941,6 +943,18 @@ def sweep(req: SweepRequest, progress: Progress | None = None, cancel=None, guar
 class PairResult(Result):
     pair: dict = field(default_factory=dict)  # ModelPair.describe(): architecture, kind, prompt, labels, counts, hashes
     preview: dict | None = None  # a language model's prompt on the task's first training example (preview_prompt)
+    task_preview: list[dict] | None = None  # the task's kind's own check of it (preview_task): a harness task's
+
+
+def preview_task(req, guard: Guard = LOCAL) -> list[dict] | None:
+    """The request's task read as a job reads it (the guard's rules included) and checked by its kind before any job
+    (``TaskKind.preview``: a harness task's documents per split and its first scored document as the model reads
+    it); None, unread, where its kind checks none on sight (a Hub dataset is not fetched to tell)."""
+    kind = named_kind(req.task, req.task_kind, given_fields(req))
+    if kind is None or not kind.previewed:
+        return None
+    task = read_task(req, guard)
+    return kind_of(task).preview(task)
 
 
 def preview_prompt(req: PairRequest, guard: Guard = LOCAL) -> dict:
@@ -985,4 +999,5 @@ def pair(req: PairRequest, progress: Progress | None = None, cancel=None, guard:
         kind.check_pair(loaded, task)
     preview = preview_prompt(req, guard) if loaded.prompt is not None else None
     finish(progress)
-    return PairResult(req, notes + prompt_notes(loaded), time.time() - start, loaded.describe(), preview)
+    return PairResult(req, notes + prompt_notes(loaded), time.time() - start, loaded.describe(), preview,
+                      kind_of(task).preview(task) or None if task is not None else None)

@@ -594,4 +594,22 @@ def pair(doc: dict) -> str:
         tokens = "; ".join(f"{label}: {' '.join(map(repr, toks))}" for label, toks in preview["label_tokens"].items())
         text += f"\n\nfirst training example as the model reads it:\n  {preview['prompt']}\nlabel tokens ({preview['scored']} " \
                 f"is scored): {tokens}"
-    return text
+    return text + "".join(f"\n\n{task_preview(part)}" for part in doc.get("task_preview") or ())
+
+
+def task_preview(part: dict) -> str:
+    """A task's check before any job (``preview_task``): its name, how it is scored, its documents and the score
+    compared, then its first scored document as the model reads it."""
+    splits = ", ".join(f"{split} {n:,}" for split, n in part["splits"].items())
+    text = (f"✓ {part['name']}: {part['form']}, {part['n']:,} {part['scored']} documents scored ({splits}); "
+            f"compared by {part['metric'] or 'its first metric'}")
+    first = part.get("first")
+    if not first:
+        return text + f"\n(its {part['scored']} split holds no document)"
+    context = "\n".join(f"  {line}" for line in first["context"].split("\n"))
+    if first["choices"]:
+        after = "choices scored after it: " + ", ".join(
+            repr(c) + (" (the answer)" if i == first["gold"] else "") for i, c in enumerate(first["choices"]))
+    else:
+        after = f"target: {first['target']!r}"
+    return f"{text}\nfirst {part['scored']} document as the model reads it:\n{context}\n{after}"

@@ -105,6 +105,15 @@ class TaskKind:
         """The tasks of this kind that need no download: reference -> one line about it."""
         return {}
 
+    previewed: bool = False  # a task of this kind is checked as soon as it is named, before any job (its preview)
+
+    def preview(self, task) -> list[dict]:
+        """What a check of ``task`` shows before any job, read by the loader the jobs use, per part it is scored as:
+        {name, form (how it is scored), splits ({split: examples}), scored (the split scored), n (its examples),
+        metric (the score compared), first (its first scored example as the model reads it: context, target,
+        choices, gold)}; none for a kind without one."""
+        return []
+
     # -- reading ----------------------------------------------------------------------------------
     def reading(self, options: LoadOptions, task) -> LoadOptions:
         """The pair's reading for this kind, refusing a reading the request gave that cannot score it."""
@@ -228,6 +237,12 @@ class TaskKind:
         """FT, the reference model and each graft of ``models`` on ``n`` test examples: {task, rows, differences,
         reliability, histogram, ood, disagreements, generations, rule?, max_new_tokens?, notes}."""
         raise NotImplementedError
+
+    def test_count(self, task, n: int | None) -> int:
+        """How many test examples a comparison on ``n`` of them (None: all) scores: fewer where the task has fewer,
+        so a line said before the scoring (a check's stage) tells the true number."""
+        have = len(task.splits["test"])
+        return have if n is None else min(n, have)
 
     def scorer(self, pair, task, split: str, n: int, judging=None, notes: list[str] | None = None
                ) -> Callable[[], Outcome]:

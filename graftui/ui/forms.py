@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import re
 import shutil
 import threading
 import time
@@ -345,6 +346,40 @@ def task_summary(task) -> str:
     line = (f"✓ **{md(task.name)}**: {kind} task with {task.num_labels} labels ({md(', '.join(task.label_names))}); "
             f"examples per split: {sizes}. Source: {md(source)}.")
     return line + "".join(f"\n\nNote: {md(note)}" for note in task.notes)
+
+
+def task_check(task: str, columns: dict) -> str | None:
+    """A task checked as a job will read it, where its kind checks one as soon as it is named (``flows.preview_task``:
+    a harness task YAML or lm-eval name, by the harness itself, within what this server allows): one "✓" line per
+    task and its first scored document as the model reads it. None for another kind, read when its columns are
+    checked."""
+    parts = flows.preview_task(TaskFields(task=task, **columns), store.guard())
+    return None if parts is None else "\n\n".join(task_preview(part) for part in parts)
+
+
+def _code(text: str, block: bool = False) -> str:
+    """``text`` as Markdown code, shown as it is: fenced by more backticks than any run of them inside it."""
+    longest = max((len(run) for run in re.findall(r"`+", text)), default=0)
+    fence = "`" * max(3 if block else 1, longest + 1)
+    return f"{fence}\n{text}\n{fence}" if block else f"{fence} {text} {fence}"
+
+
+def task_preview(part: dict) -> str:
+    """One task's check in Markdown, as the upload check words a file's: what it is, its documents and the score
+    compared, then its first scored document: the context the model reads, and the choices or the target after it."""
+    splits = ", ".join(f"{md(split)} {n:,}" for split, n in part["splits"].items())
+    scored = md(part["scored"])
+    line = (f"✓ **{md(part['name'])}**: {md(part['form'])} task, {part['n']:,} {scored} documents scored (documents "
+            f"per split: {splits}); metric compared: {md(part['metric'] or 'its first metric')}.")
+    first = part.get("first")
+    if not first:
+        return line + f"\n\n⚠️ Its {scored} split holds no document."
+    if first["choices"]:
+        after = "Choices, each scored after it: " + ", ".join(
+            _code(repr(c)) + (" (the answer)" if i == first["gold"] else "") for i, c in enumerate(first["choices"]))
+    else:
+        after = f"Target: {_code(repr(first['target']))}"
+    return f"{line}\n\nFirst {scored} document as the model reads it:\n\n{_code(first['context'], True)}\n\n{after}"
 
 
 def upload_summary(path: Path, info: dict) -> tuple[str, str]:

@@ -20,12 +20,12 @@ from plotly.subplots import make_subplots
 from .. import flows, regions
 from ..errors import RequestError
 from ..figures import PALETTE, _layout, empty_figure
-from ..flows.replicates import replicate_groups
+from ..flows.replicates import replicate_groups, replicate_stem
 from ..formatting import pct
 from ..hosted import own_dir
 from ..jobs import DONE
 from ..regions import GROUPS, budget_of, settings_diff
-from ..paths import short_ref
+from ..paths import short_ref, without_stamp
 from ..kinds import KINDS
 from . import library, store
 
@@ -84,23 +84,28 @@ def ood_accuracies(runner) -> dict[str, float]:
 
 
 def run_seeds(entries) -> dict[str, str]:
-    """Region id -> the seeds of the run it belongs to ('0, 1, 2', in order, for the regions of one run over seeds),
-    else its own mask seed."""
+    """Region id -> the run over seeds it belongs to, said as what it is: 'seeds 0, 1, 2 of r' for each seed's region
+    of ``localize --seeds`` (r: the name the seeds' files share, without a time stamp), 'core of seeds 0, 1, 2 of r'
+    for the core and union it wrote; a run of one seed is in none (its seed column says it)."""
+    def ordered(seeds) -> str:
+        return ", ".join(str(s) for s in sorted(seeds, key=lambda s: (not isinstance(s, int), str(s).zfill(12))))
+
     out = {}
     for members in replicate_groups([e.id for e in entries], entries).values():
         seeds = [next(e for e in entries if e.id == m).meta.request.get("seed") for m in members]
         for m in members:
-            out[m] = ", ".join(str(s) for s in sorted(seeds, key=lambda s: (not isinstance(s, int), str(s).zfill(12))))
-    for e in entries:
+            out[m] = f"seeds {ordered(seeds)} of {replicate_stem(without_stamp(members[0]))}"
+    for e in entries:  # a core or union: the seeds it was made of (its record), the name it shares with them
         learn = e.meta.learn if isinstance(e.meta.learn, dict) else {}
-        if e.id not in out and isinstance(learn.get("seed"), int):
-            out[e.id] = str(learn["seed"])
+        if e.id not in out and isinstance(learn.get("seeds"), list) and e.meta.method in ("core", "union"):
+            stem = without_stamp(e.id).removesuffix(f"-{e.meta.method}")
+            out[e.id] = f"{e.meta.method} of seeds {ordered(learn['seeds'])} of {stem}"
     return out
 
 
 def runs(rows: list[dict] | None = None) -> list[dict]:
-    """The session's saved regions as runs: each listing row (``library.regions_listing``) with its budget, the seeds
-    of its run, its score as accuracy or exact match (a completion task's), its OOD accuracy, whether a curve was
+    """The session's saved regions as runs: each listing row (``library.regions_listing``) with its budget, the run
+    over seeds it belongs to, its score as accuracy or exact match (a completion task's), its OOD accuracy, whether a curve was
     recorded, and its tags and note. Its score (``accuracy``) is named as its task's kind names it (``score_name``:
     accuracy, or exact match for a completion task)."""
     rows = library.regions_listing() if rows is None else rows
@@ -115,7 +120,7 @@ def runs(rows: list[dict] | None = None) -> list[dict]:
         if entry is None:
             continue
         said = regions.annotation_of(notes, r["id"], r["digest"])
-        out.append({**r, "budget": budget_of(entry.meta), "seeds": seeds.get(r["id"], ""),
+        out.append({**r, "budget": budget_of(entry.meta), "run": seeds.get(r["id"], ""),
                     "score_name": entry.task_kind.words.score, "ood_accuracy": ood.get(str(Path(r["file"]).resolve())),
                     "curve": r["id"] in curves, **said})
     return out
@@ -138,7 +143,7 @@ def score_columns() -> list[str]:
 
 
 def runs_columns() -> list[str]:
-    return ["id", "task", "method", "budget", "k (params)", "seed", "seeds of run", *score_columns(), "ECE ↓",
+    return ["id", "task", "method", "budget", "k (params)", "seed", "run over seeds", *score_columns(), "ECE ↓",
             "OOD accuracy", "curve", "tags", "note"]
 
 
@@ -160,7 +165,7 @@ def runs_table(runs_: list[dict]) -> pd.DataFrame:
         out.append({
             "id": r["id"], "task": short_ref(r["task"] or ""), "method": r["method"] or "", "budget": r["budget"],
             "k (params)": f"{r['k']:,}" if r["k"] is not None else "",
-            "seed": "" if r["seed"] is None else str(r["seed"]), "seeds of run": r["seeds"],
+            "seed": "" if r["seed"] is None else str(r["seed"]), "run over seeds": r["run"],
             **scores, "ECE ↓": "" if r["ece"] is None else f"{r['ece']:.3f}",
             "OOD accuracy": _pct(r["ood_accuracy"]), "curve": "yes" if r["curve"] else NO_CURVE,
             "tags": ", ".join(r["tags"]), "note": note if len(note) <= NOTE_WIDTH else note[:NOTE_WIDTH - 1] + "…",

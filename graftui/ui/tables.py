@@ -26,7 +26,7 @@ NUMBER_COLUMNS = frozenset({
     "|γi ∩ γj| / |γi|", "IoU", "in region", "graftable", "density (in region / graftable)", "share of region",
     "share of graftable", "created (UTC)", "progress", "duration", "count", "share of total", "size",
     "relative gain", "accuracy", "parameters trained", "α", "difference [95 % CI]", "McNemar p", "p", "FT p",
-    "graft p", "budget", "exact match", "OOD accuracy", "seeds of run", "score mean", "score spread (std)",
+    "graft p", "budget", "exact match", "OOD accuracy", "score mean", "score spread (std)",
     "score min – max", "ECE ↓ mean", "OOD accuracy mean", "runs", "scored",
 })
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import random
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -124,6 +124,14 @@ class Harness(Completion):
     def offline(self) -> dict[str, str]:
         return {PREFIX + name: about[0] for name, about in OFFLINE_HARNESS.items()}
 
+    previewed = True  # a harness task is named by its YAML or its name alone: nothing else says what it holds
+
+    def preview(self, task) -> list[dict]:
+        return [{"name": t.name, "form": t.output_type, "splits": dict(t.split_sizes), "scored": t.eval_split,
+                 "n": t.n_eval, "metric": t.metric,
+                 "first": None if t.first is None else {**asdict(t.first), "choices": list(t.first.choices)}}
+                for t in task.harness]
+
     def ood_note(self, task) -> str:
         return (f"--ood names classification tasks in the task's label space; the {self.name} task {task.name} has "
                 "none, so they are not scored: give more harness tasks as --task lm-eval:a,b")
@@ -213,6 +221,10 @@ class Harness(Completion):
                                         **_paired(va, vb, metric)})
         return {"task": task.name, "rows": rows, "differences": differences, "generations": [], "reliability": {},
                 "histogram": {}, "ood": [], "disagreements": [], "notes": [], "models": names}
+
+    def test_count(self, task, n) -> int:
+        """The documents scored, over every harness task: ``n`` of each task's evaluation split, or all it has."""
+        return sum(t.n_eval if n is None else min(n, t.n_eval) for t in task.harness)
 
     def scorer(self, pair, task, split, n, judging=None, notes=None):
         raise RequestError(f"'{task.name}' is scored by lm-evaluation-harness on its own documents; ablations and "

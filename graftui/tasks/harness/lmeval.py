@@ -248,6 +248,18 @@ MAX_GEN_TOKS = 1024  # the most new tokens a task's max_gen_toks is taken at (mo
 
 # -- loading a task ----------------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
+class FirstDocument:
+    """The first document a task is scored on, as the model reads it: the harness's zero-shot context, then what is
+    scored after it: each choice (after the target delimiter; ``gold`` the right one) of a multiple-choice task, else
+    the target a generation or a log-likelihood is judged against."""
+
+    context: str
+    target: str
+    choices: tuple[str, ...] = ()
+    gold: int | None = None
+
+
+@dataclass(frozen=True)
 class HarnessTask:
     """One harness task as graftui uses it: its training documents, and what it is scored on.
 
@@ -267,6 +279,9 @@ class HarnessTask:
     registry: bool = True  # found in the harness's own registry (5 s to index), not in include_path alone
     files: tuple[tuple[str, str], ...] = ()  # (path, sha256) of a user's task YAML and the files it includes
     max_gen_toks: int | None = None  # the new tokens its generation_kwargs allow a generation (None: unsaid)
+    split_sizes: tuple[tuple[str, int], ...] = ()  # (the harness's split, its documents) of each split it has
+    first: FirstDocument | None = None  # the first document of ``eval_split``, as the model reads it
+    metric: str = ""  # the score compared: its first metric under its first filter, as the harness names it
 
     @property
     def chat(self) -> bool:
@@ -475,6 +490,40 @@ def _training(task) -> tuple[str | None, list]:
     return None, []
 
 
+def _split_sizes(task) -> tuple[tuple[str, int], ...]:
+    """(split, its documents) of each split the harness reads of ``task``: training, validation, test."""
+    splits = ((task.has_training_docs, task.training_docs, task.config.training_split),
+              (task.has_validation_docs, task.validation_docs, task.config.validation_split),
+              (task.has_test_docs, task.test_docs, task.config.test_split))
+    return tuple((str(split), len(docs())) for has, docs, split in splits if has())
+
+
+def _first(task, name: str, split: str) -> FirstDocument | None:
+    """The first document the harness scores, as the model reads it (None: the split is empty); one line where the
+    task's settings cannot write it, before any model loads."""
+    docs = task.eval_docs
+    if not len(docs):
+        return None
+    doc = docs[0]
+    try:
+        context, target = _context(task, doc), _answer(task, doc)
+        if task.OUTPUT_TYPE != "multiple_choice" or task.multiple_input:
+            return FirstDocument(context, target)
+        choices = tuple(f"{task.config.target_delimiter}{c}" for c in task.doc_to_choice(doc))
+    except (KeyError, IndexError, TypeError, ValueError) as err:
+        raise DataError(f"lm-eval task '{name}': its first {split} document cannot be written as a prompt "
+                        f"({type(err).__name__}: {err}); check its doc_to_text, doc_to_target and doc_to_choice") from err
+    return FirstDocument(context, target, choices, choices.index(target) if target in choices else None)
+
+
+def _compared(task) -> str:
+    """The score graftui compares, named as the harness's results name it: the first metric under the first
+    filter."""
+    names = list(getattr(task, "_metric_fn_list", None) or {})
+    filters = [getattr(f, "name", "none") for f in getattr(task, "_filters", None) or ()] or ["none"]
+    return _key(names[0], filters[0]) if names else ""
+
+
 def load_harness_task(name: str, *, include_path: str | Path | Sequence[str | Path] | None = None) -> HarnessTask:
     """One harness task by name: an offline one (``OFFLINE``), one of ``include_path``'s YAMLs, or one of the
     harness's registry (its dataset from the Hub or its cache). Raises DataError in one line when it cannot."""
@@ -496,7 +545,8 @@ def load_harness_task(name: str, *, include_path: str | Path | Sequence[str | Pa
     length = asked.get("max_gen_toks") if isinstance(asked, dict) else None
     return HarnessTask(name, task.OUTPUT_TYPE, Completions(examples), split, str(eval_split), len(task.eval_docs),
                        include, registry, files, length if isinstance(length, int) and not isinstance(length, bool)
-                       and 0 < length <= MAX_GEN_TOKS else None)
+                       and 0 < length <= MAX_GEN_TOKS else None, _split_sizes(task),
+                       _first(task, name, str(eval_split)), _compared(task))
 
 
 def file_digests(path: Path, seen: tuple[Path, ...] = ()) -> tuple[tuple[str, str], ...]:
@@ -802,6 +852,6 @@ def _reading(name: str, output_type: str, out: dict) -> HarnessScore:
                         metrics, stderr, per_sample, doc_ids, responses, higher, next(iter(metrics), ""))
 
 
-__all__ = ["BOOTSTRAP_ITERS", "HarnessScore", "HarnessTask", "OFFLINE", "PREFIX", "answer_filter", "harness_names",
+__all__ = ["BOOTSTRAP_ITERS", "FirstDocument", "HarnessScore", "HarnessTask", "OFFLINE", "PREFIX", "answer_filter", "harness_names",
            "file_digests", "file_task", "is_harness_ref", "is_task_file", "load_harness_task", "load_harness_tasks", "offline_dir",
            "score", "task_yaml", "user_dir"]

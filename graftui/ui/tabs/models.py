@@ -79,6 +79,7 @@ def build(page) -> gr.Tab:
             ood_dd = gr.Dropdown(ood_choices(), value=EvaluateRequest.make().ood_tasks(DEFAULT_TASK), multiselect=True,
                                  allow_custom_value=True, label="Out-of-distribution tasks",
                                  info="offline tasks and uploaded files", elem_id="models-ood")
+        task_md = gr.Markdown("", elem_id="models-task-info")
         with gr.Row():
             ood_map = gr.Textbox("", label="OOD label mapping (optional)", placeholder="0=negative, 1=positive",
                                  info="old=new pairs; default: equal names, integer labels 0…n−1 by position",
@@ -183,8 +184,19 @@ def build(page) -> gr.Tab:
 
     @page.guard(beside=mapping_md)
     def on_check_mapping(task, text, pair, label):
+        checked = forms.task_check(task, columns(task, text, pair, label))  # a harness task: no columns to map
+        if checked is not None:
+            return checked, "✓ Task checked."
         t = forms.load_task_checked(task, columns(task, text, pair, label))
         return forms.task_summary(t), "✓ Column mapping checked."
+
+    @guarded(task_md, toast=False, fields=page.named())  # its one-line error stays beside the task that caused it
+    def on_task_named(task, text, pair, label):
+        """A task named in the box that its kind checks on sight (a harness task YAML or lm-eval name) is read as
+        a job will read it, and its first test document shown; any other task is checked with its columns."""
+        return forms.task_check(task, columns(task, text, pair, label)) or ""
+
+    page.on(task_dd.change, on_task_named, [task_dd, *page.columns], [task_md], show_progress="hidden")
 
     page.on(mapping_btn.click, on_check_mapping, [task_dd, *page.columns], [mapping_md, status])
     return tab

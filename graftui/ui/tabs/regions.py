@@ -65,7 +65,8 @@ def render_all(words, sort, descending, last=None, by="") -> tuple | None:
 
 
 RUNS_NOTE = (
-    "One row per saved region: its budget, the seeds of its run (a run over seeds saves a region per seed), its score "
+    "One row per saved region: its budget, the run over seeds it comes from (a run over seeds saves a region per "
+    "seed, then their core and union: 'seeds 0, 1, 2 of r'), its score "
     "at its latest evaluation in distribution (accuracy, or exact match for a completion task), its ECE, its mean "
     "accuracy over the OOD tasks of the latest comparison that scored it out of distribution, whether its "
     "mask-learning curve was recorded, and its tags and note (written under **One region** below). The filter above "
