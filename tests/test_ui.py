@@ -1777,3 +1777,29 @@ def test_a_task_yaml_named_in_the_task_box_is_checked_before_any_job(home, monke
     values = {task_id: str(good)}
     _answer(press, values)
     assert values[mapping_id].startswith("✓ **my_box**: generate_until task")
+
+
+def test_compare_has_a_cancel_of_its_own_that_cancels_the_comparison_it_shows(home, monkeypatch):
+    from graftui.ui import app, store
+
+    monkeypatch.setattr(store, "default_ready", lambda key=None: True)
+    gate, started = threading.Event(), threading.Event()
+    runner = store.runner()
+    def comparing(ctx):  # a comparison's progress, as its flow reports it
+        while not gate.wait(0.02):
+            started.set()
+            ctx.report({"stage": "scoring", "fraction": 0.5})
+        return {}
+
+    job = runner.submit("compare", "a long comparison", comparing)
+    try:
+        assert started.wait(5)
+        press, _, armed, widget = _confirm_pair(app.build_app(), "compare-cancel", "compare-job")
+        picker = next(b for b in press.inputs if getattr(b, "elem_id", None) == "compare-job")
+        values = {picker._id: "", armed._id: None, widget._id: "Cancel"}  # "latest comparison": the one running
+        _answer(press, values)
+        assert values[widget._id] == "Confirm cancel" and runner.get(job.id).status == "running"
+        _answer(press, values)
+        assert runner.wait(job.id, 30).status == "cancelled"
+    finally:
+        gate.set()

@@ -170,6 +170,7 @@ def build(page) -> gr.Tab:
                     "tab, for classification regions (a completion skill is scored on its own task only).")
         with gr.Row():
             cmp_run = gr.Button("Evaluate", variant="primary", elem_id="compare-run", scale=0)
+            cmp_cancel = gr.Button("Cancel", variant="secondary", interactive=False, elem_id="compare-cancel", scale=0)
             cmp_job = job_picker(LATEST, "compare")
         cmp_status = gr.Markdown("", elem_id="compare-status")
         page.report("compare", cmp_job, KINDS)
@@ -249,6 +250,7 @@ def build(page) -> gr.Tab:
         return submitted(job, KINDS, LATEST)
 
     page.shows("compare", cmp_job, [cmp_regions, cmp_n, cmp_base])
+    page.cancel(cmp_cancel, cmp_job, KINDS)
     page.on(cmp_run.click, on_compare, [cmp_regions, page.ood, page.ood_labels, cmp_n, cmp_base],
             [page.status, cmp_job, cmp_status])
 
