@@ -173,7 +173,7 @@ class TaskKind:
         """Refuse ``verb`` on the task ``name`` of this kind, in one line, where the kind cannot do it."""
         if verb not in self.verbs:
             raise RequestError(f"'{name}' is a {self.name} task, and {verb} works on "
-                               + ", ".join(k.name for k in KINDS.values() if verb in k.verbs) + " tasks")
+                               + ", ".join(sorted(k.name for k in KINDS.values() if verb in k.verbs)) + " tasks")
 
     def ood_note(self, task) -> str | None:
         """Why ``--ood`` tasks are not scored for this kind (None: they are)."""
@@ -344,8 +344,9 @@ def recorded_fields(meta, names: tuple[str, ...]) -> dict[str, str | None]:
 
 
 def task_kinds() -> tuple[str, ...]:
-    """The values of --task-kind: auto, then every registered kind a request may name."""
-    return ("auto", *(k.name for k in KINDS.values() if k.choosable))
+    """The values of --task-kind: auto, then every registered kind a request may name, by name (not in the order their
+    modules happened to be imported)."""
+    return ("auto", *sorted(k.name for k in KINDS.values() if k.choosable))
 
 
 def kind_named(name: str) -> TaskKind:
