@@ -118,3 +118,23 @@ def write_echo_task(path: Path, n: int = 60) -> Path:
     words = list(OPPOSITES)
     return _write_pairs(path, ((f"{WORDS[i % 5]} {w} twice", f" {w} {w}")
                                for i, w in ((i, words[(i * 3) % len(words)]) for i in range(n))))
+
+
+# A multiple-choice task YAML over two JSON-lines files in {folder} (train.jsonl, test.jsonl: {"text", "label"}), its
+# name given by {name}: the harness reads it offline (the json builder), as a user's own task YAML.
+MC_YAML = """task: {name}
+dataset_path: json
+dataset_kwargs:
+  data_files: {{train: {folder}/train.jsonl, test: {folder}/test.jsonl}}
+  cache_dir: {folder}/cache
+output_type: multiple_choice
+training_split: train
+test_split: test
+doc_to_text: "{{{{text}}}} it was"
+doc_to_target: label
+doc_to_choice: [" good", " bad"]
+metric_list:
+  - metric: acc
+    aggregation: mean
+    higher_is_better: true
+"""

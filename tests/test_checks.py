@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from lm_util import write_lm_pair, write_task
+from lm_util import MC_YAML, write_lm_pair, write_task
 
 from graftui import card, flows, regions
 from graftui.tasks.classification import scoring
@@ -138,24 +138,6 @@ def test_check_n_zero_skips_the_check_and_a_bad_one_is_one_line(gpt2, tmp_path):
             LocalizeRequest(check_n=bad).validate()
 
 
-HARNESS_YAML = """task: my_ten
-dataset_path: json
-dataset_kwargs:
-  data_files: {{train: {folder}/train.jsonl, test: {folder}/test.jsonl}}
-  cache_dir: {folder}/cache
-output_type: multiple_choice
-training_split: train
-test_split: test
-doc_to_text: "{{{{text}}}} it was"
-doc_to_target: label
-doc_to_choice: [" good", " bad"]
-metric_list:
-  - metric: acc
-    aggregation: mean
-    higher_is_better: true
-"""
-
-
 def _harness_task(folder) -> str:
     """A task YAML of ten test documents (and ten training ones)."""
     import json
@@ -165,7 +147,7 @@ def _harness_task(folder) -> str:
         (folder / f"{split}.jsonl").write_text("".join(json.dumps({"text": f"the movie was {w}", "label": i % 2}) + "\n"
                                                        for i, w in enumerate(["good", "bad"] * 5)))
     path = folder / "ten.yaml"
-    path.write_text(HARNESS_YAML.format(folder=folder))
+    path.write_text(MC_YAML.format(name="my_ten", folder=folder))
     return str(path)
 
 

@@ -13,6 +13,7 @@ from graftui.errors import DataError
 from graftui.tasks.harness.kind import load_harness
 
 from cli_util import refused, run_cli
+from lm_util import MC_YAML
 
 
 @pytest.fixture
@@ -142,24 +143,6 @@ def test_a_classifier_pair_on_a_harness_task_is_told_the_task_s_own_output_type(
 
 
 # -- a region learned on a task YAML ---------------------------------------------------------------------------------
-MC_YAML = """task: my_mc
-dataset_path: json
-dataset_kwargs:
-  data_files: {{train: {folder}/train.jsonl, test: {folder}/test.jsonl}}
-  cache_dir: {folder}/cache
-output_type: multiple_choice
-training_split: train
-test_split: test
-doc_to_text: "{{{{text}}}} it was"
-doc_to_target: label
-doc_to_choice: [" good", " bad"]
-metric_list:
-  - metric: acc
-    aggregation: mean
-    higher_is_better: true
-"""
-
-
 @pytest.fixture(scope="module")
 def tiny_lms(tmp_path_factory):
     """A tiny GPT-2 pair (seconds to score) and a folder for task YAMLs over four short reviews."""
@@ -183,7 +166,7 @@ def test_a_region_records_its_task_file_and_notes_it_changed_since(tiny_lms, tmp
     monkeypatch.setenv("GRAFTUI_HOME", str(tmp_path / "home"))
     base, ft, folder = tiny_lms
     path = folder / "mc.yaml"
-    path.write_text(MC_YAML.format(folder=folder))
+    path.write_text(MC_YAML.format(name="my_mc", folder=folder))
     out = tmp_path / "r.safetensors"
     graftui.localize(base=str(base), finetuned=str(ft), task=str(path), steps=1, examples_per_class=2, check_n=0,
                      k=50, out=str(out))
@@ -319,7 +302,7 @@ def test_a_task_yaml_is_checked_as_the_harness_reads_it_before_any_job(tmp_path,
     assert forms.task_check("movies", {}) is None and flows.preview_task(TaskFields(task="movies")) is None
 
     mc = tmp_path / "c" / "mc.yaml"  # a multiple-choice task: its choices, the answer marked
-    mc.write_text(MC_YAML.replace("my_mc", "my_choice").format(folder=_mc_rows(tmp_path / "c")))
+    mc.write_text(MC_YAML.format(name="my_choice", folder=_mc_rows(tmp_path / "c")))
     (part,) = flows.preview_task(TaskFields(task=str(mc)))
     # the harness's default target delimiter (a space) goes before each choice, which has its own: the model reads two
     assert part["first"] == {"context": "the movie was good it was", "target": "  good", "choices": ["  good", "  bad"],
@@ -366,7 +349,7 @@ def test_the_pair_verb_shows_a_task_yaml_s_check(tiny_lms, tmp_path, monkeypatch
     monkeypatch.setenv("GRAFTUI_HOME", str(tmp_path / "home"))
     base, ft, folder = tiny_lms
     path = folder / "pair.yaml"
-    path.write_text(MC_YAML.replace("my_mc", "my_pair").format(folder=folder))
+    path.write_text(MC_YAML.format(name="my_pair", folder=folder))
     doc = graftui.pair(base=str(base), finetuned=str(ft), task=str(path)).as_dict()
     (part,) = doc["task_preview"]
     assert (part["name"], part["n"], part["first"]["context"]) == ("my_pair", 4, "the movie was good it was")

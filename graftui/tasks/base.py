@@ -18,7 +18,7 @@ from typing import Any, Callable, NamedTuple
 
 from ..card import Words, gain_recovered
 from ..config import COMPLETION, DEFAULT_SPARSITY, LoadOptions
-from ..errors import ModelError, RequestError
+from ..errors import Cancelled, ModelError, RequestError
 from ..models import WrongCheckpoint
 
 
@@ -41,6 +41,17 @@ class Look(NamedTuple):
     context: Callable
     probe: str | None = None
     part: str | None = None
+
+
+def each_look(looks, progress, cancel, doing: str):
+    """The models of a prediction one at a time, each announced (``doing``: "scoring", "mapping", …) and the cancel
+    flag checked before it, so a long probe stops between two models."""
+    for m, look in enumerate(looks):
+        if cancel is not None and cancel.is_set():
+            raise Cancelled("predict cancelled")
+        if progress:
+            progress({"stage": f"{doing} {look.name}", "fraction": m / len(looks)})
+        yield look
 
 
 class TaskKind:
@@ -363,5 +374,5 @@ def kind_in(doc: dict, key: str = "task_kind") -> TaskKind:
     return kind_named(doc.get(key) or "classification")
 
 
-__all__ = ["KINDS", "Look", "Outcome", "TaskKind", "Words", "kind_in", "kind_named", "kind_of", "ordered", "recorded_fields",
-           "register_kind", "task_kinds"]
+__all__ = ["KINDS", "Look", "Outcome", "TaskKind", "Words", "each_look", "kind_in", "kind_named", "kind_of", "ordered",
+           "recorded_fields", "register_kind", "task_kinds"]

@@ -14,11 +14,11 @@ from . import scoring
 from ..grafts import TEST_SAMPLE_SEED
 from ...config import BODY_LABEL, COMPLETION, DEFAULT_EXAMPLES_PER_CLASS, FT_LABEL, LoadOptions, is_body
 from .data import OFFLINE_TASKS, DataSpec, Split, Task, batches, kshot, load_task
-from ...errors import Cancelled, DataError, ModelError, RequestError
+from ...errors import DataError, ModelError, RequestError
 from ...formatting import num, pct, table
 from ...paths import short_ref
 from ...method import region_size
-from ..base import Outcome, TaskKind, recorded_fields, register_kind
+from ..base import Outcome, TaskKind, each_look, recorded_fields, register_kind
 
 
 def examples_per_class(req, task: Task, notes: list[str]) -> int:
@@ -236,12 +236,8 @@ class Classification(TaskKind):
         body = pair.body_name
         names = list(task.label_names)
         rows, ft_says = [], {}
-        for m, look in enumerate(models):
+        for look in each_look(models, progress, cancel, "scoring"):
             model = look.name
-            if cancel is not None and cancel.is_set():
-                raise Cancelled("predict cancelled")
-            if progress:
-                progress({"stage": f"scoring {model}", "fraction": m / len(models)})
             with look.context():
                 probs, _ = metrics.predict_proba(pair.model, batches(pair.tokenizer, sentences, 16, task.max_length))
             for i, p in enumerate(probs.tolist()):
@@ -264,11 +260,7 @@ class Classification(TaskKind):
         names = list(task.label_names)
         ft = {r["text"]: names.index(r["predicted"]) for r in rows if r["model"] == ft_name}
         found = []
-        for m, look in enumerate(looks):
-            if cancel is not None and cancel.is_set():
-                raise Cancelled("predict cancelled")
-            if progress:
-                progress({"stage": f"mapping {look.name}", "fraction": m / len(looks)})
+        for look in each_look(looks, progress, cancel, "mapping"):
             with look.context():
                 probs, _ = metrics.predict_proba(pair.model, batches(pair.tokenizer, sentences, 16, task.max_length))
             found.append([(p[ft[i]], names[max(range(len(names)), key=p.__getitem__)])

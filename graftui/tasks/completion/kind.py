@@ -19,11 +19,11 @@ from . import generation
 from .data import (OFFLINE_SKILLS, Completions, CompletionSpec, CompletionTask, batches, context_length,
                    load_completion_task, prompt_room)
 from ...config import COMPLETION, COMPLETION_SPARSITY, FT_LABEL, LM_BODY_LABEL, LoadOptions
-from ...errors import Cancelled, DataError, ModelError, RequestError
+from ...errors import DataError, ModelError, RequestError
 from ...formatting import one_line, table
 from ...models import context_of, load_reader, load_tokenizer
 from ..grafts import TEST_SAMPLE_SEED
-from ..base import Outcome, TaskKind, Words, recorded_fields, register_kind
+from ..base import Outcome, TaskKind, Words, each_look, recorded_fields, register_kind
 
 DEFAULT_TRAIN_SAMPLE = 256  # examples mask learning steps over (a completion task has no classes to count per)
 
@@ -296,11 +296,7 @@ class Completion(TaskKind):
         # when the tokens to generate leave no room for a prompt
         one_line = all("\n" not in r.strip() for r in task.splits["test"].references)  # how evaluate cuts answers
         said: dict[str, list[str]] = {}
-        for m, look in enumerate(models):
-            if cancel is not None and cancel.is_set():
-                raise Cancelled("predict cancelled")
-            if progress:
-                progress({"stage": f"generating with {look.name}", "fraction": m / len(models)})
+        for look in each_look(models, progress, cancel, "generating with"):
             with look.context():
                 said[look.name] = generation.generate(pair.model, pair.tokenizer, prompts, task.chat,
                                                       max_new_tokens=new)
@@ -324,11 +320,7 @@ class Completion(TaskKind):
         first = read(pair.finetuned).argmax(-1).tolist()
         word = lambda t: repr(pair.tokenizer.decode([t]))  # noqa: E731  the token as shown: spaces and newlines seen
         found = []
-        for m, look in enumerate(looks):
-            if cancel is not None and cancel.is_set():
-                raise Cancelled("predict cancelled")
-            if progress:
-                progress({"stage": f"mapping {look.name}", "fraction": m / len(looks)})
+        for look in each_look(looks, progress, cancel, "mapping"):
             probs = read(look.context)
             found.append([(float(probs[i, t]), word(int(probs[i].argmax()))) for i, t in enumerate(first)])
         return [{"answer": word(t), "measure": "the probability of the first token of the fine-tuned model's greedy "
