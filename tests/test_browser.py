@@ -194,6 +194,10 @@ def test_compare_shows_finetuned_and_the_graft(page):
     models = [r[0] for r in bu.table_rows(page, "compare-table") if r]
     assert "fine-tuned" in models, models
     assert region in models and "Top movement" in models, models
+    column = list(dict.fromkeys(h for h, _ in bu.table_fit(page, "compare-table")["headers"])).index
+    own = next(r for r in bu.table_rows(page, "compare-table") if r and r[0] == region and r[2] == "ID")
+    for baseline in ("− top movement [95 % CI]", *["− random [95 % CI]"] * ("Random" in models)):  # as columns
+        assert re.fullmatch(r"[-+−]\d+\.\d pts \[[-+−]\d+\.\d, [-+−]\d+\.\d\]", own[column(baseline)]), (baseline, own)
     page.wait_for_function("() => document.querySelectorAll('#compare-differences [role=row].virtual-row').length >= 2",
                            timeout=30_000)  # the paired differences, each read against its interval
     page.wait_for_function("() => document.querySelector('#compare-disagreements-note').innerText.includes("
@@ -400,10 +404,11 @@ def test_retraining_in_the_laboratory_fills_every_column(page):
     page.wait_for_function("() => document.querySelectorAll('#lab-retrain-table [role=row].virtual-row').length >= 5",
                            timeout=30_000)
     rows = {r[0]: r for r in bu.table_rows(page, "lab-retrain-table") if r and r[1] == "movies"}
+    column = list(dict.fromkeys(h for h, _ in bu.table_fit(page, "lab-retrain-table")["headers"])).index
     assert {"graft", "re-trained graft", "BitFit (biases)"} <= set(rows), rows
     for model in ("graft", "re-trained graft", "BitFit (biases)"):
-        assert re.fullmatch(r"-?\d+\.\d%", rows[model][5]), rows[model]  # share of FT gain
-    assert all(r[9] in ("balanced", "over-confident", "under-confident") for r in rows.values()), rows  # calibration
+        assert re.fullmatch(r"-?\d+\.\d%", rows[model][column("share of FT gain")]), rows[model]
+    assert all(r[column("calibration")] in ("balanced", "over-confident", "under-confident") for r in rows.values()), rows
     assert "fine-tuning learning rate" in bu.text(page, "#lab-retrain-note")
 
 
