@@ -92,7 +92,8 @@ def test_two_runs_picked_overlay_their_curves_and_show_their_differing_settings(
         page.wait_for_function("ids => { const t = document.querySelector('#runs-table').innerText; "
                                "return ids.every(i => t.includes(i)); }", arg=list(ids.values()), timeout=30_000)
         rows = {r[0]: r for r in bu.table_rows(page, "runs-table") if r}
-        assert rows[ids["a"]][3] == "1.000%" and rows[ids["a"]][6] == "0, 1", rows[ids["a"]]
+        run = runs.RUNS_COLUMNS.index("run over seeds")
+        assert rows[ids["a"]][3] == "1.000%" and rows[ids["a"]][run] == f"seeds 0, 1 of {ids['a']}", rows[ids["a"]]
         curve = runs.RUNS_COLUMNS.index("curve")
         assert rows[ids["c"]][curve] == "no curve recorded" and rows[ids["a"]][curve] == "yes", rows
         # the picker starts with the newest runs of one base: all three; the one without a curve is named, not drawn
@@ -150,8 +151,10 @@ def test_a_tag_added_appears_in_the_table_and_markup_stays_text(runs_page, reque
         # the filter finds a run by its tag
         page.fill("#regions-filter textarea", "baseline")
         page.press("#regions-filter textarea", "Enter")
-        page.wait_for_function("a => !document.querySelector('#runs-table').innerText.includes(a)", arg=ids["a"],
-                               timeout=30_000)
+        page.wait_for_function(  # no row of run a (its id may still be read in b's run over seeds)
+            "a => ![...document.querySelectorAll('#runs-table [role=row].virtual-row')].some(r => { "
+            "const c = r.querySelector('[role=gridcell]'); return c && c.innerText.trim() === a; })", arg=ids["a"],
+            timeout=30_000)
         assert [r[0] for r in bu.table_rows(page, "runs-table") if r] == [ids["b"]]
         assert not errors, errors
     except Exception:

@@ -93,8 +93,9 @@ def run_seeds(entries) -> dict[str, str]:
     out = {}
     for members in replicate_groups([e.id for e in entries], entries).values():
         seeds = [next(e for e in entries if e.id == m).meta.request.get("seed") for m in members]
-        for m in members:
-            out[m] = f"seeds {ordered(seeds)} of {replicate_stem(without_stamp(members[0]))}"
+        first = min(zip(seeds, members), key=lambda sm: (not isinstance(sm[0], int), str(sm[0]).zfill(12)))[1]
+        for m in members:  # named by its first seed's file, whatever order the files were listed in
+            out[m] = f"seeds {ordered(seeds)} of {replicate_stem(without_stamp(first))}"
     for e in entries:  # a core or union: the seeds it was made of (its record), the name it shares with them
         learn = e.meta.learn if isinstance(e.meta.learn, dict) else {}
         if e.id not in out and isinstance(learn.get("seeds"), list) and e.meta.method in ("core", "union"):
