@@ -397,16 +397,21 @@ class JobRunner:
                 return False
             ran = time.time() - (job.started or time.time())
             total = _foreseen(job, time.time())
-            job.lane, job.status, job.started, job.fraction, job.progress = MAIN, QUEUED, None, 0.0, []
-            job.estimate = max(total or 0.0, ran, job.estimate or 0.0)
+            job.lane, job.estimate = MAIN, max(total or 0.0, ran, job.estimate or 0.0)
             job.moved = f"moved to the main lane after {ran:,.0f} s in the quick lane: {why}"
-            job.message = f"{job.moved}; it starts over there"
-            self._fns[job.id] = (fn, context)
-            self._waiting.append(job.id)
-            self._save(job)
-            self._wake.notify_all()
+            self._requeue(job, fn, context, f"{job.moved}; it starts over there")
         log.info("job %s %s", job.id, job.message)
         return True
+
+    def _requeue(self, job: Job, fn: JobFn, context: contextvars.Context, message: str) -> None:
+        """Queue ``job`` again from its start, to run ``fn`` (``_lock`` held): a job moved out of the quick lane, or
+        one a restart interrupted."""
+        job.status, job.started, job.finished, job.fraction, job.progress = QUEUED, None, None, 0.0, []
+        job.message = message
+        self._fns[job.id] = (fn, context)
+        self._waiting.append(job.id)
+        self._save(job)
+        self._wake.notify_all()
 
     def _load_existing(self) -> None:
         """Every job on disk; one the server was running or holding when it stopped waits for ``revive``."""
@@ -441,14 +446,10 @@ class JobRunner:
             if fn is None:
                 continue
             with self._lock:
-                job.status, job.finished, job.started, job.fraction, job.progress = QUEUED, None, None, 0.0, []
                 job.restarts += was == RUNNING
-                job.message = ("the server restarted while it ran: it starts over" if was == RUNNING else
-                               "queued again after a server restart")
-                self._fns[job_id] = (fn, contextvars.copy_context())
-                self._waiting.append(job_id)
-                self._save(job)
-                self._wake.notify_all()
+                self._requeue(job, fn, contextvars.copy_context(),
+                              "the server restarted while it ran: it starts over" if was == RUNNING else
+                              "queued again after a server restart")
             queued.append(job_id)
         return queued
 
