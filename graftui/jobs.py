@@ -6,8 +6,9 @@ short job is never held behind a long one. A job in the quick lane loads models 
 ``flows.common.own_pairs``), so the models a lane shares are never touched by two jobs at once. Each job carries
 the seconds it is expected to take, when its caller knows (``estimate``), from which a waiting job's start and end
 are foreseen (``expected``). Waiting jobs are served client by client in turn (a client is the address a job came
-from, else its owner; the one served longest ago goes next, and a client's own jobs in the order
-submitted), so one busy client cannot hold the queue; a job over the runner's time limit, or cancelled, is
+from, else its owner; the one served longest ago goes next), so one busy client cannot hold the queue; a client's
+own jobs go shortest expected first, a job's wait counting in its favour (``_rank``), and one its owner moved up
+(``move_up``) first of all; a job over the runner's time limit, or cancelled, is
 stopped at its next progress report, and one that reports no more is stopped in its thread STOP_GRACE seconds
 later. Each job lives in ``$GRAFTUI_HOME/jobs/<id>/`` as
 ``job.json`` (status, parameters, progress history, result) plus whatever files it writes, so
@@ -34,7 +35,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from .errors import Cancelled, first_line, message
+from .errors import Cancelled, SessionError, first_line, message
 from .paths import atomic_write
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,7 @@ STOP_GRACE = 30.0  # seconds a job past its time limit, or cancelled, has to sto
 # generations on a CPU may take this long between two)
 WATCH_SECONDS = 0.2  # how often the runner looks at a running job
 QUICK_LIMIT = 120.0  # seconds a job may run in the quick lane, which serves work of seconds: past it, it is stopped
+UNKNOWN_SECONDS = 3600.0  # the length a waiting job of unknown length is ranked at (``_rank``): after most known ones
 NOBODY = ""  # the owner of a record whose owner is unknown: no hosted session's id (those have 32 characters)
 OWNER_FILE = "owner"  # beside job.json: whose job it is, should the record be damaged
 DAMAGED = "damaged"  # the kind of a job whose record could not be read: it is listed as failed, saying so
@@ -74,6 +76,7 @@ class Job:
     work: float | None = None  # what its request asks the models to read (tokens × models × passes), where it says
     restarts: int = 0  # how often a server restart found it running and ran it again
     moved: str = ""  # why it left the quick lane for the main one, where it started over (empty: it did not)
+    first: float = 0.0  # when its owner moved it to the front of its client's waiting jobs (0: never; ``move_up``)
 
     @property
     def duration(self) -> float | None:
@@ -204,24 +207,59 @@ class JobRunner:
 
     def expected(self, job_id: str, now: float | None = None) -> tuple[float, float | None] | None:
         """(seconds until a job starts, seconds until it ends) from now, foreseen from what runs and waits before it
-        in its lane (a running job's measured pace, else its estimate); the end is None when the job's own length is
-        unknown, and the whole answer None when a job ahead of it has none, or it has ended."""
+        in its lane (a running job's measured pace, else its estimate), in the order the lane will serve them; the
+        end is None when the job's own length is unknown, and the whole answer None when a job ahead of it has none
+        (``at_least`` then says what is known), or it has ended."""
+        ahead = self._ahead(job_id, now)
+        if ahead is None:
+            return None
+        job, waits = ahead
+        if job.status == RUNNING:
+            return None if waits[0] is None else (0.0, waits[0])
+        if any(w is None for w in waits):
+            return None
+        start = float(sum(waits))
+        return start, None if job.estimate is None else start + job.estimate
+
+    def at_least(self, job_id: str, now: float | None = None) -> tuple[float, int] | None:
+        """(the seconds a waiting job waits at least, how many jobs before it have no expected length): what is known
+        of its start when ``expected`` cannot say it; None once it runs or has ended."""
+        ahead = self._ahead(job_id, now)
+        if ahead is None or ahead[0].status != QUEUED:
+            return None
+        waits = ahead[1]
+        return float(sum(w for w in waits if w is not None)), sum(w is None for w in waits)
+
+    def _ahead(self, job_id: str, now: float | None) -> tuple[Job, list[float | None]] | None:
+        """A job and the seconds each job before it in its lane still needs (None: unknown); a running job's own
+        seconds left alone; None once it has ended."""
         now = time.time() if now is None else now
         with self._lock:
-            job = self._jobs.get(job_id)
+            job = self._jobs.get(job_id) if isinstance(job_id, str) else None
             if job is None or job.status in FINISHED:
                 return None
             if job.status == RUNNING:
-                left = _left(job, now)
-                return None if left is None else (0.0, left)
+                return job, [_left(job, now)]
             ahead = [j for j in self._jobs.values() if j.status == RUNNING and j.lane == job.lane]
             order = self._order(job.lane)
             ahead += [self._jobs[i] for i in order[:order.index(job_id)]] if job_id in order else []
-            waits = [_left(j, now) if j.status == RUNNING else j.estimate for j in ahead]
-            if any(w is None for w in waits):
-                return None
-            start = float(sum(waits))
-            return start, None if job.estimate is None else start + job.estimate
+            return job, [_left(j, now) if j.status == RUNNING else j.estimate for j in ahead]
+
+    def move_up(self, job_id, owner: str | None = None, check_owner: bool = False) -> Job:
+        """Move a waiting job to the front of its lane: of its client's own waiting jobs, whose turn among the other
+        clients stays as it was (a hosted server's fairness holds). ``check_owner``: only ``owner``'s own job moves.
+        A job that is not there, not its owner's or no longer waiting is refused in one line (``SessionError``)."""
+        with self._lock:
+            job = self._jobs.get(job_id) if isinstance(job_id, str) else None
+            if job is None or (check_owner and job.owner != owner):
+                raise SessionError(f"no waiting job {str(job_id)[:40]!r} of yours here; pick one of your jobs that "
+                                   "waits in the Jobs list")
+            if job.status != QUEUED:
+                raise SessionError(f"job {job.id} is {job.status}, not waiting: only a waiting job can be moved up")
+            job.first = time.time()
+            self._save(job)
+            self._wake.notify_all()
+            return job
 
     def cancel(self, job_id: str) -> bool:
         """Cancel a queued job now, or a running one at its next step."""
@@ -272,11 +310,13 @@ class JobRunner:
     # -- internals -----------------------------------------------------------------------------
     def _order(self, lane: str) -> list[str]:
         """The waiting jobs of ``lane`` in the order they will run: each round takes the next job of every client
-        (or owner), the one served longest ago in this lane first (``_lock`` held)."""
+        (or owner), the one served longest ago in this lane first; a client's own jobs in ``_rank`` order
+        (``_lock`` held)."""
         queued = [i for i in self._waiting if self._jobs[i].status == QUEUED and self._jobs[i].lane == lane]
         owners = list(dict.fromkeys(_turn(self._jobs[i]) for i in queued))
         owners.sort(key=lambda o: self._served.get((lane, o), float("-inf")))
-        per_owner = {o: [i for i in queued if _turn(self._jobs[i]) == o] for o in owners}
+        per_owner = {o: sorted((i for i in queued if _turn(self._jobs[i]) == o), key=lambda i: _rank(self._jobs[i]))
+                     for o in owners}
         order, rounds = [], max((len(v) for v in per_owner.values()), default=0)
         for r in range(rounds):
             order += [jobs[r] for jobs in per_owner.values() if r < len(jobs)]
@@ -490,6 +530,21 @@ def _left(job: Job, now: float) -> float | None:
     return None if job.estimate is None else max(job.estimate - ran, 0.0)
 
 
+def _rank(job: Job) -> tuple:
+    """Where a waiting job stands among its client's: one its owner moved up first (the latest moved first), then
+    shortest expected first, each job's wait counting in its favour one second for one second: its expected length
+    less the time it has waited, which is its submission time plus its length less now, so the order of the jobs
+    waiting never changes while they wait (``expected`` foresees the order the lane keeps) and only a job submitted
+    later can pass one. A job is so passed only by a job that ends, by its own estimate, before it would have ended
+    had it started when it was submitted (a later job of length L passes one of length E submitted w seconds before
+    it only while L < E − w): once it has waited its own length, no newcomer passes it, so a long job is never
+    starved. A job of unknown length is ranked as one of UNKNOWN_SECONDS: after the known ones submitted with it,
+    aging alike. Ties keep the order submitted."""
+    if job.first:
+        return (0, -job.first, job.created)
+    return (1, job.created + (job.estimate if job.estimate is not None else UNKNOWN_SECONDS), job.created)
+
+
 def _turn(job: Job) -> str | None:
     """Whose turn a job waits for: its client's (one address, however many sessions), else its owner's."""
     return job.client or job.owner
@@ -498,10 +553,10 @@ def _turn(job: Job) -> str | None:
 _FIELD_TYPES = {"id": str, "kind": str, "title": str, "params": dict, "status": str, "progress": list,
                 "message": str, "result": (dict, type(None)), "error": (str, type(None)), "owner": (str, type(None)),
                 "client": (str, type(None)), "lane": str, "estimate": (int, float, type(None)),
-                "work": (int, float, type(None)), "restarts": int, "moved": str,
+                "work": (int, float, type(None)), "restarts": int, "moved": str, "first": (int, float),
                 "created": (int, float), "started": (int, float, type(None)), "finished": (int, float, type(None)),
                 "fraction": (int, float)}
-_TIMES = ("created", "started", "finished", "fraction", "estimate", "work")  # numbers, finite and not below 0
+_TIMES = ("created", "started", "finished", "fraction", "estimate", "work", "first")  # numbers, finite and not below 0
 
 
 def _read_job(path: Path) -> Job:

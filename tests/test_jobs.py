@@ -6,6 +6,8 @@ import json
 import threading
 import time
 
+import pytest
+
 from graftui.tasks.classification.data import DataError
 from graftui.jobs import CANCELLED, DONE, FAILED, INTERRUPTED, QUEUED, RUNNING, JobRunner
 
@@ -237,3 +239,109 @@ def test_the_jobs_panel_tells_a_damaged_record_as_damaged_never_as_another_job(t
     asked = runner.submit("localize", "l", lambda ctx: {}, params={"verb": "localize", "task": "movies"})
     assert json.loads(jobwords.request_words(asked)) == {"verb": "localize", "task": "movies"}
     assert jobwords.request_words(None) == ""
+
+
+# -- the order waiting jobs run in --------------------------------------------------------------------------
+def _held_lane(runner, **submit):
+    """A job that holds the main lane until the returned event is set; it runs once this returns."""
+    started, release = threading.Event(), threading.Event()
+    runner.submit("localize", "holds the lane", lambda ctx: started.set() or release.wait(30) and {}, **submit)
+    assert started.wait(10)
+    return release
+
+
+def _recorder(started: list, name: str):
+    return lambda ctx: started.append(name) or {}
+
+
+def _run_all(runner, release, jobs) -> None:
+    release.set()
+    for job in jobs:
+        assert runner.wait(job.id, 10).status == DONE
+
+
+def test_waiting_jobs_run_shortest_expected_first_and_unknown_lengths_last(tmp_path):
+    runner = JobRunner(tmp_path)
+    release, started = _held_lane(runner), []
+    jobs = [runner.submit("localize", name, _recorder(started, name), estimate=seconds)
+            for name, seconds in (("long", 600.0), ("unknown", None), ("short", 10.0), ("middle", 60.0))]
+    assert [runner.place(j.id) for j in jobs] == [3, 4, 1, 2]
+    _run_all(runner, release, jobs)
+    assert started == ["short", "middle", "long", "unknown"]
+
+
+def test_a_long_job_that_waited_its_length_is_passed_by_no_newer_job(tmp_path):
+    """Aging: a job's rank is its length less the time it has waited, so a newer job passes it only while it would
+    end before the older one would have, had that started when it was submitted."""
+    runner = JobRunner(tmp_path)
+    release, started = _held_lane(runner), []
+    long = runner.submit("localize", "long", _recorder(started, "long"), estimate=100.0)
+    with runner._lock:
+        runner.get(long.id).created -= 95.0  # it has waited 95 s of its 100
+    later = runner.submit("localize", "later, 10 s", _recorder(started, "later, 10 s"), estimate=10.0)
+    tiny = runner.submit("localize", "tiny, 1 s", _recorder(started, "tiny, 1 s"), estimate=1.0)
+    assert [runner.place(j.id) for j in (tiny, long, later)] == [1, 2, 3]
+    with runner._lock:
+        runner.get(long.id).created -= 10.0  # now it has waited longer than its length: nothing passes it
+    assert [runner.place(j.id) for j in (long, tiny, later)] == [1, 2, 3]
+    fresh = runner.submit("localize", "fresh, 0 s", _recorder(started, "fresh, 0 s"), estimate=0.0)
+    assert runner.place(long.id) == 1 and runner.place(fresh.id) == 2  # it passes the newer ones, not the long one
+    _run_all(runner, release, [long, later, tiny, fresh])
+    assert started == ["long", "fresh, 0 s", "tiny, 1 s", "later, 10 s"]
+
+
+def test_the_foreseen_starts_are_the_order_jobs_really_start_in(tmp_path):
+    runner = JobRunner(tmp_path)
+    release, started = _held_lane(runner, estimate=50.0), []
+    lengths = {"a": 40.0, "b": 5.0, "c": None, "d": 20.0, "e": 5.0}
+    jobs = {name: runner.submit("localize", name, _recorder(started, name), estimate=s) for name, s in lengths.items()}
+    now = time.time()
+    foreseen = {name: runner.expected(job.id, now) for name, job in jobs.items()}
+    assert foreseen["c"] == (pytest.approx(120.0, abs=1.0), None)  # after every known job
+    by_start = sorted(jobs, key=lambda name: foreseen[name][0])
+    assert by_start == sorted(jobs, key=lambda name: runner.place(jobs[name].id)) == ["b", "e", "d", "a", "c"]
+    _run_all(runner, release, jobs.values())
+    assert started == by_start
+
+
+def test_a_waiting_job_moved_up_runs_next_and_a_stale_or_hostile_id_gets_one_line(tmp_path):
+    from graftui.errors import SessionError
+
+    runner = JobRunner(tmp_path)
+    release, started = _held_lane(runner), []
+    a = runner.submit("localize", "a", _recorder(started, "a"), estimate=10.0, owner="me")
+    b = runner.submit("localize", "b", _recorder(started, "b"), estimate=20.0, owner="me")
+    c = runner.submit("localize", "c", _recorder(started, "c"), owner="me")  # unknown length: last
+    assert runner.place(c.id) == 3
+    assert runner.move_up(c.id, owner="me", check_owner=True).id == c.id
+    assert [runner.place(j.id) for j in (c, a, b)] == [1, 2, 3]
+    assert runner.expected(a.id) is None and runner.at_least(a.id) == (0.0, 2)  # the lane's holder and c: unknown
+    saved = json.loads((tmp_path / c.id / "job.json").read_text())
+    assert saved["first"] > 0  # a restarted server keeps it in front
+    for bad in ({"not": "an id"}, "../../etc", "20990101-000000-abcdef", None):
+        with pytest.raises(SessionError, match="no waiting job") as err:
+            runner.move_up(bad)
+        assert "\n" not in str(err.value)
+    with pytest.raises(SessionError, match="of yours"):
+        runner.move_up(b.id, owner="someone else", check_owner=True)
+    _run_all(runner, release, [a, b, c])
+    assert started == ["c", "a", "b"]
+    with pytest.raises(SessionError, match=f"job {a.id} is done, not waiting"):
+        runner.move_up(a.id)
+
+
+def test_a_client_moves_up_among_its_own_jobs_and_never_past_another_clients_turn(tmp_path):
+    runner = JobRunner(tmp_path)
+    release, started = _held_lane(runner, owner="server", client="z"), []
+
+    def job(client, name, seconds):
+        return runner.submit("localize", name, _recorder(started, name), owner=client, client=client, estimate=seconds)
+
+    x1, x2, y1, x3 = job("x", "x1", 50.0), job("x", "x2", 60.0), job("y", "y1", 100.0), job("x", "x3", 10.0)
+    assert [runner.place(j.id) for j in (x3, y1, x1, x2)] == [1, 2, 3, 4]  # clients in turn, each shortest first
+    runner.move_up(x2.id, owner="x", check_owner=True)
+    assert [runner.place(j.id) for j in (x2, y1, x3, x1)] == [1, 2, 3, 4]  # y's turn is where it was
+    runner.move_up(y1.id, owner="y", check_owner=True)
+    assert runner.place(y1.id) == 2  # its own only job: first of its own, still after x's turn
+    _run_all(runner, release, [x1, x2, y1, x3])
+    assert started == ["x2", "y1", "x3", "x1"]

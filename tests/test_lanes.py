@@ -39,31 +39,38 @@ def test_a_lane_that_does_not_exist_is_refused(tmp_path):
 
 
 def test_start_and_end_are_foreseen_from_what_runs_and_waits_before_a_job(tmp_path):
+    """A waiting job's start is the time left of the running job plus the lengths of the jobs the lane serves before
+    it (shortest expected first); behind a job of unknown length, what is known is said as a least wait."""
     runner = JobRunner(tmp_path)
     release, started = threading.Event(), threading.Event()
     try:
         running = runner.submit("localize", "runs", _blocker(started, release), estimate=100.0)
+        assert started.wait(10)
         a = runner.submit("localize", "a", lambda ctx: {}, estimate=30.0)
         b = runner.submit("localize", "b", lambda ctx: {})  # never run here: its own end is unknown
         c = runner.submit("localize", "c", lambda ctx: {}, estimate=5.0)
+        d = runner.submit("localize", "d", lambda ctx: {})  # unknown too, and after b
         beside = runner.submit("predict", "beside", _blocker(threading.Event(), release), lane=QUICK, estimate=3.0)
-        assert started.wait(10)
         t0 = runner.get(running.id).started
+        assert [runner.place(j.id) for j in (c, a, b, d)] == [1, 2, 3, 4]  # shortest first, unknown lengths last
         assert runner.expected(running.id, now=t0 + 10) == pytest.approx((0.0, 90.0))
-        assert runner.expected(a.id, now=t0 + 10) == pytest.approx((90.0, 120.0))
-        assert runner.expected(b.id, now=t0 + 10) == pytest.approx((120.0, None))
-        assert runner.expected(c.id, now=t0 + 10) is None  # b, before it, has no estimate
+        assert runner.expected(c.id, now=t0 + 10) == pytest.approx((90.0, 95.0))
+        assert runner.expected(a.id, now=t0 + 10) == pytest.approx((95.0, 125.0))
+        assert runner.expected(b.id, now=t0 + 10) == pytest.approx((125.0, None))
+        assert runner.expected(d.id, now=t0 + 10) is None  # b, before it, has no estimate
+        assert runner.at_least(d.id, now=t0 + 10) == (pytest.approx(125.0), 1)  # but it waits at least this long
+        assert runner.at_least(running.id) is None
         with runner._lock:  # half way after 40 s: its own pace, not its estimate, foretells its end
             runner.get(running.id).fraction = 0.5
-        assert runner.expected(a.id, now=t0 + 40) == pytest.approx((40.0, 70.0))
+        assert runner.expected(a.id, now=t0 + 40) == pytest.approx((45.0, 75.0))
         with runner._lock:
             runner.get(running.id).fraction = 0.0
-        assert runner.expected(a.id, now=t0 + 500) == pytest.approx((0.0, 30.0))  # past its estimate: not below 0
+        assert runner.expected(c.id, now=t0 + 500) == pytest.approx((0.0, 5.0))  # past its estimate: not below 0
         assert runner.get(beside.id).lane == QUICK and runner.expected(beside.id) is not None
         assert runner.place(beside.id) is None or runner.place(beside.id) == 1  # its own lane, not behind a, b, c
     finally:
         release.set()
-    assert runner.wait(c.id, 10).status == DONE and runner.expected(c.id) is None  # ended: nothing to foresee
+    assert runner.wait(d.id, 10).status == DONE and runner.expected(d.id) is None  # ended: nothing to foresee
 
 
 def test_lanes_survive_a_restart_and_old_records_without_one_read_as_main(tmp_path):
@@ -323,9 +330,9 @@ def test_the_page_says_when_a_waiting_job_should_start_and_end(tmp_path):
     release, started = threading.Event(), threading.Event()
     try:
         runner.submit("localize", "runs", _blocker(started, release), estimate=600.0)
+        assert started.wait(10)  # it runs: the shorter job waits behind it
         waits = runner.submit("compare", "waits", lambda ctx: {}, estimate=45.0)
         quick = runner.submit("predict", "beside", _blocker(threading.Event(), release), lane=QUICK)
-        assert started.wait(10)
         line = jobwords.job_line(runner, runner.get(waits.id))
         assert "next in the queue · starts in about 10 min, ends in about 11 min" in line
         assert jobwords.wait_words(runner, runner.get(waits.id)).startswith("next in the queue · starts in about 10 min")
