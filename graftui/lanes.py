@@ -8,8 +8,10 @@ the pace measured on 2 CPU cores (``PACE``). A prediction costs its tokens, time
 one pass per token generated; a localization, or an evaluation of n examples, the examples its models read (a mask
 step's batch three times over, forward and backward) times the bytes of the pair's weights on this disk, plus reading
 the pair; WiSE curves, a composition scored on its regions' tasks and an ablation of n examples likewise, the models
-and tasks their fields say (``SCORES``), though such a first guess is only shown: the job takes the quick lane once
-the same job ran here short. A cost at the measured pace alone must fit in half of QUICK_SECONDS to count as short, since this machine
+and tasks their fields say (``SCORES``); a sweep, a fine-tune, a re-training, the multi-task and the continual
+experiments their steps and scored examples (``COSTS``: a recipe's training examples per epoch, mask steps, every
+model on every task's n test examples). Of these studies a first guess is only shown: the job takes the quick lane
+once the same job ran here short. A cost at the measured pace alone must fit in half of QUICK_SECONDS to count as short, since this machine
 may be slower; once a job of its kind ran here, in all of it. Unknown before either, when a pair check or such is
 expected to be instant and any other job takes the main lane. Two kinds of job always take the main lane: one that
 trains (``Request.trains``) or scores a task whose kind seeds the process's random generators
@@ -29,15 +31,16 @@ from pathlib import Path
 
 from . import settings
 from .adapters import is_adapter
-from .config import (DEFAULT_BUILD_SECONDS, DEFAULT_FINETUNED_REFS, SENTIMENT_TASKS, default_checkpoint_dir,
-                     is_default_finetuned)
+from .config import (DEFAULT_BUILD_SECONDS, DEFAULT_CHECK_N, DEFAULT_FINETUNED_REFS, SENTIMENT_TASKS,
+                     default_checkpoint_dir, is_default_finetuned)
+from .flows.laboratory import multitask_checkpoint
 from .errors import GraftuiError
 from .localizers import get_method
 from .sizing import EXPECTED_POINTS
 from .models import SMOLLM2_DIR, resolve
 from .tasks.completion.generation import MAX_NEW_TOKENS
 from .jobs import DONE, FAILED, MAIN, QUICK, QUICK_LIMIT, Job
-from .paths import short_ref
+from .paths import short_ref, slug
 from .kinds import given_fields, kind_named, named_kind
 from .training import is_built
 
@@ -46,7 +49,8 @@ QUICK_SHARE = 2  # jobs one client may have waiting or running in the quick lane
 TOKEN_CHARS = 4  # characters per token, about: a lane is planned without loading a tokenizer
 TOKEN_SECONDS = 1.5e-3  # seconds per token a model reads, before a prediction has run here: SmolLM2 on 2 CPU cores
 # (measured: a 4,900-character prompt read by 3 models generating 32 tokens took 184 s, 121,000 token-passes)
-PACE = {"localize": 1.0e-10, "evaluate": 1.4e-10}  # seconds per example pass per byte of the
+PACE = {"localize": 1.0e-10, "evaluate": 1.4e-10, **{v: 1.0e-10 for v in ("sweep", "finetune", "retrain", "multitask",
+                                                                             "continual")}}  # seconds per example pass per byte of the
 # pair's weights, before a job of the kind ran here: MiniLM-L6 (91 MB) on 2 CPU cores (measured: a localization of
 # 40 mask steps of 16 examples and a check on 200 took 27 s, of 100 steps 53 s; an evaluation of 200 test examples
 # 9.9 s, of 500 21.3 s)
@@ -127,28 +131,117 @@ def weights_bytes(ref) -> int | None:
 
 
 def passes(request, reads: list[tuple[str, str | None]] = ()) -> float | None:
-    """The example passes a localization or an evaluation asks of its models, where its fields say (an evaluation
-    of all test examples does not: None): a mask step's batch STEP_PASSES times, each checked or scored example once
-    per model (the region, where learning starts, FT and the empty region; a graft and its baselines, FT and the bare
-    body, per task), a generating kind's ANSWER_PASSES times; every seed and fine-tune its own run."""
+    """The example passes a request asks of its models, where its fields say (``COSTS``; a count of test examples
+    left to the data, all of them, does not: None): a mask step's or a training step's batch STEP_PASSES times, each
+    checked or scored example once per model, a generating kind's ANSWER_PASSES times; every seed and fine-tune its
+    own run."""
     generates = any(k.generates for k in _kinds(request, reads))
-    tokens = ANSWER_PASSES if generates else 1
-    seeds = len(getattr(request, "seeds", None) or [None])
-    if request.verb == "localize":
-        learns = get_method(request.method).needs_data
-        runs = seeds * (len(request.finetunes()) if request.finetuned_replicates else 1)
-        if request.keep:  # a search over budgets: as many localizations as it usually learns
-            runs *= EXPECTED_POINTS
-        elif request.schedule == "nested" and learns:  # a region of 10·k, then the region inside it
-            runs *= 2
-        steps = request.steps * request.batch_size * STEP_PASSES if learns else 0
-        return float(runs * (steps + (request.check_n or 0) * (4 if learns else 3) * tokens))
-    if request.verb == "evaluate" and request.n:
-        models = 2 + max(len(request.regions), 1) * (3 if request.baselines else 1)
-        return float(seeds * request.n * models * _tasks(request, generates) * tokens)
+    count = COSTS.get(request.verb)
+    if count is not None:
+        return count(request, ANSWER_PASSES if generates else 1, generates)
     looks = SCORES.get(request.verb)
     models = looks(request) if looks is not None and getattr(request, "n", None) else None
-    return None if models is None else float(request.n * models * tokens)
+    return None if models is None else float(request.n * models * (ANSWER_PASSES if generates else 1))
+
+
+def _seeds(request) -> int:
+    return len(getattr(request, "seeds", None) or [None])
+
+
+def _learning(request) -> int:
+    """The passes of one region's mask learning: every step's batch STEP_PASSES times."""
+    return request.steps * request.batch_size * STEP_PASSES
+
+
+def _localize(r, tokens: int, generates: bool) -> float:
+    """Each seed and fine-tune one run: its mask steps, then the region checked on --check-n held-out examples
+    beside FT and the empty region (a kind whose check is one pass checks the start region too). A size search
+    (--keep) learns about EXPECTED_POINTS regions, each scored on the check by one teacher-forced pass (FT and the
+    empty region once), then checks the one it found; a nested schedule learns a region of 10·k first."""
+    learns = get_method(r.method).needs_data
+    runs = _seeds(r) * (len(r.finetunes()) if r.finetuned_replicates else 1)
+    steps, check = _learning(r) if learns else 0, r.check_n or 0
+    if r.keep:
+        return float(runs * (EXPECTED_POINTS * steps + check * (EXPECTED_POINTS + 2) + check * 3 * tokens))
+    if r.schedule == "nested" and learns:
+        steps *= 2
+    return float(runs * (steps + check * (4 if learns and not generates else 3) * tokens))
+
+
+def _evaluate(r, tokens: int, generates: bool) -> float | None:  # FT, the bare body, each graft (and its baselines)
+    if not r.n:
+        return None
+    models = 2 + max(len(r.regions), 1) * (3 if r.baselines else 1)
+    return float(_seeds(r) * r.n * models * _tasks(r, generates) * tokens)
+
+
+def _sweep(r, tokens: int, generates: bool) -> float | None:
+    """Per budget, a region of each method (mask steps for a method that learns), each scored on n test examples
+    of every task, FT and the bare body once; every seed and fine-tune its own sweep."""
+    if not r.n:
+        return None
+    points, methods = len(set(r.sparsities)), list(dict.fromkeys(r.methods))
+    learning = points * sum(_learning(r) for m in methods if get_method(m).needs_data)
+    scoring = r.n * _tasks(r, generates) * (2 + points * len(methods)) * tokens
+    return float(_seeds(r) * len(r.finetunes()) * (learning + scoring))
+
+
+def _training(recipe) -> int | None:
+    """The passes of a fine-tuning recipe: every epoch's examples STEP_PASSES times (None: all of a task's, a number
+    not known before it is read)."""
+    return recipe.epochs * recipe.train_examples * STEP_PASSES if recipe.train_examples else None
+
+
+def _finetune(r, tokens: int, generates: bool) -> float | None:
+    """Each seed's training (none where its default folder holds it already: it is reused), and its test examples
+    where it says how many (all of them are not counted: a fraction of the training)."""
+    total = 0
+    for seed in r.seeds or [r.seed]:
+        one = r.replace(seed=seed, seeds=None)
+        if not r.out and is_built(default_checkpoint_dir(f"{slug(one.base)}-{slug(one.task)}", one.recipe())):
+            train = 0
+        else:
+            train = _training(one.recipe())
+            if train is None:
+                return None
+        total += train + (r.test_examples or 0) * tokens
+    return float(total)
+
+
+def _retrain(r, tokens: int, generates: bool) -> float | None:
+    """Per seed: the region trained from θ_pre with the recipe, and BitFit unless dropped, then FT, the bare body, the
+    graft and each retrained model scored on n test examples of every task."""
+    train = _training(r.recipe(seed=r.seed))
+    if train is None or not r.n:
+        return None
+    arms = 1 if r.no_bitfit else 2
+    return float(_seeds(r) * (arms * train + r.n * _tasks(r, generates) * (3 + arms) * tokens))
+
+
+def _multitask(r, tokens: int, generates: bool) -> float | None:
+    """The multi-task fine-tune where it is not built yet (every task's examples), each task's region, the
+    purification of the group's union on their joint loss, then on every task's n test examples: FT, the bare body,
+    every task's region, the union and the purified union."""
+    tasks = len(r.tasks)
+    built = r.checkpoint or is_built(multitask_checkpoint(r.base, r.tasks, r.recipe()))
+    build = 0 if built else _training(r.recipe())
+    if build is None or not r.n:
+        return None
+    purify = r.purify_steps * r.batch_size * STEP_PASSES * len(r.group or r.tasks)
+    scoring = r.n * tasks * (2 + tasks + 1 + (1 if r.purify_steps else 0))
+    return float(_seeds(r) * (tasks * build + tasks * _learning(r) + purify + scoring))
+
+
+def _continual(r, tokens: int, generates: bool) -> float | None:
+    """Per task: its own fine-tune (none where built), its region with the held-out check, a forget-free stage and a
+    sequential one (the recipe each), and after stage i every task up to i scored by both arms on n test examples."""
+    tasks, recipe = len(r.tasks), r.recipe()
+    train = _training(recipe)
+    if train is None or not r.n:
+        return None
+    own = [0 if is_built(default_checkpoint_dir(f"{slug(r.base)}-{slug(t)}", recipe)) else train for t in r.tasks]
+    learning = tasks * (_learning(r) + DEFAULT_CHECK_N * 4) + sum(own) + tasks * r.n
+    return float(_seeds(r) * (learning + 2 * tasks * train + 2 * r.n * tasks * (tasks + 1) // 2))
 
 
 def _tasks(request, generates: bool) -> int:
@@ -178,6 +271,11 @@ def _anatomy(r) -> float | None:  # the whole graft, then without each part
 # Verbs whose work is scoring n test examples with a number of models their fields say: (request) -> models × tasks.
 # Their first-guess length is only shown: such a job takes the quick lane once the same job ran here short.
 SCORES = {"wise": _wise, "compose": _compose, "anatomy": _anatomy}
+# Verbs whose passes their fields say in full: (request, passes per scored example, whether the task generates) ->
+# example passes, or None where a count is left to the data.
+COSTS = {"localize": _localize, "evaluate": _evaluate, "sweep": _sweep, "finetune": _finetune, "retrain": _retrain,
+         "multitask": _multitask, "continual": _continual}
+SHOWN = {*SCORES, "sweep", "finetune", "retrain", "multitask", "continual"}  # a first guess only shown (see SCORES)
 
 
 def _kinds(request, reads) -> list:
@@ -188,10 +286,14 @@ def _kinds(request, reads) -> list:
     return [k for k in [named, *(kind_named(k) for k, _ in reads)] if k is not None]
 
 
+TRAINS_BASE = ("finetune", "multitask", "continual")  # verbs whose work is on their base model's weights
+
+
 def pair_bytes(request, reads: list[tuple[str, str | None]] = ()) -> int | None:
-    """The bytes of the fine-tuned model's weights a request reads (its own, else its first region's): what one example
-    pass costs, in proportion."""
-    ref = getattr(request, "finetuned", None) or next((ft for _, ft in reads if ft), None)
+    """The bytes of the fine-tuned model's weights a request reads (its own, else its first region's; a fine-tune's,
+    its base's): what one example pass costs, in proportion."""
+    ref = getattr(request, "finetuned", None) or next((ft for _, ft in reads if ft), None) or (
+        getattr(request, "base", None) if request.verb in TRAINS_BASE else None)
     return weights_bytes(ref) if ref else None
 
 
@@ -258,7 +360,7 @@ def plan(request, kind: str, history: list[Job], reads: list[tuple[str, str | No
     estimate = None if typical is None else typical + (DEFAULT_BUILD_SECONDS.get(builds, 0.0) if builds else 0.0)
     shares = not (request.trains or builds or seeds_globally(request, list(reads)))
     room = QUICK_SECONDS if same is not None or measured or by_cost is None else QUICK_SECONDS * UNMEASURED
-    if same is None and request.verb in SCORES:  # a first guess of a study's length is shown, never trusted to
+    if same is None and request.verb in SHOWN:  # a first guess of a study's length is shown, never trusted to
         room = 0.0  # keep the quick lane short: it takes that lane once the same job ran here short
     short = typical is not None and typical <= room and held < QUICK_SHARE
     return Plan(QUICK if shares and short else MAIN, estimate, builds, cost)

@@ -133,8 +133,10 @@ def test_a_first_localization_or_evaluation_is_foreseen_by_its_cost_and_the_pace
     assert lanes.passes(small) == 10 * 16 * 3 + 200 * 4 == 1280
     assert lanes.passes(small.replace(method="top-movement")) == 200 * 3  # data-free: the check alone
     assert lanes.passes(small.replace(seeds=[0, 1, 2])) == 3 * lanes.passes(small)
-    assert lanes.passes(small.replace(keep=0.9)) == sizing.EXPECTED_POINTS * lanes.passes(small)  # a size search
-    assert lanes.passes(small.replace(schedule="nested")) == 2 * lanes.passes(small)  # 10·k, then k inside it
+    points = sizing.EXPECTED_POINTS  # a size search: its regions, each scored by one pass, then the one it found
+    assert lanes.passes(small.replace(keep=0.9)) == points * 10 * 16 * 3 + 200 * (points + 2) + 200 * 3
+    assert lanes.passes(small.replace(schedule="nested")) == lanes.passes(small) + 10 * 16 * 3  # 10·k, then k inside
+    # it, the check once
     plan = lanes.plan(small, "localize", [])
     load = 2 * size * lanes.LOAD_SECONDS_PER_BYTE
     assert plan == lanes.Plan(QUICK, pytest.approx(load + 1280 * size * lanes.PACE["localize"]), None, 1280.0 * size)
@@ -155,7 +157,8 @@ def test_a_first_localization_or_evaluation_is_foreseen_by_its_cost_and_the_pace
     assert lanes.passes(scored.replace(n=None)) is None  # every test example: how many is not known before reading
     assert lanes.plan(scored.replace(n=None), "compare", []) == lanes.Plan(MAIN, None, None)
     generating = LocalizeRequest(base="smollm2", finetuned="smollm2-dates", task="dates", steps=10)
-    assert lanes.passes(generating) == 10 * 16 * 3 + 200 * 4 * lanes.ANSWER_PASSES  # each answer: a few passes
+    assert lanes.passes(generating) == 10 * 16 * 3 + 200 * 3 * lanes.ANSWER_PASSES  # each answer: a few passes;
+    # generating, the check scores the learned region only (beside FT and the empty region)
     uploaded = small.replace(task="/data/my.csv", task_kind="completion")  # a completion task by --task-kind
     assert lanes.passes(uploaded) == lanes.passes(generating)
 
@@ -434,3 +437,59 @@ def test_a_long_curve_keeps_its_first_and_last_steps_and_no_more_points_than_its
         curve = regions.curve_of([{"step": i, "loss": 1.0, "accuracy": 0.5} for i in range(1, n + 1)])
         assert len(curve) == regions.MAX_CURVE_POINTS and curve[0][0] == 1 and curve[-1][0] == n
     assert regions.curve_of([{"step": 1, "loss": float("nan"), "accuracy": 0.5}]) == []
+
+
+def test_every_verb_whose_request_says_its_size_has_a_length_that_grows_with_that_size(monkeypatch):
+    """A sweep, seeds and fine-tune replicates, a size search, a fine-tune, a re-training, the multi-task and the
+    continual experiments and a comparison of several regions each cost what their fields say; the field that sizes
+    the work makes it longer. Their first guess is shown, never trusted to take the quick lane."""
+    from graftui.requests import (ContinualRequest, EvaluateRequest, FinetuneRequest, LocalizeRequest,
+                                  MultitaskRequest, RetrainRequest, SweepRequest)
+    from graftui import lanes
+
+    monkeypatch.setattr(lanes, "is_built", lambda folder: False)  # no fine-tune here yet: each is trained
+    monkeypatch.setattr(lanes, "pair_bytes", lambda request, reads=(): 91_000_000)
+    region = ["/r/a.safetensors"]
+    grows = [  # (request, the same request with more of what sizes it)
+        (SweepRequest(n=100, steps=10), SweepRequest(n=200, steps=10)),
+        (SweepRequest(n=100, steps=10), SweepRequest(n=100, steps=10, sparsities=[1e-4, 1e-3, 1e-2, 1e-1])),
+        (SweepRequest(n=100, steps=10), SweepRequest(n=100, steps=20)),
+        (SweepRequest(n=100, steps=10), SweepRequest(n=100, steps=10, seeds=[0, 1])),
+        (LocalizeRequest(steps=10), LocalizeRequest(steps=10, seeds=[0, 1, 2])),
+        (LocalizeRequest(steps=10), LocalizeRequest(steps=10, finetuned_replicates=["ft-seed1"])),
+        (LocalizeRequest(steps=10), LocalizeRequest(steps=10, keep=0.9)),
+        (FinetuneRequest(task="movies"), FinetuneRequest(task="movies", epochs=4)),
+        (FinetuneRequest(task="movies"), FinetuneRequest(task="movies", train_examples=4000)),
+        (FinetuneRequest(task="movies"), FinetuneRequest(task="movies", seeds=[0, 1])),
+        (FinetuneRequest(task="movies"), FinetuneRequest(task="movies", test_examples=500)),
+        (RetrainRequest(region=region[0], n=100), RetrainRequest(region=region[0], n=400)),
+        (RetrainRequest(region=region[0], n=100, no_bitfit=True), RetrainRequest(region=region[0], n=100)),
+        (RetrainRequest(region=region[0], n=100), RetrainRequest(region=region[0], n=100, epochs=5)),
+        (MultitaskRequest(n=100), MultitaskRequest(n=400)),
+        (MultitaskRequest(n=100), MultitaskRequest(n=100, tasks=["movies", "amazon", "tweets", "rte"])),
+        (MultitaskRequest(n=100, purify_steps=0), MultitaskRequest(n=100, purify_steps=20)),
+        (ContinualRequest(n=100), ContinualRequest(n=400)),
+        (ContinualRequest(n=100), ContinualRequest(n=100, tasks=["movies", "amazon", "tweets", "rte"])),
+        (EvaluateRequest(regions=region, n=100), EvaluateRequest(regions=region + ["/r/b.safetensors"], n=100)),
+        (EvaluateRequest(regions=region, n=100, task="lm-eval:graftui_dates"),
+         EvaluateRequest(regions=region, n=300, task="lm-eval:graftui_dates")),  # a harness task: documents × models
+    ]
+    for small, large in grows:
+        a, b = lanes.passes(small), lanes.passes(large)
+        assert a and b and b > a, (small.verb, a, b)
+        plan = lanes.plan(small, small.verb, [])
+        assert plan.estimate is not None and plan.estimate > 0, (small.verb, plan)
+        assert plan.lane == MAIN or small.verb not in lanes.SHOWN, (small.verb, plan)  # a first guess: shown only
+    assert lanes.passes(SweepRequest(n=100, steps=10)) == 3 * 10 * 16 * 3 + 100 * 3 * (2 + 3 * 3)  # one method
+    # learns, at three budgets; at each, three regions scored, and FT and the bare body once, on movies and its two
+    # others
+    assert lanes.passes(FinetuneRequest(task="movies")) == 2 * 2000 * 3  # two epochs of 2,000 examples
+    assert lanes.passes(RetrainRequest(region=region[0], n=100, no_ood=True)) == 2 * 2 * 2000 * 3 + 100 * 5
+    for unsaid in (SweepRequest(n=None), RetrainRequest(region=region[0]), MultitaskRequest(),
+                   FinetuneRequest(task="movies", train_examples=0)):  # every example: not known before reading
+        assert lanes.passes(unsaid) is None, unsaid.verb
+    monkeypatch.setattr(lanes, "is_built", lambda folder: True)  # the fine-tune is there: it is reused
+    assert lanes.passes(FinetuneRequest(task="movies", test_examples=500)) == 500
+    small = SweepRequest(n=10, steps=1, sparsities=[1e-3], methods=["random"], no_ood=True)  # seconds by its guess
+    ran = Job(id="s", kind="sweep", title="t", params=small.as_dict(), status=DONE, started=0.0, finished=3.0)
+    assert lanes.plan(small, "sweep", []).lane == MAIN and lanes.plan(small, "sweep", [ran]).lane == QUICK
