@@ -33,12 +33,13 @@ from . import settings
 from .adapters import is_adapter
 from .config import (DEFAULT_BUILD_SECONDS, DEFAULT_CHECK_N, DEFAULT_FINETUNED_REFS, SENTIMENT_TASKS,
                      default_checkpoint_dir, is_default_finetuned)
+from .flows.common import STEP_PASSES
 from .flows.laboratory import multitask_checkpoint
 from .errors import GraftuiError
 from .localizers import get_method
 from .sizing import EXPECTED_POINTS
 from .models import SMOLLM2_DIR, resolve
-from .tasks.completion.generation import MAX_NEW_TOKENS
+from .tasks.completion.generation import ANSWER_PASSES, MAX_NEW_TOKENS
 from .jobs import DONE, FAILED, MAIN, QUICK, QUICK_LIMIT, Job
 from .paths import short_ref, slug
 from .kinds import given_fields, kind_named, named_kind
@@ -55,10 +56,6 @@ PACE = {"localize": 1.0e-10, "evaluate": 1.4e-10, **{v: 1.0e-10 for v in ("sweep
 # 40 mask steps of 16 examples and a check on 200 took 27 s, of 100 steps 53 s; an evaluation of 200 test examples
 # 9.9 s, of 500 21.3 s)
 LOAD_SECONDS_PER_BYTE = 1.6e-8  # reading a pair, both checkpoints: MiniLM, 3.0 s
-STEP_PASSES = 3  # a mask step reads each example of its batch forward and backward: about three forward passes
-ANSWER_PASSES = 4  # a scored example of a generating kind, its answer written token by token on a cache: about four
-# passes (measured: the default localization of smollm2-dates, 40 steps and a check of 200 prompts by 4 models, took
-# 263 s on 2 CPU cores, foreseen 292 s)
 DEFAULT_BASES = ("minilm", "smollm2")  # the offline base models, the only models besides the default fine-tunes a
 # shared server measures
 UNMEASURED = 0.5  # the share of QUICK_SECONDS a cost at the first-guess pace must fit in to count as short

@@ -41,13 +41,17 @@ def test_localize_scores_its_region_at_once_as_evaluate_does_and_names_the_promp
     assert held[-1]["accuracy"] == check["rows"][2]["accuracy"] and held[-1]["ft"] == check["rows"][0]["accuracy"]
     text = " ".join(loc.as_dict()["card"])
     assert "quick check on 10 held-out test examples" in text and "read through the same prompt (zero-shot)" in text
-    # mask learning is the first 90 % of the job, then the check is told as its own stage: never 100 % while it scores
-    from graftui.flows.single import CHEAP_CHECK_FROM
+    # mask learning is the job's first part, as many of its passes as it has, then the check is told as its own stage: never 100 % while it scores
+    from graftui.flows.single import learning_share
+    from graftui.kinds import kind_named
+
+    share = learning_share(LocalizeRequest(steps=3, check_n=10), kind_named("classification"), True)
+    assert share == pytest.approx(3 * 16 * 3 / (3 * 16 * 3 + 10 * 3))  # its passes: the batches', then the check's
 
     first = next(i for i, e in enumerate(events) if e.get("step"))
     fractions = [e["fraction"] for e in events[first:] if "fraction" in e]  # from mask learning's first step on
     learning = [e["fraction"] for e in events if e.get("step")]
-    assert learning and max(learning) == pytest.approx(CHEAP_CHECK_FROM) and fractions == sorted(fractions)
+    assert learning and max(learning) == pytest.approx(share) and fractions == sorted(fractions)
     assert any(e.get("stage", "").startswith("held-out check on 10 examples") for e in events[-3:])
 
     logged = list(regions.latest_scores(tmp_path).values())  # the check is the region's first row in the table

@@ -493,3 +493,31 @@ def test_every_verb_whose_request_says_its_size_has_a_length_that_grows_with_tha
     small = SweepRequest(n=10, steps=1, sparsities=[1e-3], methods=["random"], no_ood=True)  # seconds by its guess
     ran = Job(id="s", kind="sweep", title="t", params=small.as_dict(), status=DONE, started=0.0, finished=3.0)
     assert lanes.plan(small, "sweep", []).lane == MAIN and lanes.plan(small, "sweep", [ran]).lane == QUICK
+
+
+def test_a_generating_localizations_fraction_moves_while_its_check_generates(tmp_path, monkeypatch):
+    """The held-out check of a completion region reports every batch of answers it generates: the fraction moves
+    through the check (and the time left with it), from a share of the job its mask steps' passes set."""
+    import graftui
+    from graftui.flows.single import learning_share
+    from graftui.kinds import kind_named
+    from graftui.requests import LocalizeRequest
+    from graftui.tasks.completion import generation
+    from lm_util import write_completion_task, write_lm_pair
+
+    monkeypatch.setattr(generation, "GENERATION_BATCH", 2)  # eight prompts: four batches per model
+    base, ft = write_lm_pair(tmp_path, "llama")
+    task = write_completion_task(tmp_path / "opposites.csv")
+    events = []
+    graftui.localize(base=str(base), finetuned=str(ft), task=str(task), sparsity=0.05, steps=4, check_n=8,
+                     max_new_tokens=3, out=str(tmp_path / "r.safetensors"), progress=events.append)
+    share = learning_share(LocalizeRequest(steps=4, check_n=8), kind_named("completion"), True)
+    assert share == pytest.approx(4 * 16 * 3 / (4 * 16 * 3 + 8 * 3 * generation.ANSWER_PASSES))
+    learning = [e["fraction"] for e in events if e.get("step")]
+    assert max(learning) == pytest.approx(share)
+    checking = [e["fraction"] for e in events if "generating with" in e.get("stage", "") and "fraction" in e]
+    assert checking == sorted(checking) and checking[0] == pytest.approx(share) and checking[-1] <= 1.0
+    region = [f for e, f in zip([e for e in events if "generating with" in e.get("stage", "") and "fraction" in e],
+                                checking) if "this region" in e["stage"]]
+    assert len(set(region)) >= 4, region  # the region's own answers, batch by batch, not one jump
+    assert len(set(checking)) >= 10, checking

@@ -351,6 +351,10 @@ def save_new(record: RegionRecord, folder: Path, stem: str, write: bool = True) 
             continue
 
 
+STEP_PASSES = 3  # a mask step, or a training step, reads each example of its batch forward and backward: about three
+# forward passes
+
+
 def phase_progress(progress: Progress | None, start: float, end: float, stage: str | None = None
                    ) -> Progress | None:
     """The progress of one phase of a run (mask learning, then scoring): its fraction, or step / steps, mapped into

@@ -43,8 +43,9 @@ from .common import (
     get_pair, get_task,
     graft_of, labels_for, load_region, loadable, merged_shapes, needs_task_labels, ood_tasks,
     pair_for_regions, phase_progress, prompt_notes, region_stem, remember_scores, same_regions, save_new,
-    part_progress, side_by_side,
+    part_progress, side_by_side, STEP_PASSES,
 )
+from ..tasks.completion.generation import ANSWER_PASSES
 from .registry import verb
 from .replicates import (
     each_seed, evaluate_finetunes, finetune_replicates, localize_finetunes, localize_seeds, per_seed_rows,
@@ -241,7 +242,7 @@ def _localize(req: LocalizeRequest, progress: Progress | None, cancel, guard: Gu
         # region learning starts from (generating is slower: such a task checks the learned region only)
         start_region = method.base_region(pair.pre, pair.ft, list(pair.graftable), k)
         quick_check(pair, task, {"top-movement start": start_region}, req, 0, progress, cancel)
-    learned = (CHEAP_CHECK_FROM if kind.cheap_check else CHECK_FROM) if checking else 1.0  # where scoring starts
+    learned = learning_share(req, kind, info.needs_data) if checking else 1.0  # where scoring starts
     if req.keep:
         region, made, check = size_needed(req, pair, task, k, notes, progress, cancel)
     elif req.schedule == "nested" and info.needs_data:  # a region of 10·k first, then the region inside it
@@ -340,8 +341,16 @@ def size_needed(req: LocalizeRequest, pair: ModelPair, task, k0: int, notes: lis
     return found.region, made, check
 
 
-CHEAP_CHECK_FROM = 0.9  # the share of a localize job's progress that is mask learning, where the check is one pass
-CHECK_FROM = 0.5  # … and where it generates, or the harness scores (minutes for a LoRA pair or an lm-eval task)
+def learning_share(req: LocalizeRequest, kind, learns: bool) -> float:
+    """The share of a localization's progress that is mask learning, the rest its held-out check, in proportion to
+    their expected passes: a mask step's batch STEP_PASSES times (twice the steps on a nested schedule), each checked
+    example once per model (the region, FT and the empty region), ANSWER_PASSES times where the kind generates its
+    answers: so the fraction, and the time left it foretells, move at one pace through both."""
+    steps = req.steps * req.batch_size * STEP_PASSES * (2 if req.schedule == "nested" else 1) if learns else 0
+    check = req.check_n * 3 * (ANSWER_PASSES if kind.generates else 1)
+    return steps / (steps + check) if steps + check else 1.0
+
+
 DID_NOT_FIT = 0.5  # a region keeping less than this share of the fine-tune's gain on held-out examples lost the skill
 
 
