@@ -345,3 +345,26 @@ def test_a_client_moves_up_among_its_own_jobs_and_never_past_another_clients_tur
     assert runner.place(y1.id) == 2  # its own only job: first of its own, still after x's turn
     _run_all(runner, release, [x1, x2, y1, x3])
     assert started == ["x2", "y1", "x3", "x1"]
+
+
+def test_the_jobs_panels_run_next_moves_a_waiting_job_up_and_refuses_anything_else_in_one_line(home):
+    from graftui.errors import SessionError
+    from graftui.ui import jobwords, store
+    from graftui.ui.tabs import jobs as panel
+
+    runner = store.runner()
+    release, started = _held_lane(runner.runner), []
+    short = runner.submit("localize", "short", _recorder(started, "short"), {"n": 1}, estimate=10.0)
+    long = runner.submit("localize", "long <b>", _recorder(started, "long"), {"n": 2}, estimate=900.0)
+    assert jobwords.movable(runner.get(long.id)) and not jobwords.movable(None)
+    line = panel.move_up(long.id)
+    assert line.startswith(f"Moved up **long &lt;b&gt;** [{long.id}]: next in the queue"), line
+    for bad in (None, "", {"not": "an id"}, "20990101-000000-abcdef", "../../etc/passwd"):
+        with pytest.raises(SessionError, match="pick a waiting job of yours") as err:
+            panel.move_up(bad)
+        assert "\n" not in str(err.value)
+    _run_all(runner, release, [short, long])
+    assert started == ["long", "short"]
+    assert not jobwords.movable(runner.get(long.id))
+    with pytest.raises(SessionError, match="is done, not waiting"):
+        panel.move_up(long.id)

@@ -340,6 +340,13 @@ def test_the_page_says_when_a_waiting_job_should_start_and_end(tmp_path):
         assert "next in the queue · starts in about 10 min, ends in about 11 min" in line
         assert jobwords.wait_words(runner, runner.get(waits.id)).startswith("next in the queue · starts in about 10 min")
         assert "quick lane" in jobwords.submitted_line(runner.get(quick.id))
+        unknown = runner.submit("compare", "unknown", lambda ctx: {})
+        behind = runner.submit("compare", "behind it", lambda ctx: {})
+        assert jobwords.wait_words(runner, runner.get(behind.id)) == (
+            "place 3 in the queue · starts in at least 11 min (and the length of a job before it, which is not known "
+            "yet)")  # the 10 min left of the running job and the 45 s of the one before: what is known
+        assert jobwords.wait_words(runner, runner.get(unknown.id)) == (
+            "place 2 in the queue · starts in about 11 min, length unknown (no past run, and no cost its settings say)")
         assert [jobwords.about(s) for s in (3, 44, 46, 89, 95, 3600)] == [
             "a few seconds", "about 40 s", "about 50 s", "about 90 s", "about 2 min", "about 60 min"]
     finally:

@@ -66,10 +66,18 @@ def about(seconds: float) -> str:
     return f"about {seconds / 60:.0f} min"
 
 
-def when_words(expected: tuple[float, float | None] | None, waiting: bool) -> str:
-    """When a job is expected to start and end (``JobRunner.expected``), or why that is not known."""
+def when_words(expected: tuple[float, float | None] | None, waiting: bool,
+               least: tuple[float, int] | None = None) -> str:
+    """When a job is expected to start and end (``JobRunner.expected``); where a job before it has no expected length,
+    the least it waits and how many such jobs are before it (``JobRunner.at_least``), else why its start is not known."""
     if expected is None:
-        return " · start unknown (a job before it has no expected length)" if waiting else ""
+        if not waiting:
+            return ""
+        if least is not None and least[0] >= 10 and least[1]:
+            unknown = "a job" if least[1] == 1 else f"{least[1]} jobs"
+            return (f" · starts in at least {about(least[0]).removeprefix('about ')} (and the length of {unknown} "
+                    "before it, which is not known yet)")
+        return " · start unknown (a job before it has no expected length)"
     start, end = expected
     if not waiting:
         return "" if end is None else f" · {about(end)} left"
@@ -79,8 +87,21 @@ def when_words(expected: tuple[float, float | None] | None, waiting: bool) -> st
 
 
 def wait_words(runner, job: Job) -> str:
-    """A waiting job's place in its lane, and when it is expected to start and end."""
-    return queue_words(runner.place(job.id), job.lane) + when_words(runner.expected(job.id), waiting=True)
+    """A waiting job's place in its lane, and when it is expected to start and end (at least, behind a job of
+    unknown length)."""
+    return queue_words(runner.place(job.id), job.lane) + when_words(runner.expected(job.id), waiting=True,
+                                                                    least=at_least(runner, job))
+
+
+def at_least(runner, job: Job | None) -> tuple[float, int] | None:
+    """``JobRunner.at_least`` of a job ``runner`` shows (a session's view of the one runner, or the runner itself)."""
+    whole = getattr(runner, "runner", runner)
+    return whole.at_least(job.id) if job is not None and runner.get(job.id) is not None else None
+
+
+def movable(job: Job | None) -> bool:
+    """Whether a job may be moved up (``JobRunner.move_up``): it waits."""
+    return job is not None and job.status == QUEUED
 
 
 PACE_STEPS = 10  # the pace of a stage is measured over its last steps
@@ -241,7 +262,7 @@ def job_when(runner, job: Job | None) -> str:
     """``when_words`` of a job that waits or runs, from ``runner``."""
     if job is None or job.status in FINISHED:
         return ""
-    return when_words(runner.expected(job.id), waiting=job.status == QUEUED)
+    return when_words(runner.expected(job.id), waiting=job.status == QUEUED, least=at_least(runner, job))
 
 
 def request_words(job: Job | None) -> str:

@@ -7,10 +7,29 @@ import time
 import gradio as gr
 
 from ... import settings, tracking
+from ...errors import SessionError
 from .. import forms, jobwords, store
 from ..wiring import LIVE_REDRAW_SECONDS, cancel_button, cancel_look
 
 LABEL = "Cancel selected job"
+NEXT = "Run selected job next"
+
+
+def next_button(job):
+    """The Run next button: on while the picked job waits."""
+    return gr.update(interactive=jobwords.movable(job))
+
+
+def move_up(picked) -> str:
+    """Move this page's picked waiting job to the front of its lane (hosted: of its client's own jobs, in its turn);
+    a job that is not this session's, not waiting or not there is refused in one line."""
+    runner = store.runner()
+    job = runner.get(picked) if isinstance(picked, str) and picked else None
+    if job is None:
+        raise SessionError("pick a waiting job of yours in the Job list first")
+    mine = settings.hosted()  # hosted: only a session's own jobs move; the server's are watched, not moved
+    moved = runner.runner.move_up(job.id, owner=runner.owner, check_owner=mine)
+    return f"Moved up **{jobwords.md(moved.title)}** [{moved.id}]: {jobwords.wait_words(runner, moved)}."
 
 
 def build(page) -> None:
@@ -29,6 +48,7 @@ def build(page) -> None:
                                   allow_custom_value=True)  # see wiring.job_picker
             job_cancel = gr.Button(LABEL, variant="secondary", interactive=False, elem_id="jobs-cancel",
                                    scale=0)
+            job_next = gr.Button(NEXT, variant="secondary", interactive=False, elem_id="jobs-run-next", scale=0)
         job_md = gr.Markdown("", elem_id="jobs-detail")
         with gr.Accordion("Request of the selected job (re-run it with `graftui run FILE`)", open=False):
             job_req = gr.Code("", language="json", interactive=False, elem_id="jobs-request")
@@ -61,7 +81,7 @@ def build(page) -> None:
         kept = jobwords.cancellable(job) and jobwords.still_armed(memory, picked)  # armed for it: it keeps asking
         button = gr.skip() if same or kept else cancel_button(job, LABEL)
         bundle = gr.skip() if same else gr.update(interactive=forms.reportable(job))
-        return (table, picker, line, button, bundle,
+        return (table, picker, line, button, gr.skip() if same else next_button(job), bundle,
                 (listing, last[1] if fresh else sig, detail, last[3] if fresh else now))
 
     @page.quiet
@@ -71,7 +91,14 @@ def build(page) -> None:
 
     page.on(report_to.change, on_report_to, [report_to], [page.status])
 
-    page.poll.add(tick_jobs, [jobs_sig, job_sel, armed], [jobs_df, job_sel, job_md, job_cancel, job_bundle, jobs_sig])
+    page.poll.add(tick_jobs, [jobs_sig, job_sel, armed], [jobs_df, job_sel, job_md, job_cancel, job_next, job_bundle,
+                                                          jobs_sig])
+
+    @page.safe
+    def on_job_next(picked):
+        return move_up(picked)
+
+    page.on(job_next.click, on_job_next, [job_sel], [page.status])
 
     @page.safe
     def on_job_cancel(picked, shown_label, memory):
@@ -93,10 +120,10 @@ def build(page) -> None:
         kept = jobwords.still_armed(memory, picked)  # a press on this job was answered first: it stays armed
         return (jobwords.request_words(job), gr.update(value=str(path) if path else None),
                 gr.skip() if kept or memory is None else None, gr.skip() if kept else cancel_button(job, LABEL),
-                gr.update(interactive=forms.reportable(job)), gr.skip())
+                next_button(job), gr.update(interactive=forms.reportable(job)), gr.skip())
 
-    page.on(job_sel.change, on_job_pick, [job_sel, armed], [job_req, job_req_dl, armed, job_cancel, job_bundle,
-                                                            page.status], **page.one_at_a_time(armed))
+    page.on(job_sel.change, on_job_pick, [job_sel, armed], [job_req, job_req_dl, armed, job_cancel, job_next,
+                                                            job_bundle, page.status], **page.one_at_a_time(armed))
 
     @page.safe
     def on_job_bundle(picked):
