@@ -36,8 +36,9 @@ def build(page) -> None:
     with gr.Accordion("Jobs", open=True, elem_id="jobs-panel"):
         gr.Markdown("Jobs run in the background in two lanes, each one job at a time: a quick lane for work of "
                     "seconds (a prediction, a check), beside the main lane for the rest, so a short job never waits "
-                    "behind a long one; a lane takes its waiting jobs from each user in turn. They keep running when "
-                    "you close or reload the page, and stay listed after a restart.")
+                    "behind a long one; a lane takes its waiting jobs from each user in turn, shortest expected first, "
+                    "a job's wait counting in its favour (**Run selected job next** moves a waiting job to the front). "
+                    "They keep running when you close or reload the page, and stay listed after a restart.")
         report_to = gr.Dropdown(list(tracking.REPORT_TO), value=store.report_to(), label="Report runs to",
                                 info="an experiment tracker that keeps every job's request, curves, metrics, card "
                                 "and files (trackio: a local dashboard, `trackio show --project graftui`)",
