@@ -257,8 +257,14 @@ def _wise(r) -> float:  # both curves at every α, in and out of distribution, f
     return 2 * len(set(r.alphas)) * _tasks(r, False) * (1 + len(r.replicates or ()))
 
 
-def _compose(r) -> float | None:  # each region's task: the union, each region alone, FT and the bare body
-    return len(r.regions) * (len(r.regions) + 3) if r.evaluate and not r.stitch else None
+def _compose(r) -> float | None:
+    """Scored on each region's task: the union, each region alone, FT and the bare body; stitched, the stitched
+    union, the region alone, each merge at its chosen setting, the other fine-tunes, FT and the bare body, after every
+    setting of every merge was scored on each task's validation examples (counted in test examples' stead)."""
+    tasks = len(r.regions)
+    if r.stitch:
+        return tasks * (4 + len(r.merges) + tasks - 1) + r.merge_settings() * tasks * r.validation_n / r.n
+    return tasks * (tasks + 3) if r.evaluate else None
 
 
 def _anatomy(r) -> float | None:  # the whole graft, then without each part

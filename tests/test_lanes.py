@@ -181,7 +181,10 @@ def test_a_study_of_n_examples_has_a_length_shown_and_takes_the_quick_lane_only_
     assert lanes.passes(wise.replace(no_ood=True, replicates=["/r/b.safetensors"])) == 16 * 2 * 3 * 2
     assert lanes.passes(compose) == 16 * 2 * (2 + 3)  # on each region's task: the union, each alone, FT and bare
     assert lanes.passes(ablate) == 16 * (1 + lanes.ABLATED_PARTS)
-    for unsaid in (wise.replace(n=None), compose.replace(evaluate=False), compose.replace(stitch=True),
+    stitched = compose.replace(stitch=True, merges=["task-arithmetic"], lambdas=[0.5, 1.0])  # two λ on 100
+    assert lanes.passes(stitched) == 16 * 2 * (4 + 1 + 1) + 2 * 2 * 100  # validation examples of each task
+    assert lanes.passes(stitched.replace(lambdas=[0.2, 0.5, 1.0])) > lanes.passes(stitched)
+    for unsaid in (wise.replace(n=None), compose.replace(evaluate=False), stitched.replace(n=None),
                    ablate.replace(ablate=False)):
         assert lanes.passes(unsaid) is None, unsaid
     for request in (wise, compose, ablate):
