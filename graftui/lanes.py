@@ -50,11 +50,11 @@ QUICK_SHARE = 2  # jobs one client may have waiting or running in the quick lane
 TOKEN_CHARS = 4  # characters per token, about: a lane is planned without loading a tokenizer
 TOKEN_SECONDS = 1.5e-3  # seconds per token a model reads, before a prediction has run here: SmolLM2 on 2 CPU cores
 # (measured: a 4,900-character prompt read by 3 models generating 32 tokens took 184 s, 121,000 token-passes)
-PACE = {"localize": 1.0e-10, "evaluate": 1.4e-10, **{v: 1.0e-10 for v in ("sweep", "finetune", "retrain", "multitask",
-                                                                             "continual")}}  # seconds per example pass per byte of the
-# pair's weights, before a job of the kind ran here: MiniLM-L6 (91 MB) on 2 CPU cores (measured: a localization of
-# 40 mask steps of 16 examples and a check on 200 took 27 s, of 100 steps 53 s; an evaluation of 200 test examples
-# 9.9 s, of 500 21.3 s)
+PACE = {"localize": 1.0e-10, "evaluate": 1.4e-10}  # seconds per example pass per byte of the pair's weights, before a
+# job of the kind ran here: MiniLM-L6 (91 MB) on 2 CPU cores (measured: a localization of 40 mask steps of 16 examples
+# and a check on 200 took 27 s, of 100 steps 53 s; an evaluation of 200 test examples 9.9 s, of 500 21.3 s)
+PACE.update(dict.fromkeys(("sweep", "finetune", "retrain", "multitask", "continual"), PACE["localize"]))  # studies
+# whose work is mostly training steps: a mask step's pace (not measured apart)
 LOAD_SECONDS_PER_BYTE = 1.6e-8  # reading a pair, both checkpoints: MiniLM, 3.0 s
 DEFAULT_BASES = ("minilm", "smollm2")  # the offline base models, the only models besides the default fine-tunes a
 # shared server measures
