@@ -368,3 +368,18 @@ def test_the_jobs_panels_run_next_moves_a_waiting_job_up_and_refuses_anything_el
     assert not jobwords.movable(runner.get(long.id))
     with pytest.raises(SessionError, match="is done, not waiting"):
         panel.move_up(long.id)
+
+
+def test_run_next_is_on_for_a_waiting_job_only_and_hosted_for_ones_own_only(home, monkeypatch):
+    from graftui.jobs import Job
+    from graftui.ui import store
+    from graftui.ui.tabs import jobs as panel
+
+    waiting = Job(id="w", kind="localize", title="w", params={}, owner=None)
+    running = Job(id="r", kind="localize", title="r", params={}, status=RUNNING)
+    assert panel.next_button(waiting)["interactive"] and not panel.next_button(running)["interactive"]
+    assert not panel.next_button(None)["interactive"]
+    monkeypatch.setenv("GRAFTUI_HOSTED", "1")
+    monkeypatch.setattr(store, "session_id", lambda: "a" * 32)
+    assert not panel.next_button(waiting)["interactive"]  # the server's own job: watched, not moved
+    assert panel.next_button(Job(id="m", kind="localize", title="m", params={}, owner="a" * 32))["interactive"]

@@ -16,8 +16,9 @@ NEXT = "Run selected job next"
 
 
 def next_button(job):
-    """The Run next button: on while the picked job waits."""
-    return gr.update(interactive=jobwords.movable(job))
+    """The Run next button: on while the picked job waits, and (hosted) is this session's own."""
+    own = job is not None and (not settings.hosted() or job.owner == store.runner().owner)
+    return gr.update(interactive=own and jobwords.movable(job))
 
 
 def move_up(picked) -> str:
