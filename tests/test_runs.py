@@ -422,3 +422,23 @@ def test_a_run_s_link_opens_it_and_an_unknown_or_hostile_id_gets_one_line(made):
         assert "the link names no run of this page" in text and "nothing was picked" in text, text
         assert "\n" not in text and "<" not in text and "*" not in text and "/" not in text.split("'")[1], text
         assert len(text) < 250, text
+
+
+def test_a_hosted_session_s_csv_is_written_in_its_own_folder(home, monkeypatch):
+    """The CSV goes to a fresh file the server names in the session's own downloads folder, never elsewhere; a page
+    without a live session writes nothing."""
+    from graftui import settings
+    from graftui.ui import runs, store
+
+    monkeypatch.setenv("GRAFTUI_HOSTED", "1")
+    pair, _, _ = make_tiny_pair()
+    mine = store.new_session()
+    with store.session(mine):
+        _save(pair, "my-run", 0, 10)
+        rows = runs.runs()
+        path = runs.export_csv(rows, ["k (params)"])
+        assert path.parent == store.downloads_dir() and path.is_relative_to(settings.workspace())
+        assert path.read_text().splitlines() == ["id,k", f"{rows[0]['id']},10"]
+    with store.session("not-a-session"):
+        with pytest.raises(SessionError, match="reload the page"):
+            runs.export_csv(rows, None)

@@ -76,7 +76,9 @@ RUNS_NOTE = (
     "at its latest evaluation in distribution (accuracy, or exact match for a completion task), its ECE, its mean "
     "accuracy over the OOD tasks of the latest comparison that scored it out of distribution, whether its "
     "mask-learning curve was recorded, and its tags and note (written under **One region** below). The filter above "
-    "also finds tags and notes. Group the runs to see each budget's, method's or seed's mean score and its spread."
+    "also finds tags and notes. Group the runs to see each budget's, method's or seed's mean score and its spread. "
+    "**Columns** chooses what the table shows (every setting and metric a run has), the CSV export writes it as "
+    "numbers, and each run picked gets a link that opens this page with it picked."
 )
 CSV_SCOPES = [("the runs shown", "shown"), ("the runs picked", "picked")]
 SCATTER_NOTE = (
