@@ -258,6 +258,9 @@ def test_the_tab_renders_runs_groups_and_a_signature_that_follows_notes(made):
     again = tab.render_all("fresh", "", False, sig, "method")
     assert again is not None and list(again[2]["id"]) == [made["d"]] and list(again[0]["id"]) == [made["d"]]
     assert tab.render_all("", "", False, None, "")[3]["visible"] is False
+    chosen = tab.render_all("", "", False, None, "", ["seed", "accuracy"], "steps", "ece", "task")
+    assert list(chosen[2].columns) == ["id", "seed", "accuracy"] and chosen[-1] != sig
+    assert sum(len(t.x) for t in chosen[4].data) == 2 and chosen[4].data[0].name == "task: movies"  # a and b: steps, ECE
 
 
 def test_a_region_file_keeps_its_curve_which_the_runs_table_reads_without_its_job(home):
