@@ -164,15 +164,16 @@ def score_columns() -> list[str]:
 
 
 # -- the columns a researcher chooses -------------------------------------------------------------------
-SETTING, METRIC = "setting", "metric"
+SETTING, METRIC, ABOUT = "setting", "metric", "about"  # how a run was made, how it scored, what is said of it
 NOTE_WIDTH = 80  # characters of a note the table shows; the region's own box holds it whole
 
 
 @dataclass(frozen=True)
 class Column:
-    """One column the runs table can show: its header, whether it says how a run was made or how it scored, the
-    values it writes to a CSV file (CSV header -> a number where it is one, so pandas reads numbers), and its cell on
-    the page. ``share``: a metric that is a share of the examples (a percentage on the page, a fraction in the CSV)."""
+    """One column the runs table can show: its header, whether it says how a run was made, how it scored or what is
+    said of it (``kind``), the values it writes to a CSV file (CSV header -> a number where it is one, so pandas reads
+    numbers), and its cell on the page. ``share``: a metric that is a share of the examples (a percentage on the page,
+    a fraction in the CSV)."""
 
     label: str
     kind: str
@@ -217,7 +218,8 @@ def run_link(region_id: str) -> str:
 def all_columns() -> list[Column]:
     """Every column the runs table can show, in the one order it shows them: the settings that made a run, then the
     metrics it has (a score column per kind, calibration, the share of the fine-tuning gain kept, OOD accuracy, the
-    mask-learning curve's last loss and batch accuracy), then its tags, note and link."""
+    mask-learning curve's last loss and batch accuracy), then what is said of it: whether its curve was recorded,
+    its tags, note and link."""
     settings = [
         _field("id", "id", SETTING),
         Column("model pair", SETTING, lambda r: {"base": r["base"], "finetuned": r["finetuned"]},
@@ -246,10 +248,10 @@ def all_columns() -> list[Column]:
         _field("last batch accuracy", "mask_accuracy", METRIC, _pct, share=True),
     ]
     notes = [
-        Column("curve", METRIC, lambda r: {"curve": bool(r["curve"])}, lambda r: "yes" if r["curve"] else NO_CURVE),
-        Column("tags", SETTING, lambda r: {"tags": ", ".join(r["tags"])}, lambda r: ", ".join(r["tags"])),
-        Column("note", SETTING, lambda r: {"note": r["note"]}, lambda r: _cut(r["note"])),
-        Column("link", SETTING, lambda r: {"link": run_link(r["id"])}, lambda r: run_link(r["id"])),
+        Column("curve", ABOUT, lambda r: {"curve": bool(r["curve"])}, lambda r: "yes" if r["curve"] else NO_CURVE),
+        Column("tags", ABOUT, lambda r: {"tags": ", ".join(r["tags"])}, lambda r: ", ".join(r["tags"])),
+        Column("note", ABOUT, lambda r: {"note": r["note"]}, lambda r: _cut(r["note"])),
+        Column("link", ABOUT, lambda r: {"link": run_link(r["id"])}, lambda r: run_link(r["id"])),
     ]
     return [*settings, *metrics, *notes]
 
@@ -286,16 +288,12 @@ def runs_frame(runs_: list[dict], chosen=None) -> pd.DataFrame:
     ``base`` and ``finetuned``); shares as fractions, a missing value empty, a whole note."""
     columns = chosen_columns(chosen)
     rows = [{k: v for c in columns for k, v in c.values(r).items()} for r in runs_]
-    keys = [k for c in columns for k in (c.values(runs_[0]) if runs_ else _empty_keys(c))]
+    keys = [k for c in columns for k in c.values(_BLANK)]
     return pd.DataFrame(rows, columns=list(dict.fromkeys(keys)))
 
 
 _BLANK = {"id": "", "base": None, "finetuned": None, "task": None, "accuracy": None, "score_name": "", "run": "",
           "created": None, "curve": False, "tags": [], "note": ""}  # a run with nothing: the keys a column writes
-
-
-def _empty_keys(column: Column) -> list[str]:
-    return list(column.values(_BLANK))
 
 
 CSV_STEM = "graftui-runs"
@@ -360,7 +358,7 @@ COLOUR_CHOICES = [(label, key) for key, label in COLOUR_BY.items()]
 
 def scatter_metrics() -> list[tuple[str, str]]:
     """(label, CSV key) of every metric the scatter can put on its y axis: the number columns among the metrics."""
-    return [(c.label, next(iter(c.values(_BLANK)))) for c in all_columns() if c.kind == METRIC and c.label != "curve"]
+    return [(c.label, next(iter(c.values(_BLANK)))) for c in all_columns() if c.kind == METRIC]
 
 
 def _colour(run: dict, by: str) -> str:
