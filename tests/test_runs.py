@@ -386,6 +386,12 @@ def test_the_csv_holds_the_region_files_numbers_one_row_per_run(made):
     assert frame["accuracy"].dtype.kind == "f" and frame["curve"].tolist() == [True, False]
     with pytest.raises(RequestError, match="no run to export"):
         runs.export_csv([], None)
+    assert [r["id"] for r in runs.exported(scope="picked", picked=[made["c"], "nope", made["a"]])] == \
+        [made["c"], made["a"]]  # the runs picked, in the order picked
+    assert [r["id"] for r in runs.exported("learned", "k", False)] == [r["id"] for r in runs.shown(
+        runs.runs(), "learned", "k", False)] and len(runs.exported("learned")) == 3  # the runs shown
+    with pytest.raises(RequestError, match="no run picked"):
+        runs.exported(scope="picked", picked=["nope"])
 
 
 def test_the_scatter_draws_one_point_per_run_at_its_metric_and_size(made):

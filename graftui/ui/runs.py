@@ -309,6 +309,20 @@ def export_csv(runs_: list[dict], chosen=None) -> Path:
     return atomic_write(path, lambda tmp: frame.to_csv(tmp, index=False), exclusive=True)
 
 
+def exported(words: str = "", sort: str | None = None, descending: bool = False, scope: str = "shown",
+             picked=None) -> list[dict]:
+    """The runs a CSV export writes: those the table shows (its filter and sort), or with ``scope`` 'picked' the runs
+    picked, in the order picked."""
+    all_runs = runs()
+    if scope != "picked":
+        return shown(all_runs, words, sort, descending)
+    by_id = {r["id"]: r for r in all_runs}
+    rows = [by_id[i] for i in dict.fromkeys(picked or []) if isinstance(i, str) and i in by_id]
+    if not rows:
+        raise RequestError("no run picked: pick runs under 'Runs to overlay', or export the runs shown")
+    return rows
+
+
 def side_by_side(runs_: list[dict], picked, chosen=None) -> pd.DataFrame:
     """The runs picked side by side: one row per column chosen (the id heads each run's column), one column per run
     in the order picked; a picked id that is no run is left out."""

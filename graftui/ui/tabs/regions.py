@@ -10,7 +10,6 @@ import time
 import gradio as gr
 
 from ... import figures
-from ...errors import RequestError
 from ...paths import short_ref
 from ...regions import LISTING_COLUMNS, MAX_NOTE_CHARS, MAX_TAG_CHARS, MAX_TAGS, group_runs
 from .. import forms, jobwords, library, runs, store, tables
@@ -171,12 +170,7 @@ def build_table(page) -> tuple:
 
     @page.guard()
     def on_csv(text, by_sort, desc, chosen, scope, ids):
-        rows = runs.shown(runs.runs(), text, by_sort, desc)
-        if scope == "picked":
-            by_id = {r["id"]: r for r in runs.runs()}
-            rows = [by_id[i] for i in dict.fromkeys(ids or []) if isinstance(i, str) and i in by_id]
-            if not rows:
-                raise RequestError("no run picked: pick runs under 'Runs to overlay', or export the runs shown")
+        rows = runs.exported(text, by_sort, desc, scope, ids)
         path = runs.export_csv(rows, chosen)
         return str(path), f"✓ Wrote {len(rows)} run(s) with {len(runs.chosen_columns(chosen))} column(s) to {path.name}."
 
