@@ -596,3 +596,37 @@ def probe_map(doc: dict) -> go.Figure:
     which_text = "the sentence" if n == 1 else f"sentence 1 of {n} (the others' maps are in the text and JSON)"
     return _layout(fig, f"Δp of the fine-tuned answer '{first['answer']}' on {which_text}; × the part changes the answer",
                    height=180 + 36 * len(layers))
+
+
+def runs_scatter(points: list[dict], x_title: str, y_title: str, by: str, x_share: bool = False,
+                 y_share: bool = False, x_log: bool = False, left_out: int = 0) -> go.Figure:
+    """One point per run at (``x``, ``y``), one colour and legend entry per value of its ``group`` (named ``by``), the
+    run's id on hover. ``points``: dicts with ``id``, ``x``, ``y``, ``group``; ``left_out``: the runs shown that have
+    no value on one of the axes, said in the title. A log x axis keeps only the points above zero."""
+    drawn = [p for p in points if _finite(p.get("x")) and _finite(p.get("y")) and (not x_log or p["x"] > 0)]
+    left_out += len(points) - len(drawn)
+    if not drawn:
+        why = (f"None of the {left_out} run(s) shown has both a {x_title} and a {y_title}" if left_out else
+               "No run is shown: save a region, or clear the filter")
+        return empty_figure(f"{why}: nothing to draw.")
+    groups: dict[str, list[dict]] = {}
+    for p in drawn:
+        groups.setdefault(str(p.get("group") or "(none)"), []).append(p)
+    fig = go.Figure()
+    x_fmt, y_fmt = (".3%" if x_share else ",.4g"), (".1%" if y_share else ",.4g")
+    for i, (group, members) in enumerate(groups.items()):
+        fig.add_trace(go.Scatter(
+            x=[p["x"] for p in members], y=[p["y"] for p in members], mode="markers", name=f"{by}: {group}",
+            customdata=[[p["id"], group] for p in members],
+            marker={"color": PALETTE[i % len(PALETTE)], "symbol": SWEEP_SYMBOLS[i % len(SWEEP_SYMBOLS)], "size": 11},
+            hovertemplate=(f"<b>%{{customdata[0]}}</b><br>{by}: %{{customdata[1]}}<br>{x_title} %{{x:{x_fmt}}}<br>"
+                           f"{y_title} %{{y:{y_fmt}}}<extra></extra>")))
+    fig.update_xaxes(title_text=x_title + (" (log scale)" if x_log else ""), type="log" if x_log else "linear",
+                     tickformat=".2%" if x_share else None)
+    fig.update_yaxes(title_text=y_title, tickformat=".0%" if y_share else None)
+    more = f" · {left_out} run(s) without both not drawn" if left_out else ""
+    return _layout(fig, f"{y_title} against {x_title}, {len(drawn)} run(s){more}", height=420)
+
+
+def _finite(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v == v and abs(v) != float("inf")

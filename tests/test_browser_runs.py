@@ -9,7 +9,7 @@ checkpoint marked built, so the page does not fine-tune it in the background: no
 
 from __future__ import annotations
 
-
+import pandas as pd
 import pytest
 
 import browser_util as bu
@@ -18,6 +18,8 @@ from conftest import make_tiny_pair
 from test_browser import ARTIFACTS, browser  # noqa: F401 - the module's Chromium fixture
 
 pytestmark = pytest.mark.browser
+SCORES = {"a": {"accuracy": 0.7, "ece": 0.125, "share_of_ft": 0.5},
+          "b": {"accuracy": 0.8125, "ece": 0.25, "share_of_ft": 0.75}}
 HOSTILE_NOTE = "<img src=x onerror=\"window.__pwned=1\"> **not bold**"
 
 
@@ -48,7 +50,10 @@ def _make_home(home) -> dict:
                 "request": {"verb": "localize", "task": "movies", "method": "learned", "steps": steps, "seed": seed}})
             record.meta.created = created
             ids[key] = f"run-{key}"
-            regions.save(record, home / "regions" / f"{ids[key]}.safetensors")
+            path = regions.save(record, home / "regions" / f"{ids[key]}.safetensors")
+            if key in SCORES:  # a and b scored, as Compare notes a graft's scores; c never
+                regions.note_scores(home / "regions", [{"digest": regions.read_header(path).digest, "task": "movies",
+                                                        "n": 64, "when": created, **SCORES[key]}])
         runner = JobRunner(home / "jobs")
 
         def body(ctx):
@@ -161,3 +166,106 @@ def test_a_tag_added_appears_in_the_table_and_markup_stays_text(runs_page, reque
         bu.save_artifacts(page, request.node.name, ARTIFACTS, srv)
         raise
 
+
+
+CHOSEN = ["id", "method", "k (params)", "seed", "accuracy", "ECE ↓", "share of FT gain"]
+RUNS_PART = ["runs-columns", "runs-table", "runs-csv-scope", "runs-csv-export", "runs-csv", "runs-scatter-x",
+             "runs-scatter-y", "runs-scatter-colour", "runs-scatter", "runs-pick", "runs-links", "runs-side",
+             "runs-curves", "runs-diff"]  # the elem_ids of the Regions tab's runs part
+HEADERS = ("id => [...document.querySelectorAll('#' + id + ' thead th')].map(h => h.innerText.replace(/[⋮\\s]+$/, '')"
+           ".trim()).filter(t => t)")
+SCATTER = ("() => { const p = document.querySelector('#runs-scatter .js-plotly-plot'); return p && p.data ? "
+           "p.data.flatMap(d => (d.customdata || []).map((c, i) => [c[0], d.x[i], d.y[i]])) : null; }")
+# What sticks out of the page sideways: the document's own width past the window, and each part of the runs whose box
+# leaves the window (a table wider than the page scrolls inside its own box, which stays in the window)
+OVERFLOW = """(ids) => { const w = document.documentElement.clientWidth, out = [];
+  if (document.documentElement.scrollWidth > w + 1) out.push(['page', document.documentElement.scrollWidth, w]);
+  for (const id of ids) { const e = document.getElementById(id); if (!e || !e.offsetParent) continue;
+    const r = e.getBoundingClientRect(); if (r.left < -1 || r.right > w + 1) out.push([id, r.left, r.right, w]); }
+  return out; }"""
+
+
+def _choose_columns(page, chosen: list[str]) -> None:
+    """Tick exactly ``chosen`` in the column chooser, one label at a time, as a person would."""
+    box = page.locator("#runs-columns")
+    for label in runs.column_labels():
+        check = box.get_by_label(label, exact=True)
+        if check.is_checked() != (label in chosen):
+            check.click()
+
+
+@pytest.mark.parametrize("width", [1280, 390])
+def test_columns_chosen_a_csv_of_the_runs_picked_their_scatter_and_a_link_that_opens_a_run(runs_page, browser,  # noqa: F811
+                                                                                         tmp_path, request, width):
+    _, ids, _, srv = runs_page
+    context = browser.new_context(viewport={"width": width, "height": 844}, accept_downloads=True)
+    page = context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda err: errors.append(str(err)))
+    try:
+        bu.wait_usable(page, srv.url, timeout_s=90)
+        bu.open_tab(page, "regions")
+        page.wait_for_function("() => document.querySelectorAll('#runs-pick .token').length === 3", timeout=30_000)
+        _choose_columns(page, CHOSEN)
+        page.wait_for_function(f"([id, want]) => {{ const got = ({HEADERS})(id); "
+                               "return got.length === want.length && got.every((h, i) => h === want[i]); }",
+                               arg=["runs-table", CHOSEN], timeout=30_000)
+        rows = {r[0]: r for r in bu.table_rows(page, "runs-table") if r}
+        assert rows[ids["b"]] == [ids["b"], "learned", "20", "1", "81.2%", "0.250", "75.0%"], rows
+        assert rows[ids["c"]][4:] == ["", "", ""], rows  # never scored
+        # the scatter: accuracy against k, one point per scored run shown (c has no accuracy: counted, not drawn)
+        page.wait_for_function(f"() => {{ const d = ({SCATTER})(); return d && d.length === 2; }}", timeout=30_000)
+        assert sorted(page.evaluate(SCATTER)) == [[ids["a"], 20, 0.7], [ids["b"], 20, 0.8125]]
+        # the runs picked, side by side, then as CSV: a and b, the file's numbers as the score log holds them
+        page.locator("#runs-pick .token", has_text=ids["c"]).locator(".token-remove").click()
+        page.wait_for_function("() => document.querySelectorAll('#runs-pick .token').length === 2", timeout=10_000)
+        page.wait_for_function(f"id => ({HEADERS})(id).length === 3", arg="runs-side", timeout=30_000)
+        side = {r[0]: r[1:] for r in bu.table_rows(page, "runs-side") if r}
+        assert sorted(side["accuracy"]) == ["70.0%", "81.2%"] and "id" not in side, side
+        page.locator("#runs-csv-scope").get_by_label("the runs picked", exact=True).check()
+        path = bu.download_made_file(page, "#runs-csv-export", "runs-csv", tmp_path)
+        assert path.name.startswith("graftui-runs-") and path.suffix == ".csv", path
+        frame = pd.read_csv(path).sort_values("id")
+        assert list(frame.columns) == ["id", "method", "k", "seed", "accuracy", "ece", "share_of_ft"], frame
+        assert frame["id"].tolist() == [ids["a"], ids["b"]], frame
+        for key, (_, row) in zip("ab", frame.iterrows()):
+            assert (row["accuracy"], row["ece"], row["share_of_ft"]) == tuple(SCORES[key][m] for m in (
+                "accuracy", "ece", "share_of_ft")), row
+            assert row["k"] == 20 and row["method"] == "learned"
+        # each run picked has its link; opened, it picks that run alone, draws its curve, selects its region
+        hrefs = page.eval_on_selector_all("#runs-links a", "links => links.map(a => a.getAttribute('href'))")
+        assert sorted(hrefs) == [f"?run={ids['a']}", f"?run={ids['b']}"], hrefs
+        if width < 500:  # a phone: the runs part stays in the window, the table's cells whole
+            page.wait_for_timeout(300)  # a resize settles within frames; no event says so
+            assert page.evaluate(OVERFLOW, RUNS_PART) == []
+            fit = bu.table_fit(page, "runs-table")
+            assert fit["cut"] == [] and fit["rows"] == 3, fit
+        assert not errors, errors
+        page = context.new_page()  # the link opened in a tab of its own
+        page.on("pageerror", lambda err: errors.append(str(err)))
+        bu.wait_usable(page, f"{srv.url}?run={ids['b']}", timeout_s=90)
+        page.wait_for_selector("#tab-regions", state="visible", timeout=30_000)
+        page.wait_for_function("b => { const t = [...document.querySelectorAll('#runs-pick .token')]; "
+                               "return t.length === 1 && t[0].innerText.includes(b); }", arg=ids["b"], timeout=30_000)
+        page.wait_for_function("b => document.querySelector('#regions-select input').value.includes(b)", arg=ids["b"],
+                               timeout=30_000)
+        page.wait_for_function("b => { const p = document.querySelector('#runs-curves .js-plotly-plot'); "
+                               "return p && p.data && p.data.length === 2 && p.data.every(d => d.name === b); }",
+                               arg=ids["b"], timeout=30_000)
+        assert f"Opened run {ids['b']}" in bu.text(page, "#status-message")
+        # a link naming no run of this page: one line, nothing from it picked, no markup run
+        page = context.new_page()
+        page.on("pageerror", lambda err: errors.append(str(err)))
+        bu.wait_usable(page, f"{srv.url}?run=%3Cimg%20src%3Dx%20onerror%3D%22window.__pwned%3D1%22%3E", timeout_s=90)
+        page.wait_for_function("() => document.querySelector('#status-message').innerText.includes('names no run')",
+                               timeout=30_000)
+        said = [t for t in bu.text(page, "#status-message").splitlines() if "names no run" in t]
+        assert len(said) == 1 and said[0].endswith("nothing was picked"), said  # one line
+        assert "Traceback" not in page.inner_text("body")
+        assert page.evaluate("() => window.__pwned === undefined && !document.querySelector('#status-message img')")
+        assert not errors, errors
+    except Exception:
+        bu.save_artifacts(page, request.node.name, ARTIFACTS, srv)
+        raise
+    finally:
+        context.close()

@@ -250,7 +250,7 @@ def test_the_tab_renders_runs_groups_and_a_signature_that_follows_notes(made):
     from graftui.ui import runs
     from graftui.ui.tabs import regions as tab
 
-    table, figure, run_table, groups, sig = tab.render_all("", "", False, None, "method")
+    table, figure, run_table, groups, scatter, sig = tab.render_all("", "", False, None, "method")
     assert list(run_table.columns) == runs.RUNS_COLUMNS and len(run_table) == 4
     assert groups["visible"] is True and set(groups["value"]["group"]) == {"method: learned", "method: top-movement"}
     assert tab.render_all("", "", False, sig, "method") is None  # nothing new: nothing redrawn
@@ -258,6 +258,9 @@ def test_the_tab_renders_runs_groups_and_a_signature_that_follows_notes(made):
     again = tab.render_all("fresh", "", False, sig, "method")
     assert again is not None and list(again[2]["id"]) == [made["d"]] and list(again[0]["id"]) == [made["d"]]
     assert tab.render_all("", "", False, None, "")[3]["visible"] is False
+    chosen = tab.render_all("", "", False, None, "", ["seed", "accuracy"], "steps", "ece", "task")
+    assert list(chosen[2].columns) == ["id", "seed", "accuracy"] and chosen[-1] != sig
+    assert sum(len(t.x) for t in chosen[4].data) == 2 and chosen[4].data[0].name == "task: movies"  # a and b: steps, ECE
 
 
 def test_a_region_file_keeps_its_curve_which_the_runs_table_reads_without_its_job(home):
@@ -328,3 +331,123 @@ def test_the_core_and_union_of_a_seeds_run_say_the_examples_and_seeds_they_come_
     labels = runs.run_seeds(store.list_regions())  # the runs table's column: what run each region belongs to
     assert labels == {**{f"r-seed{s}": "seeds 0, 1, 2 of r" for s in (0, 1, 2)},
                       "r-core": "core of seeds 0, 1, 2 of r", "r-union": "union of seeds 0, 1, 2 of r"}
+
+
+def test_the_columns_chosen_are_the_table_s_columns_in_one_order(made):
+    """Every setting and metric can be chosen; the table shows those chosen in the one order of ``all_columns``, its
+    id first, whatever order they were ticked in; a label no column has is ignored."""
+    from graftui.ui import runs
+
+    labels = runs.column_labels()
+    assert {"model pair", "task", "method", "k (params)", "share of graftable", "steps", "lr", "seed", "learner",
+            "accuracy", "exact match", "ECE ↓", "share of FT gain", "OOD accuracy", "last mask loss", "link"} <= set(labels)
+    assert set(runs.score_columns()) <= set(labels)
+    rows = {r["id"]: r for r in runs.runs()}
+    table = runs.runs_table([rows[made["a"]], rows[made["c"]]], ["OOD accuracy", "lr", "no such column", "method"])
+    assert list(table.columns) == ["id", "method", "lr", "OOD accuracy"]
+    assert table.to_dict("records") == [
+        {"id": made["a"], "method": "learned", "lr": "0.02", "OOD accuracy": "65.0%"},
+        {"id": made["c"], "method": "top-movement", "lr": "", "OOD accuracy": ""}]
+    assert list(runs.runs_table([], None).columns) == runs.RUNS_COLUMNS  # nothing chosen yet: the default set
+    link = runs.runs_table([rows[made["a"]]], ["link"]).to_dict("records")[0]["link"]
+    assert link == f"?run={made['a']}"
+    side = runs.side_by_side(list(rows.values()), [made["b"], "nope", made["a"]], ["accuracy", "seed"])
+    assert list(side.columns) == ["column", made["b"], made["a"]]  # the runs picked side by side, in picked order
+    assert side.to_dict("records") == [{"column": "seed", made["b"]: "1", made["a"]: "0"},
+                                       {"column": "accuracy", made["b"]: "80.0%", made["a"]: "70.0%"}]
+
+
+def test_the_csv_holds_the_region_files_numbers_one_row_per_run(made):
+    """The CSV of two runs, read back by pandas: their ids and the numbers their files and score logs hold (a share
+    as a fraction, not '70.0%'), in a fresh file of the session's downloads folder."""
+    import pandas as pd
+
+    from graftui.ui import runs, store
+
+    rows = {r["id"]: r for r in runs.runs()}
+    two = [rows[made["a"]], rows[made["c"]]]
+    path = runs.export_csv(two, ["model pair", "k (params)", "share of graftable", "lr", "accuracy", "ECE ↓",
+                                 "OOD accuracy", "curve", "tags"])
+    assert path.parent == store.downloads_dir() and path.name.startswith("graftui-runs-") and path.suffix == ".csv"
+    again = runs.export_csv(two, ["accuracy"])
+    assert again != path and path.exists()  # a fresh file each time
+    frame = pd.read_csv(path)
+    assert list(frame.columns) == ["id", "base", "finetuned", "k", "share_of_graftable", "lr", "accuracy", "ece",
+                                   "ood_accuracy", "curve", "tags"]
+    assert list(frame["id"]) == [made["a"], made["c"]] and len(frame) == 2
+    for (_, got), key in zip(frame.iterrows(), "ac"):
+        meta = store.read_region_header(store.region_path(made[key])).meta
+        assert got["k"] == meta.k == (20 if key == "a" else 30)
+        assert got["share_of_graftable"] == pytest.approx(meta.k / meta.graftable_params)
+        assert got["base"] == meta.base and got["finetuned"] == meta.finetuned
+    assert frame["accuracy"].tolist() == [0.70, 0.60] and frame["ece"].tolist() == pytest.approx([0.10, 0.30])
+    assert frame["lr"].iloc[0] == 0.02 and pd.isna(frame["lr"].iloc[1])  # top movement learns nothing
+    assert frame["ood_accuracy"].iloc[0] == pytest.approx(0.65) and pd.isna(frame["ood_accuracy"].iloc[1])
+    assert frame["accuracy"].dtype.kind == "f" and frame["curve"].tolist() == [True, False]
+    with pytest.raises(RequestError, match="no run to export"):
+        runs.export_csv([], None)
+    assert [r["id"] for r in runs.exported(scope="picked", picked=[made["c"], "nope", made["a"]])] == \
+        [made["c"], made["a"]]  # the runs picked, in the order picked
+    assert [r["id"] for r in runs.exported("learned", "k", False)] == [r["id"] for r in runs.shown(
+        runs.runs(), "learned", "k", False)] and len(runs.exported("learned")) == 3  # the runs shown
+    with pytest.raises(RequestError, match="no run picked"):
+        runs.exported(scope="picked", picked=["nope"])
+
+
+def test_the_scatter_draws_one_point_per_run_at_its_metric_and_size(made):
+    from graftui.ui import runs
+
+    rows = runs.runs()
+    fig = runs.runs_scatter(rows, "k", "accuracy", "method")
+    drawn = {(t.name, cd[0]): (x, y) for t in fig.data for x, y, cd in zip(t.x, t.y, t.customdata)}
+    assert drawn == {("method: learned", made["a"]): (20, 0.70), ("method: learned", made["b"]): (20, 0.80),
+                     ("method: top-movement", made["c"]): (30, 0.60)}  # d was never scored: counted, not drawn
+    assert "1 run(s) without both not drawn" in fig.layout.title.text and fig.layout.xaxis.type == "log"
+    assert all("%{customdata[0]}" in t.hovertemplate for t in fig.data)  # hover names the run
+    steps = runs.runs_scatter(rows, "steps", "ece", "method")
+    assert sorted((cd[0], x, y) for t in steps.data for x, y, cd in zip(t.x, t.y, t.customdata)) == \
+        sorted([(made["a"], 10, 0.10), (made["b"], 10, 0.20)])  # top movement has no steps
+    share = runs.runs_scatter(rows, "share_of_graftable", "accuracy", "task")
+    assert len(share.data) == 1 and len(share.data[0].x) == 3 and share.data[0].name == "task: movies"
+    for bad in (("k", "note", "method"), ("lr", "accuracy", "method"), ("k", "accuracy", "colour")):
+        empty = runs.runs_scatter(rows, *bad)  # a choice the page does not offer: said, never raised
+        assert not empty.data and "Pick an x axis" in empty.layout.annotations[0].text
+    empty = runs.runs_scatter([rows[i] for i in range(len(rows)) if rows[i]["id"] == made["d"]], "k", "accuracy")
+    assert not empty.data and "None of the 1 run(s) shown has both" in empty.layout.annotations[0].text
+    assert "No run is shown" in runs.runs_scatter([], "k", "accuracy").layout.annotations[0].text
+
+
+def test_a_run_s_link_opens_it_and_an_unknown_or_hostile_id_gets_one_line(made):
+    from graftui.ui import runs
+
+    assert runs.linked_run(made["b"]) == made["b"] and runs.linked_run(f" {made['b']} ") == made["b"]
+    assert runs.run_link(made["b"]) == f"?run={made['b']}"
+    line = runs.links_line([made["a"], made["b"]])
+    assert f"]({runs.run_link(made['a'])})" in line and line.count("](?run=") == 2
+    for bad in ("no-such-run", "../../etc/passwd", "<img src=x onerror=alert(1)>**x**", "x" * 5000, "", None, ["a"]):
+        with pytest.raises(RegionError) as info:
+            runs.linked_run(bad)
+        text = str(info.value)
+        assert "the link names no run of this page" in text and "nothing was picked" in text, text
+        assert "\n" not in text and "<" not in text and "*" not in text and "/" not in text.split("'")[1], text
+        assert len(text) < 250, text
+
+
+def test_a_hosted_session_s_csv_is_written_in_its_own_folder(home, monkeypatch):
+    """The CSV goes to a fresh file the server names in the session's own downloads folder, never elsewhere; a page
+    without a live session writes nothing."""
+    from graftui import settings
+    from graftui.ui import runs, store
+
+    monkeypatch.setenv("GRAFTUI_HOSTED", "1")
+    pair, _, _ = make_tiny_pair()
+    mine = store.new_session()
+    with store.session(mine):
+        _save(pair, "my-run", 0, 10)
+        rows = runs.runs()
+        path = runs.export_csv(rows, ["k (params)"])
+        assert path.parent == store.downloads_dir() and path.is_relative_to(settings.workspace())
+        assert path.read_text().splitlines() == ["id,k", f"{rows[0]['id']},10"]
+    with store.session("not-a-session"):
+        with pytest.raises(SessionError, match="reload the page"):
+            runs.export_csv(rows, None)

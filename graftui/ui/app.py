@@ -66,7 +66,10 @@ def build_app() -> gr.Blocks:
                         f"{settings.SESSION_IDLE_HOURS:g} h after your last visit.")
             return msg, session, announced
 
-        keep_form(page, demo.load(on_load, [sid], [status, sid, page.announced]))
+        loaded = demo.load(on_load, [sid], [status, sid, page.announced])
+        keep_form(page, loaded)
+        for wire in page.loads:  # what the page's address asks for (a run's link), once its session is known
+            wire(loaded)
         poll_lists(page)
         timers = {name: gr.Timer(POLL_SECONDS, active=name == "models") for name in tabs}  # the first tab is open
         opened = {}

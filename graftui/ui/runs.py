@@ -11,21 +11,25 @@ way, from the latest comparison that scored the region on OOD tasks. Tags and no
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
+from urllib.parse import quote
 
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from .. import flows, regions
-from ..errors import RequestError
+from .. import figures, flows, regions
+from ..errors import RegionError, RequestError
 from ..figures import PALETTE, _layout, empty_figure
 from ..flows.replicates import replicate_groups, replicate_stem
 from ..formatting import pct
 from ..hosted import own_dir
 from ..jobs import DONE
 from ..regions import GROUPS, budget_of, settings_diff
-from ..paths import short_ref, without_stamp
+from ..paths import atomic_write, new_path, short_ref, without_stamp
 from ..kinds import KINDS
 from . import library, store
 
@@ -121,10 +125,26 @@ def runs(rows: list[dict] | None = None) -> list[dict]:
         if entry is None:
             continue
         said = regions.annotation_of(notes, r["id"], r["digest"])
+        last = (curves.get(r["id"]) or [{}])[-1]
         out.append({**r, "budget": budget_of(entry.meta), "run": seeds.get(r["id"], ""),
                     "score_name": entry.task_kind.words.score, "ood_accuracy": ood.get(str(Path(r["file"]).resolve())),
-                    "curve": r["id"] in curves, **said})
+                    "curve": r["id"] in curves, "mask_loss": _number(last.get("loss")),
+                    "mask_accuracy": _number(last.get("accuracy")), **run_settings(entry.meta), **said})
     return out
+
+
+def _number(value) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value == value else None
+
+
+def run_settings(meta) -> dict:
+    """What a run's row adds to its listing row (``regions.listing_row``) from its file: its mask-learning rate, its
+    training examples and its learner, as the settings columns show them."""
+    learn = meta.learn if isinstance(meta.learn, dict) else {}
+    how = meta.learner if isinstance(meta.learner, dict) else {}
+    learner = [s for s in regions.settings_of(meta) if s.endswith("learner") or " learner " in s]
+    return {"lr": _number(learn.get("lr")), "train_examples": meta.train_examples,
+            "learner": learner[0] if learner else str(how.get("learner") or "")}
 
 
 def shown(runs_: list[dict], words: str = "", sort: str | None = None, descending: bool = False) -> list[dict]:
@@ -143,35 +163,241 @@ def score_columns() -> list[str]:
     return list(dict.fromkeys(kind.words.score for kind in KINDS.values()))
 
 
-def runs_columns() -> list[str]:
-    return ["id", "task", "method", "budget", "k (params)", "seed", "run over seeds", *score_columns(), "ECE ↓",
-            "OOD accuracy", "curve", "tags", "note"]
-
-
-RUNS_COLUMNS = runs_columns()  # as the page is built
+# -- the columns a researcher chooses -------------------------------------------------------------------
+SETTING, METRIC, ABOUT = "setting", "metric", "about"  # how a run was made, how it scored, what is said of it
 NOTE_WIDTH = 80  # characters of a note the table shows; the region's own box holds it whole
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column the runs table can show: its header, whether it says how a run was made, how it scored or what is
+    said of it (``kind``), the values it writes to a CSV file (CSV header -> a number where it is one, so pandas reads
+    numbers), and its cell on the page. ``share``: a metric that is a share of the examples (a percentage on the page,
+    a fraction in the CSV)."""
+
+    label: str
+    kind: str
+    values: Callable[[dict], dict]
+    cell: Callable[[dict], str]
+    share: bool = False
+
+
+def _key(label: str) -> str:
+    """A CSV header for a column label: its words joined by '_' ('exact match' -> 'exact_match')."""
+    return re.sub(r"\W+", "_", label.replace("↓", "")).strip("_").lower()
+
+
+def _cut(text: str) -> str:
+    text = text.replace("\n", " ")
+    return text if len(text) <= NOTE_WIDTH else text[:NOTE_WIDTH - 1] + "…"
 
 
 def _pct(v) -> str:
     return pct(v, missing="")
 
 
-def runs_table(runs_: list[dict]) -> pd.DataFrame:
-    """The runs as the page shows them: one row each, scores as percentages, a note cut to NOTE_WIDTH."""
-    out = []
-    for r in runs_:
-        note = r["note"].replace("\n", " ")
-        scores = dict.fromkeys(score_columns(), "")
-        scores[r["score_name"]] = _pct(r["accuracy"])
-        out.append({
-            "id": r["id"], "task": short_ref(r["task"] or ""), "method": r["method"] or "", "budget": r["budget"],
-            "k (params)": f"{r['k']:,}" if r["k"] is not None else "",
-            "seed": "" if r["seed"] is None else str(r["seed"]), "run over seeds": r["run"],
-            **scores, "ECE ↓": "" if r["ece"] is None else f"{r['ece']:.3f}",
-            "OOD accuracy": _pct(r["ood_accuracy"]), "curve": "yes" if r["curve"] else NO_CURVE,
-            "tags": ", ".join(r["tags"]), "note": note if len(note) <= NOTE_WIDTH else note[:NOTE_WIDTH - 1] + "…",
-        })
-    return pd.DataFrame(out, columns=runs_columns())
+def _plain(v) -> str:
+    return "" if v is None else str(v)
+
+
+def _score(name: str) -> Column:
+    key = _key(name)
+    return Column(name, METRIC, lambda r: {key: r["accuracy"] if r["score_name"] == name else None},
+                  lambda r: _pct(r["accuracy"]) if r["score_name"] == name else "", share=True)
+
+
+def _field(label: str, key: str, kind: str, cell=_plain, share: bool = False) -> Column:
+    return Column(label, kind, lambda r: {key: r.get(key)}, lambda r: cell(r.get(key)), share)
+
+
+def run_link(region_id: str) -> str:
+    """The address that opens a run, relative to the app's page: its Regions tab with the run picked."""
+    return "?run=" + quote(str(region_id), safe="")
+
+
+def all_columns() -> list[Column]:
+    """Every column the runs table can show, in the one order it shows them: the settings that made a run, then the
+    metrics it has (a score column per kind, calibration, the share of the fine-tuning gain kept, OOD accuracy, the
+    mask-learning curve's last loss and batch accuracy), then what is said of it: whether its curve was recorded,
+    its tags, note and link."""
+    settings = [
+        _field("id", "id", SETTING),
+        Column("model pair", SETTING, lambda r: {"base": r["base"], "finetuned": r["finetuned"]},
+               lambda r: f"{short_ref(r['base'] or '?')} → {short_ref(r['finetuned'] or '?')}"),
+        Column("task", SETTING, lambda r: {"task": r["task"]}, lambda r: short_ref(r["task"] or "")),
+        _field("method", "method", SETTING),
+        _field("budget", "budget", SETTING),
+        _field("k (params)", "k", SETTING, lambda v: "" if v is None else f"{v:,}"),
+        _field("share of graftable", "share_of_graftable", SETTING, lambda v: pct(v, missing="")),
+        _field("steps", "steps", SETTING),
+        _field("lr", "lr", SETTING, lambda v: "" if v is None else f"{v:g}"),
+        _field("seed", "seed", SETTING),
+        _field("training examples", "train_examples", SETTING, lambda v: "" if v is None else f"{v:,}"),
+        _field("learner", "learner", SETTING),
+        Column("run over seeds", SETTING, lambda r: {"run_over_seeds": r["run"]}, lambda r: r["run"]),
+        Column("created (UTC)", SETTING, lambda r: {"created": r["created"]},
+               lambda r: (r["created"] or "").replace("T", " ")[:16]),
+    ]
+    metrics = [
+        *(_score(name) for name in score_columns()),
+        _field("ECE ↓", "ece", METRIC, lambda v: "" if v is None else f"{v:.3f}"),
+        _field("share of FT gain", "share_of_ft", METRIC, _pct, share=True),
+        _field("OOD accuracy", "ood_accuracy", METRIC, _pct, share=True),
+        _field("test examples", "n", METRIC, lambda v: "" if v is None else f"{v:,}"),
+        _field("last mask loss", "mask_loss", METRIC, lambda v: "" if v is None else f"{v:.4f}"),
+        _field("last batch accuracy", "mask_accuracy", METRIC, _pct, share=True),
+    ]
+    notes = [
+        Column("curve", ABOUT, lambda r: {"curve": bool(r["curve"])}, lambda r: "yes" if r["curve"] else NO_CURVE),
+        Column("tags", ABOUT, lambda r: {"tags": ", ".join(r["tags"])}, lambda r: ", ".join(r["tags"])),
+        Column("note", ABOUT, lambda r: {"note": r["note"]}, lambda r: _cut(r["note"])),
+        Column("link", ABOUT, lambda r: {"link": run_link(r["id"])}, lambda r: run_link(r["id"])),
+    ]
+    return [*settings, *metrics, *notes]
+
+
+def column_labels() -> list[str]:
+    return [c.label for c in all_columns()]
+
+
+def runs_columns() -> list[str]:
+    """The columns shown before any is chosen: what tells runs apart and how each scored."""
+    return ["id", "task", "method", "budget", "k (params)", "seed", "run over seeds", *score_columns(), "ECE ↓",
+            "OOD accuracy", "curve", "tags", "note"]
+
+
+RUNS_COLUMNS = runs_columns()  # as the page is built
+
+
+def chosen_columns(chosen=None) -> list[Column]:
+    """The columns ``chosen`` (labels; None: the default set) in the table's own order, the run's id always first;
+    a label no column has is left out."""
+    wanted = set(runs_columns() if chosen is None else [c for c in chosen if isinstance(c, str)]) | {"id"}
+    return [c for c in all_columns() if c.label in wanted]
+
+
+def runs_table(runs_: list[dict], chosen=None) -> pd.DataFrame:
+    """The runs as the page shows them: one row each, with the columns chosen (``chosen_columns``), scores as
+    percentages, a note cut to NOTE_WIDTH."""
+    columns = chosen_columns(chosen)
+    return pd.DataFrame([{c.label: c.cell(r) for c in columns} for r in runs_], columns=[c.label for c in columns])
+
+
+def runs_frame(runs_: list[dict], chosen=None) -> pd.DataFrame:
+    """The runs as numbers, one row each with the columns chosen (a CSV header per value: ``model pair`` gives
+    ``base`` and ``finetuned``); shares as fractions, a missing value empty, a whole note."""
+    columns = chosen_columns(chosen)
+    rows = [{k: v for c in columns for k, v in c.values(r).items()} for r in runs_]
+    keys = [k for c in columns for k in c.values(_BLANK)]
+    return pd.DataFrame(rows, columns=list(dict.fromkeys(keys)))
+
+
+_BLANK = {"id": "", "base": None, "finetuned": None, "task": None, "accuracy": None, "score_name": "", "run": "",
+          "created": None, "curve": False, "tags": [], "note": ""}  # a run with nothing: the keys a column writes
+
+
+CSV_STEM = "graftui-runs"
+
+
+def export_csv(runs_: list[dict], chosen=None) -> Path:
+    """The runs with the columns chosen written as a CSV file (``runs_frame``) to a fresh file of the session's own
+    downloads folder, ``graftui-runs-<UTC stamp>.csv``: a name the server makes, never a path the page names."""
+    if not runs_:
+        raise RequestError("no run to export: save a region first, or clear the filter that hides every run")
+    frame = runs_frame(runs_, chosen)
+    path = new_path(store.downloads_dir(), CSV_STEM, ".csv")
+    return atomic_write(path, lambda tmp: frame.to_csv(tmp, index=False), exclusive=True)
+
+
+def exported(words: str = "", sort: str | None = None, descending: bool = False, scope: str = "shown",
+             picked=None) -> list[dict]:
+    """The runs a CSV export writes: those the table shows (its filter and sort), or with ``scope`` 'picked' the runs
+    picked, in the order picked."""
+    all_runs = runs()
+    if scope != "picked":
+        return shown(all_runs, words, sort, descending)
+    by_id = {r["id"]: r for r in all_runs}
+    rows = [by_id[i] for i in dict.fromkeys(picked or []) if isinstance(i, str) and i in by_id]
+    if not rows:
+        raise RequestError("no run picked: pick runs under 'Runs to overlay', or export the runs shown")
+    return rows
+
+
+def side_by_side(runs_: list[dict], picked, chosen=None) -> pd.DataFrame:
+    """The runs picked side by side: one row per column chosen (the id heads each run's column), one column per run
+    in the order picked; a picked id that is no run is left out."""
+    by_id = {r["id"]: r for r in runs_}
+    shown = [by_id[i] for i in dict.fromkeys(picked or []) if isinstance(i, str) and i in by_id]
+    columns = [c for c in chosen_columns(chosen) if c.label != "id"]
+    header = ["column", *(r["id"] for r in shown)]
+    return pd.DataFrame([[c.label, *(c.cell(r) for r in shown)] for c in columns], columns=header)
+
+
+def links_line(picked) -> str:
+    """A line of links, one per run picked, that open the page with that run picked (``run_link``)."""
+    ids = [i for i in dict.fromkeys(picked or []) if isinstance(i, str) and i]
+    if not ids:
+        return "Pick runs to get a link to each: it opens this page with the run picked."
+    return "Links to the runs picked (open this page with the run picked): " + " · ".join(
+        f"[{_md(i)}]({run_link(i)})" for i in ids)
+
+
+LINK_SHOWN = 40  # characters of a link's run id a refusal quotes
+
+
+def linked_run(run_id) -> str:
+    """The run a ``?run=`` link opens: one of the regions this session lists, else a RegionError of one line that
+    quotes the id only as plain characters (a link is anyone's text)."""
+    text = run_id.strip() if isinstance(run_id, str) else ""
+    if text and text in {e.id for e in store.list_regions()}:
+        return text
+    shown = re.sub(r"[^A-Za-z0-9._-]", "?", text[:LINK_SHOWN]) + ("…" if len(text) > LINK_SHOWN else "")
+    raise RegionError(f"the link names no run of this page ('{shown}'): ?run= takes the id of a region saved here "
+                      "(the id column of the Runs table); nothing was picked")
+
+
+def _md(text: str) -> str:
+    """A region id as Markdown text: every character Markdown or HTML reads escaped."""
+    return re.sub(r"([\\`*_{}\[\]()<>#+\-.!|~&])", r"\\\1", text)
+
+
+# -- one metric against a run's size or length -----------------------------------------------------------
+SCATTER_X = {"k": "k (params)", "share_of_graftable": "share of graftable", "steps": "steps"}  # key -> axis title
+SCATTER_X_CHOICES = [("k (region size)", "k"), ("sparsity (share of graftable)", "share_of_graftable"),
+                     ("steps", "steps")]
+COLOUR_BY = {"method": "method", "pair": "model pair", "task": "task", "pair_task": "model · task",
+             "budget": "budget"}
+COLOUR_CHOICES = [(label, key) for key, label in COLOUR_BY.items()]
+
+
+def scatter_metrics() -> list[tuple[str, str]]:
+    """(label, CSV key) of every metric the scatter can put on its y axis: the number columns among the metrics."""
+    return [(c.label, next(iter(c.values(_BLANK)))) for c in all_columns() if c.kind == METRIC]
+
+
+def _colour(run: dict, by: str) -> str:
+    pair = f"{short_ref(run['base'] or '?')} → {short_ref(run['finetuned'] or '?')}"
+    task = short_ref(run["task"] or "?")
+    return {"method": run["method"] or "?", "pair": pair, "task": task, "pair_task": f"{pair} · {task}",
+            "budget": run["budget"]}.get(by) or "?"
+
+
+def runs_scatter(runs_: list[dict], x: str = "k", y: str = "accuracy", by: str = "method") -> go.Figure:
+    """The metric ``y`` (a CSV key of ``scatter_metrics``) of each run shown against its k, sparsity (share of the
+    graftable parameters) or steps (``x``), coloured by ``by`` (``COLOUR_BY``). A choice the page does not offer gives
+    an empty figure that says so, never an exception."""
+    metrics = {key: label for label, key in scatter_metrics()}
+    if x not in SCATTER_X or y not in metrics or by not in COLOUR_BY:
+        return empty_figure(f"Pick an x axis ({', '.join(SCATTER_X)}), a metric and a colouring from the lists.")
+    shares = {next(iter(c.values(_BLANK))) for c in all_columns() if c.share}
+    points = [{"id": r["id"], "x": r.get(x), "y": next(iter(_column(metrics[y]).values(r).values())),
+               "group": _colour(r, by)} for r in runs_]
+    return figures.runs_scatter(points, SCATTER_X[x], metrics[y], COLOUR_BY[by], x_share=x == "share_of_graftable",
+                                y_share=y in shares, x_log=x != "steps")
+
+
+def _column(label: str) -> Column:
+    return next(c for c in all_columns() if c.label == label)
 
 
 # -- groups ----------------------------------------------------------------------------------------

@@ -447,6 +447,7 @@ class Page:
     region_pickers: list = field(default_factory=list)  # (dropdown, several): refreshed when regions change
     checkpoint_pickers: list = field(default_factory=list)  # (dropdown, base offered): refreshed with checkpoints
     pending: list = field(default_factory=list)  # wiring that waits for every tab
+    loads: list = field(default_factory=list)  # wiring that follows the page's load: each called with its event
     states: list = field(default_factory=list)  # placed at the page's root by finish()
     callers: list = field(default_factory=list)  # the hidden triggers of API-only events (``confirm``), placed there too
     # made by Models, read by every tab that runs on the pair and task

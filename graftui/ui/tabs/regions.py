@@ -13,7 +13,7 @@ from ... import figures
 from ...paths import short_ref
 from ...regions import LISTING_COLUMNS, MAX_NOTE_CHARS, MAX_TAG_CHARS, MAX_TAGS, group_runs
 from .. import forms, jobwords, library, runs, store, tables
-from ..wiring import TABLE_HEIGHT
+from ..wiring import TABLE_HEIGHT, in_session
 from . import push
 
 INTRO = (
@@ -49,19 +49,24 @@ def render_table(words, sort, descending, last=None) -> tuple | None:
     return None if drawn is None else (drawn[0], drawn[1], drawn[-1])
 
 
-def render_all(words, sort, descending, last=None, by="") -> tuple | None:
-    """The regions table, the frontier plot, the runs table and its groups for the filter, sort and grouping picked,
-    and what they show (the signature the poll compares); None when that is ``last``, what is shown already. The
-    filter also finds a run by its tags and note."""
+def render_all(words, sort, descending, last=None, by="", chosen=None, x="k", y="accuracy", colour="method"
+               ) -> tuple | None:
+    """The regions table, the frontier plot, the runs table with the columns chosen, its groups and its scatter (the
+    metric ``y`` against ``x``, coloured by ``colour``) for the filter, sort and grouping picked, and what they show
+    (the signature the poll compares); None when that is ``last``, what is shown already. The filter also finds a
+    run by its tags and note."""
     rows = library.regions_listing()
+    chosen = None if chosen is None else [c for c in chosen if isinstance(c, str)]
     sig = (tuple((r["id"], r["digest"], r["scored"], r["created"]) for r in rows), words or "", sort or "",
-           bool(descending), by or "", runs.notes_signature(), runs.jobs_signature())
+           bool(descending), by or "", runs.notes_signature(), runs.jobs_signature(),
+           None if chosen is None else tuple(chosen), x, y, colour)
     if sig == last:
         return None
     shown = runs.shown(runs.runs(rows), words, sort, descending)
     groups = (gr.update(value=runs.groups_table(group_runs(shown, by), by), visible=True) if by else
               gr.update(value=runs.groups_table([], "method"), visible=False))
-    return library.regions_table(shown), figures.region_frontiers(shown), runs.runs_table(shown), groups, sig
+    return (library.regions_table(shown), figures.region_frontiers(shown), runs.runs_table(shown, chosen), groups,
+            runs.runs_scatter(shown, x, y, colour), sig)
 
 
 RUNS_NOTE = (
@@ -70,7 +75,15 @@ RUNS_NOTE = (
     "at its latest evaluation in distribution (accuracy, or exact match for a completion task), its ECE, its mean "
     "accuracy over the OOD tasks of the latest comparison that scored it out of distribution, whether its "
     "mask-learning curve was recorded, and its tags and note (written under **One region** below). The filter above "
-    "also finds tags and notes. Group the runs to see each budget's, method's or seed's mean score and its spread."
+    "also finds tags and notes. Group the runs to see each budget's, method's or seed's mean score and its spread. "
+    "**Columns** chooses what the table shows (every setting and metric a run has), the CSV export writes it as "
+    "numbers, and each run picked gets a link that opens this page with it picked."
+)
+CSV_SCOPES = [("the runs shown", "shown"), ("the runs picked", "picked")]
+SCATTER_NOTE = (
+    "One point per run shown (the filter above applies): the metric picked against the run's region size k, its "
+    "sparsity (k as a share of the graftable parameters) or its mask steps, coloured by method, model pair or task; "
+    "hover a point for its run. A run without a value on either axis is not drawn, and the title counts it."
 )
 CURVES_NOTE = (
     "The curves are the mask steps each run's region file keeps, or for an older region its localize job recorded "
@@ -88,7 +101,7 @@ def build_table(page) -> tuple:
                 "settings, and the accuracy, ECE and share of the fine-tuning gain of its graft at its latest evaluation "
                 "(blank until one is scored on Compare), on the task it was scored on: its own unless another was "
                 "asked for.")
-    table, plot, run_table, groups_update, sig = render_all("", "", False)
+    table, plot, run_table, groups_update, scatter_figure, sig = render_all("", "", False)
     with gr.Row():
         words = gr.Textbox("", label="Filter", placeholder="words every row shown holds, e.g. movies learned",
                            elem_id="regions-filter")
@@ -102,10 +115,28 @@ def build_table(page) -> tuple:
     group = gr.Radio(runs.GROUP_CHOICES, value="", label="Group by", elem_id="runs-group")
     groups = gr.Dataframe(groups_update["value"], interactive=False, wrap=True, label="Runs grouped: score per group",
                           visible=False, elem_id="runs-groups")
+    columns = gr.CheckboxGroup(runs.column_labels(), value=runs.RUNS_COLUMNS, label="Columns",
+                               info="the settings that made each run, then its metrics; the id is always shown",
+                               elem_id="runs-columns")
     run_frame = gr.Dataframe(run_table, interactive=False, wrap=True, max_height=TABLE_HEIGHT, label="Runs",
                              elem_id="runs-table")
+    with gr.Row():
+        csv_scope = gr.Radio(CSV_SCOPES, value="shown", label="Export as CSV", elem_id="runs-csv-scope")
+        csv_export = gr.Button("Export the runs as CSV", elem_id="runs-csv-export", scale=0)
+    csv_file = gr.File(label="Runs (CSV: the columns chosen, as numbers)", interactive=False, elem_id="runs-csv")
+    gr.Markdown(SCATTER_NOTE, elem_id="runs-scatter-note")
+    with gr.Row():
+        x_axis = gr.Dropdown(runs.SCATTER_X_CHOICES, value="k", label="x axis", elem_id="runs-scatter-x")
+        y_axis = gr.Dropdown([(label, key) for label, key in runs.scatter_metrics()], value="accuracy",
+                             label="y axis (a metric)", elem_id="runs-scatter-y")
+        colour = gr.Dropdown(runs.COLOUR_CHOICES, value="method", label="Colour by", elem_id="runs-scatter-colour")
+    scatter = gr.Plot(scatter_figure, label="A metric of the runs shown against their size or length",
+                      elem_id="runs-scatter")
     picked = gr.Dropdown([], value=[], multiselect=True, allow_custom_value=True, label="Runs to overlay",
                          elem_id="runs-pick")
+    links = gr.Markdown(runs.links_line([]), elem_id="runs-links")
+    side = gr.Dataframe(runs.side_by_side([], []), interactive=False, wrap=True, max_height=TABLE_HEIGHT,
+                        label="The runs picked side by side (the columns chosen)", elem_id="runs-side")
     curves = gr.Plot(runs.curves_figure([], {}), label="Mask learning of the runs picked", elem_id="runs-curves")
     gr.Markdown(CURVES_NOTE, elem_id="runs-curves-note")
     diff_line = gr.Markdown("", elem_id="runs-diff-note")
@@ -113,32 +144,70 @@ def build_table(page) -> tuple:
                         elem_id="runs-diff")
     shown = page.state(sig)
     page.region_pickers.append((picked, True))  # its choices follow the saved regions; empty, it gets the newest
-    outputs = [frame, figure, run_frame, groups, shown]
+    outputs = [frame, figure, run_frame, groups, scatter, shown]
+    refresh_in = [words, sort, descending, group, columns, x_axis, y_axis, colour, shown]
 
-    def refresh(text, by_sort, desc, by, last):
-        return render_all(text, by_sort, desc, last, by) or (*[gr.skip()] * 4, last)
+    def refresh(text, by_sort, desc, by, chosen, x, y, by_colour, last):
+        return render_all(text, by_sort, desc, last, by, chosen, x, y, by_colour) or (*[gr.skip()] * 5, last)
 
-    page.poll.add(refresh, [words, sort, descending, group, shown], outputs, tab="regions")
-    for event in (words.submit, sort.change, descending.change, group.change):
-        page.on(event, page.quiet(lambda *a: (*refresh(*a), gr.skip())), [words, sort, descending, group, shown],
-                [*outputs, page.status], show_progress="hidden")
+    page.poll.add(refresh, refresh_in, outputs, tab="regions")
+    for event in (words.submit, sort.change, descending.change, group.change, columns.change, x_axis.change,
+                  y_axis.change, colour.change):
+        page.on(event, page.quiet(lambda *a: (*refresh(*a), gr.skip())), refresh_in, [*outputs, page.status],
+                show_progress="hidden")
 
     @page.quiet
-    def on_pick(ids):
+    def on_pick(ids, chosen):
         listed = {e.id for e in store.list_regions()}  # a value typed into the picker is no run: never drawn
         ids = [i for i in ids or [] if isinstance(i, str) and i in listed]
         table_, line = runs.compare_settings(ids)
-        return runs.curves_figure(ids, runs.localize_curves(store.runner())), table_, line, gr.skip()
+        return (runs.curves_figure(ids, runs.localize_curves(store.runner())), table_, line,
+                runs.side_by_side(runs.runs(), ids, chosen), runs.links_line(ids), gr.skip())
 
-    page.on(picked.change, on_pick, [picked], [curves, diff, diff_line, page.status], show_progress="hidden")
-    return refresh, [words, sort, descending, group, shown], outputs, (on_pick, picked, [curves, diff, diff_line])
+    pick_in, pick_out = [picked, columns], [curves, diff, diff_line, side, links]
+    for event in (picked.change, columns.change):
+        page.on(event, on_pick, pick_in, [*pick_out, page.status], show_progress="hidden")
+
+    @page.guard()
+    def on_csv(text, by_sort, desc, chosen, scope, ids):
+        rows = runs.exported(text, by_sort, desc, scope, ids)
+        path = runs.export_csv(rows, chosen)
+        return str(path), f"✓ Wrote {len(rows)} run(s) with {len(runs.chosen_columns(chosen))} column(s) to {path.name}."
+
+    page.on(csv_export.click, on_csv, [words, sort, descending, columns, csv_scope, picked], [csv_file, page.status])
+    return refresh, refresh_in, outputs, (on_pick, pick_in, pick_out)
+
+
+OPEN_REGIONS_JS = ("() => { if (new URLSearchParams(window.location.search).has('run')) "
+                   "document.getElementById('tab-regions-button')?.click(); }")
+
+
+def open_linked_run(page, loaded, picked, select) -> None:
+    """A page opened from a run's link (``?run=<region id>``, ``runs.run_link``) picks that run once its session is
+    known: in the runs picker (its curve drawn) and in the Saved region picker, the Regions tab opened. An id that is
+    no run of this session gets one line in the status line and nothing picked."""
+    @page.quiet
+    def open_run(run_id):
+        run = runs.linked_run(run_id)
+        choices = store.region_choices()
+        return (gr.update(choices=choices, value=[run]), gr.update(choices=choices, value=run),
+                f"Opened run **{run}** from its link: picked below its runs table and in Saved region.")
+
+    def at_load(session, request: gr.Request = None):  # Gradio passes the page's request (its address)
+        run_id = request.query_params.get("run") if request is not None else None
+        if run_id is None:  # a page opened without a link: nothing to pick
+            return gr.skip(), gr.skip(), gr.skip()
+        return in_session(open_run, [picked, select, page.status])(session, run_id)
+
+    loaded.then(at_load, [page.sid], [picked, select, page.status], show_progress="hidden").then(
+        None, None, None, js=OPEN_REGIONS_JS)
 
 
 def build(page) -> gr.Tab:
     status = page.status
     with gr.Tab("Regions", elem_id="tab-regions") as tab:
         gr.Markdown(INTRO)
-        refresh, refresh_in, refresh_out, (on_pick, picked, pick_out) = build_table(page)
+        refresh, refresh_in, refresh_out, (on_pick, pick_in, pick_out) = build_table(page)
         gr.Markdown("### One region")
         with gr.Row():
             reg_sel = gr.Dropdown(store.region_choices(), allow_custom_value=True, label="Saved region",
@@ -199,7 +268,8 @@ def build(page) -> gr.Tab:
 
     page.on(reg_note_save.click, on_note_save, [reg_sel, reg_tags, reg_note, *refresh_in],
             [reg_tags, reg_note, reg_note_status, *refresh_out, status])
-    page.on(tab.select, on_pick, [picked], [*pick_out, status], show_progress="hidden")
+    page.on(tab.select, on_pick, pick_in, [*pick_out, status], show_progress="hidden")
+    page.loads.append(lambda loaded: open_linked_run(page, loaded, pick_in[0], reg_sel))  # a run's link
 
     armed = page.state(None)  # (the region a first press of Delete named, when); a second press deletes it
 
