@@ -1209,6 +1209,24 @@ def test_a_waiting_job_shows_its_place_in_the_queue(tmp_path):
         release.set()
 
 
+def test_the_jobs_table_gives_a_running_job_its_time_left_and_a_waiting_one_its_start_and_end(tmp_path):
+    from graftui.jobs import JobRunner
+    from graftui.ui import jobwords
+
+    runner = JobRunner(tmp_path / "jobs")
+    release, started = threading.Event(), threading.Event()
+    try:
+        running = runner.submit("localize", "runs", lambda ctx: started.set() or release.wait(30) and {}, estimate=600)
+        assert started.wait(10)  # it holds the lane before the shorter job comes (which would otherwise go first)
+        waiting = runner.submit("finetune", "waits", lambda ctx: {}, estimate=300)
+        rows = {r["id"]: r for r in jobwords.job_rows(runner).to_dict("records")}
+        assert rows[running.id]["progress"].startswith("0 % · about 10 min left"), rows[running.id]
+        assert rows[waiting.id]["progress"].startswith("next in the queue · starts in about 10 min, ends in about 15"), \
+            rows[waiting.id]
+    finally:
+        release.set()
+
+
 def test_a_reloaded_page_says_which_job_runs_and_then_how_it_ended(home, monkeypatch):
     from graftui.ui import app, jobwords, store
 

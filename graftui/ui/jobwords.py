@@ -36,7 +36,9 @@ def job_rows(runner, limit: int = 40) -> pd.DataFrame:
             "kind": job.kind,
             "title": job.title,
             "status": job.status,
-            "progress": f"{100 * job.fraction:.0f} %" if job.status != QUEUED else wait_words(runner, job),
+            "progress": wait_words(runner, job) if job.status == QUEUED else
+            f"{100 * job.fraction:.0f} %" + (when_words(runner.expected(job.id), waiting=False) if job.status == RUNNING
+                                             else ""),
             "duration": _duration(job),
             "message": job.error or job.message,
         })
@@ -46,7 +48,9 @@ def job_rows(runner, limit: int = 40) -> pd.DataFrame:
 def job_signature(runner) -> tuple:
     """Changes whenever anything shown in the jobs table changes."""
     return tuple((j.id, j.status, round(j.fraction, 2), j.message, int(j.duration or 0),
-                  wait_words(runner, j) if j.status == QUEUED else None) for j in runner.jobs()[:40])
+                  wait_words(runner, j) if j.status == QUEUED else
+                  when_words(runner.expected(j.id), waiting=False) if j.status == RUNNING else None)
+                 for j in runner.jobs()[:40])
 
 
 def queue_words(place: int | None, lane: str = MAIN) -> str:
