@@ -35,6 +35,7 @@ from .config import (DEFAULT_BUILD_SECONDS, DEFAULT_CHECK_N, DEFAULT_FINETUNED_R
                      default_checkpoint_dir, is_default_finetuned)
 from .flows.common import STEP_PASSES
 from .flows.laboratory import multitask_checkpoint
+from .flows.reproduction import expected_seconds
 from .errors import GraftuiError
 from .localizers import get_method
 from .sizing import EXPECTED_POINTS
@@ -278,7 +279,9 @@ SCORES = {"wise": _wise, "compose": _compose, "anatomy": _anatomy}
 # example passes, or None where a count is left to the data.
 COSTS = {"localize": _localize, "evaluate": _evaluate, "sweep": _sweep, "finetune": _finetune, "retrain": _retrain,
          "multitask": _multitask, "continual": _continual}
-SHOWN = {*SCORES, "sweep", "finetune", "retrain", "multitask", "continual"}  # a first guess only shown (see SCORES)
+TOLD = {"reproduce": expected_seconds}  # verbs whose own plan says its seconds on 2 CPU cores
+SHOWN = {*SCORES, *TOLD, "sweep", "finetune", "retrain", "multitask", "continual"}  # a first guess only shown (see
+# SCORES)
 
 
 def _kinds(request, reads) -> list:
@@ -297,7 +300,11 @@ def pair_bytes(request, reads: list[tuple[str, str | None]] = ()) -> int | None:
     its base's): what one example pass costs, in proportion."""
     ref = getattr(request, "finetuned", None) or next((ft for _, ft in reads if ft), None) or (
         getattr(request, "base", None) if request.verb in TRAINS_BASE else None)
-    return weights_bytes(ref) if ref else None
+    if not ref:
+        return None
+    # a default not built yet, or an adapter, reads as its base does: a fine-tune has its base's tensors
+    default = DEFAULT_FINETUNED_REFS.get(str(ref).strip().lower())
+    return weights_bytes(ref) or weights_bytes(default[0] if default else getattr(request, "base", None))
 
 
 def work(request, reads: list[tuple[str, str | None]] = ()) -> float | None:
@@ -358,6 +365,8 @@ def plan(request, kind: str, history: list[Job], reads: list[tuple[str, str | No
     by_cost, cost, measured = costed(request, kind, history, list(reads), tokens)
     same = None if tokens is not None else typical_seconds(history, kind, request.as_dict())
     typical = same if same is not None else by_cost
+    if typical is None and request.verb in TOLD:
+        typical = TOLD[request.verb](request)
     if typical is None and request.instant:
         typical = INSTANT_SECONDS
     estimate = None if typical is None else typical + (DEFAULT_BUILD_SECONDS.get(builds, 0.0) if builds else 0.0)

@@ -5,6 +5,8 @@ end here: a queued job is enough, and the server is stopped with its queue."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 import browser_util as bu
@@ -12,7 +14,7 @@ from conftest import link_shared_builds
 from graftui.config import DEFAULT_BASE, DEFAULT_FINETUNED, DEFAULT_TASK
 from graftui.errors import message
 from graftui.requests import FinetuneRequest, LocalizeRequest, choices_of
-from graftui.ui import forms, store
+from graftui.ui import forms, jobwords, store
 from graftui.ui.tabs import localize, models
 from test_browser import ARTIFACTS, browser  # noqa: F401 - the module's Chromium fixture
 from test_hosted_tabs import Queue
@@ -145,6 +147,15 @@ def test_parity_every_tabs_main_button_with_its_defaults_starts_a_job_or_says_a_
                 assert said in true_refusals, f"#{button} with its defaults was refused: {said}"
         print("\n[parity] " + "; ".join(f"{b}: {o} {s}" for b, (o, s) in outcomes.items()))
         assert {b for b, (o, _) in outcomes.items() if o == "job"} >= {"finetune-run", "localize-run", "sweep-run"}
+        # every job of the queue, of every verb, says when it should start and end (a running one: what is left)
+        page.wait_for_function("() => document.querySelector('#jobs-table').innerText.includes('ends in')",
+                               timeout=60_000)
+        jobs = [dict(zip(jobwords.JOB_COLUMNS, r)) for r in bu.table_rows(page, "jobs-table") if r]
+        waiting = [j for j in jobs if j["status"] in ("queued", "running")]
+        print("[parity] jobs: " + "; ".join(f"{j['kind']} {j['status']} {j['progress']}" for j in jobs))
+        assert len({j["kind"] for j in waiting}) >= 5, jobs
+        untold = [j for j in waiting if not re.search(r"starts in about .+, ends in about |left$", j["progress"])]
+        assert not untold, untold
         assert "Traceback" not in page.inner_text("body") and not errors, errors[:5]
     except Exception:
         bu.save_artifacts(page, "parity", ARTIFACTS, hosted_server)

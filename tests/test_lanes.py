@@ -219,6 +219,34 @@ def test_the_weights_a_cost_counts_are_the_checkpoints_files_here_and_never_a_se
     assert lanes.weights_bytes(str(adapter)) is None  # a LoRA adapter: its base does the work
 
 
+def test_a_default_not_built_yet_and_an_adapter_cost_their_bases_weights_and_a_reproduction_its_plan(tmp_path,
+                                                                                                     monkeypatch):
+    """A job on a default fine-tuned model that it builds first, or on a LoRA adapter, is costed at its base's
+    weights (a fine-tune has its base's tensors); a reproduction's length is its plan's, every step counted."""
+    from graftui import lanes
+    from graftui.config import DEFAULT_FINETUNED
+    from graftui.flows import reproduction
+    from graftui.requests import LocalizeRequest, ReproduceRequest, SweepRequest
+
+    monkeypatch.setenv("GRAFTUI_HOME", str(tmp_path / "home"))  # nothing built here
+    base = lanes.weights_bytes("minilm")
+    assert base and lanes.weights_bytes(DEFAULT_FINETUNED) is None
+    for request in (LocalizeRequest(), SweepRequest(n=100)):
+        assert lanes.pair_bytes(request) == base, request.verb
+        assert lanes.plan(request, request.verb, []).estimate is not None, request.verb
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text("{}")
+    assert lanes.pair_bytes(LocalizeRequest(base="minilm", finetuned=str(adapter))) == base
+    for request in (ReproduceRequest(), ReproduceRequest(quick=True), ReproduceRequest(quick=True, section="generative")):
+        seconds = reproduction.expected_seconds(request)
+        steps, cost, _ = reproduction.section_plan(request, reproduction.scale_of(request), tmp_path / "r")
+        assert seconds == sum(cost(s) for s in steps) > 0
+        plan = lanes.plan(request, "reproduce", [])
+        assert plan.estimate == seconds and plan.lane == lanes.MAIN, plan
+    assert reproduction.expected_seconds(ReproduceRequest()) > reproduction.expected_seconds(ReproduceRequest(quick=True))
+
+
 def test_a_job_that_builds_a_default_model_or_runs_the_harness_takes_the_main_lane(monkeypatch):
     from graftui.config import DEFAULT_BUILD_SECONDS
     from graftui.requests import LocalizeRequest, PredictRequest

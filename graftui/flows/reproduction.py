@@ -267,6 +267,14 @@ def section_plan(req: ReproduceRequest, scale: Scale, out: Path):
         lambda R, log, seconds: build_report(scale, R, log, seconds)
 
 
+def expected_seconds(req: ReproduceRequest) -> float:
+    """The seconds a run is expected to take on 2 CPU cores, every step of its section counted (steps a resumed run
+    reuses are not subtracted: an upper bound)."""
+    scale = scale_of(req)
+    steps, cost, _ = section_plan(req, scale, Path(req.out) if req.out else default_out(req))
+    return float(sum(cost(step) for step in steps))
+
+
 # -- the flow --------------------------------------------------------------------------------------
 @dataclass
 class ReproduceResult(Result):
