@@ -12,6 +12,11 @@ The script must run before Gradio's modules, which keep their own reference to
 the top of the served page's ``<head>`` by a small ASGI middleware instead. It delays the frames
 asked for from within the status tracker's module (its elapsed-time counter, its loading spinner's
 first step); every other frame is asked for as before. A held frame can still be cancelled.
+
+It also makes typing into a picker narrow its choices. Gradio's dropdown filters its choices by the text in its box,
+and the box keeps the label of what is picked when it opens: what is typed is added after that label, and no choice
+holds the two (a region's label is long, so its end is out of sight). Focusing a picker selects its text, so what is
+typed ("seed 1", a task, a model) replaces it and the list narrows to the choices that hold it.
 """
 
 from __future__ import annotations
@@ -38,6 +43,11 @@ SCRIPT = f"""<script>
     held.delete(id);
     return pending < 0 ? cancel(-pending) : clearTimeout(pending);
   }};
+  document.addEventListener("focusin", (event) => {{
+    const box = event.target;
+    if (!(box instanceof HTMLInputElement) || box.getAttribute("role") !== "combobox" || box.readOnly) return;
+    setTimeout(() => {{ if (document.activeElement === box && box.value) box.select(); }}, 0);
+  }}, true);
 }})();
 </script>"""
 
