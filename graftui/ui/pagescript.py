@@ -17,11 +17,16 @@ It also makes typing into a picker narrow its choices. Gradio's dropdown filters
 and the box keeps the label of what is picked when it opens: what is typed is added after that label, and no choice
 holds the two (a region's label is long, so its end is out of sight). Focusing a picker selects its text, so what is
 typed ("seed 1", a task, a model) replaces it and the list narrows to the choices that hold it.
+
+On a phone (PHONE_WIDTH or narrower) the accordions marked ``phone-closed`` (the secondary parts of a tab: calibration
+plots, examples the models disagree on) are closed once each as they appear, so a tab is as tall as its main result;
+one opened by hand stays open. On a wider window they stay as the app builds them, open.
 """
 
 from __future__ import annotations
 
 FRAME_DELAY_MS = 250
+PHONE_WIDTH = 560  # px, as ``style.PHONE_WIDTH``
 
 SCRIPT = f"""<script>
 (() => {{
@@ -48,6 +53,19 @@ SCRIPT = f"""<script>
     if (!(box instanceof HTMLInputElement) || box.getAttribute("role") !== "combobox" || box.readOnly) return;
     setTimeout(() => {{ if (document.activeElement === box && box.value) box.select(); }}, 0);
   }}, true);
+  const phone = window.matchMedia("(max-width: {PHONE_WIDTH}px)");
+  const closeSecondary = () => {{
+    if (!phone.matches) return;
+    document.querySelectorAll(".phone-closed:not([data-graftui-closed])").forEach((part) => {{
+      const button = part.querySelector("button.label-wrap");
+      if (!button) return;
+      part.dataset.graftuiClosed = "1";
+      if (button.classList.contains("open")) button.click();
+    }});
+  }};
+  phone.addEventListener("change", closeSecondary);
+  new MutationObserver(() => {{ if (phone.matches) closeSecondary(); }})
+    .observe(document.documentElement, {{ childList: true, subtree: true }});
 }})();
 </script>"""
 

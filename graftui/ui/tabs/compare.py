@@ -157,6 +157,9 @@ def predict_kind_or_default(region_ids) -> str:
         return "classification"
 
 
+PHONE_CLOSED = "phone-closed"  # an accordion open on a desk and closed on a phone (``pagescript``): secondary parts
+
+
 def build(page) -> gr.Tab:
     d = page.defaults
     with gr.Tab("Compare", elem_id="tab-compare") as tab:
@@ -187,21 +190,25 @@ def build(page) -> gr.Tab:
         cmp_diff = gr.Dataframe(pd.DataFrame(columns=tables.DIFFERENCE_COLUMNS), interactive=False, wrap=True,
                                 max_height=TABLE_HEIGHT, elem_id="compare-differences", label=DIFFERENCES_LABEL)
         cmp_side = gr.Plot(None, visible=False, elem_id="compare-side-by-side")
-        with gr.Row(elem_id="compare-calibration"):
-            cmp_rel = gr.Plot(figures.empty_figure("Run a comparison to see the reliability diagram."),
-                              elem_id="compare-reliability")
-            cmp_hist = gr.Plot(figures.empty_figure("Run a comparison to see the confidence histogram."),
-                               elem_id="compare-histogram")
-        cmp_unlike_md = gr.Markdown("", elem_id="compare-disagreements-note")
-        cmp_unlike = gr.Dataframe(pd.DataFrame(columns=tables.DISAGREEMENT_COLUMNS), interactive=False, wrap=True,
-                                  max_height=TABLE_HEIGHT, elem_id="compare-disagreements",
-                                  label=DISAGREEMENTS_LABEL)
-        with gr.Row(elem_id="compare-disagreements-pager"):
-            unlike_prev = gr.Button("◀ Previous", size="sm", interactive=False, scale=0, min_width=120,
-                                    elem_id="compare-disagreements-prev")
-            unlike_line = gr.Markdown("", elem_id="compare-disagreements-page")
-            unlike_next = gr.Button("Next ▶", size="sm", interactive=False, scale=0, min_width=120,
-                                    elem_id="compare-disagreements-next")
+        with gr.Accordion("Calibration: reliability diagram and confidence histogram", open=True,
+                          elem_id="compare-calibration-section", elem_classes=[PHONE_CLOSED]):
+            with gr.Row(elem_id="compare-calibration"):
+                cmp_rel = gr.Plot(figures.empty_figure("Run a comparison to see the reliability diagram."),
+                                  elem_id="compare-reliability")
+                cmp_hist = gr.Plot(figures.empty_figure("Run a comparison to see the confidence histogram."),
+                                   elem_id="compare-histogram")
+        with gr.Accordion("Test examples the models disagree on", open=True, elem_id="compare-disagreements-section",
+                          elem_classes=[PHONE_CLOSED]):
+            cmp_unlike_md = gr.Markdown("", elem_id="compare-disagreements-note")
+            cmp_unlike = gr.Dataframe(pd.DataFrame(columns=tables.DISAGREEMENT_COLUMNS), interactive=False, wrap=True,
+                                      max_height=TABLE_HEIGHT, elem_id="compare-disagreements",
+                                      label=DISAGREEMENTS_LABEL)
+            with gr.Row(elem_id="compare-disagreements-pager"):
+                unlike_prev = gr.Button("◀ Previous", size="sm", interactive=False, scale=0, min_width=120,
+                                        elem_id="compare-disagreements-prev")
+                unlike_line = gr.Markdown("", elem_id="compare-disagreements-page")
+                unlike_next = gr.Button("Next ▶", size="sm", interactive=False, scale=0, min_width=120,
+                                        elem_id="compare-disagreements-next")
         gr.Markdown("### Try sentences\nType sentences, one per line: the bare body, the fine-tuned model and the "
                     "graft of each region picked above classify them side by side (for a language model, its label "
                     "words' scores under its prompt). For completion regions the whole box is one prompt, and each "
