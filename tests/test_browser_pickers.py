@@ -132,7 +132,8 @@ def test_typing_part_of_a_label_narrows_a_region_picker(pickers_page, width):
     total = every.count()
     labels = every.all_inner_texts()
     assert total >= 5 and len(set(labels)) == total, labels  # every label its own
-    assert not any("/" in label or "[" in label for label in labels), labels  # no folder, no bracketed id
+    assert not any("/" in label for label in labels), labels  # no folder
+    assert sum("· saved 2024-01-01" in label for label in labels) == 3, labels  # one region in three files: when saved
     page.keyboard.type("seed 1")  # the picker's text is selected on focus: what is typed replaces it
     page.wait_for_function("() => document.querySelectorAll('ul[role=listbox] li').length === 1", timeout=10_000)
     assert "seed 1" in every.first.inner_text()
@@ -160,7 +161,7 @@ def test_the_show_job_picker_and_its_panel_name_the_same_job(pickers_page, width
 
 def test_the_saved_regions_table_fits_an_800_px_window(pickers_page):
     """At 800 px the saved regions table shows all it shows without a sideways scroll and cuts off no cell: it leaves
-    out the columns the runs table and the region's metadata also show (``style.NARROW_HIDDEN``)."""
+    out five columns the region's metadata also shows (``style.NARROW_HIDDEN``)."""
     page, _, _ = pickers_page
     page.set_viewport_size(WIDTHS["800"])
     bu.open_tab(page, "regions")

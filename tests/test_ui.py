@@ -568,9 +568,8 @@ def test_uploads_are_capped_and_typed(home, monkeypatch, tmp_path):
 
 # -- regions store and tables ----------------------------------------------------------------------
 def test_every_region_label_is_unique_and_names_no_folder(home, tmp_path):
-    """Two files of one region (same settings, same content) get labels that differ by the time each was saved, and
-    no label, table cell or union's task shows the folder of an uploaded task; a label without a twin carries no id
-    (the picker filters on what is typed, and an id only lengthens it)."""
+    """Two files of one region (same settings, same content) get labels that also say when each was saved, ahead of
+    the ids that end every label, and no label, table cell or union's task shows the folder of an uploaded task."""
     from graftui import regions
     from graftui.ui import library, store
 
@@ -586,16 +585,14 @@ def test_every_region_label_is_unique_and_names_no_folder(home, tmp_path):
     choices = store.region_choices()
     labels = dict((i, label) for label, i in choices)
     assert len(set(labels.values())) == len(labels) == 4
-    assert labels[first.stem].endswith("saved 2026-11-29 10:45:00") and labels[twin.stem].endswith("10:45:12")
+    assert labels[first.stem].endswith(f"#{store.list_regions()[-1].digest} · saved 2026-11-29 10:45:00 [{first.stem}]")
+    assert "saved 2026-11-29 10:45:12" in labels[twin.stem] and "saved" not in labels[mine.stem]
     assert all("uploads" not in label and "3af35dc8b7da" not in label and str(tmp_path) not in label
                for label in labels.values())
     assert "mydata.csv" in labels[mine.stem] and labels["union-20261129-104700"].startswith("movies+mydata.csv")
-    assert mine.stem not in labels[mine.stem]  # no twin: no id
     table = library.region_list_rows()
     assert set(table["task"]) == {"movies", "mydata.csv", "movies+mydata.csv"}
     assert set(library.regions_table(library.regions_listing())["task"]) == {"movies", "mydata.csv", "movies+mydata.csv"}
-    same = [store.RegionEntry(f"x-{n}", first, "patch", store.list_regions()[-1].meta, digest="ab") for n in "12"]
-    assert len(set(store.region_labels(same).values())) == 2  # no stamp in the name: the id tells them apart
 
 
 def test_a_new_region_is_picked_in_every_picker_unless_someone_is_picking_there():
@@ -632,7 +629,7 @@ def test_saved_regions_are_listed_after_a_restart_and_ids_are_checked(home):
     entries = store.list_regions()
     assert [e.id for e in entries] == [path.stem]
     assert entries[0].kind == "patch" and entries[0].meta["k"] == 20
-    assert "movies · top-movement · k=20" in entries[0].label and path.stem not in entries[0].label
+    assert "movies · top-movement · k=20" in entries[0].label
     table = library.region_list_rows()
     assert table.iloc[0]["k (params)"] == "20"
     for bad in ("../etc/passwd", "", "a/b"):

@@ -492,7 +492,7 @@ class RegionEntry:
     def label(self) -> str:
         """Task, method, k and the settings that tell runs apart, the model, and the content id: every model and task
         by its name, never a path (an uploaded task by its file's name). Two files of one region share it;
-        :func:`region_labels` tells them apart."""
+        :func:`region_labels` tells them apart in the pickers."""
         parts = [regions.describe(self.meta), short_ref(self.meta.finetuned or "?")]
         return " · ".join(parts + ["gallery"] * self.gallery) + f" #{self.digest}"
 
@@ -510,19 +510,14 @@ _STAMP = re.compile(r"(\d{8})-(\d{6})(?:-(\d+))?$")
 
 
 def region_labels(entries) -> dict[str, str]:
-    """Region id -> its label in every picker, unique across ``entries``: a label two files share gets the shortest
-    part that tells them apart, the time each was saved ("saved 2026-11-29 10:45:00"), else its id. A picker filters
-    its choices by what is typed into it, so a label holds the words people look for (task, method, k, seed, model)
-    and no folder."""
+    """Region id -> its label in every picker, unique across ``entries``: a label two files share (one region saved
+    twice, with the same settings) also says when each was saved ("saved 2026-11-29 10:45:00"), where a person looks
+    first; each ends with the file's id, which typing part of it finds too. A picker filters its choices by what is
+    typed into it, so a label holds the words people look for (task, method, k, seed, model) and no folder."""
     base = {e.id: e.label for e in entries}
-    out = dict(base)
-    for label in {v for v in base.values() if list(base.values()).count(v) > 1}:
-        twins = [e for e in entries if base[e.id] == label]
-        stamps = [e.stamp for e in twins]
-        for e in twins:
-            unique = e.stamp and stamps.count(e.stamp) == 1
-            out[e.id] = f"{label} · saved {e.stamp}" if unique else f"{label} · {e.id}"
-    return out
+    shared = {v for v in base.values() if list(base.values()).count(v) > 1}
+    return {e.id: base[e.id] + (f" · saved {e.stamp}" if base[e.id] in shared and e.stamp else "") + f" [{e.id}]"
+            for e in entries}
 
 
 def read_region_header(path: Path, gallery: bool = False) -> RegionEntry | None:

@@ -40,9 +40,9 @@ CSS = """
 
 PHONE_WIDTH = 560  # px: below this, a table shows only the columns a phone needs
 PHONE_HIDDEN = {"jobs-table": ("id", "kind", "duration", "message")}  # in the job's line below when it is picked
-NARROW_WIDTH = 900  # px: below this (an 800 px window), the saved regions table leaves out what the runs table has
-NARROW_HIDDEN = {"regions-table": ("base", "share of graftable", "created (UTC)")}  # the runs table and the region's
-# metadata (under One region) show them; 14 columns do not fit 800 px without cutting one off
+NARROW_WIDTH = 900  # px: below this (an 800 px window), the saved regions table leaves out what tells no region apart
+# 14 columns do not fit 800 px: these five are left out there; the region's metadata (under One region) has them all
+NARROW_HIDDEN = {"regions-table": ("base", "share of graftable", "steps", "created (UTC)", "n")}
 
 
 def phone_css(hidden: dict[str, tuple[str, ...]] = PHONE_HIDDEN, narrow: dict[str, tuple[str, ...]] = NARROW_HIDDEN) -> str:
