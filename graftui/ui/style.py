@@ -35,6 +35,11 @@ CSS = """
     .row > *:not(button), .row > .form > * { flex: 1 1 100% !important; min-width: 100% !important;
                                              margin-left: 0 !important; margin-right: 0 !important; }
 }
+/* ... but two plots that read together (Compare's reliability diagram and confidence histogram) stay side by side
+   down to a phone: stacked, they add a plot's height to an already long tab. */
+@media (min-width: 561px) and (max-width: 900px) {
+    #compare-calibration > * { flex: 1 1 45% !important; min-width: 45% !important; }
+}
 """
 
 
