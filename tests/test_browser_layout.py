@@ -27,7 +27,7 @@ FIRST_JOB_S = 300  # the first job waits for the default fine-tune, built in the
 JOB_S = 240
 STATE: dict = {}
 PHONE_COMPARE_PX = 8_000  # the Compare tab on a phone, its secondary parts closed: 6,519 px measured (9,152 with
-# the paired differences open, 11,647 with every part open)
+# the paired differences open)
 TALLEST = """() => [...document.querySelectorAll('[id]')].filter(e => e.offsetParent && !e.closest('#tabs > .tab-wrapper')
   && (e.closest('#tab-compare') || !e.closest('#tabs'))).map(e => [e.id, Math.round(e.getBoundingClientRect().height)])
   .filter(([id, h]) => h >= 400).sort((a, b) => b[1] - a[1]).slice(0, 14)"""
