@@ -277,8 +277,8 @@ def main(argv: list[str] | None = None) -> None:
                     browser.close()
                     return
                 bu.open_tab(page, "localize")
-                page.click("#localize-run")
-                line = wait_done(page, "#localize-status", args.timeout)
+                # this job's own end, by its id: the panel may still show an earlier localization of the home, finished
+                line, _ = bu.run_job(page, "#localize-run", "#localize-status", "localize-job", timeout_s=args.timeout)
                 print(re.sub(r"\*\*", "", line.strip()))
                 if "failed" in line:
                     raise SystemExit("the localization failed; see the status above")
