@@ -5,6 +5,7 @@ Usage::
     .venv/bin/python scripts/screenshot.py                    # small-data mode, a temporary GRAFTUI_HOME
     .venv/bin/python scripts/screenshot.py --home ~/.graftui  # reuse a home (its default fine-tune, if built)
     .venv/bin/python scripts/screenshot.py --full --tab localize
+    .venv/bin/python scripts/screenshot.py --full --tab localize --top --height 1500 --home HOME   # the home picture
     .venv/bin/python scripts/screenshot.py --tab compare --width 1400 --height 1000 --out assets/compare.png
     .venv/bin/python scripts/screenshot.py --set --home ~/.graftui   # the set of tab screenshots, full defaults
 
@@ -243,6 +244,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--width", type=int, default=1280)
     parser.add_argument("--height", type=int, default=840)
     parser.add_argument("--timeout", type=float, default=900, help="seconds to wait for the localization (default 900)")
+    parser.add_argument("--top", action="store_true",
+                        help="the page from its top (title, tabs, the form and the result below it), as the home "
+                             "picture shows it, instead of scrolled to the tab's result")
     parser.add_argument("--set", action="store_true",
                         help="run localize, compare, WiSE, re-training and the ablation with the full defaults, then save "
                              "assets/shot-<section>-{1400,800}.png for compare, wise, retrain, anatomy and regions "
@@ -273,8 +277,8 @@ def main(argv: list[str] | None = None) -> None:
                     browser.close()
                     return
                 bu.open_tab(page, "localize")
-                page.click("#localize-run")
-                line = wait_done(page, "#localize-status", args.timeout)
+                # this job's own end, by its id: the panel may still show an earlier localization of the home, finished
+                line, _ = bu.run_job(page, "#localize-run", "#localize-status", "localize-job", timeout_s=args.timeout)
                 print(re.sub(r"\*\*", "", line.strip()))
                 if "failed" in line:
                     raise SystemExit("the localization failed; see the status above")
@@ -296,7 +300,7 @@ def main(argv: list[str] | None = None) -> None:
                     page.wait_for_selector("#localize-plot .main-svg", timeout=30_000)
                     target = "#localize-status"
                 page.mouse.move(0, 0)  # no hover labels
-                if target:
+                if target and not args.top:
                     page.evaluate("t => document.querySelector(t).scrollIntoView({block: 'start'})", target)
                     page.evaluate("() => window.scrollBy(0, -12)")
                 time.sleep(1.5)  # let plotly finish its transitions

@@ -26,6 +26,11 @@ TABS = ["models", "finetune", "localize", "compare", "anatomy", "compose", "lab"
 FIRST_JOB_S = 300  # the first job waits for the default fine-tune, built in the background on first page load
 JOB_S = 240
 STATE: dict = {}
+PHONE_COMPARE_PX = 8_000  # the Compare tab on a phone, its secondary parts closed: 6,519 px measured (9,152 with
+# the paired differences open)
+TALLEST = """() => [...document.querySelectorAll('[id]')].filter(e => e.offsetParent && !e.closest('#tabs > .tab-wrapper')
+  && (e.closest('#tab-compare') || !e.closest('#tabs'))).map(e => [e.id, Math.round(e.getBoundingClientRect().height)])
+  .filter(([id, h]) => h >= 400).sort((a, b) => b[1] - a[1]).slice(0, 14)"""
 HEIGHT = "() => Math.max(document.documentElement.scrollHeight, document.body.scrollHeight)"
 
 
@@ -207,13 +212,23 @@ def test_compare_filters_its_differences_pages_its_disagreements_and_keeps_the_r
     assert not page.is_visible("#compare-side-by-side")
     assert not page.is_visible("#sweep-run")
     heights = {}
-    for name, viewport in (("1400", WIDE), ("800", NARROW)):
+    for name, viewport in (("1400", WIDE), ("800", NARROW), ("390", PHONE)):
         page.set_viewport_size(viewport)
         page.wait_for_timeout(1500)
         heights[name] = page.evaluate(HEIGHT)
+        print(f"[layout] Compare at {name} px, its tallest parts: {page.evaluate(TALLEST)}")
+    closed = page.evaluate("() => [...document.querySelectorAll('#tab-compare .phone-closed button.label-wrap')]"
+                           ".map(b => b.classList.contains('open'))")
     page.set_viewport_size(WIDE)
-    print(f"[layout] Compare tab page height: {heights['1400']} px at 1400 px, {heights['800']} px at 800 px")
+    opened = page.evaluate("() => [...document.querySelectorAll('#tab-compare .phone-closed button.label-wrap')]"
+                           ".map(b => b.classList.contains('open'))")
+    print(f"[layout] Compare tab page height: {heights['1400']} px at 1400 px, {heights['800']} px at 800 px, "
+          f"{heights['390']} px at 390 px")
     assert heights["800"] < 12_000, heights  # 14,800 px with every row and section open (n = 200, one region)
+    # on a phone the secondary parts (paired differences, calibration plots, the examples the models disagree on) are
+    # closed accordions, closed once: widening the window again leaves them as they are
+    assert closed == [False] * 3 and opened == [False] * 3, (closed, opened)
+    assert heights["390"] < PHONE_COMPARE_PX, heights  # 11,647 px with them open
 
 
 @pytest.mark.browser

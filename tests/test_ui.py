@@ -351,6 +351,35 @@ def test_a_run_buttons_answer_never_leaves_a_stale_line_under_the_panel(home):
     assert tick(job.id, state)[1] == gr.skip()  # no later tick writes the line again: the end must be shown already
 
 
+def test_a_panel_writes_the_picked_jobs_own_line_whatever_a_late_answer_left_on_the_page(home):
+    """A tick answered late (begun before a pick, or before the job ended, on a busy machine) can leave the line of
+    another job, or a "queued · starts in …" line under a finished one. Every tick reads the line as the page shows it
+    and writes the picked job's own line where they differ; a warning beside the form stays."""
+    import gradio as gr
+
+    from graftui.ui import jobwords, store
+    from graftui.ui.wiring import job_panel
+
+    runner = store.runner()
+    seeds = runner.submit("localize", "Localize 'movies' · seeds 0, 1", lambda ctx: {}, {"seeds": [0, 1]})
+    other = runner.submit("localize", "Localize 'movies' · sparsity 1e-3", lambda ctx: {})
+    for job in (seeds, other):
+        runner.runner.wait(job.id, 30)
+    with gr.Blocks():
+        picker, status, record = gr.Dropdown(), gr.Markdown(), gr.State()
+    tick, inputs, _ = job_panel(record, ("localize",), picker, status, [], lambda job: [], "latest")
+    assert inputs[:3] == [picker, record, status]  # the line as the page shows it is read on every tick
+    _, line, state = tick(seeds.id, None, "")
+    assert "done" in line and seeds.id in line and "starts in" not in line
+    stale = f"**{seeds.title}** [{seeds.id}] · queued · next in the queue · starts in about 13 min"
+    fixed = tick(seeds.id, state, stale)[1]  # nothing changed in the record: the page is what is wrong
+    assert fixed == jobwords.job_line(runner, runner.get(seeds.id)) and "queued" not in fixed
+    assert tick(seeds.id, state, fixed)[1] == gr.skip()  # the page agrees: nothing is written
+    elsewhere = tick(seeds.id, state, jobwords.job_line(runner, runner.get(other.id)))[1]  # another job's line
+    assert seeds.id in elsewhere and other.id not in elsewhere
+    assert tick(seeds.id, state, "⚠️ Mask steps must be a whole number")[1] == gr.skip()  # a refused form says why
+
+
 def test_each_tab_polls_with_its_own_timer_and_only_the_open_one_ticks(home, monkeypatch):
     """One tick event per tab; its outputs are that tab's panels and the lists every tab shows."""
     import gradio as gr
@@ -538,6 +567,58 @@ def test_uploads_are_capped_and_typed(home, monkeypatch, tmp_path):
 
 
 # -- regions store and tables ----------------------------------------------------------------------
+def test_every_region_label_is_unique_and_names_no_folder(home, tmp_path):
+    """Two files of one region (same settings, same content) get labels that also say when each was saved, ahead of
+    the ids that end every label, and no label, table cell or union's task shows the folder of an uploaded task."""
+    from graftui import regions
+    from graftui.ui import library, store
+
+    pair, _, _ = make_tiny_pair()
+    upload = str(tmp_path / "uploads" / "3af35dc8b7da" / "mydata.csv")
+    folder = store.regions_dir()
+    first = regions.save(tiny_record(pair, k=20), folder / "movies-top-20261129-104500.safetensors")
+    twin = regions.save(tiny_record(pair, k=20), folder / "movies-top-20261129-104512.safetensors")
+    mine = regions.save(tiny_record(pair, k=12, task=upload), folder / "mydata-top-20261129-104600.safetensors")
+    union = tiny_record(pair, k=30, task=f"movies+{upload}")
+    union.meta.method = "union"
+    regions.save(union, store.regions_dir() / "union-20261129-104700.safetensors")
+    choices = store.region_choices()
+    labels = dict((i, label) for label, i in choices)
+    assert len(set(labels.values())) == len(labels) == 4
+    assert labels[first.stem].endswith(f"#{store.list_regions()[-1].digest} · saved 2026-11-29 10:45:00 [{first.stem}]")
+    assert "saved 2026-11-29 10:45:12" in labels[twin.stem] and "saved" not in labels[mine.stem]
+    assert all("uploads" not in label and "3af35dc8b7da" not in label and str(tmp_path) not in label
+               for label in labels.values())
+    assert "mydata.csv" in labels[mine.stem] and labels["union-20261129-104700"].startswith("movies+mydata.csv")
+    table = library.region_list_rows()
+    assert set(table["task"]) == {"movies", "mydata.csv", "movies+mydata.csv"}
+    assert set(library.regions_table(library.regions_listing())["task"]) == {"movies", "mydata.csv", "movies+mydata.csv"}
+
+
+def test_a_new_region_is_picked_in_every_picker_unless_someone_is_picking_there():
+    """``library.next_pick``: a new region becomes the pick (one region: it; a union or curves: added to those of its
+    base; a comparison: replaces them); a picker picked by hand in the last PICKING_SECONDS keeps its pick; a region
+    gone leaves the picker; an empty one gets the newest."""
+    from types import SimpleNamespace as NS
+
+    from graftui.ui import library
+
+    def entry(rid, base="b"):
+        return NS(id=rid, meta=NS(base=base))
+
+    old = [entry("a"), entry("z", base="other")]
+    now = [entry("n"), *old]  # newest first
+    pick = library.next_pick
+    assert pick("a", False, False, now, {"n"}) == "n"
+    assert pick(["a"], True, False, now, {"n"}) == ["n"]  # Compare: the new one, alone
+    assert pick(["a", "z"], True, True, now, {"n"}) == ["a", "n"]  # Compose: added to those of its base
+    assert pick("a", False, False, now, {"n"}, picked_at=100.0, now=110.0) == "a"  # someone is picking there
+    assert pick("a", False, False, now, {"n"}, picked_at=100.0, now=100.0 + library.PICKING_SECONDS + 1) == "n"
+    assert pick("a", False, False, now, set()) == "a"  # the page opened: nothing is new
+    assert pick("gone", False, False, now, set()) == "n" and pick(["gone"], True, True, now, set()) == ["n", "a"]
+    assert pick("a", False, False, [e for e in now if e.id != "a"], set()) == "n"  # deleted: it leaves the picker
+
+
 def test_saved_regions_are_listed_after_a_restart_and_ids_are_checked(home):
     from graftui import regions
     from graftui.ui import library, store, tables

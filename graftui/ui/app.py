@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import gradio as gr
 
@@ -134,39 +135,27 @@ def keep_form(page: Page, loaded) -> None:
             js=RECALL_JS.format(key=FORM_KEY))
 
 
-def default_selection(entries, several: bool) -> list[str]:
-    """Region ids a picker starts with: the newest, or for composition up to three newest of its base."""
-    if not entries:
-        return []
-    if not several:
-        return [entries[0].id]
-    base = entries[0].meta.base
-    return [e.id for e in entries if e.meta.base == base][:3]
-
-
 def poll_lists(page: Page) -> None:
     """Every tab's region and checkpoint pickers and the list of saved regions, refreshed on every tab when a
-    region or checkpoint appears or goes."""
+    region or checkpoint appears or goes; a new region is picked in every region picker (``library.next_pick``)."""
     pickers = [p for p, _ in page.region_pickers]
     region_sig, ckpt_sig = gr.State(None), gr.State(None)
+    touched = [gr.State(None) for _ in pickers]  # when each picker was last picked by hand
+    for picker, when in zip(pickers, touched):
+        picker.input(lambda: time.time(), None, [when], queue=False, show_progress="hidden")
 
-    def tick_lists(last_regions, last_ckpts, *picked):
+    def tick_lists(last_regions, last_ckpts, *values):
+        picked, hand = values[:len(pickers)], values[len(pickers):]
         entries = store.list_regions()
         rsig = tuple(e.id for e in entries)
         csig = tuple(c["path"] for c in store.list_checkpoints()) + (store.default_ready(),)
         out = []
         if rsig != last_regions:
-            choices = [(e.label, e.id) for e in entries]
-            for (picker, several), value in zip(page.region_pickers, picked):
-                # a region deleted meanwhile leaves the picker; an empty picker gets the newest region(s)
-                kept = [v for v in value or [] if v in rsig] if picker.multiselect else (value if value in rsig else None)
-                fill = default_selection(entries, several)
-                if not kept and fill:
-                    out.append(gr.update(choices=choices, value=fill if picker.multiselect else fill[0]))
-                elif kept != value:
-                    out.append(gr.update(choices=choices, value=kept))
-                else:
-                    out.append(gr.update(choices=choices))
+            choices = store.region_choices(entries)
+            new = set(rsig) - set(last_regions) if last_regions is not None else set()  # none when the page opens
+            for (picker, several), value, at in zip(page.region_pickers, picked, hand):
+                got = library.next_pick(value, picker.multiselect, several, entries, new, at, time.time())
+                out.append(gr.update(choices=choices, value=got) if got != value else gr.update(choices=choices))
             out.append(library.region_list_rows())
         else:
             out += [gr.skip() for _ in pickers] + [gr.skip()]
@@ -176,7 +165,7 @@ def poll_lists(page: Page) -> None:
             out += [gr.skip() for _ in page.checkpoint_pickers]
         return (*out, rsig, csig)
 
-    page.poll.add(tick_lists, [region_sig, ckpt_sig, *pickers],
+    page.poll.add(tick_lists, [region_sig, ckpt_sig, *pickers, *touched],
                   [*pickers, page.region_table, *(p for p, _ in page.checkpoint_pickers), region_sig, ckpt_sig])
 
 

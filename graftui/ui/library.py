@@ -17,6 +17,12 @@ from .forms import check_pair
 from .tables import num_cell, pct_cell
 
 
+def task_name(task) -> str:
+    """A region's task as people read it: each task of a union by its name, an uploaded one by its file's name, never
+    a folder ("movies+mydata.csv", not the upload's path)."""
+    return "+".join(short_ref(t.strip()) for t in str(task or "").split("+")) if task else ""
+
+
 REGION_LIST_COLUMNS = ["id", "task", "method", "k (params)", "share of graftable", "settings", "content id",
                        "fine-tuned model", "created (UTC)"]
 
@@ -30,7 +36,7 @@ def region_list_rows() -> pd.DataFrame:
         frac = m.fraction_of_graftable
         rows.append({
             "id": e.id,
-            "task": short_ref(m.task or ""),
+            "task": task_name(m.task),
             "method": m.method or "",
             "k (params)": f"{m.k:,}" if m.k is not None else "",
             "share of graftable": f"{frac:.3%}" if isinstance(frac, (int, float)) else "",
@@ -66,7 +72,7 @@ def regions_table(rows: list[dict]) -> pd.DataFrame:
     for r in rows:
         out.append({
             "id": r["id"], "base": short_ref(r["base"] or ""), "fine-tuned model": short_ref(r["finetuned"] or ""),
-            "task": short_ref(r["task"] or ""), "method": r["method"] or "",
+            "task": task_name(r["task"]), "method": r["method"] or "",
             "k (params)": f"{r['k']:,}" if r["k"] is not None else "", "share of graftable": pct(r["share_of_graftable"], missing=""),
             "steps": "" if r["steps"] is None else str(r["steps"]), "seed": "" if r["seed"] is None else str(r["seed"]),
             "created (UTC)": (r["created"] or "").replace("T", " ")[:16],
@@ -124,3 +130,45 @@ def region_file(region_id: str) -> Path:
         record = RegionRecord(record.indices, record.shapes, store.public(dict(record.meta)), record.values, record.head)
         atomic_write(copy, lambda tmp: save(record, tmp))
     return copy
+
+
+# -- the region pickers of every tab ------------------------------------------------------------------
+PICKING_SECONDS = 30.0  # a picker picked by hand this recently is in the middle of picking: a new region leaves it
+
+
+def default_pick(entries, several: bool) -> list[str]:
+    """Region ids a picker starts with: the newest, or for composition up to three newest of its base."""
+    if not entries:
+        return []
+    if not several:
+        return [entries[0].id]
+    base = entries[0].meta.base
+    return [e.id for e in entries if e.meta.base == base][:3]
+
+
+def next_pick(value, multiselect: bool, several: bool, entries, new_ids, picked_at: float | None = None,
+              now: float = 0.0):
+    """What a region picker holds once the saved regions are ``entries`` (newest first), ``new_ids`` of them written
+    since the last listing.
+
+    The rule: a region a job wrote (localize, seeds, sweep, union, retrain, upload) is picked at once in every picker,
+    unless that picker was picked by hand in the last PICKING_SECONDS (``picked_at``): someone is in the middle of
+    picking there, and the choice is theirs. A picker of one region takes the newest new one; a picker of several
+    regions to put together (``several``: a union, curves to overlay) adds it to those picked of the same base model;
+    one of several regions to compare replaces them with it (each compared region costs an evaluation). A region gone
+    leaves every picker; an empty picker gets the newest region(s) (``default_pick``)."""
+    listed = {e.id for e in entries}
+    kept = [v for v in value or [] if v in listed] if multiselect else (value if value in listed else None)
+    newest = next((e for e in entries if e.id in set(new_ids or ())), None)
+    picking = picked_at is not None and now - picked_at < PICKING_SECONDS
+    if newest is not None and not picking:
+        if not multiselect:
+            return newest.id
+        if not several:
+            return [newest.id]
+        bases = {e.id: e.meta.base for e in entries}
+        return [v for v in kept if bases.get(v) == newest.meta.base and v != newest.id] + [newest.id]
+    fill = default_pick(entries, several)
+    if not kept and fill:
+        return fill if multiselect else fill[0]
+    return kept

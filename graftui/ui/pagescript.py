@@ -12,11 +12,21 @@ The script must run before Gradio's modules, which keep their own reference to
 the top of the served page's ``<head>`` by a small ASGI middleware instead. It delays the frames
 asked for from within the status tracker's module (its elapsed-time counter, its loading spinner's
 first step); every other frame is asked for as before. A held frame can still be cancelled.
+
+It also makes typing into a picker narrow its choices. Gradio's dropdown filters its choices by the text in its box,
+and the box keeps the label of what is picked when it opens: what is typed is added after that label, and no choice
+holds the two (a region's label is long, so its end is out of sight). Focusing a picker selects its text, so what is
+typed ("seed 1", a task, a model) replaces it and the list narrows to the choices that hold it.
+
+On a phone (PHONE_WIDTH or narrower) the accordions marked ``phone-closed`` (the secondary parts of a tab: calibration
+plots, examples the models disagree on) are closed once each as they appear, so a tab is as tall as its main result;
+one opened by hand stays open. On a wider window they stay as the app builds them, open.
 """
 
 from __future__ import annotations
 
 FRAME_DELAY_MS = 250
+PHONE_WIDTH = 560  # px, as ``style.PHONE_WIDTH``
 
 SCRIPT = f"""<script>
 (() => {{
@@ -38,6 +48,24 @@ SCRIPT = f"""<script>
     held.delete(id);
     return pending < 0 ? cancel(-pending) : clearTimeout(pending);
   }};
+  document.addEventListener("focusin", (event) => {{
+    const box = event.target;
+    if (!(box instanceof HTMLInputElement) || box.getAttribute("role") !== "combobox" || box.readOnly) return;
+    setTimeout(() => {{ if (document.activeElement === box && box.value) box.select(); }}, 0);
+  }}, true);
+  const phone = window.matchMedia("(max-width: {PHONE_WIDTH}px)");
+  const closeSecondary = () => {{
+    if (!phone.matches) return;
+    document.querySelectorAll(".phone-closed:not([data-graftui-closed])").forEach((part) => {{
+      const button = part.querySelector("button.label-wrap");
+      if (!button) return;
+      part.dataset.graftuiClosed = "1";
+      if (button.classList.contains("open")) button.click();
+    }});
+  }};
+  phone.addEventListener("change", closeSecondary);
+  new MutationObserver(() => {{ if (phone.matches) closeSecondary(); }})
+    .observe(document.documentElement, {{ childList: true, subtree: true }});
 }})();
 </script>"""
 

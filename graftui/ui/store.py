@@ -490,9 +490,34 @@ class RegionEntry:
 
     @property
     def label(self) -> str:
-        """Method, k and the settings that tell runs apart, the model, and the content id."""
+        """Task, method, k and the settings that tell runs apart, the model, and the content id: every model and task
+        by its name, never a path (an uploaded task by its file's name). Two files of one region share it;
+        :func:`region_labels` tells them apart in the pickers."""
         parts = [regions.describe(self.meta), short_ref(self.meta.finetuned or "?")]
-        return " · ".join(parts + ["gallery"] * self.gallery) + f"  #{self.digest}  [{self.id}]"
+        return " · ".join(parts + ["gallery"] * self.gallery) + f" #{self.digest}"
+
+    @property
+    def stamp(self) -> str:
+        """When the file was saved, as its name says (``paths.new_path``: …-YYYYmmdd-HHMMSS[-n]), else its record."""
+        got = _STAMP.search(self.id)
+        if got:
+            d, t, n = got.groups()
+            return f"{d[:4]}-{d[4:6]}-{d[6:]} {t[:2]}:{t[2:4]}:{t[4:]}" + (f" ({n})" if n else "")
+        return (self.meta.created or "").replace("T", " ")[:19]
+
+
+_STAMP = re.compile(r"(\d{8})-(\d{6})(?:-(\d+))?$")
+
+
+def region_labels(entries) -> dict[str, str]:
+    """Region id -> its label in every picker, unique across ``entries``: a label two files share (one region saved
+    twice, with the same settings) also says when each was saved ("saved 2026-11-29 10:45:00"), where a person looks
+    first; each ends with the file's id, which typing part of it finds too. A picker filters its choices by what is
+    typed into it, so a label holds the words people look for (task, method, k, seed, model) and no folder."""
+    base = {e.id: e.label for e in entries}
+    shared = {v for v in base.values() if list(base.values()).count(v) > 1}
+    return {e.id: base[e.id] + (f" · saved {e.stamp}" if base[e.id] in shared and e.stamp else "") + f" [{e.id}]"
+            for e in entries}
 
 
 def read_region_header(path: Path, gallery: bool = False) -> RegionEntry | None:
@@ -524,8 +549,11 @@ def list_regions() -> list[RegionEntry]:
     return sorted(entries, key=lambda e: (e.meta.created or "", e.path.stat().st_mtime), reverse=True)
 
 
-def region_choices() -> list[tuple[str, str]]:
-    return [(e.label, e.id) for e in list_regions()]
+def region_choices(entries: list[RegionEntry] | None = None) -> list[tuple[str, str]]:
+    """(label, id) of every saved region (``entries``, else the listing), newest first, each label unique."""
+    entries = list_regions() if entries is None else entries
+    labels = region_labels(entries)
+    return [(labels[e.id], e.id) for e in entries]
 
 
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")

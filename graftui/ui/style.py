@@ -35,24 +35,37 @@ CSS = """
     .row > *:not(button), .row > .form > * { flex: 1 1 100% !important; min-width: 100% !important;
                                              margin-left: 0 !important; margin-right: 0 !important; }
 }
+/* ... but two plots that read together (Compare's reliability diagram and confidence histogram) stay side by side
+   down to a phone: stacked, they add a plot's height to an already long tab. */
+@media (min-width: 561px) and (max-width: 900px) {
+    #compare-calibration > * { flex: 1 1 45% !important; min-width: 45% !important; }
+}
 """
 
 
 PHONE_WIDTH = 560  # px: below this, a table shows only the columns a phone needs
 PHONE_HIDDEN = {"jobs-table": ("id", "kind", "duration", "message")}  # in the job's line below when it is picked
+NARROW_WIDTH = 900  # px: below this (an 800 px window), the saved regions table leaves out what tells no region apart
+# 14 columns do not fit 800 px: these five are left out there; the region's metadata (under One region) has them all
+NARROW_HIDDEN = {"regions-table": ("base", "share of graftable", "steps", "created (UTC)", "n")}
 
 
-def phone_css(hidden: dict[str, tuple[str, ...]] = PHONE_HIDDEN) -> str:
+def phone_css(hidden: dict[str, tuple[str, ...]] = PHONE_HIDDEN, narrow: dict[str, tuple[str, ...]] = NARROW_HIDDEN) -> str:
     """On a phone the jobs table keeps what a job is, where it stands and how far it got (title, status, progress), in
-    the page's width with no sideways scroll. Gradio sizes the columns from a hidden row of cells, and a cell names
-    its column by position only, so the rules go by each hidden column's place in ``TABLES``."""
+    the page's width with no sideways scroll; in a narrow window the saved regions table keeps the columns that tell
+    regions apart and their scores. Gradio sizes the columns from a hidden row of cells, and a cell names its column by
+    position only, so the rules go by each hidden column's place in ``TABLES``."""
+    return _hiding(hidden, PHONE_WIDTH) + _hiding(narrow, NARROW_WIDTH)
+
+
+def _hiding(hidden: dict[str, tuple[str, ...]], width: int) -> str:
     rules = []
     for elem_id, names in hidden.items():
         for i, name in enumerate(TABLES[elem_id]):
             if name in names:
                 rules += [f"#{elem_id} th:nth-child({i + 1})", f"#{elem_id} .sizing-body td:nth-child({i + 1})",
                           f"#{elem_id} [role=gridcell][data-col=\"{i}\"]"]
-    return f"@media (max-width: {PHONE_WIDTH}px) {{\n" + ",\n".join(rules) + " { display: none !important; }\n}\n"
+    return f"@media (max-width: {width}px) {{\n" + ",\n".join(rules) + " { display: none !important; }\n}\n" if rules else ""
 
 
 def number_css(columns_of: dict[str, list[str]]) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import html
+import inspect
 import logging
 import math
 import re
@@ -316,9 +317,15 @@ def job_panel(sig_state, kinds, picker, status_md, outputs, render, latest_label
     """The polled part of a result panel: the picked job of ``kinds`` (or the latest one), re-rendered only
     when it changed; ``sig_state`` remembers what it last showed, ``cancel`` is the (button, label, its memory) turned
     off while the job shown has finished (a press that armed it for the job shown keeps its look while that job
-    waits or runs). Returns the part's function, inputs, outputs."""
+    waits or runs). Returns the part's function, inputs, outputs.
 
-    def tick(picked, last, armed=None):
+    The picker's value is the one state of what the panel shows: every tick reads it and the status line as the page
+    shows it, and writes the line again from the picked job's own record wherever the two differ. An answer that
+    landed late (a tick begun before a pick, or before the job ended, on a busy machine) is so corrected at the next
+    tick: a finished job never keeps a "queued · starts in …" line, and the line always names the job picked. A
+    warning in the line (a refused form says why there) stays until the job shown changes."""
+
+    def tick(picked, last, screen=None, armed=None):
         runner = store.runner()
         job = jobwords.shown_job(runner, picked, kinds)
         listing = tuple((j.id, j.status) for j in runner.jobs() if j.kind in kinds)
@@ -329,20 +336,31 @@ def job_panel(sig_state, kinds, picker, status_md, outputs, render, latest_label
         running = job is not None and job.status == "running"
         another = last is None or shown != last[1]  # another job, or another status: the Cancel button follows
         new_list, new_line, redraw, state = panel_changes(last, listing, shown, line, running, time.monotonic())
+        text = jobwords.job_status_line(job, place, when)
+        if not new_line and screen is not None and not _is_error(screen) and not same_line(screen, text):
+            new_line = True  # the page shows another job's line, or an old one of this job: the record wins
         kept = jobwords.cancellable(job) and jobwords.still_armed(armed, job.id)
         button = [] if cancel is None else [cancel_button(job, cancel[1]) if another and not kept else gr.skip()]
         if not (new_list or new_line or redraw):
             return (gr.skip(), gr.skip(), *[gr.skip() for _ in outputs], *button, state)
         picker_update = gr.update(choices=[(latest_label, "")] + jobwords.job_choices(runner, kinds)) if new_list else gr.skip()
-        status_update = jobwords.job_status_line(job, place, when) if new_line else gr.skip()
+        status_update = text if new_line else gr.skip()
         figures_out = render(job) if redraw else [gr.skip() for _ in outputs]
         return (picker_update, status_update, *figures_out, *button, state)
 
-    inputs = [fixed_state if fixed_state is not None else picker, sig_state, *([] if cancel is None else [cancel[2]])]
+    watched = fixed_state if fixed_state is not None else picker
+    inputs = [watched, sig_state, status_md, *([] if cancel is None else [cancel[2]])]
     outs = ([picker] if fixed_state is None else []) + [status_md, *outputs,
                                                         *([] if cancel is None else [cancel[0]]), sig_state]
-    polled = tick if fixed_state is None else (lambda picked, last, *armed: tick(picked, last, *armed)[1:])
+    polled = tick if fixed_state is None else (lambda *values: tick(*values)[1:])
     return polled, inputs, outs
+
+
+def same_line(screen, text: str) -> bool:
+    """Whether the status line the page shows (``screen``, as the page sent it back) is ``text``: both as a page sees
+    them (``store.public``; Gradio strips a Markdown value's indentation and ends)."""
+
+    return inspect.cleandoc(str(store.public(screen))) == inspect.cleandoc(str(store.public(text)))
 
 
 # -- polling ---------------------------------------------------------------------------------------
@@ -542,7 +560,7 @@ class Page:
             button_at = None if cancel is None else outs.index(cancel[0])
 
             def on_pick(picked, fn=polled):  # the Cancel button's look is the pick's handler's (``cancel``): one
-                got = list(fn(picked, None))  # at a time with the presses, which this drawing would hold up
+                got = list(fn(picked, None, None))  # at a time with the presses, which this drawing would hold up
                 if button_at is not None:
                     got[button_at] = gr.skip()
                 return (*got, gr.skip())

@@ -157,6 +157,9 @@ def predict_kind_or_default(region_ids) -> str:
         return "classification"
 
 
+PHONE_CLOSED = "phone-closed"  # an accordion open on a desk and closed on a phone (``pagescript``): secondary parts
+
+
 def build(page) -> gr.Tab:
     d = page.defaults
     with gr.Tab("Compare", elem_id="tab-compare") as tab:
@@ -178,38 +181,46 @@ def build(page) -> gr.Tab:
                                  max_height=TABLE_HEIGHT,
                                  label="Fine-tuned vs grafts vs baselines", elem_id="compare-table")
         cmp_note = gr.Markdown("", elem_id="compare-note")
-        with gr.Row(elem_id="compare-differences-filter"):
-            diff_pick = gr.Dropdown([ALL_COMPARISONS], value=None, label="Show the differences of",
-                                    elem_id="compare-differences-pick")
-            diff_words = gr.Textbox("", label="… holding the words", placeholder="e.g. OOD, accuracy, amazon, random",
-                                    elem_id="compare-differences-words")
-        diff_count = gr.Markdown("", elem_id="compare-differences-count")
-        cmp_diff = gr.Dataframe(pd.DataFrame(columns=tables.DIFFERENCE_COLUMNS), interactive=False, wrap=True,
-                                max_height=TABLE_HEIGHT, elem_id="compare-differences", label=DIFFERENCES_LABEL)
+        with gr.Accordion("Paired differences", open=True, elem_id="compare-differences-section",
+                          elem_classes=[PHONE_CLOSED]):
+            with gr.Row(elem_id="compare-differences-filter"):
+                diff_pick = gr.Dropdown([ALL_COMPARISONS], value=None, label="Show the differences of",
+                                        elem_id="compare-differences-pick")
+                diff_words = gr.Textbox("", label="… holding the words", placeholder="e.g. OOD, accuracy, amazon, random",
+                                        elem_id="compare-differences-words")
+            diff_count = gr.Markdown("", elem_id="compare-differences-count")
+            cmp_diff = gr.Dataframe(pd.DataFrame(columns=tables.DIFFERENCE_COLUMNS), interactive=False, wrap=True,
+                                    max_height=TABLE_HEIGHT, elem_id="compare-differences", label=DIFFERENCES_LABEL)
         cmp_side = gr.Plot(None, visible=False, elem_id="compare-side-by-side")
-        with gr.Row(elem_id="compare-calibration"):
-            cmp_rel = gr.Plot(figures.empty_figure("Run a comparison to see the reliability diagram."),
-                              elem_id="compare-reliability")
-            cmp_hist = gr.Plot(figures.empty_figure("Run a comparison to see the confidence histogram."),
-                               elem_id="compare-histogram")
-        cmp_unlike_md = gr.Markdown("", elem_id="compare-disagreements-note")
-        cmp_unlike = gr.Dataframe(pd.DataFrame(columns=tables.DISAGREEMENT_COLUMNS), interactive=False, wrap=True,
-                                  max_height=TABLE_HEIGHT, elem_id="compare-disagreements",
-                                  label=DISAGREEMENTS_LABEL)
-        with gr.Row(elem_id="compare-disagreements-pager"):
-            unlike_prev = gr.Button("◀ Previous", size="sm", interactive=False, scale=0, min_width=120,
-                                    elem_id="compare-disagreements-prev")
-            unlike_line = gr.Markdown("", elem_id="compare-disagreements-page")
-            unlike_next = gr.Button("Next ▶", size="sm", interactive=False, scale=0, min_width=120,
-                                    elem_id="compare-disagreements-next")
+        with gr.Accordion("Calibration: reliability diagram and confidence histogram", open=True,
+                          elem_id="compare-calibration-section", elem_classes=[PHONE_CLOSED]):
+            with gr.Row(elem_id="compare-calibration"):
+                cmp_rel = gr.Plot(figures.empty_figure("Run a comparison to see the reliability diagram."),
+                                  elem_id="compare-reliability")
+                cmp_hist = gr.Plot(figures.empty_figure("Run a comparison to see the confidence histogram."),
+                                   elem_id="compare-histogram")
+        with gr.Accordion("Test examples the models disagree on", open=True, elem_id="compare-disagreements-section",
+                          elem_classes=[PHONE_CLOSED]):
+            cmp_unlike_md = gr.Markdown("", elem_id="compare-disagreements-note")
+            cmp_unlike = gr.Dataframe(pd.DataFrame(columns=tables.DISAGREEMENT_COLUMNS), interactive=False, wrap=True,
+                                      max_height=TABLE_HEIGHT, elem_id="compare-disagreements",
+                                      label=DISAGREEMENTS_LABEL)
+            with gr.Row(elem_id="compare-disagreements-pager"):
+                unlike_prev = gr.Button("◀ Previous", size="sm", interactive=False, scale=0, min_width=120,
+                                        elem_id="compare-disagreements-prev")
+                unlike_line = gr.Markdown("", elem_id="compare-disagreements-page")
+                unlike_next = gr.Button("Next ▶", size="sm", interactive=False, scale=0, min_width=120,
+                                        elem_id="compare-disagreements-next")
         gr.Markdown("### Try sentences\nType sentences, one per line: the bare body, the fine-tuned model and the "
-                    "graft of each region picked above classify them side by side (for a language model, its label "
-                    "words' scores under its prompt). For completion regions the whole box is one prompt, and each "
-                    "model's greedy generation for it is shown. To probe a region, add the fine-tuned model with "
-                    "the region knocked out (θ_ft − γ⊙δ), or the graft of one of its layers or module types at a "
-                    "time (one region picked); the layer × module map shows, for the first sentence, how much each "
-                    "part alone moves the probability of the fine-tuned model's answer, grafted onto the pre-trained "
-                    "model and knocked out of the fine-tuned one (× where the answer flips).")
+                    "graft of each region picked above classify them side by side.", elem_id="predict-intro")
+        with gr.Accordion("How sentences are tried, and how to probe a region", open=False, elem_id="predict-how"):
+            gr.Markdown("For a language model, the label words' scores under its prompt are shown. For completion "
+                        "regions the whole box is one prompt, and each model's greedy generation for it is shown. To "
+                        "probe a region, add the fine-tuned model with the region knocked out (θ_ft − γ⊙δ), or the "
+                        "graft of one of its layers or module types at a time (one region picked); the layer × module "
+                        "map shows, for the first sentence, how much each part alone moves the probability of the "
+                        "fine-tuned model's answer, grafted onto the pre-trained model and knocked out of the "
+                        "fine-tuned one (× where the answer flips).")
         text_label, button, table_label = forms.PREDICT_WORDS["classification"]
         with gr.Row():
             prd_text = gr.Textbox("", lines=3, label=text_label, elem_id="predict-text")
