@@ -386,6 +386,10 @@ def test_the_csv_holds_the_region_files_numbers_one_row_per_run(made):
     assert frame["accuracy"].dtype.kind == "f" and frame["curve"].tolist() == [True, False]
     with pytest.raises(RequestError, match="no run to export"):
         runs.export_csv([], None)
+    hostile = {**rows[made["a"]], "note": "=HYPERLINK(\"http://x\")", "tags": ["+1", "@me"]}  # typed in the app
+    cells = pd.read_csv(runs.export_csv([hostile], ["note", "tags", "k (params)"]), dtype=str).iloc[0]
+    assert cells["note"] == "'=HYPERLINK(\"http://x\")" and cells["tags"].startswith("'+1"), cells  # read as text
+    assert cells["k"] == "20"  # numbers as they are
     assert [r["id"] for r in runs.exported(scope="picked", picked=[made["c"], "nope", made["a"]])] == \
         [made["c"], made["a"]]  # the runs picked, in the order picked
     assert [r["id"] for r in runs.exported("learned", "k", False)] == [r["id"] for r in runs.shown(

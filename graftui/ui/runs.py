@@ -304,9 +304,18 @@ def export_csv(runs_: list[dict], chosen=None) -> Path:
     downloads folder, ``graftui-runs-<UTC stamp>.csv``: a name the server makes, never a path the page names."""
     if not runs_:
         raise RequestError("no run to export: save a region first, or clear the filter that hides every run")
-    frame = runs_frame(runs_, chosen)
+    frame = runs_frame(runs_, chosen).map(_inert)
     path = new_path(store.downloads_dir(), CSV_STEM, ".csv")
     return atomic_write(path, lambda tmp: frame.to_csv(tmp, index=False), exclusive=True)
+
+
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")  # a text cell a spreadsheet would run as a formula
+
+
+def _inert(value):
+    """A text cell (a tag, a note, a task name) that a spreadsheet would read as a formula, quoted so it reads as
+    text; numbers are left as they are."""
+    return "'" + value if isinstance(value, str) and value.startswith(FORMULA_STARTS) else value
 
 
 def exported(words: str = "", sort: str | None = None, descending: bool = False, scope: str = "shown",
