@@ -482,7 +482,8 @@ def _in_place(fn: JobFn, ctx: JobContext) -> dict:
 def _continues(job_dir: Path) -> str:
     """How a job queued again goes on: from the step its checkpoint kept, else from its start."""
     at = resume.standing(job_dir)
-    return "starts over (it kept no checkpoint)" if at is None else f"continues from step {at[0]} of {at[1]}"
+    return "runs again from its start (no mask learning of it kept a checkpoint)" if at is None else \
+        f"continues from step {at[0]} of {at[1]}"
 
 
 def _raise_in(thread: threading.Thread, kind: type[BaseException]) -> None:

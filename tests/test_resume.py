@@ -171,12 +171,14 @@ def _job_learning(pair, cfg, seen, regions, report_from: int):
 
 
 def test_a_quick_job_that_outgrows_its_lane_continues_in_the_main_lane_from_its_step(pair, unstopped, tmp_path,
-                                                                                    monkeypatch):
+                                                                                    monkeypatch, caplog):
     monkeypatch.setattr(jobs, "QUICK_LIMIT", 0.0)  # outgrown at its first report
     runner = JobRunner(tmp_path)
     seen, regions = [], []
-    job = runner.submit("localize", "t", _job_learning(pair, config("candidate"), seen, regions, 3), lane=QUICK)
-    done = runner.wait(job.id, timeout=120)
+    with caplog.at_level(logging.INFO, logger="graftui.jobs"):
+        job = runner.submit("localize", "t", _job_learning(pair, config("candidate"), seen, regions, 3), lane=QUICK)
+        done = runner.wait(job.id, timeout=120)
+    assert f"continues from step 3 of {STEPS} there" in caplog.text, caplog.text  # what its line said while it waited
     assert done.status == DONE and done.lane == MAIN and done.moved, (done.status, done.message, done.error)
     main = [step for lane, step in seen if lane == MAIN]
     assert [step for lane, step in seen if lane == QUICK] == [1, 2, 3] and main[0] == 4, seen
@@ -231,6 +233,15 @@ def test_the_pace_of_a_continued_job_is_measured_on_its_own_run():
     job.progress.append({"step": 7, "steps": 8, "fraction": 0.875, "time": 5.0, "run": 1})
     job.fraction = 0.875
     assert jobs._left(job, now) == pytest.approx(8.0)  # an eighth in 8 s since this run's first step: 8 s left
+
+
+def test_a_continued_jobs_line_measures_the_pace_of_its_own_run():
+    from graftui.ui import jobwords
+
+    earlier = [{"step": i, "steps": 40, "time": 2.0 * i} for i in range(1, 11)]  # timed from the first run's start
+    later = [{"step": i, "steps": 40, "time": 30.0 + 1.0 * (i - 11), "run": 1} for i in range(11, 14)]
+    job = Job("j", "localize", "x", {}, status=RUNNING, progress=earlier + later, run=1)
+    assert jobwords.step_progress(job) == (13, 40, pytest.approx(27.0))  # 1 s a step in this run: 27 steps left
 
 
 def test_the_checkpoint_file_is_safetensors_with_its_scalars_in_its_metadata(pair, tmp_path):
