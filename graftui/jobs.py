@@ -445,8 +445,7 @@ class JobRunner:
         """Queue again the jobs a restart interrupted, each as ``rebuild`` makes it from its record (None: it stays
         interrupted). A job that waited runs as it would have; one that was running runs again, once, continuing from
         its last checkpoint (``resume``): a job found running by a second restart may be what stopped the server, so
-        it is left for its user to run again. Call
-        once, when the server starts; returns the ids queued again."""
+        it is left for its user to run again. Call once, when the server starts; returns the ids queued again."""
         with self._lock:
             pending, self._restart = self._restart, []
         queued = []

@@ -327,11 +327,12 @@ class Keeper:
     stopped to continue elsewhere, and once the last step is done (a re-run of the job then skips this learning).
     Outside a job (no place) it does nothing."""
 
-    def __init__(self, place: Path | None, k: int, config: LearnConfig, params: dict, start: Region | None,
-                 within: Region | None):
-        self.path = None if place is None else place / resume.CHECKPOINT
+    def __init__(self, k: int, config: LearnConfig, params: dict, start: Region | None, within: Region | None):
         self.expected = {"k": int(k), "steps": int(config.steps), "config": _settings(config),
                          "graftable": _graftable(params), "start_region": identity(start), "within_region": identity(within)}
+        key = hashlib.sha256(json.dumps(self.expected, sort_keys=True).encode()).hexdigest()[:16]
+        place = resume.place(key)  # what it learns names its place: a re-run finds it whichever learnings it skips
+        self.path = None if place is None else place / resume.CHECKPOINT
         self.saved_at = time.monotonic()
         self.tensors: dict[str, torch.Tensor] | None = None
         self.scalars: dict | None = None
@@ -415,10 +416,14 @@ class Keeper:
         tensors, scalars = learner.state()
         scalars = {**scalars, **self.expected, "base": identity(learner.base), "epoch": batches.epoch,
                    "position": batches.position}
+        began = time.perf_counter()
         try:
-            write_checkpoint(self.path, {**tensors, "rng": torch.get_rng_state()}, scalars)
+            size = write_checkpoint(self.path, {**tensors, "rng": torch.get_rng_state()}, scalars)
         except OSError as err:  # a full disk: the learning goes on, only less of it is kept
             log.warning("mask learning could not keep its place at step %d: %s", learner.steps_done, err)
+        else:
+            log.debug("mask learning kept its place at step %d: %s in %.3f s", learner.steps_done, memory(size),
+                      time.perf_counter() - began)
         self.saved_at = time.monotonic()
 
 
@@ -452,7 +457,7 @@ def learn_region(
         announce(the_plan.describe())
     log.debug("%s; %s", the_plan.describe(), compute.memory_in_use(the_plan.device))
     learner = None
-    keeper = Keeper(resume.place(), k, config, params, start, within)
+    keeper = Keeper(k, config, params, start, within)
     try:
         learner, batches = _learner(keeper, the_plan, model, params, pre, ft, k, config, start, make_batches, cancel,
                                     within)

@@ -2,9 +2,10 @@
 
 The job runner sets a slot for each run of a job (``enter``: ``<job dir>/resume/``), as the app sets the workspace
 (``settings.workspace()``): a context variable, so the code a job runs asks for its place without being handed it.
-Each mask learning of that run takes the next place in it (``place``: ``learn-0``, ``learn-1``, … in the order the
-run learns them: a run of several seeds or budgets learns several regions, and a re-run learns them in the same
-order). With no slot set (the CLI, the library, tests) there is no place, and nothing is written.
+Each mask learning of that run takes a place named by what it learns (``place(key)``: ``learn-<key>-<n>``, the n-th
+learning of that key in the run): a run of several seeds or budgets learns several regions, and a re-run that reads
+some of them back from their region files, learning only the others, still finds each one's own place. With no slot
+set (the CLI, the library, tests) there is no place, and nothing is written.
 
 A learning's checkpoint is one safetensors file (``CHECKPOINT``): its tensors, and its scalars as JSON in the file's
 metadata, so tensors and scalars are written in one atomic rename and never disagree. ``standing`` reads only that
@@ -29,10 +30,10 @@ HEADER_LIMIT = 16 << 20  # bytes of a safetensors header read before it is calle
 
 @dataclass
 class Slot:
-    """One run of a job: its folder and how many learnings it has started."""
+    """One run of a job: its folder and how many learnings of each key it has started."""
 
     root: Path
-    taken: int = field(default=0)
+    taken: dict[str, int] = field(default_factory=dict)
 
 
 _slot: ContextVar[Slot | None] = ContextVar("graftui_resume", default=None)
@@ -47,14 +48,15 @@ def leave(token) -> None:
     _slot.reset(token)
 
 
-def place() -> Path | None:
-    """The folder of the next mask learning of this run (not made yet), or None outside a job."""
+def place(key: str) -> Path | None:
+    """The folder of this run's next mask learning of ``key`` (a digest of what it learns; not made yet), or None
+    outside a job."""
     slot = _slot.get()
     if slot is None:
         return None
-    path = slot.root / f"learn-{slot.taken}"
-    slot.taken += 1
-    return path
+    n = slot.taken.get(key, 0)
+    slot.taken[key] = n + 1
+    return slot.root / f"learn-{key}-{n}"
 
 
 def header(path: str | Path) -> dict:
@@ -86,10 +88,10 @@ def scalars(path: str | Path) -> dict:
 
 
 def standing(job_dir: str | Path) -> tuple[int, int] | None:
-    """(steps done, steps) of the last learning a job's folder keeps a checkpoint of; None where it keeps none, or
-    none that can be read (the learning then says why, and starts over)."""
+    """(steps done, steps) of the learning a job's folder last kept a checkpoint of; None where it keeps none, or none
+    that can be read (the learning then says why, and starts over)."""
     folder = Path(job_dir) / FOLDER
-    places = sorted(folder.glob(f"learn-*/{CHECKPOINT}"), key=lambda p: _number(p.parent.name))
+    places = sorted(folder.glob(f"learn-*/{CHECKPOINT}"), key=_written)
     for path in reversed(places):
         try:
             data = scalars(path)
@@ -106,6 +108,8 @@ def forget(job_dir: str | Path) -> None:
     shutil.rmtree(Path(job_dir) / FOLDER, ignore_errors=True)
 
 
-def _number(name: str) -> int:
-    tail = name.rpartition("-")[2]
-    return int(tail) if tail.isdigit() else -1
+def _written(path: Path) -> float:
+    try:
+        return path.stat().st_mtime
+    except OSError:
+        return 0.0

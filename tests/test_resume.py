@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 
 import pytest
 import torch
@@ -75,7 +76,7 @@ def test_a_learning_stopped_after_step_s_and_continued_ends_as_if_never_stopped(
             learn(pair, cfg, stop_after(s))
     finally:
         resume.leave(token)
-    kept = resume.scalars(tmp_path / "learn-0" / resume.CHECKPOINT)
+    kept = resume.scalars(next(tmp_path.glob(f"learn-*-0/{resume.CHECKPOINT}")))
     assert kept["steps_done"] == s
     steps = []
     token = resume.enter(tmp_path)  # the job's next run: the same place
@@ -111,21 +112,21 @@ def _stopped_at(pair, place, cfg, s=3):
             learn(pair, cfg, stop_after(s))
     finally:
         resume.leave(token)
-    return place / "learn-0" / resume.CHECKPOINT
+    return next(place.glob(f"learn-*-0/{resume.CHECKPOINT}"))
 
 
 @pytest.mark.parametrize("damage", ["garbage", "truncated", "other settings", "other learner", "other start"])
 def test_a_checkpoint_that_does_not_fit_is_ignored_and_the_learning_starts_over(pair, unstopped, tmp_path, caplog,
                                                                                damage):
     cfg = config("candidate")
-    path = _stopped_at(pair, tmp_path, cfg if damage != "other learner" else config("full"))
+    path = _stopped_at(pair, tmp_path, cfg)
     if damage == "garbage":
         path.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00not a header at all")
     elif damage == "truncated":
         path.write_bytes(path.read_bytes()[:-100])
-    elif damage == "other settings":
-        path.unlink()
-        _stopped_at(pair, tmp_path, LearnConfig(**{**cfg.as_dict(), "lr": 0.25}))
+    elif damage in ("other settings", "other learner"):  # another learning's checkpoint, found in this one's place
+        other = config("full") if damage == "other learner" else LearnConfig(**{**cfg.as_dict(), "lr": 0.25})
+        shutil.copyfile(_stopped_at(pair, tmp_path / "other", other), path)
     elif damage == "other start":  # the same layout and settings, another start region
         meta = resume.scalars(path)
         meta["base"] = "0" * 64
@@ -148,6 +149,27 @@ def _tensors(path):
 
     with safe_open(str(path), framework="pt", device="cpu") as f:
         return {n: f.get_tensor(n) for n in f.keys()}
+
+
+def test_a_rerun_that_skips_a_finished_learning_still_finds_the_place_of_the_next(pair, tmp_path):
+    """A run of two seeds moved during the second: its re-run reads the first seed's region back from its file and
+    learns only the second, which continues from its step."""
+    first, second = config("candidate"), LearnConfig(**{**config("candidate").as_dict(), "seed": 1})
+    token = resume.enter(tmp_path)
+    try:
+        learn(pair, first)
+        with pytest.raises(Paused):
+            learn(pair, second, stop_after(3))
+    finally:
+        resume.leave(token)
+    unstopped = learn(pair, second)
+    steps = []
+    token = resume.enter(tmp_path)
+    try:
+        region, logits, _ = learn(pair, second, lambda r: steps.append(r.step))
+    finally:
+        resume.leave(token)
+    assert steps == list(range(4, STEPS + 1)) and same(region, unstopped[0]) and same(logits, unstopped[1])
 
 
 def test_outside_a_job_nothing_is_written(pair, tmp_path, monkeypatch):
