@@ -275,3 +275,16 @@ def test_the_checkpoint_file_is_safetensors_with_its_scalars_in_its_metadata(pai
     kept = resume.scalars(path)
     assert kept["steps_done"] == 2 and kept["k"] == K and kept["learner"] == "full"
     assert not list(path.parent.glob(".*"))  # written atomically: nothing left aside
+
+
+def test_a_run_over_seeds_stopped_to_move_is_not_called_cancelled():
+    """A job over seeds that outgrows the quick lane is moved, its finished seeds read back there: the stop reaches
+    the runner as it was raised, not as a cancel."""
+    from graftui.flows import replicates
+    from graftui.requests import LocalizeRequest
+
+    def localize(one, progress, cancel, guard):
+        raise jobs.Outgrown("its pace foretold 300 s")
+
+    with pytest.raises(jobs.Outgrown):
+        replicates.localize_seeds(localize, LocalizeRequest.make(seeds=[0, 1], steps=3))
