@@ -329,7 +329,8 @@ class Keeper:
 
     def __init__(self, k: int, config: LearnConfig, params: dict, start: Region | None, within: Region | None):
         self.expected = {"k": int(k), "steps": int(config.steps), "config": _settings(config),
-                         "graftable": _graftable(params), "start_region": identity(start), "within_region": identity(within)}
+                         "graftable": _graftable(params), "start_region": identity(start),
+                         "within_region": identity(within)}
         key = hashlib.sha256(json.dumps(self.expected, sort_keys=True).encode()).hexdigest()[:16]
         place = resume.place(key)  # what it learns names its place: a re-run finds it whichever learnings it skips
         self.path = None if place is None else place / resume.CHECKPOINT

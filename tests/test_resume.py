@@ -24,8 +24,8 @@ STEPS = 8
 
 def config(learner: str, optimizer: str = "normalized") -> LearnConfig:
     """The full learner, or the candidate learner growing C every 2 steps (so growths fall before and after a stop)."""
-    return LearnConfig(steps=STEPS, lr=0.5 if optimizer == "normalized" else 1.0, optimizer=optimizer, candidates="all" if learner == "full" else "2",
-                       grow_every=2, rank_examples=16)
+    return LearnConfig(steps=STEPS, lr=0.5 if optimizer == "normalized" else 1.0, optimizer=optimizer,
+                       candidates="all" if learner == "full" else "2", grow_every=2, rank_examples=16)
 
 
 def learn(pair, cfg, progress=None):
