@@ -198,7 +198,8 @@ class CandidateLearner(MaskLearner):
 
     def __init__(self, model, params, pre, ft, k, config: LearnConfig = LearnConfig(), start: Region | None = None, *,
                  count: int, room: int | None = None, batches: Iterable[dict] | None = None,
-                 cancel: threading.Event | None = None, maps_blocks: bool = False, within: Region | None = None):
+                 cancel: threading.Event | None = None, maps_blocks: bool = False, within: Region | None = None,
+                 laid: Region | None = None):
         layers = self._accept(model, params, pre, ft, k, config)
         if maps_blocks:  # before ranking: its per-tensor temporaries are the first to go back
             compute.map_large_blocks()
@@ -216,7 +217,9 @@ class CandidateLearner(MaskLearner):
                 "movement" if batches is None or config.rank == "movement" else "gradient"
             self.ranked_on = None
             self._to_start(self.base)
-            if within is not None:  # C given: a larger region the search over budgets learned first (sizing.py)
+            if laid is not None:  # C as a checkpoint kept it: neither ranked nor grown again (``load_state``)
+                extra = laid
+            elif within is not None:  # C given: a larger region the search over budgets learned first (sizing.py)
                 extra = within
             elif count >= self.count:  # C is every graftable parameter: nothing to rank
                 extra = {n: torch.arange(params[n].numel()) for n in self.names}
@@ -489,6 +492,41 @@ class CandidateLearner(MaskLearner):
         log.debug("C grew by %s at step %d (now %s); %s", f"{added:,}", self.steps_done, f"{self.size:,}",
                   compute.memory_in_use(self.device))
         return added, moved, largest
+
+    # -- where it stands: what a checkpoint keeps --------------------------------------------------------------------
+    def state(self) -> tuple[dict[str, torch.Tensor], dict]:
+        """The full learner's state over C, and C itself with all the next steps and growths read of it: the ratio of
+        the gradient outside C to C's, a measure still to be taken in, C's size at its start, its growths so far."""
+        tensors = {}
+        for n, idx in self.candidates.items():
+            tensors[f"candidates.{n}"] = idx
+            tensors[f"logit.{n}"] = self.logits[n]
+        if self.adam is not None:
+            for n in self.candidates:
+                tensors[f"adam_m.{n}"], tensors[f"adam_v.{n}"] = self._adam_views[0][n], self._adam_views[1][n]
+        return tensors, {"learner": "candidate", "steps_done": self.steps_done, "scale": self.scale,
+                         "inside": [float(x) for x in self._inside], "beyond": [float(x) for x in self._beyond],
+                         "measured": None if self._measured is None else [float(x) for x in self._measured],
+                         "grown": self.grown, "added": self.added, "start": self.start_count, "rule": self.rule,
+                         "ranked_on": self.ranked_on, "room": self.room}
+
+    @staticmethod
+    def laid_out(tensors: dict[str, torch.Tensor]) -> Region:
+        """C as a checkpoint's tensors keep it (to build the learner with ``laid``)."""
+        return {name.partition(".")[2]: t for name, t in tensors.items() if name.startswith("candidates.")}
+
+    @torch.no_grad()
+    def load_state(self, tensors: dict[str, torch.Tensor], scalars: dict) -> None:
+        """Take back what ``state`` gave, into a learner built with ``laid`` = that state's C."""
+        own, _ = self.state()
+        for name, into in own.items():
+            if not name.startswith("candidates."):
+                into.copy_(tensors[name].to(into.device))
+        self.steps_done, self.scale = int(scalars["steps_done"]), float(scalars["scale"])
+        self._inside, self._beyond = tuple(scalars["inside"]), tuple(scalars["beyond"])
+        self._measured = None if scalars["measured"] is None else tuple(scalars["measured"])
+        self.grown, self.added, self.start_count = int(scalars["grown"]), int(scalars["added"]), int(scalars["start"])
+        self.rule, self.ranked_on = scalars["rule"], scalars["ranked_on"]
 
     # -- the end ---------------------------------------------------------------------------------------------------
     def _restore(self) -> None:

@@ -50,6 +50,11 @@ class Cancelled(RuntimeError):
     """Raised inside a flow when its cancel event is set; not a failure."""
 
 
+class Paused(Cancelled):
+    """Work stopped to continue elsewhere (a job moved to another lane): what it has done is kept, so mask learning
+    saves its place before it stops."""
+
+
 MAX_LINE = 1000  # characters of a one-line error: what a user typed is quoted, never a whole file of it
 
 

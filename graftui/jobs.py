@@ -35,7 +35,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from .errors import Cancelled, SessionError, first_line, message
+from . import resume
+from .errors import Cancelled, Paused, SessionError, first_line, message
 from .paths import atomic_write
 
 log = logging.getLogger(__name__)
@@ -75,8 +76,11 @@ class Job:
     estimate: float | None = None  # the seconds it is expected to take, when its submitter knows
     work: float | None = None  # what its request asks the models to read (tokens × models × passes), where it says
     restarts: int = 0  # how often a server restart found it running and ran it again
-    moved: str = ""  # why it left the quick lane for the main one, where it started over (empty: it did not)
+    moved: str = ""  # why it left the quick lane for the main one, where it continued (empty: it did not)
     first: float = 0.0  # when its owner moved it to the front of its client's waiting jobs (0: never; ``move_up``)
+    run: int = 0  # which run of it this is: a job moved or revived runs again, continuing; its progress entries of a
+    # later run say which ("run"), so the pace of the run under way is measured on its own steps
+    run_from: float = 0.0  # the fraction it had done when this run began
 
     @property
     def duration(self) -> float | None:
@@ -92,8 +96,9 @@ class TimeLimit(Cancelled):
     """A job ran past the runner's time limit (a hosted server's GRAFTUI_JOB_SECONDS), or past the quick lane's."""
 
 
-class Outgrown(TimeLimit):
-    """A quick-lane job that will not end within QUICK_LIMIT: the runner moves it to the main lane."""
+class Outgrown(TimeLimit, Paused):
+    """A quick-lane job that will not end within QUICK_LIMIT: the runner moves it to the main lane, where it continues
+    (mask learning keeps its place: ``resume``)."""
 
 
 def _outgrown(ran: float, total: float | None) -> Outgrown:
@@ -121,11 +126,14 @@ class JobContext:
             raise Cancelled(f"{self.job.kind} cancelled")
         if limit and ran > limit:
             raise _limit_stop(limit)
+        outgrown = None
         if self.job.lane == QUICK:  # moved to the main lane as soon as its own pace says it outgrows this one
             total = _foreseen(self.job, time.time())
             if ran > QUICK_LIMIT or (total is not None and total > QUICK_LIMIT):
-                raise _outgrown(ran, total)
+                outgrown = _outgrown(ran, total)  # after this step is recorded: the job continues after it
         event = {k: v for k, v in event.items() if v is not None}
+        if self.job.run:
+            event["run"] = self.job.run
         with self._runner._lock:
             if "step" in event and "steps" in event:
                 event.setdefault("fraction", event["step"] / max(event["steps"], 1))
@@ -136,6 +144,8 @@ class JobContext:
             if "step" in event or "heldout" in event:  # what the panels plot: steps, and held-out checks between them
                 self.job.progress.append({**event, "time": round(time.time() - (self.job.started or time.time()), 3)})
         self._runner._save(self.job, throttle=True)
+        if outgrown is not None:
+            raise outgrown
 
 
 JobFn = Callable[[JobContext], dict]
@@ -349,7 +359,7 @@ class JobRunner:
 
             def body(fn=fn, context=context, ctx=ctx, outcome=outcome):
                 try:
-                    outcome["result"] = context.run(fn, ctx)
+                    outcome["result"] = context.run(_in_place, fn, ctx)
                 except BaseException as err:  # noqa: BLE001 - a job must never take the runner down
                     outcome["error"], outcome["trace"] = err, traceback.format_exc()
 
@@ -378,6 +388,7 @@ class JobRunner:
                         log.warning("job %s failed: %s", job_id, err)
                     end = {"status": FAILED, "error": message(err), "message": message(err)}
             finally:
+                resume.forget(self.job_dir(job_id))  # it ended: nothing of it continues
                 with self._lock:  # the end is seen with its record written: who waits for it reads the file
                     for name, value in (end or {"status": FAILED, "message": "failed"}).items():
                         setattr(job, name, value)
@@ -429,24 +440,28 @@ class JobRunner:
             log.warning("the record of job %s could not be written: %s", job.id, err)
 
     def _move(self, job: Job, fn: JobFn, context: contextvars.Context, why: Outgrown) -> bool:
-        """Queue a quick-lane job that outgrew its lane again in the main lane, where it starts over (False when it
-        was cancelled meanwhile: it ends as cancelled). Its length there is the one its own pace foretold."""
+        """Queue a quick-lane job that outgrew its lane again in the main lane, where it continues from where it was
+        (False when it was cancelled meanwhile: it ends as cancelled). Its length there is what its own pace foretold
+        it still needs."""
         with self._lock:
             ctx = self._contexts.pop(job.id, None)
             if ctx is not None and ctx.cancel.is_set():
                 return False
             ran = time.time() - (job.started or time.time())
             total = _foreseen(job, time.time())
-            job.lane, job.estimate = MAIN, max(total or 0.0, ran, job.estimate or 0.0)
+            left = _left(job, time.time())
+            job.lane, job.estimate = MAIN, left if left is not None else max(total or 0.0, ran, job.estimate or 0.0)
             job.moved = f"moved to the main lane after {ran:,.0f} s in the quick lane: {why}"
-            self._requeue(job, fn, context, f"{job.moved}; it starts over there")
+            self._requeue(job, fn, context, f"{job.moved}; it {_continues(self.job_dir(job.id))} there")
         log.info("job %s %s", job.id, job.message)
         return True
 
     def _requeue(self, job: Job, fn: JobFn, context: contextvars.Context, message: str) -> None:
-        """Queue ``job`` again from its start, to run ``fn`` (``_lock`` held): a job moved out of the quick lane, or
-        one a restart interrupted."""
-        job.status, job.started, job.finished, job.fraction, job.progress = QUEUED, None, None, 0.0, []
+        """Queue ``job`` again, to run ``fn`` (``_lock`` held): a job moved out of the quick lane, or one a restart
+        interrupted. It keeps its progress (its next run's entries say which run they are of) and its fraction; its
+        work continues where a checkpoint kept its place (``resume``)."""
+        job.status, job.started, job.finished = QUEUED, None, None
+        job.run, job.run_from = job.run + 1, job.fraction
         job.message = message
         self._fns[job.id] = (fn, context)
         self._waiting.append(job.id)
@@ -468,9 +483,9 @@ class JobRunner:
 
     def revive(self, rebuild: Callable[[Job], JobFn | None]) -> list[str]:
         """Queue again the jobs a restart interrupted, each as ``rebuild`` makes it from its record (None: it stays
-        interrupted). A job that waited runs as it would have; one that was running starts over, once: a job found
-        running by a second restart may be what stopped the server, so it is left for its user to run again. Call
-        once, when the server starts; returns the ids queued again."""
+        interrupted). A job that waited runs as it would have; one that was running runs again, once, continuing from
+        its last checkpoint (``resume``): a job found running by a second restart may be what stopped the server, so
+        it is left for its user to run again. Call once, when the server starts; returns the ids queued again."""
         with self._lock:
             pending, self._restart = self._restart, []
         queued = []
@@ -488,10 +503,26 @@ class JobRunner:
             with self._lock:
                 job.restarts += was == RUNNING
                 self._requeue(job, fn, contextvars.copy_context(),
-                              "the server restarted while it ran: it starts over" if was == RUNNING else
-                              "queued again after a server restart")
+                              f"the server restarted while it ran: it {_continues(self.job_dir(job_id))}"
+                              if was == RUNNING else "queued again after a server restart")
             queued.append(job_id)
         return queued
+
+
+def _in_place(fn: JobFn, ctx: JobContext) -> dict:
+    """Run ``fn`` with its job's folder as the place its mask learning keeps its checkpoints (``resume``)."""
+    token = resume.enter(ctx.dir / resume.FOLDER)
+    try:
+        return fn(ctx)
+    finally:
+        resume.leave(token)
+
+
+def _continues(job_dir: Path) -> str:
+    """How a job queued again goes on: from the step its checkpoint kept, else from its start."""
+    at = resume.standing(job_dir)
+    return "runs again from its start (no mask learning of it kept a checkpoint)" if at is None else \
+        f"continues from step {at[0]} of {at[1]}"
 
 
 def _raise_in(thread: threading.Thread, kind: type[BaseException]) -> None:
@@ -507,9 +538,11 @@ PACE_AFTER = 0.05  # a running job's own pace foretells its end once it is this 
 
 
 def _foreseen(job: Job, now: float) -> float | None:
-    """The seconds a running job will take in all, at the pace of its own steps once they have taken it PACE_AFTER
-    further than its first (loading models before the first step says nothing of the pace after it); None before."""
-    first = next((p for p in job.progress if isinstance(p.get("fraction"), (int, float))), None)
+    """The seconds this run of a job will take in all, at the pace of its own steps once they have taken it PACE_AFTER
+    further than its first (loading models before the first step says nothing of the pace after it); None before.
+    Only the steps of the run under way count: an earlier run's times were measured from another start."""
+    first = next((p for p in job.progress if isinstance(p.get("fraction"), (int, float))
+                  and p.get("run", 0) == job.run), None)
     ran = max(now - (job.started or now), 0.0)
     if first is None or job.fraction - first["fraction"] < PACE_AFTER:
         return None
@@ -525,8 +558,9 @@ def _left(job: Job, now: float) -> float | None:
     total = _foreseen(job, now)
     if total is not None:
         return max(total - ran, 0.0)
-    if job.fraction >= PACE_AFTER:
-        return ran / min(job.fraction, 1.0) - ran
+    done = min(job.fraction, 1.0)
+    if done - job.run_from >= PACE_AFTER:  # this run's share of the work, at this run's pace
+        return ran * (1.0 - done) / (done - job.run_from)
     return None if job.estimate is None else max(job.estimate - ran, 0.0)
 
 
@@ -553,10 +587,12 @@ def _turn(job: Job) -> str | None:
 _FIELD_TYPES = {"id": str, "kind": str, "title": str, "params": dict, "status": str, "progress": list,
                 "message": str, "result": (dict, type(None)), "error": (str, type(None)), "owner": (str, type(None)),
                 "client": (str, type(None)), "lane": str, "estimate": (int, float, type(None)),
-                "work": (int, float, type(None)), "restarts": int, "moved": str, "first": (int, float),
+                "work": (int, float, type(None)), "restarts": int, "moved": str, "first": (int, float), "run": int,
+                "run_from": (int, float),
                 "created": (int, float), "started": (int, float, type(None)), "finished": (int, float, type(None)),
                 "fraction": (int, float)}
-_TIMES = ("created", "started", "finished", "fraction", "estimate", "work", "first")  # numbers, finite and not below 0
+_TIMES = ("created", "started", "finished", "fraction", "estimate", "work", "first", "run_from")  # numbers, finite
+# and not below 0
 
 
 def _read_job(path: Path) -> Job:

@@ -15,20 +15,26 @@ would fit, and running out of memory all the same becomes one line that names th
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import logging
 import math
 import threading
+import time
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Callable, Iterable
 
 import torch
+from safetensors import safe_open
 
-from . import compute
+from . import compute, resume
 from .candidates import CandidateLearner
 from .config import AUTO_FACTOR, MEMORY_MODES, LearnConfig
-from .errors import Cancelled, ModelError
+from .errors import Cancelled, ModelError, Paused
 from .formatting import memory
 from .method import MaskLearner, ProgressFn, Region, cycle_batches
+from .paths import atomic_write
 from .weights import Placed
 
 log = logging.getLogger(__name__)
@@ -252,15 +258,174 @@ def _cannot_fit(factor: float, count: int, need: dict, free: int, device, candid
 
 def make_learner(the_plan: Plan, model, params, pre, ft, k: int, config: LearnConfig, start: Region | None = None,
                  batches: Iterable[dict] | None = None, cancel: threading.Event | None = None,
-                 within: Region | None = None) -> MaskLearner:
-    """The learner ``the_plan`` names, run as it decided."""
+                 within: Region | None = None, laid: Region | None = None) -> MaskLearner:
+    """The learner ``the_plan`` names, run as it decided; ``laid``: the candidate set a checkpoint kept (not ranked
+    again)."""
     config = replace(config, checkpoint_every=the_plan.checkpoint_every)
     if the_plan.learner == "full":
         return MaskLearner(model, params, pre, ft, k, config, start, holds=the_plan.holds,
                            brings_over=the_plan.brings_over)
     return CandidateLearner(model, params, pre, ft, k, config, start, count=the_plan.count, room=the_plan.room,
-                            batches=batches if config.rank == "gradient" else None, cancel=cancel,
-                            maps_blocks=the_plan.maps_blocks, within=within)
+                            batches=batches if config.rank == "gradient" and laid is None else None, cancel=cancel,
+                            maps_blocks=the_plan.maps_blocks, within=within, laid=laid)
+
+
+# -- checkpoints: a learning that is moved or interrupted continues where it was -----------------------------------
+SAME_REGION = ("memory", "checkpoint_every")  # settings that change how a learner runs, never what it learns
+_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
+           torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+           torch.bool: "BOOL"}
+
+
+def identity(region: Region | None) -> str | None:
+    """A digest of a region (names and flat indices), to tell that a checkpoint started where this learning does."""
+    if region is None:
+        return None
+    digest = hashlib.sha256()
+    for name in sorted(region):
+        digest.update(name.encode() + b"\0" + region[name].to(torch.int64).cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()
+
+
+def _settings(config: LearnConfig) -> dict:
+    return {n: v for n, v in json.loads(json.dumps(asdict(config), default=str)).items() if n not in SAME_REGION}
+
+
+def _graftable(params: dict) -> str:
+    return hashlib.sha256(json.dumps([[n, list(p.shape), str(p.dtype)] for n, p in params.items()]).encode()).hexdigest()
+
+
+def write_checkpoint(path: Path, tensors: dict[str, torch.Tensor], scalars: dict) -> int:
+    """One safetensors file holding ``tensors`` and, in its metadata, ``scalars`` as JSON; written atomically, one
+    tensor at a time (ℓ's tensors are views into one buffer: no copy of the whole state is made). Returns its bytes."""
+    names = sorted(tensors)
+    header, offset = {}, 0
+    for name in names:
+        t = tensors[name]
+        size = t.numel() * t.element_size()
+        header[name] = {"dtype": _DTYPES[t.dtype], "shape": list(t.shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    header["__metadata__"] = {resume.SCALARS: json.dumps(scalars)}
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned, as safetensors writes it
+
+    def write(tmp: str) -> None:
+        with open(tmp, "wb") as f:
+            f.write(len(text).to_bytes(8, "little"))
+            f.write(text)
+            for name in names:
+                t = tensors[name].detach().to("cpu").contiguous().reshape(-1)
+                f.write(t.view(torch.uint8).numpy().data if t.numel() else b"")
+
+    atomic_write(path, write)
+    return 8 + len(text) + offset
+
+
+class Keeper:
+    """The checkpoint of one mask learning in a job: read once when the learning starts (checked before it is
+    trusted: a file on disk is data, never authority), written every CHECKPOINT_SECONDS of steps, when the job is
+    stopped to continue elsewhere, and once the last step is done (a re-run of the job then skips this learning).
+    Outside a job (no place) it does nothing."""
+
+    def __init__(self, k: int, config: LearnConfig, params: dict, start: Region | None, within: Region | None):
+        self.expected = {"k": int(k), "steps": int(config.steps), "config": _settings(config),
+                         "graftable": _graftable(params), "start_region": identity(start),
+                         "within_region": identity(within)}
+        key = hashlib.sha256(json.dumps(self.expected, sort_keys=True).encode()).hexdigest()[:16]
+        place = resume.place(key)  # what it learns names its place: a re-run finds it whichever learnings it skips
+        self.path = None if place is None else place / resume.CHECKPOINT
+        self.saved_at = time.monotonic()
+        self.tensors: dict[str, torch.Tensor] | None = None
+        self.scalars: dict | None = None
+        if self.path is not None and self.path.is_file():
+            self._read()
+
+    def _read(self) -> None:
+        try:
+            scalars = resume.scalars(self.path)
+            for name, value in self.expected.items():
+                if scalars.get(name) != value:
+                    raise ValueError(f"its {name} is not this learning's")
+            done = scalars.get("steps_done")
+            if not isinstance(done, int) or not 0 < done <= self.expected["steps"]:
+                raise ValueError(f"its step count {done!r} is not one of 1..{self.expected['steps']}")
+            with safe_open(str(self.path), framework="pt", device="cpu") as f:
+                tensors = {name: f.get_tensor(name) for name in f.keys()}
+        except Exception as err:  # noqa: BLE001 - any damage: the learning starts over
+            self.ignore(err)
+            return
+        self.tensors, self.scalars = tensors, scalars
+
+    def ignore(self, why: BaseException | str) -> None:
+        log.warning("mask learning starts over: the checkpoint %s cannot be used (%s)", self.path, why)
+        self.tensors = self.scalars = None
+
+    @property
+    def learner(self) -> str | None:
+        """The learner the checkpoint kept (None: none to continue)."""
+        return None if self.scalars is None else self.scalars.get("learner")
+
+    def laid(self, params: dict) -> Region | None:
+        """The candidate set the checkpoint kept, checked against the graftable tensors (None: none, or one that does
+        not fit, said in the log)."""
+        if self.tensors is None:
+            return None
+        laid = CandidateLearner.laid_out(self.tensors)
+        for name, idx in laid.items():
+            size = params[name].numel() if name in params else 0
+            if not (name in params and idx.dtype == torch.int64 and idx.dim() == 1 and idx.numel()
+                    and int(idx[0]) >= 0 and int(idx[-1]) < size and bool((idx[1:] > idx[:-1]).all())):
+                self.ignore(f"its candidate set in '{name}' is not a set of that tensor's positions")
+                return None
+        return laid
+
+    def restore(self, learner: MaskLearner) -> tuple[int, int] | None:
+        """Put the checkpoint into ``learner``; returns where its batches stand (epoch, position), None where it does
+        not fit (said in the log: the learning starts over)."""
+        try:
+            own, _ = learner.state()
+            if identity(learner.base) != self.scalars.get("base"):
+                raise ValueError("it started from another region")
+            if set(own) | {"rng"} != set(self.tensors) | {"rng"}:
+                raise ValueError("its tensors are not this learner's")
+            for name, t in own.items():
+                got = self.tensors[name]
+                if got.dtype != t.dtype or got.shape != t.shape:
+                    raise ValueError(f"'{name}' is {got.dtype} {tuple(got.shape)}, not {t.dtype} {tuple(t.shape)}")
+            if not all(bool(torch.isfinite(t).all()) for n, t in self.tensors.items() if n.startswith(("logit.", "adam_"))):
+                raise ValueError("it holds values that are not finite")
+            epoch, position = self.scalars["epoch"], self.scalars["position"]
+            if not (isinstance(epoch, int) and isinstance(position, int) and epoch >= 0 and position >= 0):
+                raise ValueError("its batch position is not one")
+            learner.load_state(self.tensors, self.scalars)
+        except Exception as err:  # noqa: BLE001
+            self.ignore(err)
+            return None
+        rng = self.tensors.get("rng")
+        if rng is not None and rng.dtype == torch.uint8:
+            with contextlib.suppress(RuntimeError):  # another torch's generator: the steps draw nothing from it
+                torch.set_rng_state(rng)
+        self.tensors = None  # held once: the learner has them now
+        log.info("mask learning continues from step %d of %d (%s)", learner.steps_done, self.expected["steps"],
+                 self.path)
+        return epoch, position
+
+    def save(self, learner: MaskLearner, batches, force: bool = False) -> None:
+        """Write the learner's state where this learning keeps it, if CHECKPOINT_SECONDS have passed (or ``force``)."""
+        if self.path is None or (not force and time.monotonic() - self.saved_at < resume.CHECKPOINT_SECONDS):
+            return
+        tensors, scalars = learner.state()
+        scalars = {**scalars, **self.expected, "base": identity(learner.base), "epoch": batches.epoch,
+                   "position": batches.position}
+        began = time.perf_counter()
+        try:
+            size = write_checkpoint(self.path, {**tensors, "rng": torch.get_rng_state()}, scalars)
+        except OSError as err:  # a full disk: the learning goes on, only less of it is kept
+            log.warning("mask learning could not keep its place at step %d: %s", learner.steps_done, err)
+        else:
+            log.debug("mask learning kept its place at step %d: %s in %.3f s", learner.steps_done, memory(size),
+                      time.perf_counter() - began)
+        self.saved_at = time.monotonic()
 
 
 def learn_region(
@@ -293,17 +458,23 @@ def learn_region(
         announce(the_plan.describe())
     log.debug("%s; %s", the_plan.describe(), compute.memory_in_use(the_plan.device))
     learner = None
+    keeper = Keeper(k, config, params, start, within)
     try:
-        learner = make_learner(the_plan, model, params, pre, ft, k, config, start, make_batches(0), cancel, within)
+        learner, batches = _learner(keeper, the_plan, model, params, pre, ft, k, config, start, make_batches, cancel,
+                                    within)
         log.debug("learner built; %s", compute.memory_in_use(the_plan.device))
-        batches = cycle_batches(make_batches)
         try:
-            for _ in range(config.steps):
+            while learner.steps_done < config.steps:
                 if cancel is not None and cancel.is_set():
                     raise Cancelled("mask learning cancelled")
                 report = learner.step(next(batches), count_region=progress is not None)
-                if progress is not None:
-                    progress(report)
+                try:
+                    if progress is not None:
+                        progress(report)
+                except Paused:  # stopped to continue elsewhere: from this step
+                    keeper.save(learner, batches, force=True)
+                    raise
+                keeper.save(learner, batches, force=learner.steps_done == config.steps)
         finally:
             region = learner.finish()
         log.debug("mask learning done; %s", compute.memory_in_use(the_plan.device))
@@ -315,6 +486,24 @@ def learn_region(
         details.update({"plan": the_plan.record(), "line": the_plan.describe(),
                         **(learner.record() if hasattr(learner, "record") else {"learner": "full"})})
     return region, learner.full_logits()
+
+
+def _learner(keeper: Keeper, the_plan: Plan, model, params, pre, ft, k, config, start, make_batches, cancel, within):
+    """The learner and its batches: continued from ``keeper``'s checkpoint where it has one that fits, else new."""
+    if keeper.learner is not None and keeper.learner != the_plan.learner:
+        keeper.ignore(f"it was kept by the {keeper.learner} learner, and the {the_plan.learner} learner runs")
+    laid = keeper.laid(params) if keeper.learner == "candidate" else None
+    learner = make_learner(the_plan, model, params, pre, ft, k, config, start, make_batches(0), cancel, within,
+                           laid=laid)
+    if keeper.scalars is None:
+        return learner, cycle_batches(make_batches)
+    at = keeper.restore(learner)
+    if at is not None:
+        return learner, cycle_batches(make_batches, *at)
+    if laid is not None:  # built around the checkpoint's C: built again, ranking its own
+        learner._leave()
+        learner = make_learner(the_plan, model, params, pre, ft, k, config, start, make_batches(0), cancel, within)
+    return learner, cycle_batches(make_batches)
 
 
 def out_of_memory_line(err: BaseException, the_plan: Plan | None, doing: str) -> str:

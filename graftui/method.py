@@ -270,16 +270,36 @@ class StepReport:
 ProgressFn = Callable[[StepReport], None]
 
 
-def cycle_batches(make_batches: Callable[[int], Iterable[dict]]) -> Iterator[dict]:
-    epoch = 0
-    while True:
-        empty = True
-        for batch in make_batches(epoch):
-            empty = False
-            yield batch
-        if empty:
-            raise ValueError("mask learning needs at least one training batch")
-        epoch += 1
+class CycledBatches(Iterator[dict]):
+    """``make_batches(epoch)`` for epoch 0, 1, 2, …, one batch at a time, knowing where it stands (``epoch``, and
+    ``position`` within it): a learning continued from a checkpoint continues its batches at the same place, by
+    building that epoch's batches again and passing the ones already taken."""
+
+    def __init__(self, make_batches: Callable[[int], Iterable[dict]], epoch: int = 0, position: int = 0):
+        self.make_batches, self.epoch, self.position = make_batches, int(epoch), int(position)
+        self._current: Iterator[dict] | None = None
+
+    def __next__(self) -> dict:
+        for _ in range(2):  # the epoch under way, then (once) a fresh one
+            if self._current is None:
+                self._current = iter(self.make_batches(self.epoch))
+                for _ in range(self.position):  # batches a checkpoint's steps already took
+                    if next(self._current, None) is None:
+                        raise ValueError(f"epoch {self.epoch} has fewer than {self.position} batches now: the batches "
+                                         "changed since the checkpoint was written")
+            batch = next(self._current, None)
+            if batch is not None:
+                self.position += 1
+                return batch
+            if self.position == 0:
+                raise ValueError("mask learning needs at least one training batch")
+            self.epoch, self.position, self._current = self.epoch + 1, 0, None
+        raise ValueError("mask learning needs at least one training batch")
+
+
+def cycle_batches(make_batches: Callable[[int], Iterable[dict]], epoch: int = 0, position: int = 0) -> CycledBatches:
+    """The batches of every epoch in turn, from ``position`` of ``epoch`` (see ``CycledBatches``)."""
+    return CycledBatches(make_batches, epoch, position)
 
 
 class MaskLearner:
@@ -420,6 +440,28 @@ class MaskLearner:
                 float((out.logits.argmax(-1) == batch["labels"]).float().mean())
         return StepReport(self.steps_done, self.config.steps, float(loss), accuracy, size,
                           None if size is None else size - kept)
+
+    # -- where it stands: what a checkpoint keeps --------------------------------------------------------------------
+    def state(self) -> tuple[dict[str, torch.Tensor], dict]:
+        """Everything the next steps read, as (tensors, JSON scalars): ℓ, Adam's moments, ``steps_done`` and the last
+        step's scale. The tensors are the learner's own (not copies): written out before the next step. A learner
+        built the same way and given them back by ``load_state`` takes the steps this one would, bit for bit."""
+        tensors = {f"logit.{n}": ell for n, ell in self.logits.items()}
+        for n, (m, v) in (self.adam or {}).items():
+            tensors[f"adam_m.{n}"], tensors[f"adam_v.{n}"] = m, v
+        return tensors, {"learner": "full", "steps_done": self.steps_done, "scale": self.scale}
+
+    @torch.no_grad()
+    def load_state(self, tensors: dict[str, torch.Tensor], scalars: dict) -> None:
+        """Take back what ``state`` gave (checked by the caller against this learner's own ``state``: names, shapes,
+        dtypes)."""
+        own, _ = self.state()
+        for name, into in own.items():
+            into.copy_(tensors[name].to(into.device))
+        self.steps_done, self.scale = int(scalars["steps_done"]), float(scalars["scale"])
+        if self.held is not None:  # σ(ℓ) as the logits now are
+            for n, ell in self.logits.items():
+                torch.sigmoid(ell, out=self.held.sigma[n])
 
     def _keep_within_budget(self) -> None:
         """Shift every logit down by one amount so that the (k+1)-th largest lies below 0: at most k parameters have

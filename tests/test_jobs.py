@@ -106,7 +106,7 @@ HELD = [(RUNNING, "a-running", 1.0, 0), (QUEUED, "b-queued", 2.0, 0), (RUNNING, 
 
 
 def test_a_restarted_runner_runs_again_what_it_held_once_revived(tmp_path):
-    """Jobs found queued run again in the order they were submitted, one found running starts over once (a restart
+    """Jobs found queued run again in the order they were submitted, one found running runs again once (a restart
     that finds it running again leaves it interrupted), and a record ``rebuild`` refuses or fails on stays
     interrupted; without ``revive`` (the CLI, a test) every one stays interrupted."""
     for held in HELD:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from .. import card, metrics, regions, sets, settings
 from ..config import FT_LABEL
-from ..errors import Cancelled, RegionError, RequestError
+from ..errors import Cancelled, Paused, RegionError, RequestError
 from ..paths import short_ref
 from ..regions import RegionRecord
 from ..requests import LocalizeRequest, Request
@@ -111,6 +111,8 @@ def localize_seeds(localize, req: LocalizeRequest, progress=None, cancel=None,
             continue
         try:
             result = localize(one, part_progress(progress, i, len(outs), seed), cancel, guard)
+        except Paused:  # stopped to continue elsewhere: the job runs again, reading back the seeds it finished
+            raise
         except Cancelled:
             kept = ", ".join(f"seed {s} ({Path(p).name})" for s, _, p, _, _ in found)
             raise Cancelled("localization cancelled" + (f"; kept {kept}: run it again with the same --out to go on"
@@ -169,6 +171,8 @@ def localize_finetunes(localize, req: LocalizeRequest, progress=None, cancel=Non
         try:
             runs.append(localize(one, part_progress(progress, i, len(refs), None, f"fine-tune {short_ref(ref)}"),
                                  cancel, guard))
+        except Paused:
+            raise
         except Cancelled:
             kept = ", ".join(Path(r.path).name for r in runs)
             raise Cancelled("localization cancelled" + (f"; kept {kept}: run it again with the same --out to go on"

@@ -124,9 +124,11 @@ def step_progress(job: Job) -> tuple[int, int, float | None] | None:
     step, steps = int(last["step"]), int(last["steps"])
     if step >= steps or ("stage" in last and last["stage"] != job.message):
         return None
-    run = [last]  # this stage's steps: counting up to the same total
+    run = [last]  # this stage's steps: counting up to the same total, in the same run of the job (a job that
+    # continues after a move or a restart keeps its earlier steps, timed from another start)
     for p in reversed(events[:-1]):
-        if p["steps"] != steps or p["step"] >= run[-1]["step"] or len(run) > PACE_STEPS:
+        if p["steps"] != steps or p["step"] >= run[-1]["step"] or len(run) > PACE_STEPS \
+                or p.get("run", 0) != last.get("run", 0):
             break
         run.append(p)
     first = run[-1]
