@@ -79,7 +79,8 @@ def after(verb: str):
 
 def job_fn(request):
     """The work of a job that runs ``request``: its flow, with models of its own where the job is in the quick lane
-    when it starts (a job that outgrew that lane runs again in the main one, its mask learning continuing from its checkpoint), then what ``AFTER`` keeps."""
+    when it starts (a job that outgrew that lane runs again in the main one, its mask learning continuing from its
+    checkpoint), then what ``AFTER`` keeps."""
     then = AFTER.get(request.verb)
 
     def fn(ctx) -> dict:
