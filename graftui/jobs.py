@@ -48,7 +48,8 @@ FINISHED = {DONE, FAILED, CANCELLED, INTERRUPTED}
 STOP_GRACE = 30.0  # seconds a job past its time limit, or cancelled, has to stop at its own next step (a batch of
 # generations on a CPU may take this long between two)
 WATCH_SECONDS = 0.2  # how often the runner looks at a running job
-QUICK_LIMIT = 120.0  # seconds a job may run in the quick lane, which serves work of seconds: past it, it is stopped
+QUICK_LIMIT = 120.0  # seconds a job may run in the quick lane, which serves work of seconds: past it, it is moved
+# to the main lane (a runner's own limit may be set: ``JobRunner(quick_limit=…)``, GRAFTUI_QUICK_SECONDS)
 UNKNOWN_SECONDS = 3600.0  # the length a waiting job of unknown length is ranked at (``_rank``): after most known ones
 NOBODY = ""  # the owner of a record whose owner is unknown: no hosted session's id (those have 32 characters)
 OWNER_FILE = "owner"  # beside job.json: whose job it is, should the record be damaged
@@ -97,13 +98,14 @@ class TimeLimit(Cancelled):
 
 
 class Outgrown(TimeLimit, Paused):
-    """A quick-lane job that will not end within QUICK_LIMIT: the runner moves it to the main lane, where it continues
+    """A quick-lane job that will not end within the quick lane's limit: the runner moves it to the main lane, where it continues
     (mask learning keeps its place: ``resume``)."""
 
 
-def _outgrown(ran: float, total: float | None) -> Outgrown:
+def _outgrown(ran: float, total: float | None, limit: float) -> Outgrown:
     pace = f"its pace foretold {total:,.0f} s" if total is not None else f"it ran {ran:,.0f} s"
-    return Outgrown(f"{pace}, past the {QUICK_LIMIT:,.0f} s the quick lane gives work of seconds")
+    return Outgrown(f"{pace}, past the {limit:,.0f} s the quick lane gives work of seconds" if limit >= 10 else
+                    f"{pace}, past the {limit:g} s the quick lane gives work of seconds")
 
 
 def _limit_stop(limit: float) -> TimeLimit:
@@ -128,9 +130,9 @@ class JobContext:
             raise _limit_stop(limit)
         outgrown = None
         if self.job.lane == QUICK:  # moved to the main lane as soon as its own pace says it outgrows this one
-            total = _foreseen(self.job, time.time())
-            if ran > QUICK_LIMIT or (total is not None and total > QUICK_LIMIT):
-                outgrown = _outgrown(ran, total)  # after this step is recorded: the job continues after it
+            total, quick = _foreseen(self.job, time.time()), self._runner.quick_limit
+            if ran > quick or (total is not None and total > quick):
+                outgrown = _outgrown(ran, total, quick)  # after this step is recorded: the job continues after it
         event = {k: v for k, v in event.items() if v is not None}
         if self.job.run:
             event["run"] = self.job.run
@@ -153,10 +155,11 @@ JobFn = Callable[[JobContext], dict]
 
 class JobRunner:
     def __init__(self, root: str | Path, max_seconds: float | None = None,
-                 after_forced_stop: Callable[[], None] | None = None):
+                 after_forced_stop: Callable[[], None] | None = None, quick_limit: float | None = None):
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.max_seconds = max_seconds  # a job running longer is stopped at its next progress report
+        self._quick_limit = quick_limit  # a quick-lane job foreseen longer is moved to the main lane (None: QUICK_LIMIT)
         # what to drop after a job was stopped in its thread: it may have been stopped anywhere, a model half-grafted
         self.after_forced_stop = after_forced_stop
         self._lock = threading.RLock()
@@ -172,6 +175,10 @@ class JobRunner:
                          for lane in LANES]
         for worker in self._workers:
             worker.start()
+
+    @property
+    def quick_limit(self) -> float:
+        return self._quick_limit or QUICK_LIMIT
 
     # -- public --------------------------------------------------------------------------------
     def submit(self, kind: str, title: str, fn: JobFn, params: dict | None = None, owner: str | None = None,
@@ -378,7 +385,7 @@ class JobRunner:
             try:
                 if err is None:
                     end = {"result": outcome.get("result") or {}, "status": DONE, "fraction": 1.0,
-                           "message": f"done ({job.moved})" if job.moved else "done"}
+                           "message": job.moved or "done"}
                 elif isinstance(err, Cancelled) and not isinstance(err, TimeLimit):
                     end = {"status": CANCELLED, "message": "cancelled"}
                 else:
@@ -413,8 +420,8 @@ class JobRunner:
             limit, ran = self.max_seconds, now - (job.started or now)
             if stop is None and limit and ran > limit + STOP_GRACE:
                 stop = _limit_stop(limit)
-            elif stop is None and job.lane == QUICK and ran > QUICK_LIMIT + STOP_GRACE:
-                stop = _outgrown(ran, None)
+            elif stop is None and job.lane == QUICK and ran > self.quick_limit + STOP_GRACE:
+                stop = _outgrown(ran, None, self.quick_limit)
             elif stop is None and cancelled_at is not None and now - cancelled_at > STOP_GRACE:
                 stop = Cancelled(f"{job.kind} cancelled")
             if stop is not None and now - raised_at > STOP_GRACE:  # again, should the job have caught it

@@ -112,6 +112,12 @@ def job_seconds() -> float | None:
     return value or None
 
 
+def quick_seconds() -> float | None:
+    """How long a job may run in the quick lane before it is moved to the main lane: GRAFTUI_QUICK_SECONDS (unset or
+    0: the runner's own, 120 s)."""
+    return float(os.environ.get("GRAFTUI_QUICK_SECONDS", "0")) or None
+
+
 def fast() -> bool:
     """``GRAFTUI_FAST=1``: small defaults (a quick default fine-tune, few steps) for tests and demos."""
     return os.environ.get("GRAFTUI_FAST", "").strip().lower() in {"1", "true", "yes", "on"}

@@ -329,7 +329,7 @@ def test_a_quick_job_that_outgrows_the_quick_lane_moves_to_the_main_lane_and_end
     done = runner.wait(job.id, timeout=60)
     assert done.status == "done" and done.result == {"steps": 300} and done.lane == MAIN, (done.status, done.message)
     assert lanes_seen == [QUICK, MAIN] and done.moved.startswith("moved to the main lane after "), done.moved
-    assert done.message == f"done ({done.moved})"
+    assert done.message == done.moved
     if reports:  # moved by its pace, after about a twentieth of its steps, not after the lane's whole limit
         assert "its pace foretold" in done.moved and runs[1] - runs[0] < 1.0, (done.moved, runs[1] - runs[0])
         assert done.estimate > 2.0, done.estimate  # the main lane foresees it at its own pace, not at its 0.5 s
@@ -355,6 +355,28 @@ def test_a_job_cancelled_while_it_outgrows_the_quick_lane_ends_cancelled(tmp_pat
     assert started.wait(10)
     runner.cancel(job.id)
     assert runner.wait(job.id, timeout=30).status == "cancelled"
+
+
+def test_a_servers_quick_lane_limit_is_its_setting_and_moves_a_job_past_it(tmp_path, monkeypatch):
+    from graftui import settings
+    from graftui.ui import store
+
+    monkeypatch.setenv("GRAFTUI_QUICK_SECONDS", "0.5")
+    monkeypatch.setattr(store, "_runner", None)  # the server that starts next reads it
+    assert settings.quick_seconds() == 0.5 and store.runner().runner.quick_limit == 0.5
+    monkeypatch.setattr(store, "_runner", None)
+    runner = JobRunner(tmp_path, quick_limit=settings.quick_seconds())
+
+    def slow(ctx):
+        for i in range(1, 4):
+            time.sleep(0.3)
+            ctx.report({"step": i, "steps": 3})
+        return {}
+
+    done = runner.wait(runner.submit("predict", "t", slow, lane=QUICK).id, timeout=30)
+    assert done.status == "done" and done.lane == MAIN and "past the 0.5 s the quick lane" in done.moved, done.moved
+    monkeypatch.delenv("GRAFTUI_QUICK_SECONDS")
+    assert settings.quick_seconds() is None and JobRunner(tmp_path / "b").quick_limit == 120.0
 
 
 def test_the_page_says_when_a_waiting_job_should_start_and_end(tmp_path):

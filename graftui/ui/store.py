@@ -95,7 +95,7 @@ def runner() -> "Jobs":
         if _runner is None:
             settings.configure_torch()
             _runner = JobRunner(settings.shared("jobs"), max_seconds=settings.job_seconds(),
-                                after_forced_stop=clear_cache)  # a job stopped anywhere may leave a pair grafted
+                                after_forced_stop=clear_cache, quick_limit=settings.quick_seconds())  # a job stopped anywhere may leave a pair grafted
     return Jobs(_runner, session_id())
 
 
