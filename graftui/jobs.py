@@ -518,11 +518,8 @@ class JobRunner:
 
 def _in_place(fn: JobFn, ctx: JobContext) -> dict:
     """Run ``fn`` with its job's folder as the place its mask learning keeps its checkpoints (``resume``)."""
-    token = resume.enter(ctx.dir / resume.FOLDER)
-    try:
+    with resume.kept_in(ctx.dir / resume.FOLDER):
         return fn(ctx)
-    finally:
-        resume.leave(token)
 
 
 def _continues(job_dir: Path) -> str:

@@ -1,6 +1,6 @@
 """Where a job keeps its place, so that work moved or interrupted continues rather than starts over.
 
-The job runner sets a slot for each run of a job (``enter``: ``<job dir>/resume/``), as the app sets the workspace
+The job runner sets a slot for each run of a job (``kept_in``: ``<job dir>/resume/``), as the app sets the workspace
 (``settings.workspace()``): a context variable, so the code a job runs asks for its place without being handed it.
 Each mask learning of that run takes a place named by what it learns (``place(key)``: ``learn-<key>-<n>``, the n-th
 learning of that key in the run): a run of several seeds or budgets learns several regions, and a re-run that reads
@@ -14,6 +14,7 @@ header (no torch), so the runner can say from which step a job continues.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import struct
@@ -39,13 +40,14 @@ class Slot:
 _slot: ContextVar[Slot | None] = ContextVar("graftui_resume", default=None)
 
 
-def enter(root: str | Path | None):
-    """Make ``root`` the place of this run of a job (None: none); a token for :func:`leave`."""
-    return _slot.set(None if root is None else Slot(Path(root)))
-
-
-def leave(token) -> None:
-    _slot.reset(token)
+@contextlib.contextmanager
+def kept_in(root: str | Path | None):
+    """Within the block, ``root`` is the place of this run of a job (None: none)."""
+    token = _slot.set(None if root is None else Slot(Path(root)))
+    try:
+        yield
+    finally:
+        _slot.reset(token)
 
 
 def place(key: str) -> Path | None:

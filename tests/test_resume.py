@@ -70,20 +70,14 @@ def test_a_learning_stopped_after_step_s_and_continued_ends_as_if_never_stopped(
     region, logits, details = unstopped[(learner, optimizer)]
     if learner == "candidate":  # C grows at step 2 (room filled there with adam), and again with normalized steps
         assert details["grown"] >= (2 if optimizer == "normalized" else 1), details
-    token = resume.enter(tmp_path)
-    try:
+    with resume.kept_in(tmp_path):
         with pytest.raises(Paused):
             learn(pair, cfg, stop_after(s))
-    finally:
-        resume.leave(token)
     kept = resume.scalars(next(tmp_path.glob(f"learn-*-0/{resume.CHECKPOINT}")))
     assert kept["steps_done"] == s
     steps = []
-    token = resume.enter(tmp_path)  # the job's next run: the same place
-    try:
+    with resume.kept_in(tmp_path):  # the job's next run: the same place
         again, again_logits, again_details = learn(pair, cfg, lambda r: steps.append(r.step))
-    finally:
-        resume.leave(token)
     assert steps == list(range(s + 1, STEPS + 1))  # continued, not started over
     assert same(again, region) and same(again_logits, logits)
     if learner == "candidate":
@@ -95,23 +89,17 @@ def test_a_finished_learning_is_not_learned_again_by_a_rerun(pair, unstopped, tm
     cfg = config("candidate")
     for _ in range(2):
         steps = []
-        token = resume.enter(tmp_path)
-        try:
+        with resume.kept_in(tmp_path):
             region, logits, _ = learn(pair, cfg, lambda r: steps.append(r.step))
-        finally:
-            resume.leave(token)
         assert same(region, unstopped[("candidate", "normalized")][0])
         assert same(logits, unstopped[("candidate", "normalized")][1])
     assert steps == []  # the second run read the final state: no step taken
 
 
 def _stopped_at(pair, place, cfg, s=3):
-    token = resume.enter(place)
-    try:
+    with resume.kept_in(place):
         with pytest.raises(Paused):
             learn(pair, cfg, stop_after(s))
-    finally:
-        resume.leave(token)
     return next(place.glob(f"learn-*-0/{resume.CHECKPOINT}"))
 
 
@@ -132,12 +120,9 @@ def test_a_checkpoint_that_does_not_fit_is_ignored_and_the_learning_starts_over(
         meta["base"] = "0" * 64
         learning.write_checkpoint(path, _tensors(path), meta)
     steps = []
-    token = resume.enter(tmp_path)
-    try:
+    with resume.kept_in(tmp_path):
         with caplog.at_level(logging.WARNING, logger="graftui.learning"):
             region, logits, _ = learn(pair, cfg, lambda r: steps.append(r.step))
-    finally:
-        resume.leave(token)
     assert steps == list(range(1, STEPS + 1))
     assert same(region, unstopped[("candidate", "normalized")][0])
     assert same(logits, unstopped[("candidate", "normalized")][1])
@@ -155,20 +140,14 @@ def test_a_rerun_that_skips_a_finished_learning_still_finds_the_place_of_the_nex
     """A run of two seeds moved during the second: its re-run reads the first seed's region back from its file and
     learns only the second, which continues from its step."""
     first, second = config("candidate"), LearnConfig(**{**config("candidate").as_dict(), "seed": 1})
-    token = resume.enter(tmp_path)
-    try:
+    with resume.kept_in(tmp_path):
         learn(pair, first)
         with pytest.raises(Paused):
             learn(pair, second, stop_after(3))
-    finally:
-        resume.leave(token)
     unstopped = learn(pair, second)
     steps = []
-    token = resume.enter(tmp_path)
-    try:
+    with resume.kept_in(tmp_path):
         region, logits, _ = learn(pair, second, lambda r: steps.append(r.step))
-    finally:
-        resume.leave(token)
     assert steps == list(range(4, STEPS + 1)) and same(region, unstopped[0]) and same(logits, unstopped[1])
 
 
@@ -224,12 +203,9 @@ def test_a_job_a_restart_found_running_continues_from_its_last_checkpoint(pair, 
         if report.step == 5:  # the server stops inside step 5's report: step 4's checkpoint is the last
             raise SystemExit("killed")
 
-    token = resume.enter(folder / resume.FOLDER)
-    try:
+    with resume.kept_in(folder / resume.FOLDER):
         with pytest.raises(SystemExit):
             learn(pair, cfg, killed)
-    finally:
-        resume.leave(token)
     assert resume.standing(folder) == (4, STEPS)
     runner = JobRunner(tmp_path)
     seen, regions = [], []
