@@ -72,6 +72,27 @@ def started(home: Path, name: str, **settings) -> "AppServer":
     return srv
 
 
+@contextlib.contextmanager
+def model_free_home(home: Path):
+    """Within the block, graftui writes into ``home`` as a fast server's would (GRAFTUI_HOME, GRAFTUI_FAST), its default
+    fine-tuned checkpoint marked built (the page then fine-tunes nothing in the background); yields a tiny pair and
+    its largest graftable tensor, where the regions a test writes fit."""
+    import pytest
+
+    from conftest import make_tiny_pair
+    from graftui.config import default_checkpoint_dir
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("GRAFTUI_HOME", str(home))
+        mp.setenv("GRAFTUI_FAST", "1")
+        mp.delenv("GRAFTUI_HOSTED", raising=False)
+        ready = default_checkpoint_dir()
+        ready.mkdir(parents=True)
+        (ready / "config.json").write_text("{}")  # marked built: the page starts no background fine-tune
+        pair, _, _ = make_tiny_pair()
+        yield pair, max(pair.graftable, key=lambda n: pair.param(n).numel())
+
+
 # -- Chromium ---------------------------------------------------------------------------------------
 def chromium_path() -> str | None:
     """The Debian Chromium binary (``GRAFTUI_CHROMIUM`` overrides), or None when it is missing."""

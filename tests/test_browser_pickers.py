@@ -15,7 +15,6 @@ import re
 import pytest
 
 import browser_util as bu
-from conftest import make_tiny_pair
 from test_browser import ARTIFACTS, browser  # noqa: F401 - the module's Chromium fixture
 
 pytestmark = pytest.mark.browser
@@ -39,18 +38,9 @@ def _region(pair, name, start: int, seed: int, k: int = 20, created: str = "2024
 def _make_home(home) -> dict:
     """Regions and job records written as the app writes them, into ``home``."""
     from graftui import regions
-    from graftui.config import default_checkpoint_dir
     from graftui.jobs import JobRunner
 
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("GRAFTUI_HOME", str(home))
-        mp.setenv("GRAFTUI_FAST", "1")
-        mp.delenv("GRAFTUI_HOSTED", raising=False)
-        ready = default_checkpoint_dir()
-        ready.mkdir(parents=True)
-        (ready / "config.json").write_text("{}")  # marked built: the page starts no background fine-tune
-        pair, _, _ = make_tiny_pair()
-        name = max(pair.graftable, key=lambda n: pair.param(n).numel())
+    with bu.model_free_home(home) as (pair, name):
         for seed in (0, 1, 2):  # a run over seeds: one region per seed
             regions.save(_region(pair, name, 40 * seed, seed, created=f"2024-01-01T10:00:0{seed}Z"),
                          home / "regions" / f"movies-seed{seed}-20240101-10000{seed}.safetensors")

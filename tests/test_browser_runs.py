@@ -14,7 +14,6 @@ import pytest
 
 import browser_util as bu
 from graftui.ui import runs
-from conftest import make_tiny_pair
 from test_browser import ARTIFACTS, browser  # noqa: F401 - the module's Chromium fixture
 
 pytestmark = pytest.mark.browser
@@ -28,18 +27,9 @@ def _make_home(home) -> dict:
     import torch
 
     from graftui import regions
-    from graftui.config import default_checkpoint_dir
     from graftui.jobs import JobRunner
 
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("GRAFTUI_HOME", str(home))
-        mp.setenv("GRAFTUI_FAST", "1")
-        mp.delenv("GRAFTUI_HOSTED", raising=False)
-        ready = default_checkpoint_dir()
-        ready.mkdir(parents=True)
-        (ready / "config.json").write_text("{}")  # marked built: the page starts no background fine-tune
-        pair, _, _ = make_tiny_pair()
-        name = max(pair.graftable, key=lambda n: pair.param(n).numel())  # room for every region below
+    with bu.model_free_home(home) as (pair, name):
         ids = {}
         for key, start, seed, steps, created in (("a", 0, 0, 6, "2024-01-01T10:00:00Z"),  # a and b: one run, 2 seeds
                                                  ("b", 40, 1, 6, "2024-01-01T10:00:01Z"),
