@@ -374,6 +374,27 @@ def dropdown_options(page, elem_id: str) -> list[str]:
         page.keyboard.press("Escape")
 
 
+# What sticks out of the page sideways: the document's own width past the window, and each element named whose box
+# leaves the window (a table wider than the page scrolls inside its own box, which stays in the window)
+OUT_OF_WINDOW = """(ids) => { const w = document.documentElement.clientWidth, out = [];
+  if (document.documentElement.scrollWidth > w + 1) out.push(['page', document.documentElement.scrollWidth, w]);
+  for (const id of ids) { const e = document.getElementById(id); if (!e || !e.offsetParent) continue;
+    const r = e.getBoundingClientRect(); if (r.left < -1 || r.right > w + 1) out.push([id, r.left, r.right, w]); }
+  return out; }"""
+PHONE = {"width": 390, "height": 844}
+
+
+def fits_phone(page, elem_ids: list[str], timeout_s: float = 10.0) -> None:
+    """Resize the page to a phone's width (it stays so: a test sets its own size back) and wait until neither the
+    page nor any of ``elem_ids`` shown sticks out of the window sideways (a table wider than the page scrolls inside
+    its own box, which stays in the window)."""
+    page.set_viewport_size(PHONE)
+    try:
+        page.wait_for_function(f"ids => ({OUT_OF_WINDOW})(ids).length === 0", arg=elem_ids, timeout=timeout_s * 1000)
+    except Exception:
+        raise AssertionError(f"out of a 390 px window: {page.evaluate(OUT_OF_WINDOW, elem_ids)}") from None
+
+
 def table_rows(page, elem_id: str) -> list[list[str]]:
     """The rendered body rows of a Gradio Dataframe, as lists of cell texts."""
     return page.eval_on_selector_all(

@@ -227,6 +227,11 @@ def test_compare_shows_finetuned_and_the_graft(page):
     assert header_lines <= 3, f"headers wrap to {header_lines} lines"
     page.set_viewport_size(bu.VIEWPORT)
     assert bu.plotly_trace_types(page, "compare-reliability"), "the reliability diagram is not drawn"
+    try:  # on a phone: the table and its columns against top movement stay in the window (it scrolls in its box)
+        bu.fits_phone(page, ["compare-table", "compare-status"])
+        assert "− top movement [95 % CI]" in [h for h, _ in bu.table_fit(page, "compare-table")["headers"]]
+    finally:
+        page.set_viewport_size(bu.VIEWPORT)
 
 
 def test_sentences_typed_on_compare_are_classified_by_each_model(page):
@@ -262,7 +267,10 @@ def test_a_probe_map_draws_two_heatmaps_for_a_typed_sentence(page):
         assert bu.plotly_trace_types(page, "predict-map") == ["heatmap", "heatmap"]
         title = page.eval_on_selector("#predict-map .js-plotly-plot", "p => p.layout.title.text")
         assert title.startswith("Δp of the fine-tuned answer") and "the sentence" in title, title
+        bu.fits_phone(page, ["predict-map", "predict-table"])  # on a phone: both heatmaps drawn in the window
+        assert bu.plotly_trace_types(page, "predict-map") == ["heatmap", "heatmap"]
     finally:
+        page.set_viewport_size(bu.VIEWPORT)
         page.locator("#predict-by").get_by_label("whole", exact=True).check()
 
 
@@ -856,6 +864,10 @@ def test_a_harness_task_named_in_the_task_box_is_checked_before_any_job(page):
                            ".includes('graftui_dates: generate_until task')", timeout=60_000)
     text = bu.text(page, "#models-task-info")
     assert "First test document as the model reads it" in text and "In words:" in text and "Target:" in text, text
+    try:
+        bu.fits_phone(page, ["models-task-info", "models-task"])  # on a phone: the document read in the window
+    finally:
+        page.set_viewport_size(bu.VIEWPORT)
     bu.choose(page, "models-task", "movies:")
     page.wait_for_function("() => document.querySelector('#models-task-info').innerText.trim() === ''",
                            timeout=30_000)

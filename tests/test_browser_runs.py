@@ -166,13 +166,6 @@ HEADERS = ("id => [...document.querySelectorAll('#' + id + ' thead th')].map(h =
            ".trim()).filter(t => t)")
 SCATTER = ("() => { const p = document.querySelector('#runs-scatter .js-plotly-plot'); return p && p.data ? "
            "p.data.flatMap(d => (d.customdata || []).map((c, i) => [c[0], d.x[i], d.y[i]])) : null; }")
-# What sticks out of the page sideways: the document's own width past the window, and each part of the runs whose box
-# leaves the window (a table wider than the page scrolls inside its own box, which stays in the window)
-OVERFLOW = """(ids) => { const w = document.documentElement.clientWidth, out = [];
-  if (document.documentElement.scrollWidth > w + 1) out.push(['page', document.documentElement.scrollWidth, w]);
-  for (const id of ids) { const e = document.getElementById(id); if (!e || !e.offsetParent) continue;
-    const r = e.getBoundingClientRect(); if (r.left < -1 || r.right > w + 1) out.push([id, r.left, r.right, w]); }
-  return out; }"""
 
 
 def _choose_columns(page, chosen: list[str]) -> None:
@@ -225,8 +218,7 @@ def test_columns_chosen_a_csv_of_the_runs_picked_their_scatter_and_a_link_that_o
         # each run picked has its link; opened, it picks that run alone, draws its curve, selects its region
         hrefs = page.eval_on_selector_all("#runs-links a", "links => links.map(a => a.getAttribute('href'))")
         assert sorted(hrefs) == [f"?run={ids['a']}", f"?run={ids['b']}"], hrefs
-        page.set_viewport_size({"width": 390, "height": 844})  # a phone: the runs part stays in the window, the
-        page.wait_for_function(f"ids => ({OVERFLOW})(ids).length === 0", arg=RUNS_PART, timeout=10_000)  # cells whole
+        bu.fits_phone(page, RUNS_PART)  # a phone: the runs part stays in the window, the table's cells whole
         fit = bu.table_fit(page, "runs-table")
         assert fit["cut"] == [] and fit["rows"] == 3, fit
         assert not errors, errors
