@@ -395,6 +395,14 @@ def fits_phone(page, elem_ids: list[str], timeout_s: float = 10.0) -> None:
         raise AssertionError(f"out of a 390 px window: {page.evaluate(OUT_OF_WINDOW, elem_ids)}") from None
 
 
+def reopen_phone_closed(page, tab: str) -> None:
+    """Open again, by hand, the parts of ``tab`` that a phone's width closed (``pagescript``: closed once)."""
+    for button in page.locator(f"#{tab} .phone-closed button.label-wrap:not(.open)").all():
+        button.click()
+    page.wait_for_function("t => !document.querySelector('#' + t + ' .phone-closed button.label-wrap:not(.open)')",
+                           arg=tab, timeout=10_000)
+
+
 def table_rows(page, elem_id: str) -> list[list[str]]:
     """The rendered body rows of a Gradio Dataframe, as lists of cell texts."""
     return page.eval_on_selector_all(

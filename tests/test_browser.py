@@ -232,6 +232,7 @@ def test_compare_shows_finetuned_and_the_graft(page):
         assert "− top movement [95 % CI]" in [h for h, _ in bu.table_fit(page, "compare-table")["headers"]]
     finally:
         page.set_viewport_size(bu.VIEWPORT)
+        bu.reopen_phone_closed(page, "tab-compare")  # the parts a phone closed, opened again as a person would
 
 
 def test_sentences_typed_on_compare_are_classified_by_each_model(page):
