@@ -397,8 +397,9 @@ def fits_phone(page, elem_ids: list[str], timeout_s: float = 10.0) -> None:
 
 def reopen_phone_closed(page, tab: str) -> None:
     """Open again, by hand, the parts of ``tab`` that a phone's width closed (``pagescript``: closed once)."""
-    for button in page.locator(f"#{tab} .phone-closed button.label-wrap:not(.open)").all():
-        button.click()
+    closed = page.locator(f"#{tab} .phone-closed button.label-wrap:not(.open)")
+    for _ in range(closed.count()):  # one at a time: a part opened leaves the ones still closed
+        closed.first.click()
     page.wait_for_function("t => !document.querySelector('#' + t + ' .phone-closed button.label-wrap:not(.open)')",
                            arg=tab, timeout=10_000)
 

@@ -143,38 +143,50 @@ def build_table(page) -> tuple:
     diff = gr.Dataframe(runs.compare_settings([])[0], interactive=False, wrap=True, label="Settings that differ",
                         elem_id="runs-diff")
     shown = page.state(sig)
+    # the columns chosen, as the server keeps them: what the poll, a pick and an export read (the boxes themselves
+    # are read only when they change, so a poll is never handed a value the boxes' type refuses)
+    chosen = page.state(list(runs.RUNS_COLUMNS))
     page.region_pickers.append((picked, True))  # its choices follow the saved regions; empty, it gets the newest
     outputs = [frame, figure, run_frame, groups, scatter, shown]
-    refresh_in = [words, sort, descending, group, columns, x_axis, y_axis, colour, shown]
+    refresh_in = [words, sort, descending, group, chosen, x_axis, y_axis, colour, shown]
 
-    def refresh(text, by_sort, desc, by, chosen, x, y, by_colour, last):
-        return render_all(text, by_sort, desc, last, by, chosen, x, y, by_colour) or (*[gr.skip()] * 5, last)
+    def refresh(text, by_sort, desc, by, columns_, x, y, by_colour, last):
+        return render_all(text, by_sort, desc, last, by, columns_, x, y, by_colour) or (*[gr.skip()] * 5, last)
 
     page.poll.add(refresh, refresh_in, outputs, tab="regions")
-    for event in (words.submit, sort.change, descending.change, group.change, columns.change, x_axis.change,
-                  y_axis.change, colour.change):
+    for event in (words.submit, sort.change, descending.change, group.change, x_axis.change, y_axis.change,
+                  colour.change):
         page.on(event, page.quiet(lambda *a: (*refresh(*a), gr.skip())), refresh_in, [*outputs, page.status],
                 show_progress="hidden")
 
-    @page.quiet
-    def on_pick(ids, chosen):
+    def picked_view(ids, columns_) -> tuple:
         listed = {e.id for e in store.list_regions()}  # a value typed into the picker is no run: never drawn
         ids = [i for i in ids or [] if isinstance(i, str) and i in listed]
         table_, line = runs.compare_settings(ids)
         return (runs.curves_figure(ids, runs.localize_curves(store.runner())), table_, line,
-                runs.side_by_side(runs.runs(), ids, chosen), runs.links_line(ids), gr.skip())
+                runs.side_by_side(runs.runs(), ids, columns_), runs.links_line(ids))
 
-    pick_in, pick_out = [picked, columns], [curves, diff, diff_line, side, links]
-    for event in (picked.change, columns.change):
-        page.on(event, on_pick, pick_in, [*pick_out, page.status], show_progress="hidden")
+    on_pick = page.quiet(lambda ids, columns_: (*picked_view(ids, columns_), gr.skip()))
+    pick_in, pick_out = [picked, chosen], [curves, diff, diff_line, side, links]
+    page.on(picked.change, on_pick, pick_in, [*pick_out, page.status], show_progress="hidden")
+
+    @page.quiet
+    def on_columns(columns_, ids, *rest):
+        columns_ = [c.label for c in runs.chosen_columns(columns_)]
+        text, by_sort, desc, by, _, x, y, by_colour, last = rest
+        return (*refresh(text, by_sort, desc, by, columns_, x, y, by_colour, last), *picked_view(ids, columns_),
+                columns_, gr.skip())
+
+    page.on(columns.change, on_columns, [columns, picked, *refresh_in], [*outputs, *pick_out, chosen, page.status],
+            show_progress="hidden")
 
     @page.guard()
-    def on_csv(text, by_sort, desc, chosen, scope, ids):
+    def on_csv(text, by_sort, desc, columns_, scope, ids):
         rows = runs.exported(text, by_sort, desc, scope, ids)
-        path = runs.export_csv(rows, chosen)
-        return str(path), f"✓ Wrote {len(rows)} run(s) with {len(runs.chosen_columns(chosen))} column(s) to {path.name}."
+        path = runs.export_csv(rows, columns_)
+        return str(path), f"✓ Wrote {len(rows)} run(s) with {len(runs.chosen_columns(columns_))} column(s) to {path.name}."
 
-    page.on(csv_export.click, on_csv, [words, sort, descending, columns, csv_scope, picked], [csv_file, page.status])
+    page.on(csv_export.click, on_csv, [words, sort, descending, chosen, csv_scope, picked], [csv_file, page.status])
     return refresh, refresh_in, outputs, (on_pick, pick_in, pick_out)
 
 
