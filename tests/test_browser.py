@@ -272,6 +272,7 @@ def test_a_probe_map_draws_two_heatmaps_for_a_typed_sentence(page):
         assert bu.plotly_trace_types(page, "predict-map") == ["heatmap", "heatmap"]
     finally:
         page.set_viewport_size(bu.VIEWPORT)
+        bu.reopen_phone_closed(page, "tab-compare")
         page.locator("#predict-by").get_by_label("whole", exact=True).check()
 
 
@@ -916,6 +917,7 @@ def test_a_completion_skill_is_localized_and_compared_by_its_generations(page, t
                            timeout=30_000)
     models = [r[0] for r in bu.table_rows(page, "compare-table") if r]
     assert models[:2] == ["fine-tuned", "pre-trained, same prompt"] and region in models, models
+    bu.reopen_phone_closed(page, "tab-compare")  # the parts the phone-width checks before closed, opened by hand
     # the generations table is drawn in its own frame, after the comparison's table: wait for it, not for the other
     page.wait_for_function("() => { const t = document.querySelector('#compare-disagreements'); "
                            "const row = t.querySelector('[role=row].virtual-row'); "
