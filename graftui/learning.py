@@ -35,6 +35,7 @@ from .errors import Cancelled, ModelError, Paused
 from .formatting import memory
 from .method import MaskLearner, ProgressFn, Region, cycle_batches
 from .paths import atomic_write
+from .weights import DTYPES
 from .weights import Placed
 
 log = logging.getLogger(__name__)
@@ -272,9 +273,7 @@ def make_learner(the_plan: Plan, model, params, pre, ft, k: int, config: LearnCo
 
 # -- checkpoints: a learning that is moved or interrupted continues where it was -----------------------------------
 SAME_REGION = ("memory", "checkpoint_every")  # settings that change how a learner runs, never what it learns
-_DTYPES = {torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16",
-           torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
-           torch.bool: "BOOL"}
+_DTYPES = {dtype: name for name, dtype in DTYPES.items()}  # as a safetensors header names them
 
 
 def identity(region: Region | None) -> str | None:

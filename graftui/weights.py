@@ -24,7 +24,7 @@ import torch
 
 from .errors import ModelError
 
-_DTYPES = {
+DTYPES = {  # a safetensors header's dtype names
     "F64": torch.float64, "F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16,
     "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
     "BOOL": torch.bool,
@@ -83,7 +83,7 @@ class Checkpoint(Mapping):
             size = path.stat().st_size
             for key, info in header.items():
                 try:
-                    dtype_ = _DTYPES[info["dtype"]]
+                    dtype_ = DTYPES[info["dtype"]]
                     begin, end = (int(x) for x in info["data_offsets"])
                     shape = tuple(int(s) for s in info["shape"])
                 except (KeyError, TypeError, ValueError) as err:
